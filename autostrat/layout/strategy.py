@@ -1,0 +1,154 @@
+"""Strategies: how many parts each factor of an op's rule is cut into.
+
+Users write MindSpore tuples, one per input, one count per dim: ``((2, 1), (1, 4))``. Internally
+a strategy is one split count per factor of the op's rule; the device matrix, the tensor map of
+every operand and the partial axes of every output all follow from it:
+
+- the device matrix has one axis per factor, in the rule's factor order, sized by its split
+  (MatMul ``m k, k n -> m n`` with ``((2, 1), (1, 4))`` gives ``[2, 1, 4]``);
+- when the splits use fewer devices than `device_num` (repeated calculation) one more axis of
+  size ``device_num / product`` is appended as the last, fastest axis, as MindSpore does;
+- each dim maps to the axes of its factors; an output is partial over the axes of split
+  reduction factors.
+
+This module sits below `autostrat.rules`, so it reads a rule through the attributes listed in
+`FactorRule` rather than importing it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Protocol
+
+from autostrat.errors import LayoutError
+from autostrat.layout.device_matrix import DeviceMatrix
+from autostrat.layout.layout import Layout, TensorMap, format_tuple
+from autostrat.layout.slicing import SliceContext
+
+Dims = tuple[tuple[str, ...], ...]  # per dim of one operand, its factors (major first)
+
+
+class FactorRule(Protocol):
+    """What a strategy needs from an op's rule (implemented by `autostrat.rules.Rule`)."""
+
+    op_type: str
+    factors: tuple[str, ...]
+    factor_sizes: tuple[int, ...]
+    inputs: tuple[Dims, ...]
+    outputs: tuple[Dims, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    reduction: frozenset[str]
+    need_replication: frozenset[str]
+    reduce_op: str
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A split count per factor of `rule`, for `device_num` devices.
+
+    Example (MindSpore's tutorial MatMul):
+        >>> from autostrat.rules import make_rule
+        >>> rule = make_rule("MatMul", [(256, 784), (784, 64)])
+        >>> strategy = Strategy.from_tuples(rule, ((2, 1), (1, 4)), device_num=8)
+        >>> str(strategy), str(strategy.device_matrix)
+        ('((2, 1), (1, 4))', '[2, 1, 4]')
+        >>> [str(layout.tensor_map) for layout in strategy.input_layouts]
+        ['(2, 1)', '(1, 0)']
+    """
+
+    rule: Any
+    splits: tuple[int, ...]
+    device_num: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", tuple(int(s) for s in self.splits))
+        if len(self.splits) != len(self.rule.factors):
+            raise LayoutError(f"{self.rule.op_type}: expected {len(self.rule.factors)} factor splits, got {self.splits}")
+        if self.device_num < 1 or self.device_num % math.prod(self.splits):
+            raise LayoutError(
+                f"{self.rule.op_type}: splits {self.splits} use {math.prod(self.splits)} devices, "
+                f"which does not divide device_num {self.device_num}"
+            )
+
+    @classmethod
+    def from_tuples(cls, rule: FactorRule, in_strategy, device_num: int, out_strategy=None, where: str = "") -> Strategy:
+        """Validate MindSpore strategy tuples against `rule` and convert them to factor splits.
+
+        `out_strategy` is only needed to split factors that no input has (OneHot's depth).
+        Every problem raises `LayoutError` naming `where` (default: the op type).
+        """
+        from autostrat.layout.strategy_check import splits_from_tuples
+
+        splits = splits_from_tuples(rule, in_strategy, out_strategy, device_num, where or rule.op_type)
+        return cls(rule, splits, device_num)
+
+    @property
+    def repeat(self) -> int:
+        """Size of the repeated-calculation axis (1 when the strategy uses every device)."""
+        return self.device_num // math.prod(self.splits)
+
+    def split(self, factor: str) -> int:
+        return self.splits[self.rule.factors.index(factor)]
+
+    @cached_property
+    def device_matrix(self) -> DeviceMatrix:
+        shape = self.splits + ((self.repeat,) if self.repeat > 1 or not self.splits else ())
+        return DeviceMatrix(shape)
+
+    def factor_axis(self, factor: str) -> int:
+        """The device axis (counted from the right) that carries `factor`."""
+        return self.device_matrix.ndim - 1 - self.rule.factors.index(factor)
+
+    def tensor_map(self, dims: Dims) -> TensorMap:
+        return TensorMap(tuple(tuple(self.factor_axis(f) for f in dim) or -1 for dim in dims))
+
+    @cached_property
+    def input_layouts(self) -> tuple[Layout, ...]:
+        return tuple(
+            Layout(self.device_matrix, self.tensor_map(dims), shape)
+            for dims, shape in zip(self.rule.inputs, self.rule.input_shapes)
+        )
+
+    @cached_property
+    def output_layouts(self) -> tuple[Layout, ...]:
+        partial = tuple(self.factor_axis(f) for f in self.rule.reduction if self.split(f) > 1)
+        op = self.rule.reduce_op if partial else "sum"
+        return tuple(
+            Layout(self.device_matrix, self.tensor_map(dims), shape, partial, op)
+            for dims, shape in zip(self.rule.outputs, self.rule.output_shapes)
+        )
+
+    def slice_context(self, rank: int) -> SliceContext:
+        """Where `rank`'s slices of every input and output sit in the global tensors."""
+        return SliceContext(
+            tuple(layout.slice_range(rank) for layout in self.input_layouts),
+            self.rule.input_shapes,
+            tuple(layout.slice_range(rank) for layout in self.output_layouts),
+            self.rule.output_shapes,
+        )
+
+    def operand_tuples(self, operands: tuple[Dims, ...]) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(math.prod(self.split(f) for f in dim) for dim in dims) for dims in operands)
+
+    def to_tuples(self) -> tuple[tuple[int, ...], ...]:
+        """The MindSpore `in_strategy`: per input, the number of parts of each dim."""
+        return self.operand_tuples(self.rule.inputs)
+
+    def out_tuples(self) -> tuple[tuple[int, ...], ...] | None:
+        """The `out_strategy`, needed only when a factor that no input has is split."""
+        input_factors = {f for dims in self.rule.inputs for dim in dims for f in dim}
+        if all(self.split(f) == 1 for f in self.rule.factors if f not in input_factors):
+            return None
+        return self.operand_tuples(self.rule.outputs)
+
+    def __str__(self) -> str:
+        text = _format_tuples(self.to_tuples())
+        out = self.out_tuples()
+        return text if out is None else f"{text} out {_format_tuples(out)}"
+
+
+def _format_tuples(tuples) -> str:
+    return format_tuple(format_tuple(str(part) for part in operand) for operand in tuples)

@@ -1,0 +1,115 @@
+"""Neural-network ops: LayerNorm, Gather, OneHot, SoftmaxCrossEntropyWithLogits, Conv2D."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autostrat.errors import RuleError
+from autostrat.rules.common import dim_names, normalize_axes
+from autostrat.rules.registry import Example, register
+from autostrat.rules.rule import RuleSpec
+
+
+@register("LayerNorm", examples=[Example(((12, 6, 8), (8,), (8,))), Example(((12, 6, 8), (6, 8), (6, 8)), {"begin_norm_axis": 1, "begin_params_axis": 1})])
+def layer_norm(shapes, begin_norm_axis: int = -1, begin_params_axis: int = -1, epsilon: float = 1e-7) -> RuleSpec:
+    """Normalised dims (from `begin_norm_axis` on) must stay whole; gamma and beta cover the
+    dims from `begin_params_axis` on and are split with them."""
+    rank = len(shapes[0])
+    norm = normalize_axes(begin_norm_axis, rank, "LayerNorm")[0]
+    params = normalize_axes(begin_params_axis, rank, "LayerNorm")[0]
+    names = dim_names(rank)
+    x, gamma = " ".join(names), " ".join(names[params:])
+    return RuleSpec(f"{x}, {gamma}, {gamma} -> {x}", need_replication=" ".join(names[norm:]))
+
+
+@register("Gather", examples=[Example(((48, 24), (6, 8)), {"axis": 0}, integers={1: 48}), Example(((12, 24, 6), (8,)), {"axis": 1}, integers={1: 24})])
+def gather(shapes, axis: int = 0) -> RuleSpec:
+    """Rows of `params` along `axis` picked by `indices`. A split of the gathered dim is a
+    reduction: each rank looks up the rows it holds and writes zeros for the others, so the
+    output is a partial sum (MindSpore's row-split embedding)."""
+    params_rank = len(shapes[0])
+    position = normalize_axes(axis, params_rank, "Gather")[0]
+    params = dim_names(params_rank)
+    indices = dim_names(len(shapes[1]), prefix="i")
+    out = params[:position] + indices + params[position + 1:]
+    return RuleSpec(f"{' '.join(params)}, {' '.join(indices)} -> {' '.join(out)}")
+
+
+@register("OneHot", examples=[Example(((24,),), {"depth": 48}, integers={0: 48}), Example(((6, 4),), {"depth": 12, "on_value": 2.0, "off_value": -1.0}, integers={0: 12})])
+def one_hot(shapes, depth: int = 2, on_value: float = 1.0, off_value: float = 0.0, axis: int = -1) -> RuleSpec:
+    """The depth dim is output-only: a rank holding depth columns [lo, hi) compares the
+    indices with those columns, so it may be split (through `out_strategy`)."""
+    names = dim_names(len(shapes[0]))
+    position = normalize_axes(axis, len(names) + 1, "OneHot")[0]
+    out = names[:position] + ["depth"] + names[position:]
+    if depth < 1:
+        raise RuleError(f"OneHot: depth must be positive, got {depth}")
+    return RuleSpec(f"{' '.join(names)} -> {' '.join(out)}", sizes={"depth": depth})
+
+
+@register("SoftmaxCrossEntropyWithLogits", examples=[Example(((24, 12), (24, 12)))])
+def softmax_cross_entropy(shapes) -> RuleSpec:
+    """Per-sample loss of logits [batch, classes] against label distributions; the class dim
+    must stay whole."""
+    return RuleSpec("b c, b c -> b", need_replication="c")
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Paddings (top, bottom, left, right), strides, dilations and output size of a Conv2D."""
+
+    pads: tuple[int, int, int, int]
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    out_hw: tuple[int, int]
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    items = (value, value) if isinstance(value, int) else tuple(value)[-2:]
+    if len(items) != 2 or any(not isinstance(v, int) or v < 1 for v in items):
+        raise RuleError(f"Conv2D: {name} must be a positive int or pair, got {value!r}")
+    return items
+
+
+def conv2d_geometry(x_shape, w_shape, pad_mode="valid", pad=0, stride=1, dilation=1) -> ConvGeometry:
+    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    spans = [d * (k - 1) + 1 for d, k in zip(dilation, w_shape[2:])]
+    if pad_mode == "valid":
+        pads = (0, 0, 0, 0)
+    elif pad_mode == "pad":
+        pads = (pad,) * 4 if isinstance(pad, int) else tuple(pad)
+    elif pad_mode == "same":
+        totals = [max((-(-size // s) - 1) * s + span - size, 0) for size, s, span in zip(x_shape[2:], stride, spans)]
+        pads = (totals[0] // 2, totals[0] - totals[0] // 2, totals[1] // 2, totals[1] - totals[1] // 2)
+    else:
+        raise RuleError(f"Conv2D: pad_mode must be 'valid', 'same' or 'pad', got {pad_mode!r}")
+    if len(pads) != 4 or any(not isinstance(p, int) or p < 0 for p in pads):
+        raise RuleError(f"Conv2D: pad must be a non-negative int or 4-tuple, got {pad!r}")
+    padded = (x_shape[2] + pads[0] + pads[1], x_shape[3] + pads[2] + pads[3])
+    out_hw = tuple((size - span) // s + 1 for size, span, s in zip(padded, spans, stride))
+    if min(out_hw) < 1:
+        raise RuleError(f"Conv2D: kernel {list(w_shape[2:])} does not fit input {list(x_shape[2:])}")
+    return ConvGeometry(pads, stride, dilation, out_hw)
+
+
+@register(
+    "Conv2D",
+    examples=[
+        Example(((4, 6, 8, 8), (12, 6, 3, 3)), {"out_channel": 12, "kernel_size": 3}),
+        Example(((4, 6, 7, 7), (12, 6, 3, 3)), {"out_channel": 12, "kernel_size": 3, "pad_mode": "same", "stride": 2}),
+    ],
+)
+def conv2d(shapes, out_channel=None, kernel_size=None, pad_mode="valid", pad=0, stride=1, dilation=1, group=1, data_format="NCHW") -> RuleSpec:
+    """NCHW convolution. Batch and output channels are pass-through, the input channel is a
+    reduction; spatial dims stay whole (a spatial split would need halo exchanges)."""
+    x, w = shapes[0], shapes[1]
+    if len(x) != 4 or len(w) != 4 or data_format != "NCHW" or group != 1:
+        raise RuleError(f"Conv2D: needs NCHW input and OIHW weight of rank 4 with group 1, got {list(x)}, {list(w)}, group {group}")
+    if out_channel not in (None, w[0]) or kernel_size not in (None, w[2], tuple(w[2:]), list(w[2:])):
+        raise RuleError(f"Conv2D: out_channel {out_channel} / kernel_size {kernel_size} disagree with weight shape {list(w)}")
+    oh, ow = conv2d_geometry(x, w, pad_mode, pad, stride, dilation).out_hw
+    return RuleSpec(
+        "n ci h w, co ci kh kw -> n co oh ow",
+        sizes={"oh": oh, "ow": ow},
+        need_replication="h w kh kw oh ow",
+    )

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Bootstrap .venv on first use, then dispatch:
+#   bash run.sh test [PYTEST ARGS]   run the whole test suite
+#   bash run.sh N                    run the main job for N devices
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+venv=.venv
+stamp="$venv/.installed-setup.cfg"
+
+bootstrap() {
+    if [[ ! -x "$venv/bin/python" ]]; then
+        echo "run.sh: creating $venv" >&2
+        python3 -m venv "$venv"
+    fi
+    # Reinstall only when setup.cfg changed since the last successful install.
+    if [[ ! -f "$stamp" ]] || ! cmp -s setup.cfg "$stamp"; then
+        echo "run.sh: installing autostrat and its dependencies into $venv" >&2
+        "$venv/bin/python" -m pip install --quiet --upgrade pip
+        "$venv/bin/python" -m pip install --quiet -e '.[test]'
+        cp setup.cfg "$stamp"
+    fi
+}
+
+usage() {
+    echo "usage: bash run.sh test [PYTEST ARGS] | bash run.sh N" >&2
+    exit 2
+}
+
+[[ $# -ge 1 ]] || usage
+bootstrap
+case "$1" in
+    test)
+        shift
+        exec "$venv/bin/python" -m pytest "$@"
+        ;;
+    ''|*[!0-9]*)
+        usage
+        ;;
+    *)
+        device_num=$1
+        shift
+        exec "$venv/bin/python" -m autostrat candidates --device-num "$device_num" "$@"
+        ;;
+esac
