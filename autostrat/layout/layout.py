@@ -202,7 +202,9 @@ def _axis_roles(layout: Layout) -> list[tuple]:
     matrix = layout.device_matrix
     roles: list[tuple] = [("free",)] * matrix.ndim
     for dim, entry in enumerate(layout.tensor_map.entries):
-        for order, axis in enumerate(entry):
+        # Count order only over axes of size > 1: a size-1 axis between two others is dropped.
+        split = [axis for axis in entry if matrix.axis_size(axis) > 1]
+        for order, axis in enumerate(split):
             roles[matrix.position(axis)] = ("dim", dim, order)
     for axis in layout.partial:
         roles[matrix.position(axis)] = ("partial",)

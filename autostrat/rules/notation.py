@@ -9,8 +9,9 @@ A NAME is a factor; ``1`` is a size-1 dim with no factor (broadcasting); a paren
 is a compound dim made of several factors, major first (``"(a b) c -> a b c"`` for a reshape).
 
 Example:
-    >>> parse_equation("m k, k n -> m n")
-    ((('m',), ('k',)), (('k',), ('n',))), ((('m',), ('n',)),)
+    >>> inputs, outputs = parse_equation("m k, k n -> m n")
+    >>> inputs, outputs
+    (((('m',), ('k',)), (('k',), ('n',))), ((('m',), ('n',)),))
     >>> parse_equation("(a b) 1 -> a b")[0]
     ((('a', 'b'), ()),)
 """

@@ -1,0 +1,56 @@
+"""The `autostrat` command (also `python -m autostrat`).
+
+    autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autostrat.errors import AutostratError
+from autostrat.report import format_candidates
+from autostrat.rules import make_rule
+from autostrat.strategies import generate_strategies
+
+# MindSpore's sharding-propagation tutorial FFN, x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64),
+# as the ops it traces to (Dense holds a MatMul with weight [in, out] and a BiasAdd).
+TUTORIAL_FFN = (
+    ("dense1.matmul", "MatMul", [(64, 64), (64, 64)]),
+    ("dense1.bias_add", "BiasAdd", [(64, 64), (64,)]),
+    ("relu", "ReLU", [(64, 64)]),
+    ("dense2.matmul", "MatMul", [(64, 64), (64, 64)]),
+    ("dense2.bias_add", "BiasAdd", [(64, 64), (64,)]),
+)
+
+
+def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
+    """Every op of the tutorial FFN with its candidate strategies on `device_num` devices."""
+    sections = [
+        f"Candidate strategies of the MindSpore tutorial FFN on {device_num} devices "
+        "(x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64))"
+    ]
+    for name, op_type, shapes in TUTORIAL_FFN:
+        rule = make_rule(op_type, shapes)
+        sections.append(format_candidates(name, rule, generate_strategies(rule, device_num, allow_repeated)))
+    return "\n\n".join(sections)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autostrat", description="Automatic parallel-strategy search.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
+    candidates.add_argument("--device-num", type=int, default=8, help="number of devices (default 8)")
+    candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "candidates":
+            print(candidates_text(args.device_num, args.repeated))
+    except AutostratError as error:
+        print(f"autostrat: error: {error}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,31 @@
+"""The `autostrat candidates` command behind `bash run.sh N`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from autostrat.cli import main
+
+
+def test_candidates_lists_every_tutorial_op_with_its_layouts(capsys):
+    assert main(["candidates", "--device-num", "8"]) == 0
+    out = capsys.readouterr().out
+    for name in ("dense1.matmul", "dense1.bias_add", "relu", "dense2.matmul", "dense2.bias_add"):
+        assert f"\n{name}  " in out
+    # MindSpore's seed strategy, with its device matrix, maps and slice shapes.
+    assert "((2, 1), (1, 4))  [2, 1, 4]      (2, 1) (1, 0)      (2, 0)             [32, 64] [64, 16] -> [32, 16]" in out
+    assert out.count("(11 candidates)") == 2 and out.count("(5 candidates)") == 3
+
+
+def test_candidates_for_six_devices():
+    out = subprocess.run(
+        [sys.executable, "-m", "autostrat", "candidates", "--device-num", "6"], capture_output=True, text=True, check=True
+    ).stdout
+    # 64 is not divisible by 3: every op keeps only the all-ones strategy on 6 devices.
+    assert out.count("(1 candidates)") == 5 and "[1, 1, 1, 6]" in out
+
+
+def test_bad_device_num_is_a_clear_error(capsys):
+    assert main(["candidates", "--device-num", "0"]) == 2
+    assert "autostrat: error: device_num must be a positive integer, got 0" in capsys.readouterr().err
