@@ -53,4 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     except AutostratError as error:
         print(f"autostrat: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`: stop quietly
+        sys.stderr.close()
     return 0

@@ -26,6 +26,7 @@ from autostrat.errors import LayoutError
 from autostrat.layout.device_matrix import DeviceMatrix
 from autostrat.layout.layout import Layout, TensorMap, format_tuple
 from autostrat.layout.slicing import SliceContext
+from autostrat.layout.strategy_check import splits_from_tuples
 
 Dims = tuple[tuple[str, ...], ...]  # per dim of one operand, its factors (major first)
 
@@ -80,8 +81,6 @@ class Strategy:
         `out_strategy` is only needed to split factors that no input has (OneHot's depth).
         Every problem raises `LayoutError` naming `where` (default: the op type).
         """
-        from autostrat.layout.strategy_check import splits_from_tuples
-
         splits = splits_from_tuples(rule, in_strategy, out_strategy, device_num, where or rule.op_type)
         return cls(rule, splits, device_num)
 

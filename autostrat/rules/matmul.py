@@ -39,7 +39,7 @@ def batch_matmul(shapes, transpose_a: bool = False, transpose_b: bool = False) -
         raise RuleError(f"BatchMatMul: needs two operands of rank >= 2, one of rank >= 3, got {[list(s) for s in shapes]}")
     batch = broadcast_equation([shape[:-2] or (1,) for shape in shapes[:2]])
     batch_in, batch_out = batch.split(" -> ")
-    batch_a, batch_b = batch_in.split(", ")
-    batch_a, batch_b = (part if len(shape) > 2 else "" for part, shape in zip((batch_a, batch_b), shapes))
+    # A 2-D operand has no batch dims: drop the "1" that stood in for them.
+    batch_a, batch_b = (part if len(shape) > 2 else "" for part, shape in zip(batch_in.split(", "), shapes))
     a, b = _operands(transpose_a, transpose_b)
-    return RuleSpec(f"{batch_a} {a}, {batch_b} {b} -> {batch_out} m n".replace("  ", " ").strip())
+    return RuleSpec(f"{batch_a} {a}, {batch_b} {b} -> {batch_out} m n")
