@@ -20,7 +20,7 @@ LAYERS = [
     ["ir"],
     ["search"],
     ["runtime"],
-    ["frontend", "models"],
+    ["frontend", "ops", "nn", "models"],
     ["report", "cli", "__main__", "__init__"],
 ]
 LEVEL = {name: index for index, names in enumerate(LAYERS) for name in names}

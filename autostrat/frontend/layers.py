@@ -1,0 +1,137 @@
+"""Layers built from primitives, named so that MindSpore's strategies apply as written
+(``Dense.matmul``, ``Dense.bias_add``)."""
+
+from __future__ import annotations
+
+from autostrat import ops
+from autostrat.errors import ConfigError
+from autostrat.frontend.cell import Cell
+from autostrat.frontend.tensor import Parameter, initializer
+
+
+class Dense(Cell):
+    """``y = x @ weight + bias`` with weight ``[in_channels, out_channels]``.
+
+    Example:
+        >>> dense = Dense(64, 32)
+        >>> dense.weight.shape, dense.bias.shape, type(dense.matmul).__name__
+        ((64, 32), (32,), 'MatMul')
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, has_bias: bool = True, activation=None):
+        super().__init__()
+        self.weight = Parameter(initializer("normal", (in_channels, out_channels)))
+        self.matmul = ops.MatMul()
+        self.has_bias = has_bias
+        if has_bias:
+            self.bias = Parameter(initializer("zeros", (out_channels,)))
+            self.bias_add = ops.BiasAdd()
+        self.activation = _activation(activation)
+
+    def construct(self, x):
+        x = self.matmul(x, self.weight)
+        if self.has_bias:
+            x = self.bias_add(x, self.bias)
+        return self.activation(x) if self.activation is not None else x
+
+
+class ReLU(Cell):
+    def __init__(self):
+        super().__init__()
+        self.relu = ops.ReLU()
+
+    def construct(self, x):
+        return self.relu(x)
+
+
+class GELU(Cell):
+    def __init__(self):
+        super().__init__()
+        self.gelu = ops.GeLU()
+
+    def construct(self, x):
+        return self.gelu(x)
+
+
+def _activation(activation):
+    if activation is None or isinstance(activation, Cell):
+        return activation
+    table = {"relu": ReLU, "gelu": GELU}
+    if activation not in table:
+        raise ConfigError(f"activation must be None, a Cell or one of {sorted(table)}, got {activation!r}")
+    return table[activation]()
+
+
+class LayerNorm(Cell):
+    """Normalises the trailing `normalized_shape` dims, with gamma (ones) and beta (zeros)."""
+
+    def __init__(self, normalized_shape, begin_norm_axis: int = -1, begin_params_axis: int = -1, epsilon: float = 1e-7):
+        super().__init__()
+        shape = tuple(normalized_shape)
+        self.gamma = Parameter(initializer("ones", shape))
+        self.beta = Parameter(initializer("zeros", shape))
+        self.layer_norm = ops.LayerNorm(begin_norm_axis, begin_params_axis, epsilon)
+
+    def construct(self, x):
+        return self.layer_norm(x, self.gamma, self.beta)
+
+
+class Embedding(Cell):
+    """Looks up rows of ``embedding_table [vocab_size, embedding_size]`` (a Gather on axis 0)."""
+
+    def __init__(self, vocab_size: int, embedding_size: int):
+        super().__init__()
+        self.embedding_table = Parameter(initializer("normal", (vocab_size, embedding_size)))
+        self.gather = ops.Gather()
+
+    def construct(self, ids):
+        return self.gather(self.embedding_table, ids, 0)
+
+
+class Dropout(Cell):
+    """Drops with probability ``1 - keep_prob`` in training mode; the identity otherwise."""
+
+    def __init__(self, keep_prob: float = 0.5, seed: int = 0):
+        super().__init__()
+        self.dropout = ops.Dropout(keep_prob, seed)
+
+    def construct(self, x):
+        return self.dropout(x) if self.training else x
+
+
+class Conv2d(Cell):
+    """NCHW convolution with weight ``[out_channels, in_channels, k, k]`` and optional bias."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, pad_mode="same", padding=0, dilation=1, has_bias=False):
+        super().__init__()
+        size = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.weight = Parameter(initializer("normal", (out_channels, in_channels) + size))
+        self.conv2d = ops.Conv2D(out_channels, size, pad_mode, padding, stride, dilation)
+        self.has_bias = has_bias
+        if has_bias:
+            self.bias = Parameter(initializer("zeros", (out_channels,)))
+            self.bias_add = ops.BiasAdd()
+
+    def construct(self, x):
+        x = self.conv2d(x, self.weight)
+        return self.bias_add(x, self.bias) if self.has_bias else x
+
+
+class SoftmaxCrossEntropyWithLogits(Cell):
+    """Cross entropy of logits ``[batch, classes]`` against labels: class indices when `sparse`
+    (one-hot encoded first), else distributions; `reduction` 'none' or 'mean'."""
+
+    def __init__(self, sparse: bool = False, reduction: str = "none"):
+        super().__init__()
+        if reduction not in ("none", "mean"):
+            raise ConfigError(f"reduction must be 'none' or 'mean', got {reduction!r}")
+        self.sparse, self.reduction = sparse, reduction
+        self.one_hot = ops.OneHot()
+        self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits()
+        self.reduce_mean = ops.ReduceMean()
+
+    def construct(self, logits, labels):
+        if self.sparse:
+            labels = self.one_hot(labels, logits.shape[-1], 1.0, 0.0)
+        loss = self.softmax_cross_entropy(logits, labels)
+        return self.reduce_mean(loss, ()) if self.reduction == "mean" else loss

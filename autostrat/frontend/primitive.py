@@ -1,0 +1,120 @@
+"""Primitives: one class per registered op, called like MindSpore's `ops.MatMul()(x, w)`.
+
+Outside a trace a primitive runs its numpy kernel on tensors with data (eager mode, the
+single-device reference). Inside a trace it records an op node instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from autostrat.errors import ConfigError
+from autostrat.frontend.tensor import Tensor
+from autostrat.ir import dtype_name
+from autostrat.rules import get_op, op_types
+
+
+def freeze(value):
+    """Attribute values as hashable, printable data: lists become tuples, dtypes names."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, (type, np.dtype)):
+        return dtype_name(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _check_strategy_form(strategy, what: str):
+    if strategy is None:
+        return None
+    if not isinstance(strategy, (tuple, list)) or not all(
+        isinstance(s, (tuple, list)) and all(isinstance(p, int) and not isinstance(p, bool) for p in s) for s in strategy
+    ):
+        raise ConfigError(f"{what} must be a tuple of tuples of integers such as ((2, 1), (1, 4)), got {strategy!r}")
+    return tuple(tuple(s) for s in strategy)
+
+
+class Primitive:
+    """Base of the generated op classes. `init_attrs` are constructor arguments, `call_attrs`
+    the trailing non-tensor call arguments (``ReduceSum(keep_dims)(x, axis)``)."""
+
+    op_type = ""
+    init_attrs: tuple[str, ...] = ()
+    call_attrs: tuple[str, ...] = ()
+
+    def __init__(self, *args, **kwargs):
+        if len(args) > len(self.init_attrs):
+            raise ConfigError(f"{self.op_type}() takes at most {len(self.init_attrs)} arguments ({', '.join(self.init_attrs)}), got {len(args)}")
+        unknown = sorted(set(kwargs) - set(self.init_attrs))
+        if unknown:
+            raise ConfigError(f"{self.op_type}() got unknown argument {unknown[0]!r}; it accepts {', '.join(self.init_attrs) or 'none'}")
+        self.attrs = {name: freeze(value) for name, value in zip(self.init_attrs, args)} | {k: freeze(v) for k, v in kwargs.items()}
+        self.in_strategy = None
+        self.out_strategy = None
+
+    def shard(self, in_strategy, out_strategy=None) -> Primitive:
+        """Configure this op's strategy (a seed); returns the primitive, as MindSpore does.
+
+        Example:
+            >>> from autostrat import ops
+            >>> ops.MatMul().shard(((2, 1), (1, 4))).in_strategy
+            ((2, 1), (1, 4))
+        """
+        self.in_strategy = _check_strategy_form(in_strategy, f"{self.op_type}.shard in_strategy")
+        self.out_strategy = _check_strategy_form(out_strategy, f"{self.op_type}.shard out_strategy")
+        return self
+
+    def _split_arguments(self, args) -> tuple[list[Tensor], dict]:
+        if self.op_type == "Concat" and len(args) == 1 and isinstance(args[0], (tuple, list)):
+            args = tuple(args[0])
+        count = 0
+        while count < len(args) and isinstance(args[count], Tensor):
+            count += 1
+        extra = args[count:]
+        if len(extra) > len(self.call_attrs) or any(isinstance(a, Tensor) for a in extra):
+            raise ConfigError(
+                f"{self.op_type} takes tensors followed by {', '.join(self.call_attrs) or 'nothing'}; got {len(args)} arguments"
+            )
+        return list(args[:count]), {name: freeze(v) for name, v in zip(self.call_attrs, extra)}
+
+    def __call__(self, *args):
+        from autostrat.frontend import tracing
+        from autostrat.runtime.kernels import run_kernel
+
+        tensors, call = self._split_arguments(args)
+        attrs = self.attrs | call
+        if tracing.is_tracing():
+            return tracing.record(self, tensors, attrs)
+        outputs = run_kernel(self.op_type, [t.asnumpy() for t in tensors], attrs)
+        wrapped = tuple(Tensor(out) for out in outputs)
+        return wrapped[0] if len(wrapped) == 1 else wrapped
+
+    def __repr__(self) -> str:
+        return f"{self.op_type}({', '.join(f'{k}={v!r}' for k, v in self.attrs.items())})"
+
+
+# MindSpore passes these as call arguments rather than constructor arguments.
+CALL_ATTRS = {
+    "Cast": ("dtype",),
+    "ExpandDims": ("axis",),
+    "Gather": ("axis",),
+    "OneHot": ("depth", "on_value", "off_value"),
+    "ReduceMax": ("axis",),
+    "ReduceMean": ("axis",),
+    "ReduceSum": ("axis",),
+    "Reshape": ("shape",),
+    "Transpose": ("perm",),
+}
+
+
+def primitive_classes() -> dict[str, type[Primitive]]:
+    """One Primitive subclass per registered op type, alphabetically."""
+    classes = {}
+    for op_type in op_types():
+        call = CALL_ATTRS.get(op_type, ())
+        init = tuple(name for name in inspect.signature(get_op(op_type).build).parameters if name not in call)[1:]
+        classes[op_type] = type(op_type, (Primitive,), {"op_type": op_type, "init_attrs": init, "call_attrs": call})
+    return classes

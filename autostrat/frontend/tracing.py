@@ -1,0 +1,129 @@
+"""Tracing `construct` on shape-only tensors into an `ir.Graph`.
+
+Names: ops take the attribute path of their primitive (``dense1.matmul``); a primitive called
+again gets ``_1``, ``_2``... in call order; a primitive that is no attribute of the model is
+named by its op type in snake case. Seeds (`.shard`) are validated here against the op's
+shapes, so a bad strategy is reported with the op's name before any search.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from autostrat.errors import AutostratError, ConfigError
+from autostrat.frontend.tensor import Parameter, Tensor
+from autostrat.ir import Graph, OpNode, TensorInfo, output_dtype
+from autostrat.layout import Strategy
+from autostrat.rules import make_rule
+
+_active: _Tracer | None = None
+
+
+def is_tracing() -> bool:
+    return _active is not None
+
+
+def _snake(op_type: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", op_type).lower()
+
+
+class _Tracer:
+    def __init__(self, net, device_num: int):
+        self.device_num = device_num
+        self.tensors: dict[str, TensorInfo] = {}
+        self.ops: dict[str, OpNode] = {}
+        self.values: dict = {}
+        self.paths = {id(p): path for path, p in net.primitives_and_names()}
+        self.parameter_paths = {id(p): path for path, p in net.parameters_and_names()}
+        self.names: dict[int, str] = {}  # id(tensor object) -> graph tensor name
+        self.alive: list[Tensor] = []  # keeps traced tensors alive so their ids stay unique
+
+    def add_tensor(self, info: TensorInfo, tensor: Tensor | None = None) -> Tensor:
+        self.tensors[info.name] = info
+        symbolic = tensor if tensor is not None else Tensor(shape=info.shape, dtype=info.dtype)
+        self.names[id(symbolic)] = info.name
+        self.alive.append(symbolic)
+        return symbolic
+
+    def tensor_name(self, tensor: Tensor, op_name: str) -> str:
+        if id(tensor) in self.names:
+            return self.names[id(tensor)]
+        if isinstance(tensor, Parameter):
+            name = self.parameter_paths.get(id(tensor)) or tensor.name or f"parameter_{len(self.parameter_paths)}"
+            kind = "parameter"
+        elif tensor.has_data:
+            name, kind = f"constant_{sum(t.kind == 'constant' for t in self.tensors.values())}", "constant"
+        else:
+            raise ConfigError(f"{op_name}: a shape-only tensor that is no input of construct was passed to it")
+        self.add_tensor(TensorInfo(name, tensor.shape, tensor.dtype, kind), tensor)
+        self.values[name] = tensor.asnumpy()
+        return name
+
+    def op_name(self, primitive) -> str:
+        base = self.paths.get(id(primitive)) or _snake(primitive.op_type)
+        name, count = base, 0
+        while name in self.ops:
+            count += 1
+            name = f"{base}_{count}"
+        return name
+
+
+def record(primitive, tensors: list[Tensor], attrs: dict):
+    """Add one op application to the active trace; returns its symbolic output(s)."""
+    tracer = _active
+    name = tracer.op_name(primitive)
+    inputs = tuple(tracer.tensor_name(t, name) for t in tensors)
+    infos = [tracer.tensors[n] for n in inputs]
+    try:
+        rule = make_rule(primitive.op_type, [info.shape for info in infos], **attrs)
+        if primitive.in_strategy is not None:
+            Strategy.from_tuples(rule, primitive.in_strategy, tracer.device_num, primitive.out_strategy, where=name)
+    except AutostratError as error:
+        message = str(error) if str(error).startswith(name) else f"{name}: {error}"
+        raise type(error)(message) from None
+    dtype = output_dtype(primitive.op_type, [info.dtype for info in infos], attrs)
+    outputs = [TensorInfo(f"{name}:{i}", shape, dtype, "output", name) for i, shape in enumerate(rule.output_shapes)]
+    tracer.ops[name] = OpNode(
+        name, primitive.op_type, tuple(sorted(attrs.items())), inputs, tuple(o.name for o in outputs),
+        rule, primitive.in_strategy, primitive.out_strategy,
+    )
+    symbolic = tuple(tracer.add_tensor(info) for info in outputs)
+    return symbolic[0] if len(symbolic) == 1 else symbolic
+
+
+def _input_names(net, count: int) -> list[str]:
+    parameters = list(inspect.signature(net.construct).parameters.values())
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [named[i] if i < len(named) else f"input_{i}" for i in range(count)]
+
+
+def trace(net, *inputs: Tensor, device_num: int = 1) -> Graph:
+    """Run `net.construct` on shape-only stand-ins of `inputs` and return the graph it builds.
+
+    Example:
+        >>> from autostrat.models import FFN
+        >>> graph = trace(FFN(), Tensor(shape=(64, 64)), device_num=8)
+        >>> list(graph.ops)
+        ['dense1.matmul', 'dense1.bias_add', 'relu', 'dense2.matmul', 'dense2.bias_add']
+    """
+    global _active
+    if _active is not None:
+        raise ConfigError("trace() cannot be nested: a trace is already running")
+    if not all(isinstance(t, Tensor) for t in inputs):
+        raise ConfigError(f"trace() takes Tensor inputs, got {[type(t).__name__ for t in inputs]}")
+    tracer = _Tracer(net, device_num)
+    _active = tracer
+    try:
+        symbolic = [
+            tracer.add_tensor(TensorInfo(name, t.shape, t.dtype, "input"))
+            for name, t in zip(_input_names(net, len(inputs)), inputs)
+        ]
+        result = net(*symbolic)
+    finally:
+        _active = None
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    if not results or not all(isinstance(r, Tensor) and id(r) in tracer.names for r in results):
+        raise ConfigError(f"{type(net).__name__}.construct must return the tensors it computed, got {result!r}")
+    outputs = tuple(tracer.names[id(r)] for r in results)
+    return Graph(tracer.tensors, tracer.ops, outputs, type(net).__name__, tracer.values)

@@ -1,0 +1,31 @@
+"""Output dtypes of ops, known without running them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autostrat.errors import ConfigError
+
+
+def dtype_name(dtype) -> str:
+    """The numpy name of a dtype given as a numpy dtype, a type or a name ('float32').
+
+    Example:
+        >>> dtype_name(np.float32), dtype_name("int64")
+        ('float32', 'int64')
+    """
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise ConfigError(f"expected a numpy dtype or its name such as 'float32', got {dtype!r}") from None
+
+
+def output_dtype(op_type: str, input_dtypes: list[str], attrs: dict) -> str:
+    """Cast gives its `dtype`; OneHot gives float32; every other op keeps the dtype of its first
+    floating-point input (Gather's table, not its indices)."""
+    if op_type == "Cast":
+        return dtype_name(attrs.get("dtype", "float32"))
+    if op_type == "OneHot":
+        return "float32"
+    floats = [d for d in input_dtypes if np.issubdtype(np.dtype(d), np.floating)]
+    return floats[0] if floats else input_dtypes[0]

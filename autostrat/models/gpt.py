@@ -1,0 +1,102 @@
+"""A GPT-style decoder: embeddings, pre-LayerNorm blocks of causal multi-head attention and a
+GeLU FFN with residuals, a final LayerNorm, an LM head and the cross-entropy loss.
+
+Activations stay 2-D ``[batch * seq, hidden]`` between blocks; heads are formed with
+Reshape + Transpose around two BatchMatMuls, so every op is one the search knows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autostrat import ops
+from autostrat.frontend.cell import Cell, CellList
+from autostrat.frontend.layers import GELU, Dense, Embedding, LayerNorm, SoftmaxCrossEntropyWithLogits
+from autostrat.frontend.tensor import Parameter, Tensor, initializer
+
+
+class Attention(Cell):
+    def __init__(self, batch: int, seq: int, hidden: int, heads: int):
+        super().__init__()
+        self.batch, self.seq, self.heads, self.head_size = batch, seq, heads, hidden // heads
+        self.query, self.key, self.value = Dense(hidden, hidden), Dense(hidden, hidden), Dense(hidden, hidden)
+        self.split_heads, self.to_heads = ops.Reshape(), ops.Transpose()
+        self.scores = ops.BatchMatMul(transpose_b=True)
+        self.scale = ops.Mul()
+        self.mask = ops.Add()
+        self.softmax = ops.Softmax()
+        self.context = ops.BatchMatMul()
+        self.from_heads, self.merge_heads = ops.Transpose(), ops.Reshape()
+        self.projection = Dense(hidden, hidden)
+        causal = np.triu(np.full((seq, seq), -1e9, np.float32), k=1)
+        self.causal_mask = Tensor(causal)
+        self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
+
+    def heads_of(self, x):
+        x = self.split_heads(x, (self.batch, self.seq, self.heads, self.head_size))
+        return self.to_heads(x, (0, 2, 1, 3))
+
+    def construct(self, x):
+        q, k, v = self.heads_of(self.query(x)), self.heads_of(self.key(x)), self.heads_of(self.value(x))
+        scores = self.mask(self.scale(self.scores(q, k), self.scale_factor), self.causal_mask)
+        context = self.context(self.softmax(scores), v)
+        context = self.from_heads(context, (0, 2, 1, 3))
+        context = self.merge_heads(context, (self.batch * self.seq, self.heads * self.head_size))
+        return self.projection(context)
+
+
+class Block(Cell):
+    def __init__(self, batch: int, seq: int, hidden: int, heads: int):
+        super().__init__()
+        self.ln1 = LayerNorm((hidden,))
+        self.attention = Attention(batch, seq, hidden, heads)
+        self.residual1 = ops.Add()
+        self.ln2 = LayerNorm((hidden,))
+        self.ffn1 = Dense(hidden, 4 * hidden, activation=GELU())
+        self.ffn2 = Dense(4 * hidden, hidden)
+        self.residual2 = ops.Add()
+
+    def construct(self, x):
+        x = self.residual1(x, self.attention(self.ln1(x)))
+        return self.residual2(x, self.ffn2(self.ffn1(self.ln2(x))))
+
+
+class GPT(Cell):
+    """Inputs: token ids ``[batch, seq]`` and next-token labels ``[batch * seq]``; output: the
+    mean loss.
+
+    Example:
+        >>> net = GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64)
+        >>> type(net.blocks[0].attention.query.matmul).__name__
+        'MatMul'
+    """
+
+    def __init__(self, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, batch: int = 4, vocab: int = 128):
+        super().__init__()
+        self.batch, self.seq, self.hidden = batch, seq, hidden
+        self.embedding = Embedding(vocab, hidden)
+        self.position = Parameter(initializer("normal", (seq, hidden)))
+        self.add_position = ops.Add()
+        self.flatten = ops.Reshape()
+        self.blocks = CellList(Block(batch, seq, hidden, heads) for _ in range(layers))
+        self.ln_final = LayerNorm((hidden,))
+        self.lm_head = Dense(hidden, vocab, has_bias=False)
+        self.loss = SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, ids, labels):
+        x = self.add_position(self.embedding(ids), self.position)
+        x = self.flatten(x, (self.batch * self.seq, self.hidden))
+        for block in self.blocks:
+            x = block(x)
+        return self.loss(self.lm_head(self.ln_final(x)), labels)
+
+    def example_inputs(self, with_data: bool = False, seed: int = 0) -> tuple[Tensor, Tensor]:
+        """Ids and labels: random data, or shape-only tensors for a search."""
+        vocab = self.embedding.embedding_table.shape[0]
+        shapes = ((self.batch, self.seq), (self.batch * self.seq,))
+        if not with_data:
+            return tuple(Tensor(shape=s, dtype="int32") for s in shapes)
+        rng = np.random.default_rng(seed)
+        return tuple(Tensor(rng.integers(0, vocab, size=s).astype(np.int32)) for s in shapes)
