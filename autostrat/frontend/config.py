@@ -1,0 +1,177 @@
+"""YAML configs: the context keys, a model, its input shapes, and strategies by op name.
+
+    parallel_mode: auto_parallel
+    search_mode: sharding_propagation
+    device_num: 8
+    model:
+      name: FFN                 # a built-in of autostrat.models, or package.module:Class
+      params: {}                # constructor arguments
+    inputs:
+      - {shape: [64, 64], dtype: float32}
+    strategies:
+      dense1.matmul: [[2, 1], [1, 4]]          # in_strategy
+      loss.one_hot: {in: [[8]], out: [[8, 1]]} # with an out_strategy
+
+Every error names the file and the key path (``model.params.layers``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from autostrat.errors import AutostratError, ConfigError
+from autostrat.frontend.context import KEYS, ParallelContext
+from autostrat.frontend.tensor import Tensor
+from autostrat.ir import Graph
+from autostrat.layout import Strategy
+
+SECTIONS = ("inputs", "model", "strategies")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A loaded config: the context, the model instance, its inputs and the seeds by op name."""
+
+    path: str
+    context: ParallelContext
+    net: object
+    inputs: tuple[Tensor, ...]
+    strategies: dict
+
+
+def _fail(where: str, message: str) -> ConfigError:
+    return ConfigError(f"{where}: {message}")
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{place}: {getattr(error, 'problem', error)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys (parallel_mode, model, inputs, ...), got {type(data).__name__}")
+    return data
+
+
+def _model_class(name, where: str):
+    from autostrat import models
+
+    if not isinstance(name, str):
+        raise _fail(where, f"expected a model name, got {name!r}")
+    if ":" in name:
+        module_name, _, attribute = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as error:
+            raise _fail(where, f"cannot import {name!r}: {error}") from None
+    if name not in models.__all__:
+        raise _fail(where, f"unknown model {name!r}; built-in models: {', '.join(models.__all__)}, or package.module:Class")
+    return getattr(models, name)
+
+
+def _build_model(section, where: str):
+    if not isinstance(section, dict) or "name" not in section:
+        raise _fail(where, f"expected a mapping with 'name' (and optional 'params'), got {section!r}")
+    unknown = sorted(set(section) - {"name", "params"})
+    if unknown:
+        raise _fail(f"{where}.{unknown[0]}", "unknown key; a model has 'name' and 'params'")
+    cls = _model_class(section["name"], f"{where}.name")
+    params = section.get("params") or {}
+    if not isinstance(params, dict):
+        raise _fail(f"{where}.params", f"expected a mapping of constructor arguments, got {params!r}")
+    try:
+        return cls(**params)
+    except TypeError as error:
+        raise _fail(f"{where}.params", f"{cls.__name__} rejects these arguments: {error}") from None
+    except AutostratError as error:
+        raise _fail(f"{where}.params", str(error)) from None
+
+
+def _build_inputs(section, where: str) -> tuple[Tensor, ...]:
+    if not isinstance(section, list) or not section:
+        raise _fail(where, f"expected a list of inputs such as [{{shape: [64, 64], dtype: float32}}], got {section!r}")
+    tensors = []
+    for index, item in enumerate(section):
+        place = f"{where}[{index}]"
+        if not isinstance(item, dict) or "shape" not in item or set(item) - {"shape", "dtype"}:
+            raise _fail(place, f"expected {{shape: [...], dtype: ...}}, got {item!r}")
+        try:
+            tensors.append(Tensor(shape=item["shape"], dtype=item.get("dtype", "float32")))
+        except (AutostratError, TypeError) as error:
+            raise _fail(place, str(error)) from None
+    return tuple(tensors)
+
+
+def _check_strategies(section, where: str) -> dict:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise _fail(where, f"expected a mapping from op name to strategy, got {section!r}")
+    strategies = {}
+    for name, value in section.items():
+        if isinstance(value, dict):
+            if set(value) - {"in", "out"} or "in" not in value:
+                raise _fail(f"{where}.{name}", f"expected {{in: [[...]], out: [[...]]}}, got {value!r}")
+            strategies[name] = (_tuples(value["in"]), _tuples(value.get("out")))
+        else:
+            strategies[name] = (_tuples(value), None)
+    return strategies
+
+
+def _tuples(value):
+    """YAML lists as strategy tuples; anything else is left for the strategy check to reject."""
+    if isinstance(value, list):
+        return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    return value
+
+
+def load_config(path, **overrides) -> Config:
+    """Load a YAML config; `overrides` replace context keys (``device_num=64``).
+
+    Example:
+        >>> config = load_config("configs/ffn.yaml")
+        >>> config.context.device_num, type(config.net).__name__, config.strategies["dense1.matmul"]
+        (8, 'FFN', (((2, 1), (1, 4)), None))
+    """
+    path = Path(path)
+    data = _read(path)
+    unknown = sorted(set(data) - set(KEYS) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(KEYS + SECTIONS))}")
+    context_keys = {key: data[key] for key in KEYS if key in data} | {k: v for k, v in overrides.items() if v is not None}
+    try:
+        context = ParallelContext(**context_keys)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    for section in ("model", "inputs"):
+        if section not in data:
+            raise ConfigError(f"{path}: missing key {section!r}")
+    net = _build_model(data["model"], f"{path}: model")
+    inputs = _build_inputs(data["inputs"], f"{path}: inputs")
+    return Config(str(path), context, net, inputs, _check_strategies(data.get("strategies"), f"{path}: strategies"))
+
+
+def apply_seeds(graph: Graph, strategies: dict, device_num: int, where: str = "strategies") -> Graph:
+    """A copy of `graph` whose named ops carry the given ``(in_strategy, out_strategy)`` seeds,
+    each validated against its op; an unknown op name suggests the closest ones."""
+    ops = dict(graph.ops)
+    for name, (in_strategy, out_strategy) in strategies.items():
+        if name not in ops:
+            close = difflib.get_close_matches(name, list(ops), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{where}.{name}: the graph has no op named {name!r}{hint}")
+        try:
+            Strategy.from_tuples(ops[name].rule, in_strategy, device_num, out_strategy, where=f"{where}.{name}")
+        except AutostratError as error:
+            raise ConfigError(str(error)) from None
+        ops[name] = replace(ops[name], in_strategy=in_strategy, out_strategy=out_strategy)
+    return replace(graph, ops=ops)

@@ -1,0 +1,83 @@
+"""YAML configs: every shipped config loads and traces; every error names file and key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autostrat.errors import ConfigError
+from autostrat.frontend import trace
+from autostrat.frontend.config import apply_seeds, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load_trace_and_seed(path):
+    config = load_config(path)
+    graph = apply_seeds(trace(config.net, *config.inputs, device_num=config.context.device_num), config.strategies, config.context.device_num)
+    assert sum(op.is_seeded for op in graph.ops.values()) == len(config.strategies) > 0
+
+
+def test_every_built_in_model_has_a_config():
+    from autostrat import models
+
+    names = {load_config(path).net.__class__.__name__ for path in CONFIGS}
+    assert set(models.__all__) <= names
+
+
+def test_overrides_replace_context_keys():
+    assert load_config(CONFIGS[0], device_num=64).context.device_num == 64
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD = "device_num: 8\nmodel: {name: FFN}\ninputs:\n  - {shape: [64, 64]}\n"
+CASES = {
+    "not yaml": ("model: [1, 2\n", r"bad.yaml: not valid YAML at line 2, column 1"),
+    "not a mapping": ("- 1\n- 2\n", r"bad.yaml: expected a mapping of keys \(parallel_mode, model, inputs, ...\), got list"),
+    "unknown key": (GOOD + "devices: 8\n", r"bad.yaml: unknown key 'devices'; valid keys: device_num, full_batch"),
+    "bad context value": (GOOD.replace("device_num: 8", "device_num: eight"), r"bad.yaml: device_num must be a positive integer, got 'eight'"),
+    "missing model": ("inputs: [{shape: [2]}]\n", r"bad.yaml: missing key 'model'"),
+    "model not a mapping": (GOOD.replace("{name: FFN}", "FFN"), r"bad.yaml: model: expected a mapping with 'name' \(and optional 'params'\), got 'FFN'"),
+    "unknown model": (GOOD.replace("FFN", "FFNN"), r"bad.yaml: model.name: unknown model 'FFNN'; built-in models: FFN, GPT, MLP, ResNet"),
+    "unknown model key": (GOOD.replace("{name: FFN}", "{name: FFN, size: 3}"), r"bad.yaml: model.size: unknown key; a model has 'name' and 'params'"),
+    "bad import": (GOOD.replace("FFN", "nowhere.module:Net"), r"bad.yaml: model.name: cannot import 'nowhere.module:Net'"),
+    "bad params": (GOOD.replace("{name: FFN}", "{name: FFN, params: {width: 3}}"), r"bad.yaml: model.params: FFN rejects these arguments: .*width"),
+    "inputs not a list": (GOOD.replace("inputs:\n  - {shape: [64, 64]}", "inputs: 3"), r"bad.yaml: inputs: expected a list of inputs"),
+    "input without shape": (GOOD.replace("{shape: [64, 64]}", "{dims: [64, 64]}"), r"bad.yaml: inputs\[0\]: expected \{shape: \[...\], dtype: ...\}"),
+    "bad dtype": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], dtype: floaty}"), r"bad.yaml: inputs\[0\]: expected a numpy dtype or its name"),
+    "strategies not a mapping": (GOOD + "strategies: [1]\n", r"bad.yaml: strategies: expected a mapping from op name to strategy"),
+    "strategy mapping form": (GOOD + "strategies:\n  relu: {out: [[1, 1]]}\n", r"bad.yaml: strategies.relu: expected \{in: \[\[...\]\], out: \[\[...\]\]\}"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_config_errors(tmp_path, case):
+    text, message = CASES[case]
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match=r"cannot read config /nonexistent.yaml: No such file or directory"):
+        load_config("/nonexistent.yaml")
+
+
+def test_seed_for_an_unknown_op_suggests_names(tmp_path):
+    config = load_config(write(tmp_path, GOOD))
+    graph = trace(config.net, *config.inputs, device_num=8)
+    with pytest.raises(ConfigError, match=r"strategies.dense1.matmull: the graph has no op named 'dense1.matmull'; did you mean dense1.matmul"):
+        apply_seeds(graph, {"dense1.matmull": (((2, 1), (1, 4)), None)}, 8)
+
+
+def test_invalid_seed_names_the_key_path(tmp_path):
+    config = load_config(write(tmp_path, GOOD))
+    graph = trace(config.net, *config.inputs, device_num=8)
+    with pytest.raises(ConfigError, match=r"strategies.relu: the strategy uses 16 devices but device_num is 8"):
+        apply_seeds(graph, {"relu": (((4, 4),), None)}, 8)
