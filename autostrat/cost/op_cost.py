@@ -1,0 +1,54 @@
+"""Per-strategy operator costs: compute, memory and the op's own communication, per device.
+
+- Compute: ``Π(factor sizes) / Π(splits)`` iterations per device, doubled when the rule has a
+  reduction factor (each iteration is a multiply-add, MatMul's ``2·m·k·n``). It is a model of
+  relative work, not of a kernel's exact flops (a Softmax counts one flop per element).
+- Memory: bytes of every input and output slice a device holds. Parameters are inputs, so they
+  are counted there; activations kept for the backward pass are not modelled.
+- Communication: 0. An op whose strategy splits a reduction factor leaves its output partial and
+  the edge to its consumer resolves it (AllReduce, or ReduceScatter when the consumer wants the
+  result split); counting it here as well would charge it twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autostrat.cost.collective import dtype_size
+from autostrat.errors import LayoutError
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Costs of one strategy of one op, per device."""
+
+    flops_per_device: int
+    memory_bytes_per_device: int
+    comm_bytes: int = 0
+
+
+def op_cost(strategy, dtypes="float32") -> OpCost:
+    """Compute, memory and communication of `strategy` (a `layout.Strategy`), per device.
+
+    `dtypes` is one dtype for every operand, or one per input followed by one per output.
+
+    Example (MatMul ``[256, 784] x [784, 64]`` with strategy ``((2, 1), (1, 4))`` on 8 devices):
+        >>> from autostrat.layout import Strategy
+        >>> from autostrat.rules import make_rule
+        >>> rule = make_rule("MatMul", [(256, 784), (784, 64)])
+        >>> cost = op_cost(Strategy.from_tuples(rule, ((2, 1), (1, 4)), 8))
+        >>> cost.flops_per_device == 2 * 256 * 784 * 64 // 8, cost.memory_bytes_per_device
+        (True, 459776)
+    """
+    layouts = strategy.input_layouts + strategy.output_layouts
+    if isinstance(dtypes, (str, type)) or not hasattr(dtypes, "__len__"):
+        dtypes = (dtypes,) * len(layouts)
+    if len(dtypes) != len(layouts):
+        raise LayoutError(
+            f"{strategy.rule.op_type}: expected one dtype or {len(layouts)} (inputs then outputs), got {len(dtypes)}"
+        )
+    work = math.prod(strategy.rule.factor_sizes) // math.prod(strategy.splits)
+    flops = 2 * work if strategy.rule.reduction else work
+    memory = sum(math.prod(layout.slice_shape) * dtype_size(dtype) for layout, dtype in zip(layouts, dtypes))
+    return OpCost(flops_per_device=flops, memory_bytes_per_device=memory, comm_bytes=0)

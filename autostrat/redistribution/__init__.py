@@ -1,0 +1,24 @@
+"""Redistribution: the cheapest step sequence from one layout of a tensor to another.
+
+`plan_redistribution` plans, `redistribution_cost` prices, `cost_table` fills an edge's table,
+`simulate` runs a plan on per-rank numpy pieces and `lower_plan` turns it into primitives.
+"""
+
+from autostrat.redistribution.lower import Primitive, lower_plan, lower_step, plan_to_text
+from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
+from autostrat.redistribution.planner import plan_redistribution, redistribution_cost
+from autostrat.redistribution.simulate import simulate
+from autostrat.redistribution.table import cost_table
+
+__all__ = [
+    "Primitive",
+    "RedistributionPlan",
+    "RedistributionStep",
+    "cost_table",
+    "lower_plan",
+    "lower_step",
+    "plan_redistribution",
+    "plan_to_text",
+    "redistribution_cost",
+    "simulate",
+]

@@ -1,0 +1,91 @@
+"""Lower plan steps to MindSpore-style primitive lists, for IR dumps and backend calls.
+
+MindSpore's collectives work on dim 0: an AllGather on another dim is AllGather, then Split on
+dim 0 into the group's chunks and Concat on the wanted dim; a ReduceScatter on another dim first
+moves that dim's chunks to dim 0 (Split, Concat). A Slice is a StridedSlice whose begin on `dim`
+is the rank's chunk times the new slice size. Groups list their members in chunk order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """One primitive op: a MindSpore name and its attributes as sorted ``(name, value)`` pairs.
+
+    Example:
+        >>> str(Primitive.make("Concat", axis=1))
+        'Concat(axis=1)'
+    """
+
+    name: str
+    attrs: tuple[tuple[str, object], ...] = ()
+
+    @classmethod
+    def make(cls, name: str, **attrs) -> Primitive:
+        return cls(name, tuple(sorted(attrs.items())))
+
+    def __str__(self) -> str:
+        return f"{self.name}(" + ", ".join(f"{key}={value}" for key, value in self.attrs) + ")"
+
+
+def _groups(step) -> list[list[int]]:
+    return [list(group) for group in step.groups]
+
+
+def lower_step(step) -> tuple[Primitive, ...]:
+    """The primitives of one `RedistributionStep`, in execution order.
+
+    Example:
+        >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+        >>> from autostrat.redistribution import plan_redistribution
+        >>> src = Layout(DeviceMatrix((2,)), TensorMap((-1, 0)), (4, 4))
+        >>> plan = plan_redistribution(src, Layout(DeviceMatrix((2,)), TensorMap((-1, -1)), (4, 4)))
+        >>> [str(p) for p in lower_step(plan.steps[0])]
+        ['AllGather(groups=[[0, 1]])', 'Split(axis=0, output_num=2)', 'Concat(axis=1)']
+    """
+    g, groups, dims = step.group_size, _groups(step), step.dims
+    op = step.before.partial_op
+    if step.kind == "Slice":
+        return (Primitive.make("StridedSlice", axis=dims[0], parts=g, slice_size=step.after.slice_shape[dims[0]]),)
+    if step.kind == "AllGather":
+        gather = Primitive.make("AllGather", groups=groups)
+        if dims[0] == 0:
+            return (gather,)
+        return gather, Primitive.make("Split", axis=0, output_num=g), Primitive.make("Concat", axis=dims[0])
+    if step.kind == "AllToAll":
+        return (Primitive.make("AllToAll", concat_dim=dims[0], groups=groups, split_count=g, split_dim=dims[1]),)
+    if step.kind == "AllReduce":
+        return (Primitive.make("AllReduce", groups=groups, op=op),)
+    if step.kind == "ReduceScatter":
+        scatter = Primitive.make("ReduceScatter", groups=groups, op=op)
+        if dims[0] == 0:
+            return (scatter,)
+        return Primitive.make("Split", axis=dims[0], output_num=g), Primitive.make("Concat", axis=0), scatter
+    if step.kind == "CollectivePermute":
+        return (Primitive.make("CollectivePermute", pairs=[list(pair) for pair in step.groups]),)
+    return (Primitive.make("Reshape", shape=list(step.after.shape)),)
+
+
+def lower_plan(plan) -> tuple[Primitive, ...]:
+    """Every primitive of `plan`, in order."""
+    return tuple(primitive for step in plan.steps for primitive in lower_step(step))
+
+
+def plan_to_text(plan) -> str:
+    """A stable text dump: the edge, then per step its summary and its primitives.
+
+    Example:
+        >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+        >>> from autostrat.redistribution import plan_redistribution
+        >>> src = Layout(DeviceMatrix((2,)), TensorMap((0,)), (4,))
+        >>> print(plan_to_text(plan_redistribution(src, src.with_partial(()))))
+        redistribution [4] dm[2] tm(0,) -> [4] dm[2] tm(0,): 0B
+    """
+    lines = [f"redistribution {plan.src} -> {plan.dst}: {plan.cost}B" + ("" if plan.exhaustive else " (greedy)")]
+    for index, step in enumerate(plan.steps, start=1):
+        lines.append(f"  {index}. {step}  {step.before} -> {step.after}")
+        lines.extend(f"     {primitive}" for primitive in lower_step(step))
+    return "\n".join(lines)

@@ -1,0 +1,160 @@
+"""The step set of the planner, on states over one device matrix.
+
+A state is ``(entries, partial)``: per tensor dim the device axes splitting it, major first, and
+the sorted partial axes; axes are counted from the right. Every other axis is free (replicated).
+From a state, with ``s`` the local bytes before the step and ``g`` the step's group size:
+
+- Slice: a free axis becomes the minor-most axis of a dim (only the minor end keeps every rank's
+  new piece inside its old one). Cost 0.
+- AllGather: a suffix block of a dim's axes becomes free (a major axis alone would leave strided
+  data). Cost ``(g-1)·s``.
+- AllToAll: a suffix block of dim i moves, in order, to the minor end of dim j. ``(g-1)·s/g``;
+  one AllToAll over several axes is cheaper than one per axis, so blocks are needed.
+- AllReduce: any non-empty set of partial axes becomes free. ``2(g-1)·s/g``; again cheaper over
+  several axes at once.
+- ReduceScatter: a non-empty set of partial axes becomes the minor end of a dim, larger axis ids
+  first. ``(g-1)·s/g``.
+- CollectivePermute: a relabelling of axes of equal sizes (an axis's role handed to a free axis,
+  roles swapped or cycled). Cost ``s``. Every other step commutes with a relabelling, so the
+  permutes of a sequence merge into one; `moves` leaves them out and the search has one
+  "permuted" layer of states taken up to relabelling (`canonical`) instead.
+
+Partial values are never created from whole ones: the destination of an edge is not partial, and
+keeping the set small keeps the search fast. Every step keeps every dim divisible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+from autostrat.cost import collective_bytes
+
+State = tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Space:
+    """What every state of one search shares: axis sizes (index = axis id), shape, bytes per element."""
+
+    sizes: tuple[int, ...]
+    shape: tuple[int, ...]
+    itemsize: int
+
+    def local_bytes(self, state: State) -> int:
+        used = math.prod(self.sizes[axis] for entry in state[0] for axis in entry)
+        return math.prod(self.shape) * self.itemsize // used
+
+
+class Move(NamedTuple):
+    """One step out of a state; `mapping` (new axis per old axis) is set for CollectivePermute only."""
+
+    kind: str
+    axes: tuple[int, ...]
+    dims: tuple[int, ...]
+    mapping: tuple[int, ...] | None
+    state: State
+    bytes: int
+
+
+def _replace(entries, dim: int, entry) -> tuple:
+    return entries[:dim] + (tuple(entry),) + entries[dim + 1 :]
+
+
+def _fits(space: Space, entry, dim: int) -> bool:
+    return space.shape[dim] % math.prod(space.sizes[axis] for axis in entry) == 0
+
+
+@lru_cache(maxsize=1 << 16)
+def moves(space: Space, state: State) -> tuple[Move, ...]:
+    """Every step out of `state`, in a fixed order (the planner's tie-breaks depend on it).
+
+    Example:
+        >>> space = Space(sizes=(4, 2), shape=(64, 64), itemsize=4)
+        >>> [(m.kind, m.axes, m.bytes) for m in moves(space, (((1,), ()), (0,))) if m.kind != "Slice"][:3]
+        [('AllGather', (1,), 8192), ('AllToAll', (1,), 4096), ('AllReduce', (0,), 12288)]
+    """
+    s = space.local_bytes(state)
+    return tuple(_slices(space, state) + _gathers(space, state, s) + _reductions(space, state, s))
+
+
+def _group(space: Space, axes) -> int:
+    return math.prod(space.sizes[axis] for axis in axes)
+
+
+def _slices(space: Space, state: State) -> list[Move]:
+    entries, partial = state
+    used = {axis for entry in entries for axis in entry} | set(partial)
+    free = [axis for axis in range(len(space.sizes)) if axis not in used]
+    found = []
+    for dim, entry in enumerate(entries):
+        for axis in free:
+            if _fits(space, entry + (axis,), dim):
+                found.append(Move("Slice", (axis,), (dim,), None, (_replace(entries, dim, entry + (axis,)), partial), 0))
+    return found
+
+
+def _gathers(space: Space, state: State, s: int) -> list[Move]:
+    """AllGather and AllToAll of every suffix block of every dim."""
+    entries, partial = state
+    found = []
+    for dim, entry in enumerate(entries):
+        for start in range(len(entry) - 1, -1, -1):
+            block, rest = entry[start:], entries[:dim] + (entry[:start],) + entries[dim + 1 :]
+            g = _group(space, block)
+            found.append(Move("AllGather", block, (dim,), None, (rest, partial), collective_bytes("AllGather", g, s)))
+            for target, target_entry in enumerate(entries):
+                if target != dim and _fits(space, target_entry + block, target):
+                    moved = (_replace(rest, target, target_entry + block), partial)
+                    found.append(Move("AllToAll", block, (dim, target), None, moved, collective_bytes("AllToAll", g, s)))
+    return found
+
+
+def _subsets(axes):
+    for count in range(1, len(axes) + 1):
+        yield from itertools.combinations(sorted(axes, reverse=True), count)
+
+
+def _reductions(space: Space, state: State, s: int) -> list[Move]:
+    """AllReduce and ReduceScatter of every non-empty set of partial axes."""
+    entries, partial = state
+    found = []
+    for block in _subsets(partial):
+        g, rest = _group(space, block), tuple(axis for axis in partial if axis not in block)
+        found.append(Move("AllReduce", block, (), None, (entries, rest), collective_bytes("AllReduce", g, s)))
+        for dim, entry in enumerate(entries):
+            if _fits(space, entry + block, dim):
+                scattered = (_replace(entries, dim, entry + block), rest)
+                found.append(Move("ReduceScatter", block, (dim,), None, scattered, collective_bytes("ReduceScatter", g, s)))
+    return found
+
+
+def relabel(state: State, mapping) -> State:
+    """The state with every axis ``a`` renamed ``mapping[a]``."""
+    entries, partial = state
+    return tuple(tuple(mapping[a] for a in entry) for entry in entries), tuple(sorted(mapping[a] for a in partial))
+
+
+def canonical(sizes: tuple[int, ...], target_sizes: tuple[int, ...], state: State) -> tuple[State, tuple[int, ...]]:
+    """The representative of `state` up to relabelling, over axes of `target_sizes`, and the
+    relabelling used (new axis per old axis). Axes are renamed in the order they appear (dims in
+    order, major first, then partial axes), each taking the lowest free id of its size, so two
+    states have the same representative iff one is a relabelling of the other.
+
+    Example:
+        >>> canonical((2, 2, 2), (2, 2, 2), (((0,), (2,)), ()))
+        ((((0,), (1,)), ()), (0, 2, 1))
+    """
+    entries, partial = state
+    pools: dict[int, list[int]] = {}
+    for axis, size in enumerate(target_sizes):
+        pools.setdefault(size, []).append(axis)
+    order = [axis for entry in entries for axis in entry] + list(partial)
+    order += [axis for axis in range(len(sizes)) if axis not in order]
+    mapping = [0] * len(sizes)
+    for axis in order:
+        mapping[axis] = pools[sizes[axis]].pop(0)
+    return relabel(state, mapping), tuple(mapping)

@@ -1,0 +1,72 @@
+"""Plans: the ordered steps of one redistribution, with their layouts, rank groups and bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autostrat.layout import Layout
+from autostrat.layout.layout import format_tuple
+from autostrat.redistribution.lower import plan_to_text
+
+STEP_KINDS = ("AllGather", "AllReduce", "AllToAll", "CollectivePermute", "ReduceScatter", "Reshape", "Slice")
+
+
+@dataclass(frozen=True)
+class RedistributionStep:
+    """One step: `before` and `after` are layouts over the step's device matrix.
+
+    `axes` are device axes of ``before.device_matrix`` (counted from the right): the block that
+    is sliced, gathered, moved or reduced, or for a CollectivePermute the axes whose role moves.
+    `dims` is ``(dim,)`` for Slice, AllGather and ReduceScatter, ``(from, to)`` for AllToAll and
+    ``()`` otherwise. `groups` are the communication groups, members in the order their chunks
+    take in the step's dim; `sources` gives, for a CollectivePermute, the rank each rank
+    receives from. `bytes` is what one device sends.
+    """
+
+    kind: str
+    axes: tuple[int, ...]
+    dims: tuple[int, ...]
+    before: Layout
+    after: Layout
+    groups: tuple[tuple[int, ...], ...]
+    bytes: int
+    sources: tuple[int, ...] = ()
+
+    @property
+    def group_size(self) -> int:
+        return len(self.groups[0]) if self.groups else 1
+
+    def __str__(self) -> str:
+        axes = format_tuple(str(axis) for axis in self.axes)
+        dims = " dim " + "->".join(str(dim) for dim in self.dims) if self.dims else ""
+        return f"{self.kind}(axes {axes}{dims}, {self.bytes}B)"
+
+
+@dataclass(frozen=True)
+class RedistributionPlan:
+    """The steps turning `src` into `dst`, and their total bytes per device.
+
+    `exhaustive` is False when the state space was too large for the shortest-path search and
+    the plan comes from the greedy fallback (resolve, gather, slice): valid but not proven minimal.
+
+    Example:
+        >>> from autostrat.layout import DeviceMatrix, TensorMap
+        >>> from autostrat.redistribution import plan_redistribution
+        >>> src = Layout(DeviceMatrix((8,)), TensorMap((0, -1)), (64, 64))
+        >>> str(plan_redistribution(src, Layout(DeviceMatrix((8,)), TensorMap((-1, -1)), (64, 64))))
+        'AllGather(axes (2, 1, 0) dim 0, 14336B); 14336B'
+    """
+
+    src: Layout
+    dst: Layout
+    steps: tuple[RedistributionStep, ...]
+    cost: int
+    exhaustive: bool = True
+
+    def to_text(self) -> str:
+        """The IR dump of the plan (see `lower.plan_to_text`)."""
+        return plan_to_text(self)
+
+    def __str__(self) -> str:
+        body = " -> ".join(str(step) for step in self.steps) or "no steps"
+        return f"{body}; {self.cost}B" + ("" if self.exhaustive else " (greedy)")

@@ -1,0 +1,182 @@
+"""The shortest path over layout states (A* with an admissible bound), one search per pair.
+
+Layers of nodes ``(layer, state)``:
+
+- 0: no permute yet, over the common refinement of both device matrices; when none exists
+  (``[2, 3]`` and ``[3, 2]``) layer 0 is the source's prime refinement and layer 1 the
+  destination's, reached for free when a relabelling leaves every rank its slice;
+- `PERMUTED`: one CollectivePermute has been paid (cost ``s`` where it is taken); states are kept
+  up to relabelling, over the last space, since the relabelling is chosen at the end.
+
+Priorities are ``(bound + objective, objective, steps, bytes, node)``: bytes (or α–β time) first,
+then fewer steps, then the node itself, so ties break the same way on every run.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from autostrat.layout import DeviceMatrix, Layout, TensorMap
+from autostrat.redistribution.heuristic import ReceiveBound
+from autostrat.redistribution.moves import Move, Space, State, canonical, moves, relabel
+
+SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to greedy
+PERMUTED = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The spaces of a search (one or two layers) and their device matrices and partial op."""
+
+    spaces: tuple[Space, ...]
+    partial_op: str
+
+    def space(self, layer: int) -> Space:
+        return self.spaces[-1] if layer == PERMUTED else self.spaces[layer]
+
+    def matrix(self, layer: int) -> DeviceMatrix:
+        return DeviceMatrix(tuple(reversed(self.space(layer).sizes)))
+
+    def layout(self, node) -> Layout:
+        layer, (entries, partial) = node
+        op = self.partial_op if partial else "sum"
+        return Layout(self.matrix(layer), TensorMap(entries), self.space(layer).shape, partial, op)
+
+
+def _bijections(problem: Problem) -> list[tuple[int, ...]]:
+    """Every map from layer-0 axes to layer-1 axes of equal size (as a tuple indexed by axis)."""
+    first, second = problem.spaces[0].sizes, problem.spaces[1].sizes
+    found = [()]
+    for axis in range(len(first)):
+        found = [m + (b,) for m in found for b in range(len(second)) if second[b] == first[axis] and b not in m]
+    return found
+
+
+class Search:
+    """A* from `start` to `target` or to its relabelling class in the permuted layer."""
+
+    def __init__(self, problem: Problem, start, target, model=None):
+        self.problem, self.model, self.target = problem, model, target
+        last = problem.spaces[-1]
+        self.permuted_target = (PERMUTED, canonical(last.sizes, last.sizes, target[1])[0])
+        self.receive = ReceiveBound(last, target[1]) if model is None else None
+        self.best = {start: (0, 0, 0)}  # node -> (objective, steps, bytes)
+        self.parent: dict = {start: None}  # node -> (previous node, move)
+        self.heap = [(self._bound(start), 0, 0, 0, start)]
+        self.settled: set = set()
+        self.crossings = _bijections(problem) if len(problem.spaces) == 2 else []
+
+    def _bound(self, node) -> int:
+        # Exact layer of the target: what some rank must still receive. Permuted layer: the
+        # same, knowing only the rank's slice size (it must grow to the target's).
+        if self.receive is None:
+            return 0
+        if node[0] == self.target[0]:
+            return self.receive(node[1])
+        if node[0] != PERMUTED or self.receive.target_partial:
+            return 0
+        if node[1][1]:
+            return self.receive.target_volume
+        return max(0, self.receive.target_volume - self.problem.space(PERMUTED).local_bytes(node[1]))
+
+    def _edges(self, node):
+        layer, state = node
+        space, last = self.problem.space(layer), self.problem.spaces[-1]
+        for move in moves(space, state):
+            child = canonical(space.sizes, space.sizes, move.state)[0] if layer == PERMUTED else move.state
+            yield move, (layer, child)
+        if layer == PERMUTED:
+            return
+        # The relabelling is chosen at the end, so the α–β model times it on every axis (slowest link).
+        permuted, every_axis = canonical(space.sizes, last.sizes, state)[0], tuple(range(len(space.sizes)))
+        yield Move("CollectivePermute", every_axis, (), None, permuted, space.local_bytes(state)), (PERMUTED, permuted)
+        for mapping in self.crossings if layer == 0 else ():
+            crossed = (1, relabel(state, mapping))
+            if self.problem.layout(node).normalized() == self.problem.layout(crossed).normalized():
+                yield Move("CollectivePermute", (), (), mapping, crossed[1], 0), crossed
+
+    def _weight(self, layer: int, move: Move):
+        if self.model is None:
+            return move.bytes
+        return self.model.step_time(move.kind, self.problem.matrix(layer), move.axes, move.bytes)
+
+    def settle(self):
+        """Run until a target is settled; returns it, or None (unreachable or limit hit)."""
+        targets = (self.target, self.permuted_target)
+        while self.heap and len(self.settled) < SETTLED_LIMIT:
+            _, objective, steps, sent, node = heapq.heappop(self.heap)
+            if node in self.settled:
+                continue
+            self.settled.add(node)
+            if node in targets:
+                return node
+            for move, child in self._edges(node):
+                value = (objective + self._weight(node[0], move), steps + 1, sent + move.bytes)
+                if child not in self.settled and value < self.best.get(child, (float("inf"),)):
+                    self.best[child], self.parent[child] = value, (node, move)
+                    heapq.heappush(self.heap, (value[0] + self._bound(child),) + value + (child,))
+        return None
+
+    @property
+    def exhausted(self) -> bool:
+        return not self.heap
+
+    def path(self, reached) -> list[tuple]:
+        """The ``(node, move, child)`` triples of real steps from the start to the target."""
+        found = []
+        while self.parent[reached] is not None:
+            node, move = self.parent[reached]
+            found.append((node, move, reached))
+            reached = node
+        found.reverse()
+        return _unpermute(self.problem, found, self.target) if found and found[-1][2][0] == PERMUTED else found
+
+
+def _unpermute(problem: Problem, path: list[tuple], target) -> list[tuple]:
+    """Replace the permuted layer's representatives by the real states, choosing the permute's
+    relabelling so the last one is `target` (walk back composing each step's relabelling)."""
+    sizes = problem.spaces[-1].sizes
+    back = [0] * len(sizes)  # representative axis -> real axis
+    for axis, image in enumerate(canonical(sizes, sizes, target[1])[1]):
+        back[image] = axis
+    tail, child = [], target
+    for index in range(len(path) - 1, -1, -1):
+        node, move, _ = path[index]
+        if node[0] != PERMUTED:
+            mapping = tuple(back[a] for a in canonical(problem.space(node[0]).sizes, sizes, node[1])[1])
+            changed = tuple(a for a in range(len(mapping)) if mapping[a] != a or node[0] != target[0])
+            tail.append((node, move._replace(axes=changed, mapping=mapping, state=child[1]), child))
+            return path[:index] + tail[::-1]
+        step = canonical(sizes, sizes, move.state)[1]  # the move's axes -> next representative
+        back = [back[step[axis]] for axis in range(len(sizes))]
+        real = (target[0], relabel(node[1], back))
+        tail.append((real, move._replace(axes=tuple(back[a] for a in move.axes), state=child[1]), child))
+        child = real
+    raise AssertionError("a path into the permuted layer starts with a permute")
+
+
+def search(problem: Problem, start, target, model=None) -> tuple[Search, object]:
+    """A search of `problem` from `start` to `target`, run, and the node it reached (or None)."""
+    found = Search(problem, start, target, model)
+    return found, found.settle()
+
+
+def state_of(layout: Layout) -> State:
+    return layout.tensor_map.entries, layout.partial
+
+
+def space_of(layout: Layout, itemsize: int) -> Space:
+    return Space(tuple(reversed(layout.device_matrix.shape)), layout.shape, itemsize)
+
+
+def ordered_slices(path) -> list[tuple]:
+    """`path` with consecutive single-axis Slices of one dim merged into one Slice."""
+    merged: list[tuple] = []
+    for node, move, child in path:
+        last = merged[-1] if merged else None
+        if last and move.kind == "Slice" and last[1].kind == "Slice" and last[1].dims == move.dims:
+            merged[-1] = (last[0], last[1]._replace(axes=last[1].axes + move.axes, state=move.state), child)
+        else:
+            merged.append((node, move, child))
+    return merged

@@ -1,0 +1,55 @@
+"""Edge cost tables: redistribution bytes from every producer layout to every consumer layout.
+
+Costs are memoised on the normalised layouts (which carry the shape) and the dtype, so repeated
+layers, and equivalent layouts written over different device matrices, cost one search.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autostrat.cost import dtype_size
+from autostrat.errors import RedistributionError
+from autostrat.redistribution.planner import redistribution_cost
+
+_COSTS: dict = {}  # (src id, dst id, itemsize, model) -> bytes
+_IDS: dict = {}  # normalised layout -> small int, so that memo keys hash fast
+
+
+def _layout_id(layout) -> int:
+    return _IDS.setdefault(layout.normalized(), len(_IDS))
+
+
+def cost_table(producer_layouts, consumer_layouts, dtype="float32", model=None) -> np.ndarray:
+    """Bytes per device of the cheapest redistribution, rows = producers, columns = consumers.
+
+    Unreachable pairs (a consumer wanting partial values the producer lacks) cost ``inf``;
+    every other entry is an exact integer.
+
+    Example:
+        >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+        >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (8, 8))
+        >>> whole = Layout(DeviceMatrix((4,)), TensorMap((-1, -1)), (8, 8))
+        >>> cost_table([rows, whole], [rows, whole]).tolist()
+        [[0.0, 192.0], [0.0, 0.0]]
+    """
+    itemsize = dtype_size(dtype)
+    rows = [(layout, _layout_id(layout)) for layout in producer_layouts]
+    columns = [(layout, _layout_id(layout)) for layout in consumer_layouts]
+    table = np.empty((len(rows), len(columns)))
+    for i, (src, src_id) in enumerate(rows):
+        for j, (dst, dst_id) in enumerate(columns):
+            key = (src_id, dst_id, itemsize, model)
+            if key not in _COSTS:
+                _COSTS[key] = _cost(src, dst, dtype, model)
+            table[i, j] = _COSTS[key]
+    return table
+
+
+def _cost(src, dst, dtype, model) -> float:
+    try:
+        return float(redistribution_cost(src, dst, dtype, model))
+    except RedistributionError:
+        if src.device_num != dst.device_num or src.shape != dst.shape:
+            raise
+        return float("inf")

@@ -1,0 +1,161 @@
+"""The cases issue 3 states by number, bad input, refinement, lowering and cost tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autostrat.cost import AlphaBeta
+from autostrat.errors import RedistributionError
+from autostrat.layout import DeviceMatrix, Layout, TensorMap, assemble_tensor, split_tensor
+from autostrat.redistribution import cost_table, lower_plan, plan_redistribution, simulate
+from autostrat.redistribution.memo import clear_memos
+from autostrat.redistribution.refine import common_matrix, refine_layout
+from autostrat.rules import make_rule
+from autostrat.strategies import generate_strategies
+
+DM24 = DeviceMatrix((2, 4))  # axis 1 has size 2, axis 0 has size 4
+ROWS_PARTIAL = Layout(DM24, TensorMap((1, -1)), (64, 64), partial=(0,))
+
+
+def _kinds(plan):
+    return [step.kind for step in plan.steps]
+
+
+def test_partial_to_split_is_one_reduce_scatter_of_6144_bytes():
+    plan = plan_redistribution(ROWS_PARTIAL, Layout(DM24, TensorMap((1, 0)), (64, 64)))
+    assert _kinds(plan) == ["ReduceScatter"]
+    assert plan.cost == 6144 == 3 * (64 * 32 * 4) // 4
+    assert plan.steps[0].groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+
+
+def test_partial_to_replicated_is_one_all_reduce_of_12288_bytes():
+    plan = plan_redistribution(ROWS_PARTIAL, Layout(DM24, TensorMap((1, -1)), (64, 64)))
+    assert _kinds(plan) == ["AllReduce"]
+    assert plan.cost == 12288
+
+
+def test_moving_a_split_between_dims_is_one_all_to_all_over_that_axis():
+    matrix = DeviceMatrix((2, 2, 2))
+    src = Layout(matrix, TensorMap((2, 1, -1)), (16, 8, 8))
+    plan = plan_redistribution(src, Layout(matrix, TensorMap((-1, 1, 2)), (16, 8, 8)))
+    assert _kinds(plan) == ["AllToAll"]
+    assert (plan.steps[0].axes, plan.steps[0].dims) == ((2,), (0, 2))
+    assert plan.cost == (16 * 8 * 8 * 4 // 4) // 2
+
+
+@pytest.mark.parametrize("group", [2, 4, 8])
+def test_split_to_replicated_is_one_all_gather_of_g_minus_1_pieces(group):
+    src = Layout(DeviceMatrix((group,)), TensorMap((-1, 0)), (16, 64))
+    plan = plan_redistribution(src, Layout(DeviceMatrix((group,)), TensorMap((-1, -1)), (16, 64)))
+    assert _kinds(plan) == ["AllGather"]
+    assert plan.cost == (group - 1) * (16 * 64 * 4 // group)
+
+
+def test_equal_layouts_give_an_empty_plan_of_cost_0():
+    plan = plan_redistribution(ROWS_PARTIAL, ROWS_PARTIAL)
+    assert plan.steps == () and plan.cost == 0
+    same = Layout(DeviceMatrix((2, 1, 4)), TensorMap((2, -1)), (64, 64), partial=(0,))
+    assert plan_redistribution(same, ROWS_PARTIAL).steps == ()
+
+
+def test_layouts_over_different_device_matrices_are_refined():
+    src = Layout(DeviceMatrix((8,)), TensorMap((0, -1)), (64, 64))
+    dst = Layout(DeviceMatrix((4, 2)), TensorMap((1, -1)), (64, 64))
+    plan = plan_redistribution(src, dst)
+    assert str(common_matrix(src.device_matrix, dst.device_matrix)) == "[4, 2]"
+    assert _kinds(plan) == ["AllGather"] and plan.cost == 2048
+    assert str(plan.steps[0].before.device_matrix) == "[2, 2, 2]"
+
+
+def test_incompatible_device_matrices_cross_with_a_collective_permute():
+    src = Layout(DeviceMatrix((2, 3)), TensorMap((1, 0)), (12, 12))
+    dst = Layout(DeviceMatrix((3, 2)), TensorMap((0, 1)), (12, 12))
+    plan = plan_redistribution(src, dst)
+    assert _kinds(plan) == ["CollectivePermute"] and plan.cost == 12 * 12 * 4 // 6
+    x = np.arange(144.0).reshape(12, 12)
+    assert all((a == b).all() for a, b in zip(simulate(plan, split_tensor(x, src)), split_tensor(x, dst)))
+
+
+def test_refined_layouts_give_every_rank_the_same_slice():
+    layout = Layout(DeviceMatrix((2, 4)), TensorMap((0, 1)), (8, 8), partial=())
+    refined = refine_layout(layout, DeviceMatrix((2, 2, 2)))
+    assert str(refined.tensor_map) == "((1, 0), 2)"
+    assert [refined.slice_range(r) for r in range(8)] == [layout.slice_range(r) for r in range(8)]
+
+
+def test_different_device_num_is_an_error_naming_both_layouts():
+    other = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (64, 64))
+    with pytest.raises(RedistributionError, match=r"\[64, 64\] dm\[2, 4\].* to \[64, 64\] dm\[4\].*device_num 8 != 4"):
+        plan_redistribution(ROWS_PARTIAL, other)
+
+
+def test_different_shapes_are_an_error_naming_both_layouts():
+    other = Layout(DM24, TensorMap((1, -1)), (64, 32))
+    with pytest.raises(RedistributionError, match=r"dm\[2, 4\] tm\(1, -1\) partial\(0\) to \[64, 32\].*shapes"):
+        plan_redistribution(ROWS_PARTIAL, other)
+
+
+def test_different_partial_ops_are_an_error():
+    other = ROWS_PARTIAL.with_partial((0,), "max")
+    with pytest.raises(RedistributionError, match=r"partial ops 'sum' and 'max' differ"):
+        plan_redistribution(ROWS_PARTIAL, other)
+
+
+def test_an_unreachable_target_is_an_error_naming_both_layouts():
+    whole = Layout(DM24, TensorMap((1, -1)), (64, 64))
+    with pytest.raises(RedistributionError, match=r"tm\(1, -1\) to .*partial\(0\): no sequence of steps"):
+        plan_redistribution(whole, ROWS_PARTIAL)
+
+
+def test_plans_lower_to_mindspore_primitives():
+    src = Layout(DM24, TensorMap((-1, 0)), (64, 64))
+    gather = plan_redistribution(src, Layout(DM24, TensorMap((-1, -1)), (64, 64)))
+    assert [p.name for p in lower_plan(gather)] == ["AllGather", "Split", "Concat"]
+    scatter = plan_redistribution(ROWS_PARTIAL, Layout(DM24, TensorMap((1, 0)), (64, 64)))
+    assert [p.name for p in lower_plan(scatter)] == ["Split", "Concat", "ReduceScatter"]
+    sliced = plan_redistribution(Layout(DM24, TensorMap((-1, -1)), (64, 64)), Layout(DM24, TensorMap((1, 0)), (64, 64)))
+    assert [p.name for p in lower_plan(sliced)] == ["StridedSlice", "StridedSlice"]
+    text = scatter.to_text()
+    assert text.splitlines()[0].endswith(": 6144B") and "ReduceScatter(groups=[[0, 1, 2, 3], [4, 5, 6, 7]], op=sum)" in text
+
+
+def test_plans_are_deterministic():
+    dst = Layout(DeviceMatrix((4, 2)), TensorMap((0, 1)), (64, 64))
+    first = plan_redistribution(ROWS_PARTIAL, dst).to_text()
+    clear_memos()
+    assert plan_redistribution(ROWS_PARTIAL, dst).to_text() == first
+
+
+def test_an_alpha_beta_model_trades_bytes_for_fast_axes():
+    # Axis 1 of [2, 4] (size 2) crosses servers and is 100 times slower. Moving the row split to
+    # the columns over it is one AllToAll of 4096 bytes; the time model sends more bytes, mostly
+    # inside servers, and finishes sooner.
+    model = AlphaBeta(DM24, latency=(0.0, 0.0), bandwidth=(100.0, 1.0))
+    src, dst = Layout(DM24, TensorMap((1, -1)), (64, 64)), Layout(DM24, TensorMap((-1, 1)), (64, 64))
+    by_bytes, by_time = plan_redistribution(src, dst), plan_redistribution(src, dst, model=model)
+
+    def seconds(plan):
+        return sum(model.step_time(s.kind, s.before.device_matrix, s.axes, s.bytes) for s in plan.steps)
+
+    assert by_bytes.cost == 4096 < by_time.cost
+    assert seconds(by_time) < seconds(by_bytes) / 2
+    x = np.arange(64.0 * 64).reshape(64, 64)
+    assert (assemble_tensor(simulate(by_time, split_tensor(x, src)), dst, check_replicas=True) == x).all()
+
+
+def test_cost_table_rows_are_producers_and_columns_consumers():
+    rule = make_rule("MatMul", [(64, 64), (64, 64)])
+    candidates = generate_strategies(rule, 8)
+    producers = [s.output_layouts[0] for s in candidates]
+    consumers = [s.input_layouts[0] for s in candidates]
+    table = cost_table(producers, consumers)
+    assert table.shape == (len(producers), len(consumers))
+    assert table[3, 5] == plan_redistribution(producers[3], consumers[5]).cost
+    assert table[0, 0] == 0 and (table >= 0).all()
+    assert (cost_table(producers, consumers) == table).all()
+
+
+def test_cost_table_marks_unreachable_pairs_inf():
+    whole = Layout(DM24, TensorMap((1, -1)), (64, 64))
+    assert cost_table([whole], [ROWS_PARTIAL]).tolist() == [[float("inf")]]

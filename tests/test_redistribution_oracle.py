@@ -1,0 +1,122 @@
+"""Planner cost = brute-force minimum, and every plan runs correctly on simulated ranks.
+
+Coverage: every ordered pair of distinct distributions (normalised layouts, partial sources and
+partial destinations included) of a rank-1 [24], rank-2 [24, 12] and rank-3 [12, 8, 6] float32
+tensor over 2, 4, 6 and 8 devices. Every device matrix of those device counts ([2, 4], [4, 2],
+[8], [2, 1, 4], ...) refines to an ordering of its prime factors, so the distributions over
+those orderings are every layout there is (`test_enumeration_covers_every_device_matrix`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from autostrat.errors import RedistributionError
+from autostrat.layout import DeviceMatrix, Layout, TensorMap, assemble_tensor, split_tensor
+from autostrat.redistribution import plan_redistribution, redistribution_cost, simulate
+from tests.redistribution_oracle import INF, all_layouts, oracle_cost, states
+
+SHAPES = {1: (24,), 2: (24, 12), 3: (12, 8, 6)}
+CASES = [(n, rank) for n in (2, 4, 6, 8) for rank in (1, 2, 3)]
+HEAVY = {(8, 2), (8, 3)}
+
+
+def _planner_cost(src: Layout, dst: Layout) -> float:
+    try:
+        return redistribution_cost(src, dst)
+    except RedistributionError:
+        return INF
+
+
+def _mark(case):
+    return pytest.param(*case, marks=pytest.mark.slow) if case in HEAVY else case
+
+
+@pytest.mark.parametrize("device_num, rank", [_mark(case) for case in CASES])
+def test_planner_cost_equals_the_brute_force_minimum(device_num, rank):
+    layouts = all_layouts(device_num, SHAPES[rank])
+    mismatches = [
+        (str(src), str(dst), oracle_cost(src, dst), _planner_cost(src, dst))
+        for src, dst in itertools.product(layouts, layouts)
+        if oracle_cost(src, dst) != _planner_cost(src, dst)
+    ]
+    assert mismatches == []
+    assert len(layouts) > 2
+
+
+def _check_plan(src: Layout, dst: Layout, x: np.ndarray) -> None:
+    plan = plan_redistribution(src, dst)
+    pieces = simulate(plan, split_tensor(x, src))
+    np.testing.assert_array_equal(assemble_tensor(pieces, dst, check_replicas=True), x, err_msg=str(plan))
+    if not dst.partial:
+        for got, want in zip(pieces, split_tensor(x, dst)):
+            np.testing.assert_array_equal(got, want, err_msg=str(plan))
+    assert plan.cost == sum(step.bytes for step in plan.steps)
+
+
+@pytest.mark.parametrize("device_num, rank", [_mark(case) for case in CASES])
+def test_every_plan_turns_source_slices_into_destination_slices(device_num, rank):
+    # Integers in float64 keep partial sums exact, so the comparison can be exact.
+    shape = SHAPES[rank]
+    x = np.random.default_rng(device_num * 10 + rank).integers(-50, 50, size=shape).astype(np.float64)
+    layouts = all_layouts(device_num, shape)
+    destinations = [layout for layout in layouts if not layout.partial]
+    checked = 0
+    for src, dst in itertools.product(layouts, destinations):
+        _check_plan(src, dst, x)
+        checked += 1
+    assert checked == len(layouts) * len(destinations)
+
+
+def test_plans_reach_partial_destinations_when_they_can():
+    matrix = DeviceMatrix((2, 2, 2))
+    src = Layout(matrix, TensorMap((2, -1)), (8, 8), partial=(0, 1))
+    dst = Layout(matrix, TensorMap((2, 1)), (8, 8), partial=(0,))
+    x = np.arange(64.0).reshape(8, 8)
+    _check_plan(src, dst, x)
+    assert plan_redistribution(src, dst).cost == oracle_cost(src, dst) > 0
+
+
+def test_max_partial_sources_are_reduced_with_max():
+    src = Layout(DeviceMatrix((2, 4)), TensorMap((1, -1)), (8, 8), partial=(0,), partial_op="max")
+    dst = Layout(DeviceMatrix((2, 4)), TensorMap((1, 0)), (8, 8))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 8))
+    pieces = split_tensor(x, src)
+    pieces = [piece - rng.uniform(0, 1, piece.shape) * (rank % 4 != 0) for rank, piece in enumerate(pieces)]
+    out = simulate(plan_redistribution(src, dst), pieces)
+    np.testing.assert_array_equal(assemble_tensor(out, dst, check_replicas=True), x)
+
+
+def _factorizations(number: int, length: int):
+    for sizes in itertools.product(range(1, number + 1), repeat=length):
+        if math.prod(sizes) == number:
+            yield sizes
+
+
+def test_enumeration_covers_every_device_matrix():
+    # Layouts over every device matrix of up to 3 axes (size-1 axes included) normalise into
+    # the enumerated set, for 4, 6 and 8 devices and a rank-2 tensor.
+    for device_num in (4, 6, 8):
+        enumerated = {str(layout) for layout in all_layouts(device_num, SHAPES[2])}
+        seen = set()
+        for length in (1, 2, 3):
+            for sizes in _factorizations(device_num, length):
+                axes_sizes = tuple(reversed(sizes))
+                for entries, partial in states(axes_sizes, SHAPES[2]):
+                    layout = Layout(DeviceMatrix(sizes), TensorMap(entries), SHAPES[2], partial)
+                    seen.add(str(layout.normalized()))
+        assert seen == enumerated
+
+
+def test_equivalent_layouts_on_other_device_matrices_cost_the_same():
+    src = Layout(DeviceMatrix((2, 1, 4)), TensorMap((2, -1)), (24, 12), partial=(0,))
+    same_src = Layout(DeviceMatrix((2, 4)), TensorMap((1, -1)), (24, 12), partial=(0,))
+    dst = Layout(DeviceMatrix((1, 8)), TensorMap((0, -1)), (24, 12))
+    same_dst = Layout(DeviceMatrix((2, 2, 2)), TensorMap(((2, 1, 0), -1)), (24, 12))
+    costs = {redistribution_cost(a, b) for a in (src, same_src) for b in (dst, same_dst)}
+    assert costs == {oracle_cost(src, dst)}
