@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bootstrap .venv on first use, then dispatch:
 #   bash run.sh test [PYTEST ARGS]   run the whole test suite
-#   bash run.sh N                    run the main job for N devices
+#   bash run.sh N [CONFIG.yaml]      search the config (default: the tutorial FFN) for N devices
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -23,7 +23,7 @@ bootstrap() {
 }
 
 usage() {
-    echo "usage: bash run.sh test [PYTEST ARGS] | bash run.sh N" >&2
+    echo "usage: bash run.sh test [PYTEST ARGS] | bash run.sh N [CONFIG.yaml]" >&2
     exit 2
 }
 
@@ -40,6 +40,6 @@ case "$1" in
     *)
         device_num=$1
         shift
-        exec "$venv/bin/python" -m autostrat candidates --device-num "$device_num" "$@"
+        exec "$venv/bin/python" -m autostrat search "${1:-configs/ffn.yaml}" --device-num "$device_num" "${@:2}"
         ;;
 esac

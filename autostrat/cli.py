@@ -1,5 +1,6 @@
 """The `autostrat` command (also `python -m autostrat`).
 
+    autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
 """
 
@@ -9,6 +10,8 @@ import argparse
 import sys
 
 from autostrat.errors import AutostratError
+from autostrat.frontend.api import plan_for
+from autostrat.frontend.config import load_config
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
 from autostrat.strategies import generate_strategies
@@ -36,9 +39,28 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
     return "\n\n".join(sections)
 
 
+def search_command(args) -> str:
+    """Search the config's model and return the text to print; writes --out and --dump-ir."""
+    config = load_config(args.config, device_num=args.device_num)
+    plan = plan_for(config.net, config.inputs, config.context, config.strategies)
+    lines = [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
+    lines += [f"warning: {message}" for message in plan.warnings]
+    if args.out:
+        plan.save(args.out)
+        lines.append(f"plan written to {args.out}")
+    if args.dump_ir:
+        lines += [f"IR written to {path}" for path in plan.dump_ir(args.dump_ir)]
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autostrat", description="Automatic parallel-strategy search.")
     commands = parser.add_subparsers(dest="command", required=True)
+    search = commands.add_parser("search", help="search the plan of a YAML config and print it")
+    search.add_argument("config", help="YAML config (see configs/)")
+    search.add_argument("--device-num", type=int, help="override the config's device_num")
+    search.add_argument("--out", help="write the plan as JSON to this file")
+    search.add_argument("--dump-ir", help="write the IR dumps into this folder")
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=int, default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")
@@ -50,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "candidates":
             print(candidates_text(args.device_num, args.repeated))
+        elif args.command == "search":
+            print(search_command(args))
     except AutostratError as error:
         print(f"autostrat: error: {error}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from autostrat.report import format_table
+from autostrat.tables import format_table
 from autostrat.rules import make_rule
 from autostrat.strategies import generate_strategies
 

@@ -29,3 +29,28 @@ def test_candidates_for_six_devices():
 def test_bad_device_num_is_a_clear_error(capsys):
     assert main(["candidates", "--device-num", "0"]) == 2
     assert "autostrat: error: device_num must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_search_prints_the_plan_and_writes_json_and_ir(tmp_path, capsys):
+    out_file, ir_dir = tmp_path / "plan.json", tmp_path / "ir"
+    assert main(["search", "configs/ffn.yaml", "--out", str(out_file), "--dump-ir", str(ir_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "dense2.matmul    MatMul   ((2, 4), (4, 1))" in out and "total bytes per device: 6144" in out
+    assert '"total_bytes_per_device": 6144' in out_file.read_text()
+    assert sorted(p.name for p in ir_dir.iterdir()) == ["step_parallel_begin.ir", "validate_rank0.ir"]
+
+
+def test_search_with_another_device_num(capsys):
+    assert main(["search", "configs/mlp.yaml", "--device-num", "8"]) == 0
+    assert "layers.3.matmul" in capsys.readouterr().out
+
+
+def test_search_errors_are_one_line(capsys):
+    assert main(["search", "configs/gpt.yaml", "--device-num", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err == "autostrat: error: strategies.blocks.0.attention.query.matmul: the strategy uses 8 devices but device_num is 4\n"
+
+
+def test_python_dash_m_runs_the_search():
+    out = subprocess.run([sys.executable, "-m", "autostrat", "search", "configs/ffn.yaml"], capture_output=True, text=True, check=True).stdout
+    assert "ReduceScatter" in out

@@ -56,27 +56,64 @@ class Tensor:
 
 
 class Parameter(Tensor):
-    """A trainable tensor owned by a Cell; its name is its attribute path (``dense1.weight``)."""
+    """A trainable tensor owned by a Cell; its name is its attribute path (``dense1.weight``).
+
+    `default_input` is data, or an `Initializer` whose data is made on first use: a search of a
+    large model never allocates its weights.
+    """
 
     def __init__(self, default_input, name: str | None = None, requires_grad: bool = True):
-        super().__init__(default_input)
+        if isinstance(default_input, Initializer):
+            Tensor.__init__(self, shape=default_input.shape, dtype=default_input.dtype)
+            self._initializer = default_input
+        else:
+            super().__init__(default_input)
+            self._initializer = None
         self.name = name
         self.requires_grad = requires_grad
+
+    @property
+    def has_data(self) -> bool:
+        return self._data is not None or self._initializer is not None
+
+    def asnumpy(self) -> np.ndarray:
+        if self._data is None and self._initializer is not None:
+            self._data = self._initializer.make()
+        return super().asnumpy()
 
 
 _rng = np.random.default_rng(0)
 
 
 def set_seed(seed: int) -> None:
-    """Seed the initialiser of parameters created afterwards (as MindSpore's `set_seed`)."""
+    """Seed the initialisers of parameters created afterwards (as MindSpore's `set_seed`)."""
     global _rng
     _rng = np.random.default_rng(seed)
 
 
-def initializer(kind: str, shape, dtype="float32") -> np.ndarray:
-    """Deterministic parameter data: 'normal' (sigma 0.02), 'zeros' or 'ones'."""
-    if kind == "normal":
-        return (_rng.standard_normal(shape) * 0.02).astype(dtype)
-    if kind in ("zeros", "ones"):
-        return getattr(np, kind)(shape, dtype=dtype)
-    raise ConfigError(f"initializer must be 'normal', 'zeros' or 'ones', got {kind!r}")
+class Initializer:
+    """Deterministic parameter data made on demand: 'normal' (sigma 0.02), 'zeros' or 'ones'.
+
+    The seed is drawn when the initializer is created, so the data does not depend on when,
+    or whether, other parameters are materialised.
+
+    Example:
+        >>> Initializer("ones", (2,)).make().tolist()
+        [1.0, 1.0]
+    """
+
+    def __init__(self, kind: str, shape, dtype="float32"):
+        if kind not in ("normal", "zeros", "ones"):
+            raise ConfigError(f"initializer must be 'normal', 'zeros' or 'ones', got {kind!r}")
+        self.kind, self.shape, self.dtype = kind, tuple(shape), dtype_name(dtype)
+        self.seed = int(_rng.integers(2**63)) if kind == "normal" else 0
+
+    def make(self) -> np.ndarray:
+        if self.kind == "normal":
+            return (np.random.default_rng(self.seed).standard_normal(self.shape) * 0.02).astype(self.dtype)
+        return getattr(np, self.kind)(self.shape, dtype=self.dtype)
+
+
+def initializer(kind: str, shape, dtype="float32") -> Initializer:
+    """MindSpore's `initializer(init, shape, dtype)`: parameter data made on first use."""
+    return Initializer(kind, shape, dtype)

@@ -57,7 +57,7 @@ class _Tracer:
         else:
             raise ConfigError(f"{op_name}: a shape-only tensor that is no input of construct was passed to it")
         self.add_tensor(TensorInfo(name, tensor.shape, tensor.dtype, kind), tensor)
-        self.values[name] = tensor.asnumpy()
+        self.values[name] = tensor  # data made only if the graph is run (tensor.asnumpy())
         return name
 
     def op_name(self, primitive) -> str:

@@ -73,7 +73,8 @@ class Graph:
     ops: dict[str, OpNode]
     outputs: tuple[str, ...]
     name: str = "graph"
-    values: dict = field(default_factory=dict, compare=False, repr=False)  # data of parameters and constants
+    # Parameter and constant tensors by name; `.asnumpy()` gives (and first makes) their data.
+    values: dict = field(default_factory=dict, compare=False, repr=False)
     _consumers: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

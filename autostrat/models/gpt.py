@@ -100,3 +100,24 @@ class GPT(Cell):
             return tuple(Tensor(shape=s, dtype="int32") for s in shapes)
         rng = np.random.default_rng(seed)
         return tuple(Tensor(rng.integers(0, vocab, size=s).astype(np.int32)) for s in shapes)
+
+
+def megatron_seeds(layers: int, model_parallel: int, first_layer_only: bool = False) -> dict[str, tuple]:
+    """Megatron-LM's tensor parallelism as seeds: Q, K, V and FFN1 split by columns, the
+    attention output projection and FFN2 split by rows (their partial sums are resolved after).
+
+    Example:
+        >>> megatron_seeds(1, 8)["blocks.0.ffn2.matmul"]
+        (((1, 8), (8, 1)), None)
+    """
+    column, row = ((1, 1), (1, model_parallel)), ((1, model_parallel), (model_parallel, 1))
+    per_layer = {
+        "attention.query.matmul": column,
+        "attention.key.matmul": column,
+        "attention.value.matmul": column,
+        "attention.projection.matmul": row,
+        "ffn1.matmul": column,
+        "ffn2.matmul": row,
+    }
+    count = 1 if first_layer_only else layers
+    return {f"blocks.{i}.{op}": (strategy, None) for i in range(count) for op, strategy in per_layer.items()}

@@ -10,7 +10,7 @@ Run: .venv/bin/python sample_code/tensor_layout/layout.py
 import numpy as np
 
 from autostrat.layout import Strategy, assemble_tensor, split_tensor
-from autostrat.report import format_table
+from autostrat.tables import format_table
 from autostrat.rules import make_rule
 from autostrat.runtime.kernels import run_kernel
 

@@ -1,0 +1,42 @@
+"""`parallelize`: trace a Cell under the current parallel context and search its plan."""
+
+from __future__ import annotations
+
+import warnings
+
+from autostrat.frontend.config import apply_seeds
+from autostrat.frontend.context import ParallelContext, current_context
+from autostrat.frontend.tracing import trace
+from autostrat.search import Plan, load_checkpoint_seeds, search
+
+
+def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None) -> Plan:
+    """Trace, add seeds (from `seeds`, then the strategy checkpoint), search, save the checkpoint."""
+    graph = trace(net, *inputs, device_num=context.device_num)
+    if seeds:
+        graph = apply_seeds(graph, seeds, context.device_num)
+    if context.strategy_ckpt_load_file:
+        checkpoint = context.strategy_ckpt_load_file
+        graph = apply_seeds(graph, load_checkpoint_seeds(checkpoint), context.device_num, where=checkpoint)
+    plan = search(graph, context.device_num, context.parallel_mode, allow_repeated=not context.fully_use_devices)
+    for message in plan.warnings:
+        warnings.warn(message, stacklevel=3)
+    if context.strategy_ckpt_save_file:
+        plan.save_strategy(context.strategy_ckpt_save_file)
+    return plan
+
+
+def parallelize(net, *inputs) -> Plan:
+    """The plan of `net` on `inputs` under `set_auto_parallel_context(...)`.
+
+    Example:
+        >>> from autostrat import nn, set_auto_parallel_context, reset_auto_parallel_context
+        >>> from autostrat.models import FFN
+        >>> set_auto_parallel_context(parallel_mode="auto_parallel", search_mode="sharding_propagation", device_num=8)
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> str(parallelize(net, nn.Tensor(shape=(64, 64))).ops["relu"].strategy)
+        '((2, 4),)'
+        >>> reset_auto_parallel_context()
+    """
+    return plan_for(net, inputs, current_context())

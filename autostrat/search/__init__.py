@@ -1,0 +1,7 @@
+"""Search: candidates and cost tables, BFS propagation, and the resulting plan."""
+
+from autostrat.search.checkpoint import load_checkpoint_seeds
+from autostrat.search.plan import EdgeRedistribution, OpPlan, Plan
+from autostrat.search.search import search
+
+__all__ = ["EdgeRedistribution", "OpPlan", "Plan", "load_checkpoint_seeds", "search"]

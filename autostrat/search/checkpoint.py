@@ -1,0 +1,89 @@
+"""The strategy checkpoint: a plan's strategies and parameter layouts as JSON with MindSpore's
+keys (``parallel_strategy_item``, ``parallel_layout_item``, ``dev_matrix``, ``tensor_map``...),
+and reading one back as seeds (`strategy_ckpt_load_file`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autostrat.errors import ConfigError
+
+
+def _dims(values) -> list[dict]:
+    return [{"dim": list(value)} for value in values]
+
+
+def _tensor_map(layout) -> list:
+    # MindSpore writes one axis per dim (-1 = not split); a dim over several axes is a list.
+    return [-1 if not entry else entry[0] if len(entry) == 1 else list(entry) for entry in layout.tensor_map.entries]
+
+
+def checkpoint_dict(plan) -> dict:
+    """The checkpoint of `plan` as plain data."""
+    strategies = []
+    for name, op in plan.ops.items():
+        item = {"node_name": name, "parallel_strategys": {"stage": 0, "parallel_strategy": _dims(op.strategy.to_tuples())}}
+        if op.strategy.out_tuples() is not None:
+            item["parallel_strategys"]["out_strategy"] = _dims(op.strategy.out_tuples())
+        strategies.append(item)
+    layouts = []
+    for tensor in plan.graph.parameters():
+        layout = plan.layouts[tensor.name]
+        layouts.append({
+            "param_name": tensor.name,
+            "parallel_layouts": {
+                "dev_matrix": [{"dim": list(layout.device_matrix.shape)}],
+                "tensor_map": [{"dim": _tensor_map(layout)}],
+                "slice_shape": [{"dim": list(layout.slice_shape)}],
+                "field": 0,
+                "opt_weight_shard_step": 0,
+                "opt_weight_shard_size": 0,
+            },
+        })
+    return {"device_num": plan.device_num, "parallel_strategy_item": strategies, "parallel_layout_item": layouts}
+
+
+def checkpoint_json(plan) -> str:
+    return json.dumps(checkpoint_dict(plan), indent=1) + "\n"
+
+
+def _strategy(value, where: str):
+    if not isinstance(value, list) or not all(isinstance(v, dict) and isinstance(v.get("dim"), list) for v in value):
+        raise ConfigError(f"{where}: expected a list of {{\"dim\": [...]}}, got {value!r}")
+    return tuple(tuple(v["dim"]) for v in value)
+
+
+def load_checkpoint_seeds(path) -> dict[str, tuple]:
+    """Seeds ``{op name: (in_strategy, out_strategy)}`` from a strategy checkpoint file.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "ckpt.json"
+        >>> _ = path.write_text('{"parallel_strategy_item": [{"node_name": "relu", '
+        ...     '"parallel_strategys": {"stage": 0, "parallel_strategy": [{"dim": [8, 1]}]}}]}')
+        >>> load_checkpoint_seeds(path)
+        {'relu': (((8, 1),), None)}
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read strategy checkpoint {path}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+    items = data.get("parallel_strategy_item") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise ConfigError(f"{path}: expected a JSON object with a 'parallel_strategy_item' list")
+    seeds = {}
+    for index, item in enumerate(items):
+        where = f"{path}: parallel_strategy_item[{index}]"
+        if not isinstance(item, dict) or not isinstance(item.get("node_name"), str) or not isinstance(item.get("parallel_strategys"), dict):
+            raise ConfigError(f"{where}: expected {{\"node_name\": ..., \"parallel_strategys\": {{...}}}}")
+        body = item["parallel_strategys"]
+        out = body.get("out_strategy")
+        seeds[item["node_name"]] = (
+            _strategy(body.get("parallel_strategy"), f"{where}.parallel_strategys.parallel_strategy"),
+            None if out is None else _strategy(out, f"{where}.parallel_strategys.out_strategy"),
+        )
+    return seeds

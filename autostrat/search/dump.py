@@ -1,0 +1,99 @@
+"""IR dumps of a plan, in the spirit of MindSpore's ``save_graphs``:
+
+- ``step_parallel_begin.ir``: the whole graph, each op annotated with its strategy;
+- ``validate_rank<r>.ir``: rank r's sliced graph: local shapes, and the redistribution
+  primitives inserted before the ops that need them (with rank r's communication group).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autostrat.io import write_atomically
+from autostrat.redistribution import lower_step
+
+
+def _type(dtype: str, shape) -> str:
+    return f"<Tensor[{dtype.capitalize()}], ({', '.join(str(s) for s in shape)})>"
+
+
+def _attrs(op) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in op.attrs) + "}"
+
+
+def _header(plan, title: str) -> list[str]:
+    graph = plan.graph
+    args = ", ".join(f"%{t.name}: {_type(t.dtype, plan.layouts[t.name].shape if title == 'begin' else plan.layouts[t.name].slice_shape)}" for t in graph.inputs())
+    return [f"graph {graph.name}({args})"]
+
+
+def annotated_text(plan) -> str:
+    """Every op with its inputs, attributes, strategy and global shapes."""
+    graph = plan.graph
+    lines = [f"# step_parallel_begin: {graph.name} on {plan.device_num} devices ({plan.mode})", *_header(plan, "begin")]
+    for tensor in graph.parameters():
+        lines.append(f"  %{tensor.name} = Parameter : {_type(tensor.dtype, tensor.shape)}")
+    for name, op in graph.ops.items():
+        ins = ", ".join(_type(graph.tensors[t].dtype, graph.tensors[t].shape) for t in op.inputs)
+        outs = ", ".join(_type(graph.tensors[t].dtype, graph.tensors[t].shape) for t in op.outputs)
+        call = f"{op.op_type}({', '.join('%' + t for t in op.inputs)})"
+        strategy = plan.ops[name].strategy
+        lines.append(
+            f"  %{', %'.join(op.outputs)} = {call} {{instance name: {name}}} primitive_attrs: {_attrs(op)}\n"
+            f"      {{in_strategy: {strategy}}} {{origin: {plan.ops[name].origin}}} : ({ins}) -> ({outs})"
+        )
+    lines.append(f"  return {', '.join('%' + t for t in graph.outputs)}")
+    return "\n".join(lines) + "\n"
+
+
+def _redistribution_lines(edge, rank: int, source: str, dtype: str) -> tuple[list[str], str]:
+    lines, current = [], source
+    for index, step in enumerate(edge.plan.steps):
+        group = next((g for g in step.groups if rank in g), (rank,))
+        primitives = " -> ".join(str(p) for p in lower_step(step))
+        target = f"{edge.tensor}.to.{edge.consumer}[{edge.input_index}].{index}"
+        lines.append(
+            f"  %{target} = {primitives} {{group_ranks: {'-'.join(str(r) for r in group)}, bytes: {step.bytes}}}\n"
+            f"      : ({_type(dtype, step.before.slice_shape)}) -> ({_type(dtype, step.after.slice_shape)})"
+        )
+        current = target
+    return lines, current
+
+
+def sliced_text(plan, rank: int = 0) -> str:
+    """Rank `rank`'s program: local slice shapes and the inserted redistribution primitives."""
+    graph = plan.graph
+    lines = [f"# validate: {graph.name}, rank {rank} of {plan.device_num}", *_header(plan, "sliced")]
+    for tensor in graph.parameters():
+        lines.append(f"  %{tensor.name} = Parameter : {_type(tensor.dtype, plan.layouts[tensor.name].slice_shape)}")
+    edges = {(e.consumer, e.input_index): e for e in plan.redistributions}
+    for name, op in graph.ops.items():
+        strategy = plan.ops[name].strategy
+        arguments = []
+        for index, tensor in enumerate(op.inputs):
+            edge = edges.get((name, index))
+            if edge is None:
+                arguments.append(tensor)
+                continue
+            inserted, current = _redistribution_lines(edge, rank, tensor, graph.tensors[tensor].dtype)
+            lines.extend(inserted)
+            arguments.append(current)
+        ins = ", ".join(_type(graph.tensors[t].dtype, layout.slice_shape) for t, layout in zip(op.inputs, strategy.input_layouts))
+        outs = ", ".join(
+            _type(graph.tensors[t].dtype, layout.slice_shape) + (f" partial{list(layout.partial)}" if layout.partial else "")
+            for t, layout in zip(op.outputs, strategy.output_layouts)
+        )
+        lines.append(
+            f"  %{', %'.join(op.outputs)} = {op.op_type}({', '.join('%' + a for a in arguments)}) "
+            f"{{in_strategy: {strategy}}} : ({ins}) -> ({outs})"
+        )
+    lines.append(f"  return {', '.join('%' + t for t in graph.outputs)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_dumps(plan, directory: Path) -> list[Path]:
+    """Write ``step_parallel_begin.ir`` and ``validate_rank0.ir`` into `directory`."""
+    paths = [directory / "step_parallel_begin.ir", directory / "validate_rank0.ir"]
+    write_atomically(paths[0], annotated_text(plan))
+    write_atomically(paths[1], sliced_text(plan, 0))
+    return paths

@@ -1,0 +1,126 @@
+"""The search result: a strategy per op, a layout per tensor, a redistribution per edge."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from autostrat.ir import Graph
+from autostrat.layout import Layout, Strategy
+from autostrat.redistribution import RedistributionPlan, plan_redistribution
+from autostrat.tables import format_table
+from autostrat.io import write_atomically
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    name: str
+    op_type: str
+    strategy: Strategy
+    origin: str
+
+
+@dataclass(frozen=True)
+class EdgeRedistribution:
+    """The collectives that bring `tensor` to input `input_index` of `consumer`."""
+
+    tensor: str
+    consumer: str
+    input_index: int
+    plan: RedistributionPlan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A strategy per op and everything it implies.
+
+    `layouts` gives each tensor the layout it is produced in: an op output its producer's
+    output layout (possibly partial), a parameter or graph input the layout its first consumer
+    wants (it is loaded already sliced). `redistributions` lists every op input whose layout
+    differs from the one its op needs, with the cheapest plan between them.
+    """
+
+    graph: Graph
+    device_num: int
+    mode: str
+    ops: dict[str, OpPlan]
+    layouts: dict[str, Layout]
+    redistributions: tuple[EdgeRedistribution, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        """Redistribution bytes each device sends for one forward pass."""
+        return sum(edge.plan.cost for edge in self.redistributions)
+
+    def bytes_into(self, op: str) -> int:
+        return sum(edge.plan.cost for edge in self.redistributions if edge.consumer == op)
+
+    def table(self) -> str:
+        """One line per op: strategy, origin, output layout and the bytes of its input edges."""
+        rows = []
+        for name, op in self.ops.items():
+            out = self.layouts[self.graph.ops[name].outputs[0]]
+            rows.append([name, op.op_type, str(op.strategy), op.origin, str(out.normalized()), str(self.bytes_into(name))])
+        text = format_table(["op", "type", "strategy", "origin", "output layout", "bytes in"], rows)
+        steps = [f"  {edge.tensor} -> {edge.consumer}[{edge.input_index}]: {edge.plan}" for edge in self.redistributions]
+        return "\n".join([text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}"])
+
+    def to_dict(self) -> dict:
+        return {
+            "graph": self.graph.name,
+            "device_num": self.device_num,
+            "mode": self.mode,
+            "total_bytes_per_device": self.total_bytes,
+            "ops": [
+                {"name": n, "type": o.op_type, "strategy": [list(t) for t in o.strategy.to_tuples()], "origin": o.origin}
+                for n, o in self.ops.items()
+            ],
+            "layouts": {name: str(layout) for name, layout in self.layouts.items()},
+            "redistributions": [
+                {"tensor": e.tensor, "consumer": e.consumer, "input": e.input_index, "bytes": e.plan.cost, "steps": [str(s) for s in e.plan.steps]}
+                for e in self.redistributions
+            ],
+            "warnings": list(self.warnings),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def save(self, path) -> None:
+        """Write the plan as JSON (written to a temporary file, then renamed)."""
+        write_atomically(Path(path), self.to_json())
+
+    def save_strategy(self, path) -> None:
+        """Write the strategy checkpoint (MindSpore's JSON keys; see `search.checkpoint`)."""
+        from autostrat.search.checkpoint import checkpoint_json
+
+        write_atomically(Path(path), checkpoint_json(self))
+
+    def dump_ir(self, directory) -> list[Path]:
+        """Write the annotated and the sliced graph dumps; returns their paths."""
+        from autostrat.search.dump import write_dumps
+
+        return write_dumps(self, Path(directory))
+
+
+def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings) -> Plan:
+    """Layouts and redistributions implied by one strategy per op."""
+    layouts: dict[str, Layout] = {}
+    for name, op in graph.ops.items():
+        strategy = strategies[name]
+        for tensor, layout in zip(op.inputs, strategy.input_layouts):
+            layouts.setdefault(tensor, layout)  # a parameter or input lives where it is first used
+        layouts.update(zip(op.outputs, strategy.output_layouts))
+    edges = []
+    for name, op in graph.ops.items():
+        for index, (tensor, wanted) in enumerate(zip(op.inputs, strategies[name].input_layouts)):
+            held = layouts[tensor]
+            if held.equivalent(wanted):
+                continue
+            plan = plan_redistribution(held, wanted, graph.tensors[tensor].dtype)
+            edges.append(EdgeRedistribution(tensor, name, index, plan))
+    ops = {name: OpPlan(name, graph.ops[name].op_type, strategies[name], origins[name]) for name in graph.ops}
+    ordered = {name: layouts[name] for name in graph.tensors if name in layouts}
+    return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings))

@@ -1,0 +1,114 @@
+"""The search problem: candidate strategies per op and a cost table per op-to-op edge.
+
+A seeded op has one candidate, its seed. Parameters and graph inputs are not ops: each is
+stored in the layout its first consumer wants, so they add no edge to the search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from autostrat.cost import op_cost
+from autostrat.ir import Graph, OpNode
+from autostrat.layout import Strategy
+from autostrat.redistribution import cost_table
+from autostrat.strategies import generate_strategies
+
+
+@dataclass(frozen=True)
+class SearchEdge:
+    """Output `output_index` of `producer` feeds input `input_index` of `consumer`.
+
+    `table[i, j]` is the redistribution cost (bytes per device) from the producer's candidate
+    i to the consumer's candidate j.
+    """
+
+    tensor: str
+    producer: str
+    output_index: int
+    consumer: str
+    input_index: int
+    table: np.ndarray
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """Per candidate of one op: its own communication, flops and memory per device."""
+
+    comm: np.ndarray
+    flops: np.ndarray
+    memory: np.ndarray
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    """`incident[op]`: the edges touching `op`, ordered by the position of the op at their other end."""
+
+    graph: Graph
+    device_num: int
+    candidates: dict[str, tuple[Strategy, ...]]
+    edges: tuple[SearchEdge, ...]
+    costs: dict[str, OpCosts]
+    incident: dict[str, tuple[SearchEdge, ...]]
+
+
+def op_candidates(op: OpNode, device_num: int, allow_repeated: bool) -> tuple[Strategy, ...]:
+    if op.is_seeded:
+        return (Strategy.from_tuples(op.rule, op.in_strategy, device_num, op.out_strategy, where=op.name),)
+    return generate_strategies(op.rule, device_num, allow_repeated)
+
+
+@cache
+def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...]) -> OpCosts:
+    costs = [op_cost(strategy, dtypes) for strategy in candidates]
+    return OpCosts(
+        np.array([c.comm_bytes for c in costs], dtype=float),
+        np.array([c.flops_per_device for c in costs], dtype=float),
+        np.array([c.memory_bytes_per_device for c in costs], dtype=float),
+    )
+
+
+@cache
+def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int, dtype: str) -> np.ndarray:
+    # Repeated layers have equal rules and candidates, so their tables are computed once.
+    table = cost_table(
+        [s.output_layouts[output_index] for s in producer], [s.input_layouts[input_index] for s in consumer], dtype
+    )
+    table.setflags(write=False)
+    return table
+
+
+def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False) -> SearchProblem:
+    """Candidates, own costs and edge tables of every op and edge of `graph`."""
+    candidates = {name: op_candidates(op, device_num, allow_repeated) for name, op in graph.ops.items()}
+    costs = {}
+    for name, op in graph.ops.items():
+        dtypes = tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs)
+        costs[name] = _op_costs(candidates[name], dtypes)
+    edges = []
+    for op in graph.ops.values():
+        for index, tensor in enumerate(op.inputs):
+            producer = graph.producer(tensor)
+            if producer is None:
+                continue
+            output_index = producer.outputs.index(tensor)
+            table = _edge_table(candidates[producer.name], output_index, candidates[op.name], index, graph.tensors[tensor].dtype)
+            edges.append(SearchEdge(tensor, producer.name, output_index, op.name, index, table))
+    return SearchProblem(graph, device_num, candidates, tuple(edges), costs, _incident(graph, edges))
+
+
+def _incident(graph: Graph, edges: list[SearchEdge]) -> dict[str, tuple[SearchEdge, ...]]:
+    found: dict[str, list[SearchEdge]] = {name: [] for name in graph.ops}
+    for edge in edges:
+        found[edge.producer].append(edge)
+        found[edge.consumer].append(edge)
+
+    def position(op: str, edge: SearchEdge) -> tuple[int, int]:
+        other = edge.consumer if edge.producer == op else edge.producer
+        return graph.op_index(other), edge.input_index
+
+    return {op: tuple(sorted(edges, key=lambda e: position(op, e))) for op, edges in found.items()}
+

@@ -1,0 +1,115 @@
+"""Choosing a strategy for every op: BFS sharding propagation, and the simpler modes.
+
+Propagation (MindSpore's sharding_propagation), case by case:
+
+- seeds keep their strategy and are never overwritten;
+- a queue starts with the seeds in graph (topological) order; popping an op visits the ops it
+  shares an edge with, in graph order; each one not yet decided takes the candidate with the
+  smallest key ``(redistribution bytes to every decided neighbour + own communication, flops,
+  memory, candidate index)`` and joins the queue, its origin "propagated from" the popped op;
+- ops no seed reaches get the all-ones strategy and a warning;
+- two adjacent seeds whose layouts disagree keep their strategies, get a redistribution on the
+  edge, and a warning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from autostrat.layout import Strategy
+from autostrat.search.problem import SearchProblem
+
+SEED, DEFAULT, DATA_PARALLEL = "seed", "default", "data parallel"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A candidate index per op, where each choice came from, and what the user should know."""
+
+    choice: dict[str, int]
+    origin: dict[str, str]
+    warnings: tuple[str, ...]
+
+
+def _neighbour_cost(problem: SearchProblem, op: str, choice: dict[str, int]) -> np.ndarray:
+    total = problem.costs[op].comm.copy()
+    for edge in problem.incident[op]:
+        if edge.consumer == op and edge.producer in choice:
+            total += edge.table[choice[edge.producer], :]
+        elif edge.producer == op and edge.consumer in choice:
+            total += edge.table[:, choice[edge.consumer]]
+    return total
+
+
+def best_candidate(problem: SearchProblem, op: str, choice: dict[str, int]) -> int:
+    """The documented tie-break: bytes, then flops, then memory, then enumeration order."""
+    costs = problem.costs[op]
+    index = np.arange(len(problem.candidates[op]))
+    return int(np.lexsort((index, costs.memory, costs.flops, _neighbour_cost(problem, op, choice)))[0])
+
+
+def _seeds(problem: SearchProblem) -> list[str]:
+    return [name for name, op in problem.graph.ops.items() if op.is_seeded]
+
+
+def propagate(problem: SearchProblem) -> Assignment:
+    """BFS from the seeds over the edges (see the module docstring)."""
+    seeds = _seeds(problem)
+    choice = {name: 0 for name in seeds}
+    origin = {name: SEED for name in seeds}
+    queue = deque(seeds)
+    while queue:
+        current = queue.popleft()
+        for edge in problem.incident[current]:
+            neighbour = edge.consumer if edge.producer == current else edge.producer
+            if neighbour in choice:
+                continue
+            choice[neighbour] = best_candidate(problem, neighbour, choice)
+            origin[neighbour] = f"propagated from {current}"
+            queue.append(neighbour)
+    return _finish(problem, choice, origin)
+
+
+def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str]) -> Assignment:
+    warnings = []
+    unreached = [name for name in problem.graph.ops if name not in choice]
+    for name in unreached:
+        choice[name], origin[name] = 0, DEFAULT  # candidate 0 is the all-ones strategy
+    if unreached:
+        warnings.append(f"{len(unreached)} op(s) reached by no seed keep the all-ones strategy: {', '.join(unreached)}")
+    for edge in problem.edges:
+        if origin[edge.producer] == SEED and origin[edge.consumer] == SEED:
+            cost = edge.table[choice[edge.producer], choice[edge.consumer]]
+            if cost > 0:
+                warnings.append(
+                    f"seeds of {edge.producer} and {edge.consumer} disagree on {edge.tensor}: "
+                    f"a redistribution of {cost:.0f} bytes per device is inserted"
+                )
+    ordered = {name: choice[name] for name in problem.graph.ops}
+    return Assignment(ordered, {name: origin[name] for name in ordered}, tuple(warnings))
+
+
+def _batch_split(strategy: Strategy, device_num: int) -> bool:
+    """Whether `strategy` splits only the first dim of the op's first output, over all devices."""
+    outputs = strategy.rule.outputs
+    if not outputs or not outputs[0] or math.prod(strategy.splits) != device_num:
+        return False
+    return math.prod(strategy.split(f) for f in outputs[0][0]) == device_num
+
+
+def data_parallel(problem: SearchProblem, keep_seeds: bool) -> Assignment:
+    """Every op splits its batch dim (its first output's first dim) over all devices; with
+    `keep_seeds` (semi_auto_parallel) configured ops keep their strategies."""
+    choice, origin = {}, {}
+    for name, candidates in problem.candidates.items():
+        if keep_seeds and problem.graph.ops[name].is_seeded:
+            choice[name], origin[name] = 0, SEED
+            continue
+        found = [i for i, s in enumerate(candidates) if _batch_split(s, problem.device_num)]
+        if found:
+            choice[name], origin[name] = found[0], DATA_PARALLEL
+    return _finish(problem, choice, origin)

@@ -1,0 +1,97 @@
+"""How sharding propagation scales with a GPT-style model's depth.
+
+The GPT-style model (hidden 1024, seq 128, batch 16, 16 heads, vocab 32768) with 1, 8, 32 and
+96 layers on 8 and 64 devices, seeded the Megatron-LM way on every layer or on the first layer
+only. Prints ops, candidates, edges, seconds to trace, to build candidates and cost tables, to
+propagate (BFS) and to build the plan, the end-to-end seconds, and the plan's bytes per device.
+
+Run: .venv/bin/python benchmarks/search_scale.py [--layers 1 8 32 96] [--devices 8 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from autostrat.frontend import trace
+from autostrat.frontend.config import apply_seeds
+from autostrat.models import GPT, megatron_seeds
+from autostrat.tables import format_table
+from autostrat.search.plan import build_plan
+from autostrat.search.problem import build_problem
+from autostrat.search.propagate import propagate
+
+
+def clear_caches() -> None:
+    """Every run starts cold: the memo tables of strategies, costs and redistributions."""
+    from autostrat.redistribution.memo import clear_memos
+    from autostrat.search import problem
+    from autostrat.strategies import generate_strategies
+
+    generate_strategies.cache_clear()
+    problem._edge_table.cache_clear()
+    problem._op_costs.cache_clear()
+    clear_memos()
+
+
+def run(layers: int, device_num: int, first_layer_only: bool) -> dict:
+    clear_caches()
+    start = time.perf_counter()
+    net = GPT(layers=layers, hidden=1024, heads=16, seq=128, batch=16, vocab=32768)
+    graph = trace(net, *net.example_inputs(), device_num=device_num)
+    graph = apply_seeds(graph, megatron_seeds(layers, device_num, first_layer_only), device_num)
+    traced = time.perf_counter()
+    problem = build_problem(graph, device_num)
+    tabled = time.perf_counter()
+    assignment = propagate(problem)
+    propagated = time.perf_counter()
+    strategies = {name: problem.candidates[name][i] for name, i in assignment.choice.items()}
+    plan = build_plan(graph, device_num, "auto_parallel", strategies, assignment.origin, assignment.warnings)
+    planned = time.perf_counter()
+    return {
+        "plan": plan,
+        "row": [
+            str(layers), str(device_num), "first" if first_layer_only else "all",
+            str(len(graph.ops)), str(sum(len(c) for c in problem.candidates.values())), str(len(problem.edges)),
+            f"{traced - start:.2f}", f"{tabled - traced:.2f}", f"{propagated - tabled:.3f}", f"{planned - propagated:.2f}",
+            f"{planned - start:.2f}", f"{plan.total_bytes:,}",
+        ],
+    }
+
+
+def layer_bytes(plan, layer: int) -> dict[str, int]:
+    """Bytes per device of each redistribution inside one block, by consumer op."""
+    prefix = f"blocks.{layer}."
+    found: dict[str, int] = {}
+    for edge in plan.redistributions:
+        if edge.consumer.startswith(prefix):
+            key = f"{edge.consumer[len(prefix):]}[{edge.input_index}] " + "+".join(s.kind for s in edge.plan.steps)
+            found[key] = found.get(key, 0) + edge.plan.cost
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[1, 8, 32, 96])
+    parser.add_argument("--devices", type=int, nargs="+", default=[8, 64])
+    args = parser.parse_args()
+    rows, examples = [], {}
+    for device_num in args.devices:
+        for first_only in (False, True):
+            for layers in args.layers:
+                result = run(layers, device_num, first_only)
+                rows.append(result["row"])
+                examples[(device_num, first_only)] = result["plan"]
+    headers = ["layers", "devices", "seeds", "ops", "candidates", "edges", "trace s", "tables s", "bfs s", "plan s", "total s", "bytes/device"]
+    print(format_table(headers, rows))
+    for (device_num, first_only), plan in sorted(examples.items()):
+        seeds = "first layer only" if first_only else "every layer"
+        print(f"\n{device_num} devices, seeds on {seeds}, {len(plan.graph.ops)} ops: redistributions inside block 0 and the last block")
+        last = max(int(name.split(".")[1]) for name in plan.ops if name.startswith("blocks."))
+        for layer in sorted({0, last}):
+            for key, cost in layer_bytes(plan, layer).items():
+                print(f"  blocks.{layer}.{key}: {cost:,} B")
+
+
+if __name__ == "__main__":
+    main()
