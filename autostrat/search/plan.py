@@ -8,7 +8,7 @@ from pathlib import Path
 
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
-from autostrat.redistribution import RedistributionPlan, plan_redistribution
+from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
 from autostrat.tables import format_table
 from autostrat.io import write_atomically
 
@@ -79,7 +79,14 @@ class Plan:
             ],
             "layouts": {name: str(layout) for name, layout in self.layouts.items()},
             "redistributions": [
-                {"tensor": e.tensor, "consumer": e.consumer, "input": e.input_index, "bytes": e.plan.cost, "steps": [str(s) for s in e.plan.steps]}
+                {
+                    "tensor": e.tensor,
+                    "consumer": e.consumer,
+                    "input": e.input_index,
+                    "bytes": e.plan.cost,
+                    "steps": [str(step) for step in e.plan.steps],
+                    "primitives": [str(primitive) for primitive in lower_plan(e.plan)],
+                }
                 for e in self.redistributions
             ],
             "warnings": list(self.warnings),

@@ -49,10 +49,20 @@ class SearchProblem:
 
     graph: Graph
     device_num: int
+    allow_repeated: bool
     candidates: dict[str, tuple[Strategy, ...]]
     edges: tuple[SearchEdge, ...]
     costs: dict[str, OpCosts]
     incident: dict[str, tuple[SearchEdge, ...]]
+
+    def least_edge_cost(self, edge: SearchEdge, producer_choice: int) -> float:
+        """The cheapest redistribution from the producer's chosen layout to any candidate the
+        consumer's rule has, seeded or not (what the edge would cost without the consumer's seed)."""
+        consumer = self.graph.ops[edge.consumer]
+        options = generate_strategies(consumer.rule, self.device_num, self.allow_repeated)
+        source = self.candidates[edge.producer][producer_choice].output_layouts[edge.output_index]
+        dtype = self.graph.tensors[edge.tensor].dtype
+        return float(cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype).min())
 
 
 def op_candidates(op: OpNode, device_num: int, allow_repeated: bool) -> tuple[Strategy, ...]:
@@ -97,7 +107,7 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False) -
             output_index = producer.outputs.index(tensor)
             table = _edge_table(candidates[producer.name], output_index, candidates[op.name], index, graph.tensors[tensor].dtype)
             edges.append(SearchEdge(tensor, producer.name, output_index, op.name, index, table))
-    return SearchProblem(graph, device_num, candidates, tuple(edges), costs, _incident(graph, edges))
+    return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges))
 
 
 def _incident(graph: Graph, edges: list[SearchEdge]) -> dict[str, tuple[SearchEdge, ...]]:

@@ -8,8 +8,9 @@ Propagation (MindSpore's sharding_propagation), case by case:
   smallest key ``(redistribution bytes to every decided neighbour + own communication, flops,
   memory, candidate index)`` and joins the queue, its origin "propagated from" the popped op;
 - ops no seed reaches get the all-ones strategy and a warning;
-- two adjacent seeds whose layouts disagree keep their strategies, get a redistribution on the
-  edge, and a warning.
+- two adjacent seeds keep their strategies and get a redistribution on their edge; when it costs
+  more than feeding the best candidate of the consumer would (their layouts disagree, beyond
+  resolving a partial sum), a warning says so.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, st
     for edge in problem.edges:
         if origin[edge.producer] == SEED and origin[edge.consumer] == SEED:
             cost = edge.table[choice[edge.producer], choice[edge.consumer]]
-            if cost > 0:
+            if cost > problem.least_edge_cost(edge, choice[edge.producer]):
                 warnings.append(
                     f"seeds of {edge.producer} and {edge.consumer} disagree on {edge.tensor}: "
                     f"a redistribution of {cost:.0f} bytes per device is inserted"
