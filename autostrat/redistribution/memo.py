@@ -4,14 +4,16 @@ from __future__ import annotations
 
 
 def clear_memos() -> None:
-    """Forget every memoised move list, search, plan and cost-table entry.
+    """Forget every memoised move list, bound, search, plan and cost-table entry.
 
     Example:
         >>> clear_memos()
     """
-    from autostrat.redistribution import moves, planner, table
+    from autostrat.redistribution import heuristic, moves, planner, search, table
 
+    heuristic.receive_bound.cache_clear()
     moves.moves.cache_clear()
     planner._solve.cache_clear()
+    search.permuted_edges.cache_clear()
     table._COSTS.clear()
     table._IDS.clear()

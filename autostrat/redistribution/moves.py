@@ -158,3 +158,40 @@ def canonical(sizes: tuple[int, ...], target_sizes: tuple[int, ...], state: Stat
     for axis in order:
         mapping[axis] = pools[sizes[axis]].pop(0)
     return relabel(state, mapping), tuple(mapping)
+
+
+def target_pools(sizes: tuple[int, ...], target: State) -> tuple[tuple[int, ...], ...]:
+    """Classes of axes that any relabelling fixing `target` may permute: axes of one size that
+    are all free in `target`, or all partial in it (the entries pin every other axis).
+
+    Example:
+        >>> target_pools((2, 2, 2, 2), (((3,), ()), (1, 2)))
+        ((1, 2),)
+    """
+    used = {axis for entry in target[0] for axis in entry}
+    roles = {}
+    for axis, size in enumerate(sizes):
+        if axis not in used:
+            roles.setdefault((axis in target[1], size), []).append(axis)
+    return tuple(tuple(pool) for _, pool in sorted(roles.items()) if len(pool) > 1)
+
+
+def pool_canonical(pools, axis_count: int, state: State) -> tuple[State, tuple[int, ...]]:
+    """The representative of `state` (over `axis_count` axes) up to relabellings within `pools`
+    and the relabelling used (new axis per old axis): within a pool, axes are renamed in the
+    order they appear in the state (dims in order, major first, then partial axes, then the
+    rest by id), so two states get one representative iff such a relabelling links them.
+
+    Example:
+        >>> pool_canonical(((0, 1, 2),), 3, (((2,), ()), (1,)))
+        ((((0,), ()), (1,)), (2, 1, 0))
+    """
+    entries, partial = state
+    mapping = list(range(axis_count))
+    order = [axis for entry in entries for axis in entry] + list(partial)
+    for pool in pools:
+        members = set(pool)
+        seen = [axis for axis in order if axis in members]
+        for axis, image in zip(seen + sorted(members.difference(seen)), pool):
+            mapping[axis] = image
+    return relabel(state, mapping), tuple(mapping)

@@ -8,18 +8,26 @@ Layers of nodes ``(layer, state)``:
 - `PERMUTED`: one CollectivePermute has been paid (cost ``s`` where it is taken); states are kept
   up to relabelling, over the last space, since the relabelling is chosen at the end.
 
-Priorities are ``(bound + objective, objective, steps, bytes, node)``: bytes (or α–β time) first,
-then fewer steps, then the node itself, so ties break the same way on every run.
+Priorities are ``(objective + bound, bound, objective, steps, bytes, node)``: estimated bytes (or
+α–β time) first, then the node nearest the target by the bound (the bound is tight on many
+partial states, and preferring depth keeps A* off those plateaus), then fewer steps, then the
+node itself, so ties break the same way on every run. The bound is admissible but not always
+consistent, so a state reached more cheaply after it settled is reopened.
+
+Without a time model, the exact layer of a one-space problem keeps states up to the relabellings
+that fix the target (`moves.target_pools`): they preserve every step cost and the target, so the
+cost-to-go is the same on a whole class; `Search._real` turns the path back into real states.
 """
 
 from __future__ import annotations
 
 import heapq
+from functools import lru_cache
 from dataclasses import dataclass
 
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
-from autostrat.redistribution.heuristic import ReceiveBound
-from autostrat.redistribution.moves import Move, Space, State, canonical, moves, relabel
+from autostrat.redistribution.heuristic import partial_bound, receive_bound
+from autostrat.redistribution.moves import Move, Space, State, canonical, moves, pool_canonical, relabel, target_pools
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to greedy
 PERMUTED = 2
@@ -53,6 +61,19 @@ def _bijections(problem: Problem) -> list[tuple[int, ...]]:
     return found
 
 
+@lru_cache(maxsize=1 << 16)
+def permuted_edges(space: Space, state: State) -> tuple[tuple[Move, tuple], ...]:
+    """The moves out of a permuted-layer representative with their children's representatives
+    (memoised: every search through the permuted layer of one space meets the same states).
+
+    Example:
+        >>> space = Space(sizes=(2, 2), shape=(4,), itemsize=4)
+        >>> [child for _, child in permuted_edges(space, (((),), ()))]
+        [(2, (((0,),), ())), (2, (((0,),), ()))]
+    """
+    return tuple((move, (PERMUTED, canonical(space.sizes, space.sizes, move.state)[0])) for move in moves(space, state))
+
+
 class Search:
     """A* from `start` to `target` or to its relabelling class in the permuted layer."""
 
@@ -60,10 +81,15 @@ class Search:
         self.problem, self.model, self.target = problem, model, target
         last = problem.spaces[-1]
         self.permuted_target = (PERMUTED, canonical(last.sizes, last.sizes, target[1])[0])
-        self.receive = ReceiveBound(last, target[1]) if model is None else None
+        self.receive = receive_bound(last, target[1]) if model is None else None
+        # Relabellings fixing the target (and, without a time model, every cost) map optimal
+        # paths to optimal paths, so one search layer keeps states up to them (`_real` undoes it).
+        single = len(problem.spaces) == 1 and model is None
+        self.pools = target_pools(last.sizes, target[1]) if single else ()
+        self.start, start = start, self._representative(start)
         self.best = {start: (0, 0, 0)}  # node -> (objective, steps, bytes)
         self.parent: dict = {start: None}  # node -> (previous node, move)
-        self.heap = [(self._bound(start), 0, 0, 0, start)]
+        self.heap = [(self._bound(start), self._bound(start), 0, 0, 0, start)]
         self.settled: set = set()
         self.crossings = _bijections(problem) if len(problem.spaces) == 2 else []
 
@@ -77,17 +103,17 @@ class Search:
         if node[0] != PERMUTED or self.receive.target_partial:
             return 0
         if node[1][1]:
-            return self.receive.target_volume
+            return max(self.receive.target_volume, partial_bound(self.problem.space(PERMUTED), self.receive.target_free, node[1]))
         return max(0, self.receive.target_volume - self.problem.space(PERMUTED).local_bytes(node[1]))
 
     def _edges(self, node):
         layer, state = node
         space, last = self.problem.space(layer), self.problem.spaces[-1]
-        for move in moves(space, state):
-            child = canonical(space.sizes, space.sizes, move.state)[0] if layer == PERMUTED else move.state
-            yield move, (layer, child)
         if layer == PERMUTED:
+            yield from permuted_edges(space, state)
             return
+        for move in moves(space, state):
+            yield move, self._representative((layer, move.state))
         # The relabelling is chosen at the end, so the α–β model times it on every axis (slowest link).
         permuted, every_axis = canonical(space.sizes, last.sizes, state)[0], tuple(range(len(space.sizes)))
         yield Move("CollectivePermute", every_axis, (), None, permuted, space.local_bytes(state)), (PERMUTED, permuted)
@@ -95,6 +121,32 @@ class Search:
             crossed = (1, relabel(state, mapping))
             if self.problem.layout(node).normalized() == self.problem.layout(crossed).normalized():
                 yield Move("CollectivePermute", (), (), mapping, crossed[1], 0), crossed
+
+    def _representative(self, node):
+        if not self.pools or node[0] == PERMUTED:
+            return node
+        return node[0], pool_canonical(self.pools, len(self.problem.space(node[0]).sizes), node[1])[0]
+
+    def _real(self, path: list[tuple]) -> list[tuple]:
+        """`path` over representatives, as real states from the start: ``back`` maps the axes of
+        each representative to real ones; it fixes the target, so the path still ends there."""
+        if not self.pools:
+            return path
+        count = len(self.problem.spaces[0].sizes)
+        back = _inverse(pool_canonical(self.pools, count, self.start[1])[1])
+        real = []
+        for node, move, child in path:
+            if node[0] == PERMUTED:
+                real.append((node, move, child))
+            elif child[0] == PERMUTED:
+                real.append(((node[0], relabel(node[1], back)), move, child))
+            else:
+                state = relabel(move.state, back)
+                moved = move._replace(axes=tuple(back[a] for a in move.axes), state=state)
+                real.append(((node[0], relabel(node[1], back)), moved, (child[0], state)))
+                step = _inverse(pool_canonical(self.pools, count, move.state)[1])
+                back = [back[step[axis]] for axis in range(count)]
+        return real
 
     def _weight(self, layer: int, move: Move):
         if self.model is None:
@@ -105,17 +157,18 @@ class Search:
         """Run until a target is settled; returns it, or None (unreachable or limit hit)."""
         targets = (self.target, self.permuted_target)
         while self.heap and len(self.settled) < SETTLED_LIMIT:
-            _, objective, steps, sent, node = heapq.heappop(self.heap)
-            if node in self.settled:
-                continue
+            _, _, objective, steps, sent, node = heapq.heappop(self.heap)
+            if (objective, steps, sent) != self.best[node]:
+                continue  # a stale entry: the node was reached more cheaply since
             self.settled.add(node)
             if node in targets:
                 return node
             for move, child in self._edges(node):
                 value = (objective + self._weight(node[0], move), steps + 1, sent + move.bytes)
-                if child not in self.settled and value < self.best.get(child, (float("inf"),)):
+                if value < self.best.get(child, (float("inf"),)):
                     self.best[child], self.parent[child] = value, (node, move)
-                    heapq.heappush(self.heap, (value[0] + self._bound(child),) + value + (child,))
+                    bound = self._bound(child)
+                    heapq.heappush(self.heap, (value[0] + bound, bound) + value + (child,))
         return None
 
     @property
@@ -129,8 +182,15 @@ class Search:
             node, move = self.parent[reached]
             found.append((node, move, reached))
             reached = node
-        found.reverse()
+        found = self._real(found[::-1])
         return _unpermute(self.problem, found, self.target) if found and found[-1][2][0] == PERMUTED else found
+
+
+def _inverse(mapping) -> list[int]:
+    inverse = [0] * len(mapping)
+    for axis, image in enumerate(mapping):
+        inverse[image] = axis
+    return inverse
 
 
 def _unpermute(problem: Problem, path: list[tuple], target) -> list[tuple]:
