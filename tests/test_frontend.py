@@ -39,12 +39,15 @@ def test_context_round_trip_and_frozen_snapshot():
     [
         ({"parallel_mod": "auto_parallel"}, r"unknown auto-parallel context key 'parallel_mod'; valid keys: parallel_mode, search_mode"),
         ({"parallel_mode": "hybrid"}, r"parallel_mode must be one of auto_parallel, data_parallel, semi_auto_parallel, stand_alone; got 'hybrid'"),
-        ({"search_mode": "dynamic_programming"}, r"search_mode must be one of sharding_propagation; got 'dynamic_programming'"),
+        ({"search_mode": "dynamic_programming"}, r"search_mode must be one of integer_programming, sharding_propagation; got 'dynamic_programming'"),
         ({"device_num": 0}, r"device_num must be a positive integer, got 0"),
         ({"global_rank": -1}, r"global_rank must be a non-negative integer, got -1"),
         ({"device_num": 4, "global_rank": 4}, r"global_rank 4 must be below device_num 4"),
         ({"full_batch": "yes"}, r"full_batch must be True or False, got 'yes'"),
         ({"strategy_ckpt_save_file": 3}, r"strategy_ckpt_save_file must be a file path string, got 3"),
+        ({"refine": "gurobi"}, r"refine must be one of None, cpsat; got 'gurobi'"),
+        ({"refine_time_limit": 0}, r"refine_time_limit must be a positive number of seconds, got 0"),
+        ({"max_device_memory": "16 parsecs"}, r"max_device_memory must be a positive number of bytes or a string such as '16GB', got '16 parsecs'"),
     ],
 )
 def test_context_errors(kwargs, message):

@@ -13,7 +13,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend import trace
 from autostrat.models import FFN
 from autostrat.nn import Cell, Parameter, Tensor
-from autostrat.search import load_checkpoint_seeds, search
+from autostrat.search import SearchOptions, load_checkpoint_seeds, search
 from autostrat.search.dump import annotated_text, sliced_text
 
 
@@ -118,13 +118,13 @@ def test_data_parallel_and_semi_auto_modes():
     net = FFN()
     net.dense2.matmul.shard(((1, 1), (1, 8)))
     graph = trace(net, Tensor(shape=(64, 64)), device_num=8)
-    dp = search(graph, 8, "data_parallel")
+    dp = search(graph, 8, SearchOptions(mode="data_parallel"))
     assert all(op.origin == "data parallel" for op in dp.ops.values())
     assert str(dp.ops["dense2.matmul"].strategy) == "((8, 1), (1, 1))" and dp.total_bytes == 0
-    semi = search(graph, 8, "semi_auto_parallel")
+    semi = search(graph, 8, SearchOptions(mode="semi_auto_parallel"))
     assert str(semi.ops["dense2.matmul"].strategy) == "((1, 1), (1, 8))" and semi.ops["dense2.matmul"].origin == "seed"
     assert str(semi.ops["relu"].strategy) == "((8, 1),)"
-    alone = search(graph, 8, "stand_alone")
+    alone = search(graph, 8, SearchOptions(mode="stand_alone"))
     assert alone.device_num == 1 and alone.total_bytes == 0
 
 

@@ -10,7 +10,7 @@ from autostrat.frontend.tracing import trace
 from autostrat.search import Plan, load_checkpoint_seeds, search
 
 
-def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None) -> Plan:
+def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, progress=None) -> Plan:
     """Trace, add seeds (from `seeds`, then the strategy checkpoint), search, save the checkpoint."""
     graph = trace(net, *inputs, device_num=context.device_num)
     if seeds:
@@ -18,7 +18,7 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None) -
     if context.strategy_ckpt_load_file:
         checkpoint = context.strategy_ckpt_load_file
         graph = apply_seeds(graph, load_checkpoint_seeds(checkpoint), context.device_num, where=checkpoint)
-    plan = search(graph, context.device_num, context.parallel_mode, allow_repeated=not context.fully_use_devices)
+    plan = search(graph, context.device_num, context.search_options(), progress)
     for message in plan.warnings:
         warnings.warn(message, stacklevel=3)
     if context.strategy_ckpt_save_file:

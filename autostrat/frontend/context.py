@@ -6,12 +6,32 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields, replace
 
 from autostrat.errors import ConfigError
+from autostrat.search import SearchOptions
 
 PARALLEL_MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
-SEARCH_MODES = ("sharding_propagation",)
+SEARCH_MODES = ("integer_programming", "sharding_propagation")
+REFINERS = (None, "cpsat")
+_UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+
+
+def parse_bytes(value, key: str = "max_device_memory") -> int | None:
+    """Bytes from an integer or a string such as "16GB", "512 MB" (binary units); None stays None.
+
+    Example:
+        >>> parse_bytes("16GB"), parse_bytes(1024), parse_bytes("1.5 KB")
+        (17179869184, 1024, 1536)
+    """
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?B?)\s*", value.upper())
+        if match and float(match.group(1)) > 0:
+            return int(float(match.group(1)) * _UNITS[match.group(2)])
+    raise ConfigError(f"{key} must be a positive number of bytes or a string such as '16GB', got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -23,6 +43,11 @@ class ParallelContext:
       (search, as `search_mode` says).
     - `fully_use_devices`: when False, candidates may use fewer devices (repeated calculation).
     - `full_batch`: every rank loads the whole batch (True) or only its own share (False).
+    - `search_mode`: sharding_propagation (BFS from the seeds) or integer_programming (fully
+      automatic: no seeds needed, every op uses every device, CP-SAT finds the optimum).
+    - `refine`: None or "cpsat" (refine the BFS plan to the proven optimum), with
+      `refine_time_limit` seconds; `max_device_memory`: per-device bytes (or "16GB") the plan's
+      peak must fit in (implies refinement).
     """
 
     parallel_mode: str = "stand_alone"
@@ -33,10 +58,18 @@ class ParallelContext:
     fully_use_devices: bool = True
     strategy_ckpt_save_file: str = ""
     strategy_ckpt_load_file: str = ""
+    refine: str | None = None
+    refine_time_limit: float = 60.0
+    max_device_memory: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("parallel_mode", self.parallel_mode, PARALLEL_MODES)
         _check_choice("search_mode", self.search_mode, SEARCH_MODES)
+        _check_choice("refine", self.refine, REFINERS)
+        limit = self.refine_time_limit
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0:
+            raise ConfigError(f"refine_time_limit must be a positive number of seconds, got {limit!r}")
+        object.__setattr__(self, "max_device_memory", parse_bytes(self.max_device_memory))
         for key in ("device_num", "global_rank"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "device_num" else 0):
@@ -54,10 +87,22 @@ class ParallelContext:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def search_options(self, workers: int = 0):
+        """The options the search layer takes (it never reads the context itself)."""
+        return SearchOptions(
+            mode=self.parallel_mode,
+            search_mode=self.search_mode,
+            allow_repeated=not self.fully_use_devices,
+            refine=self.refine,
+            refine_time_limit=self.refine_time_limit,
+            max_device_memory=self.max_device_memory,
+            workers=workers,
+        )
 
-def _check_choice(key: str, value, choices: tuple[str, ...]) -> None:
+
+def _check_choice(key: str, value, choices: tuple) -> None:
     if value not in choices:
-        raise ConfigError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
+        raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
 def _check_keys(keys) -> None:

@@ -2,6 +2,6 @@
 
 from autostrat.search.checkpoint import load_checkpoint_seeds
 from autostrat.search.plan import EdgeRedistribution, OpPlan, Plan
-from autostrat.search.search import search
+from autostrat.search.search import SearchOptions, search
 
-__all__ = ["EdgeRedistribution", "OpPlan", "Plan", "load_checkpoint_seeds", "search"]
+__all__ = ["EdgeRedistribution", "OpPlan", "Plan", "SearchOptions", "load_checkpoint_seeds", "search"]

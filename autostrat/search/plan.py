@@ -32,6 +32,22 @@ class EdgeRedistribution:
 
 
 @dataclass(frozen=True)
+class Refinement:
+    """What the CP-SAT refinement did: the bytes before it, its result, and the ops it changed."""
+
+    before: int
+    result: object  # a `refine.RefineResult`
+    changed: tuple[str, ...]
+
+    def summary(self) -> str:
+        result = self.result
+        return (
+            f"refined by CP-SAT: {self.before} -> {result.objective} bytes per device, {result.status}, "
+            f"bound {result.bound}, gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed"
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     """A strategy per op and everything it implies.
 
@@ -48,6 +64,7 @@ class Plan:
     layouts: dict[str, Layout]
     redistributions: tuple[EdgeRedistribution, ...]
     warnings: tuple[str, ...] = ()
+    refinement: Refinement | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -59,13 +76,18 @@ class Plan:
 
     def table(self) -> str:
         """One line per op: strategy, origin, output layout and the bytes of its input edges."""
+        changed = set(self.refinement.changed) if self.refinement else set()
         rows = []
         for name, op in self.ops.items():
             out = self.layouts[self.graph.ops[name].outputs[0]]
-            rows.append([name, op.op_type, str(op.strategy), op.origin, str(out.normalized()), str(self.bytes_into(name))])
+            origin = op.origin + (" (changed by CP-SAT)" if name in changed else "")
+            rows.append([name, op.op_type, str(op.strategy), origin, str(out.normalized()), str(self.bytes_into(name))])
         text = format_table(["op", "type", "strategy", "origin", "output layout", "bytes in"], rows)
         steps = [f"  {edge.tensor} -> {edge.consumer}[{edge.input_index}]: {edge.plan}" for edge in self.redistributions]
-        return "\n".join([text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}"])
+        lines = [text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}"]
+        if self.refinement:
+            lines.append(self.refinement.summary())
+        return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {
@@ -90,6 +112,13 @@ class Plan:
                 for e in self.redistributions
             ],
             "warnings": list(self.warnings),
+            "refinement": None if self.refinement is None else {
+                "before": self.refinement.before,
+                "after": self.refinement.result.objective,
+                "bound": self.refinement.result.bound,
+                "status": self.refinement.result.status,
+                "changed": list(self.refinement.changed),
+            },
         }
 
     def to_json(self) -> str:

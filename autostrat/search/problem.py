@@ -65,10 +65,15 @@ class SearchProblem:
         return float(cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype).min())
 
 
-def op_candidates(op: OpNode, device_num: int, allow_repeated: bool) -> tuple[Strategy, ...]:
+def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False) -> tuple[Strategy, ...]:
+    """A seeded op's seed; otherwise its candidates. With `full_only`, only strategies using every
+    device, when the op has any (otherwise its all-ones strategy)."""
     if op.is_seeded:
         return (Strategy.from_tuples(op.rule, op.in_strategy, device_num, op.out_strategy, where=op.name),)
-    return generate_strategies(op.rule, device_num, allow_repeated)
+    candidates = generate_strategies(op.rule, device_num, allow_repeated)
+    if full_only:
+        return tuple(s for s in candidates if s.repeat == 1 and device_num > 1) or candidates[:1]
+    return candidates
 
 
 @cache
@@ -91,9 +96,9 @@ def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tup
     return table
 
 
-def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False) -> SearchProblem:
+def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False) -> SearchProblem:
     """Candidates, own costs and edge tables of every op and edge of `graph`."""
-    candidates = {name: op_candidates(op, device_num, allow_repeated) for name, op in graph.ops.items()}
+    candidates = {name: op_candidates(op, device_num, allow_repeated, full_only) for name, op in graph.ops.items()}
     costs = {}
     for name, op in graph.ops.items():
         dtypes = tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs)

@@ -1,16 +1,51 @@
-"""From a traced graph to a plan, in one of MindSpore's parallel modes."""
+"""From a traced graph to a plan, in one of MindSpore's parallel modes, optionally refined."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from autostrat.errors import ConfigError
 from autostrat.ir import Graph
-from autostrat.search.plan import Plan, build_plan
+from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import data_parallel, propagate
+from autostrat.search.refine import plan_bytes, refine
 
 MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
+SEARCH_MODES = ("integer_programming", "sharding_propagation")
+REFINERS = (None, "cpsat")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search.
+
+    - `mode`: auto_parallel searches as `search_mode` says; semi_auto_parallel keeps the seeds
+      and splits every other op's batch dim; data_parallel ignores seeds and splits every batch
+      dim; stand_alone plans for one device.
+    - `search_mode`: sharding_propagation propagates the seeds by BFS; integer_programming is
+      fully automatic: it needs no seeds, every op uses every device (no all-ones or repeated
+      candidates where a full split exists), and CP-SAT finds the optimum (it implies `refine`).
+    - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model.
+    - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
+    """
+
+    mode: str = "auto_parallel"
+    search_mode: str = "sharding_propagation"
+    allow_repeated: bool = False
+    refine: str | None = None
+    refine_time_limit: float = 60.0
+    max_device_memory: int | None = None
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES), ("refine", self.refine, REFINERS)):
+            if value not in valid:
+                raise ConfigError(f"{key} must be one of {', '.join(map(str, valid))}; got {value!r}")
+
+    @property
+    def automatic(self) -> bool:
+        return self.mode == "auto_parallel" and self.search_mode == "integer_programming"
 
 
 def _unseeded(graph: Graph) -> Graph:
@@ -35,12 +70,8 @@ def _check_shared_parameters(graph: Graph, problem) -> None:
                 )
 
 
-def search(graph: Graph, device_num: int, mode: str = "auto_parallel", allow_repeated: bool = False) -> Plan:
-    """A strategy for every op of `graph` on `device_num` devices.
-
-    `mode`: auto_parallel propagates the seeds (sharding_propagation); semi_auto_parallel keeps
-    the seeds and splits every other op's batch dim; data_parallel ignores seeds and splits every
-    batch dim; stand_alone plans for one device.
+def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions(), progress=None) -> Plan:
+    """A strategy for every op of `graph` on `device_num` devices (see `SearchOptions`).
 
     Example:
         >>> from autostrat.frontend import trace
@@ -52,17 +83,24 @@ def search(graph: Graph, device_num: int, mode: str = "auto_parallel", allow_rep
         >>> str(plan.ops["dense2.matmul"].strategy), plan.total_bytes
         ('((2, 4), (4, 1))', 6144)
     """
-    if mode not in MODES:
-        raise ConfigError(f"parallel_mode must be one of {', '.join(MODES)}; got {mode!r}")
-    if mode == "stand_alone":
+    if options.mode == "stand_alone":
         graph, device_num = _unseeded(graph), 1
-    elif mode == "data_parallel":
+    elif options.mode == "data_parallel":
         graph = _unseeded(graph)
-    problem = build_problem(graph, device_num, allow_repeated)
+    problem = build_problem(graph, device_num, options.allow_repeated, full_only=options.automatic)
     _check_shared_parameters(graph, problem)
-    if mode == "auto_parallel":
+    if options.automatic:
+        assignment = data_parallel(problem, keep_seeds=True)
+    elif options.mode == "auto_parallel":
         assignment = propagate(problem)
     else:
-        assignment = data_parallel(problem, keep_seeds=mode == "semi_auto_parallel")
-    strategies = {name: problem.candidates[name][index] for name, index in assignment.choice.items()}
-    return build_plan(graph, device_num, mode, strategies, assignment.origin, assignment.warnings)
+        assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel")
+    choice, refinement = assignment.choice, None
+    if options.refine == "cpsat" or options.automatic or options.max_device_memory is not None:
+        result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory, progress)
+        changed = tuple(op for op in choice if result.choice[op] != choice[op])
+        refinement = Refinement(plan_bytes(problem, choice), result, changed)
+        choice = result.choice
+    strategies = {name: problem.candidates[name][index] for name, index in choice.items()}
+    plan = build_plan(graph, device_num, options.mode, strategies, assignment.origin, assignment.warnings)
+    return replace(plan, refinement=refinement)

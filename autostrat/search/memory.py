@@ -1,0 +1,65 @@
+"""Per-device memory of a choice of strategies: parameters plus the activations live at the
+peak of the graph's topological (trace-order) schedule.
+
+Every tensor's per-device bytes depend on one op's candidate: an op output on its producer's, a
+parameter or graph input on its first consumer's (it is stored as that op wants it). An op
+output is live from its producer's step to its last consumer's step (to the end for a graph
+output); parameters and inputs are live throughout. The peak is reached at a step where a tensor
+is produced, so those steps are the only ones to bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autostrat.cost import dtype_size
+from autostrat.search.problem import SearchProblem
+
+
+@dataclass(frozen=True)
+class TensorBytes:
+    """Per candidate of `owner`, the bytes one device holds of `tensor`."""
+
+    tensor: str
+    owner: str
+    bytes: tuple[int, ...]
+
+
+def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[TensorBytes]]:
+    """(always-live parameters and inputs, op outputs), with their per-candidate bytes."""
+    graph = problem.graph
+    resident, activations = [], []
+    for name, info in graph.tensors.items():
+        size = dtype_size(info.dtype)
+        if info.producer is not None:
+            owner, index = info.producer, graph.ops[info.producer].outputs.index(name)
+            layouts = [s.output_layouts[index] for s in problem.candidates[owner]]
+            activations.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
+        elif graph.consumers(name):
+            owner, index = graph.consumers(name)[0]
+            layouts = [s.input_layouts[index] for s in problem.candidates[owner]]
+            resident.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
+    return resident, activations
+
+
+def live_sets(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[int, ...]]:
+    """For every step that produces a tensor, the indices (into `activations`) live there
+    (duplicates dropped)."""
+    graph = problem.graph
+    spans = []
+    for item in activations:
+        start = graph.op_index(item.owner)
+        uses = [graph.op_index(op) for op, _ in graph.consumers(item.tensor)]
+        end = len(graph.ops) if item.tensor in graph.outputs or not uses else max(uses)
+        spans.append((start, end))
+    steps = sorted({start for start, _ in spans})
+    return sorted({tuple(i for i, (start, end) in enumerate(spans) if start <= step <= end) for step in steps})
+
+
+def peak_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
+    """The per-device peak of a choice (what the solver's memory constraints bound)."""
+    resident, activations = tensor_bytes(problem)
+    base = sum(item.bytes[choice[item.owner]] for item in resident)
+    live = [sum(activations[i].bytes[choice[activations[i].owner]] for i in step) for step in live_sets(problem, activations)]
+    return base + max(live, default=0)
