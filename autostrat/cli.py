@@ -1,6 +1,7 @@
 """The `autostrat` command (also `python -m autostrat`).
 
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
+                     [--refine cpsat] [--time-limit S] [--max-device-memory M]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
 """
 
@@ -41,8 +42,12 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
 
 def search_command(args) -> str:
     """Search the config's model and return the text to print; writes --out and --dump-ir."""
-    config = load_config(args.config, device_num=args.device_num)
-    plan = plan_for(config.net, config.inputs, config.context, config.strategies)
+    overrides = {"device_num": args.device_num, "refine": args.refine, "refine_time_limit": args.time_limit,
+                 "max_device_memory": args.max_device_memory}
+    config = load_config(args.config, **overrides)
+    plan = plan_for(config.net, config.inputs, config.context, config.strategies, progress=_progress_line)
+    if plan.refinement is not None:
+        print(file=sys.stderr)  # end the progress line
     lines = [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
     lines += [f"warning: {message}" for message in plan.warnings]
     if args.out:
@@ -53,6 +58,11 @@ def search_command(args) -> str:
     return "\n".join(lines)
 
 
+def _progress_line(objective: int, bound: int, seconds: float) -> None:
+    """One overwritten stderr line while CP-SAT runs: best objective, bound, elapsed time."""
+    print(f"\rCP-SAT: best {objective:,} bytes per device, bound {bound:,}, {seconds:.1f} s", end="", file=sys.stderr, flush=True)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autostrat", description="Automatic parallel-strategy search.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--device-num", type=int, help="override the config's device_num")
     search.add_argument("--out", help="write the plan as JSON to this file")
     search.add_argument("--dump-ir", help="write the IR dumps into this folder")
+    search.add_argument("--refine", choices=["cpsat"], help="refine the BFS plan to the CP-SAT optimum")
+    search.add_argument("--time-limit", type=float, help="seconds the solver may take (default 60)")
+    search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=int, default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")

@@ -54,3 +54,15 @@ def test_search_errors_are_one_line(capsys):
 def test_python_dash_m_runs_the_search():
     out = subprocess.run([sys.executable, "-m", "autostrat", "search", "configs/ffn.yaml"], capture_output=True, text=True, check=True).stdout
     assert "ReduceScatter" in out
+
+
+def test_search_with_refinement_and_a_memory_budget(capsys):
+    assert main(["search", "configs/mlp.yaml", "--refine", "cpsat", "--time-limit", "30", "--max-device-memory", "200KB"]) == 0
+    captured = capsys.readouterr()
+    assert "refined by CP-SAT: 28672 -> 28672 bytes per device, OPTIMAL" in captured.out
+    assert captured.err.startswith("\rCP-SAT: best ") and captured.err.endswith("\n")
+
+
+def test_an_impossible_budget_is_a_one_line_error(capsys):
+    assert main(["search", "configs/mlp.yaml", "--max-device-memory", "1KB"]) == 2
+    assert "autostrat: error: no plan fits max_device_memory = 1,024 bytes per device: the smallest achievable peak is" in capsys.readouterr().err

@@ -184,7 +184,12 @@ class Layout:
         always act together (both unused, both partial, or consecutive in one dim's entry)
         merged into one. Two layouts give every rank the same slice iff their normal forms are equal.
         """
-        return _normalize(self)
+        # Cached on the instance: searches ask the same layouts for their normal form many times.
+        normal = self.__dict__.get("_normal")
+        if normal is None:
+            normal = _normalize(self)
+            object.__setattr__(self, "_normal", normal)
+        return normal
 
     def equivalent(self, other: Layout) -> bool:
         return self.normalized() == other.normalized()
