@@ -5,7 +5,11 @@ The GPT-style model (hidden 1024, seq 128, batch 16, 16 heads, vocab 32768) with
 only. Prints ops, candidates, edges, seconds to trace, to build candidates and cost tables, to
 propagate (BFS) and to build the plan, the end-to-end seconds, and the plan's bytes per device.
 
-Run: .venv/bin/python benchmarks/search_scale.py [--layers 1 8 32 96] [--devices 8 64]
+Memo tables (strategies, op costs, redistribution costs) are cleared before the first run of each
+device count, so that run is cold and later ones reuse what it computed (column "memo"); with
+--cold every run starts cold, as a fresh process would.
+
+Run: .venv/bin/python benchmarks/search_scale.py [--layers 1 8 32 96] [--devices 8 64] [--cold]
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ def clear_caches() -> None:
     clear_memos()
 
 
-def run(layers: int, device_num: int, first_layer_only: bool) -> dict:
-    clear_caches()
+def run(layers: int, device_num: int, first_layer_only: bool, cold: bool) -> dict:
+    if cold:
+        clear_caches()
     start = time.perf_counter()
     net = GPT(layers=layers, hidden=1024, heads=16, seq=128, batch=16, vocab=32768)
     graph = trace(net, *net.example_inputs(), device_num=device_num)
@@ -51,7 +56,7 @@ def run(layers: int, device_num: int, first_layer_only: bool) -> dict:
     return {
         "plan": plan,
         "row": [
-            str(layers), str(device_num), "first" if first_layer_only else "all",
+            str(layers), str(device_num), "first" if first_layer_only else "all", "cold" if cold else "warm",
             str(len(graph.ops)), str(sum(len(c) for c in problem.candidates.values())), str(len(problem.edges)),
             f"{traced - start:.2f}", f"{tabled - traced:.2f}", f"{propagated - tabled:.3f}", f"{planned - propagated:.2f}",
             f"{planned - start:.2f}", f"{plan.total_bytes:,}",
@@ -74,15 +79,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 8, 32, 96])
     parser.add_argument("--devices", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--cold", action="store_true", help="clear every memo before every run")
     args = parser.parse_args()
+    headers = ["layers", "devices", "seeds", "memo", "ops", "candidates", "edges", "trace s", "tables s", "bfs s", "plan s", "total s", "bytes/device"]
     rows, examples = [], {}
     for device_num in args.devices:
+        first_run = True
         for first_only in (False, True):
             for layers in args.layers:
-                result = run(layers, device_num, first_only)
+                result = run(layers, device_num, first_only, cold=args.cold or first_run)
+                first_run = False
                 rows.append(result["row"])
+                print("  ".join(result["row"]), flush=True)  # progress while the next run computes
                 examples[(device_num, first_only)] = result["plan"]
-    headers = ["layers", "devices", "seeds", "ops", "candidates", "edges", "trace s", "tables s", "bfs s", "plan s", "total s", "bytes/device"]
+    print()
     print(format_table(headers, rows))
     for (device_num, first_only), plan in sorted(examples.items()):
         seeds = "first layer only" if first_only else "every layer"

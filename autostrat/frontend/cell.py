@@ -62,20 +62,19 @@ class Cell:
         yield "", self
         yield from ((p, c) for p, c in self._walk() if isinstance(c, Cell))
 
-    def parameters_and_names(self) -> Iterator[tuple[str, Parameter]]:
-        """Every parameter once, under the first path that reaches it."""
+    def _unique(self, kind: type) -> Iterator[tuple[str, object]]:
+        """Every child of `kind` once, under the first path that reaches it (tied weights)."""
         seen: set[int] = set()
         for path, child in self._walk():
-            if isinstance(child, Parameter) and id(child) not in seen:
+            if isinstance(child, kind) and id(child) not in seen:
                 seen.add(id(child))
                 yield path, child
 
-    def primitives_and_names(self) -> Iterator[tuple[str, object]]:
-        seen: set[int] = set()
-        for path, child in self._walk():
-            if isinstance(child, Primitive) and id(child) not in seen:
-                seen.add(id(child))
-                yield path, child
+    def parameters_and_names(self) -> Iterator[tuple[str, Parameter]]:
+        return self._unique(Parameter)
+
+    def primitives_and_names(self) -> Iterator[tuple[str, Primitive]]:
+        return self._unique(Primitive)
 
 
 class CellList(Cell):

@@ -35,22 +35,25 @@ class Dense(Cell):
         return self.activation(x) if self.activation is not None else x
 
 
-class ReLU(Cell):
+class _Unary(Cell):
+    """A cell around one unary primitive, held under MindSpore's attribute name."""
+
+    attribute, op_type = "", ""
+
     def __init__(self):
         super().__init__()
-        self.relu = ops.ReLU()
+        setattr(self, self.attribute, getattr(ops, self.op_type)())
 
     def construct(self, x):
-        return self.relu(x)
+        return getattr(self, self.attribute)(x)
 
 
-class GELU(Cell):
-    def __init__(self):
-        super().__init__()
-        self.gelu = ops.GeLU()
+class ReLU(_Unary):
+    attribute, op_type = "relu", "ReLU"
 
-    def construct(self, x):
-        return self.gelu(x)
+
+class GELU(_Unary):
+    attribute, op_type = "gelu", "GeLU"
 
 
 def _activation(activation):
