@@ -8,7 +8,7 @@ import pytest
 from autostrat.cost import AlphaBeta
 from autostrat.errors import RedistributionError
 from autostrat.layout import DeviceMatrix, Layout, TensorMap, assemble_tensor, split_tensor
-from autostrat.redistribution import cost_table, lower_plan, plan_redistribution, simulate
+from autostrat.redistribution import cost_table, lower_plan, plan_redistribution, redistribution_cost, simulate
 from autostrat.redistribution.memo import clear_memos
 from autostrat.redistribution.refine import common_matrix, refine_layout
 from autostrat.rules import make_rule
@@ -159,3 +159,46 @@ def test_cost_table_rows_are_producers_and_columns_consumers():
 def test_cost_table_marks_unreachable_pairs_inf():
     whole = Layout(DM24, TensorMap((1, -1)), (64, 64))
     assert cost_table([whole], [ROWS_PARTIAL]).tolist() == [[float("inf")]]
+
+
+def test_reduce_then_move_bound_is_exact_where_the_combine_bound_is_not():
+    # dm[32, 2] partial over the 32-axis -> dm[16, 4] split over the 16-axis: a ReduceScatter
+    # (31 MiB) then 4 MiB of moves. The combine bound says 34 MiB; reduce + the shadow's receive
+    # bound says 35 MiB, the optimum.
+    from autostrat.redistribution.heuristic import partial_bounds, receive_bound
+    from autostrat.redistribution.moves import Space
+
+    space = Space((2,) * 6, (4096, 4096), 4)
+    start, target = (((), (0,)), (1, 2, 3, 4, 5)), (((), (5, 4, 3, 2)), ())
+    bound = receive_bound(space, target)
+    assert partial_bounds(space, bound.target_free, start) == (34 * 2**20, 31 * 2**20)
+    assert bound(start) == 35 * 2**20
+    src = Layout(DeviceMatrix((32, 2)), TensorMap((-1, 0)), (4096, 4096), partial=(1,))
+    assert redistribution_cost(src, Layout(DeviceMatrix((16, 4)), TensorMap((-1, 1)), (4096, 4096))) == 35 * 2**20
+
+
+def test_bounds_are_admissible_and_the_size_bound_is_the_weaker():
+    # size bound <= receive bound <= the brute-force optimum, from every state of [2, 2, 2]
+    # (partial ones included) to a sample of whole targets.
+    from autostrat.redistribution.heuristic import receive_bound
+    from autostrat.redistribution.moves import Space
+    from tests.redistribution_oracle import layout_of, oracle_cost, states
+
+    space = Space((2, 2, 2), (8, 4), 4)
+    every = states(space.sizes, space.shape)
+    for target in [state for state in every if not state[1]][::7]:
+        bound, dst = receive_bound(space, target), layout_of(space.sizes, space.shape, "sum", target)
+        for state in every:
+            optimum = oracle_cost(layout_of(space.sizes, space.shape, "sum", state), dst)
+            assert bound.size_bound(state) <= bound(state) <= optimum
+
+
+def test_searches_settle_the_same_states_whatever_the_memos_hold():
+    # Shared memos (moves, edges per relabelling pools, bounds per target) and lazily computed
+    # bounds must not change which plan a search finds.
+    rule = make_rule("MatMul", [(64, 64), (64, 64)])
+    candidates = generate_strategies(rule, 8)
+    pairs = [(s.output_layouts[0], t.input_layouts[0]) for s in candidates for t in candidates]
+    texts = [plan_redistribution(src, dst).to_text() for src, dst in pairs]
+    clear_memos()
+    assert [plan_redistribution(src, dst).to_text() for src, dst in pairs[::-1]] == texts[::-1]

@@ -8,7 +8,7 @@ average over ranks of the whole remaining traffic.
 - Receive: a rank must receive every element of its destination slice that its current slice
   lacks and, while partial axes the destination does not have remain, at least one value for
   every element of its destination slice (its own value is only a part).
-- Combine (partial states, `partial_bound`): every element has ``g`` distinct contributions, one
+- Combine (partial states, `partial_bounds`): every element has ``g`` distinct contributions, one
   per coordinate of the partial axes, and ``R`` ranks must end with its full value (``R`` = the
   destination's replication). Order the transmissions of one element's values (those within a
   step in any order: a rank then knows at least what it knew in parallel). Before the first rank
@@ -16,6 +16,20 @@ average over ranks of the whole remaining traffic.
   takes at least ``g - 1`` transmissions; after that every other destination holder still needs
   its own completing transmission: ``g + R - 2`` per element (AllReduce: ``2(g-1)``, the known
   optimum). Over all elements and averaged over the ``N`` ranks this bounds the remaining cost.
+- Reduce, then move (partial states, `partial_bounds` and `ReceiveBound`): split the remaining
+  path into its reduction steps (AllReduce, ReduceScatter) and the rest. (1) A reduction over a
+  block of size ``b`` leaving ``g'`` of ``g`` contributions costs at least ``(b-1)/b`` of the
+  local bytes, and a partial rank's piece is at least ``T·g/N`` bytes (``T`` the tensor; the
+  partial axes split nothing), so it costs at least ``T·(g - g')/N``: ``T·(g-1)/N`` for all of
+  them. (2) The shadow of a state (its partial axes made free) follows the same path for no
+  more: Slice, AllGather, AllToAll and CollectivePermute move it alike at the same price (pieces
+  do not depend on partial axes), an AllReduce leaves it as it is and a ReduceScatter is Slices
+  of free axes there, for free. So the rest costs at least the shadow's remaining cost, bounded
+  by its receive bound. The sum is often exact where the combine bound is not (a
+  ReduceScatter, then a move).
+- Size (`ReceiveBound.size_bound`): along each dim a rank's slice and its target slice overlap
+  in at most the shorter of their extents, so the receive bound is at least the target volume
+  less the product of those; it needs no positions, so it holds up to relabelling too.
 
 The bound may not be consistent across the partial/whole boundary; the search reopens states, so
 admissibility is all it needs for the optimum.
@@ -28,22 +42,23 @@ from functools import lru_cache
 
 import numpy as np
 
-from autostrat.redistribution.moves import Space, State
+from autostrat.redistribution.moves import Space, State, group_size
 
 
-def partial_bound(space: Space, target_free: int, state: State) -> int:
-    """The combine bound of a partial `state` towards a whole destination replicated
-    `target_free` times: ``ceil(E·(g + R - 2)·itemsize / N)`` bytes (0 for a whole state).
+def partial_bounds(space: Space, target_free: int, state: State) -> tuple[int, int]:
+    """The combine and reduce bounds of a partial `state` towards a whole destination
+    replicated `target_free` times (``R``), with ``T`` the tensor's bytes, ``g`` the partial
+    contributions and ``N`` the ranks: ``ceil(T·(g + R - 2)/N)`` and ``ceil(T·(g - 1)/N)``.
 
-    Example (16 partial contributions all-reduced over 16 ranks: 2·15/16 of the tensor):
+    Example (16 contributions all-reduced over 16 ranks: 2·15/16 of the tensor; at least 15/16
+    of it is sent for the reduction alone):
         >>> space = Space(sizes=(2, 2, 2, 2), shape=(64, 64), itemsize=4)
-        >>> partial_bound(space, 16, (((), ()), (0, 1, 2, 3))) == 2 * 15 * 64 * 64 * 4 // 16
+        >>> partial_bounds(space, 16, (((), ()), (0, 1, 2, 3))) == (2 * 15 * 1024, 15 * 1024)
         True
     """
-    if not state[1]:
-        return 0
-    g = math.prod(space.sizes[axis] for axis in state[1])
-    return -(-math.prod(space.shape) * (g + target_free - 2) * space.itemsize // math.prod(space.sizes))
+    g = group_size(space.sizes, state[1])
+    total, ranks = math.prod(space.shape) * space.itemsize, math.prod(space.sizes)
+    return -(-total * (g + target_free - 2) // ranks), -(-total * (g - 1) // ranks)
 
 
 class ReceiveBound:
@@ -56,9 +71,11 @@ class ReceiveBound:
         self.coordinates = positions[::-1]  # row a = coordinate of every rank along axis a
         self.target_start, self.target_size = self._ranges(target[0])
         self.target_volume = math.prod(self.target_size) * space.itemsize
+        self.total = math.prod(space.shape) * space.itemsize
         used = {axis for entry in target[0] for axis in entry} | set(target[1])
         self.target_free = math.prod(size for axis, size in enumerate(sizes) if axis not in used)
         self.memo: dict = {}  # state -> bound
+        self.sized: dict = {}  # state -> size bound
         self.overlaps: dict = {}  # (dim, entry) -> per-rank overlap along dim
 
     def _ranges(self, entries):
@@ -82,26 +99,60 @@ class ReceiveBound:
             found = self.memo[state] = self._bound(state)
         return found
 
+    def size_bound(self, state: State) -> int:
+        """The bound knowing only the extent of a rank's slice per dim, not where it lies: what
+        it lacks of the target's extents (a relabelling changes neither), and for partial
+        states the combine and reduce bounds. Cheap; the permuted layer, where states are known
+        up to relabelling, uses it, and the search uses it as a first estimate.
+
+        Example (a row half holds half of the target's column half; reducing a partial sum over
+        2 ranks alone sends half of the 64-byte tensor):
+            >>> bound = receive_bound(Space(sizes=(2,), shape=(4, 4), itemsize=4), (((), (0,)), ()))
+            >>> bound.size_bound((((0,), ()), ())), bound.size_bound((((), ()), (0,)))
+            (16, 32)
+        """
+        found = self.sized.get(state)
+        if found is None:
+            found = self.sized[state] = self._size_bound(state)
+        return found
+
+    def _size_bound(self, state: State) -> int:
+        if self.target_partial:
+            return 0
+        # A rank's slice and its target slice overlap in at most the shorter extent per dim.
+        overlap = self.space.itemsize
+        for size, entry, wanted in zip(self.space.shape, state[0], self.target_size):
+            overlap *= min(size // group_size(self.space.sizes, entry), wanted)
+        moved = self.target_volume - overlap
+        if not state[1]:
+            return moved
+        combined, reduced = partial_bounds(self.space, self.target_free, state)
+        return max(self.target_volume, combined, reduced + moved)
+
     def _bound(self, state: State) -> int:
         if self.target_partial:
             return 0
         if state[1]:
-            return max(self.target_volume, partial_bound(self.space, self.target_free, state))
-        overlap = np.ones(self.coordinates.shape[1], dtype=np.int64)
-        for dim, entry in enumerate(state[0]):
-            overlap *= self._dim_overlap(dim, entry)
+            # The shadow's receive bound is at least its size bound, so this is the larger.
+            return max(self.size_bound(state), partial_bounds(self.space, 0, state)[1] + self((state[0], ())))
+        if not state[0]:
+            return 0  # a scalar: every rank holds all of it
+        overlap = self._dim_overlap(0, state[0][0])
+        for dim in range(1, len(state[0])):
+            overlap = overlap * self._dim_overlap(dim, state[0][dim])
         return self.target_volume - int(overlap.min()) * self.space.itemsize
 
     def _dim_overlap(self, dim: int, entry) -> np.ndarray:
         """Per rank, how many indices of `dim` its slice under `entry` shares with its target
         slice (memoised: a search meets few entries per dim but many combinations of them)."""
         key = (dim, entry)
-        if key not in self.overlaps:
+        found = self.overlaps.get(key)
+        if found is None:
             start, length = self._range(self.space.shape[dim], entry)
             low = np.maximum(start, self.target_start[dim])
             high = np.minimum(start + length, self.target_start[dim] + self.target_size[dim])
-            self.overlaps[key] = np.maximum(high - low, 0)
-        return self.overlaps[key]
+            found = self.overlaps[key] = np.maximum(high - low, 0)
+        return found
 
 
 @lru_cache(maxsize=256)

@@ -12,8 +12,11 @@ def clear_memos() -> None:
     from autostrat.redistribution import heuristic, moves, planner, search, table
 
     heuristic.receive_bound.cache_clear()
+    moves.canonical.cache_clear()
     moves.moves.cache_clear()
+    moves.pool_canonical.cache_clear()
     planner._solve.cache_clear()
+    search.expansions.cache_clear()
     search.permuted_edges.cache_clear()
     table._COSTS.clear()
     table._IDS.clear()

@@ -45,7 +45,9 @@ class Space:
     itemsize: int
 
     def local_bytes(self, state: State) -> int:
-        used = math.prod(self.sizes[axis] for entry in state[0] for axis in entry)
+        used = 1
+        for entry in state[0]:
+            used *= group_size(self.sizes, entry)
         return math.prod(self.shape) * self.itemsize // used
 
 
@@ -64,8 +66,22 @@ def _replace(entries, dim: int, entry) -> tuple:
     return entries[:dim] + (tuple(entry),) + entries[dim + 1 :]
 
 
-def _fits(space: Space, entry, dim: int) -> bool:
-    return space.shape[dim] % math.prod(space.sizes[axis] for axis in entry) == 0
+def group_size(sizes: tuple[int, ...], axes) -> int:
+    """How many ranks a group over `axes` has (sizes indexed by axis id).
+
+    Example:
+        >>> group_size((4, 2, 3), (0, 2))
+        12
+    """
+    group = 1  # a loop: faster than math.prod of a generator on these few axes
+    for axis in axes:
+        group *= sizes[axis]
+    return group
+
+
+def _rooms(space: Space, entries) -> list[int]:
+    """Per dim, its extent on a rank: a block of axes fits there iff its group size divides it."""
+    return [size // group_size(space.sizes, entry) for size, entry in zip(space.shape, entries)]
 
 
 @lru_cache(maxsize=1 << 16)
@@ -77,39 +93,37 @@ def moves(space: Space, state: State) -> tuple[Move, ...]:
         >>> [(m.kind, m.axes, m.bytes) for m in moves(space, (((1,), ()), (0,))) if m.kind != "Slice"][:3]
         [('AllGather', (1,), 8192), ('AllToAll', (1,), 4096), ('AllReduce', (0,), 12288)]
     """
-    s = space.local_bytes(state)
-    return tuple(_slices(space, state) + _gathers(space, state, s) + _reductions(space, state, s))
+    s, rooms = space.local_bytes(state), _rooms(space, state[0])
+    return tuple(_slices(space, state, rooms) + _gathers(space, state, s, rooms) + _reductions(space, state, s, rooms))
 
 
-def _group(space: Space, axes) -> int:
-    return math.prod(space.sizes[axis] for axis in axes)
-
-
-def _slices(space: Space, state: State) -> list[Move]:
+def _slices(space: Space, state: State, rooms) -> list[Move]:
     entries, partial = state
     used = {axis for entry in entries for axis in entry} | set(partial)
     free = [axis for axis in range(len(space.sizes)) if axis not in used]
     found = []
     for dim, entry in enumerate(entries):
         for axis in free:
-            if _fits(space, entry + (axis,), dim):
+            if rooms[dim] % space.sizes[axis] == 0:
                 found.append(Move("Slice", (axis,), (dim,), None, (_replace(entries, dim, entry + (axis,)), partial), 0))
     return found
 
 
-def _gathers(space: Space, state: State, s: int) -> list[Move]:
+def _gathers(space: Space, state: State, s: int, rooms) -> list[Move]:
     """AllGather and AllToAll of every suffix block of every dim."""
     entries, partial = state
     found = []
     for dim, entry in enumerate(entries):
+        g = 1
         for start in range(len(entry) - 1, -1, -1):
             block, rest = entry[start:], entries[:dim] + (entry[:start],) + entries[dim + 1 :]
-            g = _group(space, block)
+            g *= space.sizes[entry[start]]
             found.append(Move("AllGather", block, (dim,), None, (rest, partial), collective_bytes("AllGather", g, s)))
+            sent = collective_bytes("AllToAll", g, s)
             for target, target_entry in enumerate(entries):
-                if target != dim and _fits(space, target_entry + block, target):
+                if target != dim and rooms[target] % g == 0:
                     moved = (_replace(rest, target, target_entry + block), partial)
-                    found.append(Move("AllToAll", block, (dim, target), None, moved, collective_bytes("AllToAll", g, s)))
+                    found.append(Move("AllToAll", block, (dim, target), None, moved, sent))
     return found
 
 
@@ -118,17 +132,17 @@ def _subsets(axes):
         yield from itertools.combinations(sorted(axes, reverse=True), count)
 
 
-def _reductions(space: Space, state: State, s: int) -> list[Move]:
+def _reductions(space: Space, state: State, s: int, rooms) -> list[Move]:
     """AllReduce and ReduceScatter of every non-empty set of partial axes."""
     entries, partial = state
     found = []
     for block in _subsets(partial):
-        g, rest = _group(space, block), tuple(axis for axis in partial if axis not in block)
+        g, rest = group_size(space.sizes, block), tuple(axis for axis in partial if axis not in block)
         found.append(Move("AllReduce", block, (), None, (entries, rest), collective_bytes("AllReduce", g, s)))
+        sent = collective_bytes("ReduceScatter", g, s)
         for dim, entry in enumerate(entries):
-            if _fits(space, entry + block, dim):
-                scattered = (_replace(entries, dim, entry + block), rest)
-                found.append(Move("ReduceScatter", block, (dim,), None, scattered, collective_bytes("ReduceScatter", g, s)))
+            if rooms[dim] % g == 0:
+                found.append(Move("ReduceScatter", block, (dim,), None, (_replace(entries, dim, entry + block), rest), sent))
     return found
 
 
@@ -138,6 +152,7 @@ def relabel(state: State, mapping) -> State:
     return tuple(tuple(mapping[a] for a in entry) for entry in entries), tuple(sorted(mapping[a] for a in partial))
 
 
+@lru_cache(maxsize=1 << 16)
 def canonical(sizes: tuple[int, ...], target_sizes: tuple[int, ...], state: State) -> tuple[State, tuple[int, ...]]:
     """The representative of `state` up to relabelling, over axes of `target_sizes`, and the
     relabelling used (new axis per old axis). Axes are renamed in the order they appear (dims in
@@ -176,6 +191,7 @@ def target_pools(sizes: tuple[int, ...], target: State) -> tuple[tuple[int, ...]
     return tuple(tuple(pool) for _, pool in sorted(roles.items()) if len(pool) > 1)
 
 
+@lru_cache(maxsize=1 << 16)
 def pool_canonical(pools, axis_count: int, state: State) -> tuple[State, tuple[int, ...]]:
     """The representative of `state` (over `axis_count` axes) up to relabellings within `pools`
     and the relabelling used (new axis per old axis): within a pool, axes are renamed in the

@@ -26,10 +26,11 @@ from functools import lru_cache
 from dataclasses import dataclass
 
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
-from autostrat.redistribution.heuristic import partial_bound, receive_bound
+from autostrat.redistribution.heuristic import receive_bound
 from autostrat.redistribution.moves import Move, Space, State, canonical, moves, pool_canonical, relabel, target_pools
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to greedy
+_UNREACHED = (float("inf"),)
 PERMUTED = 2
 
 
@@ -74,6 +75,19 @@ def permuted_edges(space: Space, state: State) -> tuple[tuple[Move, tuple], ...]
     return tuple((move, (PERMUTED, canonical(space.sizes, space.sizes, move.state)[0])) for move in moves(space, state))
 
 
+@lru_cache(maxsize=256)
+def expansions(problem: Problem, pools, model) -> dict:
+    """The shared memo of `Search._expand`: node -> its ``(move, child, weight)`` edges, which
+    depend on nothing but the problem, the relabelling pools and the model. A table's columns
+    search from every row through many of the same states, and many columns share pools.
+
+    Example:
+        >>> expansions(Problem((Space((2,), (4,), 4),), "sum"), (), None)
+        {}
+    """
+    return {}
+
+
 class Search:
     """A* from `start` to `target` or to its relabelling class in the permuted layer."""
 
@@ -89,9 +103,10 @@ class Search:
         self.start, start = start, self._representative(start)
         self.best = {start: (0, 0, 0)}  # node -> (objective, steps, bytes)
         self.parent: dict = {start: None}  # node -> (previous node, move)
-        self.heap = [(self._bound(start), self._bound(start), 0, 0, 0, start)]
+        self.heap = [(self._bound(start), self._bound(start), 0, 0, 0, start, True)]
         self.settled: set = set()
         self.crossings = _bijections(problem) if len(problem.spaces) == 2 else []
+        self.expanded = expansions(problem, self.pools, model)
 
     def _bound(self, node) -> int:
         # Exact layer of the target: what some rank must still receive. Permuted layer: the
@@ -100,11 +115,15 @@ class Search:
             return 0
         if node[0] == self.target[0]:
             return self.receive(node[1])
-        if node[0] != PERMUTED or self.receive.target_partial:
-            return 0
-        if node[1][1]:
-            return max(self.receive.target_volume, partial_bound(self.problem.space(PERMUTED), self.receive.target_free, node[1]))
-        return max(0, self.receive.target_volume - self.problem.space(PERMUTED).local_bytes(node[1]))
+        return self.receive.size_bound(node[1]) if node[0] == PERMUTED else 0
+
+    def _estimate(self, node) -> tuple[int, bool]:
+        """`_bound(node)` when it is known or cheap, else a cheaper lower bound of it; and
+        whether it is the bound. `settle` computes the bound only for entries it pops."""
+        if self.receive is None or node[0] != self.target[0]:
+            return self._bound(node), True
+        known = self.receive.memo.get(node[1])
+        return (known, True) if known is not None else (self.receive.size_bound(node[1]), False)
 
     def _edges(self, node):
         layer, state = node
@@ -148,27 +167,43 @@ class Search:
                 back = [back[step[axis]] for axis in range(count)]
         return real
 
+    def _expand(self, node) -> tuple:
+        found = self.expanded.get(node)
+        if found is None:
+            edges = self._edges(node)
+            found = self.expanded[node] = tuple((m, c, self._weight(node[0], m)) for m, c in edges)
+        return found
+
     def _weight(self, layer: int, move: Move):
         if self.model is None:
             return move.bytes
         return self.model.step_time(move.kind, self.problem.matrix(layer), move.axes, move.bytes)
 
     def settle(self):
-        """Run until a target is settled; returns it, or None (unreachable or limit hit)."""
-        targets = (self.target, self.permuted_target)
-        while self.heap and len(self.settled) < SETTLED_LIMIT:
-            _, _, objective, steps, sent, node = heapq.heappop(self.heap)
-            if (objective, steps, sent) != self.best[node]:
+        """Run until a target is settled; returns it, or None (unreachable or limit hit).
+
+        An entry pushed with an estimate below its bound is requeued with the bound when popped:
+        its key only grows, and an entry is expanded only when its real key is the least in the
+        heap, so nodes are expanded in the same order (and the same plan found) as with bounds
+        computed up front, without computing them for the many children never popped.
+        """
+        targets, heap, best = (self.target, self.permuted_target), self.heap, self.best
+        while heap and len(self.settled) < SETTLED_LIMIT:
+            _, estimate, objective, steps, sent, node, exact = heapq.heappop(heap)
+            if (objective, steps, sent) != best[node]:
                 continue  # a stale entry: the node was reached more cheaply since
+            if not exact and (bound := self._bound(node)) != estimate:
+                heapq.heappush(heap, (objective + bound, bound, objective, steps, sent, node, True))
+                continue
             self.settled.add(node)
             if node in targets:
                 return node
-            for move, child in self._edges(node):
-                value = (objective + self._weight(node[0], move), steps + 1, sent + move.bytes)
-                if value < self.best.get(child, (float("inf"),)):
-                    self.best[child], self.parent[child] = value, (node, move)
-                    bound = self._bound(child)
-                    heapq.heappush(self.heap, (value[0] + bound, bound) + value + (child,))
+            for move, child, weight in self._expand(node):
+                value = (objective + weight, steps + 1, sent + move.bytes)
+                if value < best.get(child, _UNREACHED):
+                    best[child], self.parent[child] = value, (node, move)
+                    estimate, exact = self._estimate(child)
+                    heapq.heappush(heap, (value[0] + estimate, estimate) + value + (child, exact))
         return None
 
     @property
