@@ -2,7 +2,8 @@
 
 The GPT-style model (hidden 1024, seq 128, batch 16, 16 heads, vocab 32768) with 1, 8, 32 and
 96 layers on 8 and 64 devices, seeded the Megatron-LM way on every layer or on the first layer
-only. Prints ops, candidates, edges, seconds to trace, to build candidates and cost tables, to
+only: tensor parallel over min(devices, 8) devices (Megatron needs the 16 heads divisible by it),
+data parallel over the rest. Prints ops, candidates, edges, seconds to trace, to build candidates and cost tables, to
 propagate (BFS) and to build the plan, the end-to-end seconds, and the plan's bytes per device.
 
 Memo tables (strategies, op costs, redistribution costs) are cleared before the first run of each
@@ -44,7 +45,9 @@ def run(layers: int, device_num: int, first_layer_only: bool, cold: bool) -> dic
     start = time.perf_counter()
     net = GPT(layers=layers, hidden=1024, heads=16, seq=128, batch=16, vocab=32768)
     graph = trace(net, *net.example_inputs(), device_num=device_num)
-    graph = apply_seeds(graph, megatron_seeds(layers, device_num, first_layer_only), device_num)
+    model_parallel = min(device_num, 8)
+    seeds = megatron_seeds(layers, model_parallel, first_layer_only, data_parallel=device_num // model_parallel)
+    graph = apply_seeds(graph, seeds, device_num)
     traced = time.perf_counter()
     problem = build_problem(graph, device_num)
     tabled = time.perf_counter()

@@ -102,15 +102,20 @@ class GPT(Cell):
         return tuple(Tensor(rng.integers(0, vocab, size=s).astype(np.int32)) for s in shapes)
 
 
-def megatron_seeds(layers: int, model_parallel: int, first_layer_only: bool = False) -> dict[str, tuple]:
+def megatron_seeds(layers: int, model_parallel: int, first_layer_only: bool = False, data_parallel: int = 1) -> dict[str, tuple]:
     """Megatron-LM's tensor parallelism as seeds: Q, K, V and FFN1 split by columns, the
-    attention output projection and FFN2 split by rows (their partial sums are resolved after).
+    attention output projection and FFN2 split by rows (their partial sums are resolved after);
+    with `data_parallel` > 1 the rows of the activations are split that many ways as well.
+    Megatron needs the head count divisible by `model_parallel`.
 
     Example:
         >>> megatron_seeds(1, 8)["blocks.0.ffn2.matmul"]
         (((1, 8), (8, 1)), None)
+        >>> megatron_seeds(1, 8, data_parallel=8)["blocks.0.ffn1.matmul"]
+        (((8, 1), (1, 8)), None)
     """
-    column, row = ((1, 1), (1, model_parallel)), ((1, model_parallel), (model_parallel, 1))
+    dp, mp = data_parallel, model_parallel
+    column, row = ((dp, 1), (1, mp)), ((dp, mp), (mp, 1))
     per_layer = {
         "attention.query.matmul": column,
         "attention.key.matmul": column,
