@@ -24,7 +24,7 @@ def test_every_built_in_model_has_a_config():
     from autostrat import models
 
     names = {load_config(path).net.__class__.__name__ for path in CONFIGS}
-    assert set(models.__all__) <= names
+    assert set(models.MODELS) <= names
 
 
 def test_overrides_replace_context_keys():

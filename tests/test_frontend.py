@@ -15,7 +15,7 @@ from autostrat.frontend import (
     trace,
 )
 from autostrat.models import FFN, GPT, MLP, ResNet
-from autostrat.nn import Cell, Dense, Parameter, Tensor
+from autostrat.nn import Cell, Dense, Tensor
 from autostrat.rules import op_types
 
 

@@ -73,8 +73,8 @@ def _model_class(name, where: str):
             return getattr(importlib.import_module(module_name), attribute)
         except (ImportError, AttributeError) as error:
             raise _fail(where, f"cannot import {name!r}: {error}") from None
-    if name not in models.__all__:
-        raise _fail(where, f"unknown model {name!r}; built-in models: {', '.join(models.__all__)}, or package.module:Class")
+    if name not in models.MODELS:
+        raise _fail(where, f"unknown model {name!r}; built-in models: {', '.join(models.MODELS)}, or package.module:Class")
     return getattr(models, name)
 
 

@@ -4,4 +4,5 @@ from autostrat.models.gpt import GPT, megatron_seeds
 from autostrat.models.mlp import FFN, MLP
 from autostrat.models.resnet import ResNet
 
-__all__ = ["FFN", "GPT", "MLP", "ResNet"]  # built-in model classes (configs name these)
+MODELS = ("FFN", "GPT", "MLP", "ResNet")  # the names a config's model.name may use
+__all__ = ["FFN", "GPT", "MLP", "ResNet", "megatron_seeds"]
