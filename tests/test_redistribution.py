@@ -84,22 +84,18 @@ def test_refined_layouts_give_every_rank_the_same_slice():
     assert [refined.slice_range(r) for r in range(8)] == [layout.slice_range(r) for r in range(8)]
 
 
-def test_different_device_num_is_an_error_naming_both_layouts():
-    other = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (64, 64))
-    with pytest.raises(RedistributionError, match=r"\[64, 64\] dm\[2, 4\].* to \[64, 64\] dm\[4\].*device_num 8 != 4"):
-        plan_redistribution(ROWS_PARTIAL, other)
+ERROR_CASES = {
+    "device_num": (lambda: Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (64, 64)), r"\[64, 64\] dm\[2, 4\].* to \[64, 64\] dm\[4\].*device_num 8 != 4"),
+    "shape": (lambda: Layout(DM24, TensorMap((1, -1)), (64, 32)), r"dm\[2, 4\] tm\(1, -1\) partial\(0\) to \[64, 32\].*shapes"),
+    "partial op": (lambda: ROWS_PARTIAL.with_partial((0,), "max"), r"partial ops 'sum' and 'max' differ"),
+}
 
 
-def test_different_shapes_are_an_error_naming_both_layouts():
-    other = Layout(DM24, TensorMap((1, -1)), (64, 32))
-    with pytest.raises(RedistributionError, match=r"dm\[2, 4\] tm\(1, -1\) partial\(0\) to \[64, 32\].*shapes"):
-        plan_redistribution(ROWS_PARTIAL, other)
-
-
-def test_different_partial_ops_are_an_error():
-    other = ROWS_PARTIAL.with_partial((0,), "max")
-    with pytest.raises(RedistributionError, match=r"partial ops 'sum' and 'max' differ"):
-        plan_redistribution(ROWS_PARTIAL, other)
+@pytest.mark.parametrize("case", ERROR_CASES)
+def test_mismatched_layouts_are_errors_naming_both(case):
+    other, message = ERROR_CASES[case]
+    with pytest.raises(RedistributionError, match=message):
+        plan_redistribution(ROWS_PARTIAL, other())
 
 
 def test_an_unreachable_target_is_an_error_naming_both_layouts():

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from autostrat import models
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.context import KEYS, ParallelContext
 from autostrat.frontend.tensor import Tensor
@@ -63,8 +64,6 @@ def _read(path: Path) -> dict:
 
 
 def _model_class(name, where: str):
-    from autostrat import models
-
     if not isinstance(name, str):
         raise _fail(where, f"expected a model name, got {name!r}")
     if ":" in name:

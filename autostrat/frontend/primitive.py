@@ -11,9 +11,11 @@ import inspect
 import numpy as np
 
 from autostrat.errors import ConfigError
+from autostrat.frontend import tracing
 from autostrat.frontend.tensor import Tensor
 from autostrat.ir import dtype_name
 from autostrat.rules import get_op, op_types
+from autostrat.runtime.kernels import run_kernel
 
 
 def freeze(value):
@@ -81,9 +83,6 @@ class Primitive:
         return list(args[:count]), {name: freeze(v) for name, v in zip(self.call_attrs, extra)}
 
     def __call__(self, *args):
-        from autostrat.frontend import tracing
-        from autostrat.runtime.kernels import run_kernel
-
         tensors, call = self._split_arguments(args)
         attrs = self.attrs | call
         if tracing.is_tracing():

@@ -21,16 +21,19 @@ def _attrs(op) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in op.attrs) + "}"
 
 
-def _header(plan, title: str) -> list[str]:
-    graph = plan.graph
-    args = ", ".join(f"%{t.name}: {_type(t.dtype, plan.layouts[t.name].shape if title == 'begin' else plan.layouts[t.name].slice_shape)}" for t in graph.inputs())
-    return [f"graph {graph.name}({args})"]
+def _header(plan, sliced: bool) -> list[str]:
+    """The graph line with its inputs, at global shapes or at one rank's slice shapes."""
+    def shape(name: str):
+        return plan.layouts[name].slice_shape if sliced else plan.layouts[name].shape
+
+    args = ", ".join(f"%{t.name}: {_type(t.dtype, shape(t.name))}" for t in plan.graph.inputs())
+    return [f"graph {plan.graph.name}({args})"]
 
 
 def annotated_text(plan) -> str:
     """Every op with its inputs, attributes, strategy and global shapes."""
     graph = plan.graph
-    lines = [f"# step_parallel_begin: {graph.name} on {plan.device_num} devices ({plan.mode})", *_header(plan, "begin")]
+    lines = [f"# step_parallel_begin: {graph.name} on {plan.device_num} devices ({plan.mode})", *_header(plan, sliced=False)]
     for tensor in graph.parameters():
         lines.append(f"  %{tensor.name} = Parameter : {_type(tensor.dtype, tensor.shape)}")
     for name, op in graph.ops.items():
@@ -63,7 +66,7 @@ def _redistribution_lines(edge, rank: int, source: str, dtype: str) -> tuple[lis
 def sliced_text(plan, rank: int = 0) -> str:
     """Rank `rank`'s program: local slice shapes and the inserted redistribution primitives."""
     graph = plan.graph
-    lines = [f"# validate: {graph.name}, rank {rank} of {plan.device_num}", *_header(plan, "sliced")]
+    lines = [f"# validate: {graph.name}, rank {rank} of {plan.device_num}", *_header(plan, sliced=True)]
     for tensor in graph.parameters():
         lines.append(f"  %{tensor.name} = Parameter : {_type(tensor.dtype, plan.layouts[tensor.name].slice_shape)}")
     edges = {(e.consumer, e.input_index): e for e in plan.redistributions}

@@ -9,6 +9,8 @@ from pathlib import Path
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
+from autostrat.search.checkpoint import checkpoint_json
+from autostrat.search.dump import write_dumps
 from autostrat.tables import format_table
 from autostrat.io import write_atomically
 
@@ -130,14 +132,10 @@ class Plan:
 
     def save_strategy(self, path) -> None:
         """Write the strategy checkpoint (MindSpore's JSON keys; see `search.checkpoint`)."""
-        from autostrat.search.checkpoint import checkpoint_json
-
         write_atomically(Path(path), checkpoint_json(self))
 
     def dump_ir(self, directory) -> list[Path]:
         """Write the annotated and the sliced graph dumps; returns their paths."""
-        from autostrat.search.dump import write_dumps
-
         return write_dumps(self, Path(directory))
 
 
