@@ -2,6 +2,7 @@
 
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
                      [--refine cpsat] [--time-limit S] [--max-device-memory M]
+                     [--coarsen none|exact|layers]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
 """
 
@@ -43,7 +44,7 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
 def search_command(args) -> str:
     """Search the config's model and return the text to print; writes --out and --dump-ir."""
     overrides = {"device_num": args.device_num, "refine": args.refine, "refine_time_limit": args.time_limit,
-                 "max_device_memory": args.max_device_memory}
+                 "max_device_memory": args.max_device_memory, "coarsen": args.coarsen}
     config = load_config(args.config, **overrides)
     plan = plan_for(config.net, config.inputs, config.context, config.strategies, progress=_progress_line)
     if plan.refinement is not None:
@@ -74,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--refine", choices=["cpsat"], help="refine the BFS plan to the CP-SAT optimum")
     search.add_argument("--time-limit", type=float, help="seconds the solver may take (default 60)")
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
+    search.add_argument("--coarsen", choices=["none", "exact", "layers"],
+                        help="reduce the solver's model first: exact (default, same optimum) or layers (shared repeated layers)")
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=int, default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")

@@ -61,6 +61,14 @@ def test_search_with_refinement_and_a_memory_budget(capsys):
     captured = capsys.readouterr()
     assert "refined by CP-SAT: 28672 -> 28672 bytes per device, OPTIMAL" in captured.out
     assert captured.err.startswith("\rCP-SAT: best ") and captured.err.endswith("\n")
+    assert "; coarsened (exact): " in captured.out
+
+
+def test_search_with_shared_layers_says_what_it_merged(capsys):
+    assert main(["search", "configs/gpt.yaml", "--refine", "cpsat", "--coarsen", "layers", "--time-limit", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "(over plans whose repeated layers agree)" in out
+    assert "layers sharing variables: blocks.0-1 (2 layers)" in out
 
 
 def test_an_impossible_budget_is_a_one_line_error(capsys):

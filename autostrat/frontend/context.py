@@ -11,10 +11,8 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from autostrat.errors import ConfigError
 from autostrat.search import SearchOptions
-
-PARALLEL_MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
-SEARCH_MODES = ("integer_programming", "sharding_propagation")
-REFINERS = (None, "cpsat")
+from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
+from autostrat.search.search import MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
 
 
@@ -47,7 +45,9 @@ class ParallelContext:
       automatic: no seeds needed, every op uses every device, CP-SAT finds the optimum).
     - `refine`: None or "cpsat" (refine the BFS plan to the proven optimum), with
       `refine_time_limit` seconds; `max_device_memory`: per-device bytes (or "16GB") the plan's
-      peak must fit in (implies refinement).
+      peak must fit in (implies refinement); `coarsen`: how the solver's model is reduced first —
+      "exact" (default: prune dominated candidates, merge chains; the optimum is unchanged),
+      "layers" (also one set of variables for identical repeated layers), or "none".
     """
 
     parallel_mode: str = "stand_alone"
@@ -61,11 +61,13 @@ class ParallelContext:
     refine: str | None = None
     refine_time_limit: float = 60.0
     max_device_memory: int | None = None
+    coarsen: str = "exact"
 
     def __post_init__(self) -> None:
         _check_choice("parallel_mode", self.parallel_mode, PARALLEL_MODES)
         _check_choice("search_mode", self.search_mode, SEARCH_MODES)
         _check_choice("refine", self.refine, REFINERS)
+        _check_choice("coarsen", self.coarsen, COARSEN_LEVELS)
         limit = self.refine_time_limit
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0:
             raise ConfigError(f"refine_time_limit must be a positive number of seconds, got {limit!r}")
@@ -96,6 +98,7 @@ class ParallelContext:
             refine=self.refine,
             refine_time_limit=self.refine_time_limit,
             max_device_memory=self.max_device_memory,
+            coarsen=self.coarsen,
             workers=workers,
         )
 

@@ -45,7 +45,8 @@ class Refinement:
         result = self.result
         return (
             f"refined by CP-SAT: {self.before} -> {result.objective} bytes per device, {result.status}, "
-            f"bound {result.bound}, gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed"
+            f"bound {result.bound}{'' if result.exact else ' (over plans whose repeated layers agree)'}, "
+            f"gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed; {result.coarsening}"
         )
 
 
@@ -120,6 +121,8 @@ class Plan:
                 "bound": self.refinement.result.bound,
                 "status": self.refinement.result.status,
                 "changed": list(self.refinement.changed),
+                "coarsening": self.refinement.result.coarsening,
+                "exact": self.refinement.result.exact,
             },
         }
 

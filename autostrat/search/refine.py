@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from autostrat.errors import InfeasibleError, SolverError
 from autostrat.search.memory import live_sets, peak_bytes, tensor_bytes
+from autostrat.search.coarsen import CoarseEdge, Coarsening, coarsen
 from autostrat.search.problem import SearchProblem
 
 TIE_LEVELS = 64
@@ -41,7 +42,8 @@ class RefineResult:
     status: str
     seconds: float
     hint_objective: int
-    notes: tuple[str, ...] = field(default=())
+    coarsening: str = ""
+    exact: bool = True  # False: the bound holds for plans whose repeated layers agree
 
     @property
     def gap(self) -> float:
@@ -57,101 +59,108 @@ def plan_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
 
 
 class _Model:
-    def __init__(self, problem: SearchProblem):
-        self.problem = problem
+    """The CP-SAT model of a coarsened problem: one-hot booleans per decided owner, unary bytes,
+    pair variables per coarse edge, and linear memory expressions over the booleans."""
+
+    def __init__(self, problem: SearchProblem, coarse: Coarsening):
+        self.problem, self.coarse = problem, coarse
         self.model = cp_model.CpModel()
-        self.x: dict[str, list] = {}
+        self.x = {o: [self.model.NewBoolVar(f"{o}#{i}") for i in range(n)] for o, n in coarse.variables.items()}
+        for variables in self.x.values():
+            self.model.AddExactlyOne(variables)
         self.bytes_terms: list = []
-        self.constant_bytes = 0
-        for op, candidates in problem.candidates.items():
-            if len(candidates) > 1:
-                self.x[op] = [self.model.NewBoolVar(f"{op}#{i}") for i in range(len(candidates))]
-                self.model.AddExactlyOne(self.x[op])
-        for op in problem.candidates:
-            self._own_comm(op)
-        for edge in problem.edges:
+        self.constant_bytes = coarse.constant
+        gone = {e.owner for e in coarse.eliminated}
+        for owner, values in coarse.unary.items():
+            if owner not in gone:
+                self._unary(owner, values)
+        if not np.isfinite(self.constant_bytes):
+            raise SolverError("the seeds cannot be connected: some edge between seeded ops has no redistribution")
+        for edge in coarse.edges:
             self._edge(edge)
 
     def literal(self, op: str, index: int):
-        """The candidate's boolean, or True/False for an op with a single candidate."""
-        return self.x[op][index] if op in self.x else index == 0
+        """The boolean of the op's candidate `index`: a variable, or True/False when it is decided
+        (pruned candidates are False; an owner without variables holds its first kept index)."""
+        kept = self.coarse.literal_index(op, index)
+        if kept is None:
+            return False
+        owner = self.coarse.owner[op]
+        return self.x[owner][kept] if owner in self.x else kept == 0
 
-    def _own_comm(self, op: str) -> None:
-        comm = self.problem.costs[op].comm
-        if op not in self.x:
-            self.constant_bytes += int(comm[0])
-        else:
-            self.bytes_terms.extend(int(c) * v for c, v in zip(comm, self.x[op]) if c)
+    def _unary(self, owner: str, values: np.ndarray) -> None:
+        if owner not in self.x:
+            self.constant_bytes += float(values[0])
+            return
+        for variable, value in zip(self.x[owner], values):
+            if not np.isfinite(value):
+                self.model.Add(variable == 0)
+            elif value:
+                self.bytes_terms.append(int(value) * variable)
 
-    def _edge(self, edge) -> None:
-        table = edge.table
+    def _edge(self, edge: CoarseEdge) -> None:
+        table, first, second = edge.table, self.x[edge.first], self.x[edge.second]
         finite = np.isfinite(table)
         for a, b in zip(*np.nonzero(~finite)):
-            self._forbid(edge, int(a), int(b))
+            self.model.AddBoolOr([first[a].Not(), second[b].Not()])
         values = np.where(finite, table, 0).astype(np.int64)
         if values.max() == 0:
-            return
-        if edge.producer not in self.x and edge.consumer not in self.x:
-            self.constant_bytes += int(values[0, 0])
-            return
-        if edge.producer not in self.x or edge.consumer not in self.x:
-            self._one_sided(edge, values)
             return
         # Pair variables whose marginals are the two ends' one-hot choices: the tightest linear
         # relaxation of a pairwise cost (the local polytope), which lets the solver prove bounds.
         pairs = {}
         for a, b in zip(*np.nonzero(values)):
-            pairs[a, b] = self.model.NewBoolVar(f"{edge.tensor}->{edge.consumer}#{a},{b}")
+            pairs[a, b] = self.model.NewBoolVar(f"{edge.first}~{edge.second}#{a},{b}")
             self.bytes_terms.append(int(values[a, b]) * pairs[a, b])
         rows, columns = values.shape
         for a in range(rows):
-            free = [b for b in range(columns) if (a, b) not in pairs]
-            self._marginal([pairs[a, b] for b in range(columns) if (a, b) in pairs], self.x[edge.producer][a], free, edge.consumer)
+            free = [second[b] for b in range(columns) if (a, b) not in pairs]
+            self._marginal([pairs[a, b] for b in range(columns) if (a, b) in pairs], first[a], free)
         for b in range(columns):
-            free = [a for a in range(rows) if (a, b) not in pairs]
-            self._marginal([pairs[a, b] for a in range(rows) if (a, b) in pairs], self.x[edge.consumer][b], free, edge.producer)
+            free = [first[a] for a in range(rows) if (a, b) not in pairs]
+            self._marginal([pairs[a, b] for a in range(rows) if (a, b) in pairs], second[b], free)
 
-    def _marginal(self, paired, literal, free, other: str) -> None:
+    def _marginal(self, paired, literal, free) -> None:
         """The pairs of one candidate plus its zero-cost partners sum to the candidate's boolean:
         zero-cost pairs need no variable, the other end's booleans stand in for them."""
         if paired:
             self.model.Add(sum(paired) <= literal)
-            self.model.Add(sum(paired) + sum(self.x[other][c] for c in free) >= literal)
+            self.model.Add(sum(paired) + sum(free) >= literal)
 
-    def _one_sided(self, edge, values) -> None:
-        """An edge with one end fixed: its cost is linear in the other end's booleans."""
-        if edge.producer in self.x:
-            row = values[:, 0]
-            variables = self.x[edge.producer]
-        else:
-            row = values[0, :]
-            variables = self.x[edge.consumer]
-        self.bytes_terms.extend(int(v) * variable for v, variable in zip(row, variables) if v)
-
-    def _forbid(self, edge, a: int, b: int) -> None:
-        first, second = self.literal(edge.producer, a), self.literal(edge.consumer, b)
-        if first is False or second is False:
-            return
-        clause = [lit.Not() for lit in (first, second) if lit is not True]
-        if not clause:
-            raise SolverError(f"seeds of {edge.producer} and {edge.consumer} cannot be connected: no redistribution exists")
-        self.model.AddBoolOr(clause)
+    def _linear(self, items) -> tuple[int, tuple]:
+        """The bytes `items` hold as (constant, ((owner, kept index, coefficient), ...))."""
+        constant, terms = 0, {}
+        for item in items:
+            for index, size in enumerate(item.bytes):
+                literal = self.literal(item.owner, index) if size else False
+                if literal is True:
+                    constant += size
+                elif literal is not False:
+                    key = (self.coarse.owner[item.owner], self.coarse.literal_index(item.owner, index))
+                    terms[key] = terms.get(key, 0) + size
+        return constant, tuple(sorted(terms.items()))
 
     def memory(self) -> list:
-        """Per step of the schedule, the per-device bytes live there, as linear expressions."""
+        """Per distinct step of the schedule, the per-device bytes live there (repeated layers
+        sharing variables give equal expressions, kept once)."""
         resident, activations = tensor_bytes(self.problem)
-
-        def held(item):
-            return sum(b * self.literal(item.owner, i) for i, b in enumerate(item.bytes) if b)
-
-        base = sum(held(item) for item in resident)
-        return [base + sum(held(activations[i]) for i in live) for live in live_sets(self.problem, activations)]
+        base = self._linear(resident)
+        forms = {self._linear([activations[i] for i in live]) for live in live_sets(self.problem, activations)}
+        expressions = []
+        for constant, terms in sorted(forms) or [(0, ())]:
+            merged = dict(base[1])
+            for key, size in terms:
+                merged[key] = merged.get(key, 0) + size
+            keys = sorted(merged)
+            expression = cp_model.LinearExpr.WeightedSum([self.x[o][i] for o, i in keys], [merged[k] for k in keys])
+            expressions.append(expression + base[0] + constant)
+        return expressions
 
     def tie_break(self):
-        """Flops quantised per op to TIE_LEVELS levels, and the largest sum they can reach."""
+        """Flops quantised per owner to TIE_LEVELS levels, and the largest sum they can reach."""
         terms, worst = [], 0
-        for op, variables in self.x.items():
-            flops = self.problem.costs[op].flops
+        for owner, variables in self.x.items():
+            flops = self.coarse.flops[owner]
             low, high = flops.min(), flops.max()
             if high == low:
                 continue
@@ -159,6 +168,11 @@ class _Model:
             terms.extend(int(level) * v for level, v in zip(levels, variables) if level)
             worst += TIE_LEVELS - 1
         return terms, worst
+
+    def choice(self, solver: cp_model.CpSolver) -> dict[str, int]:
+        """The solver's answer as a candidate index per op of the problem."""
+        coarse = {owner: next(i for i, v in enumerate(variables) if solver.Value(v)) for owner, variables in self.x.items()}
+        return self.coarse.expand(coarse)
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -185,11 +199,10 @@ def _solver(time_limit: float, workers: int) -> cp_model.CpSolver:
 
 def smallest_peak(problem: SearchProblem, time_limit: float = 60.0, workers: int = 0) -> int:
     """The smallest per-device peak memory any choice reaches (CP-SAT, proven or best found)."""
-    built = _Model(problem)
-    expressions = built.memory()
+    built = _Model(problem, coarsen(problem, "none"))
     resident, activations = tensor_bytes(problem)
     peak = built.model.NewIntVar(0, sum(max(item.bytes) for item in resident + activations), "peak")
-    for expression in expressions:
+    for expression in built.memory():
         built.model.Add(peak >= expression)
     built.model.Minimize(peak)
     solver = _solver(time_limit, workers)
@@ -198,42 +211,54 @@ def smallest_peak(problem: SearchProblem, time_limit: float = 60.0, workers: int
     return int(solver.Value(peak))
 
 
+def _infeasible(problem: SearchProblem, budget: int, time_limit: float, workers: int) -> InfeasibleError:
+    peak = smallest_peak(problem, time_limit, workers)
+    return InfeasibleError(
+        f"no plan fits max_device_memory = {int(budget):,} bytes per device: "
+        f"the smallest achievable peak is {peak:,} bytes (parameters plus live activations)"
+    )
+
+
 def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.0, workers: int = 0,
-           max_device_memory: int | None = None, progress=None) -> RefineResult:
+           max_device_memory: int | None = None, progress=None, coarsen_level: str = "exact") -> RefineResult:
     """The CP-SAT optimum of `problem`, started from `hint` (the BFS choice); never worse than it.
 
-    With `max_device_memory`, the per-device peak (parameters plus live activations) must fit;
-    when no choice fits, `InfeasibleError` states the smallest achievable peak.
-    `progress(objective, bound, seconds)` is called at every improving solution.
+    The solver sees the problem coarsened at `coarsen_level` (see `coarsen`): "exact" keeps the
+    optimum, "layers" finds the best plan whose repeated layers agree. With `max_device_memory`,
+    the per-device peak (parameters plus live activations) must fit; when no choice fits,
+    `InfeasibleError` states the smallest achievable peak. `progress(objective, bound, seconds)`
+    is called at every improving solution.
     """
     start = time.perf_counter()
-    built = _Model(problem)
+    coarse = coarsen(problem, coarsen_level, budget=max_device_memory is not None)
+    built = _Model(problem, coarse)
     if max_device_memory is not None:
         for expression in built.memory():
             built.model.Add(expression <= int(max_device_memory))
     ties, worst = built.tie_break()
     scale = worst + 1
-    built.model.Minimize(scale * sum(built.bytes_terms) + sum(ties))
-    for op, variables in built.x.items():
-        for index, variable in enumerate(variables):
-            built.model.AddHint(variable, index == hint[op])
+    byte_sum = cp_model.LinearExpr.Sum(built.bytes_terms)
+    built.model.Minimize(scale * byte_sum + cp_model.LinearExpr.Sum(ties))
+    for owner, index in coarse.coarse_hint(hint).items():
+        for candidate, variable in enumerate(built.x.get(owner, ())):
+            built.model.AddHint(variable, candidate == index)
     solver = _solver(time_limit, workers)
-    callback = _Progress(progress, scale, built.constant_bytes, start) if progress else None
+    constant = int(built.constant_bytes)
+    callback = _Progress(progress, scale, constant, start) if progress else None
     status = solver.Solve(built.model, callback)
-    hint_bytes = plan_bytes(problem, hint)
     if status == cp_model.INFEASIBLE and max_device_memory is not None:
-        peak = smallest_peak(problem, time_limit, workers)
-        raise InfeasibleError(
-            f"no plan fits max_device_memory = {int(max_device_memory):,} bytes per device: "
-            f"the smallest achievable peak is {peak:,} bytes (parameters plus live activations)"
-        )
+        raise _infeasible(problem, max_device_memory, time_limit, workers)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverError(f"CP-SAT ended with status {solver.StatusName(status)} after {time.perf_counter() - start:.1f} s")
-    choice = {op: (next(i for i, v in enumerate(built.x[op]) if solver.Value(v)) if op in built.x else 0) for op in problem.candidates}
+    choice = built.choice(solver)
     found = plan_bytes(problem, choice)
+    if found != solver.Value(byte_sum) + constant:
+        raise SolverError(f"the coarse model's bytes ({solver.Value(byte_sum) + constant}) disagree with the plan's ({found})")
+    hint_bytes = plan_bytes(problem, hint)
     hint_fits = max_device_memory is None or peak_bytes(problem, hint) <= max_device_memory
     if found > hint_bytes and hint_fits:  # the time limit struck before the solver reached the hint
         choice, found = dict(hint), hint_bytes
-    bound = min(found, int(math.ceil(solver.BestObjectiveBound())) // scale + built.constant_bytes)
+    bound = min(found, int(math.ceil(solver.BestObjectiveBound())) // scale + constant)
     status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
-    return RefineResult(choice, found, bound, status_name, time.perf_counter() - start, hint_bytes)
+    return RefineResult(choice, found, bound, status_name, time.perf_counter() - start, hint_bytes,
+                        coarsening=coarse.summary(), exact=not coarse.shared_layers)

@@ -9,6 +9,7 @@ from autostrat.ir import Graph
 from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import data_parallel, propagate
+from autostrat.search.coarsen import LEVELS
 from autostrat.search.refine import plan_bytes, refine
 
 MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
@@ -28,6 +29,8 @@ class SearchOptions:
       candidates where a full split exists), and CP-SAT finds the optimum (it implies `refine`).
     - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model.
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
+    - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
+      optimum, "layers" also shares the variables of identical repeated layers.
     """
 
     mode: str = "auto_parallel"
@@ -37,9 +40,10 @@ class SearchOptions:
     refine_time_limit: float = 60.0
     max_device_memory: int | None = None
     workers: int = 0
+    coarsen: str = "exact"
 
     def __post_init__(self) -> None:
-        for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES), ("refine", self.refine, REFINERS)):
+        for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES), ("refine", self.refine, REFINERS), ("coarsen", self.coarsen, LEVELS)):
             if value not in valid:
                 raise ConfigError(f"{key} must be one of {', '.join(map(str, valid))}; got {value!r}")
 
@@ -97,7 +101,8 @@ def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions
         assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel")
     choice, refinement = assignment.choice, None
     if options.refine == "cpsat" or options.automatic or options.max_device_memory is not None:
-        result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory, progress)
+        result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory, progress,
+                        options.coarsen)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
         refinement = Refinement(plan_bytes(problem, choice), result, changed)
         choice = result.choice
