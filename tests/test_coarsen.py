@@ -90,16 +90,27 @@ def test_a_chain_is_merged_entirely_and_expands_to_the_optimum():
     assert plan_bytes(problem, choice) == coarse.constant == 0
 
 
-def gpt_problem(layers: int, seeded: bool = False):
+def gpt_graph(layers: int):
     from autostrat.frontend import trace
-    from autostrat.frontend.config import apply_seeds
-    from autostrat.models import GPT, megatron_seeds
+    from autostrat.models import GPT
 
     net = GPT(layers=layers, hidden=64, heads=8, seq=16, batch=8, vocab=128)
-    graph = trace(net, *net.example_inputs(), device_num=8)
-    if seeded:
-        graph = apply_seeds(graph, megatron_seeds(layers, 8), 8)
-    return build_problem(graph, 8, full_only=True)
+    return trace(net, *net.example_inputs(), device_num=8)
+
+
+def gpt_problem(layers: int):
+    return build_problem(gpt_graph(layers), 8, full_only=True)
+
+
+def megatron(layers: int) -> tuple[int, int]:
+    """Bytes and peak memory per device of Megatron-LM's plan (seeds propagated by BFS)."""
+    from autostrat.frontend.config import apply_seeds
+    from autostrat.models import megatron_seeds
+    from autostrat.search.memory import peak_bytes
+
+    problem = build_problem(apply_seeds(gpt_graph(layers), megatron_seeds(layers, 8), 8), 8)
+    choice = propagate(problem).choice
+    return plan_bytes(problem, choice), peak_bytes(problem, choice)
 
 
 def test_shared_layers_keep_the_model_flat_in_depth():
@@ -117,9 +128,7 @@ def test_shared_layers_give_every_layer_the_same_strategies():
     from autostrat.search.memory import peak_bytes
 
     problem = gpt_problem(2)
-    seeded = gpt_problem(2, seeded=True)
-    megatron_choice = {op: problem.candidates[op].index(seeded.candidates[op][0]) for op in problem.candidates}
-    budget = peak_bytes(problem, megatron_choice)
+    megatron_bytes, budget = megatron(2)
     hint = {op: 0 for op in problem.candidates}
     shared = refine(problem, hint, max_device_memory=budget, coarsen_level="layers")
     assert shared.status == "OPTIMAL" and not shared.exact and "blocks.0-1 (2 layers)" in shared.coarsening
@@ -127,10 +136,11 @@ def test_shared_layers_give_every_layer_the_same_strategies():
         if op.startswith("blocks.1."):
             assert index == shared.choice["blocks.0." + op[len("blocks.1."):]]
     assert peak_bytes(problem, shared.choice) <= budget
-    assert shared.objective <= plan_bytes(problem, megatron_choice)
+    assert shared.objective <= megatron_bytes
     # Sharing restricts the plans, so it is never below a lower bound of the unrestricted problem.
+    # The exact level starts from the layered plan, so it is never worse than it either.
     exact = refine(problem, hint, time_limit=10, max_device_memory=budget, coarsen_level="exact")
-    assert exact.bound <= shared.objective
+    assert exact.bound <= exact.objective <= shared.objective and exact.hint_objective == plan_bytes(problem, hint)
 
 
 def test_unknown_level_is_rejected():

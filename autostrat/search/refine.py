@@ -1,8 +1,10 @@
 """Global refinement with OR-Tools CP-SAT: the optimum of the same cost model BFS uses.
 
-The model: per op with more than one candidate, one boolean per candidate and exactly one true
-(seeded ops have a single candidate and no variable); unreachable pairs of an edge (infinite
-cost) are forbidden outright.
+The model is built over the coarsened problem (`coarsen`: dominated candidates pruned, chains
+merged, optionally repeated layers sharing variables): per variable owner with more than one
+kept candidate, one boolean per candidate and exactly one true (seeded ops have a single
+candidate and no variable); unreachable pairs of an edge (infinite cost) are forbidden outright.
+The solver's answer is expanded back to every op, and its bytes are checked against the plan's.
 
 Edges use pair variables whose marginals are the two ends' one-hot choices (the local polytope),
 the tightest linear relaxation of a pairwise cost: with it the solver proves optimality where a
@@ -211,6 +213,26 @@ def smallest_peak(problem: SearchProblem, time_limit: float = 60.0, workers: int
     return int(solver.Value(peak))
 
 
+def model_size(problem: SearchProblem, level: str = "exact", budget: int | None = None) -> tuple[int, int]:
+    """Variables and constraints of the CP-SAT model `refine` builds at coarsening `level`.
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> problem = build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> model_size(problem, "none"), model_size(problem, "exact")  # a chain merges entirely
+        ((185, 113), (0, 0))
+    """
+    built = _Model(problem, coarsen(problem, level, budget=budget is not None))
+    if budget is not None:
+        for expression in built.memory():
+            built.model.Add(expression <= int(budget))
+    proto = built.model.Proto()
+    return len(proto.variables), len(proto.constraints)
+
+
 def _infeasible(problem: SearchProblem, budget: int, time_limit: float, workers: int) -> InfeasibleError:
     peak = smallest_peak(problem, time_limit, workers)
     return InfeasibleError(
@@ -219,18 +241,36 @@ def _infeasible(problem: SearchProblem, budget: int, time_limit: float, workers:
     )
 
 
+def _layered_hint(problem: SearchProblem, hint: dict[str, int], time_limit: float, workers: int, budget: int) -> dict[str, int]:
+    """A better start under a memory budget: the best plan whose repeated layers agree, when the
+    graph has repeated layers and that plan beats `hint` (measured on an 8-layer GPT: the exact
+    model alone ends its time limit 60 % above what the layered one proves in 2 s)."""
+    if not coarsen(problem, "layers", budget=True).shared_layers:
+        return hint
+    try:
+        layered = refine(problem, hint, time_limit, workers, budget, coarsen_level="layers", explain=False)
+    except (InfeasibleError, SolverError):
+        return hint  # the exact model decides (and reports) infeasibility itself
+    fits = peak_bytes(problem, hint) <= budget
+    return layered.choice if not fits or layered.objective < plan_bytes(problem, hint) else hint
+
+
 def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.0, workers: int = 0,
-           max_device_memory: int | None = None, progress=None, coarsen_level: str = "exact") -> RefineResult:
+           max_device_memory: int | None = None, progress=None, coarsen_level: str = "exact",
+           explain: bool = True) -> RefineResult:
     """The CP-SAT optimum of `problem`, started from `hint` (the BFS choice); never worse than it.
 
     The solver sees the problem coarsened at `coarsen_level` (see `coarsen`): "exact" keeps the
     optimum, "layers" finds the best plan whose repeated layers agree. With `max_device_memory`,
     the per-device peak (parameters plus live activations) must fit; when no choice fits,
-    `InfeasibleError` states the smallest achievable peak. `progress(objective, bound, seconds)`
-    is called at every improving solution.
+    `InfeasibleError` states the smallest achievable peak (`explain=False` skips that extra
+    solve). `progress(objective, bound, seconds)` is called at every improving solution.
     """
     start = time.perf_counter()
     coarse = coarsen(problem, coarsen_level, budget=max_device_memory is not None)
+    given = hint
+    if coarsen_level == "exact" and max_device_memory is not None:
+        hint = _layered_hint(problem, hint, time_limit / 4, workers, max_device_memory)
     built = _Model(problem, coarse)
     if max_device_memory is not None:
         for expression in built.memory():
@@ -247,6 +287,8 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     callback = _Progress(progress, scale, constant, start) if progress else None
     status = solver.Solve(built.model, callback)
     if status == cp_model.INFEASIBLE and max_device_memory is not None:
+        if not explain:
+            raise InfeasibleError(f"no plan fits max_device_memory = {int(max_device_memory):,} bytes per device")
         raise _infeasible(problem, max_device_memory, time_limit, workers)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverError(f"CP-SAT ended with status {solver.StatusName(status)} after {time.perf_counter() - start:.1f} s")
@@ -254,11 +296,12 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     found = plan_bytes(problem, choice)
     if found != solver.Value(byte_sum) + constant:
         raise SolverError(f"the coarse model's bytes ({solver.Value(byte_sum) + constant}) disagree with the plan's ({found})")
-    hint_bytes = plan_bytes(problem, hint)
-    hint_fits = max_device_memory is None or peak_bytes(problem, hint) <= max_device_memory
-    if found > hint_bytes and hint_fits:  # the time limit struck before the solver reached the hint
-        choice, found = dict(hint), hint_bytes
+    for start_choice in (hint, given):
+        start_bytes = plan_bytes(problem, start_choice)
+        fits = max_device_memory is None or peak_bytes(problem, start_choice) <= max_device_memory
+        if found > start_bytes and fits:  # the time limit struck before the solver reached a hint
+            choice, found = dict(start_choice), start_bytes
     bound = min(found, int(math.ceil(solver.BestObjectiveBound())) // scale + constant)
     status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
-    return RefineResult(choice, found, bound, status_name, time.perf_counter() - start, hint_bytes,
+    return RefineResult(choice, found, bound, status_name, time.perf_counter() - start, plan_bytes(problem, given),
                         coarsening=coarse.summary(), exact=not coarse.shared_layers)
