@@ -76,17 +76,20 @@ def test_bprop_matches_finite_differences(op_type):
 
 def _model_graph(name: str):
     from autostrat.frontend import trace
-    from autostrat.models import FFN, GPT
+    from autostrat.models import FFN, GPT, ResNet
     from autostrat.nn import Tensor
 
     if name == "FFN":
         return trace(FFN(8, 12, 6), Tensor(shape=(4, 8))), {}
+    if name == "ResNet":
+        labels = Tensor(np.arange(2, dtype=np.int32) % 3)
+        return trace(ResNet(blocks=1, in_channels=2, channels=3, classes=3), Tensor(shape=(2, 2, 5, 5)), Tensor(shape=(2,), dtype="int32")), {"labels": labels.asnumpy()}
     net = GPT(layers=1, hidden=8, heads=2, seq=4, batch=2, vocab=16)
     ids, labels = net.example_inputs(with_data=True)
     return trace(net, *net.example_inputs()), {"ids": ids.asnumpy(), "labels": labels.asnumpy()}
 
 
-@pytest.mark.parametrize("model", ["FFN", "GPT"])
+@pytest.mark.parametrize("model", ["FFN", "GPT", "ResNet"])
 def test_model_gradients_match_finite_differences(model):
     graph, feeds = _model_graph(model)
     rng = np.random.default_rng(3)

@@ -3,8 +3,8 @@
 Algorithm (reverse-mode automatic differentiation over `ir.Graph`):
 
 1. The tensors needing a gradient are the floating-point ones that depend on a parameter.
-2. The loss's gradient is seeded with ones: a constant ``grad/<loss>`` (MindSpore's default
-   sensitivity), which an executor may feed with other values.
+2. The loss's gradient starts as the sensitivity: a constant ``grad/<loss>`` of ones
+   (MindSpore's default `sens`), which an executor may feed with other values.
 3. Ops are visited in reverse topological order. When an op is reached every consumer of its
    output has contributed a gradient; several contributions are accumulated with Add ops
    (``accumulate/<tensor>``). The op's bprop then contributes to its inputs' gradients.
@@ -17,6 +17,8 @@ Algorithm (reverse-mode automatic differentiation over `ir.Graph`):
 from __future__ import annotations
 
 from dataclasses import replace
+
+import numpy as np
 
 from autostrat.autodiff.builder import GradBuilder
 from autostrat.autodiff.registry import get_bprop
@@ -46,12 +48,11 @@ class _Backward:
     """The state of one `build_backward` run: contributions per tensor and the final names."""
 
     def __init__(self, graph: Graph, loss: str):
-        self.graph = graph
         self.builder = GradBuilder(graph.tensors)
         self.contributions: dict[str, list[str]] = {loss: []}
         self.renames: dict[str, str] = {}
-        seed = self.builder.constant(gradient_name(loss), graph.tensors[loss].shape, graph.tensors[loss].dtype, 1.0)
-        self.contributions[loss].append(seed)
+        sensitivity = self.builder.constant(gradient_name(loss), graph.tensors[loss].shape, graph.tensors[loss].dtype, 1.0)
+        self.contributions[loss].append(sensitivity)
 
     def finish(self, tensor: str) -> str | None:
         """The gradient of `tensor`: its contributions summed, renamed grad/<tensor> if fresh."""
@@ -131,9 +132,9 @@ def build_backward(graph: Graph, loss: str | None = None) -> Graph:
         loss = graph.outputs[0]
     if loss not in graph.tensors:
         raise ConfigError(f"the loss must be a tensor of {graph.name}, got {loss!r}")
-    state = _Backward(graph, loss)
-    if not state.builder.is_float(loss):
+    if not np.issubdtype(np.dtype(graph.tensors[loss].dtype), np.floating):
         raise ConfigError(f"the loss {loss} must be floating point, got {graph.tensors[loss].dtype}")
+    state = _Backward(graph, loss)
     parameters = tuple(p for p in graph.parameters() if state.builder.is_float(p.name))
     needing = _needing_gradient(graph, state.builder, tuple(p.name for p in parameters))
     for op in reversed(graph.ops.values()):

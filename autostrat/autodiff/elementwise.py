@@ -100,6 +100,6 @@ def cast(b, op, dy):
 
 @register_bprop("Dropout")
 def dropout(b, op, dy):
-    # The mask depends only on the element index and the seed: the same Dropout applied to dy
+    # The mask depends only on the element index and the `seed` attribute: the same Dropout applied to dy
     # keeps exactly the elements the forward kept, scaled by 1 / keep_prob.
     return (b.emit("Dropout", dy, **op.attr_dict),)
