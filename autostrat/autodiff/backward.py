@@ -140,15 +140,17 @@ def build_backward(graph: Graph, loss: str | None = None) -> Graph:
     for op in reversed(graph.ops.values()):
         state.run_bprop(op, needing)
     outputs = tuple(state.parameter_gradient(p) for p in parameters)
-    kept = _prune(state.builder, outputs)
-    renames = state.renames
+    return _assemble(graph, state.builder, outputs, state.renames)
+
+
+def _assemble(graph: Graph, builder: GradBuilder, outputs: tuple[str, ...], renames: dict[str, str]) -> Graph:
+    """The forward graph plus the backward ops the outputs need, gradients renamed."""
+    kept = _prune(builder, outputs)
     ops = dict(graph.ops) | {name: _renamed(op, renames) for name, op in kept.items()}
     tensors = dict(graph.tensors)
-    for op in kept.values():
-        for tensor in op.inputs + op.outputs:
-            info = state.builder.tensors[tensor]
-            tensors.setdefault(renames.get(tensor, tensor), replace(info, name=renames.get(tensor, tensor)))
-    for name in outputs:  # zero constants no op produces
-        tensors.setdefault(renames.get(name, name), state.builder.tensors[name])
-    values = dict(graph.values) | {name: value for name, value in state.builder.values.items() if name in tensors}
+    used = [t for op in kept.values() for t in op.inputs + op.outputs] + list(outputs)  # outputs: zero constants too
+    for tensor in used:
+        name = renames.get(tensor, tensor)
+        tensors.setdefault(name, replace(builder.tensors[tensor], name=name))
+    values = dict(graph.values) | {name: value for name, value in builder.values.items() if name in tensors}
     return Graph(tensors, ops, tuple(renames.get(n, n) for n in outputs), f"{graph.name}.train", values)
