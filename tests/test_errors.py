@@ -78,6 +78,18 @@ RULE_CASES = {
     "duplicate kernel": (lambda: kernel("ReLU")(lambda x: x), RuleError, r"a kernel for 'ReLU' is already registered"),
     "unknown kernel": (lambda: run_kernel("MatMull", []), UnknownOpError, r"no numpy kernel for op type 'MatMull'"),
     "bad device_num": (lambda: generate_strategies(MATMUL, 0), LayoutError, r"device_num must be a positive integer, got 0"),
+    "bad broadcast": (lambda: make_rule("BroadcastTo", [(4, 3)], shape=(4, 6)), RuleError, r"BroadcastTo: cannot broadcast \[4, 3\] to \[4, 6\]"),
+    "slice outside": (lambda: make_rule("Slice", [(4, 3)], begin=(2, 0), size=(3, 3)), RuleError, r"Slice: begin \(2, 0\) and size \(3, 3\) must give a box inside \[4, 3\]"),
+    "grad shapes differ": (lambda: make_rule("ReluGrad", [(4, 3), (4, 1)]), RuleError, r"ReluGrad: every input needs the same shape, got \[\[4, 3\], \[4, 1\]\]"),
+    "gather grad size": (lambda: make_rule("GatherGrad", [(4, 3), (4,)], size=0), RuleError, r"GatherGrad: size must be positive, got 0"),
+    "conv grad channels": (
+        lambda: make_rule("Conv2DBackpropFilter", [(4, 12, 6, 6), (4, 5, 8, 8)], filter_shape=(12, 6, 3, 3)),
+        RuleError, r"Conv2DBackpropFilter: needs an NCHW input and an OIHW weight with equal channels, got \[4, 5, 8, 8\] and \[12, 6, 3, 3\]",
+    ),
+    "conv grad dy": (
+        lambda: make_rule("Conv2DBackpropInput", [(4, 12, 5, 5), (12, 6, 3, 3)], input_shape=(4, 6, 8, 8)),
+        RuleError, r"Conv2DBackpropInput: dy of shape \[4, 12, 5, 5\] does not match a Conv2D of input \[4, 6, 8, 8\] and weight \[12, 6, 3, 3\] \(expected dy \[4, 12, 6, 6\]\)",
+    ),
 }
 
 NOTATION_CASES = {

@@ -18,6 +18,7 @@ LAYERS = [
     ["strategies"],
     ["redistribution"],
     ["ir"],
+    ["autodiff"],
     ["search"],
     ["runtime"],
     ["frontend", "ops", "nn", "models"],

@@ -105,6 +105,7 @@ CALL_ATTRS = {
     "ReduceMean": ("axis",),
     "ReduceSum": ("axis",),
     "Reshape": ("shape",),
+    "Slice": ("begin", "size"),
     "Transpose": ("perm",),
 }
 

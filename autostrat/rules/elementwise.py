@@ -1,4 +1,4 @@
-"""Elementwise ops: unary maps, broadcasting binary ops, BiasAdd, Cast, Dropout."""
+"""Elementwise ops: unary maps (Identity among them), broadcasting binary ops, BiasAdd, Cast, Dropout."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _binary(op_type: str) -> None:
         return RuleSpec(broadcast_equation(shapes[:2]))
 
 
-for _name in ("Exp", "GeLU", "Neg", "ReLU", "Sigmoid", "Tanh"):
+for _name in ("Exp", "GeLU", "Identity", "Neg", "ReLU", "Sigmoid", "Tanh"):
     _unary(_name)
 for _name in ("Log", "Sqrt"):
     _unary(_name, positive=True)

@@ -126,3 +126,34 @@ def concat(shapes, axis: int = 0) -> RuleSpec:
     out = " ".join("cat" if i == position else n for i, n in enumerate(names))
     total = sum(shape[position] for shape in shapes)
     return RuleSpec(f"{', '.join(operands)} -> {out}", sizes={"cat": total}, need_replication=" ".join(pieces + ["cat"]))
+
+
+@register(
+    "BroadcastTo",
+    examples=[Example(((24, 1),), {"shape": (24, 48)}), Example(((48,),), {"shape": (6, 4, 48)}), Example(((1, 6, 1),), {"shape": (4, 6, 8)})],
+)
+def broadcast_to(shapes, shape=()) -> RuleSpec:
+    """Numpy broadcasting to `shape`: a size-1 or missing leading dim grows into an output-only
+    factor, which a rank may split by filling just its own slice."""
+    source, target = shapes[0], tuple(shape)
+    offset = len(target) - len(source)
+    if offset < 0 or any(size not in (1, grown) for size, grown in zip(source, target[offset:])):
+        raise RuleError(f"BroadcastTo: cannot broadcast {list(source)} to {list(target)}")
+    names = dim_names(len(target))
+    grown = [i for i, size in enumerate(target) if i < offset or source[i - offset] != size]
+    operand = " ".join("1" if i in grown else names[i] for i in range(offset, len(target)))
+    return RuleSpec(f"{operand} -> {' '.join(names)}", sizes={names[i]: target[i] for i in grown})
+
+
+@register("Slice", examples=[Example(((24, 48),), {"begin": (0, 8), "size": (24, 16)}), Example(((12, 6, 8),), {"begin": (2, 0, 1), "size": (4, 6, 6)})])
+def slice_(shapes, begin=(), size=()) -> RuleSpec:
+    """The box [begin, begin + size) of the input. A cut dim stays whole on both sides (each
+    would hold a different extent); a dim kept whole passes through."""
+    shape = shapes[0]
+    if len(begin) != len(shape) or len(size) != len(shape) or any(b < 0 or s < 1 or b + s > n for b, s, n in zip(begin, size, shape)):
+        raise RuleError(f"Slice: begin {tuple(begin)} and size {tuple(size)} must give a box inside {list(shape)}")
+    names = dim_names(len(shape))
+    cut = [i for i, (b, s, n) in enumerate(zip(begin, size, shape)) if (b, s) != (0, n)]
+    out = [f"o{name}" if i in cut else name for i, name in enumerate(names)]
+    need = " ".join(names[i] + " " + out[i] for i in cut)
+    return RuleSpec(f"{' '.join(names)} -> {' '.join(out)}", sizes={out[i]: size[i] for i in cut}, need_replication=need)

@@ -12,6 +12,7 @@ from autostrat.runtime.kernels.registry import kernel
 _UNARY = {
     "Exp": np.exp,
     "GeLU": lambda x: 0.5 * x * (1 + special.erf(x / math.sqrt(2))),
+    "Identity": np.copy,
     "Log": np.log,
     "Neg": np.negative,
     "ReLU": lambda x: np.maximum(x, 0),

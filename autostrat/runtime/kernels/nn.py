@@ -45,13 +45,17 @@ def softmax_cross_entropy(logits, labels):
     return -(labels * special.log_softmax(logits, axis=-1)).sum(axis=-1).astype(logits.dtype)
 
 
-@kernel("Conv2D")
-def conv2d(x, w, out_channel=None, kernel_size=None, pad_mode="valid", pad=0, stride=1, dilation=1, group=1, data_format="NCHW"):
-    geometry = conv2d_geometry(x.shape, w.shape, pad_mode, pad, stride, dilation)
+def conv2d_windows(x, w_shape, geometry):
+    """The input patch under every output position: [n, c, oh, ow, kh, kw] (a strided view)."""
     top, bottom, left, right = geometry.pads
     padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
     (dh, dw), (sh, sw), (oh, ow) = geometry.dilation, geometry.stride, geometry.out_hw
-    span = (dh * (w.shape[2] - 1) + 1, dw * (w.shape[3] - 1) + 1)
+    span = (dh * (w_shape[2] - 1) + 1, dw * (w_shape[3] - 1) + 1)
     windows = np.lib.stride_tricks.sliding_window_view(padded, span, axis=(2, 3))
-    windows = windows[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
-    return np.einsum("nchwij,ocij->nohw", windows, w).astype(x.dtype)
+    return windows[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
+
+
+@kernel("Conv2D")
+def conv2d(x, w, out_channel=None, kernel_size=None, pad_mode="valid", pad=0, stride=1, dilation=1, group=1, data_format="NCHW"):
+    geometry = conv2d_geometry(x.shape, w.shape, pad_mode, pad, stride, dilation)
+    return np.einsum("nchwij,ocij->nohw", conv2d_windows(x, w.shape, geometry), w).astype(x.dtype)

@@ -38,3 +38,17 @@ def squeeze(x, axis=(), context=None):
 @kernel("Concat")
 def concat(*inputs, axis=0):
     return np.concatenate(inputs, axis=axis)
+
+
+@kernel("BroadcastTo")
+def broadcast_to(x, shape=(), context=None):
+    # A rank holding a slice of a grown dim makes only its own part of it.
+    return np.broadcast_to(x, tuple(shape) if context is None else context.output_local_shape(0)).copy()
+
+
+@kernel("Slice")
+def slice_(x, begin=(), size=(), context=None):
+    # Cut dims are whole on every rank; a dim kept whole may be split and is taken as it is.
+    shape = x.shape if context is None else context.input_shapes[0]
+    box = tuple(slice(None) if (b, s) == (0, n) else slice(b, b + s) for b, s, n in zip(begin, size, shape))
+    return x[box]

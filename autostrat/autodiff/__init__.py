@@ -1,0 +1,9 @@
+"""Automatic differentiation of ir graphs: a bprop per op type composed of registered ops
+(MindSpore's bprop style), so the training graph is an ordinary graph the search can shard."""
+
+from autostrat.autodiff import elementwise, matmul, nn, reduce, shape  # noqa: F401  (they register bprops)
+from autostrat.autodiff.backward import build_backward, gradient_name
+from autostrat.autodiff.builder import Constant, GradBuilder
+from autostrat.autodiff.registry import WITHOUT_BPROP, bprop_op_types, get_bprop, register_bprop
+
+__all__ = ["WITHOUT_BPROP", "Constant", "GradBuilder", "bprop_op_types", "build_backward", "get_bprop", "gradient_name", "register_bprop"]
