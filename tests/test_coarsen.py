@@ -139,7 +139,7 @@ def test_shared_layers_give_every_layer_the_same_strategies():
     assert shared.objective <= megatron_bytes
     # Sharing restricts the plans, so it is never below a lower bound of the unrestricted problem.
     # The exact level starts from the layered plan, so it is never worse than it either.
-    exact = refine(problem, hint, time_limit=10, max_device_memory=budget, coarsen_level="exact")
+    exact = refine(problem, hint, time_limit=30, max_device_memory=budget, coarsen_level="exact")
     assert exact.bound <= exact.objective <= shared.objective and exact.hint_objective == plan_bytes(problem, hint)
 
 

@@ -270,7 +270,7 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     coarse = coarsen(problem, coarsen_level, budget=max_device_memory is not None)
     given = hint
     if coarsen_level == "exact" and max_device_memory is not None:
-        hint = _layered_hint(problem, hint, time_limit / 4, workers, max_device_memory)
+        hint = _layered_hint(problem, hint, time_limit / 2, workers, max_device_memory)
     built = _Model(problem, coarse)
     if max_device_memory is not None:
         for expression in built.memory():
