@@ -23,7 +23,9 @@ class SearchEdge:
     """Output `output_index` of `producer` feeds input `input_index` of `consumer`.
 
     `table[i, j]` is the redistribution cost (bytes per device) from the producer's candidate
-    i to the consumer's candidate j.
+    i to the consumer's candidate j. A parameter or graph input read by several ops is stored as
+    its first consumer wants it; each later consumer gets an edge from that first one with
+    `from_input` set, `output_index` then being the first consumer's input index.
     """
 
     tensor: str
@@ -32,6 +34,12 @@ class SearchEdge:
     consumer: str
     input_index: int
     table: np.ndarray
+    from_input: bool = False
+
+    def source_layout(self, strategy: Strategy):
+        """The layout the tensor is held in when the producer runs `strategy`."""
+        layouts = strategy.input_layouts if self.from_input else strategy.output_layouts
+        return layouts[self.output_index]
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ class SearchProblem:
         consumer's rule has, seeded or not (what the edge would cost without the consumer's seed)."""
         consumer = self.graph.ops[edge.consumer]
         options = generate_strategies(consumer.rule, self.device_num, self.allow_repeated)
-        source = self.candidates[edge.producer][producer_choice].output_layouts[edge.output_index]
+        source = edge.source_layout(self.candidates[edge.producer][producer_choice])
         dtype = self.graph.tensors[edge.tensor].dtype
         return float(cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype).min())
 
@@ -87,11 +95,11 @@ def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...]) -> OpCo
 
 
 @cache
-def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int, dtype: str) -> np.ndarray:
+def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int,
+                dtype: str, from_input: bool = False) -> np.ndarray:
     # Repeated layers have equal rules and candidates, so their tables are computed once.
-    table = cost_table(
-        [s.output_layouts[output_index] for s in producer], [s.input_layouts[input_index] for s in consumer], dtype
-    )
+    sources = [(s.input_layouts if from_input else s.output_layouts)[output_index] for s in producer]
+    table = cost_table(sources, [s.input_layouts[input_index] for s in consumer], dtype)
     table.setflags(write=False)
     return table
 
@@ -106,13 +114,26 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     edges = []
     for op in graph.ops.values():
         for index, tensor in enumerate(op.inputs):
-            producer = graph.producer(tensor)
-            if producer is None:
-                continue
-            output_index = producer.outputs.index(tensor)
-            table = _edge_table(candidates[producer.name], output_index, candidates[op.name], index, graph.tensors[tensor].dtype)
-            edges.append(SearchEdge(tensor, producer.name, output_index, op.name, index, table))
+            edge = _edge_into(graph, candidates, tensor, op.name, index)
+            if edge is not None:
+                edges.append(edge)
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges))
+
+
+def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int) -> SearchEdge | None:
+    """The edge bringing `tensor` to input `index` of `consumer`: from its producer, or from its
+    first consumer when it is a parameter or graph input (None for that first consumer itself)."""
+    dtype = graph.tensors[tensor].dtype
+    producer = graph.producer(tensor)
+    if producer is not None:
+        output_index = producer.outputs.index(tensor)
+        table = _edge_table(candidates[producer.name], output_index, candidates[consumer], index, dtype)
+        return SearchEdge(tensor, producer.name, output_index, consumer, index, table)
+    owner, owner_index = graph.consumers(tensor)[0]
+    if (owner, owner_index) == (consumer, index):
+        return None
+    table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True)
+    return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True)
 
 
 def _incident(graph: Graph, edges: list[SearchEdge]) -> dict[str, tuple[SearchEdge, ...]]:

@@ -7,6 +7,9 @@ Propagation (MindSpore's sharding_propagation), case by case:
   shares an edge with, in graph order; each one not yet decided takes the candidate with the
   smallest key ``(redistribution bytes to every decided neighbour + own communication, flops,
   memory, candidate index)`` and joins the queue, its origin "propagated from" the popped op;
+- the edges between two readers of one parameter or graph input are priced when choosing, but
+  do not carry the propagation: a weight read by a forward and a backward op would otherwise
+  hand its layout across the graph, far from the data flow the seeds describe;
 - ops no seed reaches get the all-ones strategy and a warning;
 - two adjacent seeds keep their strategies and get a redistribution on their edge; when it costs
   more than feeding the best candidate of the consumer would (their layouts disagree, beyond
@@ -67,7 +70,7 @@ def propagate(problem: SearchProblem) -> Assignment:
         current = queue.popleft()
         for edge in problem.incident[current]:
             neighbour = edge.consumer if edge.producer == current else edge.producer
-            if neighbour in choice:
+            if neighbour in choice or edge.from_input:
                 continue
             choice[neighbour] = best_candidate(problem, neighbour, choice)
             origin[neighbour] = f"propagated from {current}"
