@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Bootstrap .venv on first use, then dispatch:
 #   bash run.sh test [PYTEST ARGS]   run the whole test suite
-#   bash run.sh N [CONFIG.yaml]      search the config (default: the tutorial FFN) for N devices
+#   bash run.sh N [CONFIG.yaml] [autostrat run options]
+#                                    run the config (default: the tutorial FFN) on N MPI ranks and
+#                                    check it against the single-device result; RANK_TABLE_FILE=...
+#                                    or --rank-table F runs on the rank table's hosts
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -40,6 +43,6 @@ case "$1" in
     *)
         device_num=$1
         shift
-        exec "$venv/bin/python" -m autostrat search "${1:-configs/ffn.yaml}" --device-num "$device_num" "${@:2}"
+        exec "$venv/bin/python" -m autostrat run "${1:-configs/ffn.yaml}" --device-num "$device_num" "${@:2}"
         ;;
 esac

@@ -12,7 +12,20 @@ Example:
     >>> autostrat.reset_auto_parallel_context()
 """
 
-from autostrat.frontend import get_auto_parallel_context, reset_auto_parallel_context, set_auto_parallel_context
-from autostrat.frontend.api import parallelize
+from importlib import import_module
 
-__all__ = ["get_auto_parallel_context", "parallelize", "reset_auto_parallel_context", "set_auto_parallel_context"]
+# The front end (and the search and solver under it) is imported on first use, so a runtime rank
+# that only imports `autostrat.runtime` starts without loading the solver.
+_LAZY = {
+    "get_auto_parallel_context": "autostrat.frontend",
+    "parallelize": "autostrat.frontend.api",
+    "reset_auto_parallel_context": "autostrat.frontend",
+    "set_auto_parallel_context": "autostrat.frontend",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'autostrat' has no attribute {name!r}")

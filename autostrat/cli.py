@@ -4,16 +4,21 @@
                      [--refine cpsat] [--time-limit S] [--max-device-memory M]
                      [--coarsen none|exact|layers]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
+    autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
+                  [--timeout S] [--stall-timeout S] [--run-dir D]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from autostrat.errors import AutostratError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.config import load_config
+from autostrat.frontend.run import RunOptions, run_config
+from autostrat.runtime.job import FAULTS, Fault
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
 from autostrat.strategies import generate_strategies
@@ -64,6 +69,36 @@ def _progress_line(objective: int, bound: int, seconds: float) -> None:
     print(f"\rCP-SAT: best {objective:,} bytes per device, bound {bound:,}, {seconds:.1f} s", end="", file=sys.stderr, flush=True)
 
 
+def _fault(text: str) -> Fault:
+    """``RANK:KIND[:INSTRUCTION]`` for --inject-fault (default instruction: the first collective)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[1] not in FAULTS or not all(p.isdigit() for p in parts[:1] + parts[2:]):
+        raise argparse.ArgumentTypeError(f"expected RANK:KIND[:INSTRUCTION] with KIND one of {', '.join(FAULTS)}, got {text!r}")
+    return Fault(int(parts[0]), parts[1], int(parts[2]) if len(parts) == 3 else -1)
+
+
+def run_command(args) -> tuple[int, str]:
+    options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
+                         args.timeout, args.stall_timeout, args.inject_fault)
+    return run_config(args.config, options)
+
+
+def _add_run(commands) -> None:
+    run = commands.add_parser("run", help="run a config's plan on MPI ranks (or local threads) and check it")
+    run.add_argument("config", help="YAML config (see configs/)")
+    run.add_argument("--device-num", type=int, help="number of ranks (default: the rank table's or the config's)")
+    run.add_argument("--rank-table", default=os.environ.get("RANK_TABLE_FILE") or None,
+                     help="MindSpore rank table JSON: run on its servers (default: $RANK_TABLE_FILE)")
+    run.add_argument("--backend", choices=["mpi", "local"], default="mpi", help="MPI processes (default) or local threads")
+    run.add_argument("--steps", type=int, default=2, help="forward steps on random batches (default 2)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random batches (default 0)")
+    run.add_argument("--run-dir", help="folder for the job and the rank logs (default: a new one under runs/)")
+    run.add_argument("--timeout", type=float, default=300.0, help="seconds before the whole job is killed (default 300)")
+    run.add_argument("--stall-timeout", type=float, default=10.0,
+                     help="seconds a rank may make no progress before its watchdog ends the job (default 10)")
+    run.add_argument("--inject-fault", type=_fault, help=argparse.SUPPRESS)  # RANK:KIND[:AT], for the fault tests
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autostrat", description="Automatic parallel-strategy search.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=int, default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")
+    _add_run(commands)
     return parser
 
 
@@ -90,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             print(candidates_text(args.device_num, args.repeated))
         elif args.command == "search":
             print(search_command(args))
+        elif args.command == "run":
+            code, text = run_command(args)
+            print(text, file=sys.stderr if code else sys.stdout)
+            return code
     except AutostratError as error:
         print(f"autostrat: error: {error}", file=sys.stderr)
         return 2

@@ -9,8 +9,9 @@ from pathlib import Path
 from autostrat.errors import ConfigError
 
 
-def write_atomically(path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and a rename.
+def write_atomically(path, text: str | bytes) -> None:
+    """Write `text` (str, or bytes for a binary file) to `path` through a temporary file in the
+    same folder and a rename.
 
     Example:
         >>> import tempfile, pathlib
@@ -22,7 +23,7 @@ def write_atomically(path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(handle, "w") as file:
+        with os.fdopen(handle, "wb" if isinstance(text, bytes) else "w") as file:
             file.write(text)
         os.replace(temporary, path)
     except OSError as error:

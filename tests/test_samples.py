@@ -24,3 +24,9 @@ def test_candidates_benchmark_prints_its_table():
     out = run("benchmarks/candidates.py")
     assert out.splitlines()[0].split() == ["device_num", "op", "candidates", "cold", "ms", "warm", "us"]
     assert "8           qkv MatMul          11" in out
+
+
+def test_sharding_propagation_sample_checks_the_tutorial():
+    out = run("sample_code/sharding_propagation/train.py")  # one process: the 8 ranks as threads
+    assert "dense2.matmul:0 -> dense2.add[0]: ReduceScatter (forward) sent 6144, predicted 6144" in out
+    assert "bytes: measured = predicted on every rank" in out

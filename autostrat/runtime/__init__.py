@@ -1,1 +1,3 @@
-"""Execution: numpy kernels now; rank tables, backends and the executor as they land."""
+"""Execution: plans lowered to per-rank programs (`program`), numpy kernels (`kernels`), the
+`Backend` protocol with `LocalBackend` threads (`local`) and `MpiBackend` (`mpi`), the executor
+and its report, rank tables, the mpiexec launcher and the per-rank watchdog."""

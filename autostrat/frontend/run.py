@@ -1,0 +1,156 @@
+"""`run_config`: search a YAML config's plan and run it on local threads or MPI ranks.
+
+A config's seeds are written for its own `device_num`. Run on another number of devices, each
+seed is scaled down to use ``gcd(its devices, device_num)`` devices, by dividing its factor
+splits in the rule's factor order; if a scaled seed then uses fewer devices than there are, the
+search may use repeated calculation. The scaling is printed, never silent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from autostrat.frontend.api import plan_for
+from autostrat.frontend.config import load_config
+from autostrat.frontend.tracing import trace
+from autostrat.layout import Strategy
+from autostrat.runtime.job import Fault, make_job, save_job
+from autostrat.runtime.launcher import launch
+from autostrat.runtime.local import run_job_locally
+from autostrat.runtime.rank_table import load_rank_table
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    device_num: int | None = None
+    backend: str = "mpi"
+    rank_table: str | None = None
+    steps: int = 2
+    seed: int = 0
+    run_dir: str | None = None
+    timeout: float = 300.0
+    stall_timeout: float = 10.0
+    fault: Fault | None = None
+
+
+def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int) -> tuple:
+    """A seed written for `from_devices` devices, scaled to ``gcd(its devices, to_devices)``.
+
+    Example (the tutorial MatMul seed on 4 and on 6 devices):
+        >>> from autostrat.rules import make_rule
+        >>> rule = make_rule("MatMul", [(64, 64), (64, 64)])
+        >>> fit_seed(rule, ((2, 1), (1, 4)), None, 8, 4), fit_seed(rule, ((2, 1), (1, 4)), None, 8, 6)
+        ((((1, 1), (1, 4)), None), (((1, 1), (1, 2)), None))
+    """
+    strategy = Strategy.from_tuples(rule, in_strategy, from_devices, out_strategy)
+    used = math.prod(strategy.splits)
+    excess = used // math.gcd(used, to_devices)
+    splits = []
+    for split in strategy.splits:
+        common = math.gcd(split, excess)
+        splits.append(split // common)
+        excess //= common
+    fitted = Strategy(rule, tuple(splits), to_devices)
+    return fitted.to_tuples(), fitted.out_tuples()
+
+
+def fit_seeds(config, device_num: int) -> tuple[object, dict, list[str]]:
+    """The config's context and seeds for `device_num` devices, and a note per changed seed."""
+    own = config.context.device_num
+    if device_num == own:
+        return config.context, config.strategies, []
+    graph = trace(config.net, *config.inputs, device_num=own)
+    seeds, notes, repeated = {}, [], False
+    for name, (in_strategy, out_strategy) in config.strategies.items():
+        rule = graph.ops[name].rule if name in graph.ops else None
+        if rule is None:
+            seeds[name] = (in_strategy, out_strategy)  # unknown op: the search reports it
+            continue
+        seeds[name] = fit_seed(rule, in_strategy, out_strategy, own, device_num)
+        used = math.prod(Strategy.from_tuples(rule, seeds[name][0], device_num, seeds[name][1]).splits)
+        repeated |= used < device_num
+        if seeds[name] != (in_strategy, out_strategy):
+            notes.append(f"seed {name}: {in_strategy} on {own} devices -> {seeds[name][0]} on {device_num}")
+    context = replace(config.context, device_num=device_num, fully_use_devices=config.context.fully_use_devices and not repeated)
+    return context, seeds, notes
+
+
+def prepare_run(config_path, options: RunOptions):
+    """Load the config and the rank table, search the plan and make the job; nothing starts."""
+    table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
+    config = load_config(config_path)
+    device_num = options.device_num or (table.device_num if table else config.context.device_num)
+    context, seeds, notes = fit_seeds(config, device_num)
+    plan = plan_for(config.net, config.inputs, context, seeds)
+    name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"
+    job = make_job(plan, options.steps, options.seed, options.stall_timeout, options.fault, name)
+    return job, table, notes
+
+
+def run_config(config_path, options: RunOptions) -> tuple[int, str]:
+    """Run a config end to end; returns the exit status and the text to print last.
+
+    Example (two steps of the tutorial FFN on 8 local threads):
+        >>> code, text = run_config("configs/ffn.yaml", RunOptions(backend="local"))
+        >>> code, "ReduceScatter (forward) sent 6144, predicted 6144" in text
+        (0, True)
+    """
+    job, table, notes = prepare_run(config_path, options)
+    if options.backend == "local":
+        check = run_job_locally(job)
+        return (0 if check.ok else 4), "\n".join(notes + [check.text])
+    run_dir = Path(options.run_dir) if options.run_dir else _new_run_dir()
+    save_job(job, run_dir)
+    for note in notes:
+        print(note, flush=True)
+    result = launch(run_dir, job.device_num, table.hosts() if table else None, options.timeout, options.stall_timeout)
+    footer = f"run directory: {run_dir} (rank logs in rank_<i>/log), {result.seconds:.1f} s"
+    return result.returncode, "\n".join([result.message, footer] if result.message else [footer])
+
+
+def _new_run_dir() -> Path:
+    root = Path("runs")
+    root.mkdir(exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root))
+
+
+def launched_by_mpiexec() -> bool:
+    """True in a process that mpiexec started (mpich's process manager sets PMI_RANK)."""
+    return "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
+def run_forward(net, *inputs, steps: int = 3, seed: int = 0, stall_timeout: float = 10.0):
+    """Search `net`'s plan under the current parallel context and run `steps` forward passes
+    on random batches, checked against the single-device result. Under mpiexec every process
+    is one rank (MpiBackend, with a watchdog); otherwise all ranks run as local threads.
+    Returns rank 0's `RunCheck` (None on the other ranks).
+
+    Example:
+        >>> from autostrat import nn, set_auto_parallel_context, reset_auto_parallel_context
+        >>> from autostrat.models import FFN
+        >>> set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+        >>> net = FFN(); _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> run_forward(net, nn.Tensor(shape=(64, 64)), steps=1).ok
+        True
+        >>> reset_auto_parallel_context()
+    """
+    from autostrat.frontend.api import parallelize
+    from autostrat.runtime.job import run_steps
+    from autostrat.runtime.report import format_report
+
+    job = make_job(parallelize(net, *inputs), steps, seed, stall_timeout, name=type(net).__name__)
+    if not launched_by_mpiexec():
+        return run_job_locally(job)
+    from autostrat.runtime.mpi import MpiBackend
+    from autostrat.runtime.watchdog import Watchdog
+
+    backend = MpiBackend()
+    watchdog = Watchdog(backend.rank, stall_timeout, lambda: backend.abort(3))
+    summaries = run_steps(job, backend, lambda index, _: watchdog.progress(f"instruction {index}"))
+    watchdog.stop()
+    return None if summaries is None else format_report(job, summaries, "MPI")

@@ -1,0 +1,131 @@
+"""A job: everything the ranks of one run need, made once by the launcher and read by every rank.
+
+The launcher searches the plan, lowers it, draws the random batches and computes the
+single-device reference, then writes the job to ``RUN_DIR/job.pkl``. Ranks only read it, so a
+rank imports neither the search nor the front end, and all ranks run the very same program.
+Across hosts the run directory must be on a filesystem every host sees.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from autostrat.errors import RuntimeBackendError
+from autostrat.io import write_atomically
+from autostrat.runtime.executor import execute, graph_values, run_single_device
+from autostrat.runtime.program import Program, lower_programs
+from autostrat.runtime.report import output_errors, rank_summary
+
+FAULTS = ("hang", "kill", "loop", "raise")
+JOB_FILE = "job.pkl"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure to inject (fault tests): `rank` does `kind` before instruction `at`."""
+
+    rank: int
+    kind: str
+    at: int
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    device_num: int
+    programs: tuple[Program, ...]
+    values: dict
+    batches: tuple[dict, ...]
+    expected: tuple[dict, ...]
+    plan_table: str
+    plan_bytes: int
+    single_seconds: float
+    stall_timeout: float = 10.0
+    fault: Fault | None = None
+
+
+def integer_bound(graph, tensor: str) -> int:
+    """Exclusive upper bound of valid values of an integer graph input: the rows of the table
+    a Gather reads with it, or a OneHot's depth (2 when no consumer says)."""
+    bounds = []
+    for op_name, index in graph.consumers(tensor):
+        op = graph.ops[op_name]
+        if op.op_type == "Gather" and index == 1:
+            bounds.append(graph.tensors[op.inputs[0]].shape[op.attr_dict.get("axis", 0)])
+        elif op.op_type == "OneHot":
+            bounds.append(op.attr_dict["depth"])
+    return min(bounds, default=2)
+
+
+def random_batch(graph, rng: np.random.Generator) -> dict:
+    """One batch of every graph input: standard normal floats, integers in their valid range."""
+    batch = {}
+    for info in graph.inputs():
+        if np.issubdtype(np.dtype(info.dtype), np.integer):
+            batch[info.name] = rng.integers(0, integer_bound(graph, info.name), size=info.shape).astype(info.dtype)
+        else:
+            batch[info.name] = rng.standard_normal(info.shape).astype(info.dtype)
+    return batch
+
+
+def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, fault: Fault | None = None, name: str = "") -> Job:
+    """Lower `plan` and prepare `steps` random batches with their single-device results."""
+    programs = lower_programs(plan)
+    if fault is not None and not (0 <= fault.rank < plan.device_num and fault.kind in FAULTS):
+        raise RuntimeBackendError(f"a fault is a rank below {plan.device_num} and one of {FAULTS}, got {fault}")
+    if fault is not None and fault.at < 0:  # default: the rank's first collective, mid-run
+        collectives = [i for i, ins in enumerate(programs[fault.rank].instructions) if getattr(ins, "kind", "Slice") != "Slice"]
+        fault = Fault(fault.rank, fault.kind, collectives[0] if collectives else 0)
+    rng = np.random.default_rng(seed)
+    values = graph_values(plan.graph, {})
+    batches = tuple(random_batch(plan.graph, rng) for _ in range(steps))
+    expected = tuple(run_single_device(plan.graph, values | batch) for batch in batches)
+    started = time.perf_counter()  # timed after a first pass, as the ranks' steps are after warm-up imports
+    for batch in batches:
+        run_single_device(plan.graph, values | batch)
+    single = (time.perf_counter() - started) / max(steps, 1)
+    return Job(name or plan.graph.name, plan.device_num, programs, values, batches, expected,
+               plan.table(), plan.total_bytes, single, stall_timeout, fault)
+
+
+def save_job(job: Job, run_dir) -> Path:
+    path = Path(run_dir) / JOB_FILE
+    write_atomically(path, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+    return path
+
+
+def load_job(run_dir) -> Job:
+    """The job of `run_dir` (a pickle written by `save_job`)."""
+    path = Path(run_dir) / JOB_FILE
+    try:
+        return pickle.loads(path.read_bytes())
+    except OSError as error:
+        raise RuntimeBackendError(f"cannot read the job {path}: {error.strerror or error}") from None
+
+
+def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) -> list | None:
+    """Run every batch of the job on this rank and compare with the single-device results;
+    rank 0 gets every rank's `report.rank_summary` (in rank order), the others None."""
+    if backend.device_num != job.device_num:
+        raise RuntimeBackendError(
+            f"the plan is for device_num {job.device_num} but {backend.device_num} ranks were launched"
+        )
+    program = job.programs[backend.rank]
+    sums = np.zeros(len(program.communications()), np.int64)
+    errors = (0.0, 0.0, 0.0)
+    started = time.perf_counter()
+    for batch, expected in zip(job.batches, job.expected):
+        result = execute(program, backend, job.values | batch, on_instruction)
+        sums += [traffic.sent for traffic in result.traffic]
+        errors = tuple(max(a, b) for a, b in zip(errors, output_errors(result.outputs, expected)))
+    seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
+    if on_gather is not None:
+        on_gather()
+    if log is not None:
+        log(f"rank {backend.rank}: {len(job.batches)} step(s), sent {sums.tolist()} bytes, errors {errors}")
+    return backend.gather_report(rank_summary(sums.tolist(), errors, seconds))

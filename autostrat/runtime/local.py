@@ -1,0 +1,149 @@
+"""LocalBackend: every rank in one process, one thread per rank, numpy only (for tests).
+
+Ranks meet in a collective through a shared slot per group member and a barrier: each member
+posts its contribution, waits for the others, reads every slot, and waits again before the slots
+can be reused. Reductions combine the members in group order, as `redistribution.simulate` does,
+so a LocalBackend run and a simulated plan give bitwise the same numbers.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from autostrat.errors import RuntimeBackendError
+from autostrat.runtime.backend import CountingBackend, stacked
+
+_COMBINE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+
+
+class _Meeting:
+    """Where the members of one group exchange values."""
+
+    def __init__(self, members: tuple[int, ...], timeout: float):
+        self.members = members
+        self.slots: list = [None] * len(members)
+        self.barrier = threading.Barrier(len(members), timeout=timeout)
+
+    def exchange(self, rank: int, value) -> list:
+        self.slots[self.members.index(rank)] = value
+        self.barrier.wait()
+        values = list(self.slots)
+        self.barrier.wait()  # nobody posts the next value before everyone has read this one
+        return values
+
+
+class LocalCluster:
+    """`device_num` ranks as threads of this process.
+
+    Example:
+        >>> cluster = LocalCluster(2)
+        >>> cluster.run(lambda backend: backend.allgather(np.array([backend.rank]), (0, 1)))
+        [[array([0]), array([1])], [array([0]), array([1])]]
+    """
+
+    def __init__(self, device_num: int, timeout: float = 60.0):
+        if device_num < 1:
+            raise RuntimeBackendError(f"LocalCluster needs device_num >= 1, got {device_num}")
+        self.device_num, self.timeout = device_num, timeout
+        self._meetings: dict[tuple[int, ...], _Meeting] = {}
+        self._lock = threading.Lock()
+        self._root_failure: tuple | None = None
+        self.meeting(tuple(range(device_num)))
+
+    def meeting(self, group: tuple[int, ...]) -> _Meeting:
+        with self._lock:
+            if group not in self._meetings:
+                self._meetings[group] = _Meeting(group, self.timeout)
+            return self._meetings[group]
+
+    def run(self, fn) -> list:
+        """``fn(backend)`` on every rank, each in its own thread; returns the results by rank.
+        The first rank to fail breaks every meeting, and its error is raised naming it."""
+        with ThreadPoolExecutor(max_workers=self.device_num) as pool:
+            futures = [pool.submit(self._run_rank, fn, rank) for rank in range(self.device_num)]
+            results, failure = [], None
+            for rank, future in enumerate(futures):
+                try:
+                    results.append(future.result())
+                except Exception as error:  # noqa: BLE001  (re-raised below with the rank)
+                    failure = failure or (rank, error)
+                    results.append(None)
+        if failure:
+            rank, error = self._root_failure or failure  # the cause, not a rank it woke up
+            raise RuntimeBackendError(f"rank {rank}: {type(error).__name__}: {error}") from error
+        return results
+
+    def _run_rank(self, fn, rank: int):
+        try:
+            return fn(LocalBackend(self, rank))
+        except threading.BrokenBarrierError:
+            raise RuntimeBackendError(f"rank {rank}: a collective was broken by another rank's failure or timed out") from None
+        except BaseException as error:
+            with self._lock:
+                self._root_failure = self._root_failure or (rank, error)
+            for meeting in list(self._meetings.values()):
+                meeting.barrier.abort()  # wake the ranks waiting for this one
+            raise
+
+
+class LocalBackend(CountingBackend):
+    """One rank of a `LocalCluster` (see `backend.Backend`)."""
+
+    def __init__(self, cluster: LocalCluster, rank: int):
+        super().__init__()
+        self.cluster, self.rank, self.device_num = cluster, rank, cluster.device_num
+
+    def prepare(self, partitions) -> None:
+        for partition in partitions:
+            for group in partition:
+                self.cluster.meeting(group)
+
+    def _exchange(self, group, value) -> list:
+        return self.cluster.meeting(tuple(group)).exchange(self.rank, value)
+
+    def allgather(self, piece, group):
+        self.count("AllGather", len(group), piece.nbytes)
+        return [np.array(value) for value in self._exchange(group, piece)]
+
+    def alltoall(self, blocks, group):
+        self.count("AllToAll", len(group), stacked(blocks).nbytes)
+        position = group.index(self.rank)
+        return [np.array(value[position]) for value in self._exchange(group, list(blocks))]
+
+    def allreduce(self, piece, group, op):
+        self.count("AllReduce", len(group), piece.nbytes)
+        return _reduce(self._exchange(group, piece), op)
+
+    def reduce_scatter(self, blocks, group, op):
+        self.count("ReduceScatter", len(group), stacked(blocks).nbytes)
+        position = group.index(self.rank)
+        return _reduce([value[position] for value in self._exchange(group, list(blocks))], op)
+
+    def sendrecv(self, piece, dest, source):
+        self.count_sendrecv(piece, dest)
+        # A permute is one instruction on every rank, so the whole world meets once.
+        return np.array(self._exchange(tuple(range(self.device_num)), piece)[source])
+
+    def gather_report(self, values):
+        gathered = self._exchange(tuple(range(self.device_num)), np.asarray(values, np.float64))
+        return [np.array(v) for v in gathered] if self.rank == 0 else None
+
+
+def _reduce(values: list, op: str) -> np.ndarray:
+    combine = _COMBINE[op]
+    total = np.array(values[0])
+    for value in values[1:]:
+        total = combine(total, value)
+    return total
+
+
+def run_job_locally(job):
+    """Run a `job.Job` on a `LocalCluster` and return rank 0's `report.RunCheck`."""
+    from autostrat.runtime.job import run_steps
+    from autostrat.runtime.report import format_report
+
+    summaries = LocalCluster(job.device_num).run(lambda backend: run_steps(job, backend))
+    return format_report(job, summaries[0], "LocalBackend threads")

@@ -1,0 +1,228 @@
+"""Lower a plan to one program per rank: slice loads, kernels on local slices, collective steps.
+
+A program is plain data (frozen dataclasses, tuples, a `SliceContext` per kernel), so it can be
+written to a file by the launcher and read by every rank without importing the search. Every
+rank's program has the same instructions in the same order; only slices, chunk indices, peers
+and predicted bytes differ. That is what lets MPI ranks (and LocalBackend threads) meet in every
+collective without any further coordination.
+
+Partial results (an op with a split reduction factor) are carried on the edge, as the plan
+does: the op itself sends nothing and the consumer edge's AllReduce or ReduceScatter resolves
+them. Graph outputs that are still split or partial get one more redistribution, to the
+replicated layout, so that every rank ends with the whole result; its bytes are predicted by the
+same planner and reported apart (phase "output") from the plan's forward bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autostrat.errors import RuntimeBackendError
+from autostrat.layout import Layout, SliceContext, TensorMap
+from autostrat.redistribution import RedistributionPlan, plan_redistribution
+
+PHASES = ("forward", "output")
+
+
+@dataclass(frozen=True)
+class Load:
+    """Take the rank's slice of a graph input, parameter or constant (no communication)."""
+
+    tensor: str
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Run one op's kernel on the rank's slices (store keys in, store keys out)."""
+
+    op: str
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: tuple[tuple[str, Any], ...]
+    context: SliceContext
+
+
+@dataclass(frozen=True)
+class Communicate:
+    """One redistribution step on this rank: read `source`, write `target`.
+
+    `group` is the rank's communication group, members in the order of their chunks in the
+    step's dim. `chunks` is, per member, the chunk of the split dim that member ends with
+    (AllToAll, ReduceScatter), or ``(parts, own chunk)`` for a Slice. `peers` is ``(send to,
+    receive from)`` of a Sendrecv (a collective permute). `predicted` is what the plan says this
+    rank sends.
+    """
+
+    kind: str
+    source: str
+    target: str
+    group: tuple[int, ...]
+    dims: tuple[int, ...]
+    chunks: tuple[int, ...]
+    reduce_op: str
+    peers: tuple[int, int]
+    predicted: int
+    edge: str
+    phase: str = "forward"
+
+
+@dataclass(frozen=True)
+class Program:
+    """What one rank runs. `partitions` lists every set of rank groups the program
+    communicates over, identically on all ranks, so communicators are made once, in one order."""
+
+    rank: int
+    device_num: int
+    partitions: tuple[tuple[tuple[int, ...], ...], ...]
+    instructions: tuple
+    inputs: tuple[str, ...]
+    outputs: tuple[tuple[str, str], ...]
+
+    def communications(self) -> tuple[Communicate, ...]:
+        return tuple(i for i in self.instructions if isinstance(i, Communicate))
+
+
+def lower_programs(plan) -> tuple[Program, ...]:
+    """One program per rank for `plan` (a `search.Plan`); checks the plan against its graph.
+
+    Example (the tutorial FFN: one ReduceScatter after dense2.matmul, then the output gathered):
+        >>> from autostrat import nn, parallelize, set_auto_parallel_context, reset_auto_parallel_context
+        >>> from autostrat.models import FFN
+        >>> set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+        >>> net = FFN(); _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> programs = lower_programs(parallelize(net, nn.Tensor(shape=(64, 64))))
+        >>> [(c.kind, c.phase, c.predicted) for c in programs[3].communications()]
+        [('ReduceScatter', 'forward', 6144), ('AllGather', 'output', 6144), ('AllGather', 'output', 8192)]
+        >>> reset_auto_parallel_context()
+    """
+    check_plan(plan)
+    output_plans = _output_plans(plan)
+    partitions = _partitions(plan, output_plans)
+    return tuple(_lower_rank(plan, output_plans, partitions, rank) for rank in range(plan.device_num))
+
+
+def check_plan(plan) -> None:
+    """Raise `RuntimeBackendError` unless every op of the graph has a strategy for its own
+    shapes and every tensor a layout on `device_num` devices."""
+    graph = plan.graph
+    missing = [name for name in graph.ops if name not in plan.ops]
+    extra = [name for name in plan.ops if name not in graph.ops]
+    if missing or extra:
+        raise RuntimeBackendError(
+            f"the plan does not match graph {graph.name}: ops without a strategy {missing}, strategies of unknown ops {extra}"
+        )
+    for name, op in graph.ops.items():
+        strategy = plan.ops[name].strategy
+        shapes = tuple(graph.tensors[t].shape for t in op.inputs)
+        if strategy.rule.op_type != op.op_type or tuple(strategy.rule.input_shapes) != shapes:
+            raise RuntimeBackendError(
+                f"op {name}: the plan's strategy is for {strategy.rule.op_type} on {list(strategy.rule.input_shapes)}, "
+                f"the graph has {op.op_type} on {list(shapes)}"
+            )
+        if strategy.device_num != plan.device_num:
+            raise RuntimeBackendError(f"op {name}: strategy for {strategy.device_num} devices in a plan for {plan.device_num}")
+    for tensor in (t for op in graph.ops.values() for t in op.inputs + op.outputs):
+        layout = plan.layouts.get(tensor)
+        if layout is None or layout.shape != graph.tensors[tensor].shape or layout.device_num != plan.device_num:
+            raise RuntimeBackendError(f"tensor {tensor}: expected a layout of shape {list(graph.tensors[tensor].shape)} "
+                                      f"on {plan.device_num} devices in the plan, got {layout}")
+
+
+def replicated(layout: Layout) -> Layout:
+    """The same tensor, whole on every rank of the same device matrix."""
+    return Layout(layout.device_matrix, TensorMap((-1,) * len(layout.shape)), layout.shape)
+
+
+def _output_plans(plan) -> dict[str, RedistributionPlan]:
+    plans = {}
+    for tensor in plan.graph.outputs:
+        layout = plan.layouts[tensor]
+        whole = replicated(layout)
+        if not layout.equivalent(whole):
+            plans[tensor] = plan_redistribution(layout, whole, plan.graph.tensors[tensor].dtype)
+    return plans
+
+
+def _partitions(plan, output_plans) -> tuple:
+    """Every group set of every step, first use first (the order communicators are made in)."""
+    found: dict = {}
+    redistributions = [edge.plan for edge in plan.redistributions] + list(output_plans.values())
+    for redistribution in redistributions:
+        for step in redistribution.steps:
+            if step.kind in ("AllGather", "AllReduce", "AllToAll", "ReduceScatter"):
+                found.setdefault(step.groups, None)
+    return tuple(found)
+
+
+def _edge_key(tensor: str, consumer: str, index: int) -> str:
+    return f"{tensor}>{consumer}[{index}]"
+
+
+def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
+    graph = plan.graph
+    edges = {(e.consumer, e.input_index): e for e in plan.redistributions}
+    instructions: list = [
+        Load(name, plan.layouts[name].slice_range(rank))
+        for name, info in graph.tensors.items()
+        if info.kind != "output" and graph.consumers(name)
+    ]
+    for name, op in graph.ops.items():
+        keys = []
+        for index, tensor in enumerate(op.inputs):
+            edge = edges.get((name, index))
+            key = tensor
+            if edge is not None and edge.plan.steps:
+                key = _edge_key(tensor, name, index)
+                label = f"{tensor} -> {name}[{index}]"
+                instructions += lower_steps(edge.plan, rank, tensor, key, label, "forward")
+            keys.append(key)
+        strategy = plan.ops[name].strategy
+        instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, op.attrs, strategy.slice_context(rank)))
+    outputs = []
+    for tensor in graph.outputs:
+        key = tensor
+        if tensor in output_plans:
+            key = f"{tensor}>output"
+            instructions += lower_steps(output_plans[tensor], rank, tensor, key, f"{tensor} -> output", "output")
+        outputs.append((tensor, key))
+    inputs = tuple(info.name for info in graph.inputs())
+    return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs))
+
+
+def lower_steps(redistribution: RedistributionPlan, rank: int, source: str, target: str, edge: str, phase: str) -> list[Communicate]:
+    """The rank's instructions for one redistribution: the first step reads `source`, every
+    step writes `target`."""
+    lowered = []
+    for step in redistribution.steps:
+        lowered.append(_lower_step(step, rank, source, target, edge, phase))
+        source = target
+    return lowered
+
+
+def _chunk(step, rank: int, dim: int) -> int:
+    """The chunk of `dim` that `rank` holds after the step, among its group (as `simulate`)."""
+    return step.after.shard_index(rank)[dim] % step.group_size
+
+
+def _lower_step(step, rank: int, source: str, target: str, edge: str, phase: str) -> Communicate:
+    # Cases: a permute pairs ranks (send to whoever takes our piece, receive from our source);
+    # every other kind acts inside the rank's group, whose member order is the chunk order.
+    op = step.before.partial_op
+    if step.kind == "CollectivePermute":
+        take_from = step.sources[rank]
+        give_to = step.sources.index(rank)
+        sends = give_to != rank
+        return Communicate("Sendrecv", source, target, (), (), (), op, (give_to, take_from), step.bytes if sends else 0, edge, phase)
+    group = next(g for g in step.groups if rank in g)
+    if step.kind == "Slice":
+        chunks = (len(group), _chunk(step, rank, step.dims[0]))
+    elif step.kind in ("AllToAll", "ReduceScatter"):
+        chunks = tuple(_chunk(step, member, step.dims[-1]) for member in group)
+    elif step.kind in ("AllGather", "AllReduce"):
+        chunks = ()
+    else:
+        raise RuntimeBackendError(f"edge {edge}: cannot run a {step.kind} step (rank {rank})")
+    return Communicate(step.kind, source, target, group, step.dims, chunks, op, (rank, rank), step.bytes, edge, phase)

@@ -1,0 +1,109 @@
+"""The rank entry point: ``mpiexec -n N python -m mpi4py -m autostrat.runtime.rank RUN_DIR``.
+
+Each rank writes everything it prints to ``RUN_DIR/rank_<i>/log`` (like MindSpore's
+``device<i>/train.log<i>``) and its process id to ``rank_<i>/pid``; only rank 0's report and
+one line per failing rank go to the terminal. A rank that raises prints ``rank i: <error>``
+and aborts the whole job; a rank that stops making progress is ended by its `Watchdog`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from autostrat.io import write_atomically
+from autostrat.runtime.job import load_job, run_steps
+from autostrat.runtime.program import Communicate
+from autostrat.runtime.report import format_report
+from autostrat.runtime.watchdog import Watchdog, say
+
+
+def redirect_output(run_dir: Path, rank: int) -> tuple[int, int]:
+    """Send this process's stdout and stderr to ``rank_<rank>/log``; return copies of the
+    original descriptors (the terminal, through mpiexec) for the lines meant for the user."""
+    folder = run_dir / f"rank_{rank}"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(folder / "pid", f"{os.getpid()}\n")
+    terminal_out, terminal_err = os.dup(1), os.dup(2)
+    log = os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(log, 1), os.dup2(log, 2)
+    os.close(log)
+    return terminal_out, terminal_err
+
+
+def inject(fault, backend) -> None:
+    """Fail the way the fault tests ask for."""
+    if fault.kind == "raise":
+        raise RuntimeError(f"injected failure at instruction {fault.at}")
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "hang":
+        backend.barrier_on_copy()  # alone in a collective: the others never join
+    while fault.kind == "loop":
+        pass
+
+
+def _hook(program, watchdog: Watchdog, fault, backend):
+    def on_instruction(index: int, instruction) -> None:
+        collective = isinstance(instruction, Communicate) and instruction.kind != "Slice"
+        name = getattr(instruction, "edge", None) or getattr(instruction, "op", None) or getattr(instruction, "tensor", "")
+        watchdog.progress(f"instruction {index} ({type(instruction).__name__} {getattr(instruction, 'kind', '')} {name})", collective)
+        if fault is not None and fault.rank == program.rank and fault.at == index:
+            watchdog.progress(f"instruction {index} (injected {fault.kind})", fault.kind == "hang")
+            inject(fault, backend)
+    return on_instruction
+
+
+def run_rank(run_dir: Path, backend, watchdog: Watchdog, terminal_out: int) -> bool:
+    """Run every step of the job on this rank; rank 0 prints and saves the report."""
+    job = load_job(run_dir)
+    hook = _hook(job.programs[backend.rank], watchdog, job.fault, backend) if backend.device_num == job.device_num else None
+    summaries = run_steps(job, backend, hook, lambda: watchdog.progress("gathering the report", collective=True), _log)
+    if summaries is None:
+        return True
+    check = format_report(job, summaries, "MPI")
+    write_atomically(run_dir / "report.txt", check.text + "\n")
+    print(check.text, flush=True)
+    say(terminal_out, check.text, log_fd=None)
+    return check.ok
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = Path(argv[0])
+    from autostrat.runtime.mpi import MpiBackend
+
+    backend = MpiBackend()
+    terminal_out, terminal_err = redirect_output(run_dir, backend.rank)
+    print(f"rank {backend.rank} of {backend.device_num}: pid {os.getpid()}", flush=True)
+    watchdog = Watchdog(backend.rank, _stall_limit(run_dir), lambda: backend.abort(3), fd=terminal_err)
+    try:
+        ok = run_rank(run_dir, backend, watchdog, terminal_out)
+    except BaseException as error:  # noqa: BLE001  (any failure must end the whole job)
+        traceback.print_exc()
+        say(terminal_err, f"rank {backend.rank}: {type(error).__name__}: {error}")
+        sys.stdout.flush(), sys.stderr.flush()
+        backend.abort(1)
+        return 1
+    watchdog.stop()
+    return 0 if ok else 4
+
+
+def _stall_limit(run_dir: Path) -> float:
+    """The job's stall limit, read before the job itself so start-up is watched too."""
+    try:
+        return float((run_dir / "stall_timeout").read_text())
+    except (OSError, ValueError):
+        return 10.0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

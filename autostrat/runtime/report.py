@@ -1,0 +1,110 @@
+"""The run report: per-rank bytes predicted by the plan next to the bytes counted while running,
+and the distance of the distributed result from the single-device one.
+
+Each rank condenses its run into one vector (`rank_summary`): the bytes it sent in every
+collective instruction, summed over steps, then its largest absolute and relative output
+errors and its seconds per step. Rank 0 gathers the vectors and formats them with the programs,
+which carry the predictions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autostrat.tables import format_table
+
+TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-10}
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """The result of one run, as rank 0 sees it."""
+
+    text: str
+    bytes_match: bool
+    results_match: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.bytes_match and self.results_match
+
+
+def output_errors(outputs: dict, expected: dict) -> tuple[float, float, float]:
+    """Largest absolute error, largest error relative to the reference's largest magnitude,
+    and the tolerance of the coarsest output dtype.
+
+    Example:
+        >>> output_errors({"y": np.float32([1, 2.5])}, {"y": np.float32([1, 2])})
+        (0.5, 0.25, 1e-05)
+    """
+    absolute = relative = 0.0
+    tolerance = 1e-10
+    for name, reference in expected.items():
+        reference, got = np.asarray(reference), np.asarray(outputs[name])
+        difference = float(np.max(np.abs(got.astype(np.float64) - reference), initial=0.0))
+        scale = float(np.max(np.abs(reference), initial=0.0)) or 1.0
+        absolute, relative = max(absolute, difference), max(relative, difference / scale)
+        tolerance = max(tolerance, TOLERANCE.get(reference.dtype.name, 0.0))
+    return absolute, relative, tolerance
+
+
+def rank_summary(traffic_sums: list[int], errors: tuple[float, float, float], seconds: float) -> np.ndarray:
+    return np.array([*traffic_sums, *errors, seconds], np.float64)
+
+
+def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
+    """The report rank 0 prints, from every rank's `rank_summary` (in rank order)."""
+    steps = len(job.batches)
+    rows, bytes_match = [], True
+    for rank, summary in enumerate(summaries):
+        communications = job.programs[rank].communications()
+        sent = summary[: len(communications)]
+        row = [str(rank)]
+        for phase in ("forward", "output"):
+            predicted = sum(c.predicted for c in communications if c.phase == phase)
+            measured = sum(int(s) for s, c in zip(sent, communications) if c.phase == phase)
+            bytes_match &= measured == predicted * steps
+            row += [str(predicted), _per_step(measured, steps)]
+        rows.append(row)
+    absolute = max(float(s[-4]) for s in summaries)
+    relative = max(float(s[-3]) for s in summaries)
+    tolerance = max(float(s[-2]) for s in summaries)
+    seconds = max(float(s[-1]) for s in summaries)
+    results_match = relative <= tolerance
+    headers = ["rank", "forward predicted", "forward sent", "output predicted", "output sent"]
+    lines = [
+        f"{job.name} on {job.device_num} ranks ({backend}), {steps} forward step(s)",
+        job.plan_table,
+        "",
+        "bytes each rank sent per forward step: predicted by the plan / counted on the buffers handed to the backend",
+        "(forward = the plan's redistributions; output = assembling split or partial graph outputs on every rank)",
+        format_table(headers, rows),
+        *_collective_lines(job, summaries),
+        f"bytes: {'measured = predicted on every rank' if bytes_match else 'MISMATCH between measured and predicted'}",
+        f"max difference from the single-device result: {absolute:.3g} (relative {relative:.3g}, "
+        f"limit {tolerance:g}): {'OK' if results_match else 'FAILED'}",
+        f"time per forward step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "
+        f"{job.single_seconds * 1e3:.2f} ms single device",
+    ]
+    return RunCheck("\n".join(lines), bytes_match, results_match)
+
+
+def _per_step(measured: int, steps: int) -> str:
+    return str(measured // steps) if measured % steps == 0 else f"{measured / steps:.1f}"
+
+
+def _collective_lines(job, summaries) -> list[str]:
+    """One line per collective instruction: rank 0's kind and the distinct per-rank bytes."""
+    steps = len(job.batches)
+    lines = ["collectives (bytes per rank per step):"]
+    for index, step in enumerate(job.programs[0].communications()):
+        sent = sorted({int(summary[index]) // steps for summary in summaries})
+        predicted = sorted({p.communications()[index].predicted for p in job.programs})
+        lines.append(f"  {step.edge}: {step.kind} ({step.phase}) sent {_values(sent)}, predicted {_values(predicted)}")
+    return lines if len(lines) > 1 else ["collectives: none"]
+
+
+def _values(values: list[int]) -> str:
+    return str(values[0]) if len(values) == 1 else "/".join(map(str, values))

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The tutorial's launch script: bash run.sh RANK_SIZE (default 8), inside this folder.
+# Every rank runs train.py under mpiexec (python -m mpi4py aborts the job when a rank raises);
+# rank i's output goes to device/rank_<i>/log, rank 0's check is printed at the end.
+# RANK_TABLE_FILE=rank_table_8pcs.json bash run.sh 8 starts the ranks on the table's servers.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+rank_size=${1:-8}
+repo=../..
+[[ -x "$repo/.venv/bin/mpiexec" ]] || bash "$repo/run.sh" test --collect-only -q >/dev/null  # bootstrap .venv
+hosts=()
+if [[ -n "${RANK_TABLE_FILE:-}" ]]; then
+    "$repo/.venv/bin/python" - "$RANK_TABLE_FILE" "$rank_size" > hostfile <<'PY'
+import sys
+from autostrat.runtime.launcher import hostfile_text
+from autostrat.runtime.rank_table import load_rank_table
+print(hostfile_text(load_rank_table(sys.argv[1], int(sys.argv[2])).hosts()), end="")
+PY
+    hosts=(-f hostfile)
+    export MPIR_CVAR_CH4_NETMOD=${MPIR_CVAR_CH4_NETMOD:-ofi} FI_PROVIDER=${FI_PROVIDER:-tcp}
+fi
+rm -rf device && mkdir -p device
+for ((i = 0; i < rank_size; i++)); do mkdir -p "device/rank_$i"; done
+export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-300}
+status=0
+"$repo/.venv/bin/mpiexec" "${hosts[@]}" -n "$rank_size" -outfile-pattern 'device/rank_%r/log' \
+    -errfile-pattern 'device/rank_%r/log' "$repo/.venv/bin/python" -m mpi4py train.py || status=$?
+cat device/rank_0/log
+[[ $status -eq 0 ]] || echo "run.sh: mpiexec exited with status $status; see device/rank_<i>/log" >&2
+exit $status

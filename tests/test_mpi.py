@@ -1,0 +1,136 @@
+"""The runtime under real MPI ranks (`autostrat run` -> mpiexec), and what happens when a rank
+fails: it raises, is killed, hangs in a collective or loops forever."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autostrat.errors import RuntimeBackendError
+from autostrat.runtime import launcher
+from autostrat.runtime.launcher import alive, rank_pids
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(tmp_path, *args, timeout=90):
+    """`autostrat run` in a subprocess; returns (exit status, stdout, stderr, run dir, seconds)."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "autostrat", "run", *args, "--run-dir", str(run_dir)]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr, run_dir, time.monotonic() - started
+
+
+def assert_nothing_left(run_dir: Path, device_num: int) -> None:
+    pids = rank_pids(run_dir, device_num)
+    assert pids, f"no rank recorded its pid in {run_dir}"
+    assert not [pid for pid in pids.values() if alive(pid)]
+    leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    assert not leftover, f"processes of the run still alive: {leftover}"
+
+
+@pytest.mark.parametrize("config", ["ffn", "mlp", "gpt", "resnet"])
+def test_config_on_8_mpi_ranks(tmp_path, config):
+    code, out, err, run_dir, _ = run(tmp_path, f"configs/{config}.yaml", "--device-num", "8", "--steps", "1")
+    assert code == 0, err
+    assert "bytes: measured = predicted on every rank" in out
+    assert ": OK" in out
+    assert (run_dir / "report.txt").exists() and (run_dir / "rank_7" / "log").exists()
+    assert_nothing_left(run_dir, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,device_num", [("ffn", 4), ("gpt", 4), ("mlp", 6), ("resnet", 6)])
+def test_config_on_4_and_6_mpi_ranks(tmp_path, config, device_num):
+    code, out, err, _, _ = run(tmp_path, f"configs/{config}.yaml", "--device-num", str(device_num), "--steps", "1")
+    assert code == 0, err
+    assert "bytes: measured = predicted on every rank" in out and ": OK" in out
+
+
+def test_tutorial_reports_one_reduce_scatter(tmp_path):
+    code, out, err, _, _ = run(tmp_path, "configs/ffn.yaml", "--device-num", "8")
+    assert code == 0, err
+    assert "dense2.matmul:0 -> dense2.bias_add[0]: ReduceScatter (forward) sent 6144, predicted 6144" in out
+
+
+FAULTS = [
+    ("raise", "job failed: rank 2: RuntimeError: injected failure at instruction"),
+    ("kill", "job failed: rank 2 (pid"),
+    ("hang", "job failed: rank 2: no progress for"),
+    ("loop", "job failed: rank 2: no progress for"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,message", FAULTS, ids=[kind for kind, _ in FAULTS])
+def test_a_failing_rank_ends_the_job(tmp_path, kind, message):
+    code, out, err, run_dir, seconds = run(
+        tmp_path, "configs/ffn.yaml", "--device-num", "4", "--inject-fault", f"2:{kind}", "--stall-timeout", "3",
+        "--timeout", "60",
+    )
+    assert code != 0
+    assert message in err, err
+    assert seconds < 30
+    assert_nothing_left(run_dir, 4)
+
+
+def test_the_global_timeout_kills_everything(tmp_path):
+    # A stall limit longer than the job's time limit: only the launcher can end this job.
+    code, _, err, run_dir, seconds = run(
+        tmp_path, "configs/ffn.yaml", "--inject-fault", "1:loop", "--stall-timeout", "100", "--timeout", "6"
+    )
+    assert code == 124
+    assert "the job did not finish within 6 s and was killed" in err
+    assert seconds < 30
+    assert_nothing_left(run_dir, 8)
+
+
+def test_too_few_ranks_fail_before_any_collective(tmp_path):
+    from autostrat.frontend.run import RunOptions, prepare_run
+    from autostrat.runtime.job import save_job
+
+    job, _, _ = prepare_run(ROOT / "configs/ffn.yaml", RunOptions(steps=1))
+    save_job(job, tmp_path)
+    result = launcher.launch(tmp_path, 4, timeout=60)
+    assert result.returncode != 0
+    assert "the plan is for device_num 8 but 4 ranks were launched" in result.message
+
+
+def test_rank_table_hosts_run_the_job(tmp_path):
+    table = {
+        "version": "1.0", "server_count": "2", "status": "completed",
+        "server_list": [
+            {"server_id": host, "host_nic_ip": "reserve", "device": [
+                {"device_id": str(i), "device_ip": f"192.1.27.{i}", "rank_id": str(4 * s + i)} for i in range(4)]}
+            for s, host in enumerate(["localhost", "127.0.0.1"])
+        ],
+    }
+    path = tmp_path / "rank_table.json"
+    path.write_text(json.dumps(table))
+    # Both "servers" are this machine, under two names: the ofi/TCP settings for several hosts apply.
+    code, out, err, run_dir, _ = run(tmp_path, "configs/ffn.yaml", "--rank-table", str(path), "--steps", "1")
+    assert code == 0, err
+    assert (run_dir / "hostfile").read_text() == "localhost:4\n127.0.0.1:4\n"
+    assert "ffn.yaml: FFN on 8 ranks (MPI)" in out
+
+
+def test_missing_mpi_runtime_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(RuntimeBackendError, match="no MPI runtime: expected mpiexec at"):
+        launcher.find_mpiexec()
+
+
+def test_a_bad_rank_table_stops_before_any_process(tmp_path):
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"version": "1.0", "server_count": "1", "status": "completed", "server_list": [
+        {"server_id": "localhost", "device": [{"device_id": "0", "device_ip": "x", "rank_id": "1"}]}]}))
+    code, _, err, run_dir, _ = run(tmp_path, "configs/ffn.yaml", "--rank-table", str(path))
+    assert code == 2
+    assert "server_list[0].device[0].rank_id: expected 0" in err
+    assert not run_dir.exists()

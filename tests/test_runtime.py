@@ -1,0 +1,133 @@
+"""The runtime on LocalBackend threads: every built-in config matches the single-device result
+and sends exactly the predicted bytes; collectives agree with `redistribution.simulate`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autostrat.errors import RuntimeBackendError
+from autostrat.frontend.run import RunOptions, fit_seed, prepare_run
+from autostrat.layout import DeviceMatrix, Layout, TensorMap, assemble_tensor, split_tensor
+from autostrat.redistribution import plan_redistribution, simulate
+from autostrat.rules import make_rule
+from autostrat.runtime.executor import execute
+from autostrat.runtime.job import make_job, run_steps
+from autostrat.runtime.local import LocalCluster, run_job_locally
+from autostrat.runtime.program import Load, Program, lower_programs, lower_steps
+
+CASES = [("ffn", 8), ("mlp", 8), ("gpt", 8), ("resnet", 8), ("ffn", 4), ("mlp", 4), ("gpt", 4), ("resnet", 4),
+         ("ffn", 6), ("mlp", 6), ("gpt", 6), ("resnet", 6)]
+
+
+@pytest.mark.parametrize("config,device_num", CASES, ids=[f"{c}-{n}" for c, n in CASES])
+def test_config_matches_single_device_and_predicted_bytes(config, device_num):
+    job, _, _ = prepare_run(f"configs/{config}.yaml", RunOptions(device_num=device_num, steps=1))
+    check = run_job_locally(job)
+    assert check.bytes_match, check.text
+    assert check.results_match, check.text
+
+
+def test_tutorial_has_one_reduce_scatter_of_6144_bytes():
+    job, _, _ = prepare_run("configs/ffn.yaml", RunOptions(steps=1))
+    forward = [c for c in job.programs[0].communications() if c.phase == "forward"]
+    assert [(c.kind, c.edge, c.predicted) for c in forward] == [
+        ("ReduceScatter", "dense2.matmul:0 -> dense2.bias_add[0]", 6144)
+    ]
+    assert "ReduceScatter (forward) sent 6144, predicted 6144" in run_job_locally(job).text
+
+
+def test_runs_are_deterministic():
+    job, _, _ = prepare_run("configs/gpt.yaml", RunOptions(steps=1))
+    first = LocalCluster(8).run(lambda backend: execute(job.programs[backend.rank], backend, job.values | job.batches[0]))
+    second = LocalCluster(8).run(lambda backend: execute(job.programs[backend.rank], backend, job.values | job.batches[0]))
+    for a, b in zip(first, second):
+        assert all(np.array_equal(a.outputs[k], b.outputs[k]) for k in a.outputs)
+
+
+LAYOUT_PAIRS = [
+    ((8,), (0, -1), (2, 4), (-1, 0), ()),  # AllToAll across matrices
+    ((2, 4), (1, 0), (8,), (-1, -1), ()),  # AllGather
+    ((2, 4), (1, -1), (2, 4), (1, 0), (0,)),  # partial -> ReduceScatter
+    ((2, 4), (-1, -1), (2, 4), (-1, -1), (0, 1)),  # partial -> AllReduce
+    ((2, 4), (1, 0), (2, 4), (0, 1), ()),  # axes swap (permute or all-to-all)
+    ((4,), (-1, -1), (4,), (0, -1), ()),  # Slice
+]
+
+
+@pytest.mark.parametrize("src_dm,src_tm,dst_dm,dst_tm,partial", LAYOUT_PAIRS)
+def test_collectives_agree_with_simulation(src_dm, src_tm, dst_dm, dst_tm, partial):
+    shape = (16, 8)
+    src = Layout(DeviceMatrix(src_dm), TensorMap(src_tm), shape, partial)
+    dst = Layout(DeviceMatrix(dst_dm), TensorMap(dst_tm), shape)
+    plan = plan_redistribution(src, dst)
+    pieces = split_tensor(np.random.default_rng(1).standard_normal(shape).astype(np.float32), src)
+    partitions = tuple(dict.fromkeys(s.groups for s in plan.steps if s.kind not in ("Slice", "CollectivePermute")))
+
+    def rank_run(backend):
+        rank = backend.rank
+        load = Load("t", tuple((0, size) for size in pieces[rank].shape))  # the whole piece: it is the rank's slice
+        steps = tuple(lower_steps(plan, rank, "t", "u", "edge", "forward"))
+        program = Program(rank, src.device_num, partitions, (load, *steps), (), (("t", "u" if steps else "t"),))
+        return execute(program, backend, {"t": pieces[rank]})
+
+    results = LocalCluster(src.device_num).run(rank_run)
+    expected = simulate(plan, pieces)
+    for rank, result in enumerate(results):
+        assert np.array_equal(result.outputs["t"], expected[rank])
+        assert sum(t.sent for t in result.traffic) == sum(t.predicted for t in result.traffic)
+    assert np.allclose(assemble_tensor([r.outputs["t"] for r in results], dst), assemble_tensor(pieces, src))
+
+
+def test_a_failing_rank_is_named():
+    def fail_on_rank_2(backend):
+        if backend.rank == 2:
+            raise ValueError("bad slice")
+        return backend.allgather(np.zeros(1), (0, 1, 2, 3))
+
+    with pytest.raises(RuntimeBackendError, match="rank 2: ValueError: bad slice"):
+        LocalCluster(4, timeout=10).run(fail_on_rank_2)
+
+
+def test_wrong_rank_count_fails_before_any_collective():
+    job, _, _ = prepare_run("configs/ffn.yaml", RunOptions(steps=1))
+    with pytest.raises(RuntimeBackendError, match="the plan is for device_num 8 but 4 ranks were launched"):
+        LocalCluster(4).run(lambda backend: run_steps(job, backend))
+
+
+def test_a_plan_for_another_graph_is_rejected():
+    from dataclasses import replace
+
+    from autostrat.frontend.api import plan_for
+    from autostrat.frontend.config import load_config
+
+    config = load_config("configs/mlp.yaml")
+    plan = plan_for(config.net, config.inputs, config.context, config.strategies)
+    mixed = replace(plan, ops={**plan.ops, "layers.0.matmul": plan.ops["layers.1.matmul"]})
+    with pytest.raises(RuntimeBackendError, match="op layers.0.matmul: the plan's strategy is for MatMul on"):
+        lower_programs(mixed)
+    with pytest.raises(RuntimeBackendError, match="ops without a strategy"):
+        lower_programs(replace(plan, ops={k: v for k, v in plan.ops.items() if k != "layers.0.matmul"}))
+
+
+def test_seeds_are_scaled_to_the_device_count():
+    rule = make_rule("MatMul", [(64, 64), (64, 64)])
+    assert fit_seed(rule, ((1, 8), (8, 1)), None, 8, 4) == (((1, 4), (4, 1)), None)
+    assert fit_seed(rule, ((2, 1), (1, 4)), None, 8, 8) == (((2, 1), (1, 4)), None)
+
+
+def test_make_job_rejects_a_fault_outside_the_ranks():
+    from autostrat.runtime.job import Fault
+
+    job, _, _ = prepare_run("configs/ffn.yaml", RunOptions(steps=1))
+    assert job.fault is None
+    with pytest.raises(RuntimeBackendError, match="a fault is a rank below 8"):
+        make_job(job_plan(), fault=Fault(9, "kill", 0))
+
+
+def job_plan():
+    from autostrat.frontend.api import plan_for
+    from autostrat.frontend.config import load_config
+
+    config = load_config("configs/ffn.yaml")
+    return plan_for(config.net, config.inputs, config.context, config.strategies)
