@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autostrat.errors import RuntimeBackendError
@@ -134,3 +135,17 @@ def test_a_bad_rank_table_stops_before_any_process(tmp_path):
     assert code == 2
     assert "server_list[0].device[0].rank_id: expected 0" in err
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("device_num", [4, 8])
+def test_every_step_kind_agrees_with_the_simulation_under_mpi(device_num):
+    from tests.test_runtime import LAYOUT_PAIRS
+
+    command = [str(launcher.find_mpiexec()), "-n", str(device_num), sys.executable, "-m", "mpi4py", "tests/mpi_layout_pairs.py"]
+    env = launcher.mpi_environment(device_num) | {"PYTHONPATH": str(ROOT), "MPIEXEC_TIMEOUT": "60"}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == sum(1 for pair in LAYOUT_PAIRS if np.prod(pair[0]) == device_num) and all(l.startswith("ok ") for l in lines)
+    if device_num == 8:
+        assert any("CollectivePermute" in line for line in lines)

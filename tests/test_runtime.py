@@ -50,33 +50,45 @@ LAYOUT_PAIRS = [
     ((2, 4), (1, 0), (8,), (-1, -1), ()),  # AllGather
     ((2, 4), (1, -1), (2, 4), (1, 0), (0,)),  # partial -> ReduceScatter
     ((2, 4), (-1, -1), (2, 4), (-1, -1), (0, 1)),  # partial -> AllReduce
-    ((2, 4), (1, 0), (2, 4), (0, 1), ()),  # axes swap (permute or all-to-all)
+    ((2, 4), (1, 0), (2, 4), (0, 1), ()),  # axes swap (all-to-all)
+    ((2, 4), ((1, 0), -1), (2, 4), ((0, 1), -1), ()),  # same pieces, other owners: CollectivePermute
     ((4,), (-1, -1), (4,), (0, -1), ()),  # Slice
 ]
 
 
-@pytest.mark.parametrize("src_dm,src_tm,dst_dm,dst_tm,partial", LAYOUT_PAIRS)
-def test_collectives_agree_with_simulation(src_dm, src_tm, dst_dm, dst_tm, partial):
+def layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial):
+    """The plan between a pair's layouts of a [16, 8] tensor and every rank's source piece."""
     shape = (16, 8)
     src = Layout(DeviceMatrix(src_dm), TensorMap(src_tm), shape, partial)
     dst = Layout(DeviceMatrix(dst_dm), TensorMap(dst_tm), shape)
     plan = plan_redistribution(src, dst)
-    pieces = split_tensor(np.random.default_rng(1).standard_normal(shape).astype(np.float32), src)
+    return plan, split_tensor(np.random.default_rng(1).standard_normal(shape).astype(np.float32), src)
+
+
+def run_layout_pair(backend, plan, pieces):
+    """This rank's result of running `plan` as a program (shared with the MPI script)."""
+    rank = backend.rank
     partitions = tuple(dict.fromkeys(s.groups for s in plan.steps if s.kind not in ("Slice", "CollectivePermute")))
+    load = Load("t", tuple((0, size) for size in pieces[rank].shape))  # the whole piece: it is the rank's slice
+    steps = tuple(lower_steps(plan, rank, "t", "u", "edge", "forward"))
+    program = Program(rank, plan.src.device_num, partitions, (load, *steps), (), (("t", "u" if steps else "t"),))
+    return execute(program, backend, {"t": pieces[rank]})
 
-    def rank_run(backend):
-        rank = backend.rank
-        load = Load("t", tuple((0, size) for size in pieces[rank].shape))  # the whole piece: it is the rank's slice
-        steps = tuple(lower_steps(plan, rank, "t", "u", "edge", "forward"))
-        program = Program(rank, src.device_num, partitions, (load, *steps), (), (("t", "u" if steps else "t"),))
-        return execute(program, backend, {"t": pieces[rank]})
 
-    results = LocalCluster(src.device_num).run(rank_run)
+@pytest.mark.parametrize("src_dm,src_tm,dst_dm,dst_tm,partial", LAYOUT_PAIRS)
+def test_collectives_agree_with_simulation(src_dm, src_tm, dst_dm, dst_tm, partial):
+    plan, pieces = layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial)
+    results = LocalCluster(plan.src.device_num).run(lambda backend: run_layout_pair(backend, plan, pieces))
     expected = simulate(plan, pieces)
     for rank, result in enumerate(results):
         assert np.array_equal(result.outputs["t"], expected[rank])
         assert sum(t.sent for t in result.traffic) == sum(t.predicted for t in result.traffic)
-    assert np.allclose(assemble_tensor([r.outputs["t"] for r in results], dst), assemble_tensor(pieces, src))
+    assert np.allclose(assemble_tensor([r.outputs["t"] for r in results], plan.dst), assemble_tensor(pieces, plan.src))
+
+
+def test_the_layout_pairs_cover_every_step_kind():
+    kinds = {step.kind for pair in LAYOUT_PAIRS for step in layout_pair(*pair)[0].steps}
+    assert kinds == {"AllGather", "AllReduce", "AllToAll", "CollectivePermute", "ReduceScatter", "Slice"}
 
 
 def test_a_failing_rank_is_named():
