@@ -1,7 +1,9 @@
-"""Files autostrat writes are never half-written: write a temporary file, then rename it."""
+"""Files: autostrat never half-writes one (a temporary file, then a rename), and a JSON file it
+cannot read is a `ConfigError` naming the file and the place."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -28,3 +30,23 @@ def write_atomically(path, text: str | bytes) -> None:
         os.replace(temporary, path)
     except OSError as error:
         raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def read_json(path, what: str):
+    """The JSON value in `path`; an unreadable file or bad JSON is a `ConfigError` naming `what`,
+    the file, and the line and column.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "table.json"
+        >>> _ = target.write_text('{"version": "1.0"}')
+        >>> read_json(target, "rank table")
+        {'version': '1.0'}
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None

@@ -11,11 +11,11 @@ with consecutive ranks). Every problem is a `ConfigError` naming the file and th
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from autostrat.errors import ConfigError
+from autostrat.io import read_json
 
 TOP_KEYS = ("server_count", "server_list", "status", "version")
 DEVICE_KEYS = ("device_id", "device_ip", "rank_id")
@@ -134,10 +134,5 @@ def parse_rank_table(data, where: str = "rank table", device_num: int | None = N
 def load_rank_table(path, device_num: int | None = None) -> RankTable:
     """Read and validate a rank table file (see `parse_rank_table`)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read rank table {path}: {error.strerror or error}") from None
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+    data = read_json(path, "rank table")
     return parse_rank_table(data, str(path), device_num)

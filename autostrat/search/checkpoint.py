@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from autostrat.errors import ConfigError
+from autostrat.io import read_json
 
 
 def _dims(values) -> list[dict]:
@@ -66,12 +67,7 @@ def load_checkpoint_seeds(path) -> dict[str, tuple]:
         {'relu': (((8, 1),), None)}
     """
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read strategy checkpoint {path}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+    data = read_json(path, "strategy checkpoint")
     items = data.get("parallel_strategy_item") if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise ConfigError(f"{path}: expected a JSON object with a 'parallel_strategy_item' list")
