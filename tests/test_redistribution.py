@@ -198,3 +198,48 @@ def test_searches_settle_the_same_states_whatever_the_memos_hold():
     texts = [plan_redistribution(src, dst).to_text() for src, dst in pairs]
     clear_memos()
     assert [plan_redistribution(src, dst).to_text() for src, dst in pairs[::-1]] == texts[::-1]
+
+
+@pytest.fixture
+def greedy_only(monkeypatch):
+    """Every search stops after settling its start, so the planner falls back to greedy."""
+    from autostrat.redistribution import search
+
+    clear_memos()
+    monkeypatch.setattr(search, "SETTLED_LIMIT", 1)
+    yield
+    clear_memos()
+
+
+GREEDY_CASES = [
+    (ROWS_PARTIAL, Layout(DeviceMatrix((4, 2)), TensorMap((0, 1)), (64, 64))),
+    (Layout(DM24, TensorMap((1, 0)), (64, 64)), Layout(DM24, TensorMap((0, 1)), (64, 64))),
+    (Layout(DeviceMatrix((2, 3)), TensorMap((1, 0)), (12, 12)), Layout(DeviceMatrix((3, 2)), TensorMap((0, 1)), (12, 12))),
+]
+
+
+@pytest.mark.parametrize("src, dst", GREEDY_CASES)
+def test_the_greedy_fallback_is_marked_no_cheaper_than_exact_and_correct(greedy_only, monkeypatch, src, dst):
+    from autostrat.redistribution import search
+
+    greedy = plan_redistribution(src, dst)
+    assert not greedy.exhaustive
+    assert str(greedy).endswith(" (greedy)") and greedy.to_text().splitlines()[0].endswith(" (greedy)")
+    assert greedy.cost == sum(step.bytes for step in greedy.steps)
+    assert [p.name for p in lower_plan(greedy)]  # lowers like any plan
+    x = np.random.default_rng(5).integers(-9, 9, size=src.shape).astype(np.float64)
+    pieces = split_tensor(x, src)
+    if src.partial:  # rank 0's group holds the values, the others zeros: the sum is x
+        pieces = [piece * (src.device_matrix.coordinate(rank)[-1] == 0) for rank, piece in enumerate(pieces)]
+    np.testing.assert_array_equal(assemble_tensor(simulate(greedy, pieces), dst, check_replicas=True), x)
+    monkeypatch.setattr(search, "SETTLED_LIMIT", 100_000)
+    clear_memos()
+    exact = plan_redistribution(src, dst)
+    assert exact.exhaustive and "(greedy)" not in exact.to_text()
+    assert greedy.cost >= exact.cost
+
+
+def test_the_greedy_fallback_cannot_reach_a_partial_layout(greedy_only):
+    src = Layout(DM24, TensorMap((-1, -1)), (64, 64), partial=(0, 1))
+    with pytest.raises(RedistributionError, match=r"partial\(0, 1\) to .*partial\(0\): the state space is too large to search and the greedy fallback cannot reach a partial layout"):
+        plan_redistribution(src, Layout(DM24, TensorMap((1, -1)), (64, 64), partial=(0,)))

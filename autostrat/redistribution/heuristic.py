@@ -42,7 +42,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from autostrat.redistribution.moves import Space, State, group_size
+from autostrat.redistribution.moves import Space, State, group_size, split_signature
 
 
 def partial_bounds(space: Space, target_free: int, state: State) -> tuple[int, int]:
@@ -56,8 +56,11 @@ def partial_bounds(space: Space, target_free: int, state: State) -> tuple[int, i
         >>> partial_bounds(space, 16, (((), ()), (0, 1, 2, 3))) == (2 * 15 * 1024, 15 * 1024)
         True
     """
-    g = group_size(space.sizes, state[1])
     total, ranks = math.prod(space.shape) * space.itemsize, math.prod(space.sizes)
+    return _partial_bounds(total, ranks, group_size(space.sizes, state[1]), target_free)
+
+
+def _partial_bounds(total: int, ranks: int, g: int, target_free: int) -> tuple[int, int]:
     return -(-total * (g + target_free - 2) // ranks), -(-total * (g - 1) // ranks)
 
 
@@ -75,7 +78,7 @@ class ReceiveBound:
         used = {axis for entry in target[0] for axis in entry} | set(target[1])
         self.target_free = math.prod(size for axis, size in enumerate(sizes) if axis not in used)
         self.memo: dict = {}  # state -> bound
-        self.sized: dict = {}  # state -> size bound
+        self.sized: dict = {}  # split signature -> size bound
         self.overlaps: dict = {}  # (dim, entry) -> per-rank overlap along dim
 
     def _ranges(self, entries):
@@ -111,22 +114,25 @@ class ReceiveBound:
             >>> bound.size_bound((((0,), ()), ())), bound.size_bound((((), ()), (0,)))
             (16, 32)
         """
-        found = self.sized.get(state)
+        # Keyed by the split signature: states of one signature share the bound.
+        signature = split_signature(self.space, state)
+        found = self.sized.get(signature)
         if found is None:
-            found = self.sized[state] = self._size_bound(state)
+            found = self.sized[signature] = self._size_bound(signature)
         return found
 
-    def _size_bound(self, state: State) -> int:
+    def _size_bound(self, signature) -> int:
         if self.target_partial:
             return 0
+        parts, contributions = signature
         # A rank's slice and its target slice overlap in at most the shorter extent per dim.
         overlap = self.space.itemsize
-        for size, entry, wanted in zip(self.space.shape, state[0], self.target_size):
-            overlap *= min(size // group_size(self.space.sizes, entry), wanted)
+        for size, count, wanted in zip(self.space.shape, parts, self.target_size):
+            overlap *= min(size // count, wanted)
         moved = self.target_volume - overlap
-        if not state[1]:
+        if contributions == 1:
             return moved
-        combined, reduced = partial_bounds(self.space, self.target_free, state)
+        combined, reduced = _partial_bounds(self.total, math.prod(self.space.sizes), contributions, self.target_free)
         return max(self.target_volume, combined, reduced + moved)
 
     def _bound(self, state: State) -> int:

@@ -3,12 +3,15 @@
 MindSpore's collectives work on dim 0: an AllGather on another dim is AllGather, then Split on
 dim 0 into the group's chunks and Concat on the wanted dim; a ReduceScatter on another dim first
 moves that dim's chunks to dim 0 (Split, Concat). A Slice is a StridedSlice whose begin on `dim`
-is the rank's chunk times the new slice size. Groups list their members in chunk order.
+is the rank's chunk times the new slice size. A Reshape is MindSpore's local ``Reshape`` to the
+rank's new slice shape. Groups list their members in chunk order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from autostrat.errors import LayoutError
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,9 @@ def lower_step(step) -> tuple[Primitive, ...]:
         return Primitive.make("Split", axis=dims[0], output_num=g), Primitive.make("Concat", axis=0), scatter
     if step.kind == "CollectivePermute":
         return (Primitive.make("CollectivePermute", pairs=[list(pair) for pair in step.groups]),)
-    return (Primitive.make("Reshape", shape=list(step.after.shape)),)
+    if step.kind == "Reshape":
+        return (Primitive.make("Reshape", shape=list(step.after.slice_shape)),)
+    raise LayoutError(f"cannot lower step kind {step.kind!r}")
 
 
 def lower_plan(plan) -> tuple[Primitive, ...]:

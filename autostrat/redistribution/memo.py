@@ -15,6 +15,7 @@ def clear_memos() -> None:
     moves.canonical.cache_clear()
     moves.moves.cache_clear()
     moves.pool_canonical.cache_clear()
+    moves.split_signature.cache_clear()
     planner._solve.cache_clear()
     search.expansions.cache_clear()
     search.permuted_edges.cache_clear()

@@ -44,6 +44,14 @@ class Space:
     shape: tuple[int, ...]
     itemsize: int
 
+    def __hash__(self) -> int:
+        # Every memo of a search is keyed by its space: hash the fields once, not on each lookup.
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash((self.sizes, self.shape, self.itemsize))
+            object.__setattr__(self, "_hash", found)
+        return found
+
     def local_bytes(self, state: State) -> int:
         used = 1
         for entry in state[0]:
@@ -77,6 +85,18 @@ def group_size(sizes: tuple[int, ...], axes) -> int:
     for axis in axes:
         group *= sizes[axis]
     return group
+
+
+@lru_cache(maxsize=1 << 18)
+def split_signature(space: Space, state: State) -> tuple[tuple[int, ...], int]:
+    """Per dim, into how many parts `state` splits it, and how many contributions its partial
+    axes combine: all a size bound needs, and shared by many states (memoised for every target).
+
+    Example:
+        >>> split_signature(Space(sizes=(4, 2), shape=(8, 8), itemsize=4), (((1,), ()), (0,)))
+        ((2, 1), 4)
+    """
+    return tuple(group_size(space.sizes, entry) for entry in state[0]), group_size(space.sizes, state[1])
 
 
 def _rooms(space: Space, entries) -> list[int]:

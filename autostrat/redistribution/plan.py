@@ -37,6 +37,8 @@ class RedistributionStep:
         return len(self.groups[0]) if self.groups else 1
 
     def __str__(self) -> str:
+        if self.kind == "Reshape":
+            return f"Reshape({list(self.before.shape)} -> {list(self.after.shape)}, {self.bytes}B)"
         axes = format_tuple(str(axis) for axis in self.axes)
         dims = " dim " + "->".join(str(dim) for dim in self.dims) if self.dims else ""
         return f"{self.kind}(axes {axes}{dims}, {self.bytes}B)"

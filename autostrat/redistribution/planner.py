@@ -4,19 +4,23 @@ Cases, in order: inputs that cannot describe one tensor on one cluster are rejec
 are normalised (so equivalent layouts share one memo entry) and refined to a common device
 matrix (two layers when none exists, see `search`); a Dijkstra search from the source finds the
 destination, or proves it unreachable (partial values are never created); past
-`search.SETTLED_LIMIT` settled states the greedy fallback answers and the plan says so.
+`search.SETTLED_LIMIT` settled states the greedy fallback answers and the plan says so. Shapes of
+equal element count but different dims go through one local Reshape (`_reshape_route`).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from functools import lru_cache
 
 from autostrat.cost import collective_bytes, dtype_size
 from autostrat.errors import RedistributionError
-from autostrat.layout import Layout
+from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.moves import Move
-from autostrat.redistribution.plan import RedistributionPlan
+from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.refine import common_matrix, prime_matrix, refine_layout
+from autostrat.redistribution.reshape import reshape_pairs
 from autostrat.redistribution.search import Problem, ordered_slices, search, space_of, state_of
 from autostrat.redistribution.steps import make_step
 
@@ -25,8 +29,11 @@ def _check(src: Layout, dst: Layout) -> None:
     problem = None
     if src.device_num != dst.device_num:
         problem = f"device_num {src.device_num} != {dst.device_num}"
-    elif src.shape != dst.shape:
-        problem = f"shapes {list(src.shape)} and {list(dst.shape)} differ"
+    elif math.prod(src.shape) != math.prod(dst.shape):
+        problem = (
+            f"shapes {list(src.shape)} and {list(dst.shape)} differ in element count "
+            f"({math.prod(src.shape)} != {math.prod(dst.shape)}), so no Reshape joins them"
+        )
     elif src.partial and dst.partial and src.partial_op != dst.partial_op:
         problem = f"partial ops {src.partial_op!r} and {dst.partial_op!r} differ"
     if problem:
@@ -54,10 +61,8 @@ def build_problem(src: Layout, dst: Layout, itemsize: int) -> tuple[Problem, tup
 def _greedy_path(problem: Problem, start, target) -> list[tuple]:
     """Resolve every partial axis (AllReduce), gather every dim, cross layers, slice the target."""
     if target[1][1]:
-        raise RedistributionError(
-            f"cannot redistribute {problem.layout(start)} to {problem.layout(target)}: the state space is too "
-            "large to search and the greedy fallback cannot reach a partial layout"
-        )
+        # `_solve_layouts` names the caller's layouts (these are refined ones).
+        raise RedistributionError("the state space is too large to search and the greedy fallback cannot reach a partial layout")
     path, node = [], start
 
     def step(kind, axes, dims, state, sent, layer=None, mapping=None):
@@ -96,15 +101,63 @@ def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | 
     return tuple(path), sum(move.bytes for _, move, _ in path), False
 
 
+def _unreachable(src: Layout, dst: Layout) -> RedistributionError:
+    return RedistributionError(
+        f"cannot redistribute {src} to {dst}: no sequence of steps reaches it "
+        "(partial values are only resolved, never created)"
+    )
+
+
+def _cost_or_inf(src: Layout, dst: Layout, dtype, model) -> float:
+    try:
+        return _solve_layouts(src, dst, dtype, model)[1][1]
+    except RedistributionError:
+        return float("inf")
+
+
+@lru_cache(maxsize=1024)
+def _reshape_route(src: Layout, dst: Layout, dtype, model) -> tuple[Layout, Layout, int]:
+    """``(L1, L2, bytes)`` of the cheapest plan src -> L1 (in src's shape), Reshape L1 -> L2 (free),
+    L2 -> dst (in dst's shape), over every compatible pair (`reshape.reshape_pairs`) written on
+    every ordering of the prime factors of `device_num` (every device matrix refines to one).
+
+    Exact for that step set: every plan with one Reshape passes through one compatible pair, and
+    each half is the planner's minimum; a pair is skipped only when its first half alone already
+    costs no less than the best total found.
+    """
+    best: tuple = (float("inf"), None, None)
+    # A permute may hand partial roles to other axes of equal size: any axes may stay partial
+    # whose prime sizes are among those of the source's partial contributions.
+    available = sorted(_primes(len(src.partial_groups()[0]))) if src.partial else []
+    for matrix in _prime_orders(src):
+        sizes = tuple(reversed(matrix.shape))
+        candidates = tuple(range(len(sizes))) if available else ()
+        for first, second in reshape_pairs(sizes, src.shape, dst.shape, candidates):
+            if not _sub_multiset(sorted(sizes[axis] for axis in first[1]), available):
+                continue
+            op = src.partial_op if first[1] else "sum"
+            before = Layout(matrix, TensorMap(first[0]), src.shape, first[1], op)
+            head = _cost_or_inf(src, before, dtype, model)
+            if head >= best[0]:
+                continue
+            after = Layout(matrix, TensorMap(second[0]), dst.shape, second[1], op)
+            total = head + _cost_or_inf(after, dst, dtype, model)
+            if total < best[0]:
+                best = (total, before, after)
+    if best[1] is None:
+        raise _unreachable(src, dst)
+    return best[1], best[2], int(best[0])
+
+
 def _solve_layouts(src: Layout, dst: Layout, dtype, model):
     _check(src, dst)
     problem, start, target = build_problem(src.normalized(), dst.normalized(), dtype_size(dtype))
-    solution = _solve(problem, start, target, model)
+    try:
+        solution = _solve(problem, start, target, model)
+    except RedistributionError as error:
+        raise RedistributionError(f"cannot redistribute {src} to {dst}: {error}") from None
     if solution is None:
-        raise RedistributionError(
-            f"cannot redistribute {src} to {dst}: no sequence of steps reaches it "
-            "(partial values are only resolved, never created)"
-        )
+        raise _unreachable(src, dst)
     return problem, solution
 
 
@@ -117,6 +170,9 @@ def redistribution_cost(src: Layout, dst: Layout, dtype="float32", model=None) -
         >>> redistribution_cost(split.with_partial([0]), split)
         12288
     """
+    if src.shape != dst.shape:
+        _check(src, dst)
+        return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
     return _solve_layouts(src, dst, dtype, model)[1][1]
 
 
@@ -133,7 +189,42 @@ def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -
         >>> plan = plan_redistribution(src, Layout(DeviceMatrix((2, 4)), TensorMap((1, 0)), (64, 64)))
         >>> str(plan), plan.steps[0].groups[0]
         ('ReduceScatter(axes (1, 0) dim 1, 6144B); 6144B', (0, 1, 2, 3))
+
+    Shapes with the same element count are joined by one local Reshape (cost 0):
+        >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (8, 6))
+        >>> str(plan_redistribution(rows, Layout(DeviceMatrix((4,)), TensorMap((-1,)), (48,))))
+        'AllGather(axes (1, 0) dim 0, 144B) -> Reshape([8, 6] -> [48], 0B); 144B'
     """
+    if src.shape != dst.shape:
+        return _plan_through_reshape(src, dst, dtype, model)
     problem, (path, cost, exhaustive) = _solve_layouts(src, dst, dtype, model)
     steps = tuple(step for triple in ordered_slices(path) if (step := make_step(problem, *triple)) is not None)
     return RedistributionPlan(src, dst, steps, cost, exhaustive)
+
+
+def _primes(number: int) -> tuple[int, ...]:
+    return prime_matrix(DeviceMatrix((number,))).shape if number > 1 else ()
+
+
+def _prime_orders(layout: Layout) -> list[DeviceMatrix]:
+    """Every device matrix whose axes are the prime factors of `layout`'s device_num, in order."""
+    orders = sorted(set(itertools.permutations(_primes(layout.device_num)))) or [(1,)]
+    return [DeviceMatrix(order) for order in orders]
+
+
+def _sub_multiset(wanted: list[int], available: list[int]) -> bool:
+    pool = list(available)
+    for size in wanted:
+        if size not in pool:
+            return False
+        pool.remove(size)
+    return True
+
+
+def _plan_through_reshape(src: Layout, dst: Layout, dtype, model) -> RedistributionPlan:
+    _check(src, dst)
+    before, after, cost = _reshape_route(src.normalized(), dst.normalized(), dtype, model)
+    head, tail = plan_redistribution(src, before, dtype, model), plan_redistribution(after, dst, dtype, model)
+    reshape = RedistributionStep("Reshape", (), (), before, after, (), 0)
+    steps = head.steps + (reshape,) + tail.steps
+    return RedistributionPlan(src, dst, steps, cost, head.exhaustive and tail.exhaustive)

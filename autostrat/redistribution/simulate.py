@@ -2,7 +2,7 @@
 
 Each step does what its collective does on a real cluster, member by member: a group's pieces
 are concatenated in chunk order, split into chunks, reduced by the partial op, or sent to one
-other rank. Which chunk a rank takes is read from the layouts the step goes between, so a step
+other rank, or reshaped in place. Which chunk a rank takes is read from the layouts the step goes between, so a step
 whose layouts and data movement disagree produces a wrong tensor (the tests check that). The
 runtime's LocalBackend uses this as its reference.
 """
@@ -56,6 +56,10 @@ def simulate_step(step: RedistributionStep, pieces: list[np.ndarray]) -> list[np
     """The pieces after one step (new arrays; the input list is not changed)."""
     if step.kind == "CollectivePermute":
         return [pieces[source].copy() for source in step.sources]
+    if step.kind == "Reshape":
+        # Local: a row-major reshape of every piece (the planner only reshapes when that gives
+        # every rank its piece of the reshaped tensor).
+        return [np.reshape(piece, step.after.slice_shape).copy() for piece in pieces]
     result: list = [None] * len(pieces)
     g = step.group_size
     for group in step.groups:
