@@ -122,6 +122,7 @@ class Plan:
                 "status": self.refinement.result.status,
                 "changed": list(self.refinement.changed),
                 "coarsening": self.refinement.result.coarsening,
+                "merged": list(self.refinement.result.merged),
                 "exact": self.refinement.result.exact,
             },
         }

@@ -46,6 +46,7 @@ class RefineResult:
     hint_objective: int
     coarsening: str = ""
     exact: bool = True  # False: the bound holds for plans whose repeated layers agree
+    merged: tuple[str, ...] = ()  # ops the coarsening folded into their neighbours
 
     @property
     def gap(self) -> float:
@@ -304,4 +305,5 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     bound = min(found, int(math.ceil(solver.BestObjectiveBound())) // scale + constant)
     status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
     return RefineResult(choice, found, bound, status_name, time.perf_counter() - start, plan_bytes(problem, given),
-                        coarsening=coarse.summary(), exact=not coarse.shared_layers)
+                        coarsening=coarse.summary(), exact=not coarse.shared_layers,
+                        merged=tuple(e.owner for e in coarse.eliminated))
