@@ -32,7 +32,7 @@ from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
 from autostrat.runtime.executor import graph_values
 from autostrat.runtime.job import random_batch
-from autostrat.runtime.training import TrainingResult, train_locally, train_single_device
+from autostrat.runtime.training import TrainingResult, train_collective, train_locally, train_single_device
 
 
 def _optimizer(kind, params, **settings):
@@ -167,8 +167,8 @@ def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None)
     from autostrat.frontend.run import launched_by_mpiexec
 
     if launched_by_mpiexec():
-        from autostrat.frontend.train_mpi import train_under_mpi
-        result = train_under_mpi(plan, values, batches, Progress(steps, log))
+        from autostrat.runtime.mpi import MpiBackend
+        result = train_collective(plan, MpiBackend(), values, batches, Progress(steps, log))
         if result is None:
             return None
     else:

@@ -134,3 +134,28 @@ def train_single_device(graph, values: dict, batches, on_step=None) -> TrainingR
         if on_step is not None:
             on_step(step, losses[-1])
     return TrainingResult(tuple(losses), {name: values[name] for name, _ in graph.updates})
+
+
+def train_collective(plan, backend, values: dict, batches, on_step=None) -> TrainingResult | None:
+    """Train on this rank of any backend (MPI: one process per rank), then assemble the final
+    parameters on every rank and gather the bytes per phase to rank 0, which gets the result
+    (the other ranks None). The assembling is outside the counted program traffic."""
+    programs = lower_programs(plan)
+    program = programs[backend.rank]
+    run = train_rank(program, backend, values, batches, on_step=on_step if backend.rank == 0 else None)
+    world = tuple(range(backend.device_num))
+    backend.prepare(((world,),))
+    slices_by_rank = [{} for _ in world]
+    for name, _ in plan.graph.updates:
+        for rank, piece in enumerate(backend.allgather(np.ascontiguousarray(run.slices[name]), world)):
+            slices_by_rank[rank][name] = piece
+    measured = phase_bytes(program, run.sent, len(batches))
+    gathered = backend.gather_report(np.array([measured[phase] for phase in PHASES], np.float64))
+    if gathered is None:
+        return None
+    return TrainingResult(
+        run.losses,
+        assemble_state(plan, slices_by_rank),
+        tuple(phase_bytes(p) for p in programs),
+        tuple({phase: int(v) for phase, v in zip(PHASES, vector)} for vector in gathered),
+    )
