@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Bootstrap .venv on first use, then dispatch:
 #   bash run.sh test [PYTEST ARGS]   run the whole test suite
-#   bash run.sh N [CONFIG.yaml] [autostrat run options]
-#                                    run the config (default: the tutorial FFN) on N MPI ranks and
-#                                    check it against the single-device result; RANK_TABLE_FILE=...
-#                                    or --rank-table F runs on the rank table's hosts
+#   bash run.sh N                    train the tutorial FFN (sample_code/sharding_propagation) for
+#                                    20 Momentum steps on N MPI ranks (its strategy is for 8),
+#                                    print the loss curve and the check against one device
+#   bash run.sh N CONFIG.yaml [autostrat run options]
+#                                    run the config forward on N MPI ranks and check it against
+#                                    the single-device result; RANK_TABLE_FILE=... or
+#                                    --rank-table F runs on the rank table's hosts
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -43,6 +46,9 @@ case "$1" in
     *)
         device_num=$1
         shift
+        if [[ $# -eq 0 ]]; then
+            exec bash sample_code/sharding_propagation/run.sh "$device_num"
+        fi
         exec "$venv/bin/python" -m autostrat run "${1:-configs/ffn.yaml}" --device-num "$device_num" "${@:2}"
         ;;
 esac

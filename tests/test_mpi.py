@@ -149,3 +149,12 @@ def test_every_step_kind_agrees_with_the_simulation_under_mpi(device_num):
     assert len(lines) == sum(1 for pair in LAYOUT_PAIRS if np.prod(pair[0]) == device_num) and all(l.startswith("ok ") for l in lines)
     if device_num == 8:
         assert any("CollectivePermute" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_tutorial_trains_on_8_mpi_ranks_like_stand_alone():
+    """`bash run.sh 8` (no config) trains the tutorial FFN on 8 ranks and checks it."""
+    result = subprocess.run(["bash", "run.sh", "8"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "  20       " in result.stdout and "measured = predicted on every rank" in result.stdout
+    assert "(limit 1e-05): OK" in result.stdout

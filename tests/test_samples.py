@@ -28,5 +28,6 @@ def test_candidates_benchmark_prints_its_table():
 
 def test_sharding_propagation_sample_checks_the_tutorial():
     out = run("sample_code/sharding_propagation/train.py")  # one process: the 8 ranks as threads
-    assert "dense2.matmul:0 -> dense2.add[0]: ReduceScatter (forward) sent 6144, predicted 6144" in out
-    assert "bytes: measured = predicted on every rank" in out
+    assert "step 20/20: loss" in out
+    assert "measured = predicted on every rank" in out
+    assert "(limit 1e-05): OK" in out

@@ -4,6 +4,8 @@
 from autostrat.autodiff import elementwise, matmul, nn, reduce, shape  # noqa: F401  (they register bprops)
 from autostrat.autodiff.backward import build_backward, gradient_name
 from autostrat.autodiff.builder import Constant, GradBuilder
+from autostrat.autodiff.optimizers import OPTIMIZERS, SGD, UPDATE_OP_TYPES, Adam, Momentum
+from autostrat.autodiff.training import PHASES, build_training, op_phase
 from autostrat.autodiff.registry import WITHOUT_BPROP, bprop_op_types, get_bprop, register_bprop
 
-__all__ = ["WITHOUT_BPROP", "Constant", "GradBuilder", "bprop_op_types", "build_backward", "get_bprop", "gradient_name", "register_bprop"]
+__all__ = ["OPTIMIZERS", "PHASES", "SGD", "UPDATE_OP_TYPES", "WITHOUT_BPROP", "Adam", "Constant", "Momentum", "build_training", "op_phase", "GradBuilder", "bprop_op_types", "build_backward", "get_bprop", "gradient_name", "register_bprop"]

@@ -18,9 +18,13 @@ Bprop = Callable[..., tuple]
 _BPROPS: dict[str, Bprop] = {}
 
 _BACKWARD_OP = "a backward op: second derivatives are not needed for training (issue #7)"
+_UPDATE_OP = "an optimiser update: it runs after the gradients, nothing differentiates through it"
 
 # Every registered op without a bprop, with the reason; a test keeps this exact.
 WITHOUT_BPROP: dict[str, str] = {
+    "ApplyAdam": _UPDATE_OP,
+    "ApplyGradientDescent": _UPDATE_OP,
+    "ApplyMomentum": _UPDATE_OP,
     "Conv2DBackpropFilter": _BACKWARD_OP,
     "Conv2DBackpropInput": _BACKWARD_OP,
     "GatherGrad": _BACKWARD_OP,

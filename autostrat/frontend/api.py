@@ -4,20 +4,40 @@ from __future__ import annotations
 
 import warnings
 
+from autostrat.autodiff import Momentum, build_training
+from autostrat.errors import ConfigError
 from autostrat.frontend.config import apply_seeds
 from autostrat.frontend.context import ParallelContext, current_context
 from autostrat.frontend.tracing import trace
 from autostrat.search import Plan, load_checkpoint_seeds, search
 
 
-def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, progress=None) -> Plan:
-    """Trace, add seeds (from `seeds`, then the strategy checkpoint), search, save the checkpoint."""
+def training_parts(net, context: ParallelContext, optimizer=None) -> tuple:
+    """The network to trace and the optimiser of a training plan (None: plan a forward pass).
+    A `TrainOneStepCell` brings its own; ``phase="train"`` without one uses Momentum(0.01, 0.9)."""
+    parts = getattr(net, "train_parts", None)
+    if parts is not None:
+        net, own = parts()
+        return net, optimizer or own
+    if optimizer is None and context.phase == "train":
+        optimizer = Momentum(0.01, 0.9)
+    return net, optimizer
+
+
+def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, progress=None, optimizer=None) -> Plan:
+    """Trace, add seeds (from `seeds`, then the strategy checkpoint), build the training graph
+    when training (see `training_parts`), search, save the checkpoint."""
+    net, optimizer = training_parts(net, context, optimizer)
     graph = trace(net, *inputs, device_num=context.device_num)
     if seeds:
         graph = apply_seeds(graph, seeds, context.device_num)
     if context.strategy_ckpt_load_file:
         checkpoint = context.strategy_ckpt_load_file
         graph = apply_seeds(graph, load_checkpoint_seeds(checkpoint), context.device_num, where=checkpoint)
+    if optimizer is not None:
+        if len(graph.outputs) != 1:
+            raise ConfigError(f"training needs a network returning one loss; {graph.name} returns {len(graph.outputs)} outputs")
+        graph = build_training(graph, optimizer)
     plan = search(graph, context.device_num, context.search_options(), progress)
     for message in plan.warnings:
         warnings.warn(message, stacklevel=3)

@@ -73,6 +73,10 @@ class Cell:
     def parameters_and_names(self) -> Iterator[tuple[str, Parameter]]:
         return self._unique(Parameter)
 
+    def trainable_params(self) -> list[Parameter]:
+        """The parameters an optimiser updates (``requires_grad``), as MindSpore lists them."""
+        return [p for _, p in self.parameters_and_names() if p.requires_grad]
+
     def primitives_and_names(self) -> Iterator[tuple[str, Primitive]]:
         return self._unique(Primitive)
 

@@ -13,6 +13,7 @@ from autostrat.errors import ConfigError
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.search import MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
+PHASES = ("predict", "train")
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
 
 
@@ -48,6 +49,9 @@ class ParallelContext:
       peak must fit in (implies refinement); `coarsen`: how the solver's model is reduced first —
       "exact" (default: prune dominated candidates, merge chains; the optimum is unchanged),
       "layers" (also one set of variables for identical repeated layers), or "none".
+    - `phase`: "predict" plans the forward graph; "train" plans a training step (forward, loss,
+      backward, gradient synchronisation and the optimiser's updates), so the search weighs
+      what training communicates. A `TrainOneStepCell` is always planned for training.
     """
 
     parallel_mode: str = "stand_alone"
@@ -62,9 +66,11 @@ class ParallelContext:
     refine_time_limit: float = 60.0
     max_device_memory: int | None = None
     coarsen: str = "exact"
+    phase: str = "predict"
 
     def __post_init__(self) -> None:
         _check_choice("parallel_mode", self.parallel_mode, PARALLEL_MODES)
+        _check_choice("phase", self.phase, PHASES)
         _check_choice("search_mode", self.search_mode, SEARCH_MODES)
         _check_choice("refine", self.refine, REFINERS)
         _check_choice("coarsen", self.coarsen, COARSEN_LEVELS)

@@ -138,3 +138,27 @@ class SoftmaxCrossEntropyWithLogits(Cell):
             labels = self.one_hot(labels, logits.shape[-1], 1.0, 0.0)
         loss = self.softmax_cross_entropy(logits, labels)
         return self.reduce_mean(loss, ()) if self.reduction == "mean" else loss
+
+
+class MSELoss(Cell):
+    """Mean squared error ``mean((logits - labels) ** 2)``; `reduction` 'mean', 'sum' or 'none'.
+
+    Example:
+        >>> MSELoss().reduction
+        'mean'
+    """
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        if reduction not in ("none", "mean", "sum"):
+            raise ConfigError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+        self.reduction = reduction
+        self.sub, self.square = ops.Sub(), ops.Mul()
+        self.reduce_mean, self.reduce_sum = ops.ReduceMean(), ops.ReduceSum()
+
+    def construct(self, logits, labels):
+        difference = self.sub(logits, labels)
+        loss = self.square(difference, difference)
+        if self.reduction == "mean":
+            return self.reduce_mean(loss, ())
+        return self.reduce_sum(loss, ()) if self.reduction == "sum" else loss

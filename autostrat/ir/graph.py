@@ -75,6 +75,9 @@ class Graph:
     name: str = "graph"
     # Parameter and constant tensors by name; `.asnumpy()` gives (and first makes) their data.
     values: dict = field(default_factory=dict, compare=False, repr=False)
+    # A training graph's state updates: (parameter, the tensor holding its value for the next
+    # step); MindSpore's Assign, kept out of the ops so the graph stays acyclic.
+    updates: tuple[tuple[str, str], ...] = ()
     _consumers: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +88,10 @@ class Graph:
                     raise ConfigError(f"op {op.name} reads tensor {tensor!r}, which the graph does not have")
                 consumers[tensor].append((op.name, index))
         object.__setattr__(self, "_consumers", {k: tuple(v) for k, v in consumers.items()})
+        for parameter, value in self.updates:
+            kinds = (self.tensors[parameter].kind if parameter in self.tensors else None, self.tensors.get(value))
+            if kinds[0] != "parameter" or kinds[1] is None or kinds[1].shape != self.tensors[parameter].shape:
+                raise ConfigError(f"update {parameter} <- {value}: expected a parameter and a computed tensor of its shape")
 
     def producer(self, tensor: str) -> OpNode | None:
         """The op computing `tensor`, None for inputs, parameters and constants."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend, Sent
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.program import Communicate, Compute, Load, Program
@@ -34,15 +35,18 @@ class RankResult:
     rank: int
     outputs: dict
     traffic: tuple[Traffic, ...]
+    updated: dict = None  # training: the rank's slice of every updated parameter and state, by name
 
     def bytes(self, phase: str, measured: bool = True) -> int:
         return sum(t.sent if measured else t.predicted for t in self.traffic if t.phase == phase)
 
 
-def execute(program: Program, backend: Backend, values: dict, on_instruction=None) -> RankResult:
+def execute(program: Program, backend: Backend, values: dict, on_instruction=None, resident: dict | None = None) -> RankResult:
     """Run `program` with the whole arrays of its graph inputs, parameters and constants in
-    `values`; every rank takes its own slices. `on_instruction(index, instruction)` is called
-    before each instruction (the MPI runtime's watchdog and fault injection use it).
+    `values`; every rank takes its own slices. `resident` gives tensors already as this rank's
+    slices (a training run's parameters and optimiser state after the first step).
+    `on_instruction(index, instruction)` is called before each instruction (the MPI runtime's
+    watchdog and fault injection use it).
 
     Example (two local ranks running the tutorial FFN):
         >>> from autostrat import nn, parallelize, set_auto_parallel_context, reset_auto_parallel_context
@@ -66,8 +70,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
         if on_instruction is not None:
             on_instruction(index, instruction)
         if isinstance(instruction, Load):
-            whole = np.asarray(values[instruction.tensor])
-            store[instruction.tensor] = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in instruction.ranges)])
+            store[instruction.tensor] = _load(instruction, values, resident)
         elif isinstance(instruction, Compute):
             arrays = [store[key] for key in instruction.inputs]
             outputs = run_kernel(instruction.op_type, arrays, dict(instruction.attrs), instruction.context)
@@ -78,7 +81,19 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
             sent = sum(record.bytes for record in backend.sent[before:])
             traffic.append(Traffic(instruction.edge, instruction.kind, instruction.phase, instruction.predicted, sent))
     outputs = {tensor: store[key] for tensor, key in program.outputs}
-    return RankResult(program.rank, outputs, tuple(traffic))
+    return RankResult(program.rank, outputs, tuple(traffic), {name: store[key] for name, key in program.updates})
+
+
+def _load(instruction: Load, values: dict, resident: dict | None) -> np.ndarray:
+    expected = tuple(b - a for a, b in instruction.ranges)
+    if resident is not None and instruction.tensor in resident:
+        piece = resident[instruction.tensor]
+        if piece.shape != expected:  # the update's layout drifted from the parameter's
+            raise RuntimeBackendError(f"{instruction.tensor}: the carried slice has shape {list(piece.shape)}, "
+                                      f"the program loads {list(expected)}")
+        return piece
+    whole = np.asarray(values[instruction.tensor])
+    return np.array(whole[tuple(slice(a, b) for a, b in instruction.ranges)], order="C")  # a scalar stays 0-d
 
 
 def communicate(step: Communicate, backend: Backend, piece: np.ndarray) -> np.ndarray:

@@ -11,6 +11,11 @@ does: the op itself sends nothing and the consumer edge's AllReduce or ReduceSca
 them. Graph outputs that are still split or partial get one more redistribution, to the
 replicated layout, so that every rank ends with the whole result; its bytes are predicted by the
 same planner and reported apart (phase "output") from the plan's forward bytes.
+
+A training plan also has phases "backward" and "sync" (gradient synchronisation: the edges into
+the update ops and the writebacks of updated state), and `Program.updates` names, per updated
+parameter or optimiser state, the store key of its next value, already in the parameter's own
+layout: the next step loads it from there.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
 
-PHASES = ("forward", "output")
+PHASES = ("forward", "backward", "sync", "output")
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Program:
     instructions: tuple
     inputs: tuple[str, ...]
     outputs: tuple[tuple[str, str], ...]
+    updates: tuple[tuple[str, str], ...] = ()
 
     def communications(self) -> tuple[Communicate, ...]:
         return tuple(i for i in self.instructions if isinstance(i, Communicate))
@@ -124,11 +130,23 @@ def check_plan(plan) -> None:
             )
         if strategy.device_num != plan.device_num:
             raise RuntimeBackendError(f"op {name}: strategy for {strategy.device_num} devices in a plan for {plan.device_num}")
+    _check_updates(plan)
     for tensor in (t for op in graph.ops.values() for t in op.inputs + op.outputs):
         layout = plan.layouts.get(tensor)
         if layout is None or layout.shape != graph.tensors[tensor].shape or layout.device_num != plan.device_num:
             raise RuntimeBackendError(f"tensor {tensor}: expected a layout of shape {list(graph.tensors[tensor].shape)} "
                                       f"on {plan.device_num} devices in the plan, got {layout}")
+
+
+def _check_updates(plan) -> None:
+    """Every updated parameter's next value must end in the layout the parameter is loaded
+    from, or the next step would read wrong slices."""
+    writebacks = {w.parameter: w.plan.dst for w in plan.writebacks}
+    for parameter, value in plan.graph.updates:
+        stored, final = plan.layouts.get(parameter), writebacks.get(parameter, plan.layouts.get(value))
+        if stored is None or final is None or not final.equivalent(stored):
+            raise RuntimeBackendError(f"update of {parameter}: its next value {value} ends in layout {final}, "
+                                      f"but the parameter is stored in {stored}")
 
 
 def replicated(layout: Layout) -> Layout:
@@ -150,6 +168,7 @@ def _partitions(plan, output_plans) -> tuple:
     """Every group set of every step, first use first (the order communicators are made in)."""
     found: dict = {}
     redistributions = [edge.plan for edge in plan.redistributions] + list(output_plans.values())
+    redistributions += [writeback.plan for writeback in plan.writebacks]
     for redistribution in redistributions:
         for step in redistribution.steps:
             if step.kind in ("AllGather", "AllReduce", "AllToAll", "ReduceScatter"):
@@ -177,7 +196,7 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
             if edge is not None and edge.plan.steps:
                 key = _edge_key(tensor, name, index)
                 label = f"{tensor} -> {name}[{index}]"
-                instructions += lower_steps(edge.plan, rank, tensor, key, label, "forward")
+                instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge))
             keys.append(key)
         strategy = plan.ops[name].strategy
         instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, op.attrs, strategy.slice_context(rank)))
@@ -188,8 +207,16 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
             key = f"{tensor}>output"
             instructions += lower_steps(output_plans[tensor], rank, tensor, key, f"{tensor} -> output", "output")
         outputs.append((tensor, key))
+    updates = []
+    writebacks = {w.parameter: w for w in plan.writebacks}
+    for parameter, value in graph.updates:
+        key = value
+        if parameter in writebacks:
+            key = f"{value}>{parameter}"
+            instructions += lower_steps(writebacks[parameter].plan, rank, value, key, f"{value} -> {parameter}", "sync")
+        updates.append((parameter, key))
     inputs = tuple(info.name for info in graph.inputs())
-    return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs))
+    return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
 
 
 def lower_steps(redistribution: RedistributionPlan, rank: int, source: str, target: str, edge: str, phase: str) -> list[Communicate]:

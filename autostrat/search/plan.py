@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from autostrat.autodiff import op_phase
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
@@ -31,6 +32,21 @@ class EdgeRedistribution:
     consumer: str
     input_index: int
     plan: RedistributionPlan
+
+
+@dataclass(frozen=True)
+class Writeback:
+    """The collectives that bring `parameter`'s next value (`value`, in its update op's output
+    layout) back to the layout the parameter is stored in, once per training step."""
+
+    parameter: str
+    value: str
+    plan: RedistributionPlan
+
+
+# Byte phases of a training step; "sync" is gradient synchronisation: the redistributions into
+# the optimiser's update ops and the writebacks of the new parameters.
+BYTE_PHASES = ("forward", "backward", "sync")
 
 
 @dataclass(frozen=True)
@@ -68,11 +84,34 @@ class Plan:
     redistributions: tuple[EdgeRedistribution, ...]
     warnings: tuple[str, ...] = ()
     refinement: Refinement | None = None
+    writebacks: tuple[Writeback, ...] = ()
 
     @property
     def total_bytes(self) -> int:
-        """Redistribution bytes each device sends for one forward pass."""
-        return sum(edge.plan.cost for edge in self.redistributions)
+        """Redistribution bytes each device sends for one step (forward pass, or training step)."""
+        return sum(edge.plan.cost for edge in self.redistributions) + sum(w.plan.cost for w in self.writebacks)
+
+    def edge_phase(self, edge: EdgeRedistribution) -> str:
+        """The `BYTE_PHASES` entry of an edge: its consumer's phase, "sync" for update ops."""
+        phase = op_phase(edge.consumer)
+        return "sync" if phase == "update" else phase
+
+    def phase_bytes(self) -> dict[str, int]:
+        """Bytes per device per step, by `BYTE_PHASES` entry.
+
+        Example:
+            >>> from autostrat.frontend import trace
+            >>> from autostrat.models import FFN
+            >>> from autostrat.nn import Tensor
+            >>> from autostrat.search import search
+            >>> search(trace(FFN(), Tensor(shape=(64, 64))), 8).phase_bytes()
+            {'forward': 0, 'backward': 0, 'sync': 0}
+        """
+        totals = dict.fromkeys(BYTE_PHASES, 0)
+        for edge in self.redistributions:
+            totals[self.edge_phase(edge)] += edge.plan.cost
+        totals["sync"] += sum(w.plan.cost for w in self.writebacks)
+        return totals
 
     def bytes_into(self, op: str) -> int:
         return sum(edge.plan.cost for edge in self.redistributions if edge.consumer == op)
@@ -87,7 +126,10 @@ class Plan:
             rows.append([name, op.op_type, str(op.strategy), origin, str(out.normalized()), str(self.bytes_into(name))])
         text = format_table(["op", "type", "strategy", "origin", "output layout", "bytes in"], rows)
         steps = [f"  {edge.tensor} -> {edge.consumer}[{edge.input_index}]: {edge.plan}" for edge in self.redistributions]
+        steps += [f"  {w.value} -> {w.parameter} (writeback): {w.plan}" for w in self.writebacks]
         lines = [text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}"]
+        if self.graph.updates:
+            lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
         if self.refinement:
             lines.append(self.refinement.summary())
         return "\n".join(lines)
@@ -114,6 +156,8 @@ class Plan:
                 }
                 for e in self.redistributions
             ],
+            "writebacks": [{"parameter": w.parameter, "value": w.value, "bytes": w.plan.cost,
+                            "steps": [str(step) for step in w.plan.steps]} for w in self.writebacks],
             "warnings": list(self.warnings),
             "refinement": None if self.refinement is None else {
                 "before": self.refinement.before,
@@ -161,4 +205,13 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             edges.append(EdgeRedistribution(tensor, name, index, plan))
     ops = {name: OpPlan(name, graph.ops[name].op_type, strategies[name], origins[name]) for name in graph.ops}
     ordered = {name: layouts[name] for name in graph.tensors if name in layouts}
-    return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings))
+    writebacks = tuple(_writeback(graph, layouts, parameter, value) for parameter, value in graph.updates)
+    return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
+                writebacks=tuple(w for w in writebacks if w.plan.steps))
+
+
+def _writeback(graph: Graph, layouts: dict[str, Layout], parameter: str, value: str) -> Writeback:
+    """The redistribution of `value` to the layout `parameter` is stored in (always that layout:
+    the next step loads the parameter from it)."""
+    held, stored = layouts[value], layouts[parameter]
+    return Writeback(parameter, value, plan_redistribution(held, stored, graph.tensors[value].dtype))

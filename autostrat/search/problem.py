@@ -1,7 +1,15 @@
 """The search problem: candidate strategies per op and a cost table per op-to-op edge.
 
 A seeded op has one candidate, its seed. Parameters and graph inputs are not ops: each is
-stored in the layout its first consumer wants, so they add no edge to the search.
+stored in the layout its first consumer wants; every later consumer gets an edge from that
+first one.
+
+In a training graph the optimiser's update ops are not searched: each runs in its parameter's
+layout (`layout.FollowedStrategy`), so the problem leaves them out and prices, instead, a
+gradient-synchronisation edge from each gradient's producer to the parameter's first reader
+(the redistribution of the gradient to the layout the parameter is stored in). Any other
+updated state (Adam's scalar powers) gets a writeback edge from the op computing its next value
+to its first reader.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from functools import cache
 
 import numpy as np
 
+from autostrat.autodiff import UPDATE_OP_TYPES, gradient_name
 from autostrat.cost import op_cost
 from autostrat.ir import Graph, OpNode
 from autostrat.layout import Strategy
@@ -35,6 +44,7 @@ class SearchEdge:
     input_index: int
     table: np.ndarray
     from_input: bool = False
+    sync: bool = False  # a gradient-synchronisation or writeback edge (training graphs)
 
     def source_layout(self, strategy: Strategy):
         """The layout the tensor is held in when the producer runs `strategy`."""
@@ -106,6 +116,7 @@ def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tup
 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False) -> SearchProblem:
     """Candidates, own costs and edge tables of every op and edge of `graph`."""
+    graph, followers = searched_graph(graph)
     candidates = {name: op_candidates(op, device_num, allow_repeated, full_only) for name, op in graph.ops.items()}
     costs = {}
     for name, op in graph.ops.items():
@@ -117,6 +128,16 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
             edge = _edge_into(graph, candidates, tensor, op.name, index)
             if edge is not None:
                 edges.append(edge)
+    edges += _sync_edges(graph, candidates, followers)
+    for parameter, value in graph.updates:
+        if graph.tensors[value].producer in followers:
+            continue
+        edge = _writeback_edge(graph, candidates, parameter, value)
+        if edge.producer != edge.consumer:
+            edges.append(edge)
+        else:  # the op reads and updates its own state: only its own candidate's cost counts
+            own = costs[edge.producer]
+            costs[edge.producer] = OpCosts(own.comm + np.diagonal(edge.table), own.flops, own.memory)
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges))
 
 
@@ -134,6 +155,56 @@ def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int)
         return None
     table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True)
     return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True)
+
+
+def searched_graph(graph: Graph) -> tuple[Graph, dict[str, str]]:
+    """`graph` without its update ops, and ``{update op: its parameter}``.
+
+    Example:
+        >>> from autostrat.autodiff import Momentum, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> core, followers = searched_graph(build_training(trace(FFN(), Tensor(shape=(64, 64))), Momentum()))
+        >>> len(core.ops), followers["optimizer/dense1.weight"]
+        (11, 'dense1.weight')
+    """
+    followers = {
+        name: op.inputs[0] for name, op in graph.ops.items()
+        if op.op_type in UPDATE_OP_TYPES and graph.tensors[op.inputs[0]].kind == "parameter"
+    }
+    if not followers:
+        return graph, {}
+    ops = {name: op for name, op in graph.ops.items() if name not in followers}
+    return Graph(graph.tensors, ops, graph.outputs, graph.name, graph.values), followers
+
+
+def _sync_edges(graph: Graph, candidates, followers: dict[str, str]) -> list[SearchEdge]:
+    """Per update op, an edge from each computed operand of its parameter's shape (the
+    gradient) to the parameter's first reader, priced to the layout the parameter lives in."""
+    edges = []
+    for parameter in followers.values():
+        readers = graph.consumers(parameter)
+        if not readers:
+            continue  # only its update reads it: it is stored whole, see `follow_parameters`
+        owner, owner_index = readers[0]
+        gradient = gradient_name(parameter)
+        producer = graph.producer(gradient) if gradient in graph.tensors else None
+        if producer is None:
+            continue
+        output_index = producer.outputs.index(gradient)
+        table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, graph.tensors[gradient].dtype)
+        edges.append(SearchEdge(gradient, producer.name, output_index, owner, owner_index, table, sync=True))
+    return edges
+
+
+def _writeback_edge(graph: Graph, candidates, parameter: str, value: str) -> SearchEdge:
+    """The edge from the op computing `parameter`'s next value to the parameter's first consumer."""
+    producer = graph.producer(value)
+    owner, owner_index = graph.consumers(parameter)[0]
+    output_index = producer.outputs.index(value)
+    table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, graph.tensors[value].dtype)
+    return SearchEdge(value, producer.name, output_index, owner, owner_index, table, sync=True)
 
 
 def _incident(graph: Graph, edges: list[SearchEdge]) -> dict[str, tuple[SearchEdge, ...]]:

@@ -9,8 +9,11 @@ Propagation (MindSpore's sharding_propagation), case by case:
   memory, candidate index)`` and joins the queue, its origin "propagated from" the popped op;
 - the edges between two readers of one parameter or graph input are priced when choosing, but
   do not carry the propagation: a weight read by a forward and a backward op would otherwise
-  hand its layout across the graph, far from the data flow the seeds describe;
-- ops no seed reaches get the all-ones strategy and a warning;
+  hand its layout across the graph, far from the data flow the seeds describe; nor do the
+  gradient-synchronisation edges of a training graph, until a second round from every decided
+  op reaches what the data edges did not;
+- ops no seed reaches get the all-ones strategy and a warning (none for an op with no other
+  candidate, such as a scalar's);
 - two adjacent seeds keep their strategies and get a redistribution on their edge; when it costs
   more than feeding the best candidate of the consumer would (their layouts disagree, beyond
   resolving a partial sum), a warning says so.
@@ -65,17 +68,24 @@ def propagate(problem: SearchProblem) -> Assignment:
     seeds = _seeds(problem)
     choice = {name: 0 for name in seeds}
     origin = {name: SEED for name in seeds}
-    queue = deque(seeds)
+    _visit(problem, choice, origin, deque(seeds), across_sync=False)
+    if any(edge.sync for edge in problem.edges):
+        _visit(problem, choice, origin, deque(name for name in problem.graph.ops if name in choice), across_sync=True)
+    return _finish(problem, choice, origin)
+
+
+def _visit(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str], queue: deque, across_sync: bool) -> None:
+    """One BFS round; the second round of a training graph also crosses gradient-sync edges,
+    reaching the backward ops no data edge leads to (a bias gradient of the sensitivity)."""
     while queue:
         current = queue.popleft()
         for edge in problem.incident[current]:
             neighbour = edge.consumer if edge.producer == current else edge.producer
-            if neighbour in choice or edge.from_input:
+            if neighbour in choice or edge.from_input or (edge.sync and not across_sync):
                 continue
             choice[neighbour] = best_candidate(problem, neighbour, choice)
             origin[neighbour] = f"propagated from {current}"
             queue.append(neighbour)
-    return _finish(problem, choice, origin)
 
 
 def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str]) -> Assignment:
@@ -83,6 +93,7 @@ def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, st
     unreached = [name for name in problem.graph.ops if name not in choice]
     for name in unreached:
         choice[name], origin[name] = 0, DEFAULT  # candidate 0 is the all-ones strategy
+    unreached = [name for name in unreached if len(problem.candidates[name]) > 1]  # scalars: nothing to choose
     if unreached:
         warnings.append(f"{len(unreached)} op(s) reached by no seed keep the all-ones strategy: {', '.join(unreached)}")
     for edge in problem.edges:

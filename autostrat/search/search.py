@@ -6,8 +6,9 @@ from dataclasses import dataclass, replace
 
 from autostrat.errors import ConfigError
 from autostrat.ir import Graph
+from autostrat.layout import FollowedStrategy, Layout, TensorMap, DeviceMatrix
 from autostrat.search.plan import Plan, Refinement, build_plan
-from autostrat.search.problem import build_problem
+from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
 from autostrat.search.refine import plan_bytes, refine
@@ -74,6 +75,22 @@ def _check_shared_parameters(graph: Graph, problem) -> None:
                 )
 
 
+def follow_parameters(graph: Graph, strategies: dict, device_num: int) -> dict[str, tuple[FollowedStrategy, str]]:
+    """The strategy of every update op: its parameter's layout, which the parameter's first
+    reader chose (a parameter only its update reads is stored whole on every device)."""
+    _, followers = searched_graph(graph)
+    result = {}
+    for name, parameter in followers.items():
+        reader, index = graph.consumers(parameter)[0]
+        if reader in strategies:
+            layout = strategies[reader].input_layouts[index]
+        else:
+            shape = graph.tensors[parameter].shape
+            layout = Layout(DeviceMatrix((device_num,)), TensorMap((-1,) * len(shape)), shape)
+        result[name] = (FollowedStrategy(graph.ops[name].rule, layout), f"follows {parameter}")
+    return result
+
+
 def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions(), progress=None) -> Plan:
     """A strategy for every op of `graph` on `device_num` devices (see `SearchOptions`).
 
@@ -92,7 +109,7 @@ def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions
     elif options.mode == "data_parallel":
         graph = _unseeded(graph)
     problem = build_problem(graph, device_num, options.allow_repeated, full_only=options.automatic)
-    _check_shared_parameters(graph, problem)
+    _check_shared_parameters(problem.graph, problem)
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True)
     elif options.mode == "auto_parallel":
@@ -107,5 +124,8 @@ def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions
         refinement = Refinement(plan_bytes(problem, choice), result, changed)
         choice = result.choice
     strategies = {name: problem.candidates[name][index] for name, index in choice.items()}
-    plan = build_plan(graph, device_num, options.mode, strategies, assignment.origin, assignment.warnings)
+    origins = dict(assignment.origin)
+    for name, (strategy, origin) in follow_parameters(graph, strategies, device_num).items():
+        strategies[name], origins[name] = strategy, origin
+    plan = build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings)
     return replace(plan, refinement=refinement)

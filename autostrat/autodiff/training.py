@@ -1,0 +1,56 @@
+"""The training graph: forward, loss, backward and one optimiser update per parameter.
+
+A step of it reads the parameters and optimiser state and computes their next values
+(`Graph.updates`); its only output is the loss. The search shards it like any graph, so the
+gradient synchronisation is the redistribution from a gradient's layout (partial over the
+devices that split the batch) to its update op's layout.
+"""
+
+from __future__ import annotations
+
+from autostrat.autodiff.backward import build_backward
+from autostrat.autodiff.builder import GradBuilder
+from autostrat.autodiff.optimizers import UPDATE_PREFIX
+from autostrat.ir import Graph
+
+PHASES = ("forward", "backward", "update")
+
+
+def op_phase(name: str) -> str:
+    """Which part of a training step an op of a training graph belongs to.
+
+    Example:
+        >>> op_phase("dense1.matmul"), op_phase("bprop/dense1.matmul/mat_mul"), op_phase("optimizer/dense1.weight")
+        ('forward', 'backward', 'update')
+    """
+    if name.startswith(UPDATE_PREFIX):
+        return "update"
+    if name.startswith(("bprop/", "accumulate/", "identity/")):
+        return "backward"
+    return "forward"
+
+
+def build_training(graph: Graph, optimizer, loss: str | None = None) -> Graph:
+    """`graph` (whose output is the loss) plus its backward ops and `optimizer`'s updates.
+
+    Example:
+        >>> from autostrat.autodiff.optimizers import Momentum
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> training = build_training(trace(FFN(), Tensor(shape=(64, 64))), Momentum(0.01, 0.9))
+        >>> training.outputs, training.updates[:2]
+        (('dense2.bias_add:0',), (('dense1.weight', 'optimizer/dense1.weight:0'), ('moments.dense1.weight', 'optimizer/dense1.weight:1')))
+    """
+    backward = build_backward(graph, loss)
+    loss = loss or graph.outputs[0]
+    builder = GradBuilder(backward.tensors)
+    builder.scope = "optimizer"
+    updates: list[tuple[str, str]] = []
+    shared = optimizer.prepare(builder, updates)
+    for gradient in backward.outputs:
+        parameter = gradient.removeprefix("grad/")
+        updates += optimizer.update(builder, parameter, gradient, shared)
+    values = dict(backward.values) | builder.values
+    ops = dict(backward.ops) | builder.ops
+    return Graph(builder.tensors, ops, (loss,), f"{graph.name}.train", values, tuple(updates))

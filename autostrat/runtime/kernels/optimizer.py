@@ -1,0 +1,31 @@
+"""Kernels of the optimiser update ops (rules in `autostrat.rules.optimizer`), as MindSpore's
+``ApplyGradientDescent``, ``ApplyMomentum`` and ``Adam`` compute them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autostrat.runtime.kernels.registry import kernel
+
+
+@kernel("ApplyGradientDescent")
+def apply_gradient_descent(parameter, gradient, learning_rate=0.01):
+    return (parameter - np.asarray(learning_rate, parameter.dtype) * gradient).astype(parameter.dtype)
+
+
+@kernel("ApplyMomentum")
+def apply_momentum(parameter, accumulation, gradient, learning_rate=0.01, momentum=0.9, use_nesterov=False):
+    lr, mu = np.asarray(learning_rate, parameter.dtype), np.asarray(momentum, parameter.dtype)
+    accumulation = accumulation * mu + gradient
+    step = (gradient + accumulation * mu) if use_nesterov else accumulation
+    return (parameter - lr * step).astype(parameter.dtype), accumulation.astype(parameter.dtype)
+
+
+@kernel("ApplyAdam")
+def apply_adam(parameter, m, v, learning_rate, gradient, beta1=0.9, beta2=0.999, epsilon=1e-8):
+    dtype = parameter.dtype
+    b1, b2, eps = (np.asarray(value, dtype) for value in (beta1, beta2, epsilon))
+    m = m * b1 + (1 - b1) * gradient
+    v = v * b2 + (1 - b2) * gradient * gradient
+    new = parameter - np.asarray(learning_rate, dtype) * m / (np.sqrt(v) + eps)
+    return new.astype(dtype), m.astype(dtype), v.astype(dtype)

@@ -1,0 +1,92 @@
+"""Training: optimiser ops, the training graph, the planned training step on LocalBackend
+threads against the stand-alone run of the same graph, and the gradient-sync bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
+from autostrat.autodiff import Adam, Momentum, build_training
+from autostrat.errors import ConfigError
+from autostrat.frontend import trace
+from autostrat.frontend.train import TrainOneStepCell, WithLossCell, train, training_plan
+from autostrat.models import FFN, GPT, megatron_seeds
+from autostrat.runtime.training import train_locally, train_single_device
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    yield
+    reset_auto_parallel_context()
+
+
+def _ffn_cell(learning_rate=0.1):
+    net = FFN()
+    net.dense1.matmul.shard(((2, 1), (1, 4)))
+    loss = WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    return TrainOneStepCell(loss, nn.Momentum(net.trainable_params(), learning_rate, 0.9))
+
+
+FFN_INPUTS = (nn.Tensor(shape=(64, 64)), nn.Tensor(shape=(64,), dtype="int32"))
+
+
+def _seed_gpt(net, seeds):
+    for name, (strategy, _) in seeds.items():
+        primitive = net
+        for part in name.split("."):
+            primitive = primitive[int(part)] if part.isdigit() else getattr(primitive, part)
+        primitive.shard(strategy)
+
+
+def test_training_graph_has_one_update_per_parameter_and_the_loss_as_output():
+    graph = build_training(trace(FFN(), nn.Tensor(shape=(64, 64))), Adam())
+    updates = dict(graph.updates)
+    assert graph.outputs == ("dense2.bias_add:0",)
+    assert {"dense1.weight", "moment1.dense1.weight", "moment2.dense1.weight", "beta1_power"} <= set(updates)
+    assert graph.ops["optimizer/dense1.weight"].op_type == "ApplyAdam"
+
+
+def test_tutorial_ffn_trains_20_momentum_steps_like_stand_alone_and_bytes_match():
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+    report = train(_ffn_cell(), FFN_INPUTS, steps=20, log=None)
+    assert report.ok, report.text
+    assert report.loss_error <= 1e-5 and report.parameter_error <= 1e-5
+    assert report.result.losses[-1] < report.result.losses[0]  # it learns the synthetic labels
+    # The gradients of the weights replicated over the data-parallel axis are AllReduced.
+    assert report.result.measured[0]["sync"] > 0
+
+
+def test_gradient_sync_is_an_allreduce_over_exactly_the_replica_axes():
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+    plan, _, _ = training_plan(_ffn_cell(), None, FFN_INPUTS)
+    sync = [e for e in plan.redistributions if e.consumer == "optimizer/backbone.dense1.weight"]
+    assert [str(s.kind) for e in sync for s in e.plan.steps] == ["AllReduce"]
+    stored = plan.layouts["backbone.dense1.weight"]
+    assert plan.ops["optimizer/backbone.dense1.weight"].strategy.input_layouts[0] == stored
+    assert sync[0].plan.steps[0].group_size == 2  # dense1.weight is split 4 ways, replicated 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["megatron", "data_parallel"])
+def test_gpt_two_layers_trains_with_adam_like_stand_alone(mode):
+    net = GPT(layers=2, batch=8)
+    if mode == "megatron":
+        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+        _seed_gpt(net, megatron_seeds(2, 4, data_parallel=2))
+    else:
+        set_auto_parallel_context(parallel_mode="data_parallel", device_num=8)
+    plan, values, batches = training_plan(TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3)), None, net.example_inputs(), 8)
+    run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
+    from autostrat.frontend.train import compare
+    report = compare(plan, run, alone)
+    assert report.ok, report.text
+    assert run.measured == run.predicted and all(m["sync"] == plan.phase_bytes()["sync"] for m in run.measured)
+
+
+def test_phase_train_without_an_optimizer_uses_momentum_and_rejects_two_outputs():
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, phase="train")
+    plan, _, _ = training_plan(FFN(), None)
+    assert plan.graph.ops["optimizer/dense1.weight"].op_type == "ApplyMomentum"
+    with pytest.raises(ConfigError, match="phase must be one of predict, train"):
+        set_auto_parallel_context(phase="learn")
