@@ -66,12 +66,7 @@ class FollowedStrategy:
         return tuple(self._layout(shape) for shape in self.rule.output_shapes)
 
     def slice_context(self, rank: int) -> SliceContext:
-        return SliceContext(
-            tuple(layout.slice_range(rank) for layout in self.input_layouts),
-            self.rule.input_shapes,
-            tuple(layout.slice_range(rank) for layout in self.output_layouts),
-            self.rule.output_shapes,
-        )
+        return SliceContext.of(rank, self.input_layouts, self.output_layouts)
 
     def to_tuples(self) -> tuple[tuple[int, ...], ...]:
         return tuple(layout.parts for layout in self.input_layouts)

@@ -98,6 +98,16 @@ class SliceContext:
     output_ranges: tuple[tuple[tuple[int, int], ...], ...]
     output_shapes: tuple[tuple[int, ...], ...]
 
+    @classmethod
+    def of(cls, rank: int, input_layouts, output_layouts) -> "SliceContext":
+        """`rank`'s context for an op whose operands have these layouts."""
+        return cls(
+            tuple(layout.slice_range(rank) for layout in input_layouts),
+            tuple(tuple(layout.shape) for layout in input_layouts),
+            tuple(layout.slice_range(rank) for layout in output_layouts),
+            tuple(tuple(layout.shape) for layout in output_layouts),
+        )
+
     def input_offset(self, index: int, dim: int) -> int:
         return self.input_ranges[index][dim][0]
 

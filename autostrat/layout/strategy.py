@@ -122,12 +122,7 @@ class Strategy:
 
     def slice_context(self, rank: int) -> SliceContext:
         """Where `rank`'s slices of every input and output sit in the global tensors."""
-        return SliceContext(
-            tuple(layout.slice_range(rank) for layout in self.input_layouts),
-            self.rule.input_shapes,
-            tuple(layout.slice_range(rank) for layout in self.output_layouts),
-            self.rule.output_shapes,
-        )
+        return SliceContext.of(rank, self.input_layouts, self.output_layouts)
 
     def operand_tuples(self, operands: tuple[Dims, ...]) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(math.prod(self.split(f) for f in dim) for dim in dims) for dims in operands)
