@@ -3,11 +3,10 @@ threads against the stand-alone run of the same graph, and the gradient-sync byt
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
-from autostrat.autodiff import Adam, Momentum, build_training
+from autostrat.autodiff import Adam, build_training
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
 from autostrat.frontend.train import TrainOneStepCell, WithLossCell, train, training_plan

@@ -135,7 +135,7 @@ def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False) 
         raise ConfigError(f"coarsen must be one of {', '.join(LEVELS)}; got {level!r}")
     owned = _owned_bytes(problem)
     kept, dominator = _prune(problem, owned) if level != "none" else _keep_all(problem)
-    owner, shared = _share_layers(problem, kept) if level == "layers" else ({op: op for op in problem.candidates}, ())
+    owner, shared = share_layers(problem) if level == "layers" else ({op: op for op in problem.candidates}, ())
     if shared:
         kept = _union_kept(kept, owner)
     unary, flops, tables, constant = _coarse_graph(problem, kept, owner)
@@ -187,8 +187,9 @@ def _prune(problem: SearchProblem, owned):
     return kept, dominator
 
 
-def _share_layers(problem: SearchProblem, kept) -> tuple[dict[str, str], tuple[str, ...]]:
-    """Owner per op: ops of repeated layers with equal candidates point at the first layer."""
+def share_layers(problem: SearchProblem) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Owner per op (ops of repeated layers with equal candidates point at the first layer), and
+    a description of each group of shared layers (empty when the graph repeats none)."""
     layers: dict[str, dict[int, dict[str, str]]] = {}
     for op in problem.candidates:
         match = _LAYER.match(op)

@@ -28,7 +28,7 @@ from ortools.sat.python import cp_model
 
 from autostrat.errors import InfeasibleError, SolverError
 from autostrat.search.memory import live_sets, peak_bytes, tensor_bytes
-from autostrat.search.coarsen import CoarseEdge, Coarsening, coarsen
+from autostrat.search.coarsen import CoarseEdge, Coarsening, coarsen, share_layers
 from autostrat.search.problem import SearchProblem
 
 TIE_LEVELS = 64
@@ -159,6 +159,21 @@ class _Model:
             expressions.append(expression + base[0] + constant)
         return expressions
 
+    def limit_memory(self, budget: int | None) -> None:
+        """Every step's live bytes within `budget` (nothing when None)."""
+        if budget is not None:
+            for expression in self.memory():
+                self.model.Add(expression <= int(budget))
+
+    def minimize(self):
+        """Set the objective (bytes first, the flops tie-break below them); returns the bytes
+        expression and its scale."""
+        ties, worst = self.tie_break()
+        scale = worst + 1
+        byte_sum = cp_model.LinearExpr.Sum(self.bytes_terms)
+        self.model.Minimize(scale * byte_sum + cp_model.LinearExpr.Sum(ties))
+        return byte_sum, scale
+
     def tie_break(self):
         """Flops quantised per owner to TIE_LEVELS levels, and the largest sum they can reach."""
         terms, worst = [], 0
@@ -227,9 +242,7 @@ def model_size(problem: SearchProblem, level: str = "exact", budget: int | None 
         ((185, 113), (0, 0))
     """
     built = _Model(problem, coarsen(problem, level, budget=budget is not None))
-    if budget is not None:
-        for expression in built.memory():
-            built.model.Add(expression <= int(budget))
+    built.limit_memory(budget)
     proto = built.model.Proto()
     return len(proto.variables), len(proto.constraints)
 
@@ -242,11 +255,21 @@ def _infeasible(problem: SearchProblem, budget: int, time_limit: float, workers:
     )
 
 
+def _never_worse(problem: SearchProblem, choice: dict[str, int], found: int, starts, budget: int | None):
+    """The solver's choice, or a start that fits and sends fewer bytes (the time limit struck
+    before the solver reached it)."""
+    for start in starts:
+        start_bytes = plan_bytes(problem, start)
+        if found > start_bytes and (budget is None or peak_bytes(problem, start) <= budget):
+            choice, found = dict(start), start_bytes
+    return choice, found
+
+
 def _layered_hint(problem: SearchProblem, hint: dict[str, int], time_limit: float, workers: int, budget: int) -> dict[str, int]:
     """A better start under a memory budget: the best plan whose repeated layers agree, when the
     graph has repeated layers and that plan beats `hint` (measured on an 8-layer GPT: the exact
     model alone ends its time limit 60 % above what the layered one proves in 2 s)."""
-    if not coarsen(problem, "layers", budget=True).shared_layers:
+    if not share_layers(problem)[1]:
         return hint
     try:
         layered = refine(problem, hint, time_limit, workers, budget, coarsen_level="layers", explain=False)
@@ -273,13 +296,8 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     if coarsen_level == "exact" and max_device_memory is not None:
         hint = _layered_hint(problem, hint, time_limit / 2, workers, max_device_memory)
     built = _Model(problem, coarse)
-    if max_device_memory is not None:
-        for expression in built.memory():
-            built.model.Add(expression <= int(max_device_memory))
-    ties, worst = built.tie_break()
-    scale = worst + 1
-    byte_sum = cp_model.LinearExpr.Sum(built.bytes_terms)
-    built.model.Minimize(scale * byte_sum + cp_model.LinearExpr.Sum(ties))
+    built.limit_memory(max_device_memory)
+    byte_sum, scale = built.minimize()
     for owner, index in coarse.coarse_hint(hint).items():
         for candidate, variable in enumerate(built.x.get(owner, ())):
             built.model.AddHint(variable, candidate == index)
@@ -297,11 +315,7 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     found = plan_bytes(problem, choice)
     if found != solver.Value(byte_sum) + constant:
         raise SolverError(f"the coarse model's bytes ({solver.Value(byte_sum) + constant}) disagree with the plan's ({found})")
-    for start_choice in (hint, given):
-        start_bytes = plan_bytes(problem, start_choice)
-        fits = max_device_memory is None or peak_bytes(problem, start_choice) <= max_device_memory
-        if found > start_bytes and fits:  # the time limit struck before the solver reached a hint
-            choice, found = dict(start_choice), start_bytes
+    choice, found = _never_worse(problem, choice, found, (hint, given), max_device_memory)
     bound = min(found, int(math.ceil(solver.BestObjectiveBound())) // scale + constant)
     status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
     return RefineResult(choice, found, bound, status_name, time.perf_counter() - start, plan_bytes(problem, given),
