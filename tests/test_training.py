@@ -3,6 +3,7 @@ threads against the stand-alone run of the same graph, and the gradient-sync byt
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
@@ -81,6 +82,12 @@ def test_gpt_two_layers_trains_with_adam_like_stand_alone(mode):
     report = compare(plan, run, alone)
     assert report.ok, report.text
     assert run.measured == run.predicted and all(m["sync"] == plan.phase_bytes()["sync"] for m in run.measured)
+    if mode == "data_parallel":
+        # Every rank computes on its batch slice; every gradient is AllReduced over all 8.
+        assert plan.phase_bytes()["backward"] == 0
+        sync = [step for e in plan.redistributions if plan.edge_phase(e) == "sync" for step in e.plan.steps]
+        assert {(str(step.kind), step.group_size) for step in sync} == {("AllReduce", 8)}
+        assert len(sync) == len(net.trainable_params())
 
 
 def test_phase_train_without_an_optimizer_uses_momentum_and_rejects_two_outputs():
@@ -89,3 +96,29 @@ def test_phase_train_without_an_optimizer_uses_momentum_and_rejects_two_outputs(
     assert plan.graph.ops["optimizer/dense1.weight"].op_type == "ApplyMomentum"
     with pytest.raises(ConfigError, match="phase must be one of predict, train"):
         set_auto_parallel_context(phase="learn")
+
+
+@pytest.mark.parametrize("mode", ["auto_parallel", "data_parallel"])
+def test_gradients_mean_false_sums_the_replicas_gradients(mode):
+    """One SGD step: the distributed update of every parameter is its replica count times the
+    stand-alone update (MindSpore's sum over replicas of their batch-mean gradients)."""
+    set_auto_parallel_context(parallel_mode=mode, device_num=8, gradients_mean=False)
+    net = FFN()
+    if mode == "auto_parallel":
+        net.dense1.matmul.shard(((2, 1), (1, 4)))
+    loss = WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    plan, values, batches = training_plan(TrainOneStepCell(loss, nn.SGD(net.trainable_params(), 0.1)), None, FFN_INPUTS, 1)
+    run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
+    assert run.losses == pytest.approx(alone.losses, rel=1e-6)  # the forward pass is unchanged
+    replicas = {}
+    for name in alone.parameters:
+        replicas[name] = len(plan.layouts[name].replica_groups()[0])
+        step, alone_step = values[name] - run.parameters[name], values[name] - alone.parameters[name]
+        np.testing.assert_allclose(step, replicas[name] * alone_step, rtol=1e-4, atol=1e-7)
+    # Data parallel replicates every parameter 8 ways; the seeded plan splits each 4 ways.
+    assert set(replicas.values()) == ({8} if mode == "data_parallel" else {2})
+
+
+def test_gradients_mean_must_be_a_bool():
+    with pytest.raises(ConfigError, match="gradients_mean must be True or False, got 'yes'"):
+        set_auto_parallel_context(gradients_mean="yes")

@@ -8,6 +8,8 @@ devices that split the batch) to its update op's layout.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autostrat.autodiff.backward import build_backward
 from autostrat.autodiff.builder import GradBuilder
 from autostrat.autodiff.optimizers import UPDATE_PREFIX
@@ -30,8 +32,10 @@ def op_phase(name: str) -> str:
     return "forward"
 
 
-def build_training(graph: Graph, optimizer, loss: str | None = None) -> Graph:
-    """`graph` (whose output is the loss) plus its backward ops and `optimizer`'s updates.
+def build_training(graph: Graph, optimizer, loss: str | None = None, gradients_mean: bool = True) -> Graph:
+    """`graph` (whose output is the loss) plus its backward ops and `optimizer`'s updates;
+    ``gradients_mean=False`` marks the updates to sum their replicas' gradients (see the
+    context's `gradients_mean`).
 
     Example:
         >>> from autostrat.autodiff.optimizers import Momentum
@@ -51,6 +55,13 @@ def build_training(graph: Graph, optimizer, loss: str | None = None) -> Graph:
     for gradient in backward.outputs:
         parameter = gradient.removeprefix("grad/")
         updates += optimizer.update(builder, parameter, gradient, shared)
+        if not gradients_mean:
+            _mark_summed(builder, UPDATE_PREFIX + parameter)
     values = dict(backward.values) | builder.values
     ops = dict(backward.ops) | builder.ops
     return Graph(builder.tensors, ops, (loss,), f"{graph.name}.train", values, tuple(updates))
+
+
+def _mark_summed(builder: GradBuilder, update: str) -> None:
+    op = builder.ops[update]
+    builder.ops[update] = replace(op, attrs=tuple(sorted(op.attrs + (("gradients_mean", False),))))

@@ -37,7 +37,7 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
     if optimizer is not None:
         if len(graph.outputs) != 1:
             raise ConfigError(f"training needs a network returning one loss; {graph.name} returns {len(graph.outputs)} outputs")
-        graph = build_training(graph, optimizer)
+        graph = build_training(graph, optimizer, gradients_mean=context.gradients_mean)
     plan = search(graph, context.device_num, context.search_options(), progress)
     for message in plan.warnings:
         warnings.warn(message, stacklevel=3)

@@ -52,6 +52,13 @@ class ParallelContext:
     - `phase`: "predict" plans the forward graph; "train" plans a training step (forward, loss,
       backward, gradient synchronisation and the optimiser's updates), so the search weighs
       what training communicates. A `TrainOneStepCell` is always planned for training.
+    - `gradients_mean`: how a parameter's gradient combines over the devices that hold the same
+      slice of it. True: the gradient of the loss as one device computes it over the whole
+      batch (the mean over the replicas of their own batch-mean losses), so training equals
+      stand-alone training. False: the sum of the replicas' gradients, as MindSpore's
+      ``gradients_mean=False`` sums them — with a batch-mean loss, r times the stand-alone
+      gradient on a parameter held by r devices. autostrat defaults to True (MindSpore to
+      False): a plan computes what one device computes unless asked otherwise.
     """
 
     parallel_mode: str = "stand_alone"
@@ -67,6 +74,7 @@ class ParallelContext:
     max_device_memory: int | None = None
     coarsen: str = "exact"
     phase: str = "predict"
+    gradients_mean: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("parallel_mode", self.parallel_mode, PARALLEL_MODES)
@@ -85,7 +93,7 @@ class ParallelContext:
                 raise ConfigError(f"{key} must be {bound}, got {value!r}")
         if self.global_rank >= self.device_num:
             raise ConfigError(f"global_rank {self.global_rank} must be below device_num {self.device_num}")
-        for key in ("full_batch", "fully_use_devices"):
+        for key in ("full_batch", "fully_use_devices", "gradients_mean"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be True or False, got {getattr(self, key)!r}")
         for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):

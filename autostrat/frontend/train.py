@@ -182,6 +182,9 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
     parameter_error = relative_error(model_parameters(plan.graph, result.parameters), model_parameters(plan.graph, reference.parameters))
     lines = [f"{'step':>4}  {plan.device_num}-rank loss  stand-alone loss"]
     lines += [f"{i + 1:>4}  {a:>14.7f}  {b:>16.7f}" for i, (a, b) in enumerate(zip(result.losses, reference.losses))]
+    if any(not op.attr_dict.get("gradients_mean", True) for op in plan.graph.ops.values()):
+        lines.append("gradients_mean=False: a replicated parameter's gradient is the sum over its replicas, "
+                     "not the stand-alone gradient, so the runs are not expected to agree")
     phases = ", ".join(f"{k} {v}" for k, v in (result.measured[0] if result.measured else {}).items())
     lines += [
         f"bytes per step on rank 0 (measured): {phases}; "

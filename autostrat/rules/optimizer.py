@@ -1,7 +1,9 @@
 """Optimiser update ops: one per parameter, elementwise over the parameter, its gradient and
 its state (MindSpore's ``ApplyGradientDescent``, ``ApplyMomentum``, ``ApplyAdam``).
 
-Hyper-parameters that stay fixed over a run are attributes; a value that changes every step
+Hyper-parameters that stay fixed over a run are attributes (``gradients_mean=False`` too: the
+kernel then scales the synchronised gradient by the parameter's replica count, see the context's
+`gradients_mean`; the sharding is the same either way); a value that changes every step
 (Adam's bias-corrected learning rate) is a scalar input, computed in the graph from scalar
 state. Every tensor operand has the parameter's shape, so any split of the parameter splits
 the update the same way: each rank updates its slice, and the state is sharded like it.
@@ -37,20 +39,21 @@ def _update_equation(op_type: str, shapes, tensors: int, scalars: tuple[int, ...
 
 
 @register("ApplyGradientDescent", examples=[Example((s, s), {"learning_rate": 0.1}) for s in _SHAPES])
-def apply_gradient_descent(shapes, learning_rate: float = 0.01) -> RuleSpec:
+def apply_gradient_descent(shapes, learning_rate: float = 0.01, gradients_mean: bool = True) -> RuleSpec:
     """Inputs parameter, gradient; output ``parameter - learning_rate * gradient``."""
     return RuleSpec(_update_equation("ApplyGradientDescent", shapes, 2, (), 1))
 
 
 @register("ApplyMomentum", examples=[Example((s, s, s), {"learning_rate": 0.1, "momentum": 0.9}) for s in _SHAPES]
           + [Example(((24, 48),) * 3, {"use_nesterov": True})])
-def apply_momentum(shapes, learning_rate: float = 0.01, momentum: float = 0.9, use_nesterov: bool = False) -> RuleSpec:
+def apply_momentum(shapes, learning_rate: float = 0.01, momentum: float = 0.9, use_nesterov: bool = False,
+                   gradients_mean: bool = True) -> RuleSpec:
     """Inputs parameter, accumulation, gradient; outputs the new parameter and accumulation."""
     return RuleSpec(_update_equation("ApplyMomentum", shapes, 3, (), 2))
 
 
 @register("ApplyAdam", examples=[Example((s, s, s, (), s), {"beta1": 0.9, "beta2": 0.999}, positive=True) for s in _SHAPES])
-def apply_adam(shapes, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8) -> RuleSpec:
+def apply_adam(shapes, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8, gradients_mean: bool = True) -> RuleSpec:
     """Inputs parameter, m, v, the step's learning rate (scalar, bias correction included) and
     the gradient; outputs the new parameter, m and v."""
     equation = _update_equation("ApplyAdam", shapes, 4, (3,), 3)

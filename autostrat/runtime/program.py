@@ -199,7 +199,7 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
                 instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge))
             keys.append(key)
         strategy = plan.ops[name].strategy
-        instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, op.attrs, strategy.slice_context(rank)))
+        instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, _attrs(plan, op), strategy.slice_context(rank)))
     outputs = []
     for tensor in graph.outputs:
         key = tensor
@@ -217,6 +217,15 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
         updates.append((parameter, key))
     inputs = tuple(info.name for info in graph.inputs())
     return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
+
+
+def _attrs(plan, op) -> tuple:
+    """An op's attributes, plus for an update that sums its replicas' gradients how many
+    devices hold its parameter's slice (the kernel scales the gradient by it)."""
+    if op.attr_dict.get("gradients_mean", True):
+        return op.attrs
+    replicas = len(plan.layouts[op.inputs[0]].replica_groups()[0])
+    return tuple(sorted(op.attrs + (("replicas", replicas),)))
 
 
 def lower_steps(redistribution: RedistributionPlan, rank: int, source: str, target: str, edge: str, phase: str) -> list[Communicate]:
