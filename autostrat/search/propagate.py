@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autostrat.autodiff import op_phase
 from autostrat.layout import Strategy
 from autostrat.search.problem import SearchProblem
 
@@ -42,9 +43,11 @@ class Assignment:
     warnings: tuple[str, ...]
 
 
-def _neighbour_cost(problem: SearchProblem, op: str, choice: dict[str, int]) -> np.ndarray:
+def _neighbour_cost(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool) -> np.ndarray:
     total = problem.costs[op].comm.copy()
     for edge in problem.incident[op]:
+        if edge.sync and not sync:
+            continue
         if edge.consumer == op and edge.producer in choice:
             total += edge.table[choice[edge.producer], :]
         elif edge.producer == op and edge.consumer in choice:
@@ -52,11 +55,12 @@ def _neighbour_cost(problem: SearchProblem, op: str, choice: dict[str, int]) -> 
     return total
 
 
-def best_candidate(problem: SearchProblem, op: str, choice: dict[str, int]) -> int:
-    """The documented tie-break: bytes, then flops, then memory, then enumeration order."""
+def best_candidate(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool = True) -> int:
+    """The documented tie-break: bytes (to decided neighbours; over gradient-synchronisation
+    edges too unless `sync` is False), then flops, then memory, then enumeration order."""
     costs = problem.costs[op]
     index = np.arange(len(problem.candidates[op]))
-    return int(np.lexsort((index, costs.memory, costs.flops, _neighbour_cost(problem, op, choice)))[0])
+    return int(np.lexsort((index, costs.memory, costs.flops, _neighbour_cost(problem, op, choice, sync)))[0])
 
 
 def _seeds(problem: SearchProblem) -> list[str]:
@@ -117,14 +121,23 @@ def _batch_split(strategy: Strategy, device_num: int) -> bool:
 
 
 def data_parallel(problem: SearchProblem, keep_seeds: bool) -> Assignment:
-    """Every op splits its batch dim (its first output's first dim) over all devices; with
-    `keep_seeds` (semi_auto_parallel) configured ops keep their strategies."""
+    """Every forward op splits its batch dim (its first output's first dim) over all devices; with
+    `keep_seeds` (semi_auto_parallel) configured ops keep their strategies; the other ops are
+    propagated to from these."""
     choice, origin = {}, {}
     for name, candidates in problem.candidates.items():
         if keep_seeds and problem.graph.ops[name].is_seeded:
             choice[name], origin[name] = 0, SEED
             continue
         found = [i for i, s in enumerate(candidates) if _batch_split(s, problem.device_num)]
-        if found:
+        if found and op_phase(name) == "forward":
             choice[name], origin[name] = found[0], DATA_PARALLEL
+    # Ops without a batch dim in their output (a loss) and backward ops (whose first output dim
+    # is a weight's row as often as the batch) take, in data-flow order, the cheapest candidate
+    # given their producers, the synchronisation aside: each computes on the batch slice its
+    # inputs hold, and a weight's gradient is a partial sum AllReduced over every replica —
+    # data parallel as MindSpore runs it, not a cheaper hybrid the user did not ask for.
+    for name in problem.graph.ops:
+        if name not in choice:
+            choice[name], origin[name] = best_candidate(problem, name, choice, sync=False), DATA_PARALLEL
     return _finish(problem, choice, origin)
