@@ -147,8 +147,9 @@ def train_collective(plan, backend, values: dict, batches, on_step=None) -> Trai
     backend.prepare(((world,),))
     slices_by_rank = [{} for _ in world]
     for name, _ in plan.graph.updates:
-        for rank, piece in enumerate(backend.allgather(np.ascontiguousarray(run.slices[name]), world)):
-            slices_by_rank[rank][name] = piece
+        local = run.slices[name]
+        for rank, piece in enumerate(backend.allgather(np.ascontiguousarray(local), world)):
+            slices_by_rank[rank][name] = piece.reshape(local.shape)  # a scalar travels as shape (1,)
     measured = phase_bytes(program, run.sent, len(batches))
     gathered = backend.gather_report(np.array([measured[phase] for phase in PHASES], np.float64))
     if gathered is None:
