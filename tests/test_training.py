@@ -122,3 +122,28 @@ def test_gradients_mean_false_sums_the_replicas_gradients(mode):
 def test_gradients_mean_must_be_a_bool():
     with pytest.raises(ConfigError, match="gradients_mean must be True or False, got 'yes'"):
         set_auto_parallel_context(gradients_mean="yes")
+
+
+def test_memory_counts_optimizer_state_in_its_parameters_layout():
+    """Momentum keeps one accumulation per parameter, stored like the parameter: the peak of the
+    same plan grows by exactly the parameters' per-device bytes over SGD's; budgets then work."""
+    from autostrat.search.memory import peak_bytes
+    from autostrat.search.problem import build_problem
+    from autostrat.search.propagate import propagate
+
+    graphs = {}
+    for name, optimizer in (("sgd", nn.SGD), ("momentum", nn.Momentum)):
+        net = FFN()
+        net.dense1.matmul.shard(((2, 1), (1, 4)))
+        kwargs = {"momentum": 0.9} if name == "momentum" else {}
+        cell = TrainOneStepCell(net, optimizer(net.trainable_params(), 0.1, **kwargs))
+        graphs[name] = build_training(trace(net, nn.Tensor(shape=(64, 64)), device_num=8), cell.optimizer)
+    problems = {name: build_problem(graph, 8) for name, graph in graphs.items()}
+    assert set(problems["momentum"].state_of) == {f"moments.{p}" for p in ("dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias")}
+    choice = propagate(problems["sgd"]).choice
+    stored = 0
+    for parameter in problems["momentum"].state_of.values():
+        op, index = graphs["sgd"].consumers(parameter)[0]
+        stored += 4 * np.prod(problems["sgd"].candidates[op][choice[op]].input_layouts[index].slice_shape)
+    assert stored == 4 * (64 * 64 // 4 + 64 // 4) * 2  # both weights and biases split 4 ways
+    assert peak_bytes(problems["momentum"], choice) - peak_bytes(problems["sgd"], choice) == stored

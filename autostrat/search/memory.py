@@ -4,7 +4,8 @@ peak of the graph's topological (trace-order) schedule.
 Every tensor's per-device bytes depend on one op's candidate: an op output on its producer's, a
 parameter or graph input on its first consumer's (it is stored as that op wants it). An op
 output is live from its producer's step to its last consumer's step (to the end for a graph
-output); parameters and inputs are live throughout. The peak is reached at a step where a tensor
+output); parameters, optimiser state (in its parameter's layout) and inputs are live
+throughout; an update's result takes its parameter's place. The peak is reached at a step where a tensor
 is produced, so those steps are the only ones to bound.
 """
 
@@ -33,11 +34,16 @@ def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[Tensor
     for name, info in graph.tensors.items():
         size = dtype_size(info.dtype)
         if info.producer is not None:
+            if info.producer not in graph.ops:
+                continue  # an update's result: it replaces its parameter or state in place
             owner, index = info.producer, graph.ops[info.producer].outputs.index(name)
             layouts = [s.output_layouts[index] for s in problem.candidates[owner]]
             activations.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
-        elif graph.consumers(name):
-            owner, index = graph.consumers(name)[0]
+            continue
+        # Optimiser state is stored in its parameter's layout, which the first reader chooses.
+        stored_as = problem.state_of.get(name, name)
+        if graph.consumers(stored_as):
+            owner, index = graph.consumers(stored_as)[0]
             layouts = [s.input_layouts[index] for s in problem.candidates[owner]]
             resident.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
     return resident, activations

@@ -14,7 +14,7 @@ to its first reader.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -72,6 +72,7 @@ class SearchProblem:
     edges: tuple[SearchEdge, ...]
     costs: dict[str, OpCosts]
     incident: dict[str, tuple[SearchEdge, ...]]
+    state_of: dict[str, str] = field(default_factory=dict)  # optimiser state -> its parameter
 
     def least_edge_cost(self, edge: SearchEdge, producer_choice: int) -> float:
         """The cheapest redistribution from the producer's chosen layout to any candidate the
@@ -116,6 +117,7 @@ def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tup
 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False) -> SearchProblem:
     """Candidates, own costs and edge tables of every op and edge of `graph`."""
+    full = graph
     graph, followers = searched_graph(graph)
     candidates = {name: op_candidates(op, device_num, allow_repeated, full_only) for name, op in graph.ops.items()}
     costs = {}
@@ -138,7 +140,8 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         else:  # the op reads and updates its own state: only its own candidate's cost counts
             own = costs[edge.producer]
             costs[edge.producer] = OpCosts(own.comm + np.diagonal(edge.table), own.flops, own.memory)
-    return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges))
+    return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
+                         _optimizer_state(full, followers))
 
 
 def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int) -> SearchEdge | None:
@@ -155,6 +158,18 @@ def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int)
         return None
     table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True)
     return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True)
+
+
+def _optimizer_state(graph: Graph, followers: dict[str, str]) -> dict[str, str]:
+    """Each optimiser state tensor an update op reads besides its parameter (moments, shaped
+    like it and stored in its layout), mapped to that parameter."""
+    state = {}
+    for update, parameter in followers.items():
+        for tensor in graph.ops[update].inputs:
+            info = graph.tensors[tensor]
+            if tensor != parameter and info.kind == "parameter" and info.shape == graph.tensors[parameter].shape:
+                state[tensor] = parameter
+    return state
 
 
 def searched_graph(graph: Graph) -> tuple[Graph, dict[str, str]]:
