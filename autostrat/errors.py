@@ -22,6 +22,11 @@ class ConfigError(AutostratError, ValueError):
     """A context key, YAML config, rank table or strategy checkpoint is malformed."""
 
 
+class CheckpointError(ConfigError):
+    """A parameter checkpoint cannot be read, or does not fit the plan it is loaded into (names,
+    shapes, dtypes). It is a `ConfigError` too: a bad input file, like a bad strategy checkpoint."""
+
+
 class LayoutError(AutostratError, ValueError):
     """A device matrix, tensor map, layout or strategy is invalid for the tensor it describes."""
 

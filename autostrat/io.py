@@ -22,6 +22,7 @@ def write_atomically(path, text: str | bytes) -> None:
         '{}\\n'
     """
     path = Path(path)
+    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -29,6 +30,8 @@ def write_atomically(path, text: str | bytes) -> None:
             file.write(text)
         os.replace(temporary, path)
     except OSError as error:
+        if temporary is not None and os.path.exists(temporary):  # a failed write leaves nothing behind
+            os.remove(temporary)
         raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
 
 

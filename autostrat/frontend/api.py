@@ -6,10 +6,10 @@ import warnings
 
 from autostrat.autodiff import Momentum, build_training
 from autostrat.errors import ConfigError
-from autostrat.frontend.config import apply_seeds
+from autostrat.frontend.config import apply_seeds, check_op_names
 from autostrat.frontend.context import ParallelContext, current_context
 from autostrat.frontend.tracing import trace
-from autostrat.search import Plan, load_checkpoint_seeds, search
+from autostrat.search import Plan, load_checkpoint_seeds, search, seeds_by_phase
 
 
 def training_parts(net, context: ParallelContext, optimizer=None) -> tuple:
@@ -26,18 +26,27 @@ def training_parts(net, context: ParallelContext, optimizer=None) -> tuple:
 
 def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, progress=None, optimizer=None) -> Plan:
     """Trace, add seeds (from `seeds`, then the strategy checkpoint), build the training graph
-    when training (see `training_parts`), search, save the checkpoint."""
+    when training (see `training_parts`), search, save the checkpoint.
+
+    A training plan's strategy checkpoint seeds the forward ops; its backward and update ops
+    are rebuilt, and ignored when planning a forward pass."""
     net, optimizer = training_parts(net, context, optimizer)
     graph = trace(net, *inputs, device_num=context.device_num)
     if seeds:
         graph = apply_seeds(graph, seeds, context.device_num)
-    if context.strategy_ckpt_load_file:
-        checkpoint = context.strategy_ckpt_load_file
-        graph = apply_seeds(graph, load_checkpoint_seeds(checkpoint), context.device_num, where=checkpoint)
+    where = context.strategy_ckpt_load_file
+    checkpoint = seeds_by_phase(load_checkpoint_seeds(where)) if where else {}
+    if checkpoint:
+        graph = apply_seeds(graph, checkpoint["forward"], context.device_num, where=where)
     if optimizer is not None:
         if len(graph.outputs) != 1:
             raise ConfigError(f"training needs a network returning one loss; {graph.name} returns {len(graph.outputs)} outputs")
         graph = build_training(graph, optimizer, gradients_mean=context.gradients_mean)
+        if checkpoint:
+            # Backward and update ops are checked by name, not seeded: the search derives them
+            # from the forward seeds again, as when the checkpoint was saved. (Seeding them too
+            # would pin pairs the saved plan joined by a redistribution: "seeds disagree".)
+            check_op_names(graph, checkpoint["backward"] | checkpoint["update"], where)
     plan = search(graph, context.device_num, context.search_options(), progress)
     for message in plan.warnings:
         warnings.warn(message, stacklevel=3)

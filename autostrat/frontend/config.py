@@ -159,15 +159,21 @@ def load_config(path, **overrides) -> Config:
     return Config(str(path), context, net, inputs, _check_strategies(data.get("strategies"), f"{path}: strategies"))
 
 
+def check_op_names(graph: Graph, names, where: str = "strategies") -> None:
+    """A `ConfigError` for the first of `names` that is no op of `graph`, suggesting the closest."""
+    for name in names:
+        if name not in graph.ops:
+            close = difflib.get_close_matches(name, list(graph.ops), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{where}.{name}: the graph has no op named {name!r}{hint}")
+
+
 def apply_seeds(graph: Graph, strategies: dict, device_num: int, where: str = "strategies") -> Graph:
     """A copy of `graph` whose named ops carry the given ``(in_strategy, out_strategy)`` seeds,
     each validated against its op; an unknown op name suggests the closest ones."""
+    check_op_names(graph, strategies, where)
     ops = dict(graph.ops)
     for name, (in_strategy, out_strategy) in strategies.items():
-        if name not in ops:
-            close = difflib.get_close_matches(name, list(ops), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"{where}.{name}: the graph has no op named {name!r}{hint}")
         try:
             Strategy.from_tuples(ops[name].rule, in_strategy, device_num, out_strategy, where=f"{where}.{name}")
         except AutostratError as error:

@@ -30,6 +30,7 @@ from autostrat.autodiff import optimizers
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
+from autostrat.runtime import checkpoint
 from autostrat.runtime.executor import graph_values
 from autostrat.runtime.job import random_batch
 from autostrat.runtime.training import TrainingResult, train_collective, train_locally, train_single_device
@@ -107,14 +108,23 @@ def synthetic_batches(graph, steps: int, seed: int = 0, dataset_size: int = 2) -
     return tuple(dataset[step % dataset_size] for step in range(steps))
 
 
-def training_plan(net, optimizer, inputs=(), steps: int = 2, seed: int = 0, context=None) -> tuple:
+def training_plan(net, optimizer, inputs=(), steps: int = 2, seed: int = 0, context=None, initial: dict | None = None) -> tuple:
     """The training plan of `net` (returning a loss, or not: its output's mean is then the loss)
-    under `context` (default: the current one), its initial values and a synthetic dataset."""
+    under `context` (default: the current one), its initial values and a synthetic dataset.
+
+    `initial` (whole arrays by name, such as `load_checkpoint(path)`) replaces the initial
+    parameters and optimiser state: the run continues a saved one, under this plan's strategy
+    and `device_num` whatever the saved run's were. It must hold exactly the tensors the plan
+    updates (`CheckpointError` otherwise).
+    """
     if not inputs:
         from autostrat.frontend.tensor import Tensor
         inputs = (Tensor(shape=(64, 64)),)
     plan = plan_for(net, inputs, context or current_context(), optimizer=optimizer)
-    return plan, graph_values(plan.graph, {}), synthetic_batches(plan.graph, steps, seed)
+    values = graph_values(plan.graph, {})
+    if initial is not None:
+        values = checkpoint.load_param_into_plan(plan, values, initial, where="initial")
+    return plan, values, synthetic_batches(plan.graph, steps, seed)
 
 
 class Progress:
@@ -159,11 +169,17 @@ def model_parameters(graph, values: dict) -> dict:
     return {name: array for name, array in values.items() if f"grad/{name}" in graph.tensors}
 
 
-def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None) -> TrainReport | None:
+def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None, initial: dict | None = None,
+          save_checkpoint=None) -> TrainReport | None:
     """Plan `cell` (a `TrainOneStepCell`), train it `steps` steps on a synthetic dataset and
     compare the loss curve and final parameters with the stand-alone run. Rank 0 (or the only
-    process) returns the report; other MPI ranks return None."""
-    plan, values, batches = training_plan(cell, None, inputs, steps, seed, context)
+    process) returns the report; other MPI ranks return None.
+
+    Training starts from `initial` when given (see `training_plan`); with `save_checkpoint` (a
+    path) rank 0 saves the final whole parameters and optimiser state there (`.npz`,
+    `runtime.checkpoint.save_checkpoint`).
+    """
+    plan, values, batches = training_plan(cell, None, inputs, steps, seed, context, initial)
     from autostrat.frontend.run import launched_by_mpiexec
 
     if launched_by_mpiexec():
@@ -173,6 +189,8 @@ def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None)
             return None
     else:
         result = train_locally(plan, values, batches, Progress(steps, log))
+    if save_checkpoint is not None:
+        checkpoint.save_checkpoint(result, save_checkpoint)
     return compare(plan, result, train_single_device(plan.graph, values, batches))
 
 

@@ -1,7 +1,7 @@
 """Search: candidates and cost tables, BFS propagation, and the resulting plan."""
 
-from autostrat.search.checkpoint import load_checkpoint_seeds
+from autostrat.search.checkpoint import load_checkpoint_seeds, seeds_by_phase
 from autostrat.search.plan import EdgeRedistribution, OpPlan, Plan
 from autostrat.search.search import SearchOptions, search
 
-__all__ = ["EdgeRedistribution", "OpPlan", "Plan", "SearchOptions", "load_checkpoint_seeds", "search"]
+__all__ = ["EdgeRedistribution", "OpPlan", "Plan", "SearchOptions", "load_checkpoint_seeds", "search", "seeds_by_phase"]

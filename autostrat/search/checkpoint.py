@@ -1,12 +1,17 @@
 """The strategy checkpoint: a plan's strategies and parameter layouts as JSON with MindSpore's
-keys (``parallel_strategy_item``, ``parallel_layout_item``, ``dev_matrix``, ``tensor_map``...),
-and reading one back as seeds (`strategy_ckpt_load_file`)."""
+keys (``parallel_strategy_item``, ``parallel_layout_item``, ``dev_matrix``, ``tensor_map``,
+``shape``, ``slice_shape``...), and reading one back as seeds (`strategy_ckpt_load_file`).
+
+A training plan's checkpoint also names its backward and update ops (``bprop/...``,
+``optimizer/...``); `seeds_by_phase` sorts them so that the forward ones seed the traced graph
+while the others are only checked by name against the training graph built from it."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from autostrat.autodiff import PHASES, op_phase
 from autostrat.errors import ConfigError
 from autostrat.io import read_json
 
@@ -36,6 +41,7 @@ def checkpoint_dict(plan) -> dict:
             "parallel_layouts": {
                 "dev_matrix": [{"dim": list(layout.device_matrix.shape)}],
                 "tensor_map": [{"dim": _tensor_map(layout)}],
+                "shape": [{"dim": list(layout.shape)}],  # the whole parameter, which a re-slicing tool needs
                 "slice_shape": [{"dim": list(layout.slice_shape)}],
                 "field": 0,
                 "opt_weight_shard_step": 0,
@@ -56,7 +62,8 @@ def _strategy(value, where: str):
 
 
 def load_checkpoint_seeds(path) -> dict[str, tuple]:
-    """Seeds ``{op name: (in_strategy, out_strategy)}`` from a strategy checkpoint file.
+    """Seeds ``{op name: (in_strategy, out_strategy)}`` from a strategy checkpoint file. Only
+    ``parallel_strategy_item`` is read, so files with or without layout ``shape`` load alike.
 
     Example:
         >>> import tempfile, pathlib
@@ -83,3 +90,16 @@ def load_checkpoint_seeds(path) -> dict[str, tuple]:
             None if out is None else _strategy(out, f"{where}.parallel_strategys.out_strategy"),
         )
     return seeds
+
+
+def seeds_by_phase(seeds: dict) -> dict[str, dict]:
+    """`seeds` grouped by the part of a training step their op belongs to (`op_phase`).
+
+    Example:
+        >>> seeds_by_phase({"relu": 1, "bprop/relu/relu_grad": 2, "optimizer/w": 3})
+        {'forward': {'relu': 1}, 'backward': {'bprop/relu/relu_grad': 2}, 'update': {'optimizer/w': 3}}
+    """
+    grouped: dict[str, dict] = {phase: {} for phase in PHASES}
+    for name, seed in seeds.items():
+        grouped[op_phase(name)][name] = seed
+    return grouped
