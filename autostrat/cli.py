@@ -49,9 +49,10 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
 def search_command(args) -> str:
     """Search the config's model and return the text to print; writes --out and --dump-ir."""
     overrides = {"device_num": args.device_num, "refine": args.refine, "refine_time_limit": args.time_limit,
-                 "max_device_memory": args.max_device_memory, "coarsen": args.coarsen}
+                 "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase}
     config = load_config(args.config, **overrides)
-    plan = plan_for(config.net, config.inputs, config.context, config.strategies, progress=_progress_line)
+    plan = plan_for(config.net, config.inputs, config.context, config.strategies, progress=_progress_line,
+                    optimizer=config.optimizer)
     if plan.refinement is not None:
         print(file=sys.stderr)  # end the progress line
     lines = [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
@@ -79,7 +80,7 @@ def _fault(text: str) -> Fault:
 
 def run_command(args) -> tuple[int, str]:
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
-                         args.timeout, args.stall_timeout, args.inject_fault)
+                         args.timeout, args.stall_timeout, args.inject_fault, args.phase)
     return run_config(args.config, options)
 
 
@@ -90,13 +91,20 @@ def _add_run(commands) -> None:
     run.add_argument("--rank-table", default=os.environ.get("RANK_TABLE_FILE") or None,
                      help="MindSpore rank table JSON: run on its servers (default: $RANK_TABLE_FILE)")
     run.add_argument("--backend", choices=["mpi", "local"], default="mpi", help="MPI processes (default) or local threads")
-    run.add_argument("--steps", type=int, default=2, help="forward steps on random batches (default 2)")
+    run.add_argument("--steps", type=int, default=2, help="steps on random batches (default 2)")
+    _add_phase(run)
     run.add_argument("--seed", type=int, default=0, help="seed of the random batches (default 0)")
     run.add_argument("--run-dir", help="folder for the job and the rank logs (default: a new one under runs/)")
     run.add_argument("--timeout", type=float, default=300.0, help="seconds before the whole job is killed (default 300)")
     run.add_argument("--stall-timeout", type=float, default=10.0,
                      help="seconds a rank may make no progress before its watchdog ends the job (default 10)")
     run.add_argument("--inject-fault", type=_fault, help=argparse.SUPPRESS)  # RANK:KIND[:AT], for the fault tests
+
+
+def _add_phase(command) -> None:
+    command.add_argument("--phase", choices=["predict", "train"],
+                         help="override the config's phase: train plans (and runs) forward, backward, gradient "
+                              "synchronisation and the optimiser's update")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
     search.add_argument("--coarsen", choices=["none", "exact", "layers"],
                         help="reduce the solver's model first: exact (default, same optimum) or layers (shared repeated layers)")
+    _add_phase(search)
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=int, default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")

@@ -81,3 +81,22 @@ def test_invalid_seed_names_the_key_path(tmp_path):
     graph = trace(config.net, *config.inputs, device_num=8)
     with pytest.raises(ConfigError, match=r"strategies.relu: the strategy uses 16 devices but device_num is 8"):
         apply_seeds(graph, {"relu": (((4, 4),), None)}, 8)
+
+
+def test_an_optimizer_section_makes_a_training_config():
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "gpt_train.yaml")
+    assert config.context.phase == "train" and type(config.optimizer).__name__ == "Adam"
+    assert config.optimizer.learning_rate == 0.001
+    assert load_config(CONFIGS[0]).optimizer is None
+
+
+@pytest.mark.parametrize("section,message", [
+    ("{name: lamb}", r"optimizer: expected \{name: adam \| momentum \| sgd, <its settings>\}, got \{'name': 'lamb'\}"),
+    ("[adam]", r"optimizer: expected \{name: adam"),
+    ("{name: adam, lr: 1}", "optimizer: adam accepts learning_rate, beta1, beta2, eps; got lr"),
+    ("{name: momentum, momentum: -1}", "optimizer: Momentum: momentum must be a non-negative number, got -1"),
+])
+def test_a_bad_optimizer_section_names_what_it_expected(tmp_path, section, message):
+    path = write(tmp_path, f"parallel_mode: auto_parallel\ndevice_num: 8\nmodel: {{name: FFN}}\ninputs: [{{shape: [64, 64]}}]\noptimizer: {section}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)

@@ -173,3 +173,12 @@ def test_gpt_trains_with_adam_on_8_mpi_ranks_like_stand_alone(mode):
     assert "(limit 1e-05): OK" in result.stdout
     if mode == "data_parallel":
         assert "forward 0, backward 0, sync 822528" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_training_config_trains_on_8_mpi_ranks(tmp_path):
+    code, out, err, run_dir, _ = run(tmp_path, "configs/gpt_train.yaml", "--steps", "2", timeout=180)
+    assert code == 0, err
+    assert "2 training step(s)" in out and "bytes: measured = predicted on every rank" in out
+    assert "(every step's outputs and the final parameters and optimiser state)" in out and ": OK" in out
+    assert_nothing_left(run_dir, 8)

@@ -3,6 +3,8 @@ and sends exactly the predicted bytes; collectives agree with `redistribution.si
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,17 @@ def job_plan():
 
     config = load_config("configs/ffn.yaml")
     return plan_for(config.net, config.inputs, config.context, config.strategies)
+
+
+def test_a_training_run_checks_every_loss_and_the_final_parameters():
+    """A training config's steps carry the parameters and Adam state on; the check covers them,
+    and a wrong final value (one element of one moment) makes it fail."""
+    job, _, _ = prepare_run("configs/gpt_train.yaml", RunOptions(backend="local", steps=3))
+    check = run_job_locally(job)
+    assert check.ok, check.text
+    assert "3 training step(s)" in check.text and "sync predicted" in check.text
+    assert "the final parameters and optimiser state" in check.text
+    final = dict(job.final)
+    final["moment1.blocks.0.ffn1.weight"] = final["moment1.blocks.0.ffn1.weight"].copy()
+    final["moment1.blocks.0.ffn1.weight"][0, 0] += 1.0
+    assert not run_job_locally(replace(job, final=final)).results_match

@@ -11,6 +11,10 @@
     strategies:
       dense1.matmul: [[2, 1], [1, 4]]          # in_strategy
       loss.one_hot: {in: [[8]], out: [[8, 1]]} # with an out_strategy
+    optimizer: {name: adam, learning_rate: 0.001}  # optional: plan (and run) a training step
+
+An `optimizer` (sgd, momentum or adam, with its settings) implies ``phase: train``; ``phase:
+train`` without one trains with Momentum(0.01, 0.9).
 
 Every error names the file and the key path (``model.params.layers``).
 """
@@ -19,19 +23,20 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import yaml
 
 from autostrat import models
+from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.context import KEYS, ParallelContext
 from autostrat.frontend.tensor import Tensor
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
 
-SECTIONS = ("inputs", "model", "strategies")
+SECTIONS = ("inputs", "model", "optimizer", "strategies")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class Config:
     net: object
     inputs: tuple[Tensor, ...]
     strategies: dict
+    optimizer: object = None
 
 
 def _fail(where: str, message: str) -> ConfigError:
@@ -156,7 +162,27 @@ def load_config(path, **overrides) -> Config:
             raise ConfigError(f"{path}: missing key {section!r}")
     net = _build_model(data["model"], f"{path}: model")
     inputs = _build_inputs(data["inputs"], f"{path}: inputs")
-    return Config(str(path), context, net, inputs, _check_strategies(data.get("strategies"), f"{path}: strategies"))
+    optimizer = _build_optimizer(data.get("optimizer"), f"{path}: optimizer")
+    if optimizer is not None:
+        context = replace(context, phase="train")
+    strategies = _check_strategies(data.get("strategies"), f"{path}: strategies")
+    return Config(str(path), context, net, inputs, strategies, optimizer)
+
+
+def _build_optimizer(section, where: str):
+    if section is None:
+        return None
+    if not isinstance(section, dict) or section.get("name") not in OPTIMIZERS:
+        raise _fail(where, f"expected {{name: {' | '.join(OPTIMIZERS)}, <its settings>}}, got {section!r}")
+    settings = {key: value for key, value in section.items() if key != "name"}
+    kind = OPTIMIZERS[section["name"]]
+    try:
+        return kind(**settings)
+    except TypeError:
+        accepted = ", ".join(f.name for f in fields(kind))
+        raise _fail(where, f"{section['name']} accepts {accepted}; got {', '.join(sorted(settings))}") from None
+    except AutostratError as error:
+        raise _fail(where, str(error)) from None
 
 
 def check_op_names(graph: Graph, names, where: str = "strategies") -> None:

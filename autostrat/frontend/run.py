@@ -36,6 +36,7 @@ class RunOptions:
     timeout: float = 300.0
     stall_timeout: float = 10.0
     fault: Fault | None = None
+    phase: str | None = None  # overrides the config's
 
 
 def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int) -> tuple:
@@ -83,10 +84,10 @@ def fit_seeds(config, device_num: int) -> tuple[object, dict, list[str]]:
 def prepare_run(config_path, options: RunOptions):
     """Load the config and the rank table, search the plan and make the job; nothing starts."""
     table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
-    config = load_config(config_path)
+    config = load_config(config_path, phase=options.phase)
     device_num = options.device_num or (table.device_num if table else config.context.device_num)
     context, seeds, notes = fit_seeds(config, device_num)
-    plan = plan_for(config.net, config.inputs, context, seeds)
+    plan = plan_for(config.net, config.inputs, context, seeds, optimizer=config.optimizer)
     name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"
     job = make_job(plan, options.steps, options.seed, options.stall_timeout, options.fault, name)
     return job, table, notes

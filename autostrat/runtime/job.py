@@ -18,8 +18,9 @@ import numpy as np
 from autostrat.errors import RuntimeBackendError
 from autostrat.io import write_atomically
 from autostrat.runtime.executor import execute, graph_values, run_single_device
-from autostrat.runtime.program import Program, lower_programs
+from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.report import output_errors, rank_summary
+from autostrat.runtime.training import single_device_step
 
 FAULTS = ("hang", "kill", "loop", "raise")
 JOB_FILE = "job.pkl"
@@ -47,6 +48,11 @@ class Job:
     single_seconds: float
     stall_timeout: float = 10.0
     fault: Fault | None = None
+    final: dict | None = None  # a training job: the whole parameters and state after the last step
+
+    @property
+    def training(self) -> bool:
+        return self.final is not None
 
 
 def integer_bound(graph, tensor: str) -> int:
@@ -84,13 +90,25 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     rng = np.random.default_rng(seed)
     values = graph_values(plan.graph, {})
     batches = tuple(random_batch(plan.graph, rng) for _ in range(steps))
-    expected = tuple(run_single_device(plan.graph, values | batch) for batch in batches)
+    expected, final = _single_device_run(plan.graph, values, batches)
     started = time.perf_counter()  # timed after a first pass, as the ranks' steps are after warm-up imports
-    for batch in batches:
-        run_single_device(plan.graph, values | batch)
+    _single_device_run(plan.graph, values, batches)
     single = (time.perf_counter() - started) / max(steps, 1)
     return Job(name or plan.graph.name, plan.device_num, programs, values, batches, expected,
-               plan.table(), plan.total_bytes, single, stall_timeout, fault)
+               plan.table(), plan.total_bytes, single, stall_timeout, fault, final)
+
+
+def _single_device_run(graph, values: dict, batches) -> tuple[tuple[dict, ...], dict | None]:
+    """The outputs of every step on one device and, for a training graph (whose steps carry the
+    parameters and optimiser state on), the whole updated tensors after the last step."""
+    if not graph.updates:
+        return tuple(run_single_device(graph, values | batch) for batch in batches), None
+    values, expected = dict(values), []
+    for batch in batches:
+        outputs, updated = single_device_step(graph, values | batch)
+        values.update(updated)
+        expected.append(outputs)
+    return tuple(expected), {name: values[name] for name, _ in graph.updates}
 
 
 def save_job(job: Job, run_dir) -> Path:
@@ -108,9 +126,28 @@ def load_job(run_dir) -> Job:
         raise RuntimeBackendError(f"cannot read the job {path}: {error.strerror or error}") from None
 
 
+def own_slices(program: Program, whole: dict) -> dict:
+    """This rank's slices of the whole arrays in `whole`, where its program loads them."""
+    ranges = {ins.tensor: ins.ranges for ins in program.instructions if isinstance(ins, Load)}
+    return {name: array[tuple(slice(a, b) for a, b in ranges[name])] for name, array in whole.items()}
+
+
+def _joined(arrays: dict) -> dict:
+    # One vector of every parameter and state value, so that errors are relative to the largest
+    # of them: a parameter whose exact gradient is zero (an attention key's bias) drifts by
+    # rounding noise that no summation order reproduces, and is tiny on its own scale.
+    return {"parameters and state": np.concatenate([np.ravel(arrays[name]) for name in sorted(arrays)])}
+
+
+def _worst(errors: tuple, more: tuple) -> tuple:
+    return tuple(max(a, b) for a, b in zip(errors, more))
+
+
 def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) -> list | None:
-    """Run every batch of the job on this rank and compare with the single-device results;
-    rank 0 gets every rank's `report.rank_summary` (in rank order), the others None."""
+    """Run every batch of the job on this rank and compare with the single-device results
+    (a training job carries its parameters and state from step to step and compares them too
+    after the last step); rank 0 gets every rank's `report.rank_summary` (in rank order), the
+    others None."""
     if backend.device_num != job.device_num:
         raise RuntimeBackendError(
             f"the plan is for device_num {job.device_num} but {backend.device_num} ranks were launched"
@@ -118,12 +155,16 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     program = job.programs[backend.rank]
     sums = np.zeros(len(program.communications()), np.int64)
     errors = (0.0, 0.0, 0.0)
+    resident = {} if job.training else None
     started = time.perf_counter()
     for batch, expected in zip(job.batches, job.expected):
-        result = execute(program, backend, job.values | batch, on_instruction)
+        result = execute(program, backend, job.values | batch, on_instruction, resident)
+        resident = result.updated if job.training else None
         sums += [traffic.sent for traffic in result.traffic]
-        errors = tuple(max(a, b) for a, b in zip(errors, output_errors(result.outputs, expected)))
+        errors = _worst(errors, output_errors(result.outputs, expected))
     seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
+    if job.training:
+        errors = _worst(errors, output_errors(_joined(resident), _joined(own_slices(program, job.final))))
     if on_gather is not None:
         on_gather()
     if log is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.tables import format_table
+from autostrat.runtime.program import PHASES
 
 TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-10}
 
@@ -57,12 +58,15 @@ def rank_summary(traffic_sums: list[int], errors: tuple[float, float, float], se
 def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
     """The report rank 0 prints, from every rank's `rank_summary` (in rank order)."""
     steps = len(job.batches)
+    kind = "training" if job.training else "forward"
+    phases = [p for p in PHASES if any(c.phase == p for program in job.programs for c in program.communications())]
+    phases = phases or ["forward"]
     rows, bytes_match = [], True
     for rank, summary in enumerate(summaries):
         communications = job.programs[rank].communications()
         sent = summary[: len(communications)]
         row = [str(rank)]
-        for phase in ("forward", "output"):
+        for phase in phases:
             predicted = sum(c.predicted for c in communications if c.phase == phase)
             measured = sum(int(s) for s, c in zip(sent, communications) if c.phase == phase)
             bytes_match &= measured == predicted * steps
@@ -73,19 +77,21 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
     tolerance = max(float(s[-2]) for s in summaries)
     seconds = max(float(s[-1]) for s in summaries)
     results_match = relative <= tolerance
-    headers = ["rank", "forward predicted", "forward sent", "output predicted", "output sent"]
+    headers = ["rank"] + [f"{phase} {what}" for phase in phases for what in ("predicted", "sent")]
+    compared = "every step's outputs and the final parameters and optimiser state" if job.training else "every step's outputs"
     lines = [
-        f"{job.name} on {job.device_num} ranks ({backend}), {steps} forward step(s)",
+        f"{job.name} on {job.device_num} ranks ({backend}), {steps} {kind} step(s)",
         job.plan_table,
         "",
-        "bytes each rank sent per forward step: predicted by the plan / counted on the buffers handed to the backend",
-        "(forward = the plan's redistributions; output = assembling split or partial graph outputs on every rank)",
+        f"bytes each rank sent per {kind} step: predicted by the plan / counted on the buffers handed to the backend",
+        "(forward/backward = the plan's redistributions; sync = gradient synchronisation and parameter writeback; "
+        "output = assembling split or partial graph outputs on every rank)",
         format_table(headers, rows),
         *_collective_lines(job, summaries),
         f"bytes: {'measured = predicted on every rank' if bytes_match else 'MISMATCH between measured and predicted'}",
-        f"max difference from the single-device result: {absolute:.3g} (relative {relative:.3g}, "
+        f"max difference from the single-device result ({compared}): {absolute:.3g} (relative {relative:.3g}, "
         f"limit {tolerance:g}): {'OK' if results_match else 'FAILED'}",
-        f"time per forward step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "
+        f"time per {kind} step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "
         f"{job.single_seconds * 1e3:.2f} ms single device",
     ]
     return RunCheck("\n".join(lines), bytes_match, results_match)
