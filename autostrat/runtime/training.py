@@ -147,7 +147,8 @@ def train_collective(plan, backend, values: dict, batches, on_step=None) -> Trai
     backend.prepare(((world,),))
     slices_by_rank = [{} for _ in world]
     for name, _ in plan.graph.updates:
-        for rank, piece in enumerate(backend.allgather(np.ascontiguousarray(run.slices[name]), world)):
+        # np.asarray, as np.ascontiguousarray would make a scalar (Adam's beta powers) 1-d
+        for rank, piece in enumerate(backend.allgather(np.asarray(run.slices[name]), world)):
             slices_by_rank[rank][name] = piece
     measured = phase_bytes(program, run.sent, len(batches))
     gathered = backend.gather_report(np.array([measured[phase] for phase in PHASES], np.float64))
