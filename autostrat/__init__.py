@@ -17,6 +17,10 @@ from importlib import import_module
 # The front end (and the search and solver under it) is imported on first use, so a runtime rank
 # that only imports `autostrat.runtime` starts without loading the solver.
 _LAZY = {
+    "Callback": "autostrat.frontend.model",
+    "LossMonitor": "autostrat.frontend.model",
+    "Model": "autostrat.frontend.model",
+    "RunContext": "autostrat.frontend.model",
     "get_auto_parallel_context": "autostrat.frontend",
     "parallelize": "autostrat.frontend.api",
     "reset_auto_parallel_context": "autostrat.frontend",

@@ -12,23 +12,16 @@ sent per step, plan redistributions plus output assembly, all ranks being equal 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import re
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mpi_runs import ROOT, mpi_run  # first: it puts the repository on sys.path
 
-from autostrat.frontend.run import RunOptions, prepare_run  # noqa: E402
-from autostrat.runtime.job import save_job  # noqa: E402
-from autostrat.runtime.launcher import launch  # noqa: E402
-from autostrat.runtime.local import run_job_locally  # noqa: E402
-from autostrat.tables import format_table  # noqa: E402
+from autostrat.frontend.run import RunOptions, prepare_run
+from autostrat.runtime.job import save_job
+from autostrat.runtime.local import run_job_locally
+from autostrat.tables import format_table
 
 CONFIGS = (("FFN (tutorial)", "configs/ffn.yaml"), ("GPT 2 layers", "configs/gpt.yaml"))
 _TIME = re.compile(r"time per forward step: ([0-9.]+) ms on \d+ ranks, ([0-9.]+) ms single device")
@@ -37,13 +30,8 @@ _TIME = re.compile(r"time per forward step: ([0-9.]+) ms on \d+ ranks, ([0-9.]+)
 def mpi_ms(job, heavy_yield: str) -> float:
     """Milliseconds per step of the slowest rank, from the MPI run's report."""
     os.environ["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = heavy_yield
-    with tempfile.TemporaryDirectory(prefix="autostrat-bench-") as folder:
-        save_job(job, folder)
-        with contextlib.redirect_stdout(io.StringIO()):  # rank 0's report: only its time is wanted
-            result = launch(folder, job.device_num, timeout=600)
-        if result.returncode:
-            raise SystemExit(f"MPI run failed: {result.message}")
-        return float(_TIME.search((Path(folder) / "report.txt").read_text()).group(1))
+    with mpi_run(job.device_num, lambda folder: save_job(job, folder)) as folder:
+        return float(_TIME.search((folder / "report.txt").read_text()).group(1))
 
 
 def row(label: str, path: str, steps: int, device_num: int) -> list[str]:

@@ -10,9 +10,10 @@ from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
 from autostrat.autodiff import Adam, build_training
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
-from autostrat.frontend.train import TrainOneStepCell, WithLossCell, train, training_plan
+from autostrat.frontend.train import TrainOneStepCell, WithLossCell, compare, train, training_plan
 from autostrat.models import FFN, GPT, megatron_seeds
-from autostrat.runtime.training import train_locally, train_single_device
+from autostrat.runtime.local import LocalCluster
+from autostrat.runtime.training import train_collective, train_locally, train_single_device
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +79,6 @@ def test_gpt_two_layers_trains_with_adam_like_stand_alone(mode):
         set_auto_parallel_context(parallel_mode="data_parallel", device_num=8)
     plan, values, batches = training_plan(TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3)), None, net.example_inputs(), 8)
     run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
-    from autostrat.frontend.train import compare
     report = compare(plan, run, alone)
     assert report.ok, report.text
     assert run.measured == run.predicted and all(m["sync"] == plan.phase_bytes()["sync"] for m in run.measured)
@@ -147,3 +147,16 @@ def test_memory_counts_optimizer_state_in_its_parameters_layout():
         stored += 4 * np.prod(problems["sgd"].candidates[op][choice[op]].input_layouts[index].slice_shape)
     assert stored == 4 * (64 * 64 // 4 + 64 // 4) * 2  # both weights and biases split 4 ways
     assert peak_bytes(problems["momentum"], choice) - peak_bytes(problems["sgd"], choice) == stored
+
+
+def test_train_collective_keeps_adams_scalar_state_scalar():
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+    net = FFN()
+    net.dense1.matmul.shard(((2, 1), (1, 4)))
+    cell = TrainOneStepCell(WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")),
+                            nn.Adam(net.trainable_params(), 1e-3))
+    plan, values, batches = training_plan(cell, None, FFN_INPUTS, 2)
+    runs = LocalCluster(8).run(lambda backend: train_collective(plan, backend, values, batches))
+    alone = train_single_device(plan.graph, values, batches)
+    assert runs[1] is None and runs[0].parameters["beta1_power"].shape == ()
+    assert compare(plan, runs[0], alone).ok

@@ -76,6 +76,20 @@ class Parameter(Tensor):
     def has_data(self) -> bool:
         return self._data is not None or self._initializer is not None
 
+    def set_data(self, data) -> Parameter:
+        """Replace the data, keeping shape and dtype (as MindSpore's `Parameter.set_data`).
+
+        Example:
+            >>> Parameter(np.zeros(2, np.float32), name="b").set_data(np.ones(2, np.float32)).asnumpy().tolist()
+            [1.0, 1.0]
+        """
+        array = np.array(data.asnumpy() if isinstance(data, Tensor) else data)
+        if array.shape != self.shape or array.dtype.name != self.dtype:
+            raise ConfigError(f"parameter {self.name}: set_data needs shape {list(self.shape)} {self.dtype}, "
+                              f"got {list(array.shape)} {array.dtype.name}")
+        self._data, self._initializer = array, None
+        return self
+
     def asnumpy(self) -> np.ndarray:
         if self._data is None and self._initializer is not None:
             self._data = self._initializer.make()

@@ -68,15 +68,18 @@ def mpi_environment(device_num: int, hosts=None) -> dict[str, str]:
     return env
 
 
-def mpiexec_command(mpiexec: Path, device_num: int, run_dir: Path, hostfile: Path | None = None) -> list[str]:
-    """The command line that starts every rank of the job in `run_dir`."""
+def mpiexec_command(mpiexec: Path, device_num: int, run_dir: Path, hostfile: Path | None = None, entry=None) -> list[str]:
+    """The command line that starts every rank of the job in `run_dir`; `entry` replaces what
+    each rank runs after ``python -m mpi4py`` (default: ``-m autostrat.runtime.rank RUN_DIR``)."""
     hosts = ["-f", str(hostfile)] if hostfile else []
-    rank = [sys.executable, "-m", "mpi4py", "-m", "autostrat.runtime.rank", str(run_dir)]
+    rank = [sys.executable, "-m", "mpi4py", *(entry or ("-m", "autostrat.runtime.rank", str(run_dir)))]
     return [str(mpiexec), *hosts, "-n", str(device_num), *rank]
 
 
-def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_timeout: float = 10.0) -> LaunchResult:
-    """Run the job saved in `run_dir` on `device_num` MPI ranks; never hangs past `timeout`."""
+def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_timeout: float = 10.0, entry=None) -> LaunchResult:
+    """Run the job saved in `run_dir` on `device_num` MPI ranks; never hangs past `timeout`.
+    Another rank program (`entry`, see `mpiexec_command`) is watched the same way if each rank
+    records its process id with `rank.redirect_output`."""
     run_dir = Path(run_dir).resolve()
     mpiexec = find_mpiexec()
     write_atomically(run_dir / "stall_timeout", f"{stall_timeout}\n")
@@ -84,7 +87,7 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
     if hosts:
         hostfile = run_dir / "hostfile"
         write_atomically(hostfile, hostfile_text(hosts))
-    command = mpiexec_command(mpiexec, device_num, run_dir, hostfile)
+    command = mpiexec_command(mpiexec, device_num, run_dir, hostfile, entry)
     write_atomically(run_dir / "command", " ".join(command) + "\n")
     env = mpi_environment(device_num, hosts) | {"MPIEXEC_TIMEOUT": str(int(timeout) + 5)}
     started = time.monotonic()

@@ -12,10 +12,10 @@ them. Graph outputs that are still split or partial get one more redistribution,
 replicated layout, so that every rank ends with the whole result; its bytes are predicted by the
 same planner and reported apart (phase "output") from the plan's forward bytes.
 
-A training plan also has phases "backward" and "sync" (gradient synchronisation: the edges into
-the update ops and the writebacks of updated state), and `Program.updates` names, per updated
-parameter or optimiser state, the store key of its next value, already in the parameter's own
-layout: the next step loads it from there.
+A training plan also has phases "backward", "sync" (gradient synchronisation: the edges into
+the update ops) and "update" (writebacks: an updated parameter or state redistributed back to
+the layout it is stored in), and `Program.updates` names, per updated parameter or optimiser
+state, the store key of its next value, already in that layout: the next step loads it from there.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
 
-PHASES = ("forward", "backward", "sync", "output")
+PHASES = ("forward", "backward", "sync", "update", "output")
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
         key = value
         if parameter in writebacks:
             key = f"{value}>{parameter}"
-            instructions += lower_steps(writebacks[parameter].plan, rank, value, key, f"{value} -> {parameter}", "sync")
+            instructions += lower_steps(writebacks[parameter].plan, rank, value, key, f"{value} -> {parameter}", "update")
         updates.append((parameter, key))
     inputs = tuple(info.name for info in graph.inputs())
     return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))

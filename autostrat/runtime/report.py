@@ -84,7 +84,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         job.plan_table,
         "",
         f"bytes each rank sent per {kind} step: predicted by the plan / counted on the buffers handed to the backend",
-        "(forward/backward = the plan's redistributions; sync = gradient synchronisation and parameter writeback; "
+        "(forward/backward = the plan's redistributions; sync = gradient synchronisation; update = writing new parameters and state back to their layouts; "
         "output = assembling split or partial graph outputs on every rank)",
         format_table(headers, rows),
         *_collective_lines(job, summaries),

@@ -136,10 +136,11 @@ def train_single_device(graph, values: dict, batches, on_step=None) -> TrainingR
     return TrainingResult(tuple(losses), {name: values[name] for name, _ in graph.updates})
 
 
-def train_collective(plan, backend, values: dict, batches, on_step=None) -> TrainingResult | None:
+def train_collective(plan, backend, values: dict, batches, on_step=None, every_rank: bool = False) -> TrainingResult | None:
     """Train on this rank of any backend (MPI: one process per rank), then assemble the final
     parameters on every rank and gather the bytes per phase to rank 0, which gets the result
-    (the other ranks None). The assembling is outside the counted program traffic."""
+    (the other ranks None, or with `every_rank` their losses and final parameters without the
+    bytes). The assembling is outside the counted program traffic."""
     programs = lower_programs(plan)
     program = programs[backend.rank]
     run = train_rank(program, backend, values, batches, on_step=on_step if backend.rank == 0 else None)
@@ -153,7 +154,7 @@ def train_collective(plan, backend, values: dict, batches, on_step=None) -> Trai
     measured = phase_bytes(program, run.sent, len(batches))
     gathered = backend.gather_report(np.array([measured[phase] for phase in PHASES], np.float64))
     if gathered is None:
-        return None
+        return TrainingResult(run.losses, assemble_state(plan, slices_by_rank)) if every_rank else None
     return TrainingResult(
         run.losses,
         assemble_state(plan, slices_by_rank),

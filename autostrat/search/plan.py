@@ -45,8 +45,8 @@ class Writeback:
 
 
 # Byte phases of a training step; "sync" is gradient synchronisation: the redistributions into
-# the optimiser's update ops and the writebacks of the new parameters.
-BYTE_PHASES = ("forward", "backward", "sync")
+# the optimiser's update ops; "update" the writebacks of the new parameters and state.
+BYTE_PHASES = ("forward", "backward", "sync", "update")
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,12 @@ class Plan:
             >>> from autostrat.nn import Tensor
             >>> from autostrat.search import search
             >>> search(trace(FFN(), Tensor(shape=(64, 64))), 8).phase_bytes()
-            {'forward': 0, 'backward': 0, 'sync': 0}
+            {'forward': 0, 'backward': 0, 'sync': 0, 'update': 0}
         """
         totals = dict.fromkeys(BYTE_PHASES, 0)
         for edge in self.redistributions:
             totals[self.edge_phase(edge)] += edge.plan.cost
-        totals["sync"] += sum(w.plan.cost for w in self.writebacks)
+        totals["update"] += sum(w.plan.cost for w in self.writebacks)
         return totals
 
     def bytes_into(self, op: str) -> int:
