@@ -200,6 +200,23 @@ def test_searches_settle_the_same_states_whatever_the_memos_hold():
     assert [plan_redistribution(src, dst).to_text() for src, dst in pairs[::-1]] == texts[::-1]
 
 
+@pytest.mark.parametrize("device_num", [8, 16, 64])
+def test_cost_tables_price_every_pair_as_its_plan(device_num):
+    # Cost tables take a path-free search of their own; it must find each plan's cost.
+    rule = make_rule("MatMul", [(64, 64), (64, 64)])
+    candidates = generate_strategies(rule, device_num)[::3 if device_num == 64 else 1]
+    producers, consumers = [s.output_layouts[0] for s in candidates], [s.input_layouts[0] for s in candidates]
+    clear_memos()
+    table = cost_table(producers, consumers)
+    clear_memos()
+    assert table.tolist() == [[float(plan_redistribution(src, dst).cost) for dst in consumers] for src in producers]
+
+
+def test_the_greedy_fallback_prices_a_pair_as_its_plan(greedy_only):
+    src, dst = GREEDY_CASES[1]
+    assert redistribution_cost(src, dst) == plan_redistribution(src, dst).cost
+
+
 @pytest.fixture
 def greedy_only(monkeypatch):
     """Every search stops after settling its start, so the planner falls back to greedy."""

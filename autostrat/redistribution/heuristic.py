@@ -114,8 +114,10 @@ class ReceiveBound:
             >>> bound.size_bound((((0,), ()), ())), bound.size_bound((((), ()), (0,)))
             (16, 32)
         """
-        # Keyed by the split signature: states of one signature share the bound.
-        signature = split_signature(self.space, state)
+        return self.signature_bound(split_signature(self.space, state))
+
+    def signature_bound(self, signature) -> int:
+        """`size_bound` of the states of one split signature (they share it)."""
         found = self.sized.get(signature)
         if found is None:
             found = self.sized[signature] = self._size_bound(signature)

@@ -12,11 +12,15 @@ def clear_memos() -> None:
     from autostrat.redistribution import heuristic, moves, planner, search, table
 
     heuristic.receive_bound.cache_clear()
+    moves._blocks.cache_clear()
     moves.canonical.cache_clear()
     moves.moves.cache_clear()
     moves.pool_canonical.cache_clear()
     moves.split_signature.cache_clear()
+    planner._common_prime_matrix.cache_clear()
+    planner._refined.cache_clear()
     planner._solve.cache_clear()
+    planner._solve_cost.cache_clear()
     search.expansions.cache_clear()
     search.permuted_edges.cache_clear()
     table._COSTS.clear()

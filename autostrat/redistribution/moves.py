@@ -147,17 +147,22 @@ def _gathers(space: Space, state: State, s: int, rooms) -> list[Move]:
     return found
 
 
-def _subsets(axes):
-    for count in range(1, len(axes) + 1):
-        yield from itertools.combinations(sorted(axes, reverse=True), count)
+@lru_cache(maxsize=4096)
+def _blocks(sizes: tuple[int, ...], partial: tuple[int, ...]) -> tuple[tuple, ...]:
+    """``(block, group size, remaining partial axes)`` for every non-empty set of partial axes,
+    larger axis ids first (memoised: a search meets few partial sets but many states of each)."""
+    found = []
+    for count in range(1, len(partial) + 1):
+        for block in itertools.combinations(sorted(partial, reverse=True), count):
+            found.append((block, group_size(sizes, block), tuple(axis for axis in partial if axis not in block)))
+    return tuple(found)
 
 
 def _reductions(space: Space, state: State, s: int, rooms) -> list[Move]:
     """AllReduce and ReduceScatter of every non-empty set of partial axes."""
     entries, partial = state
     found = []
-    for block in _subsets(partial):
-        g, rest = group_size(space.sizes, block), tuple(axis for axis in partial if axis not in block)
+    for block, g, rest in _blocks(space.sizes, partial):
         found.append(Move("AllReduce", block, (), None, (entries, rest), collective_bytes("AllReduce", g, s)))
         sent = collective_bytes("ReduceScatter", g, s)
         for dim, entry in enumerate(entries):
@@ -225,9 +230,15 @@ def pool_canonical(pools, axis_count: int, state: State) -> tuple[State, tuple[i
     entries, partial = state
     mapping = list(range(axis_count))
     order = [axis for entry in entries for axis in entry] + list(partial)
-    for pool in pools:
-        members = set(pool)
-        seen = [axis for axis in order if axis in members]
-        for axis, image in zip(seen + sorted(members.difference(seen)), pool):
+    for pool in pools:  # a pool lists its axes by id
+        seen = [axis for axis in order if axis in pool]
+        for axis, image in zip(seen + [axis for axis in pool if axis not in seen], pool):
             mapping[axis] = image
-    return relabel(state, mapping), tuple(mapping)
+    mapping = tuple(mapping)
+    # Most states of a search are their own representative: skip rebuilding them.
+    return (state if mapping == _identity(axis_count) else relabel(state, mapping)), mapping
+
+
+@lru_cache(maxsize=64)
+def _identity(axis_count: int) -> tuple[int, ...]:
+    return tuple(range(axis_count))

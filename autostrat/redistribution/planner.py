@@ -43,19 +43,30 @@ def _check(src: Layout, dst: Layout) -> None:
 def build_problem(src: Layout, dst: Layout, itemsize: int) -> tuple[Problem, tuple, tuple]:
     """The search problem, start node and target node of two normalised layouts."""
     op = src.partial_op if src.partial else dst.partial_op
-    matrix = common_matrix(src.device_matrix, dst.device_matrix)
-    if matrix is None:
-        matrix = common_matrix(prime_matrix(src.device_matrix), prime_matrix(dst.device_matrix))
+    matrix = _common_prime_matrix(src.device_matrix, dst.device_matrix)
     if matrix is not None:
-        # Prime axes: a step may need part of a composite axis ([2, 4] -> [8] moves half of the
-        # 4-axis), and the brute-force oracle finds such plans strictly cheaper.
-        matrix = prime_matrix(matrix)
-        first, second = refine_layout(src, matrix), refine_layout(dst, matrix)
-        return Problem((space_of(first, itemsize),), op), (0, state_of(first)), (0, state_of(second))
-    first = refine_layout(src, prime_matrix(src.device_matrix))
-    second = refine_layout(dst, prime_matrix(dst.device_matrix))
-    problem = Problem((space_of(first, itemsize), space_of(second, itemsize)), op)
-    return problem, (0, state_of(first)), (1, state_of(second))
+        (space, first), (_, second) = _refined(src, matrix, itemsize), _refined(dst, matrix, itemsize)
+        return Problem((space,), op), (0, first), (0, second)
+    (first_space, first), (second_space, second) = _refined(src, None, itemsize), _refined(dst, None, itemsize)
+    return Problem((first_space, second_space), op), (0, first), (1, second)
+
+
+@lru_cache(maxsize=1024)
+def _common_prime_matrix(first: DeviceMatrix, second: DeviceMatrix) -> DeviceMatrix | None:
+    # Prime axes: a step may need part of a composite axis ([2, 4] -> [8] moves half of the
+    # 4-axis), and the brute-force oracle finds such plans strictly cheaper.
+    matrix = common_matrix(first, second)
+    if matrix is None:
+        matrix = common_matrix(prime_matrix(first), prime_matrix(second))
+    return None if matrix is None else prime_matrix(matrix)
+
+
+@lru_cache(maxsize=4096)
+def _refined(layout: Layout, matrix: DeviceMatrix | None, itemsize: int) -> tuple:
+    """``(space, state)`` of `layout` over `matrix`, or over its own prime refinement when None
+    (memoised: a table's rows and columns meet each layout once per other side)."""
+    refined = refine_layout(layout, prime_matrix(layout.device_matrix) if matrix is None else matrix)
+    return space_of(refined, itemsize), state_of(refined)
 
 
 def _greedy_path(problem: Problem, start, target) -> list[tuple]:
@@ -95,8 +106,20 @@ def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | 
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return tuple(found.path(reached)), found.best[reached][2], True
-    if found.exhausted:
-        return None
+    return None if found.exhausted else _fallback(problem, start, target)
+
+
+@lru_cache(maxsize=1 << 15)
+def _solve_cost(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | None:
+    """`_solve` with an empty path: cost tables need only the bytes, and building the path is
+    a tenth of a search."""
+    found, reached = search(problem, start, target, model)
+    if reached is not None:
+        return (), found.best[reached][2], True
+    return None if found.exhausted else _fallback(problem, start, target)
+
+
+def _fallback(problem: Problem, start, target) -> tuple[tuple, int, bool]:
     path = _greedy_path(problem, start, target)
     return tuple(path), sum(move.bytes for _, move, _ in path), False
 
@@ -110,7 +133,7 @@ def _unreachable(src: Layout, dst: Layout) -> RedistributionError:
 
 def _cost_or_inf(src: Layout, dst: Layout, dtype, model) -> float:
     try:
-        return _solve_layouts(src, dst, dtype, model)[1][1]
+        return _solve_layouts(src, dst, dtype, model, _solve_cost)[1][1]
     except RedistributionError:
         return float("inf")
 
@@ -149,11 +172,11 @@ def _reshape_route(src: Layout, dst: Layout, dtype, model) -> tuple[Layout, Layo
     return best[1], best[2], int(best[0])
 
 
-def _solve_layouts(src: Layout, dst: Layout, dtype, model):
+def _solve_layouts(src: Layout, dst: Layout, dtype, model, solve=_solve):
     _check(src, dst)
     problem, start, target = build_problem(src.normalized(), dst.normalized(), dtype_size(dtype))
     try:
-        solution = _solve(problem, start, target, model)
+        solution = solve(problem, start, target, model)
     except RedistributionError as error:
         raise RedistributionError(f"cannot redistribute {src} to {dst}: {error}") from None
     if solution is None:
@@ -173,7 +196,7 @@ def redistribution_cost(src: Layout, dst: Layout, dtype="float32", model=None) -
     if src.shape != dst.shape:
         _check(src, dst)
         return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
-    return _solve_layouts(src, dst, dtype, model)[1][1]
+    return _solve_layouts(src, dst, dtype, model, _solve_cost)[1][1]
 
 
 def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -> RedistributionPlan:

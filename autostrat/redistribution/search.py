@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import receive_bound
-from autostrat.redistribution.moves import Move, Space, State, canonical, moves, pool_canonical, relabel, target_pools
+from autostrat.redistribution.moves import Move, Space, State, canonical, moves, pool_canonical, relabel, split_signature, target_pools
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to greedy
 _UNREACHED = (float("inf"),)
@@ -77,9 +77,10 @@ def permuted_edges(space: Space, state: State) -> tuple[tuple[Move, tuple], ...]
 
 @lru_cache(maxsize=256)
 def expansions(problem: Problem, pools, model) -> dict:
-    """The shared memo of `Search._expand`: node -> its ``(move, child, weight)`` edges, which
-    depend on nothing but the problem, the relabelling pools and the model. A table's columns
-    search from every row through many of the same states, and many columns share pools.
+    """The shared memo of `Search._expand`: node -> its ``(child, weight, bytes, signature, move)``
+    edges, which depend on nothing but the problem, the relabelling pools and the model. A
+    table's columns search from every row through many of the same states, and many columns
+    share pools. The child's split signature is kept for its size bound, whatever the target.
 
     Example:
         >>> expansions(Problem((Space((2,), (4,), 4),), "sum"), (), None)
@@ -117,13 +118,16 @@ class Search:
             return self.receive(node[1])
         return self.receive.size_bound(node[1]) if node[0] == PERMUTED else 0
 
-    def _estimate(self, node) -> tuple[int, bool]:
-        """`_bound(node)` when it is known or cheap, else a cheaper lower bound of it; and
-        whether it is the bound. `settle` computes the bound only for entries it pops."""
-        if self.receive is None or node[0] != self.target[0]:
-            return self._bound(node), True
-        known = self.receive.memo.get(node[1])
-        return (known, True) if known is not None else (self.receive.size_bound(node[1]), False)
+    def _estimate(self, node, signature) -> tuple[int, bool]:
+        """`_bound(node)` when it is known or cheap, else a cheaper lower bound of it (the size
+        bound of `signature`, the node's split signature); and whether it is the bound.
+        `settle` computes the bound only for entries it pops."""
+        if self.receive is None:
+            return 0, True
+        if node[0] == self.target[0]:
+            known = self.receive.memo.get(node[1])
+            return (known, True) if known is not None else (self.receive.signature_bound(signature), False)
+        return (self.receive.signature_bound(signature), True) if node[0] == PERMUTED else (0, True)
 
     def _edges(self, node):
         layer, state = node
@@ -170,8 +174,10 @@ class Search:
     def _expand(self, node) -> tuple:
         found = self.expanded.get(node)
         if found is None:
-            edges = self._edges(node)
-            found = self.expanded[node] = tuple((m, c, self._weight(node[0], m)) for m, c in edges)
+            found = self.expanded[node] = tuple(
+                (child, self._weight(node[0], move), move.bytes, split_signature(self.problem.space(child[0]), child[1]), move)
+                for move, child in self._edges(node)
+            )
         return found
 
     def _weight(self, layer: int, move: Move):
@@ -198,11 +204,11 @@ class Search:
             self.settled.add(node)
             if node in targets:
                 return node
-            for move, child, weight in self._expand(node):
-                value = (objective + weight, steps + 1, sent + move.bytes)
+            for child, weight, moved, signature, move in self._expand(node):
+                value = (objective + weight, steps + 1, sent + moved)
                 if value < best.get(child, _UNREACHED):
                     best[child], self.parent[child] = value, (node, move)
-                    estimate, exact = self._estimate(child)
+                    estimate, exact = self._estimate(child, signature)
                     heapq.heappush(heap, (value[0] + estimate, estimate) + value + (child, exact))
         return None
 
