@@ -208,20 +208,22 @@ class Model:
         plan = self._training
         batches = [batch_values(element, plan.graph.inputs(), index) for index, element in enumerate(elements)]
         values = graph_values(plan.graph, {}) | self._state
-        notifier = _Notifier(callbacks if self._rank() == 0 else (), epoch, len(batches))
+        backend = self._mpi()
+        notifier = _Notifier(callbacks if backend is None or backend.rank == 0 else (), epoch, len(batches))
         notifier.tell("on_train_begin", 0, None)
-        if self._backend is None:
+        if backend is None:
             result = train_locally(plan, values, batches * epoch, notifier)
         else:
-            result = train_collective(plan, self._backend, values, batches * epoch, notifier, every_rank=True)
+            result = train_collective(plan, backend, values, batches * epoch, notifier, every_rank=True)
         self._keep(result.parameters)
         notifier.tell("on_train_end", epoch * len(batches), result.losses[-1])
 
-    def _rank(self) -> int:
+    def _mpi(self):
+        """This process's MPI backend under mpiexec (made once), else None: ranks run as threads."""
         if self._backend is None and launched_by_mpiexec():
             from autostrat.runtime.mpi import MpiBackend
             self._backend = MpiBackend()
-        return 0 if self._backend is None else self._backend.rank
+        return self._backend
 
     def _keep(self, trained: dict) -> None:
         """Trained parameters into the network's Parameters, the optimiser state into the model."""
@@ -252,9 +254,9 @@ class Model:
             self._forward[key] = plan, lower_programs(plan)
         plan, programs = self._forward[key]
         values = graph_values(plan.graph, {info.name: array for info, array in zip(plan.graph.inputs(), arrays)})
-        self._rank()  # makes the MPI backend under mpiexec
-        if self._backend is None:
-            result = LocalCluster(plan.device_num).run(lambda backend: execute(programs[backend.rank], backend, values))[0]
+        backend = self._mpi()
+        if backend is None:
+            result = LocalCluster(plan.device_num).run(lambda local: execute(programs[local.rank], local, values))[0]
         else:
-            result = execute(programs[self._backend.rank], self._backend, values)
+            result = execute(programs[backend.rank], backend, values)
         return [result.outputs[name] for name in plan.graph.outputs]

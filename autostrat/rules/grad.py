@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from autostrat.errors import RuleError
 from autostrat.rules.common import broadcast_equation, dim_names, normalize_axes
-from autostrat.rules.nn import conv2d_geometry
+from autostrat.rules.nn import conv2d_geometry, layer_norm_dims
 from autostrat.rules.registry import Example, register
 from autostrat.rules.rule import RuleSpec
 
@@ -85,12 +85,8 @@ def reduce_max_grad(shapes, axis=(), keep_dims: bool = False) -> RuleSpec:
 def layer_norm_grad(shapes, begin_norm_axis: int = -1, begin_params_axis: int = -1, epsilon: float = 1e-7) -> RuleSpec:
     """Inputs x, dy, gamma; outputs dx and dy * x_hat, whose sum over the leading dims is
     dgamma (a ReduceSum the search may split, leaving a partial sum to AllReduce)."""
-    rank = len(shapes[0])
-    norm = normalize_axes(begin_norm_axis, rank, "LayerNormGrad")[0]
-    params = normalize_axes(begin_params_axis, rank, "LayerNormGrad")[0]
-    names = dim_names(rank)
-    x, gamma = " ".join(names), " ".join(names[params:])
-    return RuleSpec(f"{x}, {x}, {gamma} -> {x}, {x}", need_replication=" ".join(names[norm:]))
+    x, gamma, whole = layer_norm_dims(len(shapes[0]), begin_norm_axis, begin_params_axis, "LayerNormGrad")
+    return RuleSpec(f"{x}, {x}, {gamma} -> {x}, {x}", need_replication=whole)
 
 
 @register("SoftmaxCrossEntropyWithLogitsGrad", examples=[Example(((24, 12), (24, 12), (24,)))])

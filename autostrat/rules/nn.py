@@ -14,12 +14,21 @@ from autostrat.rules.rule import RuleSpec
 def layer_norm(shapes, begin_norm_axis: int = -1, begin_params_axis: int = -1, epsilon: float = 1e-7) -> RuleSpec:
     """Normalised dims (from `begin_norm_axis` on) must stay whole; gamma and beta cover the
     dims from `begin_params_axis` on and are split with them."""
-    rank = len(shapes[0])
-    norm = normalize_axes(begin_norm_axis, rank, "LayerNorm")[0]
-    params = normalize_axes(begin_params_axis, rank, "LayerNorm")[0]
+    x, gamma, whole = layer_norm_dims(len(shapes[0]), begin_norm_axis, begin_params_axis, "LayerNorm")
+    return RuleSpec(f"{x}, {gamma}, {gamma} -> {x}", need_replication=whole)
+
+
+def layer_norm_dims(rank: int, begin_norm_axis: int, begin_params_axis: int, op_type: str) -> tuple[str, str, str]:
+    """The dim names of x, of gamma (and beta), and of the normalised dims that stay whole.
+
+    Example:
+        >>> layer_norm_dims(3, -1, 1, "LayerNorm")
+        ('a b c', 'b c', 'c')
+    """
+    norm = normalize_axes(begin_norm_axis, rank, op_type)[0]
+    params = normalize_axes(begin_params_axis, rank, op_type)[0]
     names = dim_names(rank)
-    x, gamma = " ".join(names), " ".join(names[params:])
-    return RuleSpec(f"{x}, {gamma}, {gamma} -> {x}", need_replication=" ".join(names[norm:]))
+    return " ".join(names), " ".join(names[params:]), " ".join(names[norm:])
 
 
 @register("Gather", examples=[Example(((48, 24), (6, 8)), {"axis": 0}, integers={1: 48}), Example(((12, 24, 6), (8,)), {"axis": 1}, integers={1: 24})])

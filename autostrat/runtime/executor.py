@@ -127,13 +127,34 @@ def graph_values(graph, inputs: dict) -> dict:
     return values
 
 
-def run_single_device(graph, values: dict) -> dict:
-    """The graph's outputs computed on whole tensors, op by op (the reference of every check)."""
+def single_device_step(graph, values: dict) -> tuple[dict, dict]:
+    """One pass of the graph on whole tensors, op by op (the reference of every check): its
+    outputs, and the next value of every tensor it updates (a training graph)."""
     store = dict(values)
     for op in graph.ops.values():
         outputs = run_kernel(op.op_type, [store[name] for name in op.inputs], op.attr_dict, None)
         store.update(zip(op.outputs, outputs))
-    return {name: store[name] for name in graph.outputs}
+    return {name: store[name] for name in graph.outputs}, {name: store[value] for name, value in graph.updates}
 
 
-__all__ = ["RankResult", "Sent", "Traffic", "communicate", "execute", "graph_values", "run_single_device"]
+def run_single_device(graph, values: dict) -> dict:
+    """The graph's outputs computed on whole tensors (see `single_device_step`)."""
+    return single_device_step(graph, values)[0]
+
+
+def single_device_run(graph, values: dict, batches, on_step=None) -> tuple[tuple[dict, ...], dict]:
+    """Every batch's outputs on one device, the updated tensors carried from step to step, and
+    their whole values after the last step (empty for a graph that updates nothing);
+    `on_step(step, outputs)` is called after each step."""
+    values, outputs = dict(values), []
+    for step, batch in enumerate(batches):
+        step_outputs, updated = single_device_step(graph, values | batch)
+        values.update(updated)
+        outputs.append(step_outputs)
+        if on_step is not None:
+            on_step(step, step_outputs)
+    return tuple(outputs), {name: values[name] for name, _ in graph.updates}
+
+
+__all__ = ["RankResult", "Sent", "Traffic", "communicate", "execute", "graph_values", "run_single_device",
+           "single_device_run", "single_device_step"]

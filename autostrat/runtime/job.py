@@ -17,10 +17,9 @@ import numpy as np
 
 from autostrat.errors import RuntimeBackendError
 from autostrat.io import write_atomically
-from autostrat.runtime.executor import execute, graph_values, run_single_device
+from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.report import output_errors, rank_summary
-from autostrat.runtime.training import single_device_step
 
 FAULTS = ("hang", "kill", "loop", "raise")
 JOB_FILE = "job.pkl"
@@ -90,25 +89,12 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     rng = np.random.default_rng(seed)
     values = graph_values(plan.graph, {})
     batches = tuple(random_batch(plan.graph, rng) for _ in range(steps))
-    expected, final = _single_device_run(plan.graph, values, batches)
+    expected, final = single_device_run(plan.graph, values, batches)
     started = time.perf_counter()  # timed after a first pass, as the ranks' steps are after warm-up imports
-    _single_device_run(plan.graph, values, batches)
+    single_device_run(plan.graph, values, batches)
     single = (time.perf_counter() - started) / max(steps, 1)
     return Job(name or plan.graph.name, plan.device_num, programs, values, batches, expected,
-               plan.table(), plan.total_bytes, single, stall_timeout, fault, final)
-
-
-def _single_device_run(graph, values: dict, batches) -> tuple[tuple[dict, ...], dict | None]:
-    """The outputs of every step on one device and, for a training graph (whose steps carry the
-    parameters and optimiser state on), the whole updated tensors after the last step."""
-    if not graph.updates:
-        return tuple(run_single_device(graph, values | batch) for batch in batches), None
-    values, expected = dict(values), []
-    for batch in batches:
-        outputs, updated = single_device_step(graph, values | batch)
-        values.update(updated)
-        expected.append(outputs)
-    return tuple(expected), {name: values[name] for name, _ in graph.updates}
+               plan.table(), plan.total_bytes, single, stall_timeout, fault, final or None)
 
 
 def save_job(job: Job, run_dir) -> Path:

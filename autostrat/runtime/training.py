@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.layout import assemble_tensor
-from autostrat.runtime.executor import execute
-from autostrat.runtime.kernels import run_kernel
+from autostrat.runtime.executor import execute, single_device_run
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, lower_programs
 
@@ -116,24 +115,13 @@ def train_locally(plan, values: dict, batches, on_step=None) -> TrainingResult:
     )
 
 
-def single_device_step(graph, values: dict) -> tuple[dict, dict]:
-    """One step on whole tensors: the graph's outputs and the next value of every updated tensor."""
-    store = dict(values)
-    for op in graph.ops.values():
-        store.update(zip(op.outputs, run_kernel(op.op_type, [store[name] for name in op.inputs], op.attr_dict, None)))
-    return {name: store[name] for name in graph.outputs}, {name: store[value] for name, value in graph.updates}
-
-
 def train_single_device(graph, values: dict, batches, on_step=None) -> TrainingResult:
-    """The stand-alone reference: the same training graph, step by step on one device."""
-    values, losses = dict(values), []
-    for step, batch in enumerate(batches):
-        outputs, updated = single_device_step(graph, values | batch)
-        values.update(updated)
-        losses.append(loss_value(outputs[graph.outputs[0]]))
-        if on_step is not None:
-            on_step(step, losses[-1])
-    return TrainingResult(tuple(losses), {name: values[name] for name, _ in graph.updates})
+    """The stand-alone reference: the same training graph, step by step on one device;
+    `on_step(step, loss)` is called after each step."""
+    loss = graph.outputs[0]
+    report = None if on_step is None else lambda step, outputs: on_step(step, loss_value(outputs[loss]))
+    outputs, final = single_device_run(graph, values, batches, report)
+    return TrainingResult(tuple(loss_value(step[loss]) for step in outputs), final)
 
 
 def train_collective(plan, backend, values: dict, batches, on_step=None, every_rank: bool = False) -> TrainingResult | None:
