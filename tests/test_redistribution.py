@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -210,6 +212,23 @@ def test_cost_tables_price_every_pair_as_its_plan(device_num):
     table = cost_table(producers, consumers)
     clear_memos()
     assert table.tolist() == [[float(plan_redistribution(src, dst).cost) for dst in consumers] for src in producers]
+
+
+def test_searches_up_to_the_sources_relabellings_find_the_same_cost():
+    # A source partial over 4 equal axes keeps its states up to their 24 relabellings; every
+    # cost must equal the search kept up to the target's relabellings (which also gives plans).
+    from autostrat.redistribution.moves import Space
+    from autostrat.redistribution.search import Problem, cost_search, search
+
+    space = Space((2, 2, 2, 2), (16, 16), 4)
+    problem = Problem((space,), "sum")
+    sources = [(((), ()), (0, 1, 2, 3)), (((3,), ()), (0, 1, 2)), (((), (0,)), (1, 2, 3))]
+    targets = [(((3, 2, 1, 0), ()), ()), (((), (0, 1, 2, 3)), ()), (((1, 3), (0, 2)), ()), (((2,), (1,)), ())]
+    for source, target in itertools.product(sources, targets):
+        by_source, reached = cost_search(problem, (0, source), (0, target))
+        by_target, expected = search(problem, (0, source), (0, target))
+        assert by_source.by_source and not by_target.by_source
+        assert by_source.best[reached][0] == by_target.best[expected][0]
 
 
 def test_the_greedy_fallback_prices_a_pair_as_its_plan(greedy_only):

@@ -200,20 +200,30 @@ def canonical(sizes: tuple[int, ...], target_sizes: tuple[int, ...], state: Stat
     return relabel(state, mapping), tuple(mapping)
 
 
-def target_pools(sizes: tuple[int, ...], target: State) -> tuple[tuple[int, ...], ...]:
-    """Classes of axes that any relabelling fixing `target` may permute: axes of one size that
-    are all free in `target`, or all partial in it (the entries pin every other axis).
+def fixing_pools(sizes: tuple[int, ...], state: State) -> tuple[tuple[int, ...], ...]:
+    """Classes of axes that any relabelling fixing `state` may permute: axes of one size that
+    are all free in `state`, or all partial in it (the entries pin every other axis).
 
     Example:
-        >>> target_pools((2, 2, 2, 2), (((3,), ()), (1, 2)))
+        >>> fixing_pools((2, 2, 2, 2), (((3,), ()), (1, 2)))
         ((1, 2),)
     """
-    used = {axis for entry in target[0] for axis in entry}
+    used = {axis for entry in state[0] for axis in entry}
     roles = {}
     for axis, size in enumerate(sizes):
         if axis not in used:
-            roles.setdefault((axis in target[1], size), []).append(axis)
+            roles.setdefault((axis in state[1], size), []).append(axis)
     return tuple(tuple(pool) for _, pool in sorted(roles.items()) if len(pool) > 1)
+
+
+def pools_order(pools) -> int:
+    """How many relabellings permute axes within `pools` (each pool in any order).
+
+    Example:
+        >>> pools_order(((1, 2), (0, 3, 4)))
+        12
+    """
+    return math.prod(math.factorial(len(pool)) for pool in pools)
 
 
 @lru_cache(maxsize=1 << 16)

@@ -21,7 +21,7 @@ from autostrat.redistribution.moves import Move
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.refine import common_matrix, prime_matrix, refine_layout
 from autostrat.redistribution.reshape import reshape_pairs
-from autostrat.redistribution.search import Problem, ordered_slices, search, space_of, state_of
+from autostrat.redistribution.search import Problem, cost_search, ordered_slices, search, space_of, state_of
 from autostrat.redistribution.steps import make_step
 
 
@@ -112,8 +112,8 @@ def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | 
 @lru_cache(maxsize=1 << 15)
 def _solve_cost(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | None:
     """`_solve` with an empty path: cost tables need only the bytes, and building the path is
-    a tenth of a search."""
-    found, reached = search(problem, start, target, model)
+    a tenth of a search; the search may then use the source's symmetry (`cost_search`)."""
+    found, reached = cost_search(problem, start, target, model)
     if reached is not None:
         return (), found.best[reached][2], True
     return None if found.exhausted else _fallback(problem, start, target)

@@ -15,8 +15,17 @@ node itself, so ties break the same way on every run. The bound is admissible bu
 consistent, so a state reached more cheaply after it settled is reopened.
 
 Without a time model, the exact layer of a one-space problem keeps states up to the relabellings
-that fix the target (`moves.target_pools`): they preserve every step cost and the target, so the
+that fix the target (`moves.fixing_pools`): they preserve every step cost and the target, so the
 cost-to-go is the same on a whole class; `Search._real` turns the path back into real states.
+
+A search for the cost alone may instead keep states up to the relabellings that fix the source
+(`cost_search` picks the larger group). Such a relabelling maps a plan from the source to the
+target onto a plan from the source to the relabelled target, step for step at the same price:
+every step kind is defined alike on every axis of one size, except that a ReduceScatter places
+its block in one order, and a block in another order costs exactly what single-axis
+ReduceScatters in that order cost (``(1 - 1/(g1·g2))·s`` either way). So the cheapest way to any
+relabelling of the target is the cheapest way to the target. The bound must then hold for a
+whole class: the size bound does (it sees no positions); the receive bound does not.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from dataclasses import dataclass
 
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import receive_bound
-from autostrat.redistribution.moves import Move, Space, State, canonical, moves, pool_canonical, relabel, split_signature, target_pools
+from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to greedy
 _UNREACHED = (float("inf"),)
@@ -90,9 +99,13 @@ def expansions(problem: Problem, pools, model) -> dict:
 
 
 class Search:
-    """A* from `start` to `target` or to its relabelling class in the permuted layer."""
+    """A* from `start` to `target` or to its relabelling class in the permuted layer.
 
-    def __init__(self, problem: Problem, start, target, model=None):
+    With ``symmetry="source"`` (one space, no time model) states are kept up to the
+    relabellings fixing the source, and the search gives the cost but not the path.
+    """
+
+    def __init__(self, problem: Problem, start, target, model=None, symmetry: str = "target"):
         self.problem, self.model, self.target = problem, model, target
         last = problem.spaces[-1]
         self.permuted_target = (PERMUTED, canonical(last.sizes, last.sizes, target[1])[0])
@@ -100,8 +113,13 @@ class Search:
         # Relabellings fixing the target (and, without a time model, every cost) map optimal
         # paths to optimal paths, so one search layer keeps states up to them (`_real` undoes it).
         single = len(problem.spaces) == 1 and model is None
-        self.pools = target_pools(last.sizes, target[1]) if single else ()
+        self.by_source = single and symmetry == "source"
+        self.pools = fixing_pools(last.sizes, (start if self.by_source else target)[1]) if single else ()
         self.start, start = start, self._representative(start)
+        if self.by_source:
+            self.target = self._representative(target)
+        self.bounded_layers = (PERMUTED, target[0])
+        self.sized_layers = self.bounded_layers if self.by_source else (PERMUTED,)
         self.best = {start: (0, 0, 0)}  # node -> (objective, steps, bytes)
         self.parent: dict = {start: None}  # node -> (previous node, move)
         self.heap = [(self._bound(start), self._bound(start), 0, 0, 0, start, True)]
@@ -110,24 +128,23 @@ class Search:
         self.expanded = expansions(problem, self.pools, model)
 
     def _bound(self, node) -> int:
-        # Exact layer of the target: what some rank must still receive. Permuted layer: the
-        # same, knowing only the rank's slice size (it must grow to the target's).
-        if self.receive is None:
+        # Exact layer of the target: what some rank must still receive. Permuted layer, or
+        # states kept up to the source's relabellings: the same, knowing only the rank's slice
+        # size (it must grow to the target's).
+        if self.receive is None or node[0] not in self.bounded_layers:
             return 0
-        if node[0] == self.target[0]:
-            return self.receive(node[1])
-        return self.receive.size_bound(node[1]) if node[0] == PERMUTED else 0
+        return self.receive.size_bound(node[1]) if node[0] in self.sized_layers else self.receive(node[1])
 
     def _estimate(self, node, signature) -> tuple[int, bool]:
         """`_bound(node)` when it is known or cheap, else a cheaper lower bound of it (the size
         bound of `signature`, the node's split signature); and whether it is the bound.
         `settle` computes the bound only for entries it pops."""
-        if self.receive is None:
+        if self.receive is None or node[0] not in self.bounded_layers:
             return 0, True
-        if node[0] == self.target[0]:
-            known = self.receive.memo.get(node[1])
-            return (known, True) if known is not None else (self.receive.signature_bound(signature), False)
-        return (self.receive.signature_bound(signature), True) if node[0] == PERMUTED else (0, True)
+        if node[0] in self.sized_layers:
+            return self.receive.signature_bound(signature), True
+        known = self.receive.memo.get(node[1])
+        return (known, True) if known is not None else (self.receive.signature_bound(signature), False)
 
     def _edges(self, node):
         layer, state = node
@@ -218,6 +235,8 @@ class Search:
 
     def path(self, reached) -> list[tuple]:
         """The ``(node, move, child)`` triples of real steps from the start to the target."""
+        if self.by_source:
+            raise ValueError("a search up to the source's relabellings gives a cost, not a path")
         found = []
         while self.parent[reached] is not None:
             node, move = self.parent[reached]
@@ -257,10 +276,30 @@ def _unpermute(problem: Problem, path: list[tuple], target) -> list[tuple]:
     raise AssertionError("a path into the permuted layer starts with a permute")
 
 
-def search(problem: Problem, start, target, model=None) -> tuple[Search, object]:
+def search(problem: Problem, start, target, model=None, symmetry: str = "target") -> tuple[Search, object]:
     """A search of `problem` from `start` to `target`, run, and the node it reached (or None)."""
-    found = Search(problem, start, target, model)
+    found = Search(problem, start, target, model, symmetry)
     return found, found.settle()
+
+
+def cost_search(problem: Problem, start, target, model=None) -> tuple[Search, object]:
+    """`search` for the cost alone, up to the larger group of relabellings: those fixing the
+    source or those fixing the target. Fewer classes mean fewer states to settle; a source
+    with many partial axes of one size (a reduction split many ways) has thousands of
+    interleavings of its reductions that only differ by such a relabelling.
+
+    Example (16 contributions on 16 ranks, resolved by one ReduceScatter of the whole tensor):
+        >>> space = Space((2, 2, 2, 2), (64, 64), 4)
+        >>> found, reached = cost_search(Problem((space,), "sum"), (0, (((), ()), (0, 1, 2, 3))), (0, (((3, 2, 1, 0), ()), ())))
+        >>> found.by_source, found.best[reached][0]
+        (True, 15360)
+    """
+    symmetry = "target"
+    if model is None and len(problem.spaces) == 1:
+        sizes = problem.spaces[0].sizes
+        if pools_order(fixing_pools(sizes, start[1])) > pools_order(fixing_pools(sizes, target[1])):
+            symmetry = "source"
+    return search(problem, start, target, model, symmetry)
 
 
 def state_of(layout: Layout) -> State:
