@@ -231,6 +231,22 @@ def test_searches_up_to_the_sources_relabellings_find_the_same_cost():
         assert by_source.best[reached][0] == by_target.best[expected][0]
 
 
+def test_unit_moves_gather_and_scatter_one_axis_and_keep_the_other_steps():
+    from autostrat.redistribution.moves import Space, moves
+
+    space = Space((2, 2, 2, 2), (16, 16), 4)
+    state = (((3, 2), ()), (0, 1))
+    full, unit = moves(space, state), moves(space, state, unit=True)
+    blocks = {(m.kind, len(m.axes)) for m in full}
+    assert ("AllGather", 2) in blocks and ("ReduceScatter", 2) in blocks
+    assert [m for m in full if m.kind in ("AllGather", "ReduceScatter") and len(m.axes) == 1] == [
+        m for m in unit if m.kind in ("AllGather", "ReduceScatter")
+    ]
+    assert [m for m in full if m.kind not in ("AllGather", "ReduceScatter")] == [
+        m for m in unit if m.kind not in ("AllGather", "ReduceScatter")
+    ]
+
+
 def test_the_greedy_fallback_prices_a_pair_as_its_plan(greedy_only):
     src, dst = GREEDY_CASES[1]
     assert redistribution_cost(src, dst) == plan_redistribution(src, dst).cost

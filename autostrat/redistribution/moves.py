@@ -105,8 +105,13 @@ def _rooms(space: Space, entries) -> list[int]:
 
 
 @lru_cache(maxsize=1 << 16)
-def moves(space: Space, state: State) -> tuple[Move, ...]:
+def moves(space: Space, state: State, unit: bool = False) -> tuple[Move, ...]:
     """Every step out of `state`, in a fixed order (the planner's tie-breaks depend on it).
+
+    With `unit`, AllGathers and ReduceScatters take one axis each: a block costs exactly what
+    its axes cost one after another (an AllGather of ``g1·g2`` from ``s``: ``(g1·g2 - 1)·s``,
+    as ``(g2 - 1)·s`` then ``(g1 - 1)·g2·s``; a ReduceScatter: ``(1 - 1/(g1·g2))·s`` either
+    way), so searches for bytes alone lose nothing and branch less.
 
     Example:
         >>> space = Space(sizes=(4, 2), shape=(64, 64), itemsize=4)
@@ -114,7 +119,7 @@ def moves(space: Space, state: State) -> tuple[Move, ...]:
         [('AllGather', (1,), 8192), ('AllToAll', (1,), 4096), ('AllReduce', (0,), 12288)]
     """
     s, rooms = space.local_bytes(state), _rooms(space, state[0])
-    return tuple(_slices(space, state, rooms) + _gathers(space, state, s, rooms) + _reductions(space, state, s, rooms))
+    return tuple(_slices(space, state, rooms) + _gathers(space, state, s, rooms, unit) + _reductions(space, state, s, rooms, unit))
 
 
 def _slices(space: Space, state: State, rooms) -> list[Move]:
@@ -129,8 +134,9 @@ def _slices(space: Space, state: State, rooms) -> list[Move]:
     return found
 
 
-def _gathers(space: Space, state: State, s: int, rooms) -> list[Move]:
-    """AllGather and AllToAll of every suffix block of every dim."""
+def _gathers(space: Space, state: State, s: int, rooms, unit: bool = False) -> list[Move]:
+    """AllToAll of every suffix block of every dim, AllGather of every one (or, with `unit`, of
+    the minor-most axis)."""
     entries, partial = state
     found = []
     for dim, entry in enumerate(entries):
@@ -138,7 +144,8 @@ def _gathers(space: Space, state: State, s: int, rooms) -> list[Move]:
         for start in range(len(entry) - 1, -1, -1):
             block, rest = entry[start:], entries[:dim] + (entry[:start],) + entries[dim + 1 :]
             g *= space.sizes[entry[start]]
-            found.append(Move("AllGather", block, (dim,), None, (rest, partial), collective_bytes("AllGather", g, s)))
+            if not unit or len(block) == 1:
+                found.append(Move("AllGather", block, (dim,), None, (rest, partial), collective_bytes("AllGather", g, s)))
             sent = collective_bytes("AllToAll", g, s)
             for target, target_entry in enumerate(entries):
                 if target != dim and rooms[target] % g == 0:
@@ -158,12 +165,15 @@ def _blocks(sizes: tuple[int, ...], partial: tuple[int, ...]) -> tuple[tuple, ..
     return tuple(found)
 
 
-def _reductions(space: Space, state: State, s: int, rooms) -> list[Move]:
-    """AllReduce and ReduceScatter of every non-empty set of partial axes."""
+def _reductions(space: Space, state: State, s: int, rooms, unit: bool = False) -> list[Move]:
+    """AllReduce of every non-empty set of partial axes, ReduceScatter of every one (or, with
+    `unit`, of every single axis)."""
     entries, partial = state
     found = []
     for block, g, rest in _blocks(space.sizes, partial):
         found.append(Move("AllReduce", block, (), None, (entries, rest), collective_bytes("AllReduce", g, s)))
+        if unit and len(block) > 1:
+            continue
         sent = collective_bytes("ReduceScatter", g, s)
         for dim, entry in enumerate(entries):
             if rooms[dim] % g == 0:

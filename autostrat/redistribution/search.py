@@ -72,7 +72,7 @@ def _bijections(problem: Problem) -> list[tuple[int, ...]]:
 
 
 @lru_cache(maxsize=1 << 16)
-def permuted_edges(space: Space, state: State) -> tuple[tuple[Move, tuple], ...]:
+def permuted_edges(space: Space, state: State, unit: bool = False) -> tuple[tuple[Move, tuple], ...]:
     """The moves out of a permuted-layer representative with their children's representatives
     (memoised: every search through the permuted layer of one space meets the same states).
 
@@ -81,11 +81,11 @@ def permuted_edges(space: Space, state: State) -> tuple[tuple[Move, tuple], ...]
         >>> [child for _, child in permuted_edges(space, (((),), ()))]
         [(2, (((0,),), ())), (2, (((0,),), ()))]
     """
-    return tuple((move, (PERMUTED, canonical(space.sizes, space.sizes, move.state)[0])) for move in moves(space, state))
+    return tuple((move, (PERMUTED, canonical(space.sizes, space.sizes, move.state)[0])) for move in moves(space, state, unit))
 
 
 @lru_cache(maxsize=256)
-def expansions(problem: Problem, pools, model) -> dict:
+def expansions(problem: Problem, pools, model, unit: bool = False) -> dict:
     """The shared memo of `Search._expand`: node -> its ``(child, weight, bytes, signature, move)``
     edges, which depend on nothing but the problem, the relabelling pools and the model. A
     table's columns search from every row through many of the same states, and many columns
@@ -102,11 +102,13 @@ class Search:
     """A* from `start` to `target` or to its relabelling class in the permuted layer.
 
     With ``symmetry="source"`` (one space, no time model) states are kept up to the
-    relabellings fixing the source, and the search gives the cost but not the path.
+    relabellings fixing the source, and the search gives the cost but not the path. With
+    `unit` (no time model) AllGathers and ReduceScatters take one axis each (`moves.moves`).
     """
 
-    def __init__(self, problem: Problem, start, target, model=None, symmetry: str = "target"):
+    def __init__(self, problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False):
         self.problem, self.model, self.target = problem, model, target
+        self.unit = unit and model is None
         last = problem.spaces[-1]
         self.permuted_target = (PERMUTED, canonical(last.sizes, last.sizes, target[1])[0])
         self.receive = receive_bound(last, target[1]) if model is None else None
@@ -125,7 +127,7 @@ class Search:
         self.heap = [(self._bound(start), self._bound(start), 0, 0, 0, start, True)]
         self.settled: set = set()
         self.crossings = _bijections(problem) if len(problem.spaces) == 2 else []
-        self.expanded = expansions(problem, self.pools, model)
+        self.expanded = expansions(problem, self.pools, model, self.unit)
 
     def _bound(self, node) -> int:
         # Exact layer of the target: what some rank must still receive. Permuted layer, or
@@ -150,9 +152,9 @@ class Search:
         layer, state = node
         space, last = self.problem.space(layer), self.problem.spaces[-1]
         if layer == PERMUTED:
-            yield from permuted_edges(space, state)
+            yield from permuted_edges(space, state, self.unit)
             return
-        for move in moves(space, state):
+        for move in moves(space, state, self.unit):
             yield move, self._representative((layer, move.state))
         # The relabelling is chosen at the end, so the α–β model times it on every axis (slowest link).
         permuted, every_axis = canonical(space.sizes, last.sizes, state)[0], tuple(range(len(space.sizes)))
@@ -210,23 +212,25 @@ class Search:
         heap, so nodes are expanded in the same order (and the same plan found) as with bounds
         computed up front, without computing them for the many children never popped.
         """
-        targets, heap, best = (self.target, self.permuted_target), self.heap, self.best
-        while heap and len(self.settled) < SETTLED_LIMIT:
-            _, estimate, objective, steps, sent, node, exact = heapq.heappop(heap)
+        targets, heap, best, parent, settled = (self.target, self.permuted_target), self.heap, self.best, self.parent, self.settled
+        push, pop, estimate_of = heapq.heappush, heapq.heappop, self._estimate
+        while heap and len(settled) < SETTLED_LIMIT:
+            _, estimate, objective, steps, sent, node, exact = pop(heap)
             if (objective, steps, sent) != best[node]:
                 continue  # a stale entry: the node was reached more cheaply since
             if not exact and (bound := self._bound(node)) != estimate:
-                heapq.heappush(heap, (objective + bound, bound, objective, steps, sent, node, True))
+                push(heap, (objective + bound, bound, objective, steps, sent, node, True))
                 continue
-            self.settled.add(node)
+            settled.add(node)
             if node in targets:
                 return node
+            steps += 1
             for child, weight, moved, signature, move in self._expand(node):
-                value = (objective + weight, steps + 1, sent + moved)
+                value = (objective + weight, steps, sent + moved)
                 if value < best.get(child, _UNREACHED):
-                    best[child], self.parent[child] = value, (node, move)
-                    estimate, exact = self._estimate(child, signature)
-                    heapq.heappush(heap, (value[0] + estimate, estimate) + value + (child, exact))
+                    best[child], parent[child] = value, (node, move)
+                    estimate, exact = estimate_of(child, signature)
+                    push(heap, (value[0] + estimate, estimate) + value + (child, exact))
         return None
 
     @property
@@ -276,9 +280,9 @@ def _unpermute(problem: Problem, path: list[tuple], target) -> list[tuple]:
     raise AssertionError("a path into the permuted layer starts with a permute")
 
 
-def search(problem: Problem, start, target, model=None, symmetry: str = "target") -> tuple[Search, object]:
+def search(problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False) -> tuple[Search, object]:
     """A search of `problem` from `start` to `target`, run, and the node it reached (or None)."""
-    found = Search(problem, start, target, model, symmetry)
+    found = Search(problem, start, target, model, symmetry, unit)
     return found, found.settle()
 
 
@@ -286,7 +290,8 @@ def cost_search(problem: Problem, start, target, model=None) -> tuple[Search, ob
     """`search` for the cost alone, up to the larger group of relabellings: those fixing the
     source or those fixing the target. Fewer classes mean fewer states to settle; a source
     with many partial axes of one size (a reduction split many ways) has thousands of
-    interleavings of its reductions that only differ by such a relabelling.
+    interleavings of its reductions that only differ by such a relabelling. Without a time
+    model, gathers and scatters of blocks are left to their axes one by one (``unit``).
 
     Example (16 contributions on 16 ranks, resolved by one ReduceScatter of the whole tensor):
         >>> space = Space((2, 2, 2, 2), (64, 64), 4)
@@ -299,7 +304,7 @@ def cost_search(problem: Problem, start, target, model=None) -> tuple[Search, ob
         sizes = problem.spaces[0].sizes
         if pools_order(fixing_pools(sizes, start[1])) > pools_order(fixing_pools(sizes, target[1])):
             symmetry = "source"
-    return search(problem, start, target, model, symmetry)
+    return search(problem, start, target, model, symmetry, unit=True)
 
 
 def state_of(layout: Layout) -> State:
