@@ -3,12 +3,14 @@
 Producers are the output layouts of every MatMul candidate (partial over a split reduction
 factor), consumers the input-0 layouts of every candidate. "cold" clears every memo first,
 "warm" refills the same table. Target (issue 3): a 50 x 50 table in <= 20 ms warm, <= 200 ms cold.
+MatMul has 29 candidates on 64 devices; `--devices 128 256` measures the larger tables (37 and 46).
 
-Run: python benchmarks/redistribution.py
+Run: python benchmarks/redistribution.py [--devices 8 16 64]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from autostrat.redistribution import cost_table
@@ -31,8 +33,10 @@ def timed(producers, consumers) -> tuple[float, object]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, nargs="+", default=[8, 16, 64], help="device counts (default 8 16 64)")
     print(f"{'devices':>7} {'table':>7} {'cold ms':>9} {'warm ms':>9} {'us/pair cold':>13} {'max MB':>8}")
-    for device_num in (8, 16, 64):
+    for device_num in parser.parse_args().devices:
         producers, consumers = edge_layouts(device_num)
         clear_memos()
         cold, table = timed(producers, consumers)

@@ -159,6 +159,25 @@ def test_cost_table_marks_unreachable_pairs_inf():
     assert cost_table([whole], [ROWS_PARTIAL]).tolist() == [[float("inf")]]
 
 
+def test_cost_tables_leave_the_garbage_collector_as_they_found_it():
+    import gc
+
+    whole = Layout(DM24, TensorMap((1, -1)), (64, 64))
+    other = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (64, 64))
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            clear_memos()
+            cost_table([whole], [ROWS_PARTIAL, whole])
+            assert gc.isenabled() == enabled
+            with pytest.raises(RedistributionError):
+                cost_table([whole], [other])  # 8 devices against 4: raised from inside the fill
+            assert gc.isenabled() == enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
 def test_reduce_then_move_bound_is_exact_where_the_combine_bound_is_not():
     # dm[32, 2] partial over the 32-axis -> dm[16, 4] split over the 16-axis: a ReduceScatter
     # (31 MiB) then 4 MiB of moves. The combine bound says 34 MiB; reduce + the shadow's receive

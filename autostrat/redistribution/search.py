@@ -39,7 +39,6 @@ from autostrat.redistribution.heuristic import receive_bound
 from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to greedy
-_UNREACHED = (float("inf"),)
 PERMUTED = 2
 
 
@@ -226,11 +225,13 @@ class Search:
                 return node
             steps += 1
             for child, weight, moved, signature, move in self._expand(node):
-                value = (objective + weight, steps, sent + moved)
-                if value < best.get(child, _UNREACHED):
-                    best[child], parent[child] = value, (node, move)
-                    estimate, exact = estimate_of(child, signature)
-                    push(heap, (value[0] + estimate, estimate) + value + (child, exact))
+                reached, known = objective + weight, best.get(child)
+                # Most children were reached more cheaply already: compare objectives first.
+                if known is not None and (known[0] < reached or (known[0] == reached and known[1:] <= (steps, sent + moved))):
+                    continue
+                best[child], parent[child] = (reached, steps, sent + moved), (node, move)
+                estimate, exact = estimate_of(child, signature)
+                push(heap, (reached + estimate, estimate, reached, steps, sent + moved, child, exact))
         return None
 
     @property

@@ -6,6 +6,9 @@ layers, and equivalent layouts written over different device matrices, cost one 
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+
 import numpy as np
 
 from autostrat.cost import dtype_size
@@ -37,13 +40,33 @@ def cost_table(producer_layouts, consumer_layouts, dtype="float32", model=None) 
     rows = [(layout, _layout_id(layout)) for layout in producer_layouts]
     columns = [(layout, _layout_id(layout)) for layout in consumer_layouts]
     table = np.empty((len(rows), len(columns)))
-    for i, (src, src_id) in enumerate(rows):
-        for j, (dst, dst_id) in enumerate(columns):
-            key = (src_id, dst_id, itemsize, model)
-            if key not in _COSTS:
-                _COSTS[key] = _cost(src, dst, dtype, model)
-            table[i, j] = _COSTS[key]
+    with _collector_paused():
+        for i, (src, src_id) in enumerate(rows):
+            for j, (dst, dst_id) in enumerate(columns):
+                key = (src_id, dst_id, itemsize, model)
+                if key not in _COSTS:
+                    _COSTS[key] = _cost(src, dst, dtype, model)
+                table[i, j] = _COSTS[key]
     return table
+
+
+@contextmanager
+def _collector_paused():
+    """Pause Python's cyclic garbage collector while a table fills, then restore it.
+
+    The searches allocate hundreds of thousands of small tuples (states, heap entries) and keep
+    many in their memos; none forms a cycle, so the collector frees nothing here, yet each of its
+    passes walks every young tuple and, now and then, every memo entry: about a sixth of a cold
+    fill. Reference counting still frees everything as usual.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _cost(src, dst, dtype, model) -> float:
