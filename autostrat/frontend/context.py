@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
 from autostrat.errors import ConfigError
 from autostrat.search import SearchOptions
@@ -99,9 +99,6 @@ class ParallelContext:
         for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
             if not isinstance(getattr(self, key), str):
                 raise ConfigError(f"{key} must be a file path string, got {getattr(self, key)!r}")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def search_options(self, workers: int = 0):
         """The options the search layer takes (it never reads the context itself)."""

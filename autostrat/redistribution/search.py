@@ -101,7 +101,8 @@ class Search:
     """A* from `start` to `target` or to its relabelling class in the permuted layer.
 
     With ``symmetry="source"`` (one space, no time model) states are kept up to the
-    relabellings fixing the source, and the search gives the cost but not the path. With
+    relabellings fixing the source, and the search gives the cost but not the path;
+    ``"larger"`` takes whichever of the two groups has more relabellings. With
     `unit` (no time model) AllGathers and ReduceScatters take one axis each (`moves.moves`).
     """
 
@@ -114,8 +115,7 @@ class Search:
         # Relabellings fixing the target (and, without a time model, every cost) map optimal
         # paths to optimal paths, so one search layer keeps states up to them (`_real` undoes it).
         single = len(problem.spaces) == 1 and model is None
-        self.by_source = single and symmetry == "source"
-        self.pools = fixing_pools(last.sizes, (start if self.by_source else target)[1]) if single else ()
+        self.by_source, self.pools = _symmetry(last.sizes, start[1], target[1], symmetry) if single else (False, ())
         self.start, start = start, self._representative(start)
         if self.by_source:
             self.target = self._representative(target)
@@ -281,6 +281,17 @@ def _unpermute(problem: Problem, path: list[tuple], target) -> list[tuple]:
     raise AssertionError("a path into the permuted layer starts with a permute")
 
 
+def _symmetry(sizes, start: State, target: State, symmetry: str) -> tuple[bool, tuple]:
+    """Whether states are kept up to the source's relabellings, and the pools kept."""
+    if symmetry == "target":
+        return False, fixing_pools(sizes, target)
+    source = fixing_pools(sizes, start)
+    if symmetry == "source":
+        return True, source
+    by_target = fixing_pools(sizes, target)
+    return (True, source) if pools_order(source) > pools_order(by_target) else (False, by_target)
+
+
 def search(problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False) -> tuple[Search, object]:
     """A search of `problem` from `start` to `target`, run, and the node it reached (or None)."""
     found = Search(problem, start, target, model, symmetry, unit)
@@ -300,12 +311,7 @@ def cost_search(problem: Problem, start, target, model=None) -> tuple[Search, ob
         >>> found.by_source, found.best[reached][0]
         (True, 15360)
     """
-    symmetry = "target"
-    if model is None and len(problem.spaces) == 1:
-        sizes = problem.spaces[0].sizes
-        if pools_order(fixing_pools(sizes, start[1])) > pools_order(fixing_pools(sizes, target[1])):
-            symmetry = "source"
-    return search(problem, start, target, model, symmetry, unit=True)
+    return search(problem, start, target, model, "larger", unit=True)
 
 
 def state_of(layout: Layout) -> State:
