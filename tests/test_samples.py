@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,10 @@ def test_tensor_layout_sample_reproduces_the_tutorial_figure():
     out = run("sample_code/tensor_layout/layout.py")
     assert "device matrix [2, 1, 4]" in out
     assert "4     (1, 0, 0)   128-255  0-15" in out
-    assert "max relative error 0.0e+00" in out
+    # The local MatMuls reduce over all of k as the whole one does, but BLAS may block a
+    # [128, 784] product differently from a [256, 784] one: float32 rounding, not zero.
+    error = float(re.search(r"max relative error (\S+)", out).group(1))
+    assert error <= 1e-6
 
 
 def test_candidates_benchmark_prints_its_table():
