@@ -2,8 +2,8 @@
 # Bootstrap .venv on first use, then dispatch:
 #   bash run.sh test [PYTEST ARGS]   run the whole test suite
 #   bash run.sh N                    train the tutorial FFN (sample_code/sharding_propagation) for
-#                                    20 Momentum steps on N MPI ranks (its strategy is for 8),
-#                                    print the loss curve and the check against one device
+#                                    20 Momentum steps on N MPI ranks (planned for N), print the
+#                                    plan, the loss curve and the check against one device
 #   bash run.sh N CONFIG.yaml [autostrat run options]
 #                                    run the config forward on N MPI ranks and check it against
 #                                    the single-device result; RANK_TABLE_FILE=... or
@@ -29,7 +29,7 @@ bootstrap() {
 }
 
 usage() {
-    echo "usage: bash run.sh test [PYTEST ARGS] | bash run.sh N [CONFIG.yaml]" >&2
+    echo "usage: bash run.sh test [PYTEST ARGS] | bash run.sh N [CONFIG.yaml [autostrat run options]]  (N >= 1 ranks)" >&2
     exit 2
 }
 
@@ -40,8 +40,8 @@ case "$1" in
         shift
         exec "$venv/bin/python" -m pytest "$@"
         ;;
-    ''|*[!0-9]*)
-        usage
+    ''|*[!0-9]*|0*)
+        usage  # N is a positive number of ranks (no leading zero)
         ;;
     *)
         device_num=$1

@@ -5,7 +5,8 @@
                      [--coarsen none|exact|layers]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
-                  [--timeout S] [--stall-timeout S] [--run-dir D]
+                  [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
+    autostrat --version
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
+from importlib import metadata
 
 from autostrat.errors import AutostratError
-from autostrat.frontend.api import plan_for
 from autostrat.frontend.config import load_config
-from autostrat.frontend.run import RunOptions, run_config
+from autostrat.frontend.run import RunOptions, plan_config, run_config
 from autostrat.runtime.job import FAULTS, Fault
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
@@ -47,16 +49,15 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
 
 
 def search_command(args) -> str:
-    """Search the config's model and return the text to print; writes --out and --dump-ir."""
-    overrides = {"device_num": args.device_num, "refine": args.refine, "refine_time_limit": args.time_limit,
+    """Search the config's model and return the text to print; writes --out and --dump-ir.
+    Seeds follow `autostrat run`'s rule on another --device-num (scaled, with a note)."""
+    overrides = {"refine": args.refine, "refine_time_limit": args.time_limit,
                  "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase}
     config = load_config(args.config, **overrides)
-    plan = plan_for(config.net, config.inputs, config.context, config.strategies, progress=_progress_line,
-                    optimizer=config.optimizer)
+    plan, notes = plan_config(config, args.device_num, progress=_progress_line)
     if plan.refinement is not None:
         print(file=sys.stderr)  # end the progress line
-    lines = [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
-    lines += [f"warning: {message}" for message in plan.warnings]
+    lines = notes + [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
     if args.out:
         plan.save(args.out)
         lines.append(f"plan written to {args.out}")
@@ -68,6 +69,21 @@ def search_command(args) -> str:
 def _progress_line(objective: int, bound: int, seconds: float) -> None:
     """One overwritten stderr line while CP-SAT runs: best objective, bound, elapsed time."""
     print(f"\rCP-SAT: best {objective:,} bytes per device, bound {bound:,}, {seconds:.1f} s", end="", file=sys.stderr, flush=True)
+
+
+def _positive(kind):
+    """An argparse type: a positive `kind` (int or float), else a usage error naming the value."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value < float("inf"):
+            noun = "integer" if kind is int else "number"
+            raise argparse.ArgumentTypeError(f"expected a positive {noun}, got {text!r}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
 
 
 def _fault(text: str) -> Fault:
@@ -85,20 +101,29 @@ def run_command(args) -> tuple[int, str]:
 
 
 def _add_run(commands) -> None:
-    run = commands.add_parser("run", help="run a config's plan on MPI ranks (or local threads) and check it")
+    run = commands.add_parser(
+        "run", help="run a config's plan on MPI ranks (or local threads) and check it",
+        description="Search the config's plan, lower it to one program per rank, then start the ranks itself "
+                    "(mpiexec of the mpich wheel in this environment: do not wrap the command in mpiexec) or run "
+                    "them as threads (--backend local), and check every result and byte count against the plan "
+                    "and the single-device run.")
     run.add_argument("config", help="YAML config (see configs/)")
-    run.add_argument("--device-num", type=int, help="number of ranks (default: the rank table's or the config's)")
+    run.add_argument("--device-num", type=_positive(int),
+                     help="number of ranks (default: the config's; a --rank-table must list as many devices). "
+                          "Seeds written for another device_num are scaled to gcd(devices they use, N)")
     run.add_argument("--rank-table", default=os.environ.get("RANK_TABLE_FILE") or None,
                      help="MindSpore rank table JSON: run on its servers (default: $RANK_TABLE_FILE)")
     run.add_argument("--backend", choices=["mpi", "local"], default="mpi", help="MPI processes (default) or local threads")
-    run.add_argument("--steps", type=int, default=2, help="steps on random batches (default 2)")
+    run.add_argument("--steps", type=_positive(int), default=2, help="steps on random batches (default 2)")
     _add_phase(run)
     run.add_argument("--seed", type=int, default=0, help="seed of the random batches (default 0)")
     run.add_argument("--run-dir", help="folder for the job and the rank logs (default: a new one under runs/)")
-    run.add_argument("--timeout", type=float, default=300.0, help="seconds before the whole job is killed (default 300)")
-    run.add_argument("--stall-timeout", type=float, default=10.0,
+    run.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds before the whole job is killed (default 300)")
+    run.add_argument("--stall-timeout", type=_positive(float), default=10.0,
                      help="seconds a rank may make no progress before its watchdog ends the job (default 10)")
-    run.add_argument("--inject-fault", type=_fault, help=argparse.SUPPRESS)  # RANK:KIND[:AT], for the fault tests
+    run.add_argument("--inject-fault", type=_fault, metavar="RANK:KIND[:AT]",
+                     help=f"make one rank fail on purpose, to see how a job ends: KIND is {', '.join(FAULTS)}, "
+                          "AT the program instruction it fails at (default: its first collective)")
 
 
 def _add_phase(command) -> None:
@@ -109,27 +134,48 @@ def _add_phase(command) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autostrat", description="Automatic parallel-strategy search.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     search = commands.add_parser("search", help="search the plan of a YAML config and print it")
     search.add_argument("config", help="YAML config (see configs/)")
-    search.add_argument("--device-num", type=int, help="override the config's device_num")
+    search.add_argument("--device-num", type=_positive(int),
+                        help="plan for N devices instead of the config's device_num; its seeds are scaled to "
+                             "gcd(devices they use, N), as autostrat run does")
     search.add_argument("--out", help="write the plan as JSON to this file")
     search.add_argument("--dump-ir", help="write the IR dumps into this folder")
     search.add_argument("--refine", choices=["cpsat"], help="refine the BFS plan to the CP-SAT optimum")
-    search.add_argument("--time-limit", type=float, help="seconds the solver may take (default 60)")
+    search.add_argument("--time-limit", type=_positive(float), help="seconds the solver may take (default 60)")
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
     search.add_argument("--coarsen", choices=["none", "exact", "layers"],
                         help="reduce the solver's model first: exact (default, same optimum) or layers (shared repeated layers)")
     _add_phase(search)
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
-    candidates.add_argument("--device-num", type=int, default=8, help="number of devices (default 8)")
+    candidates.add_argument("--device-num", type=_positive(int), default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")
     _add_run(commands)
     return parser
 
 
+def _version() -> str:
+    try:
+        return metadata.version("autostrat")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "(not installed)"
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line for a person at a terminal, not a source location."""
+    print(f"autostrat: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _dispatch(args)
+
+
+def _dispatch(args) -> int:
     try:
         if args.command == "candidates":
             print(candidates_text(args.device_num, args.repeated))

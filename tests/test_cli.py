@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from autostrat.cli import main
 
@@ -26,9 +29,11 @@ def test_candidates_for_six_devices():
     assert out.count("(1 candidates)") == 5 and "[1, 1, 1, 6]" in out
 
 
-def test_bad_device_num_is_a_clear_error(capsys):
-    assert main(["candidates", "--device-num", "0"]) == 2
-    assert "autostrat: error: device_num must be a positive integer, got 0" in capsys.readouterr().err
+def test_bad_device_num_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["candidates", "--device-num", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --device-num: expected a positive integer, got '0'" in capsys.readouterr().err
 
 
 def test_search_prints_the_plan_and_writes_json_and_ir(tmp_path, capsys):
@@ -45,10 +50,12 @@ def test_search_with_another_device_num(capsys):
     assert "layers.3.matmul" in capsys.readouterr().out
 
 
-def test_search_errors_are_one_line(capsys):
-    assert main(["search", "configs/gpt.yaml", "--device-num", "4"]) == 2
+def test_search_errors_are_one_line(tmp_path, capsys):
+    config = tmp_path / "ffn16.yaml"
+    config.write_text(Path("configs/ffn.yaml").read_text().replace("[[2, 1], [1, 4]]", "[[4, 1], [1, 4]]"))
+    assert main(["search", str(config)]) == 2
     err = capsys.readouterr().err
-    assert err == "autostrat: error: strategies.blocks.0.attention.query.matmul: the strategy uses 8 devices but device_num is 4\n"
+    assert err == "autostrat: error: strategies.dense1.matmul: the strategy uses 16 devices but device_num is 8\n"
 
 
 def test_python_dash_m_runs_the_search():

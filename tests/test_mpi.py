@@ -100,7 +100,7 @@ def test_too_few_ranks_fail_before_any_collective(tmp_path):
     save_job(job, tmp_path)
     result = launcher.launch(tmp_path, 4, timeout=60)
     assert result.returncode != 0
-    assert "the plan is for device_num 8 but 4 ranks were launched" in result.message
+    assert "is for device_num 8 but 4 ranks are running" in result.message
 
 
 def test_rank_table_hosts_run_the_job(tmp_path):

@@ -105,7 +105,7 @@ def test_a_failing_rank_is_named():
 
 def test_wrong_rank_count_fails_before_any_collective():
     job, _, _ = prepare_run("configs/ffn.yaml", RunOptions(steps=1))
-    with pytest.raises(RuntimeBackendError, match="the plan is for device_num 8 but 4 ranks were launched"):
+    with pytest.raises(RuntimeBackendError, match="is for device_num 8 but 4 ranks are running"):
         LocalCluster(4).run(lambda backend: run_steps(job, backend))
 
 

@@ -33,9 +33,10 @@ import numpy as np
 from autostrat.errors import ConfigError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.context import current_context
-from autostrat.frontend.run import launched_by_mpiexec
+from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.frontend.train import Progress, TrainOneStepCell, WithLossCell
+from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import lower_programs
@@ -258,5 +259,6 @@ class Model:
         if backend is None:
             result = LocalCluster(plan.device_num).run(lambda local: execute(programs[local.rank], local, values))[0]
         else:
+            check_world(plan.device_num, backend)
             result = execute(programs[backend.rank], backend, values)
         return [result.outputs[name] for name in plan.graph.outputs]

@@ -1,6 +1,7 @@
 """`run_config`: search a YAML config's plan and run it on local threads or MPI ranks.
 
-A config's seeds are written for its own `device_num`. Run on another number of devices, each
+A config's seeds are written for its own `device_num`. Searched (`autostrat search`) or run
+(`autostrat run`) on another number of devices, each
 seed is scaled down to use ``gcd(its devices, device_num)`` devices, by dividing its factor
 splits in the rule's factor order; if a scaled seed then uses fewer devices than there are, the
 search may use repeated calculation. The scaling is printed, never silent.
@@ -9,15 +10,16 @@ search may use repeated calculation. The scaling is printed, never silent.
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.config import load_config
 from autostrat.frontend.tracing import trace
+from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.layout import Strategy
 from autostrat.runtime.job import Fault, make_job, save_job
 from autostrat.runtime.launcher import launch
@@ -39,7 +41,7 @@ class RunOptions:
     phase: str | None = None  # overrides the config's
 
 
-def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int) -> tuple:
+def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int, where: str = "seed") -> tuple:
     """A seed written for `from_devices` devices, scaled to ``gcd(its devices, to_devices)``.
 
     Example (the tutorial MatMul seed on 4 and on 6 devices):
@@ -48,7 +50,10 @@ def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int
         >>> fit_seed(rule, ((2, 1), (1, 4)), None, 8, 4), fit_seed(rule, ((2, 1), (1, 4)), None, 8, 6)
         ((((1, 1), (1, 4)), None), (((1, 1), (1, 2)), None))
     """
-    strategy = Strategy.from_tuples(rule, in_strategy, from_devices, out_strategy)
+    try:
+        strategy = Strategy.from_tuples(rule, in_strategy, from_devices, out_strategy, where=where)
+    except AutostratError as error:
+        raise ConfigError(f"{error} (seeds are written for the config's device_num {from_devices})") from None
     used = math.prod(strategy.splits)
     excess = used // math.gcd(used, to_devices)
     splits = []
@@ -72,25 +77,62 @@ def fit_seeds(config, device_num: int) -> tuple[object, dict, list[str]]:
         if rule is None:
             seeds[name] = (in_strategy, out_strategy)  # unknown op: the search reports it
             continue
-        seeds[name] = fit_seed(rule, in_strategy, out_strategy, own, device_num)
+        seeds[name] = fit_seed(rule, in_strategy, out_strategy, own, device_num, where=f"{config.path}: strategies.{name}")
         used = math.prod(Strategy.from_tuples(rule, seeds[name][0], device_num, seeds[name][1]).splits)
         repeated |= used < device_num
         if seeds[name] != (in_strategy, out_strategy):
-            notes.append(f"seed {name}: {in_strategy} on {own} devices -> {seeds[name][0]} on {device_num}")
+            notes.append(f"seed {name}: {in_strategy} written for device_num {own} -> {seeds[name][0]} on {device_num} "
+                         f"devices (gcd of the devices it uses and {device_num})")
     context = replace(config.context, device_num=device_num, fully_use_devices=config.context.fully_use_devices and not repeated)
     return context, seeds, notes
 
 
+def plan_config(config, device_num: int | None = None, progress=None) -> tuple:
+    """The plan of a loaded config on `device_num` devices (default: the config's), its seeds
+    scaled as the module docstring says, and a note per scaled seed. `autostrat search` and
+    `autostrat run` both plan through here, so one rule holds for both."""
+    context, seeds, notes = fit_seeds(config, device_num or config.context.device_num)
+    plan = plan_for(config.net, config.inputs, context, seeds, progress=progress, optimizer=config.optimizer)
+    return plan, notes
+
+
+def run_device_num(config, options: RunOptions, table) -> int:
+    """How many ranks run: --device-num, else the rank table's count, which must then agree
+    with the config's `device_num` (a table is no reason to scale a plan silently)."""
+    if options.device_num is not None or table is None:
+        return options.device_num or config.context.device_num
+    if table.device_num != config.context.device_num:
+        raise ConfigError(
+            f"{table.path} lists {table.device_num} device(s) but {config.path} has device_num {config.context.device_num}; "
+            f"pass --device-num {table.device_num} to run the config on the table's devices (its seeds scaled), "
+            f"or use a rank table of {config.context.device_num} devices"
+        )
+    return table.device_num
+
+
 def prepare_run(config_path, options: RunOptions):
     """Load the config and the rank table, search the plan and make the job; nothing starts."""
+    check_run_options(options)
     table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
     config = load_config(config_path, phase=options.phase)
-    device_num = options.device_num or (table.device_num if table else config.context.device_num)
-    context, seeds, notes = fit_seeds(config, device_num)
-    plan = plan_for(config.net, config.inputs, context, seeds, optimizer=config.optimizer)
+    plan, notes = plan_config(config, run_device_num(config, options, table))
     name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"
     job = make_job(plan, options.steps, options.seed, options.stall_timeout, options.fault, name)
     return job, table, notes
+
+
+def check_run_options(options: RunOptions) -> None:
+    """A `ConfigError` for an option no run can honour, before anything is planned or started."""
+    for key in ("device_num", "steps"):
+        value = getattr(options, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"run option {key} must be a positive integer, got {value!r}")
+    for key in ("timeout", "stall_timeout"):
+        value = getattr(options, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ConfigError(f"run option {key} must be a positive number of seconds, got {value!r}")
+    if options.backend not in ("local", "mpi"):
+        raise ConfigError(f"run option backend must be 'local' or 'mpi', got {options.backend!r}")
 
 
 def run_config(config_path, options: RunOptions) -> tuple[int, str]:
@@ -118,11 +160,6 @@ def _new_run_dir() -> Path:
     root = Path("runs")
     root.mkdir(exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root))
-
-
-def launched_by_mpiexec() -> bool:
-    """True in a process that mpiexec started (mpich's process manager sets PMI_RANK)."""
-    return "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
 
 
 def run_forward(net, *inputs, steps: int = 3, seed: int = 0, stall_timeout: float = 10.0):

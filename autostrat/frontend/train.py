@@ -27,12 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.autodiff import optimizers
-from autostrat.frontend.api import plan_for
+from autostrat.errors import ConfigError
+from autostrat.frontend.api import plan_for, training_parts
 from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
+from autostrat.frontend.world import get_rank, launched_by_mpiexec
 from autostrat.runtime import checkpoint
 from autostrat.runtime.executor import graph_values
 from autostrat.runtime.job import random_batch
+from autostrat.runtime.report import PHASE_LEGEND
 from autostrat.runtime.training import TrainingResult, train_collective, train_locally, train_single_device
 
 
@@ -117,14 +120,29 @@ def training_plan(net, optimizer, inputs=(), steps: int = 2, seed: int = 0, cont
     and `device_num` whatever the saved run's were. It must hold exactly the tensors the plan
     updates (`CheckpointError` otherwise).
     """
+    context = context or current_context()
+    check_training(net, optimizer, context, steps)
     if not inputs:
         from autostrat.frontend.tensor import Tensor
         inputs = (Tensor(shape=(64, 64)),)
-    plan = plan_for(net, inputs, context or current_context(), optimizer=optimizer)
+    plan = plan_for(net, inputs, context, optimizer=optimizer)
     values = graph_values(plan.graph, {})
     if initial is not None:
         values = checkpoint.load_param_into_plan(plan, values, initial, where="initial")
     return plan, values, synthetic_batches(plan.graph, steps, seed)
+
+
+def check_training(net, optimizer, context, steps: int) -> None:
+    """A `ConfigError` before anything is planned when `net` cannot be trained as asked: no
+    optimiser anywhere (a forward-only cell would "train" steps that change nothing), or not a
+    positive number of steps."""
+    if training_parts(net, context, optimizer)[1] is None:
+        raise ConfigError(
+            f"training needs a loss and an optimiser: pass TrainOneStepCell(WithLossCell(net, loss_fn), optimizer) "
+            f"(or an optimizer, or set phase='train'), got a {type(net).__name__} that only computes a forward pass"
+        )
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"training needs a positive whole number of steps, got steps={steps!r}")
 
 
 class Progress:
@@ -180,8 +198,8 @@ def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None,
     `runtime.checkpoint.save_checkpoint`).
     """
     plan, values, batches = training_plan(cell, None, inputs, steps, seed, context, initial)
-    from autostrat.frontend.run import launched_by_mpiexec
-
+    if log is not None and get_rank() == 0:
+        log(f"{type(cell).__name__} on {plan.device_num} device{'s' if plan.device_num > 1 else ''}, {plan.mode}: the plan of one training step\n{plan.table()}")
     if launched_by_mpiexec():
         from autostrat.runtime.mpi import MpiBackend
         result = train_collective(plan, MpiBackend(), values, batches, Progress(steps, log))
@@ -207,6 +225,7 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
     lines += [
         f"bytes per step on rank 0 (measured): {phases}; "
         f"{'measured = predicted on every rank' if result.bytes_match else 'MISMATCH between measured and predicted'}",
+        f"  ({PHASE_LEGEND})",
         f"loss curve vs stand-alone: max relative error {loss_error:.3g}; final parameters: {parameter_error:.3g} "
         f"(limit {tolerance:g}): {'OK' if max(loss_error, parameter_error) <= tolerance else 'FAILED'}",
     ]

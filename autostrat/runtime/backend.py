@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from autostrat.cost import collective_bytes
+from autostrat.errors import ConfigError
 
 REDUCE_OPS = ("max", "min", "sum")
 
@@ -76,6 +77,28 @@ class CountingBackend:
 
     def count_sendrecv(self, piece: np.ndarray, dest: int) -> None:
         self.sent.append(Sent("CollectivePermute", 2, 0 if dest == self.rank else piece.nbytes))
+
+
+def check_world(device_num: int, backend, where: str = "the plan") -> None:
+    """A `ConfigError` unless `backend` has exactly the `device_num` ranks `where` was made for.
+
+    Every path that executes a plan calls it before the first step: a world of another size
+    would index the wrong slices (fewer ranks) or meet in collectives nobody else joins.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> check_world(8, SimpleNamespace(device_num=4))
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: the plan is for device_num 8 but 4 ranks are running (the world size); \
+plan for 4 devices (device_num=4) or start 8 ranks (mpiexec -n 8)
+    """
+    if backend.device_num != device_num:
+        raise ConfigError(
+            f"{where} is for device_num {device_num} but {backend.device_num} ranks are running (the world size); "
+            f"plan for {backend.device_num} devices (device_num={backend.device_num}) or start {device_num} ranks "
+            f"(mpiexec -n {device_num})"
+        )
 
 
 def stacked(blocks: list[np.ndarray]) -> np.ndarray:

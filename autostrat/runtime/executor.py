@@ -40,6 +40,11 @@ class RankResult:
     def bytes(self, phase: str, measured: bool = True) -> int:
         return sum(t.sent if measured else t.predicted for t in self.traffic if t.phase == phase)
 
+    def sent(self) -> np.ndarray:
+        """The bytes sent by each communication instruction, as integers even when there are
+        none (an empty list would make a float array, which an integer running sum rejects)."""
+        return np.array([traffic.sent for traffic in self.traffic], np.int64)
+
 
 def execute(program: Program, backend: Backend, values: dict, on_instruction=None, resident: dict | None = None) -> RankResult:
     """Run `program` with the whole arrays of its graph inputs, parameters and constants in

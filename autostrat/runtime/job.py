@@ -17,6 +17,7 @@ import numpy as np
 
 from autostrat.errors import RuntimeBackendError
 from autostrat.io import write_atomically
+from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.report import output_errors, rank_summary
@@ -134,10 +135,7 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     (a training job carries its parameters and state from step to step and compares them too
     after the last step); rank 0 gets every rank's `report.rank_summary` (in rank order), the
     others None."""
-    if backend.device_num != job.device_num:
-        raise RuntimeBackendError(
-            f"the plan is for device_num {job.device_num} but {backend.device_num} ranks were launched"
-        )
+    check_world(job.device_num, backend, f"the job {job.name!r}")
     program = job.programs[backend.rank]
     sums = np.zeros(len(program.communications()), np.int64)
     errors = (0.0, 0.0, 0.0)
@@ -146,7 +144,7 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     for batch, expected in zip(job.batches, job.expected):
         result = execute(program, backend, job.values | batch, on_instruction, resident)
         resident = result.updated if job.training else None
-        sums += [traffic.sent for traffic in result.traffic]
+        sums += result.sent()
         errors = _worst(errors, output_errors(result.outputs, expected))
     seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
     if job.training:

@@ -16,6 +16,10 @@ import numpy as np
 from autostrat.tables import format_table
 from autostrat.runtime.program import PHASES
 
+# What each byte phase counts, in one line for the reports.
+PHASE_LEGEND = ("forward/backward = the plan's redistributions; sync = gradient synchronisation; "
+                "update = writing new parameters and state back to their layouts; output = assembling split or "
+                "partial graph outputs (a training step's loss) on every rank for the check, not part of the plan")
 TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-10}
 
 
@@ -84,8 +88,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         job.plan_table,
         "",
         f"bytes each rank sent per {kind} step: predicted by the plan / counted on the buffers handed to the backend",
-        "(forward/backward = the plan's redistributions; sync = gradient synchronisation; update = writing new parameters and state back to their layouts; "
-        "output = assembling split or partial graph outputs on every rank)",
+        f"({PHASE_LEGEND})",
         format_table(headers, rows),
         *_collective_lines(job, summaries),
         f"bytes: {'measured = predicted on every rank' if bytes_match else 'MISMATCH between measured and predicted'}",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.layout import assemble_tensor
+from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, single_device_run
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, lower_programs
@@ -63,7 +64,7 @@ def train_rank(program, backend, values: dict, batches, on_instruction=None, on_
     for step, batch in enumerate(batches):
         result = execute(program, backend, values | batch, on_instruction, resident)
         resident = result.updated
-        sums += [traffic.sent for traffic in result.traffic]
+        sums += result.sent()
         losses.append(loss_value(result.outputs[loss_name]))
         if on_step is not None:
             on_step(step, losses[-1])
@@ -129,6 +130,7 @@ def train_collective(plan, backend, values: dict, batches, on_step=None, every_r
     parameters on every rank and gather the bytes per phase to rank 0, which gets the result
     (the other ranks None, or with `every_rank` their losses and final parameters without the
     bytes). The assembling is outside the counted program traffic."""
+    check_world(plan.device_num, backend)
     programs = lower_programs(plan)
     program = programs[backend.rank]
     run = train_rank(program, backend, values, batches, on_step=on_step if backend.rank == 0 else None)

@@ -1,14 +1,17 @@
 """MindSpore's sharding-propagation tutorial, as a user writes it, on autostrat — trained.
 
-Run it on 8 MPI ranks with ``bash run.sh 8`` (this folder), or as one process with
-``python train.py`` (the 8 ranks then run as threads). It trains the tutorial FFN with a
+Run it on N MPI ranks with ``bash run.sh N`` (this folder), or as one process with
+``RANK_SIZE=8 python train.py`` (the 8 ranks then run as threads). It plans for the world it
+runs in (``init()``, ``get_group_size()``), prints the plan, trains the tutorial FFN with a
 cross-entropy loss and Momentum for 20 steps on a fixed synthetic dataset, prints the loss of
 every step, then the same training on one device and the equality check.
 """
 
+import math
 import sys
 
 from autostrat import nn, ops, set_auto_parallel_context
+from autostrat.communication import get_group_size, init
 from autostrat.frontend.tensor import initializer
 from autostrat.frontend.train import train
 
@@ -39,9 +42,17 @@ class FFN(nn.Cell):
         return x
 
 
-set_auto_parallel_context(parallel_mode="auto_parallel", search_mode="sharding_propagation", device_num=8)
+init()
+rank_size = get_group_size()
+# The tutorial's seed ((2, 1), (1, 4)) is for 8 devices. On another world keep the share of it
+# that fits, by the rule `autostrat run` applies to a config's seeds: gcd(8, N) devices, rows
+# given up first. Devices it leaves over repeat the work (fully_use_devices=False).
+rows = 2 if rank_size % 8 == 0 else 1
+columns = math.gcd(4, rank_size // rows)
+set_auto_parallel_context(parallel_mode="auto_parallel", search_mode="sharding_propagation", device_num=rank_size,
+                          fully_use_devices=rows * columns == rank_size)
 net = FFN()
-net.dense1.matmul.shard(((2, 1), (1, 4)))
+net.dense1.matmul.shard(((rows, 1), (1, columns)))
 loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
 train_net = nn.TrainOneStepCell(loss, nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9))
 

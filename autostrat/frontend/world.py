@@ -1,0 +1,71 @@
+"""The world a script runs in, MindSpore's `init`, `get_rank` and `get_group_size`.
+
+Under mpiexec the world is the MPI job: mpich's process manager tells every process its rank
+and the job's size (``PMI_RANK``, ``PMI_SIZE``) without MPI being loaded. Run alone, the ranks
+are threads of this process and the world has ``RANK_SIZE`` of them (the variable MindSpore's
+launch scripts set), or the context's `device_num` when it is not set.
+"""
+
+from __future__ import annotations
+
+import os
+
+from autostrat.errors import ConfigError
+from autostrat.frontend.context import current_context, set_auto_parallel_context
+
+
+def launched_by_mpiexec() -> bool:
+    """True in a process that mpiexec started (mpich's process manager sets PMI_RANK)."""
+    return "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
+def _count(variable: str) -> int | None:
+    """The positive integer in environment `variable`, None when unset."""
+    text = os.environ.get(variable)
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"environment variable {variable} must be a positive number of ranks, got {text!r}")
+    return int(text)
+
+
+def get_group_size() -> int:
+    """The number of ranks of this job: the MPI world size under mpiexec, else ``RANK_SIZE``,
+    else the context's `device_num`.
+
+    Example:
+        >>> os.environ["RANK_SIZE"] = "4"; get_group_size()
+        4
+        >>> del os.environ["RANK_SIZE"]
+    """
+    if launched_by_mpiexec():
+        size = _count("PMI_SIZE") or _count("OMPI_COMM_WORLD_SIZE")
+        rank_size = _count("RANK_SIZE")
+        if size and rank_size and size != rank_size:
+            raise ConfigError(f"RANK_SIZE is {rank_size} but mpiexec started {size} ranks: unset RANK_SIZE or make them equal")
+        if size:
+            return size
+    return _count("RANK_SIZE") or current_context().device_num
+
+
+def get_rank() -> int:
+    """This process's rank under mpiexec; 0 in a process that runs every rank as a thread."""
+    if launched_by_mpiexec():
+        return int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    return 0
+
+
+def init(backend_name: str | None = None) -> None:
+    """MindSpore's ``init()``: join the world; the context's `device_num` becomes its size and
+    `global_rank` this process's rank, so a script plans for the world it runs in.
+    `backend_name` (MindSpore's "hccl"/"nccl") is accepted and ignored: the runtime is MPI.
+
+    Example:
+        >>> from autostrat import get_auto_parallel_context, reset_auto_parallel_context
+        >>> os.environ["RANK_SIZE"] = "2"; init(); del os.environ["RANK_SIZE"]
+        >>> get_auto_parallel_context("device_num")
+        2
+        >>> reset_auto_parallel_context()
+    """
+    size = get_group_size()
+    set_auto_parallel_context(device_num=size, global_rank=get_rank())
