@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,44 @@ def test_search_with_shared_layers_says_what_it_merged(capsys):
 def test_an_impossible_budget_is_a_one_line_error(capsys):
     assert main(["search", "configs/mlp.yaml", "--max-device-memory", "1KB"]) == 2
     assert "autostrat: error: no plan fits max_device_memory = 1,024 bytes per device: the smallest achievable peak is" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and re.fullmatch(r"autostrat \d+\.\d+\.\d+\n", capsys.readouterr().out)
+
+
+def test_run_help_says_it_starts_mpiexec_and_documents_fault_injection(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "then start the ranks itself (mpiexec of the mpich wheel in this environment" in help_text
+    assert "--inject-fault RANK:KIND[:AT] make one rank fail on purpose" in help_text
+    assert "KIND is hang, kill, loop, raise" in help_text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "configs/ffn.yaml", "--steps", "0"], "argument --steps: expected a positive integer, got '0'"),
+    (["run", "configs/ffn.yaml", "--steps", "-2"], "argument --steps: expected a positive integer, got '-2'"),
+    (["run", "configs/ffn.yaml", "--timeout", "-1"], "argument --timeout: expected a positive number, got '-1'"),
+    (["run", "configs/ffn.yaml", "--stall-timeout", "0"], "argument --stall-timeout: expected a positive number, got '0'"),
+    (["run", "configs/ffn.yaml", "--timeout", "nan"], "argument --timeout: expected a positive number, got 'nan'"),
+    (["run", "configs/ffn.yaml", "--device-num", "0"], "argument --device-num: expected a positive integer, got '0'"),
+    (["search", "configs/ffn.yaml", "--time-limit", "0"], "argument --time-limit: expected a positive number, got '0'"),
+])
+def test_options_no_run_can_honour_are_usage_errors(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv + (["--run-dir", str(tmp_path / "run")] if argv[0] == "run" else []))
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_warnings_are_one_line_for_a_person(tmp_path):
+    config = tmp_path / "disagree.yaml"
+    config.write_text(Path("configs/ffn.yaml").read_text().replace(
+        "  dense1.matmul: [[2, 1], [1, 4]]\n", "  dense1.matmul: [[2, 1], [1, 4]]\n  dense1.bias_add: [[8, 1], [1]]\n"))
+    done = subprocess.run([sys.executable, "-m", "autostrat", "search", str(config)], capture_output=True, text=True, check=True)
+    assert done.stderr == ("autostrat: warning: seeds of dense1.matmul and dense1.bias_add disagree on dense1.matmul:0: "
+                           "a redistribution of 1536 bytes per device is inserted\n")
