@@ -199,7 +199,8 @@ def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None,
     """
     plan, values, batches = training_plan(cell, None, inputs, steps, seed, context, initial)
     if log is not None and get_rank() == 0:
-        log(f"{type(cell).__name__} on {plan.device_num} device{'s' if plan.device_num > 1 else ''}, {plan.mode}: the plan of one training step\n{plan.table()}")
+        devices = f"{plan.device_num} device{'s' if plan.device_num > 1 else ''}"
+        log(f"{type(cell).__name__} on {devices}, {plan.mode}: the plan of one training step\n{plan.table()}")
     if launched_by_mpiexec():
         from autostrat.runtime.mpi import MpiBackend
         result = train_collective(plan, MpiBackend(), values, batches, Progress(steps, log))
