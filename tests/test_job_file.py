@@ -17,7 +17,9 @@ import pytest
 from autostrat.errors import RuntimeBackendError
 from autostrat.frontend.run import RunOptions, prepare_run
 from autostrat.runtime import launcher
-from autostrat.runtime.job_file import ARRAYS, JOB_FOLDER, JOB_JSON, RECORDS, Record, encode, load_job, save_job
+from autostrat.runtime.job import Job
+from autostrat.runtime.job_file import (ARRAY_SECTIONS, ARRAYS, JOB_FIELDS, JOB_FOLDER, JOB_JSON, RECORDS, Record, encode,
+                                          load_job, save_job)
 from autostrat.runtime.program import Load
 from autostrat.runtime.rank import digest_argument
 
@@ -182,6 +184,7 @@ def test_the_schema_covers_every_field_of_its_records():
     for name, (cls, fields) in RECORDS.items():
         assert cls.__name__ == name
         assert [field.name for field in dataclasses.fields(cls)] == list(fields), name
+    assert {field.name for field in dataclasses.fields(Job)} == set(JOB_FIELDS) | set(ARRAY_SECTIONS)
 
 
 def test_no_pickle_in_the_package():

@@ -111,8 +111,8 @@ RECORDS = {
         "input_ranges": Many(_RANGES), "input_shapes": _SHAPES, "output_ranges": Many(_RANGES),
         "output_shapes": _SHAPES}),
 }
-_SECTIONS = {"values": _NAMES, "batches": Many(_NAMES), "expected": Many(_NAMES), "final": Nullable(_NAMES)}
-_FIELDS = {
+ARRAY_SECTIONS = {"values": _NAMES, "batches": Many(_NAMES), "expected": Many(_NAMES), "final": Nullable(_NAMES)}
+JOB_FIELDS = {
     "name": str, "device_num": int, "programs": Many(Record(("Program",))), "plan_table": str, "plan_bytes": int,
     "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
 }
@@ -131,9 +131,11 @@ def save_job(job: Job, run_dir) -> str:
         >>> len(digest), load_job(run_dir, digest).programs == job.programs
         (64, True)
     """
+    fields = {field.name for field in dataclasses.fields(Job)}
+    assert fields == set(JOB_FIELDS) | set(ARRAY_SECTIONS), f"the job schema is out of date: {sorted(fields)}"
     arrays = checkpoint_bytes(_flat_arrays(job))
     document = {"format": FORMAT, "version": VERSION, "files": [ARRAYS, _sha256(arrays)], "arrays": _array_names(job)}
-    document |= {field: encode(getattr(job, field), form, field) for field, form in _FIELDS.items()}
+    document |= {field: encode(getattr(job, field), form, field) for field, form in JOB_FIELDS.items()}
     text = (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
     folder = Path(run_dir) / JOB_FOLDER
     write_atomically(folder / ARRAYS, arrays)
@@ -155,9 +157,10 @@ def load_job(run_dir, digest: str) -> Job:
     text = _verified(folder / JOB_JSON, digest, "the digest the launcher gave")
     document = _parse(folder / JOB_JSON, text)
     data = _verified(folder / ARRAYS, document["files"][1], f"the digest in {JOB_JSON}")
-    sections = {key: decode(document["arrays"][key], form, f"{where}: arrays.{key}") for key, form in _SECTIONS.items()}
+    sections = {key: decode(document["arrays"][key], form, f"{where}: arrays.{key}")
+                for key, form in ARRAY_SECTIONS.items()}
     arrays = _read_arrays(folder / ARRAYS, data, _array_keys(sections, where))
-    fields = {field: decode(document[field], form, f"{where}: {field}") for field, form in _FIELDS.items()}
+    fields = {field: decode(document[field], form, f"{where}: {field}") for field, form in JOB_FIELDS.items()}
 
     def section(prefix: str, names) -> dict:
         return {name: arrays[f"{prefix}/{name}"] for name in names}
@@ -173,7 +176,8 @@ def _sha256(data: bytes) -> str:
 
 
 def _sections(job: Job) -> dict:
-    """The job's arrays by their key prefix in the npz (``values``, ``batches/0``...)."""
+    """The job's arrays by their key prefix in the npz (``values``, ``batches/0``...), in the
+    order of `ARRAY_SECTIONS`."""
     parts = {"values": job.values}
     parts |= {f"batches/{i}": batch for i, batch in enumerate(job.batches)}
     parts |= {f"expected/{i}": outputs for i, outputs in enumerate(job.expected)}
@@ -239,17 +243,17 @@ def _parse(path: Path, text: bytes) -> dict:
         document = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RuntimeBackendError(f"job file {path}: not valid JSON: {error}") from None
-    if not isinstance(document, dict) or set(document) != set(_HEADER) | set(_FIELDS):
+    if not isinstance(document, dict) or set(document) != set(_HEADER) | set(JOB_FIELDS):
         got = sorted(document) if isinstance(document, dict) else type(document).__name__
-        raise RuntimeBackendError(f"job file {path}: expected the keys {sorted(set(_HEADER) | set(_FIELDS))}, got {got}")
+        raise RuntimeBackendError(f"job file {path}: expected the keys {sorted(set(_HEADER) | set(JOB_FIELDS))}, got {got}")
     decode(document["format"], _HEADER["format"], f"{path}: format")
     if type(document["version"]) is not int or document["version"] != VERSION:
         raise RuntimeBackendError(f"job file {path}: expected format version {VERSION}, got {document['version']!r}")
     name, _ = decode(document["files"], _HEADER["files"], f"{path}: files")
     if name != ARRAYS:
         raise RuntimeBackendError(f"job file {path}: files: expected the digest of {ARRAYS}, got one of {name!r}")
-    if not isinstance(document["arrays"], dict) or set(document["arrays"]) != set(_SECTIONS):
-        raise RuntimeBackendError(f"job file {path}: arrays: expected an object with the keys {sorted(_SECTIONS)}")
+    if not isinstance(document["arrays"], dict) or set(document["arrays"]) != set(ARRAY_SECTIONS):
+        raise RuntimeBackendError(f"job file {path}: arrays: expected an object with the keys {sorted(ARRAY_SECTIONS)}")
     return document
 
 
@@ -304,8 +308,9 @@ def encode(value, form, where: str):
     """
     if form is ATTRIBUTE and isinstance(value, tuple):
         return [encode(item, ATTRIBUTE, f"{where}[{i}]") for i, item in enumerate(value)]
-    if isinstance(form, Record) and type(value).__name__ in form.names and RECORDS[type(value).__name__][0] is type(value):
-        cls, fields = _fields_of(type(value).__name__, where)
+    name = type(value).__name__
+    if isinstance(form, Record) and name in form.names and RECORDS[name][0] is type(value):
+        cls, fields = _fields_of(name, where)
         return {"type": cls.__name__} | {key: encode(getattr(value, key), f, f"{where}.{key}") for key, f in fields.items()}
     if isinstance(form, (Many, Fixed)) and isinstance(value, tuple) and (isinstance(form, Many) or len(value) == len(form.items)):
         forms = [form.item] * len(value) if isinstance(form, Many) else form.items
@@ -329,7 +334,8 @@ def decode(data, form, where: str):
     if isinstance(form, Record) and isinstance(data, dict) and data.get("type") in form.names:
         cls, fields = _fields_of(data["type"], where)
         if set(data) != {"type"} | set(fields):
-            raise RuntimeBackendError(f"{where}: expected the fields {sorted(fields)} of {cls.__name__}, got {sorted(set(data) - {'type'})}")
+            raise RuntimeBackendError(f"{where}: expected the fields {sorted(fields)} of {cls.__name__}, "
+                                      f"got {sorted(set(data) - {'type'})}")
         values = {key: decode(data[key], f, f"{where}.{key}") for key, f in fields.items()}
         try:
             return cls(**values)
