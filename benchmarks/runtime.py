@@ -19,7 +19,7 @@ import time
 from mpi_runs import ROOT, mpi_run  # first: it puts the repository on sys.path
 
 from autostrat.frontend.run import RunOptions, prepare_run
-from autostrat.runtime.job import save_job
+from autostrat.runtime.job_file import save_job
 from autostrat.runtime.local import run_job_locally
 from autostrat.tables import format_table
 

@@ -94,11 +94,11 @@ def test_the_global_timeout_kills_everything(tmp_path):
 
 def test_too_few_ranks_fail_before_any_collective(tmp_path):
     from autostrat.frontend.run import RunOptions, prepare_run
-    from autostrat.runtime.job import save_job
+    from autostrat.runtime.job_file import save_job
 
     job, _, _ = prepare_run(ROOT / "configs/ffn.yaml", RunOptions(steps=1))
-    save_job(job, tmp_path)
-    result = launcher.launch(tmp_path, 4, timeout=60)
+    digest = save_job(job, tmp_path)
+    result = launcher.launch(tmp_path, 4, timeout=60, digest=digest)
     assert result.returncode != 0
     assert "is for device_num 8 but 4 ranks are running" in result.message
 

@@ -21,7 +21,8 @@ from autostrat.frontend.config import load_config
 from autostrat.frontend.tracing import trace
 from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.layout import Strategy
-from autostrat.runtime.job import Fault, make_job, save_job
+from autostrat.runtime.job import Fault, make_job
+from autostrat.runtime.job_file import save_job
 from autostrat.runtime.launcher import launch
 from autostrat.runtime.local import run_job_locally
 from autostrat.runtime.rank_table import load_rank_table
@@ -148,10 +149,11 @@ def run_config(config_path, options: RunOptions) -> tuple[int, str]:
         check = run_job_locally(job)
         return (0 if check.ok else 4), "\n".join(notes + [check.text])
     run_dir = Path(options.run_dir) if options.run_dir else _new_run_dir()
-    save_job(job, run_dir)
+    digest = save_job(job, run_dir)
     for note in notes:
         print(note, flush=True)
-    result = launch(run_dir, job.device_num, table.hosts() if table else None, options.timeout, options.stall_timeout)
+    result = launch(run_dir, job.device_num, table.hosts() if table else None, options.timeout, options.stall_timeout,
+                    digest=digest)
     footer = f"run directory: {run_dir} (rank logs in rank_<i>/log), {result.seconds:.1f} s"
     return result.returncode, "\n".join([result.message, footer] if result.message else [footer])
 

@@ -1,29 +1,27 @@
 """A job: everything the ranks of one run need, made once by the launcher and read by every rank.
 
 The launcher searches the plan, lowers it, draws the random batches and computes the
-single-device reference, then writes the job to ``RUN_DIR/job.pkl``. Ranks only read it, so a
-rank imports neither the search nor the front end, and all ranks run the very same program.
-Across hosts the run directory must be on a filesystem every host sees.
+single-device reference, then writes the job as data (`job_file.save_job`: JSON and ``.npz``
+in ``RUN_DIR/job/``, no pickle) and gives every rank its digest. Ranks only read it
+(`job_file.load_job`, after checking the digest), so a rank imports neither the search nor the
+front end, and all ranks run the very same program. Across hosts the run directory must be on
+a filesystem every host sees.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from autostrat.errors import RuntimeBackendError
-from autostrat.io import write_atomically
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.report import output_errors, rank_summary
 
 FAULTS = ("hang", "kill", "loop", "raise")
-JOB_FILE = "job.pkl"
 
 
 @dataclass(frozen=True)
@@ -96,21 +94,6 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     single = (time.perf_counter() - started) / max(steps, 1)
     return Job(name or plan.graph.name, plan.device_num, programs, values, batches, expected,
                plan.table(), plan.total_bytes, single, stall_timeout, fault, final or None)
-
-
-def save_job(job: Job, run_dir) -> Path:
-    path = Path(run_dir) / JOB_FILE
-    write_atomically(path, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
-    return path
-
-
-def load_job(run_dir) -> Job:
-    """The job of `run_dir` (a pickle written by `save_job`)."""
-    path = Path(run_dir) / JOB_FILE
-    try:
-        return pickle.loads(path.read_bytes())
-    except OSError as error:
-        raise RuntimeBackendError(f"cannot read the job {path}: {error.strerror or error}") from None
 
 
 def own_slices(program: Program, whole: dict) -> dict:

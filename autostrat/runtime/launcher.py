@@ -1,7 +1,8 @@
 """Start a job's ranks with the ``mpiexec`` of the `mpich` wheel, and make sure they all end.
 
-The launcher runs ``mpiexec -n N python -m mpi4py -m autostrat.runtime.rank RUN_DIR``
-(``python -m mpi4py`` aborts the job when a rank dies of an unhandled exception). It gives
+The launcher runs ``mpiexec -n N python -m mpi4py -m autostrat.runtime.rank RUN_DIR --digest HEX``
+(``python -m mpi4py`` aborts the job when a rank dies of an unhandled exception; HEX is the
+job's digest, which every rank checks the job's files against). It gives
 mpiexec a host file made from the rank table, when there is one, and enforces a global time
 limit on top of the ranks' own watchdogs: past it, the whole process group and every recorded
 rank process are killed. Afterwards it names the failing rank from the ranks' one-line
@@ -68,18 +69,25 @@ def mpi_environment(device_num: int, hosts=None) -> dict[str, str]:
     return env
 
 
-def mpiexec_command(mpiexec: Path, device_num: int, run_dir: Path, hostfile: Path | None = None, entry=None) -> list[str]:
+def mpiexec_command(mpiexec: Path, device_num: int, run_dir: Path, hostfile: Path | None = None, entry=None,
+                    digest: str | None = None) -> list[str]:
     """The command line that starts every rank of the job in `run_dir`; `entry` replaces what
-    each rank runs after ``python -m mpi4py`` (default: ``-m autostrat.runtime.rank RUN_DIR``)."""
+    each rank runs after ``python -m mpi4py`` (default: ``-m autostrat.runtime.rank RUN_DIR``,
+    followed by ``--digest HEX`` when the job's `digest` is given)."""
     hosts = ["-f", str(hostfile)] if hostfile else []
-    rank = [sys.executable, "-m", "mpi4py", *(entry or ("-m", "autostrat.runtime.rank", str(run_dir)))]
+    runner = ("-m", "autostrat.runtime.rank", str(run_dir), *(("--digest", digest) if digest else ()))
+    rank = [sys.executable, "-m", "mpi4py", *(entry or runner)]
     return [str(mpiexec), *hosts, "-n", str(device_num), *rank]
 
 
-def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_timeout: float = 10.0, entry=None) -> LaunchResult:
+def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_timeout: float = 10.0, entry=None,
+           digest: str | None = None) -> LaunchResult:
     """Run the job saved in `run_dir` on `device_num` MPI ranks; never hangs past `timeout`.
-    Another rank program (`entry`, see `mpiexec_command`) is watched the same way if each rank
-    records its process id with `rank.redirect_output`."""
+    `digest` is the job's (what `job_file.save_job` returned); the ranks refuse a job whose files
+    do not match it. Another rank program (`entry`, see `mpiexec_command`) is watched the same
+    way if each rank records its process id with `rank.redirect_output`."""
+    if entry is None and digest is None:
+        raise RuntimeBackendError("launch: expected the job's digest (the value save_job returned), got none")
     run_dir = Path(run_dir).resolve()
     mpiexec = find_mpiexec()
     write_atomically(run_dir / "stall_timeout", f"{stall_timeout}\n")
@@ -87,7 +95,7 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
     if hosts:
         hostfile = run_dir / "hostfile"
         write_atomically(hostfile, hostfile_text(hosts))
-    command = mpiexec_command(mpiexec, device_num, run_dir, hostfile, entry)
+    command = mpiexec_command(mpiexec, device_num, run_dir, hostfile, entry, digest)
     write_atomically(run_dir / "command", " ".join(command) + "\n")
     env = mpi_environment(device_num, hosts) | {"MPIEXEC_TIMEOUT": str(int(timeout) + 5)}
     started = time.monotonic()

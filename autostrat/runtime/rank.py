@@ -1,4 +1,7 @@
-"""The rank entry point: ``mpiexec -n N python -m mpi4py -m autostrat.runtime.rank RUN_DIR``.
+"""The rank entry point: ``mpiexec -n N python -m mpi4py -m autostrat.runtime.rank RUN_DIR --digest HEX``.
+
+HEX is the job's digest (`job_file.save_job`'s return value): a rank checks the job's files
+against it before it uses any of them, and a changed job fails like any other rank error.
 
 Each rank writes everything it prints to ``RUN_DIR/rank_<i>/log`` (like MindSpore's
 ``device<i>/train.log<i>``) and its process id to ``rank_<i>/pid``; only rank 0's report and
@@ -14,8 +17,10 @@ import sys
 import traceback
 from pathlib import Path
 
+from autostrat.errors import RuntimeBackendError
 from autostrat.io import write_atomically
-from autostrat.runtime.job import load_job, run_steps
+from autostrat.runtime.job import run_steps
+from autostrat.runtime.job_file import load_job
 from autostrat.runtime.program import Communicate
 from autostrat.runtime.report import format_report
 from autostrat.runtime.watchdog import Watchdog, say
@@ -58,9 +63,10 @@ def _hook(program, watchdog: Watchdog, fault, backend):
     return on_instruction
 
 
-def run_rank(run_dir: Path, backend, watchdog: Watchdog, terminal_out: int) -> bool:
-    """Run every step of the job on this rank; rank 0 prints and saves the report."""
-    job = load_job(run_dir)
+def run_rank(run_dir: Path, digest: str, backend, watchdog: Watchdog, terminal_out: int) -> bool:
+    """Run every step of the job on this rank (once its files match `digest`); rank 0 prints
+    and saves the report."""
+    job = load_job(run_dir, digest)
     hook = _hook(job.programs[backend.rank], watchdog, job.fault, backend) if backend.device_num == job.device_num else None
     summaries = run_steps(job, backend, hook, lambda: watchdog.progress("gathering the report", collective=True), _log)
     if summaries is None:
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rank {backend.rank} of {backend.device_num}: pid {os.getpid()}", flush=True)
     watchdog = Watchdog(backend.rank, _stall_limit(run_dir), lambda: backend.abort(3), fd=terminal_err)
     try:
-        ok = run_rank(run_dir, backend, watchdog, terminal_out)
+        ok = run_rank(run_dir, digest_argument(argv), backend, watchdog, terminal_out)
     except BaseException as error:  # noqa: BLE001  (any failure must end the whole job)
         traceback.print_exc()
         say(terminal_err, f"rank {backend.rank}: {type(error).__name__}: {error}")
@@ -99,6 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     watchdog.stop()
     return 0 if ok else 4
+
+
+def digest_argument(argv: list[str]) -> str:
+    """The job's digest from the arguments ``RUN_DIR --digest HEX``.
+
+    Example:
+        >>> digest_argument(["runs/x", "--digest", "ab" * 32]) == "ab" * 32
+        True
+    """
+    if len(argv) != 3 or argv[1] != "--digest":
+        raise RuntimeBackendError(f"expected the arguments RUN_DIR --digest HEX (the job's digest), got {' '.join(argv)}")
+    return argv[2]
 
 
 def _stall_limit(run_dir: Path) -> float:

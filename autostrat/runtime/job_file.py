@@ -1,0 +1,361 @@
+"""A job on disk as data, never pickle: `save_job` writes it, `load_job` checks and reads it.
+
+``RUN_DIR/job/`` holds exactly two files, so that whoever can write to a shared run directory
+can at worst make a job fail, never run code on the ranks' hosts:
+
+- ``arrays.npz``: every array of the job (initial values, batches, expected outputs, final
+  state), written by `checkpoint.checkpoint_bytes` (sorted names, fixed zip timestamps, no
+  pickle) and read with ``allow_pickle=False``, under the keys ``values/NAME``,
+  ``batches/STEP/NAME``, ``expected/STEP/NAME`` and ``final/NAME``.
+- ``job.json`` (schema version 1): ``format``, ``version``, ``files`` (the SHA-256 of
+  ``arrays.npz``), ``arrays`` (per section the names in order: ``values``, ``batches`` and
+  ``expected`` one list per step, ``final`` or null), and the job's other fields: ``name``,
+  ``device_num``, ``plan_table``, ``plan_bytes``, ``single_seconds``, ``stall_timeout``,
+  ``fault`` and ``programs``. A record (a program, an instruction, a slice context, a fault) is
+  an object ``{"type": NAME, FIELD: VALUE...}``; tuples are lists. Records are rebuilt only
+  from `RECORDS`, the allow-list of types with the form of every field, so nothing in the file
+  names code, and every value is checked before a constructor sees it.
+
+The job's digest is the SHA-256 of ``job.json``, which holds that of ``arrays.npz``: one value,
+given to every rank on its command line by the launcher, covers both files. The same job gives
+the same bytes, hence the same digest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from autostrat.errors import RuntimeBackendError
+from autostrat.io import write_atomically
+from autostrat.layout import SliceContext
+from autostrat.runtime.checkpoint import checkpoint_bytes
+from autostrat.runtime.job import FAULTS, Fault, Job
+from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program
+
+FORMAT = "autostrat job"
+VERSION = 1
+JOB_FOLDER = "job"
+JOB_JSON = "job.json"
+ARRAYS = "arrays.npz"
+JOB_FILES = (ARRAYS, JOB_JSON)
+KINDS = ("AllGather", "AllReduce", "AllToAll", "ReduceScatter", "Sendrecv", "Slice")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Many:
+    """A tuple of any length, every item of form `item`."""
+
+    item: object
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A tuple of exactly these forms, in order."""
+
+    items: tuple
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """A string among `choices`."""
+
+    choices: tuple
+
+
+@dataclass(frozen=True)
+class Nullable:
+    """None or a value of form `item`."""
+
+    item: object
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record of one of the `RECORDS` types named in `names`."""
+
+    names: tuple
+
+
+ATTRIBUTE = "attribute"  # an op attribute: None, a bool, number or string, or a tuple of those
+_RANGES = Many(Fixed((int, int)))
+_SHAPES = Many(Many(int))
+_NAMES = Many(str)
+_NAME_PAIRS = Many(Fixed((str, str)))
+
+RECORDS = {
+    "Communicate": (Communicate, {
+        "kind": OneOf(KINDS), "source": str, "target": str, "group": Many(int), "dims": Many(int),
+        "chunks": Many(int), "reduce_op": str, "peers": Fixed((int, int)), "predicted": int, "edge": str,
+        "phase": OneOf(PHASES)}),
+    "Compute": (Compute, {
+        "op": str, "op_type": str, "inputs": _NAMES, "outputs": _NAMES, "attrs": Many(Fixed((str, ATTRIBUTE))),
+        "context": Record(("SliceContext",))}),
+    "Fault": (Fault, {"rank": int, "kind": OneOf(FAULTS), "at": int}),
+    "Load": (Load, {"tensor": str, "ranges": _RANGES}),
+    "Program": (Program, {
+        "rank": int, "device_num": int, "partitions": Many(Many(Many(int))),
+        "instructions": Many(Record(("Communicate", "Compute", "Load"))), "inputs": _NAMES, "outputs": _NAME_PAIRS,
+        "updates": _NAME_PAIRS}),
+    "SliceContext": (SliceContext, {
+        "input_ranges": Many(_RANGES), "input_shapes": _SHAPES, "output_ranges": Many(_RANGES),
+        "output_shapes": _SHAPES}),
+}
+ARRAY_SECTIONS = {"values": _NAMES, "batches": Many(_NAMES), "expected": Many(_NAMES), "final": Nullable(_NAMES)}
+JOB_FIELDS = {
+    "name": str, "device_num": int, "programs": Many(Record(("Program",))), "plan_table": str, "plan_bytes": int,
+    "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
+}
+_HEADER = {"format": OneOf((FORMAT,)), "version": int, "files": Fixed((str, str)), "arrays": None}
+
+
+def save_job(job: Job, run_dir) -> str:
+    """Write `job` to ``run_dir/job/`` and return its digest (what `load_job` requires).
+
+    Example:
+        >>> import tempfile
+        >>> from autostrat.frontend.run import RunOptions, prepare_run
+        >>> job, _, _ = prepare_run("configs/ffn.yaml", RunOptions(steps=1))
+        >>> run_dir = tempfile.mkdtemp()
+        >>> digest = save_job(job, run_dir)
+        >>> len(digest), load_job(run_dir, digest).programs == job.programs
+        (64, True)
+    """
+    fields = {field.name for field in dataclasses.fields(Job)}
+    assert fields == set(JOB_FIELDS) | set(ARRAY_SECTIONS), f"the job schema is out of date: {sorted(fields)}"
+    arrays = checkpoint_bytes(_flat_arrays(job))
+    document = {"format": FORMAT, "version": VERSION, "files": [ARRAYS, _sha256(arrays)], "arrays": _array_names(job)}
+    document |= {field: encode(getattr(job, field), form, field) for field, form in JOB_FIELDS.items()}
+    text = (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
+    folder = Path(run_dir) / JOB_FOLDER
+    write_atomically(folder / ARRAYS, arrays)
+    write_atomically(folder / JOB_JSON, text)
+    return _sha256(text)
+
+
+def load_job(run_dir, digest: str) -> Job:
+    """The job `save_job` wrote to ``run_dir/job/``, after checking its files against `digest`
+    (a missing, extra, changed or malformed file is a `RuntimeBackendError` naming it).
+
+    Example: see `save_job`.
+    """
+    folder = Path(run_dir) / JOB_FOLDER
+    where = str(folder / JOB_JSON)
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise RuntimeBackendError(f"job {folder}: expected its digest as 64 lowercase hex digits (SHA-256), got {digest!r}")
+    _check_listing(folder)
+    text = _verified(folder / JOB_JSON, digest, "the digest the launcher gave")
+    document = _parse(folder / JOB_JSON, text)
+    data = _verified(folder / ARRAYS, document["files"][1], f"the digest in {JOB_JSON}")
+    sections = {key: decode(document["arrays"][key], form, f"{where}: arrays.{key}")
+                for key, form in ARRAY_SECTIONS.items()}
+    arrays = _read_arrays(folder / ARRAYS, data, _array_keys(sections, where))
+    fields = {field: decode(document[field], form, f"{where}: {field}") for field, form in JOB_FIELDS.items()}
+
+    def section(prefix: str, names) -> dict:
+        return {name: arrays[f"{prefix}/{name}"] for name in names}
+
+    return Job(**fields, values=section("values", sections["values"]),
+               batches=tuple(section(f"batches/{i}", names) for i, names in enumerate(sections["batches"])),
+               expected=tuple(section(f"expected/{i}", names) for i, names in enumerate(sections["expected"])),
+               final=None if sections["final"] is None else section("final", sections["final"]))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sections(job: Job) -> dict:
+    """The job's arrays by their key prefix in the npz (``values``, ``batches/0``...), in the
+    order of `ARRAY_SECTIONS`."""
+    parts = {"values": job.values}
+    parts |= {f"batches/{i}": batch for i, batch in enumerate(job.batches)}
+    parts |= {f"expected/{i}": outputs for i, outputs in enumerate(job.expected)}
+    return parts | ({} if job.final is None else {"final": job.final})
+
+
+def _flat_arrays(job: Job) -> dict:
+    flat = {}
+    for section, arrays in _sections(job).items():
+        for name, array in arrays.items():
+            if not isinstance(name, str) or not isinstance(array, np.ndarray):
+                raise RuntimeBackendError(f"cannot store the job: {section} {name!r}: expected a named numpy array, "
+                                          f"got {type(array).__name__}")
+            flat[f"{section}/{name}"] = array
+    return flat
+
+
+def _array_names(job: Job) -> dict:
+    return {"values": list(job.values), "batches": [list(b) for b in job.batches],
+            "expected": [list(e) for e in job.expected], "final": None if job.final is None else list(job.final)}
+
+
+def _array_keys(sections: dict, where: str) -> list[str]:
+    """Every key the npz must hold; a name listed twice in one section is malformed."""
+    lists = {"values": sections["values"], "final": sections["final"] or ()}
+    lists |= {f"batches/{i}": names for i, names in enumerate(sections["batches"])}
+    lists |= {f"expected/{i}": names for i, names in enumerate(sections["expected"])}
+    keys = []
+    for section, names in lists.items():
+        if len(set(names)) != len(names):
+            raise RuntimeBackendError(f"{where}: arrays.{section}: expected distinct names, got {list(names)}")
+        keys += [f"{section}/{name}" for name in names]
+    return keys
+
+
+def _check_listing(folder: Path) -> None:
+    try:
+        present = sorted(os.listdir(folder))
+    except OSError as error:
+        raise RuntimeBackendError(f"cannot read the job folder {folder}: {error.strerror or error}") from None
+    missing = [name for name in JOB_FILES if name not in present]
+    extra = [name for name in present if name not in JOB_FILES]
+    if missing or extra:
+        raise RuntimeBackendError(f"job folder {folder}: expected exactly the files {', '.join(JOB_FILES)}; "
+                                  + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
+                                              + [f"unexpected {', '.join(extra)}"] * bool(extra)))
+
+
+def _verified(path: Path, digest: str, source: str) -> bytes:
+    """The bytes of `path`, after checking their SHA-256 against `digest` (named by `source`)."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RuntimeBackendError(f"cannot read the job file {path}: {error.strerror or error}") from None
+    if _sha256(data) != digest:
+        raise RuntimeBackendError(f"job file {path}: expected SHA-256 {digest} ({source}), got {_sha256(data)}; "
+                                  "the file changed after the job was saved")
+    return data
+
+
+def _parse(path: Path, text: bytes) -> dict:
+    try:
+        document = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RuntimeBackendError(f"job file {path}: not valid JSON: {error}") from None
+    if not isinstance(document, dict) or set(document) != set(_HEADER) | set(JOB_FIELDS):
+        got = sorted(document) if isinstance(document, dict) else type(document).__name__
+        raise RuntimeBackendError(f"job file {path}: expected the keys {sorted(set(_HEADER) | set(JOB_FIELDS))}, got {got}")
+    decode(document["format"], _HEADER["format"], f"{path}: format")
+    if type(document["version"]) is not int or document["version"] != VERSION:
+        raise RuntimeBackendError(f"job file {path}: expected format version {VERSION}, got {document['version']!r}")
+    name, _ = decode(document["files"], _HEADER["files"], f"{path}: files")
+    if name != ARRAYS:
+        raise RuntimeBackendError(f"job file {path}: files: expected the digest of {ARRAYS}, got one of {name!r}")
+    if not isinstance(document["arrays"], dict) or set(document["arrays"]) != set(ARRAY_SECTIONS):
+        raise RuntimeBackendError(f"job file {path}: arrays: expected an object with the keys {sorted(ARRAY_SECTIONS)}")
+    return document
+
+
+def _read_arrays(path: Path, data: bytes, keys: list[str]) -> dict[str, np.ndarray]:
+    if not zipfile.is_zipfile(io.BytesIO(data)):  # np.load would also take a .npy or a pickle
+        raise RuntimeBackendError(f"job file {path}: expected a numpy .npz archive")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            members = archive.files
+            missing, extra = sorted(set(keys) - set(members)), sorted(set(members) - set(keys))
+            if missing or extra:
+                raise RuntimeBackendError(f"job file {path}: expected the arrays {JOB_JSON} lists; missing {missing}, "
+                                          f"unexpected {extra}")
+            arrays = {key: archive[key] for key in keys}
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as error:
+        raise RuntimeBackendError(f"job file {path}: not a readable .npz of numeric arrays: {error}") from None
+    wrong = [key for key, array in arrays.items() if not isinstance(array, np.ndarray)]
+    if wrong:
+        raise RuntimeBackendError(f"job file {path}: expected .npy arrays, got other members {wrong}")
+    return arrays
+
+
+def _describe(form) -> str:
+    if form in (int, float, str):
+        return {int: "an integer", float: "a number", str: "a string"}[form]
+    if isinstance(form, Many):
+        return f"a list of {_describe(form.item)}"
+    if isinstance(form, Fixed):
+        return f"a list of {len(form.items)} ({', '.join(_describe(item) for item in form.items)})"
+    if isinstance(form, OneOf):
+        return f"one of {list(form.choices)}"
+    if isinstance(form, Nullable):
+        return f"null or {_describe(form.item)}"
+    if isinstance(form, Record):
+        return f"a {' or '.join(form.names)} record"
+    return "null, a boolean, number or string, or a list of those"
+
+
+def _fields_of(name: str, where: str) -> tuple[type, dict]:
+    cls, fields = RECORDS[name]
+    declared = [field.name for field in dataclasses.fields(cls)]
+    assert sorted(declared) == sorted(fields), f"{where}: the job schema of {name} is out of date: {declared}"
+    return cls, fields
+
+
+def encode(value, form, where: str):
+    """`value` as JSON data of form `form`; a value of another form is a `RuntimeBackendError`.
+
+    Example:
+        >>> encode(Load("x", ((0, 4), (0, 8))), Record(("Load",)), "instruction")
+        {'type': 'Load', 'tensor': 'x', 'ranges': [[0, 4], [0, 8]]}
+    """
+    if form is ATTRIBUTE and isinstance(value, tuple):
+        return [encode(item, ATTRIBUTE, f"{where}[{i}]") for i, item in enumerate(value)]
+    name = type(value).__name__
+    if isinstance(form, Record) and name in form.names and RECORDS[name][0] is type(value):
+        cls, fields = _fields_of(name, where)
+        return {"type": cls.__name__} | {key: encode(getattr(value, key), f, f"{where}.{key}") for key, f in fields.items()}
+    if isinstance(form, (Many, Fixed)) and isinstance(value, tuple) and (isinstance(form, Many) or len(value) == len(form.items)):
+        forms = [form.item] * len(value) if isinstance(form, Many) else form.items
+        return [encode(item, f, f"{where}[{i}]") for i, (item, f) in enumerate(zip(value, forms))]
+    if isinstance(form, Nullable):
+        return None if value is None else encode(value, form.item, where)
+    if _scalar_fits(value, form):
+        return float(value) if form is float else value
+    raise RuntimeBackendError(f"cannot store the job: {where}: expected {_describe(form)}, got {value!r}")
+
+
+def decode(data, form, where: str):
+    """The value of form `form` that `encode` wrote as `data`, every part checked.
+
+    Example:
+        >>> decode({"type": "Load", "tensor": "x", "ranges": [[0, 4]]}, Record(("Load",)), "instruction")
+        Load(tensor='x', ranges=((0, 4),))
+    """
+    if form is ATTRIBUTE and isinstance(data, list):
+        return tuple(decode(item, ATTRIBUTE, f"{where}[{i}]") for i, item in enumerate(data))
+    if isinstance(form, Record) and isinstance(data, dict) and data.get("type") in form.names:
+        cls, fields = _fields_of(data["type"], where)
+        if set(data) != {"type"} | set(fields):
+            raise RuntimeBackendError(f"{where}: expected the fields {sorted(fields)} of {cls.__name__}, "
+                                      f"got {sorted(set(data) - {'type'})}")
+        values = {key: decode(data[key], f, f"{where}.{key}") for key, f in fields.items()}
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as error:
+            raise RuntimeBackendError(f"{where}: not a valid {cls.__name__}: {error}") from None
+    if isinstance(form, (Many, Fixed)) and isinstance(data, list) and (isinstance(form, Many) or len(data) == len(form.items)):
+        forms = [form.item] * len(data) if isinstance(form, Many) else form.items
+        return tuple(decode(item, f, f"{where}[{i}]") for i, (item, f) in enumerate(zip(data, forms)))
+    if isinstance(form, Nullable):
+        return None if data is None else decode(data, form.item, where)
+    if _scalar_fits(data, form) and (form is not float or isinstance(data, float)):
+        return data
+    raise RuntimeBackendError(f"{where}: expected {_describe(form)}, got {json.dumps(data)[:80]}")
+
+
+def _scalar_fits(value, form) -> bool:
+    if form is ATTRIBUTE:
+        return value is None or type(value) in (bool, int, float, str)
+    if isinstance(form, OneOf):
+        return isinstance(value, str) and value in form.choices
+    if form is float:
+        return type(value) in (int, float)
+    return form in (int, str) and type(value) is form
