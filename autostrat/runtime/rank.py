@@ -21,12 +21,19 @@ from autostrat.runtime.report import format_report
 from autostrat.runtime.watchdog import Watchdog, say
 
 
-def redirect_output(run_dir: Path, rank: int) -> tuple[int, int]:
-    """Send this process's stdout and stderr to ``rank_<rank>/log``; return copies of the
-    original descriptors (the terminal, through mpiexec) for the lines meant for the user."""
+def record_pid(run_dir: Path, rank: int) -> Path:
+    """Write this process's id to ``rank_<rank>/pid`` (the launcher's sign that the rank
+    started, and how it finds the process); returns the rank's folder."""
     folder = run_dir / f"rank_{rank}"
     folder.mkdir(parents=True, exist_ok=True)
     write_atomically(folder / "pid", f"{os.getpid()}\n")
+    return folder
+
+
+def redirect_output(run_dir: Path, rank: int) -> tuple[int, int]:
+    """Send this process's stdout and stderr to ``rank_<rank>/log``; return copies of the
+    original descriptors (the terminal, through mpiexec) for the lines meant for the user."""
+    folder = record_pid(run_dir, rank)
     terminal_out, terminal_err = os.dup(1), os.dup(2)
     log = os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush(), sys.stderr.flush()
@@ -83,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     # still sees which rank died first when ranks outnumber cores (measured: with two CPU hogs
     # running, the killed rank was misnamed in 3 of 5 runs at equal priority).
     os.nice(5)
+    if os.environ.get("PMI_RANK", "").isdigit():
+        # Before MPI starts: MPI_Init waits for every host, and the launcher tells the hosts that
+        # never started their ranks from those that did by these files.
+        record_pid(run_dir, int(os.environ["PMI_RANK"]))
     from autostrat.runtime.mpi import MpiBackend
 
     backend = MpiBackend()

@@ -1,0 +1,94 @@
+"""Faults of the cluster rather than of a rank's program: a rank table naming a host that has no
+address or cannot be reached.
+
+No test sends anything off this machine: hosts that must not resolve are under ``.invalid``,
+and a host that resolves but cannot be reached is a loopback address reached through a fake
+``ssh`` (hydra's ``HYDRA_LAUNCHER_EXEC``) that fails or hangs the way ssh does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autostrat.runtime.launcher import alive, rank_pids
+from tests.test_mpi import run
+
+
+def rank_table(path: Path, hosts: list[str], device_num: int = 8) -> Path:
+    """A rank table spreading `device_num` devices evenly over `hosts`."""
+    per_host = device_num // len(hosts)
+    path.write_text(json.dumps({
+        "version": "1.0", "server_count": str(len(hosts)), "status": "completed",
+        "server_list": [
+            {"server_id": host, "host_nic_ip": "reserve", "device": [
+                {"device_id": str(d), "device_ip": f"192.1.27.{d}", "rank_id": str(per_host * s + d)} for d in range(per_host)]}
+            for s, host in enumerate(hosts)
+        ],
+    }))
+    return path
+
+
+def fake_ssh(tmp_path: Path, body: str) -> dict[str, str]:
+    """The environment making hydra start remote proxies with a script instead of ssh; the
+    script appends its pid (and its children's) to ``ssh_pids``."""
+    script = tmp_path / "ssh"
+    script.write_text(f"#!/bin/sh\necho $$ >> {tmp_path}/ssh_pids\n{body}\n")
+    script.chmod(0o755)
+    return {"HYDRA_LAUNCHER_EXEC": str(script)}
+
+
+def assert_no_process_left(tmp_path: Path, run_dir: Path, device_num: int) -> None:
+    """No rank, no (fake) ssh nor its child, nor any process naming the run, is still alive
+    (a zombie counts: nobody would ever reap it)."""
+    pids = list(rank_pids(run_dir, device_num).values())
+    ssh_pids = tmp_path / "ssh_pids"
+    pids += [int(pid) for pid in ssh_pids.read_text().split()] if ssh_pids.exists() else []
+    assert not [pid for pid in pids if alive(pid)], f"processes of the job still alive: {pids}"
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not leftover, f"processes of the run still alive: {leftover}"
+
+
+@pytest.mark.parametrize("hosts,entry", [(["127.0.0.1", "node1.invalid"], 1), (["node0.invalid", "node1.invalid"], 0)],
+                         ids=["second", "all"])
+def test_a_host_without_address_stops_the_run_before_any_process(tmp_path, hosts, entry):
+    table = rank_table(tmp_path / "table.json", hosts)
+    code, _, err, run_dir, seconds = run(tmp_path, "configs/ffn.yaml", "--rank-table", str(table), "--steps", "1")
+    assert code == 2, err
+    assert (f"autostrat: error: rank table: server_list[{entry}].server_id: expected a host name or address this "
+            f"machine can resolve, got '{hosts[entry]}'") in err
+    assert seconds < 30
+    assert not list(run_dir.glob("rank_*")) and not (run_dir / "command").exists()
+
+
+REFUSED = "ssh: connect to host {host} port 22: Connection refused"
+
+
+@pytest.mark.parametrize("hosts", [["127.0.0.1", "127.0.0.2"], ["127.0.0.2", "127.0.0.3"]], ids=["second", "all"])
+def test_a_host_refusing_ssh_is_named(tmp_path, hosts):
+    env = fake_ssh(tmp_path, f'host=$2\necho "{REFUSED.format(host="$host")}" >&2\nexit 255')
+    table = rank_table(tmp_path / "table.json", hosts)
+    code, _, err, run_dir, seconds = run(tmp_path, "configs/ffn.yaml", "--rank-table", str(table), "--steps", "1", env=env)
+    assert code != 0
+    # With every host remote, the first whose launch fails ends the job; the others never start.
+    expected = [f"job failed: host {host} (ranks {4 * s}-{4 * s + 3}): {REFUSED.format(host=host)}"
+                for s, host in enumerate(hosts) if host != "127.0.0.1"]
+    assert any(line in err.splitlines() for line in expected), err
+    assert seconds < 30
+    assert_no_process_left(tmp_path, run_dir, 8)
+
+
+@pytest.mark.slow
+def test_a_host_that_never_answers_is_named_within_30_s(tmp_path):
+    # Like ssh to an address that drops every packet: it hangs, here with a child of its own.
+    env = fake_ssh(tmp_path, f"sleep 1000 &\necho $! >> {tmp_path}/ssh_pids\nwait")
+    table = rank_table(tmp_path / "table.json", ["127.0.0.1", "127.0.0.2"])
+    code, _, err, run_dir, seconds = run(tmp_path, "configs/ffn.yaml", "--rank-table", str(table), "--steps", "1", env=env)
+    assert code != 0
+    assert "job failed: host 127.0.0.2 (ranks 4-7): its ranks did not start within 20 s" in err, err
+    assert seconds < 30
+    assert len((tmp_path / "ssh_pids").read_text().split()) == 2
+    assert_no_process_left(tmp_path, run_dir, 8)
