@@ -1,5 +1,5 @@
 """Faults of the cluster rather than of a rank's program: a rank table naming a host that has no
-address or cannot be reached.
+address or cannot be reached, and a frozen rank (SIGSTOP).
 
 No test sends anything off this machine: hosts that must not resolve are under ``.invalid``,
 and a host that resolves but cannot be reached is a loopback address reached through a fake
@@ -9,13 +9,17 @@ and a host that resolves but cannot be reached is a loopback address reached thr
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from autostrat.runtime.launcher import alive, rank_pids
-from tests.test_mpi import run
+from tests.test_mpi import ROOT, assert_nothing_left, run
 
 
 def rank_table(path: Path, hosts: list[str], device_num: int = 8) -> Path:
@@ -92,3 +96,36 @@ def test_a_host_that_never_answers_is_named_within_30_s(tmp_path):
     assert seconds < 30
     assert len((tmp_path / "ssh_pids").read_text().split()) == 2
     assert_no_process_left(tmp_path, run_dir, 8)
+
+
+STOPPED = "stopped making progress: its process is stopped (state T: SIGSTOP"
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_itself_is_blamed(tmp_path):
+    code, _, err, run_dir, seconds = run(
+        tmp_path, "configs/ffn.yaml", "--device-num", "4", "--inject-fault", "3:stop", "--stall-timeout", "3", "--timeout", "60")
+    assert code != 0
+    assert f"job failed: rank 3 (pid {rank_pids(run_dir, 4)[3]}) {STOPPED}" in err, err
+    assert seconds < 30
+    assert_nothing_left(run_dir, 4)
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_from_outside_is_blamed(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "autostrat", "run", "configs/ffn.yaml", "--device-num", "4", "--steps", "1000",
+               "--stall-timeout", "3", "--timeout", "60", "--run-dir", str(run_dir)]
+    job = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        log = run_dir / "rank_3" / "log"
+        while job.poll() is None and not (log.exists() and "rank 3 of 4: pid" in log.read_text()):
+            time.sleep(0.05)  # past MPI's start-up: every rank's watchdog runs
+        pid = rank_pids(run_dir, 4)[3]
+        os.kill(pid, signal.SIGSTOP)
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    assert f"job failed: rank 3 (pid {pid}) {STOPPED}" in err, err
+    assert_nothing_left(run_dir, 4)

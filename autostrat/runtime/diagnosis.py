@@ -5,11 +5,13 @@ The causes, most specific first:
 1. a host whose ranks never started: mpiexec could not launch its proxy there (``ssh`` names
    the host in its own error line) or the launcher's start-up limit passed without every rank
    recording its pid; the rank table maps the missing ranks to their hosts;
-2. the first rank process seen to die (mpiexec's "BAD TERMINATION" report names whichever pid
+2. a rank whose process was found stopped (``kill -STOP``): it cannot speak, and the ranks
+   waiting for it in a collective time out and would otherwise be blamed;
+3. the first rank process seen to die (mpiexec's "BAD TERMINATION" report names whichever pid
    it reaped first);
-3. the ranks' own one-line messages: raised errors first, then the stalled ranks stuck where
+4. the ranks' own one-line messages: raised errors first, then the stalled ranks stuck where
    the fewest ranks are;
-4. the launcher's global time limit.
+5. the launcher's global time limit.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ _DEAD_PID = re.compile(r"PID (\d+) RUNNING AT")
 _EXIT = re.compile(r"(EXIT CODE: \d+|KILLED BY SIGNAL: [^\n=]*)")
 _HYDRA_LINE = re.compile(r"^\[mpiexec@[^]]*\] [^:]*\([^)]*\): (.*)$")
 _LAUNCH_FAILED = "Launch proxy failed"
+_STOPPED = {"T": "its process is stopped (state T: SIGSTOP, or SIGTSTP from a terminal)",
+            "t": "its process is stopped by a debugger (state t)"}
 
 
 @dataclass(frozen=True)
 class Observed:
     """What the launcher saw of a job: mpiexec's and the ranks' lines, how mpiexec ended, why the
     launcher ended it (`ended`: "timeout", "startup" or ""), after `limit` seconds, the ranks
-    (on this machine) in the order their processes died, and the rank table's ``(host, slots)`` (None: this machine only)."""
+    (on this machine) in the order their processes died, the ranks found stopped with their
+    process state, and the rank table's ``(host, slots)`` (None: this machine only)."""
 
     lines: list[str]
     run_dir: Path
@@ -39,6 +44,7 @@ class Observed:
     ended: str = ""
     limit: float = 0.0
     deaths: list[int] = field(default_factory=list)
+    stopped: dict[int, str] = field(default_factory=dict)
     hosts: list[tuple[str, int]] | None = None
 
 
@@ -56,9 +62,9 @@ def diagnose(seen: Observed) -> str:
         match = _RANK_LINE.match(line.strip())
         if match:
             errors.setdefault(int(match.group(1)), match.group(2))
-    blamed = _unstarted_hosts(seen)
+    blamed = [*_unstarted_hosts(seen), *_stopped_ranks(seen)]
     died = _dead_rank(seen)
-    # A host that never started its ranks explains the others' stalls: those go below.
+    # A rank that never started or was stopped explains the others' stalls: those go below.
     blamed += ([died] if died else []) + ([] if blamed else _blame(errors))
     if seen.ended == "timeout":
         blamed.append(f"the job did not finish within {seen.limit:g} s and was killed")
@@ -110,6 +116,11 @@ def _mentions(line: str, host: str) -> bool:
     if line.startswith("[mpiexec@") or _RANK_LINE.match(line.strip()):
         return False
     return re.search(rf"(?<![\w.-]){re.escape(host)}(?![\w-]|\.\w)", line) is not None
+
+
+def _stopped_ranks(seen: Observed) -> list[str]:
+    return [f"rank {rank} (pid {seen.pids.get(rank)}) stopped making progress: {_STOPPED.get(state, f'state {state}')}"
+            for rank, state in sorted(seen.stopped.items())]
 
 
 def _blame(errors: dict[int, str]) -> list[str]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.io import write_atomically
 from autostrat.runtime.diagnosis import Observed, diagnose
-from autostrat.runtime.processes import alive, become_subreaper, descendants, kill_tree, running
+from autostrat.runtime.processes import alive, become_subreaper, descendants, kill_tree, process_state, running
 
 __all__ = ["LaunchResult", "alive", "end_leftovers", "find_mpiexec", "hostfile_text", "launch", "mpi_environment",
            "mpiexec_command", "rank_pids", "resolve_hosts", "running"]
@@ -153,19 +153,20 @@ def _prepare(run_dir: Path, device_num: int, hosts, stall_timeout: float, entry)
 
 def _supervise(process: subprocess.Popen, run_dir: Path, device_num: int, timeout: float, startup_timeout: float) -> dict:
     """Relay mpiexec's output and watch its ranks until it ends, ending it past a time limit.
-    Returns the `Observed` fields seen: lines, ended, limit, deaths."""
+    Returns the `Observed` fields seen: lines, ended, limit, deaths, stopped."""
     lines: list[str] = []
     readers = [threading.Thread(target=_relay, args=(stream, out, lines), daemon=True)
                for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))]
     deaths: list[int] = []
-    monitor = threading.Thread(target=_watch_ranks, args=(process, run_dir, device_num, deaths), daemon=True)
+    stopped: dict[int, str] = {}
+    monitor = threading.Thread(target=_watch_ranks, args=(process, run_dir, device_num, deaths, stopped), daemon=True)
     for thread in (*readers, monitor):
         thread.start()
     ended, limit = _wait(process, run_dir, device_num, timeout, startup_timeout)
     monitor.join(timeout=1)
     for reader in readers:
         reader.join(timeout=5)
-    return {"lines": lines, "ended": ended, "limit": limit, "deaths": deaths}
+    return {"lines": lines, "ended": ended, "limit": limit, "deaths": deaths, "stopped": stopped}
 
 
 def _relay(stream, out, lines: list[str]) -> None:
@@ -223,15 +224,19 @@ def _end(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _watch_ranks(process: subprocess.Popen, run_dir: Path, device_num: int, deaths: list[int]) -> None:
-    """While mpiexec runs, note the ranks (on this host) whose process ends, in order: when
-    one rank is killed, mpiexec kills the others, and only the order tells who went first."""
+def _watch_ranks(process: subprocess.Popen, run_dir: Path, device_num: int, deaths: list[int], stopped: dict[int, str]) -> None:
+    """While mpiexec runs, note the ranks (on this host) whose process ends, in order (when one
+    rank is killed, mpiexec kills the others, and only the order tells who went first), and
+    those found stopped (``kill -STOP``: such a rank cannot speak for itself)."""
     pids: dict[int, int] = {}
     while process.poll() is None:
         if len(pids) < device_num:
             pids = rank_pids(run_dir, device_num)
         for rank, pid in sorted(pids.items()):
-            if rank not in deaths and not running(pid):
+            state = process_state(pid)
+            if state is not None and state.stopped:
+                stopped.setdefault(rank, state.state)
+            if rank not in deaths and not (state.running if state else running(pid)):
                 deaths.append(rank)
         time.sleep(0.005)
 

@@ -48,6 +48,8 @@ def inject(fault, backend) -> None:
         raise RuntimeError(f"injected failure at instruction {fault.at}")
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "stop":  # frozen: even its watchdog cannot speak
+        os.kill(os.getpid(), signal.SIGSTOP)
     if fault.kind == "hang":
         backend.barrier_on_copy()  # alone in a collective: the others never join
     while fault.kind == "loop":
