@@ -1,5 +1,5 @@
 """Faults of the cluster rather than of a rank's program: a rank table naming a host that has no
-address or cannot be reached, and a frozen rank (SIGSTOP).
+address or cannot be reached, a frozen rank (SIGSTOP), and the sample's relative rank table.
 
 No test sends anything off this machine: hosts that must not resolve are under ``.invalid``,
 and a host that resolves but cannot be reached is a loopback address reached through a fake
@@ -20,6 +20,8 @@ import pytest
 
 from autostrat.runtime.launcher import alive, rank_pids
 from tests.test_mpi import ROOT, assert_nothing_left, run
+
+SAMPLE = ROOT / "sample_code" / "sharding_propagation"
 
 
 def rank_table(path: Path, hosts: list[str], device_num: int = 8) -> Path:
@@ -129,3 +131,23 @@ def test_a_rank_stopped_from_outside_is_blamed(tmp_path):
     assert job.returncode != 0
     assert f"job failed: rank 3 (pid {pid}) {STOPPED}" in err, err
     assert_nothing_left(run_dir, 4)
+
+
+@pytest.mark.slow
+def test_the_sample_reads_a_rank_table_relative_to_the_caller(tmp_path):
+    rank_table(tmp_path / "table.json", ["127.0.0.1"])
+    env = dict(os.environ, RANK_TABLE_FILE="table.json")
+    done = subprocess.run(["bash", str(SAMPLE / "run.sh"), "8"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (SAMPLE / "hostfile").read_text() == "127.0.0.1:8\n"
+    assert "(limit 1e-05): OK" in done.stdout
+
+
+def test_the_sample_names_a_missing_rank_table_in_one_line(tmp_path):
+    env = dict(os.environ, RANK_TABLE_FILE="missing.json")
+    done = subprocess.run(["bash", str(SAMPLE / "run.sh"), "8"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == (f"run.sh: RANK_TABLE_FILE: expected a rank table file, got 'missing.json' "
+                           f"(no such file from {tmp_path})\n")
