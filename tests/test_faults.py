@@ -1,5 +1,6 @@
 """Faults of the cluster rather than of a rank's program: a rank table naming a host that has no
-address or cannot be reached, a frozen rank (SIGSTOP), and the sample's relative rank table.
+address or cannot be reached, a frozen rank (SIGSTOP), a killed rank on a loaded machine, and
+the sample's relative rank table.
 
 No test sends anything off this machine: hosts that must not resolve are under ``.invalid``,
 and a host that resolves but cannot be reached is a loopback address reached through a fake
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from autostrat.runtime.launcher import alive, rank_pids
+from autostrat.runtime.diagnosis import Observed, diagnose
+from autostrat.runtime.launcher import alive, killed, mpiexec_command, rank_pids
 from tests.test_mpi import ROOT, assert_nothing_left, run
 
 SAMPLE = ROOT / "sample_code" / "sharding_propagation"
@@ -151,3 +153,28 @@ def test_the_sample_names_a_missing_rank_table_in_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr == (f"run.sh: RANK_TABLE_FILE: expected a rank table file, got 'missing.json' "
                            f"(no such file from {tmp_path})\n")
+
+
+def test_on_one_machine_mpiexec_leaves_a_dead_ranks_peers_to_the_launcher(tmp_path):
+    mpiexec = tmp_path / "mpiexec"
+    assert mpiexec_command(mpiexec, 4, tmp_path)[1] == "-disable-auto-cleanup"
+    # Across hosts, or with another rank program that records no exit status, mpiexec cleans up.
+    assert "-disable-auto-cleanup" not in mpiexec_command(mpiexec, 8, tmp_path, tmp_path / "hostfile")
+    assert "-disable-auto-cleanup" not in mpiexec_command(mpiexec, 4, tmp_path, entry=("train.py",))
+
+
+def test_a_rank_ending_without_exit_status_was_killed_unless_another_aborts(tmp_path):
+    for rank in range(3):
+        (tmp_path / f"rank_{rank}").mkdir()
+    (tmp_path / "rank_0" / "exit").write_text("0\n")
+    assert not killed(tmp_path, 3, 0)  # done
+    assert killed(tmp_path, 3, 1)
+    (tmp_path / "rank_2" / "exit").write_text("3\n")  # rank 2's watchdog aborts the job
+    assert not killed(tmp_path, 3, 1)
+
+
+def test_the_first_killed_rank_is_blamed_whatever_mpiexec_reports(tmp_path):
+    report = ["=   PID 101 RUNNING AT vm", "=   EXIT CODE: 9", "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)"]
+    seen = Observed(report, tmp_path, 4, 9, {0: 101, 1: 102, 2: 103, 3: 104}, ended="died", deaths=[2, 0], marked=True)
+    assert diagnose(seen) == ("job failed: rank 2 (pid 103) died first: its process ended without recording an exit "
+                              "status (killed, or crashed); the launcher then ended the other ranks")

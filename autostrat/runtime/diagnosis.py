@@ -7,8 +7,8 @@ The causes, most specific first:
    recording its pid; the rank table maps the missing ranks to their hosts;
 2. a rank whose process was found stopped (``kill -STOP``): it cannot speak, and the ranks
    waiting for it in a collective time out and would otherwise be blamed;
-3. the first rank process seen to die (mpiexec's "BAD TERMINATION" report names whichever pid
-   it reaped first);
+3. the first rank process seen to die without recording an exit status (the launcher then
+   ended the job), or, across hosts, the one of mpiexec's "BAD TERMINATION" report;
 4. the ranks' own one-line messages: raised errors first, then the stalled ranks stuck where
    the fewest ranks are;
 5. the launcher's global time limit.
@@ -32,7 +32,7 @@ _STOPPED = {"T": "its process is stopped (state T: SIGSTOP, or SIGTSTP from a te
 @dataclass(frozen=True)
 class Observed:
     """What the launcher saw of a job: mpiexec's and the ranks' lines, how mpiexec ended, why the
-    launcher ended it (`ended`: "timeout", "startup" or ""), after `limit` seconds, the ranks
+    launcher ended it (`ended`: "timeout", "startup", "died" or ""), after `limit` seconds, the ranks
     (on this machine) in the order their processes died, the ranks found stopped with their
     process state, and the rank table's ``(host, slots)`` (None: this machine only)."""
 
@@ -46,6 +46,7 @@ class Observed:
     deaths: list[int] = field(default_factory=list)
     stopped: dict[int, str] = field(default_factory=dict)
     hosts: list[tuple[str, int]] | None = None
+    marked: bool = False  # the ranks record how they end, and `deaths` holds only those killed
 
 
 def diagnose(seen: Observed) -> str:
@@ -139,8 +140,15 @@ def _blame(errors: dict[int, str]) -> list[str]:
 
 
 def _dead_rank(seen: Observed) -> str:
-    """mpiexec's report of a rank process that died; the rank is the first one seen to end
-    (mpiexec names whichever pid it reaped first, often one it killed itself)."""
+    """The rank whose process was killed: with ranks that mark how they end (`marked`), the first
+    seen to end without an exit status; else mpiexec's report of a rank process that died, the
+    rank being the first one seen to end (mpiexec names whichever pid it reaped first, often one
+    it killed itself)."""
+    if seen.marked and seen.deaths and seen.ended in ("", "died"):  # not the ranks a time limit ended
+        # mpiexec's exit string is of whichever process it reaped first: no evidence of the cause.
+        first, by = seen.deaths[0], "the launcher" if seen.ended == "died" else "mpiexec"
+        return (f"rank {first} (pid {seen.pids.get(first)}) died first: its process ended without recording an "
+                f"exit status (killed, or crashed); {by} then ended the other ranks")
     text = "\n".join(seen.lines)
     match = _DEAD_PID.search(text)
     if not match or "application called MPI_Abort" in text:

@@ -5,7 +5,9 @@ The launcher runs ``mpiexec -n N python -m mpi4py -m autostrat.runtime.rank RUN_
 mpiexec a host file made from the rank table, when there is one, after checking that every host
 name resolves, and enforces two limits on top of the ranks' own watchdogs: a start-up limit for
 every rank to record its pid (a host that cannot be reached never starts its ranks) and a global
-time limit. Past either, mpiexec and every process it started are killed. Afterwards
+time limit. Past either, mpiexec and every process it started are killed. A rank that ends on
+its own terms records its exit status; one whose process ends without it was killed, and the
+launcher ends the job itself (on one machine mpiexec leaves that to it). Afterwards
 `diagnosis.diagnose` names the failing host or rank, and any process of the job still alive is
 killed: the launcher is the subreaper of the job's orphans while it runs (see `processes`)."""
 
@@ -74,10 +76,15 @@ def mpi_environment(device_num: int, hosts=None) -> dict[str, str]:
 
 def mpiexec_command(mpiexec: Path, device_num: int, run_dir: Path, hostfile: Path | None = None, entry=None) -> list[str]:
     """The command line that starts every rank of the job in `run_dir`; `entry` replaces what
-    each rank runs after ``python -m mpi4py`` (default: ``-m autostrat.runtime.rank RUN_DIR``)."""
+    each rank runs after ``python -m mpi4py`` (default: ``-m autostrat.runtime.rank RUN_DIR``).
+    On this machine alone, mpiexec does not kill the job runner's other ranks at once when one
+    dies (``-disable-auto-cleanup``): the launcher sees every rank, tells a killed rank from one
+    that ended on its own terms (``rank_<i>/exit``) and ends the job itself, so the dead rank is
+    seen first even on a loaded machine. Across hosts, ranks elsewhere are out of its sight."""
     hosts = ["-f", str(hostfile)] if hostfile else []
+    cleanup = ["-disable-auto-cleanup"] if hostfile is None and entry is None else []
     rank = [sys.executable, "-m", "mpi4py", *(entry or ("-m", "autostrat.runtime.rank", str(run_dir)))]
-    return [str(mpiexec), *hosts, "-n", str(device_num), *rank]
+    return [str(mpiexec), *cleanup, *hosts, "-n", str(device_num), *rank]
 
 
 def resolve_hosts(hosts) -> None:
@@ -120,7 +127,7 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
                                start_new_session=True, text=True)
     try:
         # On one machine nothing can be unreachable: only the global limit applies.
-        seen = _supervise(process, run_dir, device_num, timeout, startup_timeout if hosts else timeout)
+        seen = _supervise(process, run_dir, device_num, (timeout, startup_timeout if hosts else timeout), entry is None)
         leftovers = end_leftovers(run_dir, device_num)
         orphans = {pid: name for pid, name in kill_tree(os.getpid(), exclude=before).items() if pid not in leftovers}
     finally:
@@ -129,11 +136,12 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
             kill_tree(os.getpid(), exclude=before)
         become_subreaper(was_reaper)
     lines = seen.pop("lines") + _log_lines(run_dir, device_num)
-    observed = Observed(lines, run_dir, device_num, process.returncode, rank_pids(run_dir, device_num), hosts=hosts, **seen)
+    observed = Observed(lines, run_dir, device_num, process.returncode, rank_pids(run_dir, device_num), hosts=hosts,
+                        marked=entry is None, **seen)
     message = diagnose(observed)
     if leftovers or orphans:
-        killed = [f"rank process {pid}" for pid in leftovers] + [f"{name} {pid}" for pid, name in orphans.items()]
-        message += f"\nkilled {len(killed)} process(es) of the job still running after mpiexec ended: {', '.join(killed)}"
+        names = [f"rank process {pid}" for pid in leftovers] + [f"{name} {pid}" for pid, name in orphans.items()]
+        message += f"\nkilled {len(names)} process(es) of the job still running after mpiexec ended: {', '.join(names)}"
     code = 124 if seen["ended"] == "timeout" else process.returncode if seen["ended"] != "startup" else 1
     return LaunchResult(code or (1 if message else 0), message, run_dir, time.monotonic() - started)
 
@@ -151,18 +159,19 @@ def _prepare(run_dir: Path, device_num: int, hosts, stall_timeout: float, entry)
     return command
 
 
-def _supervise(process: subprocess.Popen, run_dir: Path, device_num: int, timeout: float, startup_timeout: float) -> dict:
-    """Relay mpiexec's output and watch its ranks until it ends, ending it past a time limit.
+def _supervise(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tuple[float, float], marked: bool) -> dict:
+    """Relay mpiexec's output and watch its ranks until it ends, ending it past the time limits
+    (global, start-up) or, when the ranks mark how they end (`marked`), once one was killed.
     Returns the `Observed` fields seen: lines, ended, limit, deaths, stopped."""
     lines: list[str] = []
     readers = [threading.Thread(target=_relay, args=(stream, out, lines), daemon=True)
                for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))]
     deaths: list[int] = []
     stopped: dict[int, str] = {}
-    monitor = threading.Thread(target=_watch_ranks, args=(process, run_dir, device_num, deaths, stopped), daemon=True)
+    monitor = threading.Thread(target=_watch_ranks, args=(process, run_dir, device_num, deaths, stopped, marked), daemon=True)
     for thread in (*readers, monitor):
         thread.start()
-    ended, limit = _wait(process, run_dir, device_num, timeout, startup_timeout)
+    ended, limit = _wait(process, run_dir, device_num, limits, deaths if marked else [])
     monitor.join(timeout=1)
     for reader in readers:
         reader.join(timeout=5)
@@ -190,11 +199,12 @@ def _log_lines(run_dir: Path, device_num: int) -> list[str]:
     return found
 
 
-def _wait(process: subprocess.Popen, run_dir: Path, device_num: int, timeout: float, startup_timeout: float) -> tuple[str, float]:
-    """Wait for mpiexec; end it past `timeout`, or past `startup_timeout` while a rank has not
-    recorded its pid (a host that never answers keeps mpiexec waiting for as long as ssh does).
-    Returns why the launcher ended it ("timeout", "startup" or "") and after which limit."""
-    started = time.monotonic()
+def _wait(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tuple[float, float], deaths: list[int]) -> tuple[str, float]:
+    """Wait for mpiexec; end it past the global limit, past the start-up limit while a rank has
+    not recorded its pid (a host that never answers keeps mpiexec waiting for as long as ssh
+    does), or as soon as a rank is in `deaths`. Returns why the launcher ended it ("timeout",
+    "startup", "died" or "") and after which limit."""
+    (timeout, startup_timeout), started = limits, time.monotonic()
     while True:
         try:
             process.wait(timeout=0.25)
@@ -202,6 +212,9 @@ def _wait(process: subprocess.Popen, run_dir: Path, device_num: int, timeout: fl
         except subprocess.TimeoutExpired:
             pass
         elapsed = time.monotonic() - started
+        if deaths:
+            _end(process)
+            return "died", 0.0
         if elapsed > timeout:
             _end(process)
             return "timeout", timeout
@@ -224,11 +237,14 @@ def _end(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _watch_ranks(process: subprocess.Popen, run_dir: Path, device_num: int, deaths: list[int], stopped: dict[int, str]) -> None:
-    """While mpiexec runs, note the ranks (on this host) whose process ends, in order (when one
-    rank is killed, mpiexec kills the others, and only the order tells who went first), and
-    those found stopped (``kill -STOP``: such a rank cannot speak for itself)."""
+def _watch_ranks(process: subprocess.Popen, run_dir: Path, device_num: int, deaths: list[int], stopped: dict[int, str],
+                 marked: bool) -> None:
+    """While mpiexec runs, note the ranks (on this host) whose process ends, in order, and those
+    found stopped (``kill -STOP``: such a rank cannot speak for itself). When the ranks mark how
+    they end (`marked`), only those killed count as deaths (`killed`); otherwise every end does
+    (mpiexec kills the others when one dies, and only the order tells who went first)."""
     pids: dict[int, int] = {}
+    ended: set[int] = set()
     while process.poll() is None:
         if len(pids) < device_num:
             pids = rank_pids(run_dir, device_num)
@@ -236,9 +252,28 @@ def _watch_ranks(process: subprocess.Popen, run_dir: Path, device_num: int, deat
             state = process_state(pid)
             if state is not None and state.stopped:
                 stopped.setdefault(rank, state.state)
-            if rank not in deaths and not (state.running if state else running(pid)):
+            if rank in ended or (state.running if state else running(pid)):
+                continue
+            ended.add(rank)
+            if not marked or killed(run_dir, device_num, rank):
                 deaths.append(rank)
         time.sleep(0.005)
+
+
+def exit_status(run_dir: Path, rank: int) -> int | None:
+    """The status a rank recorded when it ended on its own terms (``rank_<i>/exit``), or None."""
+    try:
+        return int((run_dir / f"rank_{rank}" / "exit").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def killed(run_dir: Path, device_num: int, rank: int) -> bool:
+    """Whether `rank`, whose process ended, was killed (or crashed): it recorded no exit status,
+    and no rank is aborting the job (whose other ranks mpiexec kills)."""
+    if exit_status(run_dir, rank) is not None:
+        return False
+    return not any(exit_status(run_dir, other) not in (None, 0) for other in range(device_num))
 
 
 def rank_pids(run_dir: Path, device_num: int) -> dict[int, int]:

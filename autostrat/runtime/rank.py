@@ -3,7 +3,8 @@
 Each rank writes everything it prints to ``RUN_DIR/rank_<i>/log`` (like MindSpore's
 ``device<i>/train.log<i>``) and its process id to ``rank_<i>/pid``; only rank 0's report and
 one line per failing rank go to the terminal. A rank that raises prints ``rank i: <error>``
-and aborts the whole job; a rank that stops making progress is ended by its `Watchdog`.
+and aborts the whole job; a rank that stops making progress is ended by its `Watchdog`. A rank
+that ends on its own terms (done, or aborting the job) writes its status to ``rank_<i>/exit``.
 """
 
 from __future__ import annotations
@@ -101,17 +102,27 @@ def main(argv: list[str] | None = None) -> int:
     backend = MpiBackend()
     terminal_out, terminal_err = redirect_output(run_dir, backend.rank)
     print(f"rank {backend.rank} of {backend.device_num}: pid {os.getpid()}", flush=True)
-    watchdog = Watchdog(backend.rank, _stall_limit(run_dir), lambda: backend.abort(3), fd=terminal_err)
+    watchdog = Watchdog(backend.rank, _stall_limit(run_dir), lambda: end_rank(run_dir, backend.rank, 3, backend),
+                        fd=terminal_err)
     try:
         ok = run_rank(run_dir, backend, watchdog, terminal_out)
     except BaseException as error:  # noqa: BLE001  (any failure must end the whole job)
         traceback.print_exc()
         say(terminal_err, f"rank {backend.rank}: {type(error).__name__}: {error}")
         sys.stdout.flush(), sys.stderr.flush()
-        backend.abort(1)
-        return 1
+        return end_rank(run_dir, backend.rank, 1, backend)
     watchdog.stop()
-    return 0 if ok else 4
+    return end_rank(run_dir, backend.rank, 0 if ok else 4)
+
+
+def end_rank(run_dir: Path, rank: int, status: int, backend=None) -> int:
+    """Record that this rank ends on its own terms (``rank_<rank>/exit`` holds `status`) and,
+    given the `backend`, abort the whole job. The launcher takes a rank process that ends
+    without this file for one that was killed or crashed, and ends the job itself."""
+    write_atomically(run_dir / f"rank_{rank}" / "exit", f"{status}\n")
+    if backend is not None:
+        backend.abort(status)
+    return status
 
 
 def _stall_limit(run_dir: Path) -> float:
