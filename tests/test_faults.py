@@ -1,6 +1,6 @@
 """Faults of the cluster rather than of a rank's program: a rank table naming a host that has no
-address or cannot be reached, a frozen rank (SIGSTOP), a killed rank on a loaded machine, and
-the sample's relative rank table.
+address or cannot be reached, a frozen rank (SIGSTOP), a killed rank on a loaded machine, ranks
+on other hosts, and the sample's relative rank table.
 
 No test sends anything off this machine: hosts that must not resolve are under ``.invalid``,
 and a host that resolves but cannot be reached is a loopback address reached through a fake
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -178,3 +179,13 @@ def test_the_first_killed_rank_is_blamed_whatever_mpiexec_reports(tmp_path):
     seen = Observed(report, tmp_path, 4, 9, {0: 101, 1: 102, 2: 103, 3: 104}, ended="died", deaths=[2, 0], marked=True)
     assert diagnose(seen) == ("job failed: rank 2 (pid 103) died first: its process ended without recording an exit "
                               "status (killed, or crashed); the launcher then ended the other ranks")
+
+
+def test_a_rank_on_another_host_is_neither_watched_nor_killed_here(tmp_path):
+    # The run directory is shared across hosts: a pid recorded elsewhere is no process of ours.
+    for rank, host in enumerate([socket.gethostname(), "node1.invalid"]):
+        (tmp_path / f"rank_{rank}").mkdir()
+        (tmp_path / f"rank_{rank}" / "host").write_text(f"{host}\n")
+        (tmp_path / f"rank_{rank}" / "pid").write_text(f"{os.getpid()}\n")
+    assert rank_pids(tmp_path, 2) == {0: os.getpid()}
+    assert rank_pids(tmp_path, 2, anywhere=True) == {0: os.getpid(), 1: os.getpid()}

@@ -122,12 +122,13 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
     command = _prepare(run_dir, device_num, hosts, stall_timeout, entry)
     env = mpi_environment(device_num, hosts) | {"MPIEXEC_TIMEOUT": str(int(timeout) + 5)}
     started = time.monotonic()
+    marked = entry is None and not hosts  # the launcher sees every rank, and each records how it ends
     was_reaper, before = become_subreaper(), set(descendants(os.getpid()))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                start_new_session=True, text=True)
     try:
         # On one machine nothing can be unreachable: only the global limit applies.
-        seen = _supervise(process, run_dir, device_num, (timeout, startup_timeout if hosts else timeout), entry is None)
+        seen = _supervise(process, run_dir, device_num, (timeout, startup_timeout if hosts else timeout), marked)
         leftovers = end_leftovers(run_dir, device_num)
         orphans = {pid: name for pid, name in kill_tree(os.getpid(), exclude=before).items() if pid not in leftovers}
     finally:
@@ -136,14 +137,16 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
             kill_tree(os.getpid(), exclude=before)
         become_subreaper(was_reaper)
     lines = seen.pop("lines") + _log_lines(run_dir, device_num)
-    observed = Observed(lines, run_dir, device_num, process.returncode, rank_pids(run_dir, device_num), hosts=hosts,
-                        marked=entry is None, **seen)
-    message = diagnose(observed)
-    if leftovers or orphans:
-        names = [f"rank process {pid}" for pid in leftovers] + [f"{name} {pid}" for pid, name in orphans.items()]
-        message += f"\nkilled {len(names)} process(es) of the job still running after mpiexec ended: {', '.join(names)}"
+    observed = Observed(lines, run_dir, device_num, process.returncode, rank_pids(run_dir, device_num, anywhere=True),
+                        hosts=hosts, marked=marked, **seen)
+    message = diagnose(observed) + _leftovers_note(leftovers, orphans)
     code = 124 if seen["ended"] == "timeout" else process.returncode if seen["ended"] != "startup" else 1
     return LaunchResult(code or (1 if message else 0), message, run_dir, time.monotonic() - started)
+
+
+def _leftovers_note(leftovers: list[int], orphans: dict[int, str]) -> str:
+    names = [f"rank process {pid}" for pid in leftovers] + [f"{name} {pid}" for pid, name in orphans.items()]
+    return f"\nkilled {len(names)} process(es) of the job still running after mpiexec ended: {', '.join(names)}" if names else ""
 
 
 def _prepare(run_dir: Path, device_num: int, hosts, stall_timeout: float, entry) -> list[str]:
@@ -218,7 +221,7 @@ def _wait(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tup
         if elapsed > timeout:
             _end(process)
             return "timeout", timeout
-        if elapsed > startup_timeout and len(rank_pids(run_dir, device_num)) < device_num:
+        if elapsed > startup_timeout and len(rank_pids(run_dir, device_num, anywhere=True)) < device_num:
             _end(process)
             return "startup", startup_timeout
 
@@ -276,14 +279,19 @@ def killed(run_dir: Path, device_num: int, rank: int) -> bool:
     return not any(exit_status(run_dir, other) not in (None, 0) for other in range(device_num))
 
 
-def rank_pids(run_dir: Path, device_num: int) -> dict[int, int]:
-    """The process id each rank recorded on this host (``rank_<i>/pid``)."""
-    pids = {}
+def rank_pids(run_dir: Path, device_num: int, anywhere: bool = False) -> dict[int, int]:
+    """The process id each rank recorded (``rank_<i>/pid``), of the ranks on this machine only
+    (``rank_<i>/host``; the run directory is shared across hosts), or on any host (`anywhere`)."""
+    pids, here = {}, socket.gethostname()
     for rank in range(device_num):
+        folder = run_dir / f"rank_{rank}"
         try:
-            pids[rank] = int((run_dir / f"rank_{rank}" / "pid").read_text())
+            pid = int((folder / "pid").read_text())
+            host = (folder / "host").read_text().strip() if (folder / "host").exists() else here
         except (OSError, ValueError):
             continue
+        if anywhere or host == here:
+            pids[rank] = pid
     return pids
 
 

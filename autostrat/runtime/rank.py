@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -23,10 +24,12 @@ from autostrat.runtime.watchdog import Watchdog, say
 
 
 def record_pid(run_dir: Path, rank: int) -> Path:
-    """Write this process's id to ``rank_<rank>/pid`` (the launcher's sign that the rank
-    started, and how it finds the process); returns the rank's folder."""
+    """Write this process's id to ``rank_<rank>/pid`` and its host to ``rank_<rank>/host`` (the
+    launcher's sign that the rank started, and how it finds the process: a pid means nothing on
+    another host); returns the rank's folder."""
     folder = run_dir / f"rank_{rank}"
     folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(folder / "host", f"{socket.gethostname()}\n")
     write_atomically(folder / "pid", f"{os.getpid()}\n")
     return folder
 
