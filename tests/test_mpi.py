@@ -4,6 +4,7 @@ fails: it raises, is killed, hangs in a collective or loops forever."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -19,12 +20,13 @@ from autostrat.runtime.launcher import alive, rank_pids
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(tmp_path, *args, timeout=90):
-    """`autostrat run` in a subprocess; returns (exit status, stdout, stderr, run dir, seconds)."""
+def run(tmp_path, *args, timeout=90, env=None):
+    """`autostrat run` in a subprocess, with `env` added to the environment; returns (exit
+    status, stdout, stderr, run dir, seconds)."""
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "autostrat", "run", *args, "--run-dir", str(run_dir)]
     started = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=os.environ | (env or {}))
     return done.returncode, done.stdout, done.stderr, run_dir, time.monotonic() - started
 
 

@@ -23,7 +23,7 @@ from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.layout import Strategy
 from autostrat.runtime.job import Fault, make_job
 from autostrat.runtime.job_file import save_job
-from autostrat.runtime.launcher import launch
+from autostrat.runtime.launcher import launch, resolve_hosts
 from autostrat.runtime.local import run_job_locally
 from autostrat.runtime.rank_table import load_rank_table
 
@@ -115,6 +115,7 @@ def prepare_run(config_path, options: RunOptions):
     """Load the config and the rank table, search the plan and make the job; nothing starts."""
     check_run_options(options)
     table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
+    resolve_hosts(table.hosts() if table else ())  # a host with no address is refused before the search
     config = load_config(config_path, phase=options.phase)
     plan, notes = plan_config(config, run_device_num(config, options, table))
     name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"

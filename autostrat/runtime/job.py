@@ -21,7 +21,7 @@ from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.report import output_errors, rank_summary
 
-FAULTS = ("hang", "kill", "loop", "raise")
+FAULTS = ("hang", "kill", "loop", "raise", "stop")
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,21 @@
 
 The launcher runs ``mpiexec -n N python -m mpi4py -m autostrat.runtime.rank RUN_DIR --digest HEX``
 (``python -m mpi4py`` aborts the job when a rank dies of an unhandled exception; HEX is the
-job's digest, which every rank checks the job's files against). It gives
-mpiexec a host file made from the rank table, when there is one, and enforces a global time
-limit on top of the ranks' own watchdogs: past it, the whole process group and every recorded
-rank process are killed. Afterwards it names the failing rank from the ranks' one-line
-messages or mpiexec's report of a dead process, and kills any rank process still alive.
-"""
+job's digest, which every rank checks the job's files against). It gives mpiexec a host file
+made from the rank table, when there is one, after checking that every host name resolves, and
+enforces two limits on top of the ranks' own watchdogs: a start-up limit for every rank to
+record its pid (a host that cannot be reached never starts its ranks) and a global time limit.
+Past either, mpiexec and every process it started are killed. A rank that ends on its own terms
+records its exit status; one whose process ends without it was killed, and the launcher ends
+the job itself (on one machine mpiexec leaves that to it). Afterwards `diagnosis.diagnose` names
+the failing host or rank, and any process of the job still alive is killed: the launcher is the
+subreaper of the job's orphans while it runs (see `processes`)."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,12 +24,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autostrat.errors import RuntimeBackendError
+from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.io import write_atomically
+from autostrat.runtime.diagnosis import Observed, diagnose
+from autostrat.runtime.processes import alive, become_subreaper, descendants, kill_tree, process_state, running
 
-_RANK_LINE = re.compile(r"^rank (\d+): (.*)$")
-_DEAD_PID = re.compile(r"PID (\d+) RUNNING AT")
-_EXIT = re.compile(r"(EXIT CODE: \d+|KILLED BY SIGNAL: [^\n=]*)")
+__all__ = ["LaunchResult", "alive", "end_leftovers", "find_mpiexec", "hostfile_text", "launch", "mpi_environment",
+           "mpiexec_command", "rank_pids", "resolve_hosts", "running"]
+
+STARTUP_TIMEOUT = 20.0  # seconds for every rank to record its pid: ssh to a silent host waits minutes
 
 
 @dataclass(frozen=True)
@@ -73,22 +79,86 @@ def mpiexec_command(mpiexec: Path, device_num: int, run_dir: Path, hostfile: Pat
                     digest: str | None = None) -> list[str]:
     """The command line that starts every rank of the job in `run_dir`; `entry` replaces what
     each rank runs after ``python -m mpi4py`` (default: ``-m autostrat.runtime.rank RUN_DIR``,
-    followed by ``--digest HEX`` when the job's `digest` is given)."""
+    followed by ``--digest HEX`` when the job's `digest` is given).
+    On this machine alone, mpiexec does not kill the job runner's other ranks at once when one
+    dies (``-disable-auto-cleanup``): the launcher sees every rank, tells a killed rank from one
+    that ended on its own terms (``rank_<i>/exit``) and ends the job itself, so the dead rank is
+    seen first even on a loaded machine. Across hosts, ranks elsewhere are out of its sight."""
     hosts = ["-f", str(hostfile)] if hostfile else []
+    cleanup = ["-disable-auto-cleanup"] if hostfile is None and entry is None else []
     runner = ("-m", "autostrat.runtime.rank", str(run_dir), *(("--digest", digest) if digest else ()))
     rank = [sys.executable, "-m", "mpi4py", *(entry or runner)]
-    return [str(mpiexec), *hosts, "-n", str(device_num), *rank]
+    return [str(mpiexec), *cleanup, *hosts, "-n", str(device_num), *rank]
+
+
+def resolve_hosts(hosts) -> None:
+    """Check that every host of the rank table has an address before anything starts: mpiexec
+    would only report a name that does not resolve through ssh, after starting the other hosts.
+
+    Example:
+        >>> resolve_hosts([("127.0.0.1", 4), ("localhost", 4)])
+    """
+    for index, (host, _) in enumerate(hosts or ()):
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise ConfigError(
+                f"rank table: server_list[{index}].server_id: expected a host name or address this machine "
+                f"can resolve, got {host!r} ({reason})"
+            ) from None
 
 
 def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_timeout: float = 10.0, entry=None,
-           digest: str | None = None) -> LaunchResult:
-    """Run the job saved in `run_dir` on `device_num` MPI ranks; never hangs past `timeout`.
+           startup_timeout: float = STARTUP_TIMEOUT, digest: str | None = None) -> LaunchResult:
+    """Run the job saved in `run_dir` on `device_num` MPI ranks; never hangs past `timeout`, nor,
+    on a rank table's `hosts`, past `startup_timeout` before every rank recorded its pid, and
+    leaves no process of the job behind. Another rank program (`entry`, see `mpiexec_command`)
+    is watched the same way if each rank records its process id with `rank.redirect_output`.
     `digest` is the job's (what `job_file.save_job` returned); the ranks refuse a job whose files
-    do not match it. Another rank program (`entry`, see `mpiexec_command`) is watched the same
-    way if each rank records its process id with `rank.redirect_output`."""
+    do not match it.
+
+    Example (a job whose second host has no address ends before anything starts):
+        >>> launch("run", 8, [("127.0.0.1", 4), ("node1.invalid", 4)], digest="0" * 64)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        autostrat.errors.ConfigError: rank table: server_list[1].server_id: expected ... got 'node1.invalid' (...)
+    """
     if entry is None and digest is None:
         raise RuntimeBackendError("launch: expected the job's digest (the value save_job returned), got none")
+    resolve_hosts(hosts)
     run_dir = Path(run_dir).resolve()
+    command = _prepare(run_dir, device_num, hosts, stall_timeout, entry, digest)
+    env = mpi_environment(device_num, hosts) | {"MPIEXEC_TIMEOUT": str(int(timeout) + 5)}
+    started = time.monotonic()
+    marked = entry is None and not hosts  # the launcher sees every rank, and each records how it ends
+    was_reaper, before = become_subreaper(), set(descendants(os.getpid()))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                               start_new_session=True, text=True)
+    try:
+        # On one machine nothing can be unreachable: only the global limit applies.
+        seen = _supervise(process, run_dir, device_num, (timeout, startup_timeout if hosts else timeout), marked)
+        leftovers = end_leftovers(run_dir, device_num)
+        orphans = {pid: name for pid, name in kill_tree(os.getpid(), exclude=before).items() if pid not in leftovers}
+    finally:
+        if process.poll() is None:  # interrupted (Ctrl-C): the job must not outlive the launcher
+            _end(process)
+            kill_tree(os.getpid(), exclude=before)
+        become_subreaper(was_reaper)
+    lines = seen.pop("lines") + _log_lines(run_dir, device_num)
+    observed = Observed(lines, run_dir, device_num, process.returncode, rank_pids(run_dir, device_num, anywhere=True),
+                        hosts=hosts, marked=marked, **seen)
+    message = diagnose(observed) + _leftovers_note(leftovers, orphans)
+    code = 124 if seen["ended"] == "timeout" else process.returncode if seen["ended"] != "startup" else 1
+    return LaunchResult(code or (1 if message else 0), message, run_dir, time.monotonic() - started)
+
+
+def _leftovers_note(leftovers: list[int], orphans: dict[int, str]) -> str:
+    names = [f"rank process {pid}" for pid in leftovers] + [f"{name} {pid}" for pid, name in orphans.items()]
+    return f"\nkilled {len(names)} process(es) of the job still running after mpiexec ended: {', '.join(names)}" if names else ""
+
+
+def _prepare(run_dir: Path, device_num: int, hosts, stall_timeout: float, entry, digest: str | None) -> list[str]:
+    """Write the stall limit, the host file and the command into `run_dir`; the command."""
     mpiexec = find_mpiexec()
     write_atomically(run_dir / "stall_timeout", f"{stall_timeout}\n")
     hostfile = None
@@ -97,30 +167,26 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
         write_atomically(hostfile, hostfile_text(hosts))
     command = mpiexec_command(mpiexec, device_num, run_dir, hostfile, entry, digest)
     write_atomically(run_dir / "command", " ".join(command) + "\n")
-    env = mpi_environment(device_num, hosts) | {"MPIEXEC_TIMEOUT": str(int(timeout) + 5)}
-    started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                               start_new_session=True, text=True)
+    return command
+
+
+def _supervise(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tuple[float, float], marked: bool) -> dict:
+    """Relay mpiexec's output and watch its ranks until it ends, ending it past the time limits
+    (global, start-up) or, when the ranks mark how they end (`marked`), once one was killed.
+    Returns the `Observed` fields seen: lines, ended, limit, deaths, stopped."""
     lines: list[str] = []
     readers = [threading.Thread(target=_relay, args=(stream, out, lines), daemon=True)
                for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))]
-    for reader in readers:
-        reader.start()
     deaths: list[int] = []
-    monitor = threading.Thread(target=_watch_deaths, args=(process, run_dir, device_num, deaths), daemon=True)
-    monitor.start()
-    timed_out = _wait(process, timeout)
+    stopped: dict[int, str] = {}
+    monitor = threading.Thread(target=_watch_ranks, args=(process, run_dir, device_num, deaths, stopped, marked), daemon=True)
+    for thread in (*readers, monitor):
+        thread.start()
+    ended, limit = _wait(process, run_dir, device_num, limits, deaths if marked else [])
     monitor.join(timeout=1)
     for reader in readers:
         reader.join(timeout=5)
-    lines += _log_lines(run_dir, device_num)
-    leftovers = end_leftovers(run_dir, device_num)
-    seconds = time.monotonic() - started
-    message = diagnose(lines, run_dir, device_num, process.returncode, timed_out, timeout, deaths)
-    if leftovers:
-        message += f"\nkilled {len(leftovers)} rank process(es) still running after mpiexec ended: {leftovers}"
-    code = process.returncode if process.returncode and not timed_out else (124 if timed_out else 0)
-    return LaunchResult(code or (1 if message else 0), message, run_dir, seconds)
+    return {"lines": lines, "ended": ended, "limit": limit, "deaths": deaths, "stopped": stopped}
 
 
 def _relay(stream, out, lines: list[str]) -> None:
@@ -144,137 +210,111 @@ def _log_lines(run_dir: Path, device_num: int) -> list[str]:
     return found
 
 
-def _wait(process: subprocess.Popen, timeout: float) -> bool:
-    """Wait for mpiexec; past `timeout` end its whole process group. True if it timed out."""
+def _wait(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tuple[float, float], deaths: list[int]) -> tuple[str, float]:
+    """Wait for mpiexec; end it past the global limit, past the start-up limit while a rank has
+    not recorded its pid (a host that never answers keeps mpiexec waiting for as long as ssh
+    does), or as soon as a rank is in `deaths`. Returns why the launcher ended it ("timeout",
+    "startup", "died" or "") and after which limit."""
+    (timeout, startup_timeout), started = limits, time.monotonic()
+    while True:
+        try:
+            process.wait(timeout=0.25)
+            return "", 0.0
+        except subprocess.TimeoutExpired:
+            pass
+        elapsed = time.monotonic() - started
+        if deaths:
+            _end(process)
+            return "died", 0.0
+        if elapsed > timeout:
+            _end(process)
+            return "timeout", timeout
+        if elapsed > startup_timeout and len(rank_pids(run_dir, device_num, anywhere=True)) < device_num:
+            _end(process)
+            return "startup", startup_timeout
+
+
+def _end(process: subprocess.Popen) -> None:
+    """End mpiexec and everything it started. SIGTERM first: mpiexec then tells the proxies of
+    other hosts to end their ranks; past a grace period SIGKILL the whole tree, which mpiexec
+    spread over sessions of their own."""
     try:
-        process.wait(timeout=timeout)
-        return False
+        process.terminate()
+        process.wait(timeout=2.0)
     except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                process.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return True
+        pass
+    kill_tree(process.pid)
+    process.kill()
+    process.wait()
 
 
-def _watch_deaths(process: subprocess.Popen, run_dir: Path, device_num: int, deaths: list[int]) -> None:
-    """While mpiexec runs, note the ranks (on this host) whose process ends, in order: when
-    one rank is killed, mpiexec kills the others, and only the order tells who went first."""
+def _watch_ranks(process: subprocess.Popen, run_dir: Path, device_num: int, deaths: list[int], stopped: dict[int, str],
+                 marked: bool) -> None:
+    """While mpiexec runs, note the ranks (on this host) whose process ends, in order, and those
+    found stopped (``kill -STOP``: such a rank cannot speak for itself). When the ranks mark how
+    they end (`marked`), only those killed count as deaths (`killed`); otherwise every end does
+    (mpiexec kills the others when one dies, and only the order tells who went first)."""
     pids: dict[int, int] = {}
+    ended: set[int] = set()
     while process.poll() is None:
         if len(pids) < device_num:
             pids = rank_pids(run_dir, device_num)
-        deaths += [rank for rank, pid in sorted(pids.items()) if rank not in deaths and not running(pid)]
+        for rank, pid in sorted(pids.items()):
+            state = process_state(pid)
+            if state is not None and state.stopped:
+                stopped.setdefault(rank, state.state)
+            if rank in ended or (state.running if state else running(pid)):
+                continue
+            ended.add(rank)
+            if not marked or killed(run_dir, device_num, rank):
+                deaths.append(rank)
         time.sleep(0.005)
 
 
-_PF_EXITING = 0x4  # the kernel's per-process flag, set as soon as the process starts dying
-
-
-def running(pid: int) -> bool:
-    """Alive and not dying: a killed process tears its memory down for some milliseconds
-    before it becomes a zombie, and mpiexec may kill the others meanwhile; the exiting
-    flag is set at once."""
+def exit_status(run_dir: Path, rank: int) -> int | None:
+    """The status a rank recorded when it ended on its own terms (``rank_<i>/exit``), or None."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return alive(pid) if not Path("/proc/self").exists() else False
-    return fields[0] not in ("Z", "X") and not int(fields[6]) & _PF_EXITING
+        return int((run_dir / f"rank_{rank}" / "exit").read_text())
+    except (OSError, ValueError):
+        return None
 
 
-def rank_pids(run_dir: Path, device_num: int) -> dict[int, int]:
-    """The process id each rank recorded on this host (``rank_<i>/pid``)."""
-    pids = {}
+def killed(run_dir: Path, device_num: int, rank: int) -> bool:
+    """Whether `rank`, whose process ended, was killed (or crashed): it recorded no exit status,
+    and no rank is aborting the job (whose other ranks mpiexec kills)."""
+    if exit_status(run_dir, rank) is not None:
+        return False
+    return not any(exit_status(run_dir, other) not in (None, 0) for other in range(device_num))
+
+
+def rank_pids(run_dir: Path, device_num: int, anywhere: bool = False) -> dict[int, int]:
+    """The process id each rank recorded (``rank_<i>/pid``), of the ranks on this machine only
+    (``rank_<i>/host``; the run directory is shared across hosts), or on any host (`anywhere`)."""
+    pids, here = {}, socket.gethostname()
     for rank in range(device_num):
+        folder = run_dir / f"rank_{rank}"
         try:
-            pids[rank] = int((run_dir / f"rank_{rank}" / "pid").read_text())
+            pid = int((folder / "pid").read_text())
+            host = (folder / "host").read_text().strip() if (folder / "host").exists() else here
         except (OSError, ValueError):
             continue
+        if anywhere or host == here:
+            pids[rank] = pid
     return pids
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def end_leftovers(run_dir: Path, device_num: int, grace: float = 3.0) -> list[int]:
-    """Kill rank processes that outlive mpiexec (after `grace` seconds); returns their pids."""
+    """Kill rank processes that outlive mpiexec (after `grace` seconds); returns their pids.
+    A zombie is not alive here: its parent (the launcher itself, once mpiexec's proxy is gone)
+    has yet to reap it."""
     deadline = time.monotonic() + grace
     pids = list(rank_pids(run_dir, device_num).values())
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    killed = [pid for pid in pids if alive(pid)]
+    killed = [pid for pid in pids if running(pid)]
     for pid in killed:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     return killed
-
-
-def diagnose(lines: list[str], run_dir: Path, device_num: int, returncode: int, timed_out: bool, timeout: float,
-             deaths: list[int] = ()) -> str:
-    """One message naming the failing rank(s), or "" when the job succeeded."""
-    if returncode == 0 and not timed_out:
-        return ""
-    errors = {}
-    for line in lines:
-        match = _RANK_LINE.match(line.strip())
-        if match:
-            errors.setdefault(int(match.group(1)), match.group(2))
-    blamed = _blame(errors)
-    died = _dead_rank(lines, run_dir, device_num, deaths)
-    if died:
-        blamed.insert(0, died)
-    if timed_out:
-        blamed.append(f"the job did not finish within {timeout:g} s and was killed")
-    if not blamed:
-        blamed.append(f"mpiexec exited with status {returncode}; see the rank logs in {run_dir}")
-    others = [f"rank {rank}: {text}" for rank, text in sorted(errors.items()) if f"rank {rank}:" not in " ".join(blamed)]
-    return "\n".join([f"job failed: {blamed[0]}", *blamed[1:], *(["other ranks:"] + others if others else [])])
-
-
-def _blame(errors: dict[int, str]) -> list[str]:
-    """The rank messages that point at the cause: raised errors first; among stalls, the ranks
-    stuck somewhere the fewest ranks are (the others are usually waiting for them)."""
-    raised = [f"rank {r}: {text}" for r, text in sorted(errors.items()) if "no progress" not in text]
-    if raised:
-        return raised
-    places: dict[str, list[int]] = {}
-    for rank, text in errors.items():
-        places.setdefault(text.split(" s ", 1)[-1], []).append(rank)
-    if not places:
-        return []
-    ranks = min(places.values(), key=len) if len(places) > 1 else sorted(errors)
-    return [f"rank {rank}: {errors[rank]}" for rank in sorted(ranks)]
-
-
-def _dead_rank(lines: list[str], run_dir: Path, device_num: int, deaths) -> str:
-    """mpiexec's report of a rank process that died; the rank is the first one seen to end
-    (mpiexec names whichever pid it reaped first, often one it killed itself)."""
-    text = "\n".join(lines)
-    match = _DEAD_PID.search(text)
-    if not match or "application called MPI_Abort" in text:
-        return ""
-    pids = rank_pids(run_dir, device_num)
-    how = _EXIT.search(text)
-    signal_text = re.search(r"EXIT STRING: ([^\n]*)", text)
-    cause = signal_text.group(1).strip() if signal_text else how.group(1).strip() if how else "terminated"
-    if deaths:
-        return f"rank {deaths[0]} (pid {pids.get(deaths[0])}) died first: {cause}; mpiexec then ended the other ranks"
-    pid = int(match.group(1))
-    ranks = [rank for rank, recorded in pids.items() if recorded == pid]
-    return f"{f'rank {ranks[0]}' if ranks else 'a rank'} (pid {pid}) died: {cause}"

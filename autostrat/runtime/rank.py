@@ -6,13 +6,15 @@ against it before it uses any of them, and a changed job fails like any other ra
 Each rank writes everything it prints to ``RUN_DIR/rank_<i>/log`` (like MindSpore's
 ``device<i>/train.log<i>``) and its process id to ``rank_<i>/pid``; only rank 0's report and
 one line per failing rank go to the terminal. A rank that raises prints ``rank i: <error>``
-and aborts the whole job; a rank that stops making progress is ended by its `Watchdog`.
+and aborts the whole job; a rank that stops making progress is ended by its `Watchdog`. A rank
+that ends on its own terms (done, or aborting the job) writes its status to ``rank_<i>/exit``.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -26,12 +28,21 @@ from autostrat.runtime.report import format_report
 from autostrat.runtime.watchdog import Watchdog, say
 
 
+def record_pid(run_dir: Path, rank: int) -> Path:
+    """Write this process's id to ``rank_<rank>/pid`` and its host to ``rank_<rank>/host`` (the
+    launcher's sign that the rank started, and how it finds the process: a pid means nothing on
+    another host); returns the rank's folder."""
+    folder = run_dir / f"rank_{rank}"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(folder / "host", f"{socket.gethostname()}\n")
+    write_atomically(folder / "pid", f"{os.getpid()}\n")
+    return folder
+
+
 def redirect_output(run_dir: Path, rank: int) -> tuple[int, int]:
     """Send this process's stdout and stderr to ``rank_<rank>/log``; return copies of the
     original descriptors (the terminal, through mpiexec) for the lines meant for the user."""
-    folder = run_dir / f"rank_{rank}"
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(folder / "pid", f"{os.getpid()}\n")
+    folder = record_pid(run_dir, rank)
     terminal_out, terminal_err = os.dup(1), os.dup(2)
     log = os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush(), sys.stderr.flush()
@@ -46,6 +57,8 @@ def inject(fault, backend) -> None:
         raise RuntimeError(f"injected failure at instruction {fault.at}")
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "stop":  # frozen: even its watchdog cannot speak
+        os.kill(os.getpid(), signal.SIGSTOP)
     if fault.kind == "hang":
         backend.barrier_on_copy()  # alone in a collective: the others never join
     while fault.kind == "loop":
@@ -89,22 +102,36 @@ def main(argv: list[str] | None = None) -> int:
     # still sees which rank died first when ranks outnumber cores (measured: with two CPU hogs
     # running, the killed rank was misnamed in 3 of 5 runs at equal priority).
     os.nice(5)
+    if os.environ.get("PMI_RANK", "").isdigit():
+        # Before MPI starts: MPI_Init waits for every host, and the launcher tells the hosts that
+        # never started their ranks from those that did by these files.
+        record_pid(run_dir, int(os.environ["PMI_RANK"]))
     from autostrat.runtime.mpi import MpiBackend
 
     backend = MpiBackend()
     terminal_out, terminal_err = redirect_output(run_dir, backend.rank)
     print(f"rank {backend.rank} of {backend.device_num}: pid {os.getpid()}", flush=True)
-    watchdog = Watchdog(backend.rank, _stall_limit(run_dir), lambda: backend.abort(3), fd=terminal_err)
+    watchdog = Watchdog(backend.rank, _stall_limit(run_dir), lambda: end_rank(run_dir, backend.rank, 3, backend),
+                        fd=terminal_err)
     try:
         ok = run_rank(run_dir, digest_argument(argv), backend, watchdog, terminal_out)
     except BaseException as error:  # noqa: BLE001  (any failure must end the whole job)
         traceback.print_exc()
         say(terminal_err, f"rank {backend.rank}: {type(error).__name__}: {error}")
         sys.stdout.flush(), sys.stderr.flush()
-        backend.abort(1)
-        return 1
+        return end_rank(run_dir, backend.rank, 1, backend)
     watchdog.stop()
-    return 0 if ok else 4
+    return end_rank(run_dir, backend.rank, 0 if ok else 4)
+
+
+def end_rank(run_dir: Path, rank: int, status: int, backend=None) -> int:
+    """Record that this rank ends on its own terms (``rank_<rank>/exit`` holds `status`) and,
+    given the `backend`, abort the whole job. The launcher takes a rank process that ends
+    without this file for one that was killed or crashed, and ends the job itself."""
+    write_atomically(run_dir / f"rank_{rank}" / "exit", f"{status}\n")
+    if backend is not None:
+        backend.abort(status)
+    return status
 
 
 def digest_argument(argv: list[str]) -> str:

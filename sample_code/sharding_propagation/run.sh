@@ -3,7 +3,16 @@
 # Every rank runs train.py under mpiexec (python -m mpi4py aborts the job when a rank raises);
 # rank i's output goes to device/rank_<i>/log, rank 0's check is printed at the end.
 # RANK_TABLE_FILE=rank_table_8pcs.json bash run.sh 8 starts the ranks on the table's servers.
+# (a relative RANK_TABLE_FILE is read from the directory run.sh was called from).
 set -euo pipefail
+if [[ -n "${RANK_TABLE_FILE:-}" ]]; then
+    # A relative path is the caller's: resolve it before moving into this folder.
+    if [[ ! -f "$RANK_TABLE_FILE" ]]; then
+        echo "run.sh: RANK_TABLE_FILE: expected a rank table file, got '$RANK_TABLE_FILE' (no such file from $PWD)" >&2
+        exit 2
+    fi
+    RANK_TABLE_FILE="$(cd "$(dirname "$RANK_TABLE_FILE")" && pwd)/$(basename "$RANK_TABLE_FILE")"
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")"
 rank_size=${1:-8}
 repo=../..
@@ -12,9 +21,15 @@ hosts=()
 if [[ -n "${RANK_TABLE_FILE:-}" ]]; then
     "$repo/.venv/bin/python" - "$RANK_TABLE_FILE" "$rank_size" > hostfile <<'PY'
 import sys
-from autostrat.runtime.launcher import hostfile_text
+from autostrat.errors import ConfigError
+from autostrat.runtime.launcher import hostfile_text, resolve_hosts
 from autostrat.runtime.rank_table import load_rank_table
-print(hostfile_text(load_rank_table(sys.argv[1], int(sys.argv[2])).hosts()), end="")
+try:
+    hosts = load_rank_table(sys.argv[1], int(sys.argv[2])).hosts()
+    resolve_hosts(hosts)
+except ConfigError as error:
+    sys.exit(f"run.sh: {error}")
+print(hostfile_text(hosts), end="")
 PY
     hosts=(-f hostfile)
     export MPIR_CVAR_CH4_NETMOD=${MPIR_CVAR_CH4_NETMOD:-ofi} FI_PROVIDER=${FI_PROVIDER:-tcp}
