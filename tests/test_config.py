@@ -53,6 +53,9 @@ CASES = {
     "input without shape": (GOOD.replace("{shape: [64, 64]}", "{dims: [64, 64]}"), r"bad.yaml: inputs\[0\]: expected \{shape: \[...\], dtype: ...\}"),
     "bad dtype": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], dtype: floaty}"), r"bad.yaml: inputs\[0\]: expected a numpy dtype or its name"),
     "strategies not a mapping": (GOOD + "strategies: [1]\n", r"bad.yaml: strategies: expected a mapping from op name to strategy"),
+    "duplicate top-level key": (GOOD + "device_num: 4\n", r"bad.yaml: key 'device_num' appears twice in one mapping, at line 1, column 1 and at line 5, column 1; give each key once"),
+    "duplicate nested key": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], shape: [8, 8]}"), r"bad.yaml: key 'shape' appears twice in one mapping, at line 4, column 6 and at line 4, column 23"),
+    "too deeply nested": ("model: " + "[" * 5000 + "\n", r"bad.yaml: not a usable config: values nested too deeply"),
     "strategy mapping form": (GOOD + "strategies:\n  relu: {out: [[1, 1]]}\n", r"bad.yaml: strategies.relu: expected \{in: \[\[...\]\], out: \[\[...\]\]\}"),
 }
 
@@ -62,6 +65,24 @@ def test_config_errors(tmp_path, case):
     text, message = CASES[case]
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, text))
+
+
+def test_a_duplicate_strategy_key_is_refused_too(tmp_path):
+    text = GOOD + "strategies:\n  relu: [[8, 1]]\n  dense1.matmul: [[2, 1], [1, 4]]\n  relu: [[1, 8]]\n"
+    with pytest.raises(ConfigError, match=r"key 'relu' appears twice in one mapping, at line 6, column 3 and at line 8, column 3"):
+        load_config(write(tmp_path, text))
+
+
+def test_merged_keys_may_still_be_overridden(tmp_path):
+    text = "device_num: 8\nmodel: {name: MLP, params: &p {layers: 2}}\ninputs: [{<<: {shape: [1, 1]}, shape: [64, 64]}]\n"
+    assert load_config(write(tmp_path, text)).inputs[0].shape == (64, 64)
+
+
+def test_a_config_that_is_not_utf8_names_the_byte(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(GOOD.encode() + b"# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: a config must be UTF-8 text; line 5, column 6 is byte 0xe9"):
+        load_config(path)
 
 
 def test_missing_file():

@@ -33,6 +33,7 @@ from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.context import KEYS, ParallelContext
 from autostrat.frontend.tensor import Tensor
+from autostrat.io import read_text
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
 
@@ -55,15 +56,48 @@ def _fail(where: str, message: str) -> ConfigError:
     return ConfigError(f"{where}: {message}")
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, first, second) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, except that a key given twice in one mapping is an error (PyYAML
+    would keep the last value silently). Merged keys (``<<: *base``) may still be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: SafeLoader rejects it below
+                continue
+            if first is not key_node:
+                raise _DuplicateKey(key, first.start_mark, key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _place(mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
 def _read(path: Path) -> dict:
+    text = read_text(path, "config")
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as error:
+        raise ConfigError(f"{path}: key {error.key!r} appears twice in one mapping, at {_place(error.first)} "
+                          f"and at {_place(error.second)}; give each key once") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        place = f" at {_place(mark)}" if mark else ""
         raise ConfigError(f"{path}: not valid YAML{place}: {getattr(error, 'problem', error)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a usable config: values nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys (parallel_mode, model, inputs, ...), got {type(data).__name__}")
     return data
