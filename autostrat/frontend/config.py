@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -150,6 +151,19 @@ def _build_inputs(section, where: str) -> tuple[Tensor, ...]:
     return tuple(tensors)
 
 
+def _check_input_count(net, inputs, where: str) -> None:
+    """The model's construct must accept the configured inputs (trace would fail on a TypeError)."""
+    try:
+        signature = inspect.signature(net.construct)
+    except (AttributeError, TypeError, ValueError):
+        return  # no inspectable construct: tracing reports what is wrong
+    try:
+        signature.bind(*inputs)
+    except TypeError:
+        names = [name for name, p in signature.parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        raise _fail(where, f"{type(net).__name__} takes {len(names)} input(s) ({', '.join(names)}), got {len(inputs)}") from None
+
+
 def _check_strategies(section, where: str) -> dict:
     if section is None:
         return {}
@@ -196,6 +210,7 @@ def load_config(path, **overrides) -> Config:
             raise ConfigError(f"{path}: missing key {section!r}")
     net = _build_model(data["model"], f"{path}: model")
     inputs = _build_inputs(data["inputs"], f"{path}: inputs")
+    _check_input_count(net, inputs, f"{path}: inputs")
     optimizer = _build_optimizer(data.get("optimizer"), f"{path}: optimizer")
     if optimizer is not None:
         context = replace(context, phase="train")
@@ -206,7 +221,7 @@ def load_config(path, **overrides) -> Config:
 def _build_optimizer(section, where: str):
     if section is None:
         return None
-    if not isinstance(section, dict) or section.get("name") not in OPTIMIZERS:
+    if not isinstance(section, dict) or not isinstance(section.get("name"), str) or section["name"] not in OPTIMIZERS:
         raise _fail(where, f"expected {{name: {' | '.join(OPTIMIZERS)}, <its settings>}}, got {section!r}")
     settings = {key: value for key, value in section.items() if key != "name"}
     kind = OPTIMIZERS[section["name"]]
