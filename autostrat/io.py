@@ -1,19 +1,28 @@
-"""Files: autostrat never half-writes one (a temporary file, then a rename), and a JSON file it
-cannot read is a `ConfigError` naming the file and the place."""
+"""Files: autostrat never half-writes one (temporary files, then renames), a write that fails
+leaves nothing behind, and a JSON file it cannot read is a `ConfigError` naming the file and
+the place.
+
+What autostrat writes for the user to keep and share (plans, strategy checkpoints, IR dumps,
+parameter checkpoints, reports) gets the mode the user's umask gives any new file (0644 under
+umask 022, 0640 under 027); ``private=True`` keeps a file to its owner (0600)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from autostrat.errors import ConfigError
 
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
 
-def write_atomically(path, text: str | bytes) -> None:
-    """Write `text` (str, or bytes for a binary file) to `path` through a temporary file in the
-    same folder and a rename.
+
+def write_atomically(path, text: str | bytes, private: bool = False) -> None:
+    """Write `text` (str as UTF-8, or bytes) to `path` through a temporary file in the same
+    folder and a rename; missing folders are created. On failure nothing is left: no temporary,
+    no folder this call created. The file follows the umask unless `private` (then 0600).
 
     Example:
         >>> import tempfile, pathlib
@@ -21,18 +30,107 @@ def write_atomically(path, text: str | bytes) -> None:
         >>> write_atomically(target, "{}\\n"); target.read_text()
         '{}\\n'
     """
-    path = Path(path)
-    temporary = None
+    write_files_atomically({Path(path): text}, private)
+
+
+def write_files_atomically(files: dict, private: bool = False) -> list[Path]:
+    """Write several files all or nothing: every temporary is written before the first rename,
+    and a failure removes the temporaries, the targets that did not exist before and the folders
+    this call created (a target that existed may already hold its new text). Returns the paths.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> folder = pathlib.Path(tempfile.mkdtemp()) / "ir"
+        >>> [p.name for p in write_files_atomically({folder / "a.ir": "a\\n", folder / "b.ir": "b\\n"})]
+        ['a.ir', 'b.ir']
+    """
+    files = {Path(path): _encode(path, text) for path, text in files.items()}
+    created: list[Path] = []  # folders made here, outermost first
+    temporaries: dict[Path, Path] = {}
+    renamed: list[Path] = []  # targets that did not exist before their rename
+    current = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(handle, "wb" if isinstance(text, bytes) else "w") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except OSError as error:
-        if temporary is not None and os.path.exists(temporary):  # a failed write leaves nothing behind
+        for current in files:
+            created += _make_folders(current.parent)
+        for current, data in files.items():
+            temporaries[current] = _write_temporary(current, data, private)
+        for current, temporary in temporaries.items():
+            existed = os.path.lexists(current)
+            os.replace(temporary, current)
+            if not existed:
+                renamed.append(current)
+    except BaseException as error:
+        _remove([t for p, t in temporaries.items() if os.path.lexists(t)] + renamed, created)
+        if isinstance(error, OSError):
+            raise ConfigError(f"cannot write {current}: {error.strerror or error}") from None
+        raise
+    return list(files)
+
+
+def _encode(path, text: str | bytes) -> bytes:
+    if isinstance(text, bytes):
+        return text
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ConfigError(f"cannot write {path}: the text is not encodable as UTF-8 ({error.reason})") from None
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Create `folder` and its missing parents; returns the ones created, outermost first."""
+    missing = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    created = []
+    try:
+        for path in reversed(missing):
+            try:
+                path.mkdir()  # 0777 less the umask, like any folder the user makes
+            except FileExistsError:
+                if not path.is_dir():
+                    raise
+                continue  # made meanwhile by someone else: not ours to remove
+            created.append(path)
+    except BaseException:
+        _remove([], created)
+        raise
+    return created
+
+
+def _write_temporary(path: Path, data: bytes, private: bool) -> Path:
+    """A new file next to `path` holding `data`. It is created with mode 0666 (or 0600 when
+    private) and the kernel applies the umask. Reading the umask ourselves would need
+    os.umask(), which sets it too, for the whole process: another thread creating a file
+    meanwhile would get the wrong mode. (tempfile.mkstemp always gives 0600.)"""
+    for _ in range(100):
+        temporary = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            handle = os.open(temporary, _FLAGS, 0o600 if private else 0o666)
+        except FileExistsError:
+            continue
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+        except BaseException:
             os.remove(temporary)
-        raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
+            raise
+        return temporary
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(path.parent))
+
+
+def _remove(files, folders) -> None:
+    """Best-effort clean-up after a failed write: `files`, then `folders` innermost first."""
+    for path in files:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    for folder in reversed(folders):
+        try:
+            os.rmdir(folder)  # only ever empty: it held nothing before this call
+        except OSError:
+            pass
 
 
 def read_json(path, what: str):
@@ -47,9 +145,38 @@ def read_json(path, what: str):
         {'version': '1.0'}
     """
     path = Path(path)
+    text = read_text(path, what)
     try:
-        return json.loads(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
+        return json.loads(text)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise ConfigError(f"{path}: not a valid {what}: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a valid {what}: values nested too deeply") from None
+
+
+def read_text(path, what: str) -> str:
+    """The UTF-8 text of `path` (a byte-order mark is skipped); an unreadable file or other bytes
+    are a `ConfigError` naming `what`, the file and the place of the first bad byte.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "bad.yaml"
+        >>> _ = target.write_bytes(b"name: caf\\xe9")
+        >>> read_text(target, "config")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: .../bad.yaml: a config must be UTF-8 text; line 1, column 10 is byte 0xe9
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - data.rfind(b"\n", 0, error.start)
+        raise ConfigError(f"{path}: a {what} must be UTF-8 text; line {line}, column {column} is byte 0x{data[error.start]:02x}") from None

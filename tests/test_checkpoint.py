@@ -4,8 +4,11 @@ same plan again."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import struct
+import zipfile
 import warnings
 
 import numpy as np
@@ -17,7 +20,7 @@ from autostrat.frontend.api import plan_for
 from autostrat.frontend.context import current_context
 from autostrat.frontend.train import TrainOneStepCell, WithLossCell, relative_error, train, training_plan
 from autostrat.models import FFN
-from autostrat.runtime.checkpoint import check_checkpoint, checkpoint_tensors, load_checkpoint, save_checkpoint
+from autostrat.runtime.checkpoint import check_checkpoint, checkpoint_bytes, checkpoint_tensors, load_checkpoint, save_checkpoint
 from autostrat.runtime.training import train_locally
 from autostrat.search import load_checkpoint_seeds
 
@@ -138,6 +141,34 @@ def _write_pickled(path):
     np.savez(path, w=np.array([{"a": 1}], dtype=object))
 
 
+def _zipped(name: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def _npy(header: bytes) -> bytes:
+    header += b" " * (63 - len(header) % 64) + b"\n"  # .npy v1: magic, version, length, header
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header
+
+
+def _write_bad_header(path):  # numpy parses the header with Python's tokenizer: TokenError
+    path.write_bytes(_zipped("w.npy", _npy(b"{'descr': '<f8', 'fortran_order': False, 'shape': (2,")))
+
+
+def _write_huge_header(path):  # 8 PB of float64: MemoryError
+    path.write_bytes(_zipped("w.npy", _npy(b"{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000000,), }")))
+
+
+def _with_central_directory_byte(offset: int, value: int):
+    def write(path):
+        data = bytearray(checkpoint_bytes({"w": np.ones(2)}))
+        data[data.index(b"PK\x01\x02") + offset] = value
+        path.write_bytes(bytes(data))
+    return write
+
+
 @pytest.mark.parametrize(
     "write, message",
     [
@@ -146,8 +177,12 @@ def _write_pickled(path):
         (_write_npy, r"bad.npz: not a parameter checkpoint \(expected a numpy .npz archive\)"),
         (_write_truncated, r"bad.npz: not a (parameter checkpoint|readable parameter checkpoint)"),
         (_write_pickled, r"bad.npz: not a readable parameter checkpoint \(.npz of numeric arrays\): .*pickle"),
+        (_write_bad_header, r"bad.npz: not a readable parameter checkpoint \(.npz of numeric arrays\): \('EOF in multi-line"),
+        (_write_huge_header, r"bad.npz: not a readable parameter checkpoint: an array header claims more memory than there is"),
+        (_with_central_directory_byte(10, 99), r"bad.npz: not a readable .*: That compression method is not supported"),
+        (_with_central_directory_byte(8, 1), r"bad.npz: not a readable .*: File 'w.npy' is encrypted, password required"),
     ],
-    ids=["missing", "text", "npy", "truncated", "pickled"],
+    ids=["missing", "text", "npy", "truncated", "pickled", "bad header", "huge header", "compression", "encrypted"],
 )
 def test_unreadable_checkpoints_are_named(tmp_path, write, message):
     path = tmp_path / "bad.npz"

@@ -53,6 +53,15 @@ CASES = {
     "input without shape": (GOOD.replace("{shape: [64, 64]}", "{dims: [64, 64]}"), r"bad.yaml: inputs\[0\]: expected \{shape: \[...\], dtype: ...\}"),
     "bad dtype": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], dtype: floaty}"), r"bad.yaml: inputs\[0\]: expected a numpy dtype or its name"),
     "strategies not a mapping": (GOOD + "strategies: [1]\n", r"bad.yaml: strategies: expected a mapping from op name to strategy"),
+    "duplicate top-level key": (GOOD + "device_num: 4\n", r"bad.yaml: key 'device_num' appears twice in one mapping, at line 1, column 1 and at line 5, column 1; give each key once"),
+    "duplicate nested key": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], shape: [8, 8]}"), r"bad.yaml: key 'shape' appears twice in one mapping, at line 4, column 6 and at line 4, column 23"),
+    "too deeply nested": ("model: " + "[" * 5000 + "\n", r"bad.yaml: not a usable config: values nested too deeply"),
+    "dtype not numeric": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], dtype: object}"), r"bad.yaml: inputs\[0\]: expected a numeric dtype \(bool, integer, float or complex\), got 'object' \(object\)"),
+    "dtype a mapping": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], dtype: {a: {b: 1}}}"), r"bad.yaml: inputs\[0\]: expected a numpy dtype or its name such as 'float32', got \{'a': \{'b': 1\}\}"),
+    "too few inputs": (GOOD.replace("{name: FFN}", "{name: GPT}"), r"bad.yaml: inputs: GPT takes 2 input\(s\) \(ids, labels\), got 1"),
+    "model size not an integer": (GOOD.replace("{name: FFN}", "{name: GPT, params: {batch: null}}"), r"bad.yaml: model.params: GPT: batch must be a positive integer, got None"),
+    "heads do not divide hidden": (GOOD.replace("{name: FFN}", "{name: GPT, params: {heads: 3}}"), r"bad.yaml: model.params: GPT: hidden must be a multiple of heads, got hidden 64 and heads 3"),
+    "time limit NaN": (GOOD + "refine_time_limit: .nan\n", r"bad.yaml: refine_time_limit must be a positive number of seconds, got nan"),
     "strategy mapping form": (GOOD + "strategies:\n  relu: {out: [[1, 1]]}\n", r"bad.yaml: strategies.relu: expected \{in: \[\[...\]\], out: \[\[...\]\]\}"),
 }
 
@@ -62,6 +71,24 @@ def test_config_errors(tmp_path, case):
     text, message = CASES[case]
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, text))
+
+
+def test_a_duplicate_strategy_key_is_refused_too(tmp_path):
+    text = GOOD + "strategies:\n  relu: [[8, 1]]\n  dense1.matmul: [[2, 1], [1, 4]]\n  relu: [[1, 8]]\n"
+    with pytest.raises(ConfigError, match=r"key 'relu' appears twice in one mapping, at line 6, column 3 and at line 8, column 3"):
+        load_config(write(tmp_path, text))
+
+
+def test_merged_keys_may_still_be_overridden(tmp_path):
+    text = "device_num: 8\nmodel: {name: MLP, params: &p {layers: 2}}\ninputs: [{<<: {shape: [1, 1]}, shape: [64, 64]}]\n"
+    assert load_config(write(tmp_path, text)).inputs[0].shape == (64, 64)
+
+
+def test_a_config_that_is_not_utf8_names_the_byte(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(GOOD.encode() + b"# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: a config must be UTF-8 text; line 5, column 6 is byte 0xe9"):
+        load_config(path)
 
 
 def test_missing_file():
@@ -93,6 +120,7 @@ def test_an_optimizer_section_makes_a_training_config():
 @pytest.mark.parametrize("section,message", [
     ("{name: lamb}", r"optimizer: expected \{name: adam \| momentum \| sgd, <its settings>\}, got \{'name': 'lamb'\}"),
     ("[adam]", r"optimizer: expected \{name: adam"),
+    ("{name: [adam]}", r"optimizer: expected \{name: adam \| momentum \| sgd, <its settings>\}, got \{'name': \['adam'\]\}"),
     ("{name: adam, lr: 1}", "optimizer: adam accepts learning_rate, beta1, beta2, eps; got lr"),
     ("{name: momentum, momentum: -1}", "optimizer: Momentum: momentum must be a non-negative number, got -1"),
 ])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.context import KEYS, ParallelContext
 from autostrat.frontend.tensor import Tensor
+from autostrat.io import read_text
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
 
@@ -55,15 +57,48 @@ def _fail(where: str, message: str) -> ConfigError:
     return ConfigError(f"{where}: {message}")
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, first, second) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, except that a key given twice in one mapping is an error (PyYAML
+    would keep the last value silently). Merged keys (``<<: *base``) may still be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: SafeLoader rejects it below
+                continue
+            if first is not key_node:
+                raise _DuplicateKey(key, first.start_mark, key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _place(mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
 def _read(path: Path) -> dict:
+    text = read_text(path, "config")
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as error:
+        raise ConfigError(f"{path}: key {error.key!r} appears twice in one mapping, at {_place(error.first)} "
+                          f"and at {_place(error.second)}; give each key once") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        place = f" at {_place(mark)}" if mark else ""
         raise ConfigError(f"{path}: not valid YAML{place}: {getattr(error, 'problem', error)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a usable config: values nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys (parallel_mode, model, inputs, ...), got {type(data).__name__}")
     return data
@@ -116,6 +151,19 @@ def _build_inputs(section, where: str) -> tuple[Tensor, ...]:
     return tuple(tensors)
 
 
+def _check_input_count(net, inputs, where: str) -> None:
+    """The model's construct must accept the configured inputs (trace would fail on a TypeError)."""
+    try:
+        signature = inspect.signature(net.construct)
+    except (AttributeError, TypeError, ValueError):
+        return  # no inspectable construct: tracing reports what is wrong
+    try:
+        signature.bind(*inputs)
+    except TypeError:
+        names = [name for name, p in signature.parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        raise _fail(where, f"{type(net).__name__} takes {len(names)} input(s) ({', '.join(names)}), got {len(inputs)}") from None
+
+
 def _check_strategies(section, where: str) -> dict:
     if section is None:
         return {}
@@ -162,6 +210,7 @@ def load_config(path, **overrides) -> Config:
             raise ConfigError(f"{path}: missing key {section!r}")
     net = _build_model(data["model"], f"{path}: model")
     inputs = _build_inputs(data["inputs"], f"{path}: inputs")
+    _check_input_count(net, inputs, f"{path}: inputs")
     optimizer = _build_optimizer(data.get("optimizer"), f"{path}: optimizer")
     if optimizer is not None:
         context = replace(context, phase="train")
@@ -172,7 +221,7 @@ def load_config(path, **overrides) -> Config:
 def _build_optimizer(section, where: str):
     if section is None:
         return None
-    if not isinstance(section, dict) or section.get("name") not in OPTIMIZERS:
+    if not isinstance(section, dict) or not isinstance(section.get("name"), str) or section["name"] not in OPTIMIZERS:
         raise _fail(where, f"expected {{name: {' | '.join(OPTIMIZERS)}, <its settings>}}, got {section!r}")
     settings = {key: value for key, value in section.items() if key != "name"}
     kind = OPTIMIZERS[section["name"]]

@@ -83,7 +83,7 @@ class ParallelContext:
         _check_choice("refine", self.refine, REFINERS)
         _check_choice("coarsen", self.coarsen, COARSEN_LEVELS)
         limit = self.refine_time_limit
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0:
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:  # NaN too
             raise ConfigError(f"refine_time_limit must be a positive number of seconds, got {limit!r}")
         object.__setattr__(self, "max_device_memory", parse_bytes(self.max_device_memory))
         for key in ("device_num", "global_rank"):

@@ -7,6 +7,9 @@ import numpy as np
 from autostrat.errors import ConfigError
 
 
+_NUMERIC = "biufc"  # numpy kinds: bool, signed, unsigned, float, complex (not str, object, record, time)
+
+
 def dtype_name(dtype) -> str:
     """The numpy name of a dtype given as a numpy dtype, a type or a name ('float32').
 
@@ -15,9 +18,12 @@ def dtype_name(dtype) -> str:
         ('float32', 'int64')
     """
     try:
-        return np.dtype(dtype).name
-    except TypeError:
+        resolved = np.dtype(dtype)
+    except (TypeError, ValueError, SyntaxError):  # np.dtype parses dicts, lists and comma strings too
         raise ConfigError(f"expected a numpy dtype or its name such as 'float32', got {dtype!r}") from None
+    if resolved.kind not in _NUMERIC:
+        raise ConfigError(f"expected a numeric dtype (bool, integer, float or complex), got {dtype!r} ({resolved})")
+    return resolved.name
 
 
 def output_dtype(op_type: str, input_dtypes: list[str], attrs: dict) -> str:

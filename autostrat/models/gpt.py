@@ -12,9 +12,11 @@ import math
 import numpy as np
 
 from autostrat import ops
+from autostrat.errors import ConfigError
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import GELU, Dense, Embedding, LayerNorm, SoftmaxCrossEntropyWithLogits
 from autostrat.frontend.tensor import Parameter, Tensor, initializer
+from autostrat.models.sizes import check_sizes
 
 
 class Attention(Cell):
@@ -75,6 +77,9 @@ class GPT(Cell):
 
     def __init__(self, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, batch: int = 4, vocab: int = 128):
         super().__init__()
+        check_sizes("GPT", layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch, vocab=vocab)
+        if hidden % heads:
+            raise ConfigError(f"GPT: hidden must be a multiple of heads, got hidden {hidden} and heads {heads}")
         self.batch, self.seq, self.hidden = batch, seq, hidden
         self.embedding = Embedding(vocab, hidden)
         self.position = Parameter(initializer("normal", (seq, hidden)))

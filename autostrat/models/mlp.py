@@ -5,6 +5,7 @@ from __future__ import annotations
 from autostrat import ops
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import Dense
+from autostrat.models.sizes import check_sizes
 
 
 class FFN(Cell):
@@ -34,6 +35,7 @@ class MLP(Cell):
 
     def __init__(self, layers: int = 4, in_channels: int = 64, hidden: int = 64, out_channels: int = 64):
         super().__init__()
+        check_sizes("MLP", layers=layers, in_channels=in_channels, hidden=hidden, out_channels=out_channels)
         widths = [in_channels] + [hidden] * (layers - 1) + [out_channels]
         self.layers = CellList(
             Dense(a, b, activation="relu" if i < layers - 1 else None) for i, (a, b) in enumerate(zip(widths, widths[1:]))

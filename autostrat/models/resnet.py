@@ -6,6 +6,7 @@ from __future__ import annotations
 from autostrat import ops
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import Conv2d, Dense, SoftmaxCrossEntropyWithLogits
+from autostrat.models.sizes import check_sizes
 
 
 class ResidualBlock(Cell):
@@ -33,6 +34,7 @@ class ResNet(Cell):
 
     def __init__(self, blocks: int = 2, in_channels: int = 3, channels: int = 16, classes: int = 8):
         super().__init__()
+        check_sizes("ResNet", blocks=blocks, in_channels=in_channels, channels=channels, classes=classes)
         self.stem = Conv2d(in_channels, channels, 3, has_bias=True)
         self.stem_relu = ops.ReLU()
         self.blocks = CellList(ResidualBlock(channels) for _ in range(blocks))

@@ -16,7 +16,9 @@ atomically (a temporary file, then a rename), so a crash never leaves half a che
 from __future__ import annotations
 
 import io
+import tokenize
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,11 @@ import numpy as np
 from autostrat.errors import CheckpointError
 from autostrat.io import write_atomically
 
+# What numpy and zipfile raise on a damaged archive: a bad array header is parsed by Python's
+# tokenizer (SyntaxError, TokenError); zipfile refuses compression methods it lacks
+# (NotImplementedError) and encrypted members (RuntimeError); a corrupt deflate stream is zlib.error.
+_UNREADABLE = (ValueError, EOFError, OSError, KeyError, zipfile.BadZipFile, SyntaxError, tokenize.TokenError,
+               NotImplementedError, RuntimeError, zlib.error)
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest zip timestamp; a fixed one keeps the bytes reproducible
 
 
@@ -89,8 +96,10 @@ def load_checkpoint(ckpt_file_name) -> dict[str, np.ndarray]:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             return {name: archive[name] for name in sorted(archive.files)}
-    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as error:
+    except _UNREADABLE as error:
         raise CheckpointError(f"{path}: not a readable parameter checkpoint (.npz of numeric arrays): {error}") from None
+    except MemoryError:
+        raise CheckpointError(f"{path}: not a readable parameter checkpoint: an array header claims more memory than there is") from None
 
 
 def check_checkpoint(graph, parameters: dict, where: str = "checkpoint") -> dict[str, np.ndarray]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autostrat.io import write_atomically
+from autostrat.io import write_files_atomically
 from autostrat.redistribution import lower_step
 
 
@@ -95,8 +95,7 @@ def sliced_text(plan, rank: int = 0) -> str:
 
 
 def write_dumps(plan, directory: Path) -> list[Path]:
-    """Write ``step_parallel_begin.ir`` and ``validate_rank0.ir`` into `directory`."""
-    paths = [directory / "step_parallel_begin.ir", directory / "validate_rank0.ir"]
-    write_atomically(paths[0], annotated_text(plan))
-    write_atomically(paths[1], sliced_text(plan, 0))
-    return paths
+    """Write ``step_parallel_begin.ir`` and ``validate_rank0.ir`` into `directory` (created if
+    missing), both or neither: a failed write leaves no file and no folder behind."""
+    texts = {directory / "step_parallel_begin.ir": annotated_text(plan), directory / "validate_rank0.ir": sliced_text(plan, 0)}
+    return write_files_atomically(texts)
