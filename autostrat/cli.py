@@ -16,13 +16,16 @@ import os
 import sys
 import warnings
 from importlib import metadata
+from pathlib import Path
 
 from autostrat.errors import AutostratError
+from autostrat.io import write_files_atomically
 from autostrat.frontend.config import load_config
 from autostrat.frontend.run import RunOptions, plan_config, run_config
 from autostrat.runtime.job import FAULTS, Fault
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
+from autostrat.search.dump import dump_texts
 from autostrat.strategies import generate_strategies
 
 # MindSpore's sharding-propagation tutorial FFN, x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64),
@@ -58,11 +61,9 @@ def search_command(args) -> str:
     if plan.refinement is not None:
         print(file=sys.stderr)  # end the progress line
     lines = notes + [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
-    if args.out:
-        plan.save(args.out)
-        lines.append(f"plan written to {args.out}")
-    if args.dump_ir:
-        lines += [f"IR written to {path}" for path in plan.dump_ir(args.dump_ir)]
+    files = ({Path(args.out): plan.to_json()} if args.out else {}) | (dump_texts(plan, Path(args.dump_ir)) if args.dump_ir else {})
+    written = write_files_atomically(files)  # --out and --dump-ir: all or nothing
+    lines += [f"{'plan' if path == Path(args.out or '') else 'IR'} written to {path}" for path in written]
     return "\n".join(lines)
 
 
@@ -84,6 +85,13 @@ def _positive(kind):
         return value
     parse.__name__ = f"positive {kind.__name__}"
     return parse
+
+
+def _natural(text: str) -> int:
+    """An argparse type: a whole number >= 0 (a random seed)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
 
 
 def _fault(text: str) -> Fault:
@@ -116,7 +124,7 @@ def _add_run(commands) -> None:
     run.add_argument("--backend", choices=["mpi", "local"], default="mpi", help="MPI processes (default) or local threads")
     run.add_argument("--steps", type=_positive(int), default=2, help="steps on random batches (default 2)")
     _add_phase(run)
-    run.add_argument("--seed", type=int, default=0, help="seed of the random batches (default 0)")
+    run.add_argument("--seed", type=_natural, default=0, help="seed of the random batches (default 0)")
     run.add_argument("--run-dir", help="folder for the job and the rank logs (default: a new one under runs/)")
     run.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds before the whole job is killed (default 300)")
     run.add_argument("--stall-timeout", type=_positive(float), default=10.0,

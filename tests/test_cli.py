@@ -107,6 +107,8 @@ def test_run_help_says_it_starts_mpiexec_and_documents_fault_injection(capsys):
     (["run", "configs/ffn.yaml", "--timeout", "nan"], "argument --timeout: expected a positive number, got 'nan'"),
     (["run", "configs/ffn.yaml", "--device-num", "0"], "argument --device-num: expected a positive integer, got '0'"),
     (["search", "configs/ffn.yaml", "--time-limit", "0"], "argument --time-limit: expected a positive number, got '0'"),
+    (["run", "configs/ffn.yaml", "--stall-timeout", "nan"], "argument --stall-timeout: expected a positive number, got 'nan'"),
+    (["run", "configs/ffn.yaml", "--seed", "-1"], "argument --seed: expected a whole number >= 0, got '-1'"),
 ])
 def test_options_no_run_can_honour_are_usage_errors(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -224,3 +225,14 @@ def test_mpi_ranks_refuse_a_changed_job(saved):
     assert not (run_dir / "report.txt").exists()
     logs = [(run_dir / f"rank_{rank}" / "log").read_text() for rank in range(8) if (run_dir / f"rank_{rank}" / "log").exists()]
     assert logs and not any(" step(s), sent " in log for log in logs)
+
+
+def test_the_job_files_are_the_owners_only(tmp_path, forward_job):
+    # The job holds the model's values; whoever shares the run directory need not read them.
+    previous = os.umask(0o022)
+    try:
+        save_job(forward_job, tmp_path)
+    finally:
+        os.umask(previous)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / JOB_FOLDER).iterdir()}
+    assert modes == {ARRAYS: 0o600, JOB_JSON: 0o600}

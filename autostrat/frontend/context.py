@@ -14,6 +14,7 @@ from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.search import MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 PHASES = ("predict", "train")
+MAX_DEVICE_NUM = 2**20  # far beyond any cluster; larger counts only exhaust memory in the search
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
 
 
@@ -91,6 +92,8 @@ class ParallelContext:
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "device_num" else 0):
                 bound = "a positive integer" if key == "device_num" else "a non-negative integer"
                 raise ConfigError(f"{key} must be {bound}, got {value!r}")
+        if self.device_num > MAX_DEVICE_NUM:
+            raise ConfigError(f"device_num must be at most {MAX_DEVICE_NUM:,} devices, got {self.device_num:,}")
         if self.global_rank >= self.device_num:
             raise ConfigError(f"global_rank {self.global_rank} must be below device_num {self.device_num}")
         for key in ("full_batch", "fully_use_devices", "gradients_mean"):

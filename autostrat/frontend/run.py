@@ -28,6 +28,9 @@ from autostrat.runtime.local import run_job_locally
 from autostrat.runtime.rank_table import load_rank_table
 
 
+MAX_LOCAL_RANKS = 256  # ranks one machine starts: each is a thread or a process with its own Python
+
+
 @dataclass(frozen=True)
 class RunOptions:
     device_num: int | None = None
@@ -135,6 +138,10 @@ def check_run_options(options: RunOptions) -> None:
             raise ConfigError(f"run option {key} must be a positive number of seconds, got {value!r}")
     if options.backend not in ("local", "mpi"):
         raise ConfigError(f"run option backend must be 'local' or 'mpi', got {options.backend!r}")
+    if options.device_num is not None and options.device_num > MAX_LOCAL_RANKS and not options.rank_table:
+        raise ConfigError(f"a run on this machine starts at most {MAX_LOCAL_RANKS} ranks (threads or MPI processes), "
+                          f"got device_num {options.device_num}; give a rank table to spread more over hosts, or plan "
+                          f"them with autostrat search")
 
 
 def run_config(config_path, options: RunOptions) -> tuple[int, str]:

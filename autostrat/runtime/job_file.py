@@ -138,8 +138,8 @@ def save_job(job: Job, run_dir) -> str:
     document |= {field: encode(getattr(job, field), form, field) for field, form in JOB_FIELDS.items()}
     text = (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
     folder = Path(run_dir) / JOB_FOLDER
-    write_atomically(folder / ARRAYS, arrays)
-    write_atomically(folder / JOB_JSON, text)
+    write_atomically(folder / ARRAYS, arrays, private=True)
+    write_atomically(folder / JOB_JSON, text, private=True)
     return _sha256(text)
 
 

@@ -160,13 +160,13 @@ def _leftovers_note(leftovers: list[int], orphans: dict[int, str]) -> str:
 def _prepare(run_dir: Path, device_num: int, hosts, stall_timeout: float, entry, digest: str | None) -> list[str]:
     """Write the stall limit, the host file and the command into `run_dir`; the command."""
     mpiexec = find_mpiexec()
-    write_atomically(run_dir / "stall_timeout", f"{stall_timeout}\n")
+    write_atomically(run_dir / "stall_timeout", f"{stall_timeout}\n", private=True)
     hostfile = None
     if hosts:
         hostfile = run_dir / "hostfile"
-        write_atomically(hostfile, hostfile_text(hosts))
+        write_atomically(hostfile, hostfile_text(hosts), private=True)
     command = mpiexec_command(mpiexec, device_num, run_dir, hostfile, entry, digest)
-    write_atomically(run_dir / "command", " ".join(command) + "\n")
+    write_atomically(run_dir / "command", " ".join(command) + "\n", private=True)
     return command
 
 

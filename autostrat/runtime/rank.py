@@ -34,8 +34,8 @@ def record_pid(run_dir: Path, rank: int) -> Path:
     another host); returns the rank's folder."""
     folder = run_dir / f"rank_{rank}"
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(folder / "host", f"{socket.gethostname()}\n")
-    write_atomically(folder / "pid", f"{os.getpid()}\n")
+    write_atomically(folder / "host", f"{socket.gethostname()}\n", private=True)
+    write_atomically(folder / "pid", f"{os.getpid()}\n", private=True)
     return folder
 
 
@@ -128,7 +128,7 @@ def end_rank(run_dir: Path, rank: int, status: int, backend=None) -> int:
     """Record that this rank ends on its own terms (``rank_<rank>/exit`` holds `status`) and,
     given the `backend`, abort the whole job. The launcher takes a rank process that ends
     without this file for one that was killed or crashed, and ends the job itself."""
-    write_atomically(run_dir / f"rank_{rank}" / "exit", f"{status}\n")
+    write_atomically(run_dir / f"rank_{rank}" / "exit", f"{status}\n", private=True)
     if backend is not None:
         backend.abort(status)
     return status

@@ -94,8 +94,12 @@ def sliced_text(plan, rank: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dump_texts(plan, directory: Path) -> dict[Path, str]:
+    """The dumps' paths in `directory` and their texts, for writing with other files at once."""
+    return {directory / "step_parallel_begin.ir": annotated_text(plan), directory / "validate_rank0.ir": sliced_text(plan, 0)}
+
+
 def write_dumps(plan, directory: Path) -> list[Path]:
     """Write ``step_parallel_begin.ir`` and ``validate_rank0.ir`` into `directory` (created if
     missing), both or neither: a failed write leaves no file and no folder behind."""
-    texts = {directory / "step_parallel_begin.ir": annotated_text(plan), directory / "validate_rank0.ir": sliced_text(plan, 0)}
-    return write_files_atomically(texts)
+    return write_files_atomically(dump_texts(plan, directory))
