@@ -17,6 +17,7 @@ The causes, most specific first:
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ _DEAD_PID = re.compile(r"PID (\d+) RUNNING AT")
 _EXIT = re.compile(r"(EXIT CODE: \d+|KILLED BY SIGNAL: [^\n=]*)")
 _HYDRA_LINE = re.compile(r"^\[mpiexec@[^]]*\] [^:]*\([^)]*\): (.*)$")
 _LAUNCH_FAILED = "Launch proxy failed"
+_LOCAL_NAMES = ("127.0.0.1", "localhost", socket.gethostname())
 _STOPPED = {"T": "its process is stopped (state T: SIGSTOP, or SIGTSTP from a terminal)",
             "t": "its process is stopped by a debugger (state t)"}
 
@@ -103,6 +105,9 @@ def _unstarted_hosts(seen: Observed) -> list[str]:
     spans = host_ranks(seen.hosts or [("this machine", seen.device_num)])
     named = {host: line.strip() for host, _ in spans for line in seen.lines if _mentions(line, host)}
     missing = [(host, ranks) for host, ranks in spans if any(rank not in seen.pids for rank in ranks)]
+    # A failed launch is a remote host's: mpiexec starts this machine's ranks without ssh, and
+    # they may simply not have recorded their pids yet when the job ends within a second.
+    missing = [(host, ranks) for host, ranks in missing if host not in _LOCAL_NAMES] or missing
     chosen = [(host, ranks) for host, ranks in spans if host in named] or missing or spans
     hydra = next((match.group(1) for match in map(_HYDRA_LINE.match, seen.lines) if match), "")
     if seen.ended == "startup":
