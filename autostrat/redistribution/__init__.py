@@ -1,9 +1,11 @@
 """Redistribution: the cheapest step sequence from one layout of a tensor to another.
 
 `plan_redistribution` plans, `redistribution_cost` prices, `cost_table` fills an edge's table,
-`simulate` runs a plan on per-rank numpy pieces and `lower_plan` turns it into primitives.
+`LazyCostTable` fills it as searches read it, `simulate` runs a plan on per-rank numpy pieces
+and `lower_plan` turns it into primitives.
 """
 
+from autostrat.redistribution.lazy import LazyCostTable
 from autostrat.redistribution.lower import Primitive, lower_plan, lower_step, plan_to_text
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.planner import plan_redistribution, redistribution_cost
@@ -11,6 +13,7 @@ from autostrat.redistribution.simulate import simulate
 from autostrat.redistribution.table import cost_table
 
 __all__ = [
+    "LazyCostTable",
     "Primitive",
     "RedistributionPlan",
     "RedistributionStep",

@@ -164,7 +164,8 @@ def _profile(problem: SearchProblem, op: str, owned) -> np.ndarray:
     costs = problem.costs[op]
     columns = [costs.comm[:, None], costs.flops[:, None], *(b[:, None] for b in owned[op])]
     for edge in problem.incident[op]:
-        columns.append(edge.table.T if edge.consumer == op else edge.table)
+        table = edge.table.full()  # the solver's model prices every pair
+        columns.append(table.T if edge.consumer == op else table)
     return np.hstack(columns)
 
 
@@ -233,7 +234,7 @@ def _coarse_graph(problem: SearchProblem, kept, owner):
     constant = 0.0
     for edge in problem.edges:
         a, b = owner[edge.producer], owner[edge.consumer]
-        table = edge.table[np.ix_(kept[edge.producer], kept[edge.consumer])]
+        table = edge.table.full()[np.ix_(kept[edge.producer], kept[edge.consumer])]
         if a == b:
             unary[a] += np.diagonal(table)
         elif len(unary[a]) == 1 or len(unary[b]) == 1:

@@ -23,7 +23,7 @@ from autostrat.autodiff import UPDATE_OP_TYPES, gradient_name
 from autostrat.cost import op_cost
 from autostrat.ir import Graph, OpNode
 from autostrat.layout import Strategy
-from autostrat.redistribution import cost_table
+from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.strategies import generate_strategies
 
 
@@ -32,7 +32,8 @@ class SearchEdge:
     """Output `output_index` of `producer` feeds input `input_index` of `consumer`.
 
     `table[i, j]` is the redistribution cost (bytes per device) from the producer's candidate
-    i to the consumer's candidate j. A parameter or graph input read by several ops is stored as
+    i to the consumer's candidate j, computed when first read (`table.full()` computes them all;
+    edges alike share one table). A parameter or graph input read by several ops is stored as
     its first consumer wants it; each later consumer gets an edge from that first one with
     `from_input` set, `output_index` then being the first consumer's input index.
     """
@@ -42,7 +43,7 @@ class SearchEdge:
     output_index: int
     consumer: str
     input_index: int
-    table: np.ndarray
+    table: LazyCostTable
     from_input: bool = False
     sync: bool = False  # a gradient-synchronisation or writeback edge (training graphs)
 
@@ -107,16 +108,17 @@ def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...]) -> OpCo
 
 @cache
 def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int,
-                dtype: str, from_input: bool = False) -> np.ndarray:
-    # Repeated layers have equal rules and candidates, so their tables are computed once.
+                dtype: str, from_input: bool = False) -> LazyCostTable:
+    # Repeated layers have equal rules and candidates, so they share one table: an entry one
+    # layer's search computed serves every other layer.
     sources = [(s.input_layouts if from_input else s.output_layouts)[output_index] for s in producer]
-    table = cost_table(sources, [s.input_layouts[input_index] for s in consumer], dtype)
-    table.setflags(write=False)
-    return table
+    return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], dtype)
 
 
-def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False) -> SearchProblem:
-    """Candidates, own costs and edge tables of every op and edge of `graph`."""
+def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
+                  lazy: bool = True) -> SearchProblem:
+    """Candidates, own costs and edge tables of every op and edge of `graph`; the tables' entries
+    are computed as the search reads them, or all at once without `lazy` (tests compare the two)."""
     full = graph
     graph, followers = searched_graph(graph)
     candidates = {name: op_candidates(op, device_num, allow_repeated, full_only) for name, op in graph.ops.items()}
@@ -139,7 +141,10 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
             edges.append(edge)
         else:  # the op reads and updates its own state: only its own candidate's cost counts
             own = costs[edge.producer]
-            costs[edge.producer] = OpCosts(own.comm + np.diagonal(edge.table), own.flops, own.memory)
+            costs[edge.producer] = OpCosts(own.comm + np.diagonal(edge.table.full()), own.flops, own.memory)
+    if not lazy:
+        for edge in edges:
+            edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
                          _optimizer_state(full, followers))
 
