@@ -89,10 +89,10 @@ class LazyCostTable:
         if missing.all():
             self._compute(row_ids, column_ids)
         elif len(row_ids) <= len(column_ids):
-            for k, i in enumerate(row_ids):
+            for k in range(len(row_ids)):
                 self._compute(row_ids[k:k + 1], column_ids[missing[k]])
         else:
-            for k, j in enumerate(column_ids):
+            for k in range(len(column_ids)):
                 self._compute(row_ids[missing[:, k]], column_ids[k:k + 1])
 
     def _compute(self, row_ids: np.ndarray, column_ids: np.ndarray) -> None:
