@@ -16,9 +16,12 @@ Each as a training step (forward, backward, Adam) on 8, 64, 256 and 1024 devices
   plan as the hint, CP-SAT refines it within --time-limit seconds).
 
 Every case runs in its own process, so its peak RSS is its own, and is killed after --timeout
-seconds; its row then says which phase it was in (the child writes a line as each phase starts
-and ends) and its peak RSS until then (VmHWM). Columns: ops of the training graph; candidates
-summed over the searched ops (update ops follow their parameter and are not searched); table
+seconds, or once it holds more than --memory-limit MB (default 8192: the machine may be shared,
+and a 1024-device case grew to 12 GB within 300 s); its row then says which phase it was in
+(the child writes a line as each phase starts and ends). Peak MB is the reaped child's
+ru_maxrss, also for a killed or failed case.
+
+Columns: ops of the training graph; candidates summed over the searched ops (update ops follow their parameter and are not searched); table
 entries, the sum of the sizes of the edges' cost tables (what the search reads); costs computed,
 the distinct redistribution costs computed to fill them (the memo of
 `autostrat.redistribution.table.cost_table`: one optimal-redistribution search each); seconds
@@ -37,7 +40,7 @@ Targets of issue #14, checked at the models' full depth (no --layers) for either
   or seeding none with ``--coarsen layers``): the optimum proven (status OPTIMAL) in <= 30 s.
 
 Run: .venv/bin/python benchmarks/scale.py [--models 7b 175b] [--devices 8 64 256 1024]
-     [--seeding megatron none] [--timeout 300] [--layers N] [--refine cpsat] [--coarsen layers]
+     [--seeding megatron none] [--timeout 300] [--memory-limit 8192] [--layers N] [--refine cpsat] [--coarsen layers]
 """
 
 from __future__ import annotations
@@ -50,12 +53,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
 
-from phases import PhaseClock, peak_rss_mb, timed_calls  # noqa: E402  (this folder is on sys.path)
+from phases import PhaseClock, timed_calls  # noqa: E402  (this folder is on sys.path)
 
 from autostrat.tables import format_table  # noqa: E402
 
@@ -107,7 +111,6 @@ def plan_case(case: dict, clock: PhaseClock) -> dict:
         "costs computed": len(table._COSTS),  # fresh process: every entry was computed by this case
         "bytes": plan.total_bytes,
         "refine status": plan.refinement.result.status if plan.refinement else None,
-        "peak MB": peak_rss_mb(),
     }
 
 
@@ -134,43 +137,62 @@ def read_progress(progress: Path) -> tuple[dict, str | None, dict | None]:
     return seconds, current, result
 
 
-def high_water_mb(pid: int) -> float | None:
-    """A live process's peak RSS (VmHWM) in MB, read before it is killed."""
+def resident_mb(pid: int) -> float:
+    """A live process's resident memory (VmRSS) in MB; 0 once it is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     except OSError:
-        return None
-    return None
+        pass
+    return 0.0
 
 
-def run_case(case: dict, timeout: float) -> dict:
-    """Plan `case` in a child process killed after `timeout` seconds; what it reported."""
+def wait_measured(child: subprocess.Popen, timeout: float, memory_limit: float) -> tuple[str | None, float]:
+    """Wait for `child`, killing its process group after `timeout` seconds or once it holds more
+    than `memory_limit` MB (the machine is shared: a 1024-device case grows by gigabytes a minute).
+    Why it was killed ("timeout", "memory", None) and its peak RSS in MB (the kernel's ru_maxrss
+    of the reaped child, whatever its end)."""
+    deadline = time.monotonic() + timeout
+    killed = None
+    while True:
+        pid, status, usage = os.wait4(child.pid, 0 if killed else os.WNOHANG)
+        if pid:
+            child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+            return killed, usage.ru_maxrss / 1024
+        if time.monotonic() >= deadline or resident_mb(child.pid) > memory_limit:
+            killed = "timeout" if time.monotonic() >= deadline else "memory"
+            os.killpg(child.pid, signal.SIGKILL)
+        else:
+            time.sleep(0.05)
+
+
+def run_case(case: dict, timeout: float, memory_limit: float) -> dict:
+    """Plan `case` in a child process killed after `timeout` seconds or past `memory_limit` MB;
+    what it reported."""
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="scale-") as folder:
         progress, errors = Path(folder) / "progress", Path(folder) / "stderr"
         progress.touch()
         command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(case), str(progress)]
         with errors.open("w") as stderr:
-            # Its own session: killing the group on timeout ends CP-SAT's worker threads' process too.
+            # Its own session, so that the kill on timeout reaches whatever it started too.
             child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-            try:
-                child.wait(timeout)
-                peak, outcome = None, "ok" if child.returncode == 0 else "failed"
-            except subprocess.TimeoutExpired:
-                peak, outcome = high_water_mb(child.pid), "timeout"
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+            start = time.monotonic()
+            killed, peak = wait_measured(child, timeout, memory_limit)
+            elapsed = time.monotonic() - start
+        outcome = killed or ("ok" if child.returncode == 0 else "failed")
         seconds, current, result = read_progress(progress)
         error = errors.read_text().strip().splitlines()
     return {"case": case, "outcome": outcome, "seconds": seconds, "current": current, "result": result,
-            "peak": peak, "error": error[-1] if error else f"exit status {child.returncode}", "load": load}
+            "peak": peak, "error": error[-1] if error else f"exit status {child.returncode}", "load": load, "elapsed": elapsed}
 
 
-def status_of(run: dict, timeout: float) -> str:
+def status_of(run: dict, timeout: float, memory_limit: float) -> str:
     if run["outcome"] == "timeout":
         return f"timeout after {timeout:g} s in {run['current'] or 'start-up'}"
+    if run["outcome"] == "memory":
+        return f"killed over {memory_limit:g} MB after {run['elapsed']:.0f} s in {run['current'] or 'start-up'}"
     if run["outcome"] == "failed":
         where = f"in {run['current']}" if run["current"] else f"after {list(run['seconds'])[-1]}" if run["seconds"] else "at start-up"
         return f"failed {where}: {run['error']}"
@@ -188,7 +210,7 @@ def target_of(run: dict, full_depth: bool) -> str:
         return "-"
     if run["outcome"] != "ok":
         return f"missed ({run['outcome']})"
-    total, peak = sum(run["seconds"].values()), run["result"]["peak MB"]
+    total, peak = sum(run["seconds"].values()), run["peak"]
     misses = []
     if key in TARGETS:
         seconds, megabytes = TARGETS[key]
@@ -201,7 +223,7 @@ def target_of(run: dict, full_depth: bool) -> str:
     return f"missed ({'; '.join(misses)})" if misses else "met"
 
 
-def row_of(run: dict, timeout: float, full_depth: bool) -> list[str]:
+def row_of(run: dict, timeout: float, memory_limit: float, full_depth: bool) -> list[str]:
     case, result, seconds = run["case"], run["result"] or {}, run["seconds"]
     phases = []
     for phase in PHASES:
@@ -209,14 +231,14 @@ def row_of(run: dict, timeout: float, full_depth: bool) -> list[str]:
             phases.append(f"{seconds[phase]:.2f}")
         else:
             phases.append("killed" if phase == run["current"] else "-")
-    peak = result.get("peak MB", run["peak"])
+    peak = run["peak"]
     figures = [f"{result[key]:,}" if key in result else "-" for key in ("ops", "candidates", "table entries", "costs computed")]
     return [
         case["model"], str(case["devices"]), str(case["layers"]),
         case["seeding"] + (f"+{case['refine']}" if case["refine"] else ""), *figures, *phases,
         f"{sum(seconds.values()):.2f}" if run["outcome"] == "ok" else "-",
         "-" if peak is None else f"{peak:.0f}", f"{result['bytes']:,}" if "bytes" in result else "-",
-        f"{run['load']:.1f}", status_of(run, timeout), target_of(run, full_depth),
+        f"{run['load']:.1f}", status_of(run, timeout, memory_limit), target_of(run, full_depth),
     ]
 
 
@@ -234,6 +256,8 @@ def parse_args(argv=None):
     parser.add_argument("--devices", type=int, nargs="+", default=[8, 64, 256, 1024])
     parser.add_argument("--seeding", nargs="+", choices=["megatron", "none"], default=["megatron", "none"])
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case before it is killed (default 300)")
+    parser.add_argument("--memory-limit", type=float, default=8192.0,
+                        help="MB of resident memory per case before it is killed (default 8192)")
     parser.add_argument("--layers", type=int, help="override every model's depth (quick runs; no targets then)")
     parser.add_argument("--refine", choices=["cpsat"], help="refine the seeded plans with CP-SAT too")
     parser.add_argument("--coarsen", choices=["exact", "layers"], default="exact", help="CP-SAT coarsening level")
@@ -253,8 +277,8 @@ def main(argv=None) -> None:
         return run_child(json.loads(args.child[0]), Path(args.child[1]))
     rows = []
     for case in cases(args):
-        run = run_case(case, args.timeout)
-        rows.append(row_of(run, args.timeout, args.layers is None))
+        run = run_case(case, args.timeout, args.memory_limit)
+        rows.append(row_of(run, args.timeout, args.memory_limit, args.layers is None))
         print("  ".join(rows[-1]), flush=True)  # progress while the next case runs
     print()
     print(format_table(HEADERS, rows))
