@@ -179,7 +179,12 @@ def run_case(case: dict, timeout: float, memory_limit: float) -> dict:
             # Its own session, so that the kill on timeout reaches whatever it started too.
             child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
             start = time.monotonic()
-            killed, peak = wait_measured(child, timeout, memory_limit)
+            try:
+                killed, peak = wait_measured(child, timeout, memory_limit)
+            except BaseException:  # interrupted or terminated: the child is in its own session, end it too
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                raise
             elapsed = time.monotonic() - start
         outcome = killed or ("ok" if child.returncode == 0 else "failed")
         seconds, current, result = read_progress(progress)
@@ -275,6 +280,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.child:
         return run_child(json.loads(args.child[0]), Path(args.child[1]))
+    # SIGTERM (e.g. from `timeout`) as an exception, so that the running case's child is killed too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rows = []
     for case in cases(args):
         run = run_case(case, args.timeout, args.memory_limit)
