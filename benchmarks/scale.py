@@ -21,15 +21,16 @@ and a 1024-device case grew to 12 GB within 300 s); its row then says which phas
 (the child writes a line as each phase starts and ends). Peak MB is the reaped child's
 ru_maxrss, also for a killed or failed case.
 
-Columns: ops of the training graph; candidates summed over the searched ops (update ops follow their parameter and are not searched); table
-entries, the sum of the sizes of the edges' cost tables (what the search reads); costs computed,
-the distinct redistribution costs computed to fill them (the memo of
-`autostrat.redistribution.table.cost_table`: one optimal-redistribution search each); seconds
-per phase: model (building the Cell), trace (tracing and seeding), training (`build_training`),
-tables (candidates, own costs and cost tables: `build_problem`), bfs (`propagate`, or the
-data-parallel hint without seeds), refine (CP-SAT), plan (`build_plan`); total (all of them, what
-`plan_for` costs); peak MB; bytes per device of the plan; the 1-minute load average when the case
-started (the machine may be shared: times are wall-clock).
+Columns: ops of the training graph; candidates summed over the searched ops (update ops follow
+their parameter and are not searched); table entries, the sum of the sizes of the edges' cost
+tables (what the search reads); costs computed, the distinct redistribution costs computed to
+fill them (the memo of `autostrat.redistribution.table.cost_table`, one optimal-redistribution
+search each: no new counter); seconds per phase: model (building the Cell), trace (tracing and
+seeding), training (`build_training`), tables (candidates, own costs and cost tables:
+`build_problem`), bfs (`propagate`, or the data-parallel hint without seeds), refine (CP-SAT),
+plan (`follow_parameters` and `build_plan`); total, the sum of the phases (about what `plan_for`
+costs); peak MB; bytes per device of the plan; the 1-minute load average when the case started
+(the machine may be shared: times are wall-clock).
 
 Targets of issue #14, checked at the models' full depth (no --layers) for either seeding:
 
@@ -40,7 +41,8 @@ Targets of issue #14, checked at the models' full depth (no --layers) for either
   or seeding none with ``--coarsen layers``): the optimum proven (status OPTIMAL) in <= 30 s.
 
 Run: .venv/bin/python benchmarks/scale.py [--models 7b 175b] [--devices 8 64 256 1024]
-     [--seeding megatron none] [--timeout 300] [--memory-limit 8192] [--layers N] [--refine cpsat] [--coarsen layers]
+     [--seeding megatron none] [--timeout 300] [--memory-limit 8192] [--layers N]
+     [--refine cpsat] [--coarsen layers] [--time-limit 60]
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def plan_case(case: dict, clock: PhaseClock) -> dict:
     from autostrat.redistribution import table
     from autostrat.search.search import SearchOptions
 
-    search_module = importlib.import_module("autostrat.search.search")  # the package re-exports its function as `search`
+    # The module, not the function the package re-exports under the same name.
+    search_module = importlib.import_module("autostrat.search.search")
 
     shape, devices, layers = MODELS[case["model"]], case["devices"], case["layers"]
     with clock.phase("model"):
