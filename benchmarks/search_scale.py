@@ -19,7 +19,8 @@ Run: .venv/bin/python benchmarks/search_scale.py [--layers 1 8 32 96] [--devices
 from __future__ import annotations
 
 import argparse
-import time
+
+from phases import PhaseClock  # this folder is on sys.path when run as a script
 
 from autostrat.frontend import trace
 from autostrat.frontend.config import apply_seeds
@@ -45,29 +46,30 @@ def clear_caches() -> None:
 def run(layers: int, device_num: int, first_layer_only: bool, cold: bool) -> dict:
     if cold:
         clear_caches()
-    start = time.perf_counter()
-    net = GPT(layers=layers, hidden=1024, heads=16, seq=128, batch=16, vocab=32768)
-    graph = trace(net, *net.example_inputs(), device_num=device_num)
-    model_parallel = min(device_num, 8)
-    seeds = megatron_seeds(layers, model_parallel, first_layer_only, data_parallel=device_num // model_parallel)
-    graph = apply_seeds(graph, seeds, device_num)
-    traced = time.perf_counter()
-    problem = build_problem(graph, device_num)
-    tabled = time.perf_counter()
-    assignment = propagate(problem)
-    propagated = time.perf_counter()
+    clock = PhaseClock()
+    with clock.phase("trace"):
+        net = GPT(layers=layers, hidden=1024, heads=16, seq=128, batch=16, vocab=32768)
+        graph = trace(net, *net.example_inputs(), device_num=device_num)
+        model_parallel = min(device_num, 8)
+        seeds = megatron_seeds(layers, model_parallel, first_layer_only, data_parallel=device_num // model_parallel)
+        graph = apply_seeds(graph, seeds, device_num)
+    with clock.phase("tables"):
+        problem = build_problem(graph, device_num)
+    with clock.phase("bfs"):
+        assignment = propagate(problem)
     tables = {id(edge.table): edge.table for edge in problem.edges}.values()
     entries = f"{sum(t.computed for t in tables):,}/{sum(t.size for t in tables):,}"
-    strategies = {name: problem.candidates[name][i] for name, i in assignment.choice.items()}
-    plan = build_plan(graph, device_num, "auto_parallel", strategies, assignment.origin, assignment.warnings)
-    planned = time.perf_counter()
+    with clock.phase("plan"):
+        strategies = {name: problem.candidates[name][i] for name, i in assignment.choice.items()}
+        plan = build_plan(graph, device_num, "auto_parallel", strategies, assignment.origin, assignment.warnings)
+    seconds = clock.seconds
     return {
         "plan": plan,
         "row": [
             str(layers), str(device_num), "first" if first_layer_only else "all", "cold" if cold else "warm",
             str(len(graph.ops)), str(sum(len(c) for c in problem.candidates.values())), str(len(problem.edges)),
-            f"{traced - start:.2f}", f"{tabled - traced:.2f}", f"{propagated - tabled:.3f}", f"{planned - propagated:.2f}",
-            entries, f"{planned - start:.2f}", f"{plan.total_bytes:,}",
+            f"{seconds['trace']:.2f}", f"{seconds['tables']:.2f}", f"{seconds['bfs']:.3f}", f"{seconds['plan']:.2f}",
+            entries, f"{clock.total():.2f}", f"{plan.total_bytes:,}",
         ],
     }
 

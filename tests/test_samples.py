@@ -35,3 +35,16 @@ def test_sharding_propagation_sample_checks_the_tutorial():
     assert "step 20/20: loss" in out
     assert "measured = predicted on every rank" in out
     assert "(limit 1e-05): OK" in out
+
+
+def test_scale_benchmark_prints_a_row_per_case():
+    # One 1-layer 7B-wide case on 8 devices plans in about a second, in its own process.
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/scale.py"), "--models", "7b", "--layers", "1",
+                          "--devices", "8", "--seeding", "megatron", "--timeout", "120"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    header, row = out.strip().splitlines()[-2:]
+    assert header.split()[:4] == ["model", "devices", "layers", "seeding"]
+    columns = row.split()
+    assert columns[:4] == ["7b", "8", "1", "megatron"]
+    assert float(columns[-5]) > 0  # peak MB, measured in the child
+    assert columns[-2:] == ["ok", "-"]  # no target for a shortened model
