@@ -23,14 +23,15 @@ ru_maxrss, also for a killed or failed case.
 
 Columns: ops of the training graph; candidates summed over the searched ops (update ops follow
 their parameter and are not searched); table entries, the sum of the sizes of the edges' cost
-tables (what the search reads); costs computed, the distinct redistribution costs computed to
-fill them (the memo of `autostrat.redistribution.table.cost_table`, one optimal-redistribution
-search each: no new counter); seconds per phase: model (building the Cell), trace (tracing and
-seeding), training (`build_training`), tables (candidates, own costs and cost tables:
-`build_problem`), bfs (`propagate`, or the data-parallel hint without seeds), refine (CP-SAT),
-plan (`follow_parameters` and `build_plan`); total, the sum of the phases (about what `plan_for`
-costs); peak MB; bytes per device of the plan; the 1-minute load average when the case started
-(the machine may be shared: times are wall-clock).
+tables (entries are priced only when the search first reads them); costs computed, the distinct
+redistribution costs computed to fill what was read (the memo of
+`autostrat.redistribution.table.cost_table`, one optimal-redistribution search each); seconds
+per phase: model (building the Cell), trace (tracing and seeding), training (`build_training`),
+tables (candidates, own costs and cost tables: `build_problem`), bfs (`propagate`, or the
+data-parallel hint without seeds), refine (CP-SAT), plan (`follow_parameters` and `build_plan`);
+total, the sum of the phases (about what `plan_for` costs); peak MB; bytes per device of the
+plan; the 1-minute load average when the case started (the machine may be shared: times are
+wall-clock).
 
 Targets of issue #14, checked at the models' full depth (no --layers) for either seeding:
 
