@@ -7,6 +7,7 @@ Reshape + Transpose around two BatchMatMuls, so every op is one the search knows
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -17,6 +18,20 @@ from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import GELU, Dense, Embedding, LayerNorm, SoftmaxCrossEntropyWithLogits
 from autostrat.frontend.tensor import Parameter, Tensor, initializer
 from autostrat.models.sizes import check_sizes
+
+
+@functools.cache
+def causal_mask(seq: int) -> np.ndarray:
+    """The additive causal mask of `seq` positions (-1e9 above the diagonal), one read-only array
+    shared by every layer: at seq 2048 each copy is 16 MB, 1.5 GB over GPT-3's 96 layers.
+
+    Example:
+        >>> causal_mask(3).tolist()[0]
+        [0.0, -1000000000.0, -1000000000.0]
+    """
+    mask = np.triu(np.full((seq, seq), -1e9, np.float32), k=1)
+    mask.setflags(write=False)
+    return mask
 
 
 class Attention(Cell):
@@ -32,8 +47,7 @@ class Attention(Cell):
         self.context = ops.BatchMatMul()
         self.from_heads, self.merge_heads = ops.Transpose(), ops.Reshape()
         self.projection = Dense(hidden, hidden)
-        causal = np.triu(np.full((seq, seq), -1e9, np.float32), k=1)
-        self.causal_mask = Tensor(causal)
+        self.causal_mask = Tensor(causal_mask(seq))
         self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
 
     def heads_of(self, x):
