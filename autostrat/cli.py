@@ -61,9 +61,11 @@ def search_command(args) -> str:
     if plan.refinement is not None:
         print(file=sys.stderr)  # end the progress line
     lines = notes + [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
-    files = ({Path(args.out): plan.to_json()} if args.out else {}) | (dump_texts(plan, Path(args.dump_ir)) if args.dump_ir else {})
-    written = write_files_atomically(files)  # --out and --dump-ir: all or nothing
-    lines += [f"{'plan' if path == Path(args.out or '') else 'IR'} written to {path}" for path in written]
+    outputs = {Path(args.out): ("plan", plan.to_json())} if args.out else {}
+    if args.dump_ir:
+        outputs |= {path: ("IR", text) for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
+    write_files_atomically({path: text for path, (_, text) in outputs.items()})  # --out and --dump-ir: all or nothing
+    lines += [f"{what} written to {path}" for path, (what, _) in outputs.items()]
     return "\n".join(lines)
 
 
