@@ -2,7 +2,7 @@
 
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
                      [--refine cpsat] [--time-limit S] [--max-device-memory M]
-                     [--coarsen none|exact|layers]
+                     [--coarsen none|exact|layers] [--mesh auto|full|SxP]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
@@ -26,6 +26,7 @@ from autostrat.runtime.job import FAULTS, Fault
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
 from autostrat.search.dump import dump_texts
+from autostrat.search.progress import StatusLine
 from autostrat.strategies import generate_strategies
 
 # MindSpore's sharding-propagation tutorial FFN, x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64),
@@ -55,11 +56,14 @@ def search_command(args) -> str:
     """Search the config's model and return the text to print; writes --out and --dump-ir.
     Seeds follow `autostrat run`'s rule on another --device-num (scaled, with a note)."""
     overrides = {"refine": args.refine, "refine_time_limit": args.time_limit,
-                 "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase}
+                 "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase,
+                 "mesh": args.mesh}
     config = load_config(args.config, **overrides)
-    plan, notes = plan_config(config, args.device_num, progress=_progress_line)
-    if plan.refinement is not None:
-        print(file=sys.stderr)  # end the progress line
+    status = StatusLine()  # quiet for a second: short searches print nothing
+    try:
+        plan, notes = plan_config(config, args.device_num, progress=status)
+    finally:
+        status.end()
     lines = notes + [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
     outputs = {Path(args.out): ("plan", plan.to_json())} if args.out else {}
     if args.dump_ir:
@@ -67,11 +71,6 @@ def search_command(args) -> str:
     write_files_atomically({path: text for path, (_, text) in outputs.items()})  # --out and --dump-ir: all or nothing
     lines += [f"{what} written to {path}" for path, (what, _) in outputs.items()]
     return "\n".join(lines)
-
-
-def _progress_line(objective: int, bound: int, seconds: float) -> None:
-    """One overwritten stderr line while CP-SAT runs: best objective, bound, elapsed time."""
-    print(f"\rCP-SAT: best {objective:,} bytes per device, bound {bound:,}, {seconds:.1f} s", end="", file=sys.stderr, flush=True)
 
 
 def _positive(kind):
@@ -87,6 +86,16 @@ def _positive(kind):
         return value
     parse.__name__ = f"positive {kind.__name__}"
     return parse
+
+
+def _mesh(text: str):
+    """An argparse type: "auto", "full" or axis sizes joined by x ("128x8")."""
+    if text in ("auto", "full"):
+        return text
+    sizes = text.split("x")
+    if not all(size.isdigit() and int(size) > 0 for size in sizes):
+        raise argparse.ArgumentTypeError(f"expected auto, full or axis sizes such as 128x8, got {text!r}")
+    return tuple(int(size) for size in sizes)
 
 
 def _natural(text: str) -> int:
@@ -158,6 +167,9 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
     search.add_argument("--coarsen", choices=["none", "exact", "layers"],
                         help="reduce the solver's model first: exact (default, same optimum) or layers (shared repeated layers)")
+    search.add_argument("--mesh", type=_mesh,
+                        help="logical mesh the candidates split over: auto (default: every divisor up to 16 devices, "
+                             "servers x 8 beyond), full (every divisor) or axis sizes such as 128x8")
     _add_phase(search)
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=_positive(int), default=8, help="number of devices (default 8)")
@@ -200,4 +212,7 @@ def _dispatch(args) -> int:
         return 2
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stderr.close()
+    except KeyboardInterrupt:  # Ctrl-C: outputs are written only once complete, so none is half-written
+        print("\nautostrat: interrupted, nothing written", file=sys.stderr)
+        return 130
     return 0

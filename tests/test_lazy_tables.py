@@ -22,7 +22,7 @@ search_module = importlib.import_module("autostrat.search.search")
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
 
-def planned(path: Path, device_num: int, lazy: bool, monkeypatch):
+def planned(path: Path, device_num: int, lazy: bool, monkeypatch, **overrides):
     """The plan of a shipped config and the problem it was searched on, every memo cleared
     first so that the lazy and the eager runs compute their entries independently."""
     found = []
@@ -34,7 +34,7 @@ def planned(path: Path, device_num: int, lazy: bool, monkeypatch):
     monkeypatch.setattr(search_module, "build_problem", build)
     clear_memos()
     problem_module._edge_table.cache_clear()
-    plan, _ = plan_config(load_config(path), device_num)
+    plan, _ = plan_config(load_config(path, **overrides), device_num)
     return plan, found[0]
 
 
@@ -96,7 +96,8 @@ def test_lazy_table_reads_copies_and_its_full_table_is_read_only():
 
 @pytest.mark.slow
 def test_propagation_computes_a_small_share_of_the_entries(monkeypatch):
-    _, problem = planned(CONFIGS[[p.stem for p in CONFIGS].index("gpt")], 64, True, monkeypatch)
+    # Every divisor a candidate split (mesh "full"): the tables of 64 devices at their largest.
+    _, problem = planned(CONFIGS[[p.stem for p in CONFIGS].index("gpt")], 64, True, monkeypatch, mesh="full")
     tables = distinct_tables(problem)
     computed, size = sum(t.computed for t in tables), sum(t.size for t in tables)
     # Measured: 3208 of 405925 entries (0.8 %) of 31 distinct tables over 75 edges; 2246

@@ -13,6 +13,7 @@ from autostrat.errors import ConfigError
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.search import MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
+from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
 MAX_DEVICE_NUM = 2**20  # far beyond any cluster; larger counts only exhaust memory in the search
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
@@ -50,6 +51,9 @@ class ParallelContext:
       peak must fit in (implies refinement); `coarsen`: how the solver's model is reduced first —
       "exact" (default: prune dominated candidates, merge chains; the optimum is unchanged),
       "layers" (also one set of variables for identical repeated layers), or "none".
+    - `mesh`: the logical mesh candidates are split over: "auto" (every divisor of device_num
+      up to 16 devices, beyond that servers x 8 devices per server), "full" (every divisor), or
+      its axis sizes, outer first, e.g. ``[128, 8]`` (see `autostrat.strategies`).
     - `phase`: "predict" plans the forward graph; "train" plans a training step (forward, loss,
       backward, gradient synchronisation and the optimiser's updates), so the search weighs
       what training communicates. A `TrainOneStepCell` is always planned for training.
@@ -74,6 +78,7 @@ class ParallelContext:
     refine_time_limit: float = 60.0
     max_device_memory: int | None = None
     coarsen: str = "exact"
+    mesh: str | tuple[int, ...] = "auto"
     phase: str = "predict"
     gradients_mean: bool = True
 
@@ -87,6 +92,7 @@ class ParallelContext:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:  # NaN too
             raise ConfigError(f"refine_time_limit must be a positive number of seconds, got {limit!r}")
         object.__setattr__(self, "max_device_memory", parse_bytes(self.max_device_memory))
+        object.__setattr__(self, "mesh", check_mesh(self.mesh))
         for key in ("device_num", "global_rank"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "device_num" else 0):
@@ -113,6 +119,7 @@ class ParallelContext:
             refine_time_limit=self.refine_time_limit,
             max_device_memory=self.max_device_memory,
             coarsen=self.coarsen,
+            mesh=self.mesh,
             workers=workers,
         )
 

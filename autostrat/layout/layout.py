@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cache
+
+import numpy as np
 
 from autostrat.errors import LayoutError
 from autostrat.layout.device_matrix import DeviceMatrix
@@ -150,16 +153,20 @@ class Layout:
 
     def shard_index(self, rank: int) -> tuple[int, ...]:
         """Per dim, which of its parts the rank holds (its axes combined major first)."""
+        if not 0 <= rank < self.device_num:
+            self.device_matrix.coordinate(rank)  # raises, naming the matrix
+        return tuple(self.dim_shards(dim)[rank] for dim in range(len(self.shape)))
+
+    def dim_shards(self, dim: int) -> tuple[int, ...]:
+        """Per rank, which part of `dim` it holds (what `shard_index` gives for that dim, for
+        every rank at once: ordering a group of a thousand ranks asks for each of them).
+
+        Example:
+            >>> Layout(DeviceMatrix((2, 2)), TensorMap((0, -1)), (4, 4)).dim_shards(0)
+            (0, 1, 0, 1)
+        """
         matrix = self.device_matrix
-        coordinate = matrix.coordinate(rank)
-        index = []
-        for entry in self.tensor_map.entries:
-            value = 0
-            for axis in entry:
-                position = matrix.position(axis)
-                value = value * matrix.shape[position] + coordinate[position]
-            index.append(value)
-        return tuple(index)
+        return _dim_shards(matrix.shape, tuple(matrix.position(axis) for axis in self.tensor_map.entries[dim]))
 
     def slice_range(self, rank: int) -> tuple[tuple[int, int], ...]:
         """Per dim, the ``(start, stop)`` index range of the global tensor the rank holds."""
@@ -250,3 +257,12 @@ def _normalize(layout: Layout) -> Layout:
     matrix = DeviceMatrix(tuple(size for size, _, _ in merged) or (1,))
     op = layout.partial_op if partial else "sum"
     return Layout(matrix, tensor_map, layout.shape, tuple(partial), op)
+
+
+@cache
+def _dim_shards(shape: tuple[int, ...], positions: tuple[int, ...]) -> tuple[int, ...]:
+    coordinates = np.unravel_index(np.arange(math.prod(shape)), shape)
+    shard = np.zeros(math.prod(shape), dtype=np.int64)
+    for position in positions:
+        shard = shard * shape[position] + coordinates[position]
+    return tuple(shard.tolist())

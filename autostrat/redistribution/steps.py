@@ -11,10 +11,10 @@ from autostrat.redistribution.search import Problem
 def _chunk_key(kind: str, dims, before: Layout, after: Layout):
     """How members of a group are ordered: by the chunk of the step's dim each one holds."""
     if kind in ("AllGather", "AllToAll"):
-        return lambda rank: before.shard_index(rank)[dims[0]]
+        return before.dim_shards(dims[0]).__getitem__
     if kind in ("Slice", "ReduceScatter"):
-        return lambda rank: after.shard_index(rank)[dims[0]]
-    return lambda rank: rank
+        return after.dim_shards(dims[0]).__getitem__
+    return None  # by rank
 
 
 def permute_sources(before: Layout, after: Layout, mapping) -> tuple[int, ...]:

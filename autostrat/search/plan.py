@@ -187,8 +187,10 @@ class Plan:
         return write_dumps(self, Path(directory))
 
 
-def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings) -> Plan:
-    """Layouts and redistributions implied by one strategy per op."""
+def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings,
+               progress=None) -> Plan:
+    """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
+    every op planned, see `progress.SearchProgress`)."""
     layouts: dict[str, Layout] = {}
     for name, op in graph.ops.items():
         strategy = strategies[name]
@@ -196,7 +198,9 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             layouts.setdefault(tensor, layout)  # a parameter or input lives where it is first used
         layouts.update(zip(op.outputs, strategy.output_layouts))
     edges = []
-    for name, op in graph.ops.items():
+    for number, (name, op) in enumerate(graph.ops.items()):
+        if progress is not None:
+            progress.step("planning redistributions", number, len(graph.ops))
         for index, (tensor, wanted) in enumerate(zip(op.inputs, strategies[name].input_layouts)):
             held = layouts[tensor]
             if held.equivalent(wanted):

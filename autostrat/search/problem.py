@@ -24,7 +24,7 @@ from autostrat.cost import op_cost
 from autostrat.ir import Graph, OpNode
 from autostrat.layout import Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
-from autostrat.strategies import generate_strategies
+from autostrat.strategies import generate_strategies, mesh_axes, split_values
 
 
 @dataclass(frozen=True)
@@ -74,26 +74,43 @@ class SearchProblem:
     costs: dict[str, OpCosts]
     incident: dict[str, tuple[SearchEdge, ...]]
     state_of: dict[str, str] = field(default_factory=dict)  # optimiser state -> its parameter
+    split_values: frozenset[int] | None = None  # the splits candidates may use (`strategies.split_values`)
 
     def least_edge_cost(self, edge: SearchEdge, producer_choice: int) -> float:
         """The cheapest redistribution from the producer's chosen layout to any candidate the
         consumer's rule has, seeded or not (what the edge would cost without the consumer's seed)."""
         consumer = self.graph.ops[edge.consumer]
-        options = generate_strategies(consumer.rule, self.device_num, self.allow_repeated)
+        options = generate_strategies(consumer.rule, self.device_num, self.allow_repeated, self.split_values)
         source = edge.source_layout(self.candidates[edge.producer][producer_choice])
         dtype = self.graph.tensors[edge.tensor].dtype
         return float(cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype).min())
 
 
-def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False) -> tuple[Strategy, ...]:
-    """A seeded op's seed; otherwise its candidates. With `full_only`, only strategies using every
-    device, when the op has any (otherwise its all-ones strategy)."""
+def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False,
+                  values: frozenset[int] | None = None) -> tuple[Strategy, ...]:
+    """A seeded op's seed; otherwise its candidates (with splits in `values`, unless None). With
+    `full_only`, only strategies using every device, when the op has any (otherwise its all-ones
+    strategy)."""
     if op.is_seeded:
-        return (Strategy.from_tuples(op.rule, op.in_strategy, device_num, op.out_strategy, where=op.name),)
-    candidates = generate_strategies(op.rule, device_num, allow_repeated)
+        return _seed(op, device_num)
+    candidates = generate_strategies(op.rule, device_num, allow_repeated, values)
     if full_only:
         return tuple(s for s in candidates if s.repeat == 1 and device_num > 1) or candidates[:1]
     return candidates
+
+
+def _seed(op: OpNode, device_num: int) -> tuple[Strategy]:
+    return (Strategy.from_tuples(op.rule, op.in_strategy, device_num, op.out_strategy, where=op.name),)
+
+
+def candidate_values(graph: Graph, device_num: int, mesh="auto") -> frozenset[int] | None:
+    """The splits candidates may use on `mesh` (`strategies.mesh_axes`): products of its axes and
+    every split a seed of `graph` uses; None for every divisor."""
+    axes = mesh_axes(device_num, mesh)
+    if axes is None:
+        return None
+    seeded = frozenset(split for op in graph.ops.values() if op.is_seeded for split in _seed(op, device_num)[0].splits)
+    return split_values(axes, seeded)
 
 
 @cache
@@ -116,12 +133,14 @@ def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tup
 
 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
-                  lazy: bool = True) -> SearchProblem:
-    """Candidates, own costs and edge tables of every op and edge of `graph`; the tables' entries
-    are computed as the search reads them, or all at once without `lazy` (tests compare the two)."""
+                  lazy: bool = True, mesh="auto") -> SearchProblem:
+    """Candidates on `mesh` (`candidate_values`), own costs and edge tables of every op and edge
+    of `graph`; the tables' entries are computed as the search reads them, or all at once
+    without `lazy` (tests compare the two)."""
     full = graph
     graph, followers = searched_graph(graph)
-    candidates = {name: op_candidates(op, device_num, allow_repeated, full_only) for name, op in graph.ops.items()}
+    values = candidate_values(graph, device_num, mesh)
+    candidates = {name: op_candidates(op, device_num, allow_repeated, full_only, values) for name, op in graph.ops.items()}
     costs = {}
     for name, op in graph.ops.items():
         dtypes = tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs)
@@ -146,7 +165,7 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         for edge in edges:
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
-                         _optimizer_state(full, followers))
+                         _optimizer_state(full, followers), values)
 
 
 def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int) -> SearchEdge | None:

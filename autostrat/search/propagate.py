@@ -67,18 +67,20 @@ def _seeds(problem: SearchProblem) -> list[str]:
     return [name for name, op in problem.graph.ops.items() if op.is_seeded]
 
 
-def propagate(problem: SearchProblem) -> Assignment:
-    """BFS from the seeds over the edges (see the module docstring)."""
+def propagate(problem: SearchProblem, progress=None) -> Assignment:
+    """BFS from the seeds over the edges (see the module docstring); `progress.step` hears of
+    every op reached (`progress.SearchProgress`)."""
     seeds = _seeds(problem)
     choice = {name: 0 for name in seeds}
     origin = {name: SEED for name in seeds}
-    _visit(problem, choice, origin, deque(seeds), across_sync=False)
+    _visit(problem, choice, origin, deque(seeds), False, progress)
     if any(edge.sync for edge in problem.edges):
-        _visit(problem, choice, origin, deque(name for name in problem.graph.ops if name in choice), across_sync=True)
+        _visit(problem, choice, origin, deque(name for name in problem.graph.ops if name in choice), True, progress)
     return _finish(problem, choice, origin)
 
 
-def _visit(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str], queue: deque, across_sync: bool) -> None:
+def _visit(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str], queue: deque, across_sync: bool,
+           progress=None) -> None:
     """One BFS round; the second round of a training graph also crosses gradient-sync edges,
     reaching the backward ops no data edge leads to (a bias gradient of the sensitivity)."""
     while queue:
@@ -90,6 +92,8 @@ def _visit(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str
             choice[neighbour] = best_candidate(problem, neighbour, choice)
             origin[neighbour] = f"propagated from {current}"
             queue.append(neighbour)
+            if progress is not None:
+                progress.step("propagating", len(choice), len(problem.graph.ops))
 
 
 def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str]) -> Assignment:

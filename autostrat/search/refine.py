@@ -20,7 +20,11 @@ always wins: the tie-break only orders plans of equal bytes (tested).
 from __future__ import annotations
 
 import math
+import signal
+import socket
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -204,6 +208,47 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.report(objective, bound, time.perf_counter() - self.start)
 
 
+@contextmanager
+def _ctrl_c_stops(solver: cp_model.CpSolver):
+    """Ctrl-C while CP-SAT runs stops its search at once and raises KeyboardInterrupt when it
+    has returned.
+
+    CP-SAT would otherwise catch SIGINT itself and return its best solution as if the time limit
+    had struck; and Python runs its own handler only between bytecodes of the main thread, which
+    waits inside the solver. Python's C-level handler still writes the signal number to the
+    wakeup socket at once, so a watcher thread reading it can stop the search.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals are delivered to the main thread only; nothing to watch here
+        return
+    solver.parameters.catch_sigint_signal = False
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    interrupted = threading.Event()
+
+    def watch() -> None:
+        if reader.recv(1) and not interrupted.is_set() and writer.fileno() != -1:
+            interrupted.set()
+            solver.stop_search()
+
+    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    previous_fd = signal.set_wakeup_fd(writer.fileno())
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGINT, previous_handler)
+        woken = interrupted.is_set()
+        interrupted.set()  # the watcher, if still waiting, must not stop anything now
+        writer.close()  # wakes the watcher with an empty read
+        watcher.join()
+        reader.close()
+        if woken:
+            raise KeyboardInterrupt
+
+
 def _solver(time_limit: float, workers: int) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
@@ -224,7 +269,9 @@ def smallest_peak(problem: SearchProblem, time_limit: float = 60.0, workers: int
         built.model.Add(peak >= expression)
     built.model.Minimize(peak)
     solver = _solver(time_limit, workers)
-    if solver.Solve(built.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    with _ctrl_c_stops(solver):
+        status = solver.Solve(built.model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverError("CP-SAT found no choice at all while minimising the peak memory")
     return int(solver.Value(peak))
 
@@ -304,7 +351,8 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     solver = _solver(time_limit, workers)
     constant = int(built.constant_bytes)
     callback = _Progress(progress, scale, constant, start) if progress else None
-    status = solver.Solve(built.model, callback)
+    with _ctrl_c_stops(solver):
+        status = solver.Solve(built.model, callback)
     if status == cp_model.INFEASIBLE and max_device_memory is not None:
         if not explain:
             raise InfeasibleError(f"no plan fits max_device_memory = {int(max_device_memory):,} bytes per device")

@@ -12,6 +12,7 @@ from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
 from autostrat.search.refine import plan_bytes, refine
+from autostrat.strategies import check_mesh
 
 MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
 SEARCH_MODES = ("integer_programming", "sharding_propagation")
@@ -32,6 +33,9 @@ class SearchOptions:
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
     - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
       optimum, "layers" also shares the variables of identical repeated layers.
+    - `mesh`: the logical mesh candidates are split over (`strategies.mesh_axes`): "auto"
+      (every divisor up to 16 devices, servers x 8 devices beyond), "full" (every divisor), or
+      its axis sizes, outer first, e.g. ``(128, 8)``.
     """
 
     mode: str = "auto_parallel"
@@ -42,11 +46,13 @@ class SearchOptions:
     max_device_memory: int | None = None
     workers: int = 0
     coarsen: str = "exact"
+    mesh: str | tuple[int, ...] = "auto"
 
     def __post_init__(self) -> None:
         for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES), ("refine", self.refine, REFINERS), ("coarsen", self.coarsen, LEVELS)):
             if value not in valid:
                 raise ConfigError(f"{key} must be one of {', '.join(map(str, valid))}; got {value!r}")
+        object.__setattr__(self, "mesh", check_mesh(self.mesh))
 
     @property
     def automatic(self) -> bool:
@@ -92,7 +98,8 @@ def follow_parameters(graph: Graph, strategies: dict, device_num: int) -> dict[s
 
 
 def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions(), progress=None) -> Plan:
-    """A strategy for every op of `graph` on `device_num` devices (see `SearchOptions`).
+    """A strategy for every op of `graph` on `device_num` devices (see `SearchOptions`); a long
+    search tells `progress` what it is doing (`progress.SearchProgress`).
 
     Example:
         >>> from autostrat.frontend import trace
@@ -108,18 +115,18 @@ def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions
         graph, device_num = _unseeded(graph), 1
     elif options.mode == "data_parallel":
         graph = _unseeded(graph)
-    problem = build_problem(graph, device_num, options.allow_repeated, full_only=options.automatic)
+    problem = build_problem(graph, device_num, options.allow_repeated, full_only=options.automatic, mesh=options.mesh)
     _check_shared_parameters(problem.graph, problem)
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True)
     elif options.mode == "auto_parallel":
-        assignment = propagate(problem)
+        assignment = propagate(problem, progress)
     else:
         assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel")
     choice, refinement = assignment.choice, None
     if options.refine == "cpsat" or options.automatic or options.max_device_memory is not None:
-        result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory, progress,
-                        options.coarsen)
+        result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory,
+                        progress.solution if progress is not None else None, options.coarsen)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
         refinement = Refinement(plan_bytes(problem, choice), result, changed)
         choice = result.choice
@@ -127,5 +134,5 @@ def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions
     origins = dict(assignment.origin)
     for name, (strategy, origin) in follow_parameters(graph, strategies, device_num).items():
         strategies[name], origins[name] = strategy, origin
-    plan = build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings)
+    plan = build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress)
     return replace(plan, refinement=refinement)
