@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from autostrat.errors import SolverError
 from autostrat.ir import Graph, OpNode, TensorInfo
 from autostrat.rules import make_rule
 from autostrat.search.problem import build_problem
@@ -174,3 +175,27 @@ def test_progress_is_reported():
     problem = small_problem(8, 7)
     refine(problem, propagate(problem).choice, progress=lambda objective, bound, seconds: seen.append((objective, bound)))
     assert seen and seen[-1][0] == brute_force(problem)
+
+
+@pytest.mark.parametrize("limit_share", [4, 1])
+def test_a_tie_break_that_would_overflow_cp_sats_objective_shrinks_and_bytes_stay_optimal(monkeypatch, limit_share):
+    # 1024-device plans sum to 2**52 bytes; with 64 tie levels per owner the objective left 64
+    # bits and CP-SAT answered MODEL_INVALID. Here the limit shrinks instead of the bytes:
+    # just above the bytes' sum (fewer tie levels) or at 4 times it.
+    from autostrat.search import refine as refine_module
+
+    problem = small_problem(8, 3)
+    hint = propagate(problem).choice
+    ceiling = int(sum(np.nan_to_num(edge.table.full(), posinf=0).sum() for edge in problem.edges) + 10**6)
+    monkeypatch.setattr(refine_module, "OBJECTIVE_LIMIT", ceiling * limit_share)
+    result = refine(problem, hint, coarsen_level="none")  # every variable kept: the objective has terms
+    assert result.objective == brute_force(problem) and result.status == "OPTIMAL"
+
+
+def test_bytes_beyond_cp_sats_objective_are_refused_by_name(monkeypatch):
+    from autostrat.search import refine as refine_module
+
+    problem = small_problem(8, 3)
+    monkeypatch.setattr(refine_module, "OBJECTIVE_LIMIT", 1)
+    with pytest.raises(SolverError, match="too large for CP-SAT's 64-bit objective"):
+        refine(problem, propagate(problem).choice, coarsen_level="none")

@@ -10,13 +10,14 @@ from autostrat.redistribution.lower import Primitive, lower_plan, lower_step, pl
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.planner import plan_redistribution, redistribution_cost
 from autostrat.redistribution.simulate import simulate
-from autostrat.redistribution.table import cost_table
+from autostrat.redistribution.table import collector_paused, cost_table
 
 __all__ = [
     "LazyCostTable",
     "Primitive",
     "RedistributionPlan",
     "RedistributionStep",
+    "collector_paused",
     "cost_table",
     "lower_plan",
     "lower_step",

@@ -25,6 +25,9 @@ from autostrat.redistribution.search import Problem, cost_search, ordered_slices
 from autostrat.redistribution.steps import make_step
 
 
+COARSE_FIRST_ABOVE = 6  # prime axes (64 devices of powers of 2) up to which plans search them at once
+
+
 def _check(src: Layout, dst: Layout) -> None:
     problem = None
     if src.device_num != dst.device_num:
@@ -220,9 +223,35 @@ def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -
     """
     if src.shape != dst.shape:
         return _plan_through_reshape(src, dst, dtype, model)
-    problem, (path, cost, exhaustive) = _solve_layouts(src, dst, dtype, model)
+    problem, (path, cost, exhaustive) = _coarse_plan(src, dst, dtype, model) or _solve_layouts(src, dst, dtype, model)
     steps = tuple(step for triple in ordered_slices(path) if (step := make_step(problem, *triple)) is not None)
     return RedistributionPlan(src, dst, steps, cost, exhaustive)
+
+
+def _coarse_plan(src: Layout, dst: Layout, dtype, model):
+    """``(problem, solution)`` of a plan over the coarsest common device matrix, when the prime
+    refinement has more than `COARSE_FIRST_ABOVE` axes and the coarse plan costs what the cost
+    search over prime axes proves optimal; else None.
+
+    Over 1024 devices a path search through ten prime axes may settle millions of states (and
+    fall back to greedy), while the cost search keeps states up to the source's relabellings and
+    stays small, and most optimal plans never split a composite axis: one search over the few
+    coarse axes finds them. Where the coarse plan costs more, the prime path search decides.
+    """
+    _check(src, dst)
+    if model is not None:
+        return None
+    src, dst = src.normalized(), dst.normalized()
+    matrix = common_matrix(src.device_matrix, dst.device_matrix)
+    if matrix is None or prime_matrix(matrix).ndim <= COARSE_FIRST_ABOVE:
+        return None
+    itemsize = dtype_size(dtype)
+    (space, first), (_, second) = _refined(src, matrix, itemsize), _refined(dst, matrix, itemsize)
+    problem = Problem((space,), src.partial_op if src.partial else dst.partial_op)
+    solution = _solve(problem, (0, first), (0, second), None)
+    if solution is None or not solution[2] or solution[1] != redistribution_cost(src, dst, dtype):
+        return None
+    return problem, solution
 
 
 def _primes(number: int) -> tuple[int, ...]:

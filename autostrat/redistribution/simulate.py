@@ -62,22 +62,27 @@ def simulate_step(step: RedistributionStep, pieces: list[np.ndarray]) -> list[np
         return [np.reshape(piece, step.after.slice_shape).copy() for piece in pieces]
     result: list = [None] * len(pieces)
     g = step.group_size
+    if step.kind not in ("Slice", "AllGather", "AllToAll", "AllReduce", "ReduceScatter"):
+        raise LayoutError(f"cannot simulate step kind {step.kind!r}")
     for group in step.groups:
+        # What the whole group combines, once per group (a group may have a thousand members).
+        if step.kind == "AllGather":
+            whole = np.concatenate([pieces[member] for member in group], axis=step.dims[0])
+        elif step.kind in ("AllReduce", "ReduceScatter"):
+            whole = _reduced(step, pieces, group)
+        elif step.kind == "AllToAll":
+            source, target = step.dims
+            split = [np.split(pieces[member], g, axis=target) for member in group]
         for rank in group:
             if step.kind == "Slice":
                 result[rank] = np.split(pieces[rank], g, axis=step.dims[0])[_chunk(step, rank, step.dims[0])].copy()
             elif step.kind == "AllGather":
-                result[rank] = np.concatenate([pieces[member] for member in group], axis=step.dims[0])
+                result[rank] = whole.copy()
             elif step.kind == "AllToAll":
-                source, target = step.dims
                 chunk = _chunk(step, rank, target)
-                parts = [np.split(pieces[member], g, axis=target)[chunk] for member in group]
-                result[rank] = np.concatenate(parts, axis=source)
+                result[rank] = np.concatenate([parts[chunk] for parts in split], axis=source)
             elif step.kind == "AllReduce":
-                result[rank] = _reduced(step, pieces, group).copy()
-            elif step.kind == "ReduceScatter":
-                whole = _reduced(step, pieces, group)
+                result[rank] = whole.copy()
+            else:  # ReduceScatter
                 result[rank] = np.split(whole, g, axis=step.dims[0])[_chunk(step, rank, step.dims[0])].copy()
-            else:
-                raise LayoutError(f"cannot simulate step kind {step.kind!r}")
     return result

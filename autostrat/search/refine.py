@@ -36,6 +36,7 @@ from autostrat.search.coarsen import CoarseEdge, Coarsening, coarsen, share_laye
 from autostrat.search.problem import SearchProblem
 
 TIE_LEVELS = 64
+OBJECTIVE_LIMIT = 2**62  # CP-SAT checks that every sum the objective can reach fits in 64 bits
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class _Model:
         self.x = {o: [self.model.NewBoolVar(f"{o}#{i}") for i in range(n)] for o, n in coarse.variables.items()}
         for variables in self.x.values():
             self.model.AddExactlyOne(variables)
-        self.bytes_terms: list = []
+        self.byte_terms: list[tuple[int, object]] = []  # (bytes, boolean)
         self.constant_bytes = coarse.constant
         gone = {e.owner for e in coarse.eliminated}
         for owner, values in coarse.unary.items():
@@ -103,7 +104,7 @@ class _Model:
             if not np.isfinite(value):
                 self.model.Add(variable == 0)
             elif value:
-                self.bytes_terms.append(int(value) * variable)
+                self.byte_terms.append((int(value), variable))
 
     def _edge(self, edge: CoarseEdge) -> None:
         table, first, second = edge.table, self.x[edge.first], self.x[edge.second]
@@ -118,7 +119,7 @@ class _Model:
         pairs = {}
         for a, b in zip(*np.nonzero(values)):
             pairs[a, b] = self.model.NewBoolVar(f"{edge.first}~{edge.second}#{a},{b}")
-            self.bytes_terms.append(int(values[a, b]) * pairs[a, b])
+            self.byte_terms.append((int(values[a, b]), pairs[a, b]))
         rows, columns = values.shape
         for a in range(rows):
             free = [second[b] for b in range(columns) if (a, b) not in pairs]
@@ -169,27 +170,34 @@ class _Model:
             for expression in self.memory():
                 self.model.Add(expression <= int(budget))
 
-    def minimize(self):
-        """Set the objective (bytes first, the flops tie-break below them); returns the bytes
-        expression and its scale."""
-        ties, worst = self.tie_break()
-        scale = worst + 1
-        byte_sum = cp_model.LinearExpr.Sum(self.bytes_terms)
-        self.model.Minimize(scale * byte_sum + cp_model.LinearExpr.Sum(ties))
-        return byte_sum, scale
+    def minimize(self) -> Objective:
+        """Set the objective: bytes, in units of the coefficients' greatest common divisor
+        (exact), scaled above the flops tie-break. CP-SAT refuses a model whose objective may
+        leave 64 bits (MODEL_INVALID): a 1024-device plan's edges can sum to 2**52 bytes, so
+        the tie-break gets fewer levels there, or none."""
+        coefficients = [c for c, _ in self.byte_terms]
+        unit = math.gcd(*coefficients) or 1
+        ceiling = sum(coefficients) // unit
+        if ceiling >= OBJECTIVE_LIMIT:
+            raise SolverError(f"the plan's bytes ({ceiling * unit:,} at most) are too large for CP-SAT's 64-bit objective")
+        varying = [owner for owner in self.x if np.ptp(self.coarse.flops[owner]) > 0]
+        levels = TIE_LEVELS
+        while levels > 1 and (ceiling + 1) * (len(varying) * (levels - 1) + 1) >= OBJECTIVE_LIMIT:
+            levels //= 2
+        scale = len(varying) * (levels - 1) + 1
+        byte_sum = cp_model.LinearExpr.WeightedSum([v for _, v in self.byte_terms], [c // unit for c in coefficients])
+        self.model.Minimize(scale * byte_sum + cp_model.LinearExpr.Sum(self.tie_break(varying, levels)))
+        return Objective(byte_sum, scale, unit, int(self.constant_bytes))
 
-    def tie_break(self):
-        """Flops quantised per owner to TIE_LEVELS levels, and the largest sum they can reach."""
-        terms, worst = [], 0
-        for owner, variables in self.x.items():
-            flops = self.coarse.flops[owner]
+    def tie_break(self, owners, levels: int) -> list:
+        """The owners' flops quantised to `levels` levels each (0 for the least)."""
+        terms = []
+        for owner in owners:
+            flops, variables = self.coarse.flops[owner], self.x[owner]
             low, high = flops.min(), flops.max()
-            if high == low:
-                continue
-            levels = np.floor((flops - low) / (high - low) * (TIE_LEVELS - 1)).astype(int)
-            terms.extend(int(level) * v for level, v in zip(levels, variables) if level)
-            worst += TIE_LEVELS - 1
-        return terms, worst
+            quantised = np.floor((flops - low) / (high - low) * (levels - 1)).astype(int)
+            terms.extend(int(level) * v for level, v in zip(quantised, variables) if level)
+        return terms
 
     def choice(self, solver: cp_model.CpSolver) -> dict[str, int]:
         """The solver's answer as a candidate index per op of the problem."""
@@ -197,15 +205,29 @@ class _Model:
         return self.coarse.expand(coarse)
 
 
+@dataclass(frozen=True)
+class Objective:
+    """The solver's objective: ``scale * byte_sum + tie_break``, `byte_sum` counting `unit`
+    bytes, on top of `constant` bytes no choice changes."""
+
+    byte_sum: object
+    scale: int
+    unit: int
+    constant: int
+
+    def bytes(self, objective: float) -> int:
+        """Bytes per device of an objective value or bound (a bound rounds up, staying a bound)."""
+        return int(math.ceil(objective)) // self.scale * self.unit + self.constant
+
+
 class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, report, scale: int, offset: int, start: float):
+    def __init__(self, report, objective: Objective, start: float):
         super().__init__()
-        self.report, self.scale, self.offset, self.start = report, scale, offset, start
+        self.report, self.objective, self.start = report, objective, start
 
     def on_solution_callback(self) -> None:
-        objective = int(self.ObjectiveValue()) // self.scale + self.offset
-        bound = int(math.ceil(self.BestObjectiveBound())) // self.scale + self.offset
-        self.report(objective, bound, time.perf_counter() - self.start)
+        found, bound = self.objective.bytes(self.ObjectiveValue()), self.objective.bytes(self.BestObjectiveBound())
+        self.report(found, bound, time.perf_counter() - self.start)
 
 
 @contextmanager
@@ -344,13 +366,12 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
         hint = _layered_hint(problem, hint, time_limit / 2, workers, max_device_memory)
     built = _Model(problem, coarse)
     built.limit_memory(max_device_memory)
-    byte_sum, scale = built.minimize()
+    objective = built.minimize()
     for owner, index in coarse.coarse_hint(hint).items():
         for candidate, variable in enumerate(built.x.get(owner, ())):
             built.model.AddHint(variable, candidate == index)
     solver = _solver(time_limit, workers)
-    constant = int(built.constant_bytes)
-    callback = _Progress(progress, scale, constant, start) if progress else None
+    callback = _Progress(progress, objective, start) if progress else None
     with _ctrl_c_stops(solver):
         status = solver.Solve(built.model, callback)
     if status == cp_model.INFEASIBLE and max_device_memory is not None:
@@ -361,10 +382,11 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
         raise SolverError(f"CP-SAT ended with status {solver.StatusName(status)} after {time.perf_counter() - start:.1f} s")
     choice = built.choice(solver)
     found = plan_bytes(problem, choice)
-    if found != solver.Value(byte_sum) + constant:
-        raise SolverError(f"the coarse model's bytes ({solver.Value(byte_sum) + constant}) disagree with the plan's ({found})")
+    modelled = solver.Value(objective.byte_sum) * objective.unit + objective.constant
+    if found != modelled:
+        raise SolverError(f"the coarse model's bytes ({modelled}) disagree with the plan's ({found})")
     choice, found = _never_worse(problem, choice, found, (hint, given), max_device_memory)
-    bound = min(found, int(math.ceil(solver.BestObjectiveBound())) // scale + constant)
+    bound = min(found, objective.bytes(solver.BestObjectiveBound()))
     status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
     return RefineResult(choice, found, bound, status_name, time.perf_counter() - start, plan_bytes(problem, given),
                         coarsening=coarse.summary(), exact=not coarse.shared_layers,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from autostrat.errors import ConfigError
 from autostrat.ir import Graph
 from autostrat.layout import FollowedStrategy, Layout, TensorMap, DeviceMatrix
+from autostrat.redistribution import collector_paused
 from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
@@ -111,6 +112,11 @@ def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions
         >>> str(plan.ops["dense2.matmul"].strategy), plan.total_bytes
         ('((2, 4), (4, 1))', 6144)
     """
+    with collector_paused():
+        return _search(graph, device_num, options, progress)
+
+
+def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> Plan:
     if options.mode == "stand_alone":
         graph, device_num = _unseeded(graph), 1
     elif options.mode == "data_parallel":
