@@ -256,3 +256,19 @@ def test_ctrl_c_ends_a_long_cli_search_without_writing_its_outputs(tmp_path):
     assert child.returncode == 130, stderr
     assert stderr.rstrip().endswith("autostrat: interrupted, nothing written") and "Traceback" not in stderr
     assert stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_rank_tables_servers_are_the_auto_mesh_of_a_run():
+    from autostrat.frontend.run import with_table_mesh
+    from autostrat.runtime.rank_table import parse_rank_table
+
+    def table(servers: int, per_server: int):
+        return parse_rank_table({"version": "1.0", "server_count": str(servers), "status": "completed", "server_list": [
+            {"server_id": f"node{s}.invalid", "host_nic_ip": "reserve", "device": [
+                {"device_id": str(d), "device_ip": f"10.0.{s}.{d}", "rank_id": str(s * per_server + d)}
+                for d in range(per_server)]} for s in range(servers)]})
+
+    config = load_config(ROOT / "configs" / "gpt.yaml")
+    assert with_table_mesh(config, table(16, 4), 64).context.mesh == (16, 4)  # not the default 8 x 8
+    assert with_table_mesh(config, table(2, 4), 8) is config  # every divisor up to 16 devices
+    assert with_table_mesh(load_config(ROOT / "configs" / "gpt.yaml", mesh=(8, 8)), table(16, 4), 64).context.mesh == (8, 8)

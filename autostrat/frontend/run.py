@@ -26,6 +26,7 @@ from autostrat.runtime.job_file import save_job
 from autostrat.runtime.launcher import launch, resolve_hosts
 from autostrat.runtime.local import run_job_locally
 from autostrat.runtime.rank_table import load_rank_table
+from autostrat.strategies import mesh_axes
 
 
 MAX_LOCAL_RANKS = 256  # ranks one machine starts: each is a thread or a process with its own Python
@@ -120,10 +121,21 @@ def prepare_run(config_path, options: RunOptions):
     table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
     resolve_hosts(table.hosts() if table else ())  # a host with no address is refused before the search
     config = load_config(config_path, phase=options.phase)
-    plan, notes = plan_config(config, run_device_num(config, options, table))
+    device_num = run_device_num(config, options, table)
+    plan, notes = plan_config(with_table_mesh(config, table, device_num), device_num)
     name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"
     job = make_job(plan, options.steps, options.seed, options.stall_timeout, options.fault, name)
     return job, table, notes
+
+
+def with_table_mesh(config, table, device_num: int):
+    """`config` with the rank table's servers x devices per server as its mesh, where its mesh
+    is "auto" and the search would take one (`strategies.mesh_axes`), instead of the default
+    8 devices per server."""
+    mesh = table.mesh() if table else None
+    if mesh is None or config.context.mesh != "auto" or mesh_axes(device_num) is None or math.prod(mesh) != device_num:
+        return config
+    return replace(config, context=replace(config.context, mesh=mesh))
 
 
 def check_run_options(options: RunOptions) -> None:

@@ -60,6 +60,11 @@ class RankTable:
         """One ``(host, slots)`` per server, in rank order: the MPI host list."""
         return [(server.server_id, len(server.devices)) for server in self.servers]
 
+    def mesh(self) -> tuple[int, int] | None:
+        """``(servers, devices per server)`` when every server has as many devices, else None."""
+        sizes = {len(server.devices) for server in self.servers}
+        return (len(self.servers), sizes.pop()) if len(sizes) == 1 else None
+
 
 def _string(value, where: str) -> str:
     if not isinstance(value, str) or not value:

@@ -25,6 +25,7 @@ to a candidate of every op with `expand`.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,13 +89,16 @@ class Coarsening:
         return kept.index(index) if index in kept else None
 
     def coarse_hint(self, hint: dict[str, int]) -> dict[str, int]:
-        """The hint in the coarse model's indices (a pruned choice becomes its dominator)."""
-        result = {}
+        """The hint in the coarse model's indices (a pruned choice becomes its dominator); an
+        owner whose layers the hint sets apart takes the choice most of them make (the first
+        layer's may fit no other: a seeded layer's backward)."""
+        votes: dict[str, Counter] = {}
         for op, owner in self.owner.items():
-            if owner == op:
-                index = self.dominator[op].get(hint[op], hint[op])
-                result[op] = self.kept[op].index(index)
-        return result
+            index = self.dominator[owner].get(hint[op], hint[op])
+            if index in self.kept[owner]:
+                votes.setdefault(owner, Counter())[self.kept[owner].index(index)] += 1
+        return {owner: min(count, key=lambda i: (-count[i], i)) for owner, count in votes.items()
+                if self.owner.get(owner) == owner}
 
     def expand(self, coarse: dict[str, int]) -> dict[str, int]:
         """A candidate index per op of the problem from a kept index per decided owner."""
