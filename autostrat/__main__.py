@@ -1,7 +1,5 @@
 """`python -m autostrat` runs the command line."""
 
-import sys
+from autostrat.cli import command
 
-from autostrat.cli import main
-
-sys.exit(main())
+command()

@@ -190,6 +190,22 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"autostrat: warning: {message}", file=sys.stderr)
 
 
+def command() -> None:
+    """The `autostrat` executable: `main`, then exit without freeing the search's memos.
+
+    A 1024-device search leaves millions of small objects in its memos; freeing them one by one
+    at interpreter exit, after a last garbage collection over all of them, took 6 of 20 s.
+    Everything is written and flushed before the process ends.
+    """
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # a reader gone (`| head`), or the stream closed after it
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     with warnings.catch_warnings():

@@ -123,6 +123,7 @@ def run_child(case: dict, progress: Path) -> None:
         clock = PhaseClock(stream)
         figures = plan_case(case, clock)
         print("result", json.dumps(figures | {"seconds": clock.seconds}), file=stream, flush=True)
+    os._exit(0)  # as the `autostrat` command ends: without freeing the search's memos (see cli.command)
 
 
 def read_progress(progress: Path) -> tuple[dict, str | None, dict | None]:
