@@ -27,7 +27,7 @@ from autostrat.report import format_candidates
 from autostrat.rules import make_rule
 from autostrat.search.dump import dump_texts
 from autostrat.search.progress import StatusLine
-from autostrat.strategies import generate_strategies
+from autostrat.strategies import generate_strategies, mesh_axes, split_values
 
 # MindSpore's sharding-propagation tutorial FFN, x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64),
 # as the ops it traces to (Dense holds a MatMul with weight [in, out] and a BiasAdd).
@@ -41,14 +41,18 @@ TUTORIAL_FFN = (
 
 
 def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
-    """Every op of the tutorial FFN with its candidate strategies on `device_num` devices."""
+    """Every op of the tutorial FFN with the candidate strategies a search on `device_num`
+    devices weighs (on the "auto" logical mesh beyond 16 devices)."""
+    axes = mesh_axes(device_num)
+    on = "every divisor a split" if axes is None else f"mesh {' x '.join(map(str, axes))}"
     sections = [
-        f"Candidate strategies of the MindSpore tutorial FFN on {device_num} devices "
+        f"Candidate strategies of the MindSpore tutorial FFN on {device_num} devices, {on} "
         "(x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64))"
     ]
     for name, op_type, shapes in TUTORIAL_FFN:
         rule = make_rule(op_type, shapes)
-        sections.append(format_candidates(name, rule, generate_strategies(rule, device_num, allow_repeated)))
+        options = generate_strategies(rule, device_num, allow_repeated, split_values(axes))
+        sections.append(format_candidates(name, rule, options))
     return "\n\n".join(sections)
 
 
