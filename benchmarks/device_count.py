@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
 
+from phases import PhaseClock, timed_calls  # noqa: E402  (this folder is on sys.path)
+
 from autostrat.frontend.config import load_config  # noqa: E402
 from autostrat.frontend.run import plan_config  # noqa: E402
 from autostrat.strategies import mesh_axes  # noqa: E402
@@ -32,18 +34,10 @@ def candidates(config_path: str, devices: int) -> tuple[int, int]:
     """Candidates summed over the searched ops, and over the distinct rules (ops of equal rules
     share their candidates), of the problem the search builds."""
     search_module = importlib.import_module("autostrat.search.search")  # not the re-exported function
-    found, build = [], search_module.build_problem
-
-    def capture(*args, **kwargs):
-        found.append(build(*args, **kwargs))
-        return found[-1]
-
-    search_module.build_problem = capture
-    try:
+    clock = PhaseClock()
+    with timed_calls(clock, search_module, {"build_problem": "tables"}):
         plan_config(load_config(config_path), devices)
-    finally:
-        search_module.build_problem = build
-    problem = found[0]
+    problem = clock.results["build_problem"]
     distinct = {(problem.graph.ops[name].rule, options) for name, options in problem.candidates.items()}
     return sum(len(c) for c in problem.candidates.values()), sum(len(options) for _, options in distinct)
 

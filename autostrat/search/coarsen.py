@@ -94,11 +94,10 @@ class Coarsening:
         layer's may fit no other: a seeded layer's backward)."""
         votes: dict[str, Counter] = {}
         for op, owner in self.owner.items():
-            index = self.dominator[owner].get(hint[op], hint[op])
+            index = self.dominator[op].get(hint[op], hint[op])
             if index in self.kept[owner]:
                 votes.setdefault(owner, Counter())[self.kept[owner].index(index)] += 1
-        return {owner: min(count, key=lambda i: (-count[i], i)) for owner, count in votes.items()
-                if self.owner.get(owner) == owner}
+        return {owner: min(count, key=lambda i: (-count[i], i)) for owner, count in votes.items()}
 
     def expand(self, coarse: dict[str, int]) -> dict[str, int]:
         """A candidate index per op of the problem from a kept index per decided owner."""

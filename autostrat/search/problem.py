@@ -88,11 +88,8 @@ class SearchProblem:
 
 def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False,
                   values: frozenset[int] | None = None) -> tuple[Strategy, ...]:
-    """A seeded op's seed; otherwise its candidates (with splits in `values`, unless None). With
-    `full_only`, only strategies using every device, when the op has any (otherwise its all-ones
-    strategy)."""
-    if op.is_seeded:
-        return _seed(op, device_num)
+    """An unseeded op's candidates (with splits in `values`, unless None). With `full_only`, only
+    strategies using every device, when the op has any (otherwise its all-ones strategy)."""
     candidates = generate_strategies(op.rule, device_num, allow_repeated, values)
     if full_only:
         return tuple(s for s in candidates if s.repeat == 1 and device_num > 1) or candidates[:1]
@@ -103,14 +100,13 @@ def _seed(op: OpNode, device_num: int) -> tuple[Strategy]:
     return (Strategy.from_tuples(op.rule, op.in_strategy, device_num, op.out_strategy, where=op.name),)
 
 
-def candidate_values(graph: Graph, device_num: int, mesh="auto") -> frozenset[int] | None:
+def candidate_values(seeds, device_num: int, mesh="auto") -> frozenset[int] | None:
     """The splits candidates may use on `mesh` (`strategies.mesh_axes`): products of its axes and
-    every split a seed of `graph` uses; None for every divisor."""
+    every split the `seeds` (strategies) use; None for every divisor."""
     axes = mesh_axes(device_num, mesh)
     if axes is None:
         return None
-    seeded = frozenset(split for op in graph.ops.values() if op.is_seeded for split in _seed(op, device_num)[0].splits)
-    return split_values(axes, seeded)
+    return split_values(axes, frozenset(split for seed in seeds for split in seed.splits))
 
 
 @cache
@@ -139,8 +135,10 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     without `lazy` (tests compare the two)."""
     full = graph
     graph, followers = searched_graph(graph)
-    values = candidate_values(graph, device_num, mesh)
-    candidates = {name: op_candidates(op, device_num, allow_repeated, full_only, values) for name, op in graph.ops.items()}
+    seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
+    values = candidate_values((seed for seed, in seeds.values()), device_num, mesh)
+    candidates = {name: seeds.get(name) or op_candidates(op, device_num, allow_repeated, full_only, values)
+                  for name, op in graph.ops.items()}
     costs = {}
     for name, op in graph.ops.items():
         dtypes = tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs)

@@ -249,7 +249,7 @@ def _ctrl_c_stops(solver: cp_model.CpSolver):
     interrupted = threading.Event()
 
     def watch() -> None:
-        if reader.recv(1) and not interrupted.is_set() and writer.fileno() != -1:
+        if reader.recv(1) and not interrupted.is_set():  # set before the socket closes at the end
             interrupted.set()
             solver.stop_search()
 
