@@ -75,12 +75,17 @@ def test_a_plan_for_8_refuses_4_mpi_ranks_before_its_first_step(tmp_path, path):
 
 
 def test_group_size_is_the_mpi_world(tmp_path):
+    # Each rank writes its own file: ranks printing to one shared stdout may interleave mid-line.
     script = tmp_path / "size.py"
-    script.write_text("from autostrat.communication import init, get_group_size, get_rank\n"
+    script.write_text("import sys\n"
+                      "from autostrat.communication import init, get_group_size, get_rank\n"
                       "from autostrat import get_auto_parallel_context\n"
-                      "init(); print(get_rank(), get_group_size(), get_auto_parallel_context('device_num'))\n")
-    done = mpirun(3, sys.executable, str(script))
-    assert sorted(done.stdout.split("\n")[:3]) == ["0 3 3", "1 3 3", "2 3 3"], done.stderr
+                      "init(); rank = get_rank()\n"
+                      "open(f'{sys.argv[1]}/{rank}.txt', 'w').write("
+                      "f\"{rank} {get_group_size()} {get_auto_parallel_context('device_num')}\")\n")
+    done = mpirun(3, sys.executable, str(script), str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert [(tmp_path / f"{rank}.txt").read_text() for rank in range(3)] == ["0 3 3", "1 3 3", "2 3 3"]
 
 
 def test_group_size_alone_is_rank_size_or_the_context(monkeypatch):
