@@ -28,6 +28,9 @@ from autostrat.rules import Rule
 
 EVERY_DIVISOR_UP_TO = 16  # "auto" keeps every divisor as a split up to this many devices
 DEVICES_PER_SERVER = 8  # the inner axis of the "auto" mesh (an Ascend or DGX server)
+# Ops linear in every input: with repeated calculation they may also add partial sums
+# (`Strategy.sums_partials`), so that gradients accumulate before they are reduced.
+LINEAR_OP_TYPES = frozenset({"Add", "Sub"})
 
 
 def mesh_axes(device_num: int, mesh="auto") -> tuple[int, ...] | None:
@@ -128,7 +131,10 @@ def generate_strategies(rule: Rule, device_num: int, allow_repeated: bool = Fals
         used = math.prod(splits)
         if (used == device_num or allow_repeated) and _contiguous(splits, rule.factor_sizes, compounds):
             found.add(splits)
-    return tuple(Strategy(rule, splits, device_num) for splits in sorted(found))
+    strategies = [Strategy(rule, splits, device_num) for splits in sorted(found)]
+    if allow_repeated and rule.op_type in LINEAR_OP_TYPES and not rule.reduction:
+        strategies += [Strategy(rule, s.splits, device_num, sums_partials=True) for s in strategies if s.repeat > 1]
+    return tuple(strategies)
 
 
 def _products(options: list[list[int]], limit: int, prefix: tuple[int, ...] = ()):

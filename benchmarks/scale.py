@@ -43,7 +43,7 @@ Targets of issue #14, checked at the models' full depth (no --layers) for either
 
 Run: .venv/bin/python benchmarks/scale.py [--models 7b 175b] [--devices 8 64 256 1024]
      [--seeding megatron none] [--timeout 300] [--memory-limit 8192] [--layers N]
-     [--refine cpsat] [--coarsen layers] [--time-limit 60]
+     [--refine cpsat] [--coarsen layers] [--time-limit 60] [--allow-repeated]
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def plan_case(case: dict, clock: PhaseClock) -> dict:
         graph = build_training(graph, Adam(1e-3))
     automatic = case["seeding"] == "none"
     options = SearchOptions(search_mode="integer_programming" if automatic else "sharding_propagation",
-                            refine=case["refine"], coarsen=case["coarsen"], refine_time_limit=case["time_limit"])
+                            refine=case["refine"], coarsen=case["coarsen"], refine_time_limit=case["time_limit"],
+                            allow_repeated=case.get("allow_repeated", False))
     with timed_calls(clock, search_module, SEARCH_PHASES):
         plan = search_module.search(graph, devices, options)
     problem = clock.results["build_problem"]
@@ -255,7 +256,8 @@ def row_of(run: dict, timeout: float, memory_limit: float, full_depth: bool) -> 
 def cases(args) -> list[dict]:
     return [
         {"model": model, "devices": devices, "seeding": seeding, "layers": args.layers or MODELS[model]["layers"],
-         "refine": args.refine, "coarsen": args.coarsen, "time_limit": args.time_limit}
+         "refine": args.refine, "coarsen": args.coarsen, "time_limit": args.time_limit,
+         "allow_repeated": args.allow_repeated}
         for model in args.models for devices in args.devices for seeding in args.seeding
     ]
 
@@ -272,6 +274,7 @@ def parse_args(argv=None):
     parser.add_argument("--refine", choices=["cpsat"], help="refine the seeded plans with CP-SAT too")
     parser.add_argument("--coarsen", choices=["exact", "layers"], default="exact", help="CP-SAT coarsening level")
     parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds per solve (default 60)")
+    parser.add_argument("--allow-repeated", action="store_true", help="candidates may repeat work over devices")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "PROGRESS"), help=argparse.SUPPRESS)  # one case's process
     args = parser.parse_args(argv)
     if args.layers is not None and args.layers < 1:

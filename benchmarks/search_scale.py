@@ -81,7 +81,7 @@ def layer_bytes(plan, layer: int) -> dict[str, int]:
     for edge in plan.redistributions:
         if edge.consumer.startswith(prefix):
             key = f"{edge.consumer[len(prefix):]}[{edge.input_index}] " + "+".join(s.kind for s in edge.plan.steps)
-            found[key] = found.get(key, 0) + edge.plan.cost
+            found[key] = found.get(key, 0) + edge.cost
     return found
 
 

@@ -115,8 +115,11 @@ def test_gradients_mean_false_sums_the_replicas_gradients(mode):
         replicas[name] = len(plan.layouts[name].replica_groups()[0])
         step, alone_step = values[name] - run.parameters[name], values[name] - alone.parameters[name]
         np.testing.assert_allclose(step, replicas[name] * alone_step, rtol=1e-4, atol=1e-7)
-    # Data parallel replicates every parameter 8 ways; the seeded plan splits each 4 ways.
-    assert set(replicas.values()) == ({8} if mode == "data_parallel" else {2})
+    # Data parallel replicates every parameter 8 ways; the seeded plan splits the weights 4 ways
+    # (and keeps dense2's bias whole: its output's partial sums are scattered by rows).
+    assert replicas == (dict.fromkeys(replicas, 8) if mode == "data_parallel" else
+                        {"backbone.dense1.weight": 2, "backbone.dense1.bias": 2, "backbone.dense2.weight": 2,
+                         "backbone.dense2.bias": 8})
 
 
 def test_gradients_mean_must_be_a_bool():
@@ -141,12 +144,12 @@ def test_memory_counts_optimizer_state_in_its_parameters_layout():
     problems = {name: build_problem(graph, 8) for name, graph in graphs.items()}
     assert set(problems["momentum"].state_of) == {f"moments.{p}" for p in ("dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias")}
     choice = propagate(problems["sgd"]).choice
-    stored = 0
+    stored = {}
     for parameter in problems["momentum"].state_of.values():
         op, index = graphs["sgd"].consumers(parameter)[0]
-        stored += 4 * np.prod(problems["sgd"].candidates[op][choice[op]].input_layouts[index].slice_shape)
-    assert stored == 4 * (64 * 64 // 4 + 64 // 4) * 2  # both weights and biases split 4 ways
-    assert peak_bytes(problems["momentum"], choice) - peak_bytes(problems["sgd"], choice) == stored
+        stored[parameter] = 4 * np.prod(problems["sgd"].candidates[op][choice[op]].input_layouts[index].slice_shape)
+    assert stored["dense1.weight"] == stored["dense2.weight"] == 4 * 64 * 64 // 4  # both weights split 4 ways
+    assert peak_bytes(problems["momentum"], choice) - peak_bytes(problems["sgd"], choice) == sum(stored.values())
 
 
 def test_train_collective_keeps_adams_scalar_state_scalar():

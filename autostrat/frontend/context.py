@@ -42,7 +42,11 @@ class ParallelContext:
     - `parallel_mode`: stand_alone (one device), data_parallel (split every op's batch dim),
       semi_auto_parallel (configured strategies, data parallel for the rest), auto_parallel
       (search, as `search_mode` says).
-    - `fully_use_devices`: when False, candidates may use fewer devices (repeated calculation).
+    - `fully_use_devices`: False lets candidates use fewer devices (repeated calculation), True
+      forbids it; None (default) allows it in sharding_propagation, where a propagated layout may
+      be replicated over some devices (Megatron's LayerNorm), and forbids it elsewhere.
+    - `follow_layers`: in sharding_propagation, unseeded layers of a `CellList` take the
+      strategies of the seeded layer they repeat (default True).
     - `full_batch`: every rank loads the whole batch (True) or only its own share (False).
     - `search_mode`: sharding_propagation (BFS from the seeds) or integer_programming (fully
       automatic: no seeds needed, every op uses every device, CP-SAT finds the optimum).
@@ -71,7 +75,8 @@ class ParallelContext:
     device_num: int = 1
     global_rank: int = 0
     full_batch: bool = False
-    fully_use_devices: bool = True
+    fully_use_devices: bool | None = None
+    follow_layers: bool = True
     strategy_ckpt_save_file: str = ""
     strategy_ckpt_load_file: str = ""
     refine: str | None = None
@@ -102,9 +107,10 @@ class ParallelContext:
             raise ConfigError(f"device_num must be at most {MAX_DEVICE_NUM:,} devices, got {self.device_num:,}")
         if self.global_rank >= self.device_num:
             raise ConfigError(f"global_rank {self.global_rank} must be below device_num {self.device_num}")
-        for key in ("full_batch", "fully_use_devices", "gradients_mean"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"{key} must be True or False, got {getattr(self, key)!r}")
+        for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers"):
+            value = getattr(self, key)
+            if not isinstance(value, bool) and not (key == "fully_use_devices" and value is None):
+                raise ConfigError(f"{key} must be True or False, got {value!r}")
         for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
             if not isinstance(getattr(self, key), str):
                 raise ConfigError(f"{key} must be a file path string, got {getattr(self, key)!r}")
@@ -114,7 +120,8 @@ class ParallelContext:
         return SearchOptions(
             mode=self.parallel_mode,
             search_mode=self.search_mode,
-            allow_repeated=not self.fully_use_devices,
+            allow_repeated=None if self.fully_use_devices is None else not self.fully_use_devices,
+            follow_layers=self.follow_layers,
             refine=self.refine,
             refine_time_limit=self.refine_time_limit,
             max_device_memory=self.max_device_memory,

@@ -63,6 +63,11 @@ class Strategy:
     rule: Any
     splits: tuple[int, ...]
     device_num: int
+    # An op linear in every input (Add, Sub) may take inputs that are partial sums over the
+    # repeated-calculation axis and leave its output partial there: each device adds its pieces,
+    # and the sum is resolved once, after (Megatron's gradients of one activation read by Q, K
+    # and V: three partial sums added before a single AllReduce).
+    sums_partials: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", tuple(int(s) for s in self.splits))
@@ -73,6 +78,9 @@ class Strategy:
                 f"{self.rule.op_type}: splits {self.splits} use {math.prod(self.splits)} devices, "
                 f"which does not divide device_num {self.device_num}"
             )
+        if self.sums_partials and (self.repeat == 1 or self.rule.reduction):
+            raise LayoutError(f"{self.rule.op_type}: partial-sum inputs need a repeated-calculation axis and no reduction, "
+                              f"got splits {self.splits} on {self.device_num} devices")
 
     @classmethod
     def from_tuples(cls, rule: FactorRule, in_strategy, device_num: int, out_strategy=None, where: str = "") -> Strategy:
@@ -106,14 +114,16 @@ class Strategy:
 
     @cached_property
     def input_layouts(self) -> tuple[Layout, ...]:
+        partial = (0,) if self.sums_partials else ()  # the repeated axis is the last (rightmost)
         return tuple(
-            Layout(self.device_matrix, self.tensor_map(dims), shape)
+            Layout(self.device_matrix, self.tensor_map(dims), shape, partial)
             for dims, shape in zip(self.rule.inputs, self.rule.input_shapes)
         )
 
     @cached_property
     def output_layouts(self) -> tuple[Layout, ...]:
         partial = tuple(self.factor_axis(f) for f in self.rule.reduction if self.split(f) > 1)
+        partial += (0,) if self.sums_partials else ()
         op = self.rule.reduce_op if partial else "sum"
         return tuple(
             Layout(self.device_matrix, self.tensor_map(dims), shape, partial, op)
@@ -141,7 +151,8 @@ class Strategy:
     def __str__(self) -> str:
         text = _format_tuples(self.to_tuples())
         out = self.out_tuples()
-        return text if out is None else f"{text} out {_format_tuples(out)}"
+        text = text if out is None else f"{text} out {_format_tuples(out)}"
+        return f"{text} partial sums" if self.sums_partials else text
 
 
 def _format_tuples(tuples) -> str:

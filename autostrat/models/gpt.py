@@ -15,7 +15,7 @@ import numpy as np
 from autostrat import ops
 from autostrat.errors import ConfigError
 from autostrat.frontend.cell import Cell, CellList
-from autostrat.frontend.layers import GELU, Dense, Embedding, LayerNorm, SoftmaxCrossEntropyWithLogits
+from autostrat.frontend.layers import GELU, Dense, Embedding, LayerNorm, MSELoss, SoftmaxCrossEntropyWithLogits
 from autostrat.frontend.tensor import Parameter, Tensor, initializer
 from autostrat.models.sizes import check_sizes
 
@@ -119,6 +119,40 @@ class GPT(Cell):
             return tuple(Tensor(shape=s, dtype="int32") for s in shapes)
         rng = np.random.default_rng(seed)
         return tuple(Tensor(rng.integers(0, vocab, size=s).astype(np.int32)) for s in shapes)
+
+
+class TransformerStack(Cell):
+    """`layers` GPT blocks on activations ``[batch * seq, hidden]`` with a mean-squared-error loss
+    against targets of the same shape: the stack alone, without embeddings or an LM head (the
+    model issue #15 compares with MindSpore and JAX).
+
+    Example:
+        >>> net = TransformerStack(layers=2, hidden=32, heads=4, seq=8, batch=2)
+        >>> [tuple(t.shape) for t in net.example_inputs()]
+        [(16, 32), (16, 32)]
+    """
+
+    def __init__(self, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, batch: int = 4):
+        super().__init__()
+        check_sizes("TransformerStack", layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch)
+        if hidden % heads:
+            raise ConfigError(f"TransformerStack: hidden must be a multiple of heads, got hidden {hidden} and heads {heads}")
+        self.batch, self.seq, self.hidden = batch, seq, hidden
+        self.blocks = CellList(Block(batch, seq, hidden, heads) for _ in range(layers))
+        self.loss = MSELoss()
+
+    def construct(self, x, targets):
+        for block in self.blocks:
+            x = block(x)
+        return self.loss(x, targets)
+
+    def example_inputs(self, with_data: bool = False, seed: int = 0) -> tuple[Tensor, Tensor]:
+        """Activations and targets: random data, or shape-only tensors for a search."""
+        shape = (self.batch * self.seq, self.hidden)
+        if not with_data:
+            return Tensor(shape=shape), Tensor(shape=shape)
+        rng = np.random.default_rng(seed)
+        return tuple(Tensor(rng.standard_normal(shape).astype(np.float32)) for _ in range(2))
 
 
 def megatron_seeds(layers: int, model_parallel: int, first_layer_only: bool = False, data_parallel: int = 1) -> dict[str, tuple]:

@@ -193,7 +193,9 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
         for index, tensor in enumerate(op.inputs):
             edge = edges.get((name, index))
             key = tensor
-            if edge is not None and edge.plan.steps:
+            if edge is not None and edge.shares:  # an earlier op's input holds it already
+                key = _edge_key(tensor, *edge.shares)
+            elif edge is not None and edge.plan.steps:
                 key = _edge_key(tensor, name, index)
                 label = f"{tensor} -> {name}[{index}]"
                 instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge))

@@ -78,6 +78,9 @@ def sliced_text(plan, rank: int = 0) -> str:
             if edge is None:
                 arguments.append(tensor)
                 continue
+            if edge.shares:  # the earlier op's redistributed input
+                arguments.append(f"{tensor}.to.{edge.shares[0]}[{edge.shares[1]}].{len(edge.plan.steps) - 1}")
+                continue
             inserted, current = _redistribution_lines(edge, rank, tensor, graph.tensors[tensor].dtype)
             lines.extend(inserted)
             arguments.append(current)

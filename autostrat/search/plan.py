@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autostrat.autodiff import op_phase
@@ -26,12 +26,23 @@ class OpPlan:
 
 @dataclass(frozen=True)
 class EdgeRedistribution:
-    """The collectives that bring `tensor` to input `input_index` of `consumer`."""
+    """The collectives that bring `tensor` to input `input_index` of `consumer`.
+
+    When an earlier op (in graph order) already wants the tensor in an equivalent layout,
+    `shares` names that op's input ``(op, index)``: this edge reads its result, sends nothing
+    and costs nothing (one redistribution per tensor and target layout).
+    """
 
     tensor: str
     consumer: str
     input_index: int
     plan: RedistributionPlan
+    shares: tuple[str, int] | None = None
+
+    @property
+    def cost(self) -> int:
+        """Bytes per device this edge sends (0 when it shares an earlier redistribution)."""
+        return 0 if self.shares else self.plan.cost
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,7 @@ class Plan:
     @property
     def total_bytes(self) -> int:
         """Redistribution bytes each device sends for one step (forward pass, or training step)."""
-        return sum(edge.plan.cost for edge in self.redistributions) + sum(w.plan.cost for w in self.writebacks)
+        return sum(edge.cost for edge in self.redistributions) + sum(w.plan.cost for w in self.writebacks)
 
     def edge_phase(self, edge: EdgeRedistribution) -> str:
         """The `BYTE_PHASES` entry of an edge: its consumer's phase, "sync" for update ops."""
@@ -109,12 +120,12 @@ class Plan:
         """
         totals = dict.fromkeys(BYTE_PHASES, 0)
         for edge in self.redistributions:
-            totals[self.edge_phase(edge)] += edge.plan.cost
+            totals[self.edge_phase(edge)] += edge.cost
         totals["update"] += sum(w.plan.cost for w in self.writebacks)
         return totals
 
     def bytes_into(self, op: str) -> int:
-        return sum(edge.plan.cost for edge in self.redistributions if edge.consumer == op)
+        return sum(edge.cost for edge in self.redistributions if edge.consumer == op)
 
     def table(self) -> str:
         """One line per op: strategy, origin, output layout and the bytes of its input edges."""
@@ -125,7 +136,7 @@ class Plan:
             origin = op.origin + (" (changed by CP-SAT)" if name in changed else "")
             rows.append([name, op.op_type, str(op.strategy), origin, str(out.normalized()), str(self.bytes_into(name))])
         text = format_table(["op", "type", "strategy", "origin", "output layout", "bytes in"], rows)
-        steps = [f"  {edge.tensor} -> {edge.consumer}[{edge.input_index}]: {edge.plan}" for edge in self.redistributions]
+        steps = [f"  {edge.tensor} -> {edge.consumer}[{edge.input_index}]: {_described(edge)}" for edge in self.redistributions]
         steps += [f"  {w.value} -> {w.parameter} (writeback): {w.plan}" for w in self.writebacks]
         lines = [text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}"]
         if self.graph.updates:
@@ -150,7 +161,8 @@ class Plan:
                     "tensor": e.tensor,
                     "consumer": e.consumer,
                     "input": e.input_index,
-                    "bytes": e.plan.cost,
+                    "bytes": e.cost,
+                    "shares": None if e.shares is None else f"{e.shares[0]}[{e.shares[1]}]",
                     "steps": [str(step) for step in e.plan.steps],
                     "primitives": [str(primitive) for primitive in lower_plan(e.plan)],
                 }
@@ -187,6 +199,12 @@ class Plan:
         return write_dumps(self, Path(directory))
 
 
+def _described(edge: EdgeRedistribution) -> str:
+    if edge.shares is None:
+        return str(edge.plan)
+    return f"shares the redistribution into {edge.shares[0]}[{edge.shares[1]}], 0B"
+
+
 def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings,
                progress=None) -> Plan:
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
@@ -197,7 +215,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
         for tensor, layout in zip(op.inputs, strategy.input_layouts):
             layouts.setdefault(tensor, layout)  # a parameter or input lives where it is first used
         layouts.update(zip(op.outputs, strategy.output_layouts))
-    edges = []
+    edges, paid = [], {}  # paid: (tensor, normal form wanted) -> the edge that redistributes it
     for number, (name, op) in enumerate(graph.ops.items()):
         if progress is not None:
             progress.step("planning redistributions", number, len(graph.ops))
@@ -205,8 +223,12 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             held = layouts[tensor]
             if held.equivalent(wanted):
                 continue
-            plan = plan_redistribution(held, wanted, graph.tensors[tensor].dtype)
-            edges.append(EdgeRedistribution(tensor, name, index, plan))
+            earlier = paid.get((tensor, wanted.normalized()))
+            if earlier is not None:
+                edges.append(replace(earlier, consumer=name, input_index=index, shares=(earlier.consumer, earlier.input_index)))
+                continue
+            edges.append(EdgeRedistribution(tensor, name, index, plan_redistribution(held, wanted, graph.tensors[tensor].dtype)))
+            paid[(tensor, wanted.normalized())] = edges[-1]
     ops = {name: OpPlan(name, graph.ops[name].op_type, strategies[name], origins[name]) for name in graph.ops}
     ordered = {name: layouts[name] for name in graph.tensors if name in layouts}
     writebacks = tuple(_writeback(graph, layouts, parameter, value) for parameter, value in graph.updates)

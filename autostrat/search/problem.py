@@ -14,6 +14,7 @@ to its first reader.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -25,6 +26,9 @@ from autostrat.ir import Graph, OpNode
 from autostrat.layout import Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
+
+# An op of a repeated layer (a `CellList`): ``<prefix>.<index>.<rest>``, e.g. blocks.3.ffn1.matmul.
+LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
 
 
 @dataclass(frozen=True)

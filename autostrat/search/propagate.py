@@ -6,11 +6,22 @@ Propagation (MindSpore's sharding_propagation), case by case:
 - a queue starts with the seeds in graph (topological) order; popping an op visits the ops it
   shares an edge with, in graph order; each one not yet decided takes the candidate with the
   smallest key ``(redistribution bytes to every decided neighbour + own communication, flops,
-  memory, candidate index)`` and joins the queue, its origin "propagated from" the popped op;
+  outer factors split first)`` and joins the queue, its origin "propagated from" the popped op;
+- layers follow their seeds: when some layers of a `CellList` (ops named ``<prefix>.<i>.<rest>``)
+  are seeded, every unseeded layer with the same ops (same rules) takes the strategies the first
+  such seeded layer ends up with, its origin "follows <that op>" (`follow_layers=False` turns
+  this off). The seeded layer is propagated first, without entering its followers;
+- the forward pass is propagated before the backward one, over forward edges only; backward
+  ops then take, in data-flow order (the gradient's order), the cheapest candidate given every
+  decided neighbour: their forward op's saved tensors and weights, the gradients already
+  computed, the gradient synchronisation to where each weight is stored, and where each
+  activation gradient is going (the layout its forward consumer read the activation in). That
+  is the strategy the forward op implies (Megatron's backward of a column-parallel MatMul: a
+  partial input gradient, AllReduced) unless another is cheaper;
 - the edges between two readers of one parameter or graph input are priced when choosing, but
   do not carry the propagation: a weight read by a forward and a backward op would otherwise
   hand its layout across the graph, far from the data flow the seeds describe; nor do the
-  gradient-synchronisation edges of a training graph, until a second round from every decided
+  gradient-synchronisation edges of a training graph, until a last round from every decided
   op reaches what the data edges did not;
 - ops no seed reaches get the all-ones strategy and a warning (none for an op with no other
   candidate, such as a scalar's);
@@ -24,12 +35,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
-from autostrat.autodiff import op_phase
+from autostrat.autodiff import gradient_name, op_phase
 from autostrat.layout import Strategy
-from autostrat.search.problem import SearchProblem
+from autostrat.redistribution import cost_table
+from autostrat.search.problem import LAYER, SearchProblem
+
+GRADIENT_PREFIX = gradient_name("")
 
 SEED, DEFAULT, DATA_PARALLEL = "seed", "default", "data parallel"
 
@@ -49,51 +64,226 @@ def _neighbour_cost(problem: SearchProblem, op: str, choice: dict[str, int], syn
         if edge.sync and not sync:
             continue
         if edge.consumer == op and edge.producer in choice:
-            total += edge.table[choice[edge.producer], :]
+            row = edge.table[choice[edge.producer], :]
+            paid = _paid_for(problem, edge, choice)
+            if paid:  # another reader already has the tensor redistributed to these layouts
+                wanted = (c.input_layouts[edge.input_index].normalized() for c in problem.candidates[op])
+                row = np.where([layout in paid for layout in wanted], 0.0, row)
+            total += row
         elif edge.producer == op and edge.consumer in choice:
             total += edge.table[:, choice[edge.consumer]]
     return total
 
 
-def best_candidate(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool = True) -> int:
-    """The documented tie-break: bytes (to decided neighbours; over gradient-synchronisation
-    edges too unless `sync` is False), then flops, then memory, then enumeration order."""
-    costs = problem.costs[op]
-    index = np.arange(len(problem.candidates[op]))
-    return int(np.lexsort((index, costs.memory, costs.flops, _neighbour_cost(problem, op, choice, sync)))[0])
+def _paid_for(problem: SearchProblem, edge, choice: dict[str, int]) -> set:
+    """The layouts (normal forms) the decided other readers of `edge`'s tensor want it in: one
+    redistribution per tensor and layout serves them all (`plan.EdgeRedistribution.shares`)."""
+    paid = set()
+    for other in problem.incident[edge.producer]:
+        if (other.tensor == edge.tensor and other.consumer != edge.consumer and other.consumer in choice
+                and other.producer == edge.producer and not other.sync):
+            strategy = problem.candidates[other.consumer][choice[other.consumer]]
+            paid.add(strategy.input_layouts[other.input_index].normalized())
+    return paid
+
+
+TIE_BREAKS = ("memory", "outer")
+
+
+def best_candidate(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool = True,
+                   extra: np.ndarray | None = None, tie_break: str = "memory") -> int:
+    """The cheapest candidate: bytes (to decided neighbours; over gradient-synchronisation edges
+    too unless `sync` is False; plus `extra` per candidate), then flops, then as `tie_break`
+    says: "memory" (fewer bytes held, then enumeration order) or "outer" (`outer_first`)."""
+    total = _neighbour_cost(problem, op, choice, sync)
+    if extra is not None:
+        total = total + extra
+    candidates, costs = problem.candidates[op], problem.costs[op]
+    ties = (np.arange(len(candidates)), costs.memory) if tie_break == "memory" else (outer_first(candidates),)
+    return int(np.lexsort((*ties, costs.flops, total))[0])
+
+
+@cache
+def outer_first(candidates: tuple) -> np.ndarray:
+    """Per candidate, its rank when the splits of the outer factors (a batch or sequence dim
+    comes first) decide, largest first, then enumeration order."""
+    order = sorted(range(len(candidates)), key=lambda i: tuple(-split for split in candidates[i].splits))
+    ranks = np.empty(len(candidates), dtype=int)
+    ranks[order] = np.arange(len(candidates))
+    return ranks
 
 
 def _seeds(problem: SearchProblem) -> list[str]:
     return [name for name, op in problem.graph.ops.items() if op.is_seeded]
 
 
-def propagate(problem: SearchProblem, progress=None) -> Assignment:
-    """BFS from the seeds over the edges (see the module docstring); `progress.step` hears of
-    every op reached (`progress.SearchProgress`)."""
+def propagate(problem: SearchProblem, progress=None, follow_layers: bool = True) -> Assignment:
+    """BFS from the seeds (see the module docstring), once per tie-break of equally cheap
+    candidates (`TIE_BREAKS`); the plan sending fewer bytes wins, the first on a tie.
+
+    Why two: a tie decided locally shows its price only ops later. After a row-parallel MatMul
+    a ReduceScatter may split the hidden dim (holding less of the bias) or the rows (the
+    sequence, which LayerNorm can keep); the first wins on the tutorial FFN's backward, the
+    second on a transformer block's (Megatron's sequence parallelism). `progress.step` hears
+    of every op reached (`progress.SearchProgress`).
+    """
+    plans = [_propagate(problem, progress, follow_layers, tie_break) for tie_break in TIE_BREAKS]
+    return min(plans, key=lambda plan: shared_bytes(problem, plan.choice))
+
+
+def _propagate(problem: SearchProblem, progress, follow_layers: bool, tie_break: str) -> Assignment:
     seeds = _seeds(problem)
     choice = {name: 0 for name in seeds}
     origin = {name: SEED for name in seeds}
-    _visit(problem, choice, origin, deque(seeds), False, progress)
+    ops = problem.graph.ops
+    forward = {name for name in ops if op_phase(name) == "forward"}
+    leaders = seeded_layers(problem) if follow_layers else {}
+    walk = _Walk(problem, choice, origin, tie_break, progress)
+    walk.visit(seeds, forward - leaders.keys())
+    for follower, leader in leaders.items():
+        if leader in choice:
+            _follow(problem, choice, origin, follower, leader)
+    walk.visit([name for name in ops if name in choice], forward)
+    walk.backward()
     if any(edge.sync for edge in problem.edges):
-        _visit(problem, choice, origin, deque(name for name in problem.graph.ops if name in choice), True, progress)
+        walk.visit([name for name in ops if name in choice], set(ops), across_sync=True)
     return _finish(problem, choice, origin)
 
 
-def _visit(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str], queue: deque, across_sync: bool,
-           progress=None) -> None:
-    """One BFS round; the second round of a training graph also crosses gradient-sync edges,
-    reaching the backward ops no data edge leads to (a bias gradient of the sensitivity)."""
-    while queue:
-        current = queue.popleft()
-        for edge in problem.incident[current]:
-            neighbour = edge.consumer if edge.producer == current else edge.producer
-            if neighbour in choice or edge.from_input or (edge.sync and not across_sync):
+def shared_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
+    """Bytes per device of a choice as its plan sends them: the ops' own communication and
+    every edge, where readers of one tensor that want it in one layout share a redistribution
+    (`plan.EdgeRedistribution.shares`)."""
+    total = sum(problem.costs[op].comm[index] for op, index in choice.items())
+    paid = set()
+    for edge in problem.edges:
+        wanted = problem.candidates[edge.consumer][choice[edge.consumer]].input_layouts[edge.input_index]
+        key = (edge.tensor, edge.producer, edge.sync, wanted.normalized())
+        if edge.sync or key not in paid:
+            paid.add(key)
+            total += edge.table[choice[edge.producer], choice[edge.consumer]]
+    return int(total)
+
+
+@dataclass
+class _Walk:
+    """The rounds of one propagation, sharing its choices, origins and tie-break."""
+
+    problem: SearchProblem
+    choice: dict[str, int]
+    origin: dict[str, str]
+    tie_break: str
+    progress: object = None
+
+    def visit(self, start: list[str], allowed: set[str], across_sync: bool = False) -> None:
+        """One BFS round from `start` that decides only `allowed` ops; the last round of a
+        training graph also crosses gradient-sync edges, reaching the backward ops no data edge
+        leads to (a bias gradient of the sensitivity)."""
+        problem, choice = self.problem, self.choice
+        queue = deque(start)
+        while queue:
+            current = queue.popleft()
+            for edge in problem.incident[current]:
+                neighbour = edge.consumer if edge.producer == current else edge.producer
+                if neighbour in choice or neighbour not in allowed or edge.from_input or (edge.sync and not across_sync):
+                    continue
+                choice[neighbour] = best_candidate(problem, neighbour, choice, tie_break=self.tie_break)
+                self.origin[neighbour] = f"propagated from {current}"
+                queue.append(neighbour)
+                self._reached()
+
+    def backward(self) -> None:
+        """Each backward op not yet decided, in data-flow order, given every decided neighbour
+        and where the activation gradients it computes are going. An op storing a tensor other
+        backward ops read too (the sensitivity) comes after them, so that it stores the tensor
+        where they can all read it."""
+        problem, choice = self.problem, self.choice
+        backward = [name for name in problem.graph.ops if name not in choice and op_phase(name) == "backward"]
+        stores = [name for name in backward if _stores_shared_input(problem.graph, name)]
+        for name in [name for name in backward if name not in stores] + stores:
+            extra = _gradient_destinations(problem, name, choice)
+            choice[name] = best_candidate(problem, name, choice, extra=extra, tie_break=self.tie_break)
+            self.origin[name] = f"backward of {_forward_op(problem.graph, name)}"
+            self._reached()
+
+    def _reached(self) -> None:
+        if self.progress is not None:
+            self.progress.step("propagating", len(self.choice), len(self.problem.graph.ops))
+
+
+def seeded_layers(problem: SearchProblem) -> dict[str, str]:
+    """``{op of an unseeded layer: the same op of the first seeded layer it repeats}``.
+
+    Layers are the ``<prefix>.<i>.<rest>`` forward ops of a `CellList`; an unseeded layer
+    repeats a seeded one when both have the same ops with the same rules.
+    """
+    layers: dict[str, dict[int, dict[str, str]]] = {}
+    for name, op in problem.graph.ops.items():
+        match = LAYER.match(name)
+        if match and op_phase(name) == "forward":
+            layers.setdefault(match["prefix"], {}).setdefault(int(match["index"]), {})[match["rest"]] = name
+    ops = problem.graph.ops
+    leaders = {}
+    for by_index in layers.values():
+        seeded = [layer for _, layer in sorted(by_index.items()) if any(ops[name].is_seeded for name in layer.values())]
+        for layer in by_index.values():
+            if layer in seeded:
                 continue
-            choice[neighbour] = best_candidate(problem, neighbour, choice)
-            origin[neighbour] = f"propagated from {current}"
-            queue.append(neighbour)
-            if progress is not None:
-                progress.step("propagating", len(choice), len(problem.graph.ops))
+            leader = next((first for first in seeded if _repeats(problem, first, layer)), None)
+            if leader is not None:
+                leaders.update({name: leader[rest] for rest, name in layer.items()})
+    return leaders
+
+
+def _repeats(problem: SearchProblem, first: dict[str, str], other: dict[str, str]) -> bool:
+    ops = problem.graph.ops
+    return first.keys() == other.keys() and all(ops[first[rest]].rule == ops[other[rest]].rule for rest in first)
+
+
+def _follow(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str], follower: str, leader: str) -> None:
+    """`follower` takes `leader`'s strategy, when it is one of its candidates (the logical mesh
+    may not offer a propagated strategy's splits to an op of another layer)."""
+    strategy = problem.candidates[leader][choice[leader]]
+    candidates = problem.candidates[follower]
+    if strategy in candidates:
+        choice[follower], origin[follower] = candidates.index(strategy), f"follows {leader}"
+
+
+def _forward_op(graph, name: str) -> str:
+    """The forward op a backward op belongs to (its bprop's scope, or what produced the tensor
+    whose gradients it accumulates)."""
+    kind, _, rest = name.partition("/")
+    if kind == "bprop":
+        return rest.rsplit("/", 1)[0]
+    tensor = rest.rsplit("_", 1)[0] if kind == "accumulate" and rest not in graph.tensors else rest
+    producer = graph.tensors[tensor].producer if tensor in graph.tensors else None
+    return producer or tensor
+
+
+def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, int]) -> np.ndarray | None:
+    """Per candidate of `op`, the bytes that bring each activation gradient it outputs to the
+    layout its first forward reader read the activation in (None when it outputs none). Weight
+    gradients are priced by the gradient-synchronisation edges instead."""
+    graph, total = problem.graph, None
+    for index, tensor in enumerate(graph.ops[op].outputs):
+        activation = tensor.removeprefix(GRADIENT_PREFIX)
+        if tensor == activation or activation not in graph.tensors or graph.tensors[activation].kind == "parameter":
+            continue
+        reader = next(((r, i) for r, i in graph.consumers(activation) if op_phase(r) == "forward" and r in choice), None)
+        if reader is None:
+            continue
+        wanted = problem.candidates[reader[0]][choice[reader[0]]].input_layouts[reader[1]]
+        held = [candidate.output_layouts[index] for candidate in problem.candidates[op]]
+        cost = cost_table(held, [wanted], graph.tensors[tensor].dtype)[:, 0]
+        total = cost if total is None else total + cost
+    return total
+
+
+def _stores_shared_input(graph, op: str) -> bool:
+    """Whether `op` is the first reader, which stores it, of a tensor no op computes (the
+    sensitivity, a graph input) that other ops read too."""
+    return any(graph.tensors[t].producer is None and graph.consumers(t)[0] == (op, i) and len(graph.consumers(t)) > 1
+               for i, t in enumerate(graph.ops[op].inputs))
 
 
 def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str]) -> Assignment:

@@ -34,6 +34,10 @@ class SearchOptions:
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
     - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
       optimum, "layers" also shares the variables of identical repeated layers.
+    - `allow_repeated`: whether candidates may use fewer devices (repeated calculation); None
+      allows it in sharding_propagation (a propagated layout may be replicated) only.
+    - `follow_layers`: sharding_propagation copies a seeded layer's strategies to the unseeded
+      layers repeating it (`propagate.seeded_layers`).
     - `mesh`: the logical mesh candidates are split over (`strategies.mesh_axes`): "auto"
       (every divisor up to 16 devices, servers x 8 devices beyond), "full" (every divisor), or
       its axis sizes, outer first, e.g. ``(128, 8)``.
@@ -41,7 +45,8 @@ class SearchOptions:
 
     mode: str = "auto_parallel"
     search_mode: str = "sharding_propagation"
-    allow_repeated: bool = False
+    allow_repeated: bool | None = None
+    follow_layers: bool = True
     refine: str | None = None
     refine_time_limit: float = 60.0
     max_device_memory: int | None = None
@@ -58,6 +63,13 @@ class SearchOptions:
     @property
     def automatic(self) -> bool:
         return self.mode == "auto_parallel" and self.search_mode == "integer_programming"
+
+    @property
+    def repeated(self) -> bool:
+        """Whether candidates may repeat work (`allow_repeated`, resolved)."""
+        if self.allow_repeated is not None:
+            return self.allow_repeated
+        return self.mode == "auto_parallel" and self.search_mode == "sharding_propagation"
 
 
 def _unseeded(graph: Graph) -> Graph:
@@ -131,12 +143,12 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         graph, device_num = _unseeded(graph), 1
     elif options.mode == "data_parallel":
         graph = _unseeded(graph)
-    problem = build_problem(graph, device_num, options.allow_repeated, full_only=options.automatic, mesh=options.mesh)
+    problem = build_problem(graph, device_num, options.repeated, full_only=options.automatic, mesh=options.mesh)
     _check_shared_parameters(problem.graph, problem)
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True)
     elif options.mode == "auto_parallel":
-        assignment = propagate(problem, progress)
+        assignment = propagate(problem, progress, options.follow_layers)
     else:
         assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel")
     choice, refinement = assignment.choice, None
