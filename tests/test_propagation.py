@@ -144,3 +144,32 @@ def test_a_training_step_with_partial_sums_and_shared_redistributions_matches_on
     check = run_job_locally(make_job(plan, steps=2))
     assert check.bytes_match and check.results_match, check.text
     assert np.isfinite(plan.total_bytes)
+
+
+def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(monkeypatch):
+    """`_total_cost` skips candidates that cannot be cheapest; choosing from every candidate's
+    full price must give the same plan, on a training stack where ties are common."""
+    import autostrat.search.propagate as propagation
+
+    def every_price(problem, op, terms):
+        return problem.costs[op].comm + sum((term(None) for term in terms), np.zeros(len(problem.candidates[op])))
+
+    graph = stack(2, hidden=64)
+    fast = {tie: _propagate(build_problem(graph, 8, allow_repeated=True), None, True, tie).choice for tie in TIE_BREAKS}
+    monkeypatch.setattr(propagation, "_total_cost", every_price)
+    slow = {tie: _propagate(build_problem(graph, 8, allow_repeated=True), None, True, tie).choice for tie in TIE_BREAKS}
+    assert fast == slow
+
+
+def test_a_partial_target_from_fewer_partial_values_is_unreachable_without_a_search():
+    from autostrat.errors import RedistributionError
+    from autostrat.layout import DeviceMatrix, Layout, TensorMap
+    from autostrat.redistribution import cost_table, redistribution_cost
+
+    whole = Layout(DeviceMatrix((2, 4)), TensorMap((1, 0)), (8, 8))
+    summed = Layout(DeviceMatrix((2, 4)), TensorMap((1, -1)), (8, 8), (0,))
+    twice = Layout(DeviceMatrix((8,)), TensorMap((-1, -1)), (8, 8), (0,))  # 8 partial values, not 4
+    assert cost_table([whole, summed], [summed, twice]).tolist() == [[np.inf, np.inf], [0.0, np.inf]]
+    for src, dst in ((whole, summed), (summed, twice)):  # the exact search agrees
+        with pytest.raises(RedistributionError):
+            redistribution_cost(src, dst)

@@ -7,6 +7,7 @@ layers, and equivalent layouts written over different device matrices, cost one 
 from __future__ import annotations
 
 import gc
+import math
 from contextlib import contextmanager
 
 import numpy as np
@@ -71,7 +72,16 @@ def collector_paused():
         gc.enable()
 
 
+def _contributions(layout) -> int:
+    """How many partial values combine into each element of `layout` (1 when it is whole)."""
+    return math.prod(layout.device_matrix.axis_size(axis) for axis in layout.partial)
+
+
 def _cost(src, dst, dtype, model) -> float:
+    if _contributions(dst) > _contributions(src):
+        # No step creates partial values, so the search would only prove this after
+        # exhausting its states (seconds for a 4-d tensor over 64 devices).
+        return float("inf")
     try:
         return float(redistribution_cost(src, dst, dtype, model))
     except RedistributionError:

@@ -58,20 +58,65 @@ class Assignment:
     warnings: tuple[str, ...]
 
 
-def _neighbour_cost(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool) -> np.ndarray:
-    total = problem.costs[op].comm.copy()
+def _neighbour_terms(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool) -> list:
+    """One term per edge to a decided neighbour (over gradient-synchronisation edges too when
+    `sync`): a function of candidate indices (None: all) giving their redistribution bytes."""
+    terms = []
     for edge in problem.incident[op]:
         if edge.sync and not sync:
             continue
         if edge.consumer == op and edge.producer in choice:
-            row = edge.table[choice[edge.producer], :]
-            paid = _paid_for(problem, edge, choice)
-            if paid:  # another reader already has the tensor redistributed to these layouts
-                wanted = (c.input_layouts[edge.input_index].normalized() for c in problem.candidates[op])
-                row = np.where([layout in paid for layout in wanted], 0.0, row)
-            total += row
+            terms.append(_row_term(problem, edge, choice))
         elif edge.producer == op and edge.consumer in choice:
-            total += edge.table[:, choice[edge.consumer]]
+            terms.append(_column_term(edge.table, choice[edge.consumer]))
+    return terms
+
+
+def _row_term(problem: SearchProblem, edge, choice: dict[str, int]):
+    row, table = choice[edge.producer], edge.table
+    paid = _paid_for(problem, edge, choice)
+    free = None
+    if paid:  # another reader already has the tensor redistributed to these layouts
+        wanted = (c.input_layouts[edge.input_index].normalized() for c in problem.candidates[edge.consumer])
+        free = np.array([layout in paid for layout in wanted])
+
+    def term(indices):
+        values = table[row, :] if indices is None else np.array([table[row, int(j)] for j in indices])
+        if free is not None:
+            values = np.where(free if indices is None else free[indices], 0.0, values)
+        return values
+    return term
+
+
+def _column_term(table, column: int):
+    def term(indices):
+        return table[:, column] if indices is None else np.array([table[int(i), column] for i in indices])
+    return term
+
+
+def _total_cost(problem: SearchProblem, op: str, terms: list) -> np.ndarray:
+    """Per candidate, its own communication plus every term; inf for candidates left unpriced
+    because they cannot be cheapest.
+
+    Branch and bound, exact: the first term is priced for every candidate, the others only for
+    candidates, cheapest first, whose own cost and first term do not already exceed the best
+    full total (terms are never negative). Candidates tied with the best are all priced, so the
+    tie-breaks see them; at 1024 devices this skips most redistribution searches of candidates
+    nobody would choose.
+    """
+    base = problem.costs[op].comm
+    if not terms:
+        return base.copy()
+    partial = base + terms[0](None)
+    if len(terms) == 1:
+        return partial
+    total = np.full(len(partial), np.inf)
+    best = np.inf
+    for j in np.argsort(partial, kind="stable"):
+        if partial[j] > best:
+            break
+        total[j] = partial[j] + sum(float(term(np.array([j]))[0]) for term in terms[1:])
+        best = min(best, total[j])
     return total
 
 
@@ -91,13 +136,11 @@ TIE_BREAKS = ("memory", "outer")
 
 
 def best_candidate(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool = True,
-                   extra: np.ndarray | None = None, tie_break: str = "memory") -> int:
+                   extra: tuple = (), tie_break: str = "memory") -> int:
     """The cheapest candidate: bytes (to decided neighbours; over gradient-synchronisation edges
-    too unless `sync` is False; plus `extra` per candidate), then flops, then as `tie_break`
+    too unless `sync` is False; plus the `extra` terms, see `_total_cost`), then flops, then as `tie_break`
     says: "memory" (fewer bytes held, then enumeration order) or "outer" (`outer_first`)."""
-    total = _neighbour_cost(problem, op, choice, sync)
-    if extra is not None:
-        total = total + extra
+    total = _total_cost(problem, op, _neighbour_terms(problem, op, choice, sync) + list(extra))
     candidates, costs = problem.candidates[op], problem.costs[op]
     ties = (np.arange(len(candidates)), costs.memory) if tie_break == "memory" else (outer_first(candidates),)
     return int(np.lexsort((*ties, costs.flops, total))[0])
@@ -260,23 +303,28 @@ def _forward_op(graph, name: str) -> str:
     return producer or tensor
 
 
-def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, int]) -> np.ndarray | None:
-    """Per candidate of `op`, the bytes that bring each activation gradient it outputs to the
-    layout its first forward reader read the activation in (None when it outputs none). Weight
-    gradients are priced by the gradient-synchronisation edges instead."""
-    graph, total = problem.graph, None
+def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, int]) -> list:
+    """Terms (see `_total_cost`) pricing, per candidate of `op`, the bytes that bring each
+    activation gradient it outputs to the layout its first forward reader read the activation
+    in. Weight gradients are priced by the gradient-synchronisation edges instead."""
+    graph, terms = problem.graph, []
     for index, tensor in enumerate(graph.ops[op].outputs):
         activation = tensor.removeprefix(GRADIENT_PREFIX)
         if tensor == activation or activation not in graph.tensors or graph.tensors[activation].kind == "parameter":
             continue
         reader = next(((r, i) for r, i in graph.consumers(activation) if op_phase(r) == "forward" and r in choice), None)
-        if reader is None:
-            continue
-        wanted = problem.candidates[reader[0]][choice[reader[0]]].input_layouts[reader[1]]
-        held = [candidate.output_layouts[index] for candidate in problem.candidates[op]]
-        cost = cost_table(held, [wanted], graph.tensors[tensor].dtype)[:, 0]
-        total = cost if total is None else total + cost
-    return total
+        if reader is not None:
+            wanted = problem.candidates[reader[0]][choice[reader[0]]].input_layouts[reader[1]]
+            held = [candidate.output_layouts[index] for candidate in problem.candidates[op]]
+            terms.append(_destination_term(held, wanted, graph.tensors[tensor].dtype))
+    return terms
+
+
+def _destination_term(held: list, wanted, dtype: str):
+    def term(indices):
+        sources = held if indices is None else [held[int(j)] for j in indices]
+        return cost_table(sources, [wanted], dtype)[:, 0]
+    return term
 
 
 def _stores_shared_input(graph, op: str) -> bool:
