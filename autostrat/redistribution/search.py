@@ -9,7 +9,7 @@ Layers of nodes ``(layer, state)``:
   up to relabelling, over the last space, since the relabelling is chosen at the end.
 
 Priorities are ``(objective + bound, bound, objective, steps, bytes, node)``: estimated bytes (or
-α–β time) first, then the node nearest the target by the bound (the bound is tight on many
+α–β time in whole nanoseconds, `AlphaBeta.step_nanoseconds`) first, then the node nearest the target by the bound (the bound is tight on many
 partial states, and preferring depth keeps A* off those plateaus), then fewer steps, then the
 node itself, so ties break the same way on every run. The bound is admissible but not always
 consistent, so a state reached more cheaply after it settled is reopened.
@@ -201,7 +201,7 @@ class Search:
     def _weight(self, layer: int, move: Move):
         if self.model is None:
             return move.bytes
-        return self.model.step_time(move.kind, self.problem.matrix(layer), move.axes, move.bytes)
+        return self.model.step_nanoseconds(move.kind, self.problem.matrix(layer), move.axes, move.bytes)
 
     def settle(self):
         """Run until a target is settled; returns it, or None (unreachable or limit hit).
