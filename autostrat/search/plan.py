@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 from autostrat.autodiff import op_phase
+from autostrat.cost import Hardware
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
 from autostrat.search.checkpoint import checkpoint_json
 from autostrat.search.dump import write_dumps
+from autostrat.search.prediction import Prediction, predict
 from autostrat.tables import format_table
 from autostrat.io import write_atomically
 
@@ -85,6 +88,14 @@ class Plan:
     warnings: tuple[str, ...] = ()
     refinement: Refinement | None = None
     writebacks: tuple[Writeback, ...] = ()
+    cost_model: str = "bytes"  # what the search minimised: "bytes" or "time" (see `search.SearchOptions`)
+    hardware: Hardware = Hardware()  # what the predictions (and a "time" search) assume
+
+    @cached_property
+    def prediction(self) -> Prediction:
+        """Predicted time and bytes per phase of one step and peak memory per device
+        (`search.prediction`), on `hardware`."""
+        return predict(self, self.hardware, BYTE_PHASES)
 
     @property
     def total_bytes(self) -> int:
@@ -132,6 +143,7 @@ class Plan:
             lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
         if self.refinement:
             lines.append(self.refinement.summary())
+        lines += [f"cost model: {self.cost_model}; hardware: {describe(self.hardware)}", *self.prediction.lines()]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -169,6 +181,10 @@ class Plan:
                 "merged": list(self.refinement.result.merged),
                 "exact": self.refinement.result.exact,
             },
+            # Appended after the plan's own keys, which stay as they were before predictions.
+            "cost_model": self.cost_model,
+            "hardware": asdict(self.hardware),
+            "predicted": self.prediction.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -212,6 +228,19 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
     writebacks = tuple(_writeback(graph, layouts, parameter, value) for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
                 writebacks=tuple(w for w in writebacks if w.plan.steps))
+
+
+def describe(hardware: Hardware) -> str:
+    """One line of the hardware a prediction assumes.
+
+    Example:
+        >>> describe(Hardware())
+        '989.4 TFLOP/s (16-bit), memory 3350 GB/s, 8 devices per server linked at 450 GB/s and 2 us, servers at 50 GB/s and 4 us'
+    """
+    return (f"{hardware.device_flops / 1e12:g} TFLOP/s (16-bit), memory {hardware.device_memory_bandwidth / 1e9:g} GB/s, "
+            f"{hardware.devices_per_server} devices per server linked at {hardware.intra_server_bandwidth / 1e9:g} GB/s "
+            f"and {hardware.intra_server_latency * 1e6:g} us, servers at {hardware.inter_server_bandwidth / 1e9:g} GB/s "
+            f"and {hardware.inter_server_latency * 1e6:g} us")
 
 
 def _writeback(graph: Graph, layouts: dict[str, Layout], parameter: str, value: str) -> Writeback:

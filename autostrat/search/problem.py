@@ -163,7 +163,7 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         for edge in edges:
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
-                         _optimizer_state(full, followers), values)
+                         optimizer_state(full, followers), values)
 
 
 def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int) -> SearchEdge | None:
@@ -182,7 +182,7 @@ def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int)
     return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True)
 
 
-def _optimizer_state(graph: Graph, followers: dict[str, str]) -> dict[str, str]:
+def optimizer_state(graph: Graph, followers: dict[str, str]) -> dict[str, str]:
     """Each optimiser state tensor an update op reads besides its parameter (moments, shaped
     like it and stored in its layout), mapped to that parameter."""
     state = {}
