@@ -263,7 +263,7 @@ def test_ctrl_c_ends_a_long_cli_search_without_writing_its_outputs(tmp_path):
 
 
 def test_a_rank_tables_servers_are_the_auto_mesh_of_a_run():
-    from autostrat.frontend.run import with_table_mesh
+    from autostrat.frontend.run import with_table_mesh, with_table_servers
     from autostrat.runtime.rank_table import parse_rank_table
 
     def table(servers: int, per_server: int):
@@ -276,3 +276,6 @@ def test_a_rank_tables_servers_are_the_auto_mesh_of_a_run():
     assert with_table_mesh(config, table(16, 4), 64).context.mesh == (16, 4)  # not the default 8 x 8
     assert with_table_mesh(config, table(2, 4), 8) is config  # every divisor up to 16 devices
     assert with_table_mesh(load_config(ROOT / "configs" / "gpt.yaml", mesh=(8, 8)), table(16, 4), 64).context.mesh == (8, 8)
+    # The step-time model takes its servers from the table too (and its speeds from the context).
+    assert with_table_servers(config, table(2, 4)).context.hardware().alpha_beta(8).device_matrix == DeviceMatrix((2, 4))
+    assert with_table_servers(config, table(1, 8)) is config

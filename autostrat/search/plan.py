@@ -204,9 +204,9 @@ class Plan:
 
 
 def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings,
-               progress=None) -> Plan:
+               progress=None, cost_model: str = "bytes", hardware: Hardware = Hardware()) -> Plan:
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
-    every op planned, see `progress.SearchProgress`)."""
+    every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
     layouts: dict[str, Layout] = {}
     for name, op in graph.ops.items():
         strategy = strategies[name]
@@ -227,7 +227,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
     ordered = {name: layouts[name] for name in graph.tensors if name in layouts}
     writebacks = tuple(_writeback(graph, layouts, parameter, value) for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
-                writebacks=tuple(w for w in writebacks if w.plan.steps))
+                writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware)
 
 
 def describe(hardware: Hardware) -> str:
