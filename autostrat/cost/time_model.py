@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autostrat.errors import LayoutError
 from autostrat.layout import DeviceMatrix
@@ -34,13 +35,14 @@ def ceil_nanoseconds(amount: int, rate: float) -> int:
     return -(-amount * 10**9 * denominator // numerator)
 
 
-def _stride_ranges(matrix: DeviceMatrix) -> list[tuple[int, int]]:
+@lru_cache(maxsize=4096)
+def _stride_ranges(matrix: DeviceMatrix) -> tuple[tuple[int, int], ...]:
     """Per axis counted from the right, the half-open rank-stride range ``[stride, stride·size)``."""
     ranges, stride = [], 1
     for size in reversed(matrix.shape):
         ranges.append((stride, stride * size))
         stride *= size
-    return ranges
+    return tuple(ranges)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,11 @@ class AlphaBeta:
             raise LayoutError(f"latencies must be >= 0 and bandwidths > 0, got {self.latency} and {self.bandwidth}")
 
     def link(self, matrix: DeviceMatrix, axes) -> tuple[float, float]:
-        """The (latency, bandwidth) of the slowest model axis that `axes` of `matrix` span."""
+        """The (latency, bandwidth) of the slowest model axis that `axes` of `matrix` span
+        (memoised: a search times the same steps over and over)."""
+        return _link(self, matrix, tuple(axes))
+
+    def _slowest(self, matrix: DeviceMatrix, axes: tuple[int, ...]) -> tuple[float, float]:
         if matrix.device_num != self.device_matrix.device_num:
             raise LayoutError(f"device matrix {matrix} does not have the {self.device_matrix.device_num} devices of {self.device_matrix}")
         model_ranges = _stride_ranges(self.device_matrix)
@@ -102,6 +108,11 @@ class AlphaBeta:
             return 0
         messages, (alpha, beta) = _messages(kind, matrix, axes), self.link(matrix, axes)
         return messages * round(alpha * 1e9) + ceil_nanoseconds(sent_bytes, beta)
+
+
+@lru_cache(maxsize=1 << 14)
+def _link(model: AlphaBeta, matrix: DeviceMatrix, axes: tuple[int, ...]) -> tuple[float, float]:
+    return model._slowest(matrix, axes)
 
 
 def _messages(kind: str, matrix: DeviceMatrix, axes) -> int:

@@ -54,16 +54,18 @@ BYTE_PHASES = ("forward", "backward", "sync", "update")
 
 @dataclass(frozen=True)
 class Refinement:
-    """What the CP-SAT refinement did: the bytes before it, its result, and the ops it changed."""
+    """What the CP-SAT refinement did: the objective before it (in `unit`, bytes or ns per
+    device), its result, and the ops it changed."""
 
     before: int
     result: object  # a `refine.RefineResult`
     changed: tuple[str, ...]
+    unit: str = "bytes"
 
     def summary(self) -> str:
         result = self.result
         return (
-            f"refined by CP-SAT: {self.before} -> {result.objective} bytes per device, {result.status}, "
+            f"refined by CP-SAT: {self.before} -> {result.objective} {self.unit} per device, {result.status}, "
             f"bound {result.bound}{'' if result.exact else ' (over plans whose repeated layers agree)'}, "
             f"gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed; {result.coarsening}"
         )
@@ -207,6 +209,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
                progress=None, cost_model: str = "bytes", hardware: Hardware = Hardware()) -> Plan:
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
     every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
+    model = hardware.alpha_beta(device_num) if cost_model == "time" else None  # the search's redistributions
     layouts: dict[str, Layout] = {}
     for name, op in graph.ops.items():
         strategy = strategies[name]
@@ -221,11 +224,11 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             held = layouts[tensor]
             if held.equivalent(wanted):
                 continue
-            plan = plan_redistribution(held, wanted, graph.tensors[tensor].dtype)
+            plan = plan_redistribution(held, wanted, graph.tensors[tensor].dtype, model)
             edges.append(EdgeRedistribution(tensor, name, index, plan))
     ops = {name: OpPlan(name, graph.ops[name].op_type, strategies[name], origins[name]) for name in graph.ops}
     ordered = {name: layouts[name] for name in graph.tensors if name in layouts}
-    writebacks = tuple(_writeback(graph, layouts, parameter, value) for parameter, value in graph.updates)
+    writebacks = tuple(_writeback(graph, layouts, parameter, value, model) for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
                 writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware)
 
@@ -243,8 +246,8 @@ def describe(hardware: Hardware) -> str:
             f"and {hardware.inter_server_latency * 1e6:g} us")
 
 
-def _writeback(graph: Graph, layouts: dict[str, Layout], parameter: str, value: str) -> Writeback:
+def _writeback(graph: Graph, layouts: dict[str, Layout], parameter: str, value: str, model=None) -> Writeback:
     """The redistribution of `value` to the layout `parameter` is stored in (always that layout:
-    the next step loads the parameter from it)."""
+    the next step loads the parameter from it), fastest under `model` if one is given."""
     held, stored = layouts[value], layouts[parameter]
-    return Writeback(parameter, value, plan_redistribution(held, stored, graph.tensors[value].dtype))
+    return Writeback(parameter, value, plan_redistribution(held, stored, graph.tensors[value].dtype, model))

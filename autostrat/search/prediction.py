@@ -55,10 +55,13 @@ class Prediction:
         return sum(phase.communication_ns for phase in self.phases.values())
 
     def lines(self) -> list[str]:
-        """The human-readable summary (deterministic: whole nanoseconds, formatted)."""
+        """The human-readable summary (deterministic: whole nanoseconds, formatted); phases
+        with nothing in them are left out (`to_dict` keeps them)."""
         lines = [f"predicted step time: {format_nanoseconds(self.step_time_ns)} = compute "
                  f"{format_nanoseconds(self.compute_ns)} + communication {format_nanoseconds(self.communication_ns)}"]
         for name, phase in self.phases.items():
+            if phase == PhaseCost():
+                continue  # a forward pass has no backward, sync or update phase to show
             lines.append(f"  {name}: compute {format_nanoseconds(phase.compute_ns)}, communication "
                          f"{format_nanoseconds(phase.communication_ns)}, {phase.bytes} bytes")
         lines.append(f"peak memory per device: {self.peak_bytes} bytes (parameters, optimizer state, live activations)")

@@ -140,7 +140,9 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         graph, device_num = _unseeded(graph), 1
     elif options.mode == "data_parallel":
         graph = _unseeded(graph)
-    problem = build_problem(graph, device_num, options.allow_repeated, full_only=options.automatic, mesh=options.mesh)
+    hardware = options.hardware if options.cost_model == "time" else None
+    problem = build_problem(graph, device_num, options.allow_repeated, full_only=options.automatic, mesh=options.mesh,
+                            hardware=hardware)
     _check_shared_parameters(problem.graph, problem)
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True)
@@ -154,7 +156,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         result = refine(problem, start, options.refine_time_limit, options.workers, options.max_device_memory,
                         progress.solution if progress is not None else None, options.coarsen)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
-        refinement = Refinement(plan_bytes(problem, choice), result, changed)
+        refinement = Refinement(plan_bytes(problem, choice), result, changed, "bytes" if hardware is None else "ns")
         choice = result.choice
     strategies = {name: problem.candidates[name][index] for name, index in choice.items()}
     origins = dict(assignment.origin)
