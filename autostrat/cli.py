@@ -2,7 +2,7 @@
 
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
                      [--refine cpsat] [--time-limit S] [--max-device-memory M]
-                     [--coarsen none|exact|layers] [--mesh auto|full|SxP]
+                     [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
@@ -61,7 +61,7 @@ def search_command(args) -> str:
     Seeds follow `autostrat run`'s rule on another --device-num (scaled, with a note)."""
     overrides = {"refine": args.refine, "refine_time_limit": args.time_limit,
                  "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase,
-                 "mesh": args.mesh}
+                 "mesh": args.mesh, "cost_model": args.cost_model}
     config = load_config(args.config, **overrides)
     status = StatusLine()  # quiet for a second: short searches print nothing
     try:
@@ -174,6 +174,8 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--mesh", type=_mesh,
                         help="logical mesh the candidates split over: auto (default: every divisor up to 16 devices, "
                              "servers x 8 beyond), full (every divisor) or axis sizes such as 128x8")
+    search.add_argument("--cost-model", choices=["bytes", "time"],
+                        help="what the search minimises: bytes sent per device (default) or the predicted step time")
     _add_phase(search)
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=_positive(int), default=8, help="number of devices (default 8)")

@@ -22,12 +22,12 @@ import math
 from functools import cache
 
 from autostrat.errors import ConfigError, LayoutError
+from autostrat.cost.hardware import DEVICES_PER_SERVER  # the inner axis of the "auto" mesh
 from autostrat.layout import Strategy
 from autostrat.rules import Rule
 
 
 EVERY_DIVISOR_UP_TO = 16  # "auto" keeps every divisor as a split up to this many devices
-DEVICES_PER_SERVER = 8  # the inner axis of the "auto" mesh (an Ascend or DGX server)
 # Ops linear in every input: with repeated calculation they may also add partial sums
 # (`Strategy.sums_partials`), so that gradients accumulate before they are reduced.
 LINEAR_OP_TYPES = frozenset({"Add", "Sub"})

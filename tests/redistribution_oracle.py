@@ -4,11 +4,13 @@ It enumerates every state of a device matrix refined to prime axes (finer than t
 common refinement, so it also sees intermediate layouts the planner cannot express), decides
 for every ordered pair of states whether one step turns one into the other by comparing the
 two states directly (no move generator), prices it with the formulas of the issue, and takes the
-cheapest sequence of at most `MAX_STEPS` steps (Bellman-Ford by sequence length).
+cheapest sequence of at most `MAX_STEPS` steps (Bellman-Ford by sequence length); `oracle_time`
+takes the fastest sequence under an α–β model instead.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from functools import lru_cache
@@ -56,12 +58,13 @@ def _one_dim_differs(u, v):
     return differing[0] if len(differing) == 1 else None
 
 
-def step_cost(sizes, shape, itemsize, u, v):
-    """The cheapest single step from state `u` to state `v`, or None (same device matrix)."""
+def step_options(sizes, shape, itemsize, u, v) -> list[tuple[str, tuple[int, ...], int]]:
+    """Every single step from state `u` to state `v` as ``(kind, axes, bytes)`` (same device
+    matrix); a permute's axes are those it renames."""
     (ue, up), (ve, vp) = u, v
     s = local_bytes(sizes, shape, itemsize, u)
     used = {a for entry in ue for a in entry} | set(up)
-    best = []
+    found = []
     dim = _one_dim_differs(ue, ve)
     if up == vp and dim is not None:
         small, large = sorted((ue[dim], ve[dim]), key=len)
@@ -69,26 +72,33 @@ def step_cost(sizes, shape, itemsize, u, v):
             block = large[len(small):]
             g = math.prod(sizes[a] for a in block)
             if large is ve[dim] and len(block) == 1 and block[0] not in used:
-                best.append(0)  # Slice
+                found.append(("Slice", block, 0))
             if large is ue[dim]:
-                best.append((g - 1) * s)  # AllGather
+                found.append(("AllGather", block, (g - 1) * s))
     differing = [d for d in range(len(ue)) if ue[d] != ve[d]]
     if up == vp and len(differing) == 2:
         for i, j in (differing, differing[::-1]):
             block = ue[i][len(ve[i]):]
             if block and ue[i][: len(ve[i])] == ve[i] and ve[j] == ue[j] + block:
                 g = math.prod(sizes[a] for a in block)
-                best.append(-(-(g - 1) * s // g))  # AllToAll
+                found.append(("AllToAll", block, -(-(g - 1) * s // g)))
     removed = tuple(sorted(set(up) - set(vp), reverse=True))
     if removed and set(vp) < set(up):
         g = math.prod(sizes[a] for a in removed)
         if ue == ve:
-            best.append(-(-2 * (g - 1) * s // g))  # AllReduce
+            found.append(("AllReduce", removed, -(-2 * (g - 1) * s // g)))
         if dim is not None and ve[dim] == ue[dim] + removed:
-            best.append(-(-(g - 1) * s // g))  # ReduceScatter
-    if u != v and any(relabel(u, p) == v for p in size_permutations(sizes)):
-        best.append(s)  # CollectivePermute
-    return min(best) if best else None
+            found.append(("ReduceScatter", removed, -(-(g - 1) * s // g)))
+    if u != v:
+        for mapping in size_permutations(sizes):
+            if relabel(u, mapping) == v:
+                found.append(("CollectivePermute", tuple(a for a in range(len(sizes)) if mapping[a] != a), s))
+    return found
+
+
+def step_cost(sizes, shape, itemsize, u, v):
+    """The cheapest single step from state `u` to state `v`, or None (same device matrix)."""
+    return min((sent for _, _, sent in step_options(sizes, shape, itemsize, u, v)), default=None)
 
 
 def relabel(state, mapping):
@@ -163,6 +173,41 @@ def oracle_cost(src: Layout, dst: Layout, itemsize: int = 4) -> float:
     start = (0, (first.tensor_map.entries, first.partial))
     best = cheapest_from(sizes, target_sizes, src.shape, itemsize, op, start)
     return best.get((layer, (second.tensor_map.entries, second.partial)), INF)
+
+
+@lru_cache(maxsize=None)
+def step_graph(sizes, shape, itemsize) -> dict:
+    """``state -> [(state, kind, axes, bytes)]``: every single step over one prime matrix."""
+    nodes = states(sizes, shape)
+    return {u: [(v, *option) for v in nodes for option in step_options(sizes, shape, itemsize, u, v)] for u in nodes}
+
+
+def oracle_time(src: Layout, dst: Layout, model, itemsize: int = 4) -> float:
+    """The brute-force minimum nanoseconds from `src` to `dst` under the α–β `model` (Dijkstra
+    over every state of the prime refinement of a common device matrix, each step timed by
+    `model.step_nanoseconds` on the axes it uses; inf when unreachable). Layouts without a
+    common prime matrix are not handled (None)."""
+    src, dst = src.normalized(), dst.normalized()
+    matrix = common_matrix(prime_refinement(src.device_matrix), prime_refinement(dst.device_matrix))
+    if matrix is None:
+        return None
+    fine = prime_refinement(matrix)
+    first, second = refine_layout(src, fine), refine_layout(dst, fine)
+    edges = step_graph(tuple(reversed(fine.shape)), src.shape, itemsize)
+    start, goal = (first.tensor_map.entries, first.partial), (second.tensor_map.entries, second.partial)
+    best, heap = {start: 0}, [(0, start)]
+    while heap:
+        cost, u = heapq.heappop(heap)
+        if u == goal:
+            return cost
+        if cost > best[u]:
+            continue
+        for v, kind, axes, sent in edges[u]:
+            reached = cost + (model.step_nanoseconds(kind, fine, axes, sent) if axes else 0)
+            if reached < best.get(v, INF):
+                best[v] = reached
+                heapq.heappush(heap, (reached, v))
+    return INF
 
 
 def all_layouts(device_num: int, shape: tuple[int, ...], with_partial: bool = True) -> list[Layout]:

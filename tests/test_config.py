@@ -31,6 +31,13 @@ def test_overrides_replace_context_keys():
     assert load_config(CONFIGS[0], device_num=64).context.device_num == 64
 
 
+def test_hardware_keys_may_be_written_as_yaml_reads_them(tmp_path):
+    # YAML 1.1 reads 989.4e12 as a string (its floats need a sign in the exponent): both count.
+    path = write(tmp_path, GOOD + "cost_model: time\ndevice_flops: 989.4e12\ndevice_memory_bandwidth: 2.0e+12\n")
+    context = load_config(path).context
+    assert (context.cost_model, context.device_flops, context.device_memory_bandwidth) == ("time", 989.4e12, 2e12)
+
+
 def write(tmp_path, text: str) -> Path:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -41,7 +48,7 @@ GOOD = "device_num: 8\nmodel: {name: FFN}\ninputs:\n  - {shape: [64, 64]}\n"
 CASES = {
     "not yaml": ("model: [1, 2\n", r"bad.yaml: not valid YAML at line 2, column 1"),
     "not a mapping": ("- 1\n- 2\n", r"bad.yaml: expected a mapping of keys \(parallel_mode, model, inputs, ...\), got list"),
-    "unknown key": (GOOD + "devices: 8\n", r"bad.yaml: unknown key 'devices'; valid keys: coarsen, device_num, follow_layers, full_batch"),
+    "unknown key": (GOOD + "devices: 8\n", r"bad.yaml: unknown key 'devices'; valid keys: coarsen, cost_model, device_flops, device_memory_bandwidth, device_num"),
     "bad context value": (GOOD.replace("device_num: 8", "device_num: eight"), r"bad.yaml: device_num must be a positive integer, got 'eight'"),
     "missing model": ("inputs: [{shape: [2]}]\n", r"bad.yaml: missing key 'model'"),
     "model not a mapping": (GOOD.replace("{name: FFN}", "FFN"), r"bad.yaml: model: expected a mapping with 'name' \(and optional 'params'\), got 'FFN'"),
@@ -62,6 +69,7 @@ CASES = {
     "model size not an integer": (GOOD.replace("{name: FFN}", "{name: GPT, params: {batch: null}}"), r"bad.yaml: model.params: GPT: batch must be a positive integer, got None"),
     "heads do not divide hidden": (GOOD.replace("{name: FFN}", "{name: GPT, params: {heads: 3}}"), r"bad.yaml: model.params: GPT: hidden must be a multiple of heads, got hidden 64 and heads 3"),
     "time limit NaN": (GOOD + "refine_time_limit: .nan\n", r"bad.yaml: refine_time_limit must be a positive number of seconds, got nan"),
+    "bandwidth not a number": (GOOD + "intra_server_bandwidth: 450GB/s\n", r"bad.yaml: intra_server_bandwidth must be a number such as 4.5e\+11, got '450GB/s'"),
     "strategy mapping form": (GOOD + "strategies:\n  relu: {out: [[1, 1]]}\n", r"bad.yaml: strategies.relu: expected \{in: \[\[...\]\], out: \[\[...\]\]\}"),
 }
 

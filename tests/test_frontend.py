@@ -49,11 +49,24 @@ def test_context_round_trip_and_frozen_snapshot():
         ({"coarsen": "more"}, r"coarsen must be one of none, exact, layers; got 'more'"),
         ({"refine_time_limit": 0}, r"refine_time_limit must be a positive number of seconds, got 0"),
         ({"max_device_memory": "16 parsecs"}, r"max_device_memory must be a positive number of bytes or a string such as '16GB', got '16 parsecs'"),
+        ({"cost_model": "joules"}, r"cost_model must be one of bytes, time; got 'joules'"),
+        ({"device_flops": "fast"}, r"device_flops must be a number such as 9.894e\+14, got 'fast'"),
+        ({"inter_server_bandwidth": 0}, r"inter_server_bandwidth must be a finite number > 0 \(bytes/s\), got 0"),
+        ({"intra_server_latency": -1e-6}, r"intra_server_latency must be a finite number >= 0 \(seconds\), got -1e-06"),
+        ({"devices_per_server": 2.5}, r"devices_per_server must be a positive integer, got 2.5"),
     ],
 )
 def test_context_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         set_auto_parallel_context(**kwargs)
+
+
+def test_hardware_keys_reach_the_search():
+    set_auto_parallel_context(cost_model="time", device_flops="1e15", inter_server_bandwidth=25e9, devices_per_server=4)
+    options = current_context().search_options()
+    assert options.cost_model == "time" and options.hardware.device_flops == 1e15
+    assert options.hardware.inter_server_bandwidth == 25e9 and options.hardware.devices_per_server == 4
+    assert options.hardware.intra_server_bandwidth == 450e9  # the default H100 server's NVLink
 
 
 def test_context_get_unknown_key():

@@ -15,10 +15,11 @@ import math
 import numpy as np
 import pytest
 
+from autostrat.cost import Hardware
 from autostrat.errors import RedistributionError
 from autostrat.layout import DeviceMatrix, Layout, TensorMap, assemble_tensor, split_tensor
-from autostrat.redistribution import plan_redistribution, redistribution_cost, simulate
-from tests.redistribution_oracle import INF, all_layouts, oracle_cost, states
+from autostrat.redistribution import plan_redistribution, redistribution_cost, redistribution_time, simulate
+from tests.redistribution_oracle import INF, all_layouts, oracle_cost, oracle_time, states
 
 SHAPES = {1: (24,), 2: (24, 12), 3: (12, 8, 6)}
 CASES = [(n, rank) for n in (2, 4, 6, 8) for rank in (1, 2, 3)]
@@ -48,8 +49,34 @@ def test_planner_cost_equals_the_brute_force_minimum(device_num, rank):
     assert len(layouts) > 2
 
 
-def _check_plan(src: Layout, dst: Layout, x: np.ndarray) -> None:
-    plan = plan_redistribution(src, dst)
+# Device counts, servers and tensor shapes on which the time planner meets the time oracle on every
+# pair of layouts (partial destinations aside): servers whose axes are the inner, outer or both
+# prime axes of the device matrix, so steps inside and across servers compete.
+TIME_CASES = [(4, 2, (4, 4)), (4, 4, (4, 4)), (6, 2, (6, 2)), (6, 3, (6, 2)), (8, 2, (8,)), (8, 4, (8,)),
+              pytest.param(8, 4, (4, 2), marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("device_num, per_server, shape", TIME_CASES)
+def test_the_time_planner_is_the_brute_force_fastest(device_num, per_server, shape):
+    model = Hardware(devices_per_server=per_server).alpha_beta(device_num)
+    layouts = all_layouts(device_num, shape)
+    x = np.random.default_rng(device_num).integers(-50, 50, size=shape).astype(np.float64)
+    compared = 0
+    for src, dst in itertools.product(layouts, [layout for layout in layouts if not layout.partial]):
+        fastest = oracle_time(src, dst, model)
+        if fastest is None:  # no common prime matrix ([2, 3] and [3, 2]): the oracle does not go there
+            continue
+        # The table's price (the search's objective) is the time of the plan's own steps.
+        assert redistribution_time(src, dst, model=model) == fastest, (str(src), str(dst))
+        assert plan_redistribution(src, dst, model=model).nanoseconds(model) == fastest, (str(src), str(dst))
+        compared += 1
+        if compared % 7 == 0:  # and the fast plans still move the right data
+            _check_plan(src, dst, x, model)
+    assert compared > len(layouts)
+
+
+def _check_plan(src: Layout, dst: Layout, x: np.ndarray, model=None) -> None:
+    plan = plan_redistribution(src, dst, model=model)
     pieces = simulate(plan, split_tensor(x, src))
     np.testing.assert_array_equal(assemble_tensor(pieces, dst, check_replicas=True), x, err_msg=str(plan))
     if not dst.partial:

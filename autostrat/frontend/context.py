@@ -9,14 +9,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields, replace
 
+from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
-from autostrat.search.search import MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
+from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
 MAX_DEVICE_NUM = 2**20  # far beyond any cluster; larger counts only exhaust memory in the search
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+_HARDWARE = Hardware()  # the defaults of the hardware keys (an 8 x H100 SXM5 server, see `cost.hardware`)
+HARDWARE_KEYS = tuple(f.name for f in fields(Hardware))
 
 
 def parse_bytes(value, key: str = "max_device_memory") -> int | None:
@@ -68,6 +71,15 @@ class ParallelContext:
       ``gradients_mean=False`` sums them — with a batch-mean loss, r times the stand-alone
       gradient on a parameter held by r devices. autostrat defaults to True (MindSpore to
       False): a plan computes what one device computes unless asked otherwise.
+    - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
+      the predicted step time. Every plan reports both, with its peak memory per device.
+    - The hardware the step time is predicted on (defaults: one 8 x H100 SXM5 server, sources
+      in `autostrat.cost.hardware`): `device_flops` (FLOP/s at 16 bits; 32-bit ops run at half),
+      `device_memory_bandwidth` (bytes/s), `intra_server_bandwidth` and
+      `inter_server_bandwidth` (bytes/s each device sends), `intra_server_latency` and
+      `inter_server_latency` (seconds per message), `devices_per_server` (a rank table's servers
+      replace it under `autostrat run`; rank tables carry no speeds, so those come from here).
+      Numbers may be given as strings ("989.4e12": YAML reads ``989.4e12`` as a string).
     """
 
     parallel_mode: str = "stand_alone"
@@ -86,8 +98,20 @@ class ParallelContext:
     mesh: str | tuple[int, ...] = "auto"
     phase: str = "predict"
     gradients_mean: bool = True
+    cost_model: str = "bytes"
+    device_flops: float = _HARDWARE.device_flops
+    device_memory_bandwidth: float = _HARDWARE.device_memory_bandwidth
+    intra_server_bandwidth: float = _HARDWARE.intra_server_bandwidth
+    inter_server_bandwidth: float = _HARDWARE.inter_server_bandwidth
+    intra_server_latency: float = _HARDWARE.intra_server_latency
+    inter_server_latency: float = _HARDWARE.inter_server_latency
+    devices_per_server: int = _HARDWARE.devices_per_server
 
     def __post_init__(self) -> None:
+        _check_choice("cost_model", self.cost_model, COST_MODELS)
+        for key in HARDWARE_KEYS:
+            object.__setattr__(self, key, _number(key, getattr(self, key)))
+        self.hardware()  # validates every value, naming its key
         _check_choice("parallel_mode", self.parallel_mode, PARALLEL_MODES)
         _check_choice("phase", self.phase, PHASES)
         _check_choice("search_mode", self.search_mode, SEARCH_MODES)
@@ -128,7 +152,23 @@ class ParallelContext:
             coarsen=self.coarsen,
             mesh=self.mesh,
             workers=workers,
+            cost_model=self.cost_model,
+            hardware=self.hardware(),
         )
+
+    def hardware(self) -> Hardware:
+        """The hardware keys as the value the search takes."""
+        return Hardware(**{key: getattr(self, key) for key in HARDWARE_KEYS})
+
+
+def _number(key: str, value):
+    """`value`, or the number a string spells ("989.4e12"); anything else is left for `Hardware` to refuse."""
+    if isinstance(value, str):
+        try:
+            return int(value) if key == "devices_per_server" else float(value)
+        except ValueError:
+            raise ConfigError(f"{key} must be a number such as {getattr(_HARDWARE, key):g}, got {value!r}") from None
+    return value
 
 
 def _check_choice(key: str, value, choices: tuple) -> None:

@@ -122,7 +122,7 @@ def prepare_run(config_path, options: RunOptions):
     resolve_hosts(table.hosts() if table else ())  # a host with no address is refused before the search
     config = load_config(config_path, phase=options.phase)
     device_num = run_device_num(config, options, table)
-    plan, notes = plan_config(with_table_mesh(config, table, device_num), device_num)
+    plan, notes = plan_config(with_table_servers(with_table_mesh(config, table, device_num), table), device_num)
     name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"
     job = make_job(plan, options.steps, options.seed, options.stall_timeout, options.fault, name)
     return job, table, notes
@@ -136,6 +136,16 @@ def with_table_mesh(config, table, device_num: int):
     if mesh is None or config.context.mesh != "auto" or mesh_axes(device_num) is None or math.prod(mesh) != device_num:
         return config
     return replace(config, context=replace(config.context, mesh=mesh))
+
+
+def with_table_servers(config, table):
+    """`config` with the rank table's devices per server as its `devices_per_server`, when every
+    server has as many: the table knows the cluster's servers. It carries no speeds, so the
+    bandwidths and latencies stay the context's (or their defaults)."""
+    mesh = table.mesh() if table else None
+    if mesh is None or mesh[1] == config.context.devices_per_server:
+        return config
+    return replace(config, context=replace(config.context, devices_per_server=mesh[1]))
 
 
 def check_run_options(options: RunOptions) -> None:

@@ -28,8 +28,8 @@ class FollowedStrategy:
         >>> from autostrat.rules import make_rule
         >>> stored = Layout(DeviceMatrix((2, 4)), TensorMap((0, -1)), (64, 32))
         >>> strategy = FollowedStrategy(make_rule("ApplyGradientDescent", [(64, 32), (64, 32)]), stored)
-        >>> str(strategy), strategy.output_layouts[0] == stored, strategy.repeat
-        ('((4, 1), (4, 1))', True, 2)
+        >>> str(strategy), strategy.output_layouts[0] == stored, strategy.repeat, strategy.splits
+        ('((4, 1), (4, 1))', True, 2, (4, 1))
     """
 
     rule: Any
@@ -53,6 +53,14 @@ class FollowedStrategy:
     @property
     def repeat(self) -> int:
         return self.device_num // len(set(self.layout.shard_index(rank) for rank in range(self.device_num)))
+
+    @cached_property
+    def splits(self) -> tuple[int, ...]:
+        """Parts per factor of the rule, read off the layout: each factor names one dim of the
+        followed shape, as in the optimiser rules (`op_cost` prices the update with them)."""
+        dims = next((dims for dims, shape in zip(self.rule.inputs, self.rule.input_shapes) if shape == self.layout.shape), ())
+        parts = {factors[0]: part for factors, part in zip(dims, self.layout.parts) if len(factors) == 1}
+        return tuple(parts.get(factor, 1) for factor in self.rule.factors)
 
     def _layout(self, shape: tuple[int, ...]) -> Layout:
         return self.layout if shape == self.layout.shape else Layout(self.layout.device_matrix, TensorMap(()), ())

@@ -16,7 +16,8 @@ from autostrat.redistribution.table import cost_table
 
 class LazyCostTable:
     """An edge's cost table (rows = producer layouts, columns = consumer layouts) whose entries
-    are computed when first read, then kept.
+    are computed when first read, then kept: bytes, or with an α–β `model` nanoseconds
+    (`cost_table`).
 
     Reads that touch only some entries: ``t[i, j]`` (a float), ``t[i]``, ``t[i, :]`` and
     ``t[:, j]`` (fresh arrays). `full()` (or ``np.asarray(t)``, or any other index) computes

@@ -21,6 +21,7 @@ def clear_memos() -> None:
     planner._refined.cache_clear()
     planner._solve.cache_clear()
     planner._solve_cost.cache_clear()
+    planner._solve_time.cache_clear()
     search.expansions.cache_clear()
     search.permuted_edges.cache_clear()
     table._COSTS.clear()

@@ -65,6 +65,19 @@ class RedistributionPlan:
     cost: int
     exhaustive: bool = True
 
+    def nanoseconds(self, model) -> int:
+        """Predicted time of the steps under an α–β `model` (`cost.AlphaBeta`), whole nanoseconds.
+
+        Example (gathering 8 row blocks over one 8-device server: 7 messages of 2 µs, 14 336 bytes at 450 GB/s):
+            >>> from autostrat.cost import Hardware
+            >>> from autostrat.layout import DeviceMatrix, TensorMap
+            >>> from autostrat.redistribution import plan_redistribution
+            >>> src = Layout(DeviceMatrix((8,)), TensorMap((0, -1)), (64, 64))
+            >>> plan_redistribution(src, Layout(DeviceMatrix((8,)), TensorMap((-1, -1)), (64, 64))).nanoseconds(Hardware().alpha_beta(8))
+            14032
+        """
+        return sum(model.step_nanoseconds(step.kind, step.before.device_matrix, step.axes, step.bytes) for step in self.steps)
+
     def to_text(self) -> str:
         """The IR dump of the plan (see `lower.plan_to_text`)."""
         return plan_to_text(self)

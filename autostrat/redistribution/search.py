@@ -6,13 +6,19 @@ Layers of nodes ``(layer, state)``:
   (``[2, 3]`` and ``[3, 2]``) layer 0 is the source's prime refinement and layer 1 the
   destination's, reached for free when a relabelling leaves every rank its slice;
 - `PERMUTED`: one CollectivePermute has been paid (cost ``s`` where it is taken); states are kept
-  up to relabelling, over the last space, since the relabelling is chosen at the end.
+  up to relabelling, over the last space, since the relabelling is chosen at the end. Under an
+  α–β time model there is no such layer: axes of one size may differ in speed, so permutes go to
+  real relabellings in their own layer, each timed on the axes it moves (`Search._timed_permutes`),
+  and every step of a path is timed as the plan's step will be.
 
 Priorities are ``(objective + bound, bound, objective, steps, bytes, node)``: estimated bytes (or
-α–β time) first, then the node nearest the target by the bound (the bound is tight on many
+α–β time in whole nanoseconds, `AlphaBeta.step_nanoseconds`) first, then the node nearest the target by the bound (the bound is tight on many
 partial states, and preferring depth keeps A* off those plateaus), then fewer steps, then the
 node itself, so ties break the same way on every run. The bound is admissible but not always
 consistent, so a state reached more cheaply after it settled is reopened.
+
+The bound (`heuristic.receive_bound`, in bytes) becomes, under a time model, the least time any
+steps sending that many bytes take (`_time_floor`).
 
 Without a time model, the exact layer of a one-space problem keeps states up to the relabellings
 that fix the target (`moves.fixing_pools`): they preserve every step cost and the target, so the
@@ -34,6 +40,7 @@ import heapq
 from functools import lru_cache
 from dataclasses import dataclass
 
+from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import receive_bound
 from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
@@ -111,7 +118,8 @@ class Search:
         self.unit = unit and model is None
         last = problem.spaces[-1]
         self.permuted_target = (PERMUTED, canonical(last.sizes, last.sizes, target[1])[0])
-        self.receive = receive_bound(last, target[1]) if model is None else None
+        self.receive = receive_bound(last, target[1])
+        self.floor = _time_floor(model) if model is not None else None
         # Relabellings fixing the target (and, without a time model, every cost) map optimal
         # paths to optimal paths, so one search layer keeps states up to them (`_real` undoes it).
         single = len(problem.spaces) == 1 and model is None
@@ -132,20 +140,30 @@ class Search:
         # Exact layer of the target: what some rank must still receive. Permuted layer, or
         # states kept up to the source's relabellings: the same, knowing only the rank's slice
         # size (it must grow to the target's).
-        if self.receive is None or node[0] not in self.bounded_layers:
+        if node[0] not in self.bounded_layers:
             return 0
-        return self.receive.size_bound(node[1]) if node[0] in self.sized_layers else self.receive(node[1])
+        return self._timed(self.receive.size_bound(node[1]) if node[0] in self.sized_layers else self.receive(node[1]))
 
     def _estimate(self, node, signature) -> tuple[int, bool]:
         """`_bound(node)` when it is known or cheap, else a cheaper lower bound of it (the size
         bound of `signature`, the node's split signature); and whether it is the bound.
         `settle` computes the bound only for entries it pops."""
-        if self.receive is None or node[0] not in self.bounded_layers:
+        if node[0] not in self.bounded_layers:
             return 0, True
         if node[0] in self.sized_layers:
-            return self.receive.signature_bound(signature), True
+            return self._timed(self.receive.signature_bound(signature)), True
         known = self.receive.memo.get(node[1])
-        return (known, True) if known is not None else (self.receive.signature_bound(signature), False)
+        if known is not None:
+            return self._timed(known), True
+        return self._timed(self.receive.signature_bound(signature)), False
+
+    def _timed(self, sent: int) -> int:
+        """A bound on bytes as a bound on the objective: itself, or under a time model the
+        least time any steps sending that many bytes take (`_time_floor`)."""
+        if self.floor is None or not sent:
+            return sent
+        latency, bandwidth = self.floor
+        return latency + ceil_nanoseconds(sent, bandwidth)
 
     def _edges(self, node):
         layer, state = node
@@ -155,13 +173,41 @@ class Search:
             return
         for move in moves(space, state, self.unit):
             yield move, self._representative((layer, move.state))
-        # The relabelling is chosen at the end, so the α–β model times it on every axis (slowest link).
+        if self.model is not None:
+            yield from self._timed_permutes(layer, state)
+            return
         permuted, every_axis = canonical(space.sizes, last.sizes, state)[0], tuple(range(len(space.sizes)))
         yield Move("CollectivePermute", every_axis, (), None, permuted, space.local_bytes(state)), (PERMUTED, permuted)
         for mapping in self.crossings if layer == 0 else ():
             crossed = (1, relabel(state, mapping))
             if self.problem.layout(node).normalized() == self.problem.layout(crossed).normalized():
                 yield Move("CollectivePermute", (), (), mapping, crossed[1], 0), crossed
+
+    def _timed_permutes(self, layer: int, state):
+        """Permutes under a time model: to every real relabelling, timed on the axes it moves.
+
+        The permuted layer keeps states up to relabelling and chooses the relabelling at the end,
+        so the steps after a permute are timed on representative axes; when axes of one size
+        differ in speed (inside a server or across), that is the wrong link. Real states keep
+        every step's axes (and permutes may repeat), at the price of one edge per relabelling.
+        """
+        space, sent = self.problem.space(layer), self.problem.space(layer).local_bytes(state)
+        fastest: dict = {}  # child -> (time, move): relabellings that only differ on unused axes give one child
+        for mapping in _relabellings(space.sizes):
+            child = relabel(state, mapping)
+            if child != state:
+                moved = tuple(a for a, image in enumerate(mapping) if a != image)
+                move = Move("CollectivePermute", moved, (), mapping, child, sent)
+                timed = (self._weight(layer, move), move)
+                if child not in fastest or timed[0] < fastest[child][0]:
+                    fastest[child] = timed
+        for child, (_, move) in fastest.items():
+            yield move, (layer, child)
+        every_axis = tuple(range(len(space.sizes)))
+        for mapping in self.crossings if layer == 0 else ():
+            crossed = (1, relabel(state, mapping))
+            free = self.problem.layout((layer, state)).normalized() == self.problem.layout(crossed).normalized()
+            yield Move("CollectivePermute", () if free else every_axis, (), mapping, crossed[1], 0 if free else sent), crossed
 
     def _representative(self, node):
         if not self.pools or node[0] == PERMUTED:
@@ -201,7 +247,7 @@ class Search:
     def _weight(self, layer: int, move: Move):
         if self.model is None:
             return move.bytes
-        return self.model.step_time(move.kind, self.problem.matrix(layer), move.axes, move.bytes)
+        return self.model.step_nanoseconds(move.kind, self.problem.matrix(layer), move.axes, move.bytes)
 
     def settle(self):
         """Run until a target is settled; returns it, or None (unreachable or limit hit).
@@ -249,6 +295,30 @@ class Search:
             reached = node
         found = self._real(found[::-1])
         return _unpermute(self.problem, found, self.target) if found and found[-1][2][0] == PERMUTED else found
+
+
+@lru_cache(maxsize=64)
+def _time_floor(model) -> tuple[int, float]:
+    """(nanoseconds, bytes per second): the least latency and the greatest bandwidth of any
+    axis of `model`. Steps that still have to send B > 0 bytes include at least one message,
+    and each step's bytes take at least their time at the greatest bandwidth, rounded up; so
+    they take at least ``latency + ceil(B / bandwidth)``: the receive bound, timed, stays a
+    lower bound (A* stays exact)."""
+    return min(round(alpha * 1e9) for alpha in model.latency), max(model.bandwidth)
+
+
+@lru_cache(maxsize=256)
+def _relabellings(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Every map of axes onto axes of equal size but the identity (``mapping[a]``: a's new name).
+
+    Example:
+        >>> _relabellings((2, 3, 2))
+        ((2, 1, 0),)
+    """
+    found = [()]
+    for axis in range(len(sizes)):
+        found = [m + (b,) for m in found for b in range(len(sizes)) if sizes[b] == sizes[axis] and b not in m]
+    return tuple(m for m in found if any(a != b for a, b in enumerate(m)))
 
 
 def _inverse(mapping) -> list[int]:

@@ -1,4 +1,5 @@
-"""Edge cost tables: redistribution bytes from every producer layout to every consumer layout.
+"""Edge cost tables: redistribution bytes (or, with an α–β model, nanoseconds) from every producer
+layout to every consumer layout.
 
 Costs are memoised on the normalised layouts (which carry the shape) and the dtype, so repeated
 layers, and equivalent layouts written over different device matrices, cost one search.
@@ -14,9 +15,9 @@ import numpy as np
 
 from autostrat.cost import dtype_size
 from autostrat.errors import RedistributionError
-from autostrat.redistribution.planner import redistribution_cost
+from autostrat.redistribution.planner import redistribution_cost, redistribution_time
 
-_COSTS: dict = {}  # (src id, dst id, itemsize, model) -> bytes
+_COSTS: dict = {}  # (src id, dst id, itemsize, model) -> bytes, or nanoseconds with a model
 _IDS: dict = {}  # normalised layout -> small int, so that memo keys hash fast
 
 
@@ -25,7 +26,8 @@ def _layout_id(layout) -> int:
 
 
 def cost_table(producer_layouts, consumer_layouts, dtype="float32", model=None) -> np.ndarray:
-    """Bytes per device of the cheapest redistribution, rows = producers, columns = consumers.
+    """Bytes per device of the cheapest redistribution, rows = producers, columns = consumers;
+    with an α–β `model` (`cost.AlphaBeta`), nanoseconds of the fastest (`redistribution_time`).
 
     Unreachable pairs (a consumer wanting partial values the producer lacks) cost ``inf``;
     every other entry is an exact integer.
@@ -83,6 +85,8 @@ def _cost(src, dst, dtype, model) -> float:
         # exhausting its states (seconds for a 4-d tensor over 64 devices).
         return float("inf")
     try:
+        if model is not None:
+            return float(redistribution_time(src, dst, dtype, model))
         return float(redistribution_cost(src, dst, dtype, model))
     except RedistributionError:
         if src.device_num != dst.device_num or src.shape != dst.shape:

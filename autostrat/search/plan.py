@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 from autostrat.autodiff import op_phase
+from autostrat.cost import Hardware
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
 from autostrat.search.checkpoint import checkpoint_json
 from autostrat.search.dump import write_dumps
+from autostrat.search.prediction import Prediction, predict
 from autostrat.tables import format_table
 from autostrat.io import write_atomically
 
@@ -62,16 +65,18 @@ BYTE_PHASES = ("forward", "backward", "sync", "update")
 
 @dataclass(frozen=True)
 class Refinement:
-    """What the CP-SAT refinement did: the bytes before it, its result, and the ops it changed."""
+    """What the CP-SAT refinement did: the objective before it (in `unit`, bytes or ns per
+    device), its result, and the ops it changed."""
 
     before: int
     result: object  # a `refine.RefineResult`
     changed: tuple[str, ...]
+    unit: str = "bytes"
 
     def summary(self) -> str:
         result = self.result
         return (
-            f"refined by CP-SAT: {self.before} -> {result.objective} bytes per device, {result.status}, "
+            f"refined by CP-SAT: {self.before} -> {result.objective} {self.unit} per device, {result.status}, "
             f"bound {result.bound}{'' if result.exact else ' (over plans whose repeated layers agree)'}, "
             f"gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed; {result.coarsening}"
         )
@@ -96,6 +101,14 @@ class Plan:
     warnings: tuple[str, ...] = ()
     refinement: Refinement | None = None
     writebacks: tuple[Writeback, ...] = ()
+    cost_model: str = "bytes"  # what the search minimised: "bytes" or "time" (see `search.SearchOptions`)
+    hardware: Hardware = Hardware()  # what the predictions (and a "time" search) assume
+
+    @cached_property
+    def prediction(self) -> Prediction:
+        """Predicted time and bytes per phase of one step and peak memory per device
+        (`search.prediction`), on `hardware`."""
+        return predict(self, self.hardware, BYTE_PHASES)
 
     @property
     def total_bytes(self) -> int:
@@ -143,6 +156,7 @@ class Plan:
             lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
         if self.refinement:
             lines.append(self.refinement.summary())
+        lines += [f"cost model: {self.cost_model}; hardware: {describe(self.hardware)}", *self.prediction.lines()]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -181,6 +195,10 @@ class Plan:
                 "merged": list(self.refinement.result.merged),
                 "exact": self.refinement.result.exact,
             },
+            # Appended after the plan's own keys, which stay as they were before predictions.
+            "cost_model": self.cost_model,
+            "hardware": asdict(self.hardware),
+            "predicted": self.prediction.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -206,9 +224,10 @@ def _described(edge: EdgeRedistribution) -> str:
 
 
 def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings,
-               progress=None) -> Plan:
+               progress=None, cost_model: str = "bytes", hardware: Hardware = Hardware()) -> Plan:
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
-    every op planned, see `progress.SearchProgress`)."""
+    every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
+    model = hardware.alpha_beta(device_num) if cost_model == "time" else None  # the search's redistributions
     layouts: dict[str, Layout] = {}
     for name, op in graph.ops.items():
         strategy = strategies[name]
@@ -227,17 +246,31 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             if earlier is not None:
                 edges.append(replace(earlier, consumer=name, input_index=index, shares=(earlier.consumer, earlier.input_index)))
                 continue
-            edges.append(EdgeRedistribution(tensor, name, index, plan_redistribution(held, wanted, graph.tensors[tensor].dtype)))
+            plan = plan_redistribution(held, wanted, graph.tensors[tensor].dtype, model)
+            edges.append(EdgeRedistribution(tensor, name, index, plan))
             paid[(tensor, wanted.normalized())] = edges[-1]
     ops = {name: OpPlan(name, graph.ops[name].op_type, strategies[name], origins[name]) for name in graph.ops}
     ordered = {name: layouts[name] for name in graph.tensors if name in layouts}
-    writebacks = tuple(_writeback(graph, layouts, parameter, value) for parameter, value in graph.updates)
+    writebacks = tuple(_writeback(graph, layouts, parameter, value, model) for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
-                writebacks=tuple(w for w in writebacks if w.plan.steps))
+                writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware)
 
 
-def _writeback(graph: Graph, layouts: dict[str, Layout], parameter: str, value: str) -> Writeback:
+def describe(hardware: Hardware) -> str:
+    """One line of the hardware a prediction assumes.
+
+    Example:
+        >>> describe(Hardware())
+        '989.4 TFLOP/s (16-bit), memory 3350 GB/s, 8 devices per server linked at 450 GB/s and 2 us, servers at 50 GB/s and 4 us'
+    """
+    return (f"{hardware.device_flops / 1e12:g} TFLOP/s (16-bit), memory {hardware.device_memory_bandwidth / 1e9:g} GB/s, "
+            f"{hardware.devices_per_server} devices per server linked at {hardware.intra_server_bandwidth / 1e9:g} GB/s "
+            f"and {hardware.intra_server_latency * 1e6:g} us, servers at {hardware.inter_server_bandwidth / 1e9:g} GB/s "
+            f"and {hardware.inter_server_latency * 1e6:g} us")
+
+
+def _writeback(graph: Graph, layouts: dict[str, Layout], parameter: str, value: str, model=None) -> Writeback:
     """The redistribution of `value` to the layout `parameter` is stored in (always that layout:
-    the next step loads the parameter from it)."""
+    the next step loads the parameter from it), fastest under `model` if one is given."""
     held, stored = layouts[value], layouts[parameter]
-    return Writeback(parameter, value, plan_redistribution(held, stored, graph.tensors[value].dtype))
+    return Writeback(parameter, value, plan_redistribution(held, stored, graph.tensors[value].dtype, model))

@@ -10,6 +10,11 @@ gradient-synchronisation edge from each gradient's producer to the parameter's f
 (the redistribution of the gradient to the layout the parameter is stored in). Any other
 updated state (Adam's scalar powers) gets a writeback edge from the op computing its next value
 to its first reader.
+
+Costs are in the unit of the cost model: bytes sent per device, or, given the `Hardware`
+(``cost_model="time"``), predicted nanoseconds: an op's own cost is then its compute time, plus
+that of the optimiser updates that run in the layout it gives a parameter (a replicated weight
+is updated whole on every device), and an edge's the α–β time of its fastest redistribution.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from functools import cache
 import numpy as np
 
 from autostrat.autodiff import UPDATE_OP_TYPES, gradient_name
-from autostrat.cost import op_cost
+from autostrat.cost import AlphaBeta, Hardware, op_cost
 from autostrat.ir import Graph, OpNode
-from autostrat.layout import Strategy
+from autostrat.layout import FollowedStrategy, Layout, Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
 
@@ -35,8 +40,8 @@ LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
 class SearchEdge:
     """Output `output_index` of `producer` feeds input `input_index` of `consumer`.
 
-    `table[i, j]` is the redistribution cost (bytes per device) from the producer's candidate
-    i to the consumer's candidate j, computed when first read (`table.full()` computes them all;
+    `table[i, j]` is the redistribution cost (bytes per device, or nanoseconds) from the
+    producer's candidate i to the consumer's candidate j, computed when first read (`table.full()` computes them all;
     edges alike share one table). A parameter or graph input read by several ops is stored as
     its first consumer wants it; each later consumer gets an edge from that first one with
     `from_input` set, `output_index` then being the first consumer's input index.
@@ -59,7 +64,8 @@ class SearchEdge:
 
 @dataclass(frozen=True)
 class OpCosts:
-    """Per candidate of one op: its own communication, flops and memory per device."""
+    """Per candidate of one op, per device: its own cost in the objective's unit (`comm`: its
+    communication bytes, or its compute and communication nanoseconds), flops and memory."""
 
     comm: np.ndarray
     flops: np.ndarray
@@ -79,6 +85,7 @@ class SearchProblem:
     incident: dict[str, tuple[SearchEdge, ...]]
     state_of: dict[str, str] = field(default_factory=dict)  # optimiser state -> its parameter
     split_values: frozenset[int] | None = None  # the splits candidates may use (`strategies.split_values`)
+    model: AlphaBeta | None = None  # with cost_model "time": the tables' α–β model (costs are nanoseconds)
 
     def least_edge_cost(self, edge: SearchEdge, producer_choice: int) -> float:
         """The cheapest redistribution from the producer's chosen layout to any candidate the
@@ -87,7 +94,7 @@ class SearchProblem:
         options = generate_strategies(consumer.rule, self.device_num, self.allow_repeated, self.split_values)
         source = edge.source_layout(self.candidates[edge.producer][producer_choice])
         dtype = self.graph.tensors[edge.tensor].dtype
-        return float(cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype).min())
+        return float(cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype, self.model).min())
 
 
 def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False,
@@ -114,50 +121,58 @@ def candidate_values(seeds, device_num: int, mesh="auto") -> frozenset[int] | No
 
 
 @cache
-def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...]) -> OpCosts:
+def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], hardware: Hardware | None = None) -> OpCosts:
     costs = [op_cost(strategy, dtypes) for strategy in candidates]
+    if hardware is None:
+        own = [c.comm_bytes for c in costs]
+    else:  # op_cost's own communication is 0 (edges carry it), so the time is the compute's
+        own = [hardware.compute_nanoseconds(c, dtypes) for c in costs]
     return OpCosts(
-        np.array([c.comm_bytes for c in costs], dtype=float),
+        np.array(own, dtype=float),
         np.array([c.flops_per_device for c in costs], dtype=float),
         np.array([c.memory_bytes_per_device for c in costs], dtype=float),
     )
 
 
 @cache
+def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], hardware: Hardware) -> int:
+    """Compute time of an op running in `layout` (an optimiser update, `layout.FollowedStrategy`)."""
+    return hardware.compute_nanoseconds(op_cost(FollowedStrategy(rule, layout), dtypes), dtypes)
+
+
+@cache
 def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int,
-                dtype: str, from_input: bool = False) -> LazyCostTable:
+                dtype: str, from_input: bool = False, model: AlphaBeta | None = None) -> LazyCostTable:
     # Repeated layers have equal rules and candidates, so they share one table: an entry one
     # layer's search computed serves every other layer.
     sources = [(s.input_layouts if from_input else s.output_layouts)[output_index] for s in producer]
-    return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], dtype)
+    return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], dtype, model)
 
 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
-                  lazy: bool = True, mesh="auto") -> SearchProblem:
+                  lazy: bool = True, mesh="auto", hardware: Hardware | None = None) -> SearchProblem:
     """Candidates on `mesh` (`candidate_values`), own costs and edge tables of every op and edge
     of `graph`; the tables' entries are computed as the search reads them, or all at once
-    without `lazy` (tests compare the two)."""
+    without `lazy` (tests compare the two). Costs are bytes, or nanoseconds on `hardware`."""
     full = graph
     graph, followers = searched_graph(graph)
     seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
     values = candidate_values((seed for seed, in seeds.values()), device_num, mesh)
     candidates = {name: seeds.get(name) or op_candidates(op, device_num, allow_repeated, full_only, values)
                   for name, op in graph.ops.items()}
-    costs = {}
-    for name, op in graph.ops.items():
-        dtypes = tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs)
-        costs[name] = _op_costs(candidates[name], dtypes)
+    model = None if hardware is None else hardware.alpha_beta(device_num)
+    costs = _own_costs(full, graph, candidates, followers, hardware)
     edges = []
     for op in graph.ops.values():
         for index, tensor in enumerate(op.inputs):
-            edge = _edge_into(graph, candidates, tensor, op.name, index)
+            edge = _edge_into(graph, candidates, tensor, op.name, index, model)
             if edge is not None:
                 edges.append(edge)
-    edges += _sync_edges(graph, candidates, followers)
+    edges += _sync_edges(graph, candidates, followers, model)
     for parameter, value in graph.updates:
         if graph.tensors[value].producer in followers:
             continue
-        edge = _writeback_edge(graph, candidates, parameter, value)
+        edge = _writeback_edge(graph, candidates, parameter, value, model)
         if edge.producer != edge.consumer:
             edges.append(edge)
         else:  # the op reads and updates its own state: only its own candidate's cost counts
@@ -167,26 +182,46 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         for edge in edges:
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
-                         _optimizer_state(full, followers), values)
+                         optimizer_state(full, followers), values, model)
 
 
-def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int) -> SearchEdge | None:
+def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str], hardware: Hardware | None) -> dict[str, OpCosts]:
+    """Every searched op's `OpCosts`; on `hardware`, a parameter's first reader also pays, per
+    candidate, the compute of the parameter's optimiser update in the layout it gives it."""
+    costs = {}
+    for name, op in graph.ops.items():
+        costs[name] = _op_costs(candidates[name], tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs), hardware)
+    if hardware is None:
+        return costs
+    for update, parameter in followers.items():
+        if not graph.consumers(parameter):
+            continue  # only its update reads it: stored whole whatever the choice, a constant
+        owner, index = graph.consumers(parameter)[0]
+        op = full.ops[update]
+        dtypes = tuple(full.tensors[t].dtype for t in op.inputs + op.outputs)
+        times = [_followed_nanoseconds(op.rule, s.input_layouts[index], dtypes, hardware) for s in candidates[owner]]
+        own = costs[owner]
+        costs[owner] = OpCosts(own.comm + np.array(times, dtype=float), own.flops, own.memory)
+    return costs
+
+
+def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int, model=None) -> SearchEdge | None:
     """The edge bringing `tensor` to input `index` of `consumer`: from its producer, or from its
     first consumer when it is a parameter or graph input (None for that first consumer itself)."""
     dtype = graph.tensors[tensor].dtype
     producer = graph.producer(tensor)
     if producer is not None:
         output_index = producer.outputs.index(tensor)
-        table = _edge_table(candidates[producer.name], output_index, candidates[consumer], index, dtype)
+        table = _edge_table(candidates[producer.name], output_index, candidates[consumer], index, dtype, False, model)
         return SearchEdge(tensor, producer.name, output_index, consumer, index, table)
     owner, owner_index = graph.consumers(tensor)[0]
     if (owner, owner_index) == (consumer, index):
         return None
-    table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True)
+    table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True, model)
     return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True)
 
 
-def _optimizer_state(graph: Graph, followers: dict[str, str]) -> dict[str, str]:
+def optimizer_state(graph: Graph, followers: dict[str, str]) -> dict[str, str]:
     """Each optimiser state tensor an update op reads besides its parameter (moments, shaped
     like it and stored in its layout), mapped to that parameter."""
     state = {}
@@ -220,7 +255,7 @@ def searched_graph(graph: Graph) -> tuple[Graph, dict[str, str]]:
     return Graph(graph.tensors, ops, graph.outputs, graph.name, graph.values), followers
 
 
-def _sync_edges(graph: Graph, candidates, followers: dict[str, str]) -> list[SearchEdge]:
+def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None) -> list[SearchEdge]:
     """Per update op, an edge from each computed operand of its parameter's shape (the
     gradient) to the parameter's first reader, priced to the layout the parameter lives in."""
     edges = []
@@ -234,17 +269,19 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str]) -> list[Sea
         if producer is None:
             continue
         output_index = producer.outputs.index(gradient)
-        table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, graph.tensors[gradient].dtype)
+        table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index,
+                            graph.tensors[gradient].dtype, False, model)
         edges.append(SearchEdge(gradient, producer.name, output_index, owner, owner_index, table, sync=True))
     return edges
 
 
-def _writeback_edge(graph: Graph, candidates, parameter: str, value: str) -> SearchEdge:
+def _writeback_edge(graph: Graph, candidates, parameter: str, value: str, model=None) -> SearchEdge:
     """The edge from the op computing `parameter`'s next value to the parameter's first consumer."""
     producer = graph.producer(value)
     owner, owner_index = graph.consumers(parameter)[0]
     output_index = producer.outputs.index(value)
-    table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, graph.tensors[value].dtype)
+    table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index,
+                        graph.tensors[value].dtype, False, model)
     return SearchEdge(value, producer.name, output_index, owner, owner_index, table, sync=True)
 
 

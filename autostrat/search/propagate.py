@@ -162,7 +162,7 @@ def _seeds(problem: SearchProblem) -> list[str]:
 
 def propagate(problem: SearchProblem, progress=None, follow_layers: bool = True) -> Assignment:
     """BFS from the seeds (see the module docstring), once per tie-break of equally cheap
-    candidates (`TIE_BREAKS`); the plan sending fewer bytes wins, the first on a tie.
+    candidates (`TIE_BREAKS`); the cheaper plan wins, the first on a tie.
 
     Why two: a tie decided locally shows its price only ops later. After a row-parallel MatMul
     a ReduceScatter may split the hidden dim (holding less of the bias) or the rows (the
@@ -171,7 +171,7 @@ def propagate(problem: SearchProblem, progress=None, follow_layers: bool = True)
     of every op reached (`progress.SearchProgress`).
     """
     plans = [_propagate(problem, progress, follow_layers, tie_break) for tie_break in TIE_BREAKS]
-    return min(plans, key=lambda plan: shared_bytes(problem, plan.choice))
+    return min(plans, key=lambda plan: shared_cost(problem, plan.choice))
 
 
 def _propagate(problem: SearchProblem, progress, follow_layers: bool, tie_break: str) -> Assignment:
@@ -193,10 +193,10 @@ def _propagate(problem: SearchProblem, progress, follow_layers: bool, tie_break:
     return _finish(problem, choice, origin)
 
 
-def shared_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
-    """Bytes per device of a choice as its plan sends them: the ops' own communication and
-    every edge, where readers of one tensor that want it in one layout share a redistribution
-    (`plan.EdgeRedistribution.shares`)."""
+def shared_cost(problem: SearchProblem, choice: dict[str, int]) -> int:
+    """The cost per device (bytes, or nanoseconds under the time model) of a choice as its plan
+    pays it: the ops' own costs and every edge, where readers of one tensor that want it in one
+    layout share a redistribution (`plan.EdgeRedistribution.shares`)."""
     total = sum(problem.costs[op].comm[index] for op, index in choice.items())
     paid = set()
     for edge in problem.edges:
@@ -316,14 +316,14 @@ def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, in
         if reader is not None:
             wanted = problem.candidates[reader[0]][choice[reader[0]]].input_layouts[reader[1]]
             held = [candidate.output_layouts[index] for candidate in problem.candidates[op]]
-            terms.append(_destination_term(held, wanted, graph.tensors[tensor].dtype))
+            terms.append(_destination_term(held, wanted, graph.tensors[tensor].dtype, problem.model))
     return terms
 
 
-def _destination_term(held: list, wanted, dtype: str):
+def _destination_term(held: list, wanted, dtype: str, model):
     def term(indices):
         sources = held if indices is None else [held[int(j)] for j in indices]
-        return cost_table(sources, [wanted], dtype)[:, 0]
+        return cost_table(sources, [wanted], dtype, model)[:, 0]
     return term
 
 

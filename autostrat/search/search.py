@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
 from autostrat.ir import Graph
 from autostrat.layout import FollowedStrategy, Layout, TensorMap, DeviceMatrix
@@ -18,6 +19,7 @@ from autostrat.strategies import check_mesh
 MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
 SEARCH_MODES = ("integer_programming", "sharding_propagation")
 REFINERS = (None, "cpsat")
+COST_MODELS = ("bytes", "time")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class SearchOptions:
     - `mesh`: the logical mesh candidates are split over (`strategies.mesh_axes`): "auto"
       (every divisor up to 16 devices, servers x 8 devices beyond), "full" (every divisor), or
       its axis sizes, outer first, e.g. ``(128, 8)``.
+    - `cost_model`: what the search minimises: "bytes" sent per device, or "time", the step
+      time predicted on `hardware` (compute per op, α–β time per redistribution). Plans report
+      both either way.
     """
 
     mode: str = "auto_parallel"
@@ -53,9 +58,13 @@ class SearchOptions:
     workers: int = 0
     coarsen: str = "exact"
     mesh: str | tuple[int, ...] = "auto"
+    cost_model: str = "bytes"
+    hardware: Hardware = Hardware()
 
     def __post_init__(self) -> None:
-        for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES), ("refine", self.refine, REFINERS), ("coarsen", self.coarsen, LEVELS)):
+        for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES),
+                                  ("refine", self.refine, REFINERS), ("coarsen", self.coarsen, LEVELS),
+                                  ("cost_model", self.cost_model, COST_MODELS)):
             if value not in valid:
                 raise ConfigError(f"{key} must be one of {', '.join(map(str, valid))}; got {value!r}")
         object.__setattr__(self, "mesh", check_mesh(self.mesh))
@@ -143,7 +152,9 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         graph, device_num = _unseeded(graph), 1
     elif options.mode == "data_parallel":
         graph = _unseeded(graph)
-    problem = build_problem(graph, device_num, options.repeated, full_only=options.automatic, mesh=options.mesh)
+    hardware = options.hardware if options.cost_model == "time" else None
+    problem = build_problem(graph, device_num, options.repeated, full_only=options.automatic, mesh=options.mesh,
+                            hardware=hardware)
     _check_shared_parameters(problem.graph, problem)
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True)
@@ -157,11 +168,12 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         result = refine(problem, start, options.refine_time_limit, options.workers, options.max_device_memory,
                         progress.solution if progress is not None else None, options.coarsen)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
-        refinement = Refinement(plan_bytes(problem, choice), result, changed)
+        refinement = Refinement(plan_bytes(problem, choice), result, changed, "bytes" if hardware is None else "ns")
         choice = result.choice
     strategies = {name: problem.candidates[name][index] for name, index in choice.items()}
     origins = dict(assignment.origin)
     for name, (strategy, origin) in follow_parameters(graph, strategies, device_num).items():
         strategies[name], origins[name] = strategy, origin
-    plan = build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress)
+    plan = build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress,
+                      options.cost_model, options.hardware)
     return replace(plan, refinement=refinement)

@@ -1,0 +1,115 @@
+"""What a plan is predicted to cost per step: time and bytes per phase, and peak memory per device.
+
+- Compute: every op of the plan (update ops too), `Hardware.compute_nanoseconds` of its strategy,
+  in its op's phase (`autodiff.op_phase`: forward, backward or update).
+- Communication: every redistribution of the plan, its steps timed by the α–β model of the plan's
+  hardware (`AlphaBeta.step_nanoseconds`), in the phase its bytes are counted in
+  (`Plan.edge_phase`; writebacks in "update").
+- Peak memory: `memory.peak_bytes` of the plan's strategies, the same function the solver's
+  memory budget bounds, so the two always agree.
+
+One device's step is the sum of its phases: compute and communication are not overlapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autostrat.autodiff import op_phase
+from autostrat.cost import Hardware, op_cost
+from autostrat.search.memory import peak_bytes
+from autostrat.search.problem import SearchProblem, optimizer_state, searched_graph
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """One phase of a step on one device: nanoseconds computing and communicating, bytes sent."""
+
+    compute_ns: int = 0
+    communication_ns: int = 0
+    bytes: int = 0
+
+    @property
+    def time_ns(self) -> int:
+        return self.compute_ns + self.communication_ns
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A plan's predicted step on one device: `phases` in `plan.BYTE_PHASES` order, and the peak
+    of parameters plus live activations."""
+
+    phases: dict[str, PhaseCost]
+    peak_bytes: int
+
+    @property
+    def step_time_ns(self) -> int:
+        return sum(phase.time_ns for phase in self.phases.values())
+
+    @property
+    def compute_ns(self) -> int:
+        return sum(phase.compute_ns for phase in self.phases.values())
+
+    @property
+    def communication_ns(self) -> int:
+        return sum(phase.communication_ns for phase in self.phases.values())
+
+    def lines(self) -> list[str]:
+        """The human-readable summary (deterministic: whole nanoseconds, formatted); phases
+        with nothing in them are left out (`to_dict` keeps them)."""
+        lines = [f"predicted step time: {format_nanoseconds(self.step_time_ns)} = compute "
+                 f"{format_nanoseconds(self.compute_ns)} + communication {format_nanoseconds(self.communication_ns)}"]
+        for name, phase in self.phases.items():
+            if phase == PhaseCost():
+                continue  # a forward pass has no backward, sync or update phase to show
+            lines.append(f"  {name}: compute {format_nanoseconds(phase.compute_ns)}, communication "
+                         f"{format_nanoseconds(phase.communication_ns)}, {phase.bytes} bytes")
+        lines.append(f"peak memory per device: {self.peak_bytes} bytes (parameters, optimizer state, live activations)")
+        return lines
+
+    def to_dict(self) -> dict:
+        return {
+            "step_time_ns": self.step_time_ns,
+            "phases": {name: {"compute_ns": phase.compute_ns, "communication_ns": phase.communication_ns,
+                              "bytes": phase.bytes} for name, phase in self.phases.items()},
+            "peak_bytes_per_device": self.peak_bytes,
+        }
+
+
+def format_nanoseconds(value: int) -> str:
+    """Whole nanoseconds in the largest unit that keeps them at least 1.
+
+    Example:
+        >>> format_nanoseconds(850), format_nanoseconds(12_345), format_nanoseconds(3_000_000_000)
+        ('850 ns', '12.345 us', '3.000 s')
+    """
+    for unit, size in (("s", 10**9), ("ms", 10**6), ("us", 10**3)):
+        if value >= size:
+            return f"{value / size:.3f} {unit}"
+    return f"{value} ns"
+
+
+def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
+    """The `Prediction` of `plan` (a `plan.Plan`) on `hardware`, over `phases`."""
+    model = hardware.alpha_beta(plan.device_num)
+    compute = dict.fromkeys(phases, 0)
+    for name, op in plan.graph.ops.items():
+        dtypes = tuple(plan.graph.tensors[t].dtype for t in op.inputs + op.outputs)
+        compute[op_phase(name)] += hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), dtypes)
+    communication, sent = dict.fromkeys(phases, 0), dict.fromkeys(phases, 0)
+    moves = [(plan.edge_phase(edge), edge.plan) for edge in plan.redistributions if not edge.shares]  # shared: sent once
+    moves += [("update", writeback.plan) for writeback in plan.writebacks]
+    for phase, redistribution in moves:
+        communication[phase] += redistribution.nanoseconds(model)
+        sent[phase] += redistribution.cost
+    costs = {phase: PhaseCost(compute[phase], communication[phase], sent[phase]) for phase in phases}
+    return Prediction(costs, plan_peak_bytes(plan))
+
+
+def plan_peak_bytes(plan) -> int:
+    """`memory.peak_bytes` of `plan`: priced on a problem whose only candidate per searched op
+    is the plan's strategy (edges and costs play no part in memory)."""
+    graph, followers = searched_graph(plan.graph)
+    candidates = {name: (plan.ops[name].strategy,) for name in graph.ops}
+    fixed = SearchProblem(graph, plan.device_num, False, candidates, (), {}, {}, optimizer_state(plan.graph, followers))
+    return peak_bytes(fixed, dict.fromkeys(graph.ops, 0))

@@ -1,0 +1,94 @@
+"""A plan's predicted step time, bytes per phase and peak memory per device."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from autostrat.autodiff import Adam, Momentum, build_training
+from autostrat.cost import Hardware
+from autostrat.frontend import trace
+from autostrat.models import FFN
+from autostrat.nn import Tensor
+from autostrat.search import SearchOptions, search
+from autostrat.search.memory import peak_bytes
+from autostrat.search.plan import build_plan
+from autostrat.search.prediction import plan_peak_bytes
+from autostrat.search.problem import build_problem
+from autostrat.search.search import follow_parameters
+
+# Round numbers: float32 ops run at 1 TFLOP/s (half of device_flops), 1 byte of memory traffic
+# per ps, 1 µs and 10 GB/s inside a server, 10 µs and 1 GB/s across.
+ROUND = dict(device_flops=2e12, device_memory_bandwidth=1e12, intra_server_bandwidth=1e10, inter_server_bandwidth=1e9,
+             intra_server_latency=1e-6, inter_server_latency=1e-5)
+
+
+def tutorial_plan(hardware: Hardware):
+    net = FFN()
+    net.dense1.matmul.shard(((2, 1), (1, 4)))
+    return replace(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8), hardware=hardware)
+
+
+def test_the_tutorial_plan_on_two_servers_of_four_by_hand():
+    plan = tutorial_plan(Hardware(**ROUND, devices_per_server=4))
+    # Per device, float32: each MatMul [32, 64] x [64, 16] (or [32, 16] x [16, 64]) is 65 536 flops
+    # (66 ns) and 3 584 elements read and written (14 336 bytes, 15 ns); each BiasAdd and the ReLU
+    # 512 flops (1 ns) and 4 160 or 4 096 bytes (5 ns).
+    assert plan.prediction.phases["forward"].compute_ns == 2 * (66 + 15) + 3 * (1 + 5)
+    # The one redistribution, a ReduceScatter of 6 144 bytes over the 4 devices of a server:
+    # 3 ring messages of 1 µs and 6 144 bytes at 10 GB/s.
+    [edge] = plan.redistributions
+    assert edge.plan.cost == 6144 and plan.prediction.phases["forward"].communication_ns == 3 * 1000 + 615
+    assert plan.prediction.step_time_ns == 180 + 3615
+    assert plan.prediction.phases["forward"].bytes == plan.total_bytes == 6144
+
+
+def test_a_group_across_servers_pays_the_network():
+    # Servers of 2: the ReduceScatter's group of 4 spans two servers, so each message and byte
+    # goes at the network's speed.
+    plan = tutorial_plan(Hardware(**ROUND, devices_per_server=2))
+    assert plan.prediction.phases["forward"].communication_ns == 3 * 10_000 + 6144
+
+
+def training_graph(optimizer):
+    return build_training(trace(FFN(), Tensor(shape=(64, 64))), optimizer)
+
+
+@pytest.mark.parametrize("optimizer", [Momentum(), Adam()], ids=["momentum", "adam"])
+def test_the_predicted_peak_is_the_solvers_peak(optimizer):
+    graph = training_graph(optimizer)
+    problem = build_problem(graph, 8)
+    rng = random.Random(7)
+    for _ in range(4):
+        choice = {op: rng.randrange(len(options)) for op, options in problem.candidates.items()}
+        strategies = {op: problem.candidates[op][index] for op, index in choice.items()}
+        origins = dict.fromkeys(graph.ops, "chosen")
+        for name, (strategy, _) in follow_parameters(graph, strategies, 8).items():
+            strategies[name] = strategy
+        plan = build_plan(graph, 8, "auto_parallel", strategies, origins, ())
+        assert plan_peak_bytes(plan) == peak_bytes(problem, choice)
+
+
+def test_every_phase_is_predicted_and_bytes_agree_with_phase_bytes():
+    plan = search(training_graph(Momentum()), 8, SearchOptions(mode="data_parallel"))
+    phases = plan.prediction.phases
+    assert list(phases) == ["forward", "backward", "sync", "update"]
+    assert {name: phase.bytes for name, phase in phases.items()} == plan.phase_bytes()
+    assert phases["sync"].communication_ns > 0 and phases["sync"].compute_ns == 0
+    assert phases["update"].compute_ns > 0  # the optimiser's updates compute too
+
+
+def test_the_table_and_the_json_carry_the_prediction():
+    plan = tutorial_plan(Hardware())
+    text = plan.table()
+    assert "cost model: bytes; hardware: 989.4 TFLOP/s (16-bit)" in text
+    assert f"predicted step time: {plan.prediction.step_time_ns / 1000:.3f} us" in text
+    assert f"peak memory per device: {plan.prediction.peak_bytes} bytes" in text
+    data = json.loads(plan.to_json())
+    assert list(data)[-3:] == ["cost_model", "hardware", "predicted"]
+    assert data["predicted"]["step_time_ns"] == plan.prediction.step_time_ns
+    assert data["predicted"]["phases"]["forward"]["bytes"] == 6144
+    assert data["hardware"]["devices_per_server"] == 8
