@@ -251,7 +251,8 @@ class _Walk:
 
     def _reached(self) -> None:
         if self.progress is not None:
-            self.progress.step("propagating", len(self.choice), len(self.problem.graph.ops))
+            what = "propagating" if self.tie_break == TIE_BREAKS[0] else f"propagating ({self.tie_break} tie-break)"
+            self.progress.step(what, len(self.choice), len(self.problem.graph.ops))
 
 
 def seeded_layers(problem: SearchProblem) -> dict[str, str]:
