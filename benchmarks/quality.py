@@ -13,7 +13,8 @@ Rows per model:
   servers, seeded on every block and propagated;
 - data parallel: parallel_mode data_parallel (every batch dim split, weights replicated);
 - bfs: the same Megatron seeds on block 0 only, propagated (search_mode sharding_propagation);
-- refined: that BFS plan refined by CP-SAT (``--coarsen layers``) under a per-device memory
+- refined: that BFS plan refined by CP-SAT for the predicted step time (cost_model "time",
+  ``--coarsen layers``) under a per-device memory
   budget equal to the Megatron plan's peak.
 
 Columns: bytes per device per phase (forward, backward, gradient sync), total, peak memory per
@@ -89,7 +90,8 @@ def model_rows(model: str, time_limit: float) -> tuple[list[list[str]], list[str
                                           SearchOptions(mode="data_parallel"))
     plans["bfs"] = timed_search(first_block, device_num, SearchOptions())
     budget = plans["megatron"][0].prediction.peak_bytes
-    refined = SearchOptions(refine="cpsat", coarsen="layers", max_device_memory=budget, refine_time_limit=time_limit)
+    refined = SearchOptions(refine="cpsat", coarsen="layers", max_device_memory=budget, refine_time_limit=time_limit,
+                            cost_model="time")
     try:
         plans["refined"] = timed_search(first_block, device_num, refined)
     except AutostratError as error:

@@ -173,3 +173,12 @@ def test_a_partial_target_from_fewer_partial_values_is_unreachable_without_a_sea
     for src, dst in ((whole, summed), (summed, twice)):  # the exact search agrees
         with pytest.raises(RedistributionError):
             redistribution_cost(src, dst)
+
+
+def test_an_op_loading_a_parameter_never_sums_partial_inputs():
+    from autostrat.models import GPT
+
+    net = GPT(layers=1, hidden=32, heads=4, seq=8, batch=4, vocab=64)
+    problem = build_problem(trace(net, *net.example_inputs(), device_num=8), 8, allow_repeated=True)
+    assert not any(s.sums_partials for s in problem.candidates["add_position"])  # reads the position table
+    assert any(s.sums_partials for s in problem.candidates["blocks.0.residual1"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,7 +37,8 @@ def rules(draw):
 def test_candidates_round_trip_through_mindspore_tuples(rule, device_num, repeated):
     for strategy in generate_strategies(rule, device_num, repeated):
         again = Strategy.from_tuples(rule, strategy.to_tuples(), device_num, out_strategy=strategy.out_tuples())
-        assert again == strategy
+        # MindSpore's tuples cannot say that an Add sums partial inputs: that much is lost.
+        assert again == (replace(strategy, sums_partials=False) if strategy.sums_partials else strategy)
         assert strategy.device_matrix.device_num == device_num
 
 

@@ -107,6 +107,14 @@ def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: 
     return candidates
 
 
+def _computed_inputs_only(graph: Graph, op: OpNode, candidates: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
+    """`candidates` without those summing partial inputs when an input is loaded, not computed
+    (a parameter, graph input or constant is stored whole, never as partial sums)."""
+    if all(graph.tensors[tensor].producer is not None for tensor in op.inputs):
+        return candidates
+    return tuple(strategy for strategy in candidates if not strategy.sums_partials)
+
+
 def _seed(op: OpNode, device_num: int) -> tuple[Strategy]:
     return (Strategy.from_tuples(op.rule, op.in_strategy, device_num, op.out_strategy, where=op.name),)
 
@@ -158,8 +166,8 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     graph, followers = searched_graph(graph)
     seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
     values = candidate_values((seed for seed, in seeds.values()), device_num, mesh)
-    candidates = {name: seeds.get(name) or op_candidates(op, device_num, allow_repeated, full_only, values)
-                  for name, op in graph.ops.items()}
+    candidates = {name: seeds.get(name) or _computed_inputs_only(graph, op, op_candidates(
+        op, device_num, allow_repeated, full_only, values)) for name, op in graph.ops.items()}
     model = None if hardware is None else hardware.alpha_beta(device_num)
     costs = _own_costs(full, graph, candidates, followers, hardware)
     edges = []
