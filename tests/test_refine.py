@@ -177,25 +177,48 @@ def test_progress_is_reported():
     assert seen and seen[-1][0] == brute_force(problem)
 
 
-@pytest.mark.parametrize("limit_share", [4, 1])
-def test_a_tie_break_that_would_overflow_cp_sats_objective_shrinks_and_bytes_stay_optimal(monkeypatch, limit_share):
-    # 1024-device plans sum to 2**52 bytes; with 64 tie levels per owner the objective left 64
-    # bits and CP-SAT answered MODEL_INVALID. Here the limit shrinks instead of the bytes:
-    # just above the bytes' sum (fewer tie levels) or at 4 times it.
-    from autostrat.search import refine as refine_module
+def test_the_bytes_objective_needs_no_room_for_the_tie_break(monkeypatch):
+    # 1024-device plans sum to 2**52 bytes; a weighted sum of bytes and flops left 64 bits and
+    # CP-SAT answered MODEL_INVALID. Bytes and flops are solved one after the other now: a limit
+    # just above the bytes' sum is enough, and the bytes stay optimal.
+    from autostrat.search import cpsat
 
     problem = small_problem(8, 3)
     hint = propagate(problem).choice
     ceiling = int(sum(np.nan_to_num(edge.table.full(), posinf=0).sum() for edge in problem.edges) + 10**6)
-    monkeypatch.setattr(refine_module, "OBJECTIVE_LIMIT", ceiling * limit_share)
+    monkeypatch.setattr(cpsat, "OBJECTIVE_LIMIT", ceiling)
     result = refine(problem, hint, coarsen_level="none")  # every variable kept: the objective has terms
     assert result.objective == brute_force(problem) and result.status == "OPTIMAL"
 
 
+def quantised_flops(problem, choice) -> int:
+    """The tie-break's value of a choice at coarsening "none": per op, its flops quantised to
+    `TIE_LEVELS` levels between the op's least and most."""
+    from autostrat.search.cpsat import TIE_LEVELS
+
+    total = 0
+    for op, index in choice.items():
+        flops = problem.costs[op].flops
+        if flops.max() > flops.min():
+            total += int(np.floor((flops[index] - flops.min()) / (flops.max() - flops.min()) * (TIE_LEVELS - 1)))
+    return total
+
+
+@pytest.mark.parametrize("device_num, seed", CASES[::4])
+def test_among_plans_of_the_optimal_bytes_the_fewest_flops_win(device_num, seed):
+    problem = small_problem(device_num, seed)
+    names = list(problem.candidates)
+    plans = [dict(zip(names, combo)) for combo in itertools.product(*(range(len(problem.candidates[n])) for n in names))]
+    least = min(plan_bytes(problem, plan) for plan in plans)
+    fewest = min(quantised_flops(problem, plan) for plan in plans if plan_bytes(problem, plan) == least)
+    result = refine(problem, propagate(problem).choice, time_limit=30, coarsen_level="none")
+    assert result.objective == least and quantised_flops(problem, result.choice) == fewest
+
+
 def test_bytes_beyond_cp_sats_objective_are_refused_by_name(monkeypatch):
-    from autostrat.search import refine as refine_module
+    from autostrat.search import cpsat
 
     problem = small_problem(8, 3)
-    monkeypatch.setattr(refine_module, "OBJECTIVE_LIMIT", 1)
+    monkeypatch.setattr(cpsat, "OBJECTIVE_LIMIT", 1)
     with pytest.raises(SolverError, match="too large for CP-SAT's 64-bit objective"):
         refine(problem, propagate(problem).choice, coarsen_level="none")

@@ -192,8 +192,12 @@ def _prune(problem: SearchProblem, owned):
 
 
 def share_layers(problem: SearchProblem) -> tuple[dict[str, str], tuple[str, ...]]:
-    """Owner per op (ops of repeated layers with equal candidates point at the first layer), and
-    a description of each group of shared layers (empty when the graph repeats none)."""
+    """Owner per op (ops of repeated layers with equal candidates point at the first such
+    layer), and a description of each group of shared layers (empty when the graph repeats none).
+
+    Layers are grouped by equality, not against the first layer only: a seeded first layer
+    (Megatron's seeds on block 0) differs from the others, which still agree among themselves.
+    """
     layers: dict[str, dict[int, dict[str, str]]] = {}
     for op in problem.candidates:
         match = _LAYER.match(op)
@@ -202,15 +206,31 @@ def share_layers(problem: SearchProblem) -> tuple[dict[str, str], tuple[str, ...
     owner = {op: op for op in problem.candidates}
     shared = []
     for prefix, by_index in layers.items():
-        indices = sorted(by_index)
-        first = by_index[indices[0]]
-        twins = [i for i in indices[1:] if _same_layer(problem, first, by_index[i])]
-        for index in twins:
-            for rest, op in by_index[index].items():
-                owner[op] = first[rest]
-        if twins:
-            shared.append(f"{prefix}.{indices[0]}-{twins[-1]} ({len(twins) + 1} layers)")
+        groups: list[list[int]] = []  # indices of equal layers, the first one owning the variables
+        for index in sorted(by_index):
+            group = next((g for g in groups if _same_layer(problem, by_index[g[0]], by_index[index])), None)
+            if group is None:
+                groups.append([index])
+            else:
+                group.append(index)
+        for group in (g for g in groups if len(g) > 1):
+            first = by_index[group[0]]
+            for index in group[1:]:
+                for rest, op in by_index[index].items():
+                    owner[op] = first[rest]
+            shared.append(f"{prefix}.{_ranges(group)} ({len(group)} layers)")
     return owner, tuple(shared)
+
+
+def _ranges(indices: list[int]) -> str:
+    """Sorted layer indices as ranges: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def _same_layer(problem: SearchProblem, first: dict[str, str], other: dict[str, str]) -> bool:
@@ -228,7 +248,10 @@ def _union_kept(kept, owner):
 
 def _coarse_graph(problem: SearchProblem, kept, owner):
     """Unary bytes and flops per owner, summed tables per owner pair, and the constant bytes."""
-    unary = {o: np.zeros(len(kept[o])) for o in set(owner.values())}
+    # In graph order, not a set's: the owners' order is the solver's variable order, and a set of
+    # strings iterates in a per-process order (hash randomisation), which made the search, its
+    # time and the plan among equal ones differ from run to run.
+    unary = {o: np.zeros(len(kept[o])) for o in dict.fromkeys(owner.values())}
     flops = {o: np.zeros(len(kept[o])) for o in unary}
     for op, own in owner.items():
         unary[own] += problem.costs[op].comm[list(kept[op])]

@@ -49,23 +49,52 @@ def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[Tensor
     return resident, activations
 
 
-def live_sets(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[int, ...]]:
-    """For every step that produces a tensor, the indices (into `activations`) live there
-    (duplicates dropped)."""
+def spans(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[int, int]]:
+    """Per activation, the first and last step (op index) it is live at, both included."""
     graph = problem.graph
-    spans = []
+    result = []
     for item in activations:
         start = graph.op_index(item.owner)
         uses = [graph.op_index(op) for op, _ in graph.consumers(item.tensor)]
         end = len(graph.ops) if item.tensor in graph.outputs or not uses else max(uses)
-        spans.append((start, end))
-    steps = sorted({start for start, _ in spans})
-    return sorted({tuple(i for i, (start, end) in enumerate(spans) if start <= step <= end) for step in steps})
+        result.append((start, end))
+    return result
+
+
+def live_sets(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[int, ...]]:
+    """For every step that produces a tensor, the indices (into `activations`) live there
+    (duplicates dropped)."""
+    intervals = spans(problem, activations)
+    steps = sorted({start for start, _ in intervals})
+    return sorted({tuple(i for i, (start, end) in enumerate(intervals) if start <= step <= end) for step in steps})
 
 
 def peak_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
-    """The per-device peak of a choice (what the solver's memory constraints bound)."""
+    """The per-device peak of a choice (what the solver's memory constraints bound).
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> problem = build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> peak_bytes(problem, {op: 0 for op in problem.candidates})  # all-ones: everything whole
+        82432
+    """
     resident, activations = tensor_bytes(problem)
     base = sum(item.bytes[choice[item.owner]] for item in resident)
-    live = [sum(activations[i].bytes[choice[activations[i].owner]] for i in step) for step in live_sets(problem, activations)]
-    return base + max(live, default=0)
+    # Live bytes per step as a running sum: +bytes where a tensor starts, -bytes after its end
+    # (linear in the tensors; listing each step's live set grows with their product).
+    change = [0] * (len(problem.graph.ops) + 2)
+    starts = set()
+    for item, (start, end) in zip(activations, spans(problem, activations)):
+        size = item.bytes[choice[item.owner]]
+        change[start] += size
+        change[end + 1] -= size
+        starts.add(start)
+    live, peak = 0, 0
+    for step, delta in enumerate(change):
+        live += delta
+        if step in starts:
+            peak = max(peak, live)
+    return base + peak

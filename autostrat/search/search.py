@@ -103,14 +103,11 @@ def _check_shared_parameters(graph: Graph, problem) -> None:
                 )
 
 
-def _best_start(problem, choice: dict[str, int]) -> dict[str, int]:
-    """The cheaper of `choice` and the data-parallel plan around the seeds, as CP-SAT's hint.
-
-    A propagated plan may differ from layer to layer, so a solver whose repeated layers share
-    variables cannot take it up; the data-parallel plan chooses alike in alike layers.
-    """
-    around_seeds = data_parallel(problem, keep_seeds=True).choice
-    return min((choice, around_seeds), key=lambda start: plan_bytes(problem, start))
+def _extra_starts(problem) -> list[dict[str, int]]:
+    """Plans CP-SAT may start from besides the propagated one: the data-parallel plan around the
+    seeds, which chooses alike in alike layers (a propagated plan may differ from layer to layer,
+    which a solver whose repeated layers share variables cannot take up)."""
+    return [data_parallel(problem, keep_seeds=True).choice]
 
 
 def follow_parameters(graph: Graph, strategies: dict, device_num: int) -> dict[str, tuple[FollowedStrategy, str]]:
@@ -164,9 +161,10 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel")
     choice, refinement = assignment.choice, None
     if options.refine == "cpsat" or options.automatic or options.max_device_memory is not None:
-        start = _best_start(problem, choice) if not options.automatic else choice
-        result = refine(problem, start, options.refine_time_limit, options.workers, options.max_device_memory,
-                        progress.solution if progress is not None else None, options.coarsen)
+        # integer_programming starts from the data-parallel plan around the seeds already.
+        starts = _extra_starts(problem) if not options.automatic else []
+        result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory,
+                        progress.solution if progress is not None else None, options.coarsen, starts=starts)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
         refinement = Refinement(plan_bytes(problem, choice), result, changed, "bytes" if hardware is None else "ns")
         choice = result.choice
