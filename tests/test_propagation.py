@@ -182,3 +182,15 @@ def test_an_op_loading_a_parameter_never_sums_partial_inputs():
     problem = build_problem(trace(net, *net.example_inputs(), device_num=8), 8, allow_repeated=True)
     assert not any(s.sums_partials for s in problem.candidates["add_position"])  # reads the position table
     assert any(s.sums_partials for s in problem.candidates["blocks.0.residual1"])
+
+
+def test_a_time_refinement_under_a_byte_plans_peak_starts_from_that_plan():
+    """The plan propagated for time holds more than the one propagated for bytes here; with
+    the byte plan's peak as budget and no time to search, the byte plan is the known fit."""
+    graph = stack(4, hidden=256)
+    budget = search(graph, 8).prediction.peak_bytes
+    assert search(graph, 8, SearchOptions(cost_model="time")).prediction.peak_bytes > budget
+    options = SearchOptions(cost_model="time", refine="cpsat", coarsen="layers", max_device_memory=budget,
+                            refine_time_limit=0.01)
+    plan = search(graph, 8, options)
+    assert plan.prediction.peak_bytes <= budget and plan.refinement.result.status in ("FEASIBLE", "OPTIMAL")

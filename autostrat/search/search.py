@@ -103,11 +103,17 @@ def _check_shared_parameters(graph: Graph, problem) -> None:
                 )
 
 
-def _extra_starts(problem) -> list[dict[str, int]]:
+def _extra_starts(problem, graph: Graph, device_num: int, options: SearchOptions) -> list[dict[str, int]]:
     """Plans CP-SAT may start from besides the propagated one: the data-parallel plan around the
     seeds, which chooses alike in alike layers (a propagated plan may differ from layer to layer,
-    which a solver whose repeated layers share variables cannot take up)."""
-    return [data_parallel(problem, keep_seeds=True).choice]
+    which a solver whose repeated layers share variables cannot take up); under the time model,
+    also the plan propagated by bytes (candidates do not depend on the cost model, so its
+    choice is one of this problem's): it is the one a byte-minded budget was taken from."""
+    starts = [data_parallel(problem, keep_seeds=True).choice]
+    if problem.model is not None and options.mode == "auto_parallel":
+        by_bytes = build_problem(graph, device_num, options.repeated, mesh=options.mesh)
+        starts.append(propagate(by_bytes, None, options.follow_layers).choice)
+    return starts
 
 
 def follow_parameters(graph: Graph, strategies: dict, device_num: int) -> dict[str, tuple[FollowedStrategy, str]]:
@@ -162,7 +168,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
     choice, refinement = assignment.choice, None
     if options.refine == "cpsat" or options.automatic or options.max_device_memory is not None:
         # integer_programming starts from the data-parallel plan around the seeds already.
-        starts = _extra_starts(problem) if not options.automatic else []
+        starts = _extra_starts(problem, graph, device_num, options) if not options.automatic else []
         result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory,
                         progress.solution if progress is not None else None, options.coarsen, starts=starts)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
