@@ -24,7 +24,6 @@ to a candidate of every op with `expand`.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -32,10 +31,9 @@ import numpy as np
 
 from autostrat.errors import ConfigError
 from autostrat.search.memory import tensor_bytes
-from autostrat.search.problem import SearchProblem
+from autostrat.search.problem import LAYER, SearchProblem
 
 LEVELS = ("none", "exact", "layers")
-_LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
 
 
 @dataclass(frozen=True)
@@ -200,7 +198,7 @@ def share_layers(problem: SearchProblem) -> tuple[dict[str, str], tuple[str, ...
     """
     layers: dict[str, dict[int, dict[str, str]]] = {}
     for op in problem.candidates:
-        match = _LAYER.match(op)
+        match = LAYER.match(op)
         if match:
             layers.setdefault(match["prefix"], {}).setdefault(int(match["index"]), {})[match["rest"]] = op
     owner = {op: op for op in problem.candidates}
