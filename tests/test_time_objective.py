@@ -119,3 +119,14 @@ def test_cp_sat_refines_the_predicted_time():
     assert refinement.unit == "ns" and "ns per device" in refinement.summary()
     assert refinement.result.objective == plan.prediction.step_time_ns <= refinement.before
     assert refinement.result.status == "OPTIMAL"
+
+
+def test_a_seed_conflict_under_time_is_told_in_nanoseconds():
+    from tests.test_search import Diamond
+
+    net = Diamond()
+    net.relu.shard(((8, 1),))
+    net.sigmoid.shard(((1, 8),))
+    plan = search(trace(net, Tensor(shape=(64, 32)), device_num=8), 8, TIME)
+    [warning] = [w for w in plan.warnings if w.startswith("seeds of relu and sigmoid disagree")]
+    assert warning.endswith(" ns per device is inserted")

@@ -87,6 +87,11 @@ class SearchProblem:
     split_values: frozenset[int] | None = None  # the splits candidates may use (`strategies.split_values`)
     model: AlphaBeta | None = None  # with cost_model "time": the tables' α–β model (costs are nanoseconds)
 
+    @property
+    def unit(self) -> str:
+        """What the costs count: "bytes" (per device), or "ns" under a time model."""
+        return "bytes" if self.model is None else "ns"
+
     def least_edge_cost(self, edge: SearchEdge, producer_choice: int) -> float:
         """The cheapest redistribution from the producer's chosen layout to any candidate the
         consumer's rule has, seeded or not (what the edge would cost without the consumer's seed)."""

@@ -349,7 +349,7 @@ def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, st
             if cost > problem.least_edge_cost(edge, choice[edge.producer]):
                 warnings.append(
                     f"seeds of {edge.producer} and {edge.consumer} disagree on {edge.tensor}: "
-                    f"a redistribution of {cost:.0f} bytes per device is inserted"
+                    f"a redistribution of {cost:.0f} {problem.unit} per device is inserted"
                 )
     ordered = {name: choice[name] for name in problem.graph.ops}
     return Assignment(ordered, {name: origin[name] for name in ordered}, tuple(warnings))

@@ -172,7 +172,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory,
                         progress.solution if progress is not None else None, options.coarsen, starts=starts)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
-        refinement = Refinement(plan_bytes(problem, choice), result, changed, "bytes" if hardware is None else "ns")
+        refinement = Refinement(plan_bytes(problem, choice), result, changed, problem.unit)
         choice = result.choice
     strategies = {name: problem.candidates[name][index] for name, index in choice.items()}
     origins = dict(assignment.origin)
