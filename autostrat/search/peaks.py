@@ -1,15 +1,20 @@
 """The memory constraints of the solver's model: the bytes live at each step of the schedule as
-linear forms over the one-hot booleans, keeping only the steps no other step dominates.
+linear forms over the one-hot booleans, keeping only the steps no other step implies.
 
 A step's form is ``constant + sum(coefficient * boolean)`` over the coarse model's booleans
-(column ``(owner, kept index)``). Exactly one boolean per owner is true, so form A bounds form B
-for every choice when ``constant_A - constant_B + sum over owners of min over the owner's columns
-of (A - B) >= 0``; B's constraint is then implied by A's and dropped. This is exact (tested
-against every step on brute-forced choices) and is what keeps a deep model small: with shared
-layers, each forward step of layer k+1 holds what the same step of layer k holds plus one more
-layer's saved activations, so only the last layer's steps remain, instead of a constraint per op
-each as long as the whole stack.
+(column ``(owner, kept index)``). Two reductions, both exact (tested against `peak_bytes` on
+brute-forced and random choices):
 
+1. Dominance. Exactly one boolean per owner is true, so form A bounds form B for every choice
+   when ``constant_A - constant_B + sum over owners of min over the owner's columns of (A - B)
+   >= 0``; B is dropped. With shared layers, each forward step of layer k+1 holds what the same
+   step of layer k holds plus one more layer's saved activations: only the last layer's remain.
+2. Progressions (`_drop_progressions`). A backward step of layer k holds k layers' saved
+   activations and the gradients of the layers after it: linear in k, so only the first and
+   the last shared layer's steps can hold the peak.
+
+Without them a 32-layer training step had 2,360 constraints, each as long as the whole stack
+(26,777 terms, built in 36 s); with them, 113 of at most 1,262 terms (0.2 s), whatever the depth.
 The forms are built in step order as a running sum (add a tensor's bytes where it is produced,
 remove them after its last use), linear in the tensors rather than in steps times live tensors.
 """
