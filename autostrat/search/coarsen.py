@@ -31,7 +31,7 @@ import numpy as np
 
 from autostrat.errors import ConfigError
 from autostrat.search.memory import tensor_bytes
-from autostrat.search.problem import LAYER, SearchProblem
+from autostrat.search.problem import SearchProblem, layers_of
 
 LEVELS = ("none", "exact", "layers")
 
@@ -196,11 +196,7 @@ def share_layers(problem: SearchProblem) -> tuple[dict[str, str], tuple[str, ...
     Layers are grouped by equality, not against the first layer only: a seeded first layer
     (Megatron's seeds on block 0) differs from the others, which still agree among themselves.
     """
-    layers: dict[str, dict[int, dict[str, str]]] = {}
-    for op in problem.candidates:
-        match = LAYER.match(op)
-        if match:
-            layers.setdefault(match["prefix"], {}).setdefault(int(match["index"]), {})[match["rest"]] = op
+    layers = layers_of(problem.candidates)
     owner = {op: op for op in problem.candidates}
     shared = []
     for prefix, by_index in layers.items():

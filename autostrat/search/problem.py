@@ -33,7 +33,22 @@ from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
 
 # An op of a repeated layer (a `CellList`): ``<prefix>.<index>.<rest>``, e.g. blocks.3.ffn1.matmul.
-LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
+_LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
+
+
+def layers_of(names) -> dict[str, dict[int, dict[str, str]]]:
+    """The ops among `names` that belong to repeated layers: ``{prefix: {index: {rest: op}}}``.
+
+    Example:
+        >>> layers_of(["blocks.0.ffn1.matmul", "blocks.1.ffn1.matmul", "lm_head.matmul"])
+        {'blocks': {0: {'ffn1.matmul': 'blocks.0.ffn1.matmul'}, 1: {'ffn1.matmul': 'blocks.1.ffn1.matmul'}}}
+    """
+    layers: dict[str, dict[int, dict[str, str]]] = {}
+    for name in names:
+        match = _LAYER.match(name)
+        if match:
+            layers.setdefault(match["prefix"], {}).setdefault(int(match["index"]), {})[match["rest"]] = name
+    return layers
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import numpy as np
 from autostrat.autodiff import gradient_name, op_phase
 from autostrat.layout import Strategy
 from autostrat.redistribution import cost_table
-from autostrat.search.problem import LAYER, SearchProblem
+from autostrat.search.problem import SearchProblem, layers_of
 
 GRADIENT_PREFIX = gradient_name("")
 
@@ -261,11 +261,7 @@ def seeded_layers(problem: SearchProblem) -> dict[str, str]:
     Layers are the ``<prefix>.<i>.<rest>`` forward ops of a `CellList`; an unseeded layer
     repeats a seeded one when both have the same ops with the same rules.
     """
-    layers: dict[str, dict[int, dict[str, str]]] = {}
-    for name, op in problem.graph.ops.items():
-        match = LAYER.match(name)
-        if match and op_phase(name) == "forward":
-            layers.setdefault(match["prefix"], {}).setdefault(int(match["index"]), {})[match["rest"]] = name
+    layers = layers_of(name for name in problem.graph.ops if op_phase(name) == "forward")
     ops = problem.graph.ops
     leaders = {}
     for by_index in layers.values():
