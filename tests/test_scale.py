@@ -241,9 +241,16 @@ except KeyboardInterrupt:
 """
 
 
+def _sigint_default() -> None:
+    """Give the child Ctrl-C's default handling: a shell's background job (a suite started with
+    ``&``) starts with SIGINT ignored, which Python and its children then keep."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_cp_sat_at_once_and_raises_keyboard_interrupt():
     # CP-SAT alone would catch the signal and return its best plan as if its time limit struck.
-    child = subprocess.Popen([sys.executable, "-c", CTRL_C_SOLVE], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    child = subprocess.Popen([sys.executable, "-c", CTRL_C_SOLVE], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                             preexec_fn=_sigint_default)
     assert child.stdout.readline() == "solving\n"
     time.sleep(1.0)
     child.send_signal(signal.SIGINT)
@@ -257,7 +264,8 @@ def test_ctrl_c_ends_a_long_cli_search_without_writing_its_outputs(tmp_path):
     out = tmp_path / "plan.json"
     command = [sys.executable, "-m", "autostrat", "search", "configs/gpt.yaml", "--device-num", "1024", "--mesh", "full",
                "--out", str(out), "--dump-ir", str(tmp_path / "ir")]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             preexec_fn=_sigint_default)
     time.sleep(4.0)
     child.send_signal(signal.SIGINT)
     stdout, stderr = child.communicate(timeout=60)
