@@ -170,7 +170,8 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--time-limit", type=_positive(float), help="seconds the solver may take (default 60)")
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
     search.add_argument("--coarsen", choices=["none", "exact", "layers"],
-                        help="reduce the solver's model first: exact (default, same optimum) or layers (shared repeated layers)")
+                        help="reduce the solver's model first: exact (same optimum) or layers (repeated layers share one "
+                             "strategy); default: layers in integer_programming, exact when refining a propagated plan")
     search.add_argument("--mesh", type=_mesh,
                         help="logical mesh the candidates split over: auto (default: every divisor up to 16 devices, "
                              "servers x 8 beyond), full (every divisor) or axis sizes such as 128x8")

@@ -13,7 +13,8 @@ Each as a training step (forward, backward, Adam) on 8, 64, 256 and 1024 devices
   megatron: Megatron-LM's tensor parallelism on block 0 only (TP 8 inside a server, DP =
   devices / 8 across servers), the rest propagated by BFS (search_mode sharding_propagation);
   none: no seeds, search_mode integer_programming (every op uses every device, the data-parallel
-  plan as the hint, CP-SAT refines it within --time-limit seconds).
+  plan as the hint, CP-SAT refines it within --time-limit seconds; repeated layers share one
+  strategy unless --coarsen exact).
 
 Every case runs in its own process, so its peak RSS is its own, and is killed after --timeout
 seconds, or once it holds more than --memory-limit MB (default 8192: the machine may be shared,
@@ -39,11 +40,12 @@ Targets of issue #14, checked at the models' full depth (no --layers) for either
 - 7b on 1024 devices: <= 15 s and <= 1 GB (1024 MB);
 - 175b on 1024 devices: <= 30 s and <= 1.5 GB (1536 MB);
 - 7b on 1024 devices with CP-SAT at coarsening "layers" (``--refine cpsat --coarsen layers``,
-  or seeding none with ``--coarsen layers``): the optimum proven (status OPTIMAL) in <= 30 s.
+  or seeding none, whose search coarsens layers by default): the optimum proven (status
+  OPTIMAL) in <= 30 s.
 
 Run: .venv/bin/python benchmarks/scale.py [--models 7b 175b] [--devices 8 64 256 1024]
      [--seeding megatron none] [--timeout 300] [--memory-limit 8192] [--layers N]
-     [--refine cpsat] [--coarsen layers] [--time-limit 60] [--allow-repeated]
+     [--refine cpsat] [--coarsen layers] [--time-limit 60] [--[no-]allow-repeated]
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def plan_case(case: dict, clock: PhaseClock) -> dict:
     automatic = case["seeding"] == "none"
     options = SearchOptions(search_mode="integer_programming" if automatic else "sharding_propagation",
                             refine=case["refine"], coarsen=case["coarsen"], refine_time_limit=case["time_limit"],
-                            allow_repeated=case.get("allow_repeated", False))
+                            allow_repeated=case.get("allow_repeated"))
     with timed_calls(clock, search_module, SEARCH_PHASES):
         plan = search_module.search(graph, devices, options)
     problem = clock.results["build_problem"]
@@ -216,7 +218,8 @@ def target_of(run: dict, full_depth: bool) -> str:
     case = run["case"]
     key = (case["model"], case["devices"])
     cpsat = case["refine"] == "cpsat" or case["seeding"] == "none"
-    wants_cpsat = cpsat and case["coarsen"] == "layers" and key == CPSAT_TARGET[:2]
+    coarsening = case["coarsen"] or ("layers" if case["seeding"] == "none" else "exact")  # SearchOptions.coarsening
+    wants_cpsat = cpsat and coarsening == "layers" and key == CPSAT_TARGET[:2]
     if not full_depth or (key not in TARGETS and not wants_cpsat):
         return "-"
     if run["outcome"] != "ok":
@@ -272,9 +275,13 @@ def parse_args(argv=None):
                         help="MB of resident memory per case before it is killed (default 8192)")
     parser.add_argument("--layers", type=int, help="override every model's depth (quick runs; no targets then)")
     parser.add_argument("--refine", choices=["cpsat"], help="refine the seeded plans with CP-SAT too")
-    parser.add_argument("--coarsen", choices=["exact", "layers"], default="exact", help="CP-SAT coarsening level")
+    parser.add_argument("--coarsen", choices=["exact", "layers"],
+                        help="CP-SAT coarsening level (default: as the search mode does: layers without seeds, "
+                             "exact when refining the propagated plan)")
     parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds per solve (default 60)")
-    parser.add_argument("--allow-repeated", action="store_true", help="candidates may repeat work over devices")
+    parser.add_argument("--allow-repeated", action=argparse.BooleanOptionalAction,
+                        help="candidates may repeat work over devices (default: as the search mode does: "
+                             "sharding_propagation yes, integer_programming no)")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "PROGRESS"), help=argparse.SUPPRESS)  # one case's process
     args = parser.parse_args(argv)
     if args.layers is not None and args.layers < 1:

@@ -56,8 +56,10 @@ class ParallelContext:
     - `refine`: None or "cpsat" (refine the BFS plan to the proven optimum), with
       `refine_time_limit` seconds; `max_device_memory`: per-device bytes (or "16GB") the plan's
       peak must fit in (implies refinement); `coarsen`: how the solver's model is reduced first —
-      "exact" (default: prune dominated candidates, merge chains; the optimum is unchanged),
-      "layers" (also one set of variables for identical repeated layers), or "none".
+      "exact" (prune dominated candidates, merge chains; the optimum is unchanged), "layers"
+      (also one set of variables for identical repeated layers: the optimum among plans whose
+      repeated layers agree), or "none"; None (default): "layers" in integer_programming,
+      "exact" when refining sharding_propagation's plan.
     - `mesh`: the logical mesh candidates are split over: "auto" (every divisor of device_num
       up to 16 devices, beyond that servers x 8 devices per server), "full" (every divisor), or
       its axis sizes, outer first, e.g. ``[128, 8]`` (see `autostrat.strategies`).
@@ -94,7 +96,7 @@ class ParallelContext:
     refine: str | None = None
     refine_time_limit: float = 60.0
     max_device_memory: int | None = None
-    coarsen: str = "exact"
+    coarsen: str | None = None
     mesh: str | tuple[int, ...] = "auto"
     phase: str = "predict"
     gradients_mean: bool = True
@@ -116,7 +118,8 @@ class ParallelContext:
         _check_choice("phase", self.phase, PHASES)
         _check_choice("search_mode", self.search_mode, SEARCH_MODES)
         _check_choice("refine", self.refine, REFINERS)
-        _check_choice("coarsen", self.coarsen, COARSEN_LEVELS)
+        if self.coarsen is not None:  # None: chosen by the search mode
+            _check_choice("coarsen", self.coarsen, COARSEN_LEVELS)
         limit = self.refine_time_limit
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:  # NaN too
             raise ConfigError(f"refine_time_limit must be a positive number of seconds, got {limit!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from functools import lru_cache
 
 from autostrat.cost import collective_bytes, dtype_size
@@ -153,7 +154,7 @@ def _cost_or_inf(src: Layout, dst: Layout, dtype, model) -> float:
     try:
         if model is not None:
             return redistribution_time(src, dst, dtype, model)
-        return _solve_layouts(src, dst, dtype, model, _solve_cost)[1][1]
+        return _cheapest_bytes(src, dst, dtype)
     except RedistributionError:
         return float("inf")
 
@@ -193,9 +194,9 @@ def _reshape_route(src: Layout, dst: Layout, dtype, model) -> tuple[Layout, Layo
     return best[1], best[2], int(best[0])
 
 
-def _solve_layouts(src: Layout, dst: Layout, dtype, model, solve=_solve):
+def _solve_layouts(src: Layout, dst: Layout, dtype, model, solve=_solve, itemsize: int | None = None):
     _check(src, dst)
-    problem, start, target = build_problem(src.normalized(), dst.normalized(), dtype_size(dtype))
+    problem, start, target = build_problem(src.normalized(), dst.normalized(), itemsize or dtype_size(dtype))
     try:
         solution = solve(problem, start, target, model)
     except RedistributionError as error:
@@ -220,7 +221,57 @@ def redistribution_cost(src: Layout, dst: Layout, dtype="float32", model=None) -
     if src.shape != dst.shape:
         _check(src, dst)
         return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
-    return _solve_layouts(src, dst, dtype, model, _solve_cost)[1][1]
+    return _cheapest_bytes(src, dst, dtype)
+
+
+def _cheapest_bytes(src: Layout, dst: Layout, dtype) -> int:
+    """Bytes of the cheapest plan between layouts of one shape, searched once per shape class
+    (`shape_class`): tensors of many shapes share one search, and its memos."""
+    small = shape_class(src, dst, dtype_size(dtype))
+    if small is not None:
+        small_src, small_dst, itemsize, numerator, denominator = small
+        try:
+            found = _solve_layouts(small_src, small_dst, None, None, _solve_cost, itemsize)[1]
+        except RedistributionError:
+            found = None  # the caller's layouts are searched again, and the error names them
+        if found is not None and found[2]:  # a greedy fallback's path need not scale
+            scaled, rest = divmod(found[1] * numerator, denominator)
+            if not rest:  # always, by the argument in `shape_class`; exactness is not left to it
+                return scaled
+    return _solve_layouts(src, dst, dtype, None, _solve_cost)[1][1]
+
+
+def shape_class(src: Layout, dst: Layout, itemsize: int) -> tuple[Layout, Layout, int, int, int] | None:
+    """The same redistribution on a smaller tensor whose cheapest plan costs exactly
+    ``numerator / denominator`` times less: ``(src', dst', itemsize', numerator, denominator)``,
+    or None when the scaling would not be exact.
+
+    Which steps a state allows depends on a dim of size d only through the divisors of
+    device_num D dividing it, i.e. through gcd(d, D); so every dim shrinks to that and both
+    searches have the same states and steps. Each step sends its group's share of the local
+    bytes, which are proportional to element count x itemsize. The share is a whole number of
+    bytes (no rounding) when D divides the bytes of the whole tensor; the small tensor's
+    itemsize is multiplied by D to make it so there too. Then every plan's bytes, and the
+    cheapest, scale by N / (N' D) (element counts N and N').
+
+    Example (a [1024, 4096] float32 weight gathered over 8 devices costs as its [8, 8] class,
+    whose itemsize is 32, scaled by 4 194 304 / 512):
+        >>> from autostrat.layout import DeviceMatrix, TensorMap
+        >>> rows = Layout(DeviceMatrix((8,)), TensorMap((0, -1)), (1024, 4096))
+        >>> whole = Layout(DeviceMatrix((8,)), TensorMap((-1, -1)), (1024, 4096))
+        >>> small_rows, small_whole, itemsize, numerator, denominator = shape_class(rows, whole, 4)
+        >>> small_rows.shape, itemsize, numerator, denominator
+        ((8, 8), 32, 4194304, 512)
+    """
+    devices = src.device_num
+    count = math.prod(src.shape)
+    if src.shape != dst.shape or count * itemsize % devices:
+        return None
+    shape = tuple(math.gcd(size, devices) for size in src.shape)
+    if shape == src.shape:
+        return None  # already the smallest
+    small = [replace(layout.normalized(), shape=shape) for layout in (src, dst)]
+    return small[0], small[1], itemsize * devices, count, math.prod(shape) * devices
 
 
 def redistribution_time(src: Layout, dst: Layout, dtype="float32", model=None) -> int:

@@ -289,14 +289,29 @@ def _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, elimin
     constant = 0.0
     order = {o: problem.graph.op_index(o) for o in unary}
     eligible = {o for o in unary if len(unary[o]) > 1 and (not budget or _constant_memory(o, owner, kept, owned))}
+    rank = {key: index for index, key in enumerate(tables)}  # the tables' order, new keys last
+    incident: dict[str, set] = {o: set() for o in unary}
+    for key in tables:
+        incident[key[0]].add(key)
+        incident[key[1]].add(key)
     changed = True
     while changed:
         changed = False
         for node in sorted(eligible, key=order.get):
-            touching = [key for key in tables if node in key]
-            if len(touching) > 2:
+            if len(incident[node]) > 2:
                 continue
+            touching = sorted(incident[node], key=rank.get)  # as the tables list them
+            for key in touching:
+                incident[key[0]].discard(key)
+                incident[key[1]].discard(key)
             constant += _eliminate_one(node, touching, unary, flops, tables, eliminated)
+            if len(touching) == 2:  # the node's two ends are joined by a table, perhaps a new one
+                first, second = (a if b == node else b for a, b in touching)
+                key = (first, second) if (first, second) in tables else (second, first)
+                if key not in rank:
+                    rank[key] = len(rank)
+                    incident[first].add(key)
+                    incident[second].add(key)
             eligible.discard(node)
             changed = True
     return constant

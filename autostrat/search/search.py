@@ -35,7 +35,10 @@ class SearchOptions:
     - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model.
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
     - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
-      optimum, "layers" also shares the variables of identical repeated layers.
+      optimum, "layers" also shares the variables of identical repeated layers (the optimum
+      among plans whose repeated layers agree, as Megatron's and Alpa's layer clustering
+      have). None (`coarsening`): "layers" in integer_programming, whose model covers every
+      op of a deep network, "exact" for a refinement of sharding_propagation's plan.
     - `allow_repeated`: whether candidates may use fewer devices (repeated calculation); None
       allows it in sharding_propagation (a propagated layout may be replicated) only.
     - `follow_layers`: sharding_propagation copies a seeded layer's strategies to the unseeded
@@ -56,14 +59,14 @@ class SearchOptions:
     refine_time_limit: float = 60.0
     max_device_memory: int | None = None
     workers: int = 0
-    coarsen: str = "exact"
+    coarsen: str | None = None
     mesh: str | tuple[int, ...] = "auto"
     cost_model: str = "bytes"
     hardware: Hardware = Hardware()
 
     def __post_init__(self) -> None:
         for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES),
-                                  ("refine", self.refine, REFINERS), ("coarsen", self.coarsen, LEVELS),
+                                  ("refine", self.refine, REFINERS), ("coarsen", "exact" if self.coarsen is None else self.coarsen, LEVELS),
                                   ("cost_model", self.cost_model, COST_MODELS)):
             if value not in valid:
                 raise ConfigError(f"{key} must be one of {', '.join(map(str, valid))}; got {value!r}")
@@ -72,6 +75,13 @@ class SearchOptions:
     @property
     def automatic(self) -> bool:
         return self.mode == "auto_parallel" and self.search_mode == "integer_programming"
+
+    @property
+    def coarsening(self) -> str:
+        """The coarsening level the refinement uses (`coarsen`, resolved)."""
+        if self.coarsen is not None:
+            return self.coarsen
+        return "layers" if self.automatic else "exact"
 
     @property
     def repeated(self) -> bool:
@@ -170,7 +180,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         # integer_programming starts from the data-parallel plan around the seeds already.
         starts = _extra_starts(problem, graph, device_num, options) if not options.automatic else []
         result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory,
-                        progress.solution if progress is not None else None, options.coarsen, starts=starts)
+                        progress.solution if progress is not None else None, options.coarsening, starts=starts)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
         refinement = Refinement(plan_bytes(problem, choice), result, changed, problem.unit)
         choice = result.choice
