@@ -80,6 +80,24 @@ def split_values(axes: tuple[int, ...] | None, seeded: frozenset[int] = frozense
     return frozenset(values | seeded)
 
 
+def repeat_values(axes: tuple[int, ...] | None) -> frozenset[int] | None:
+    """How many devices a candidate may repeat its work over on mesh `axes`: the products of
+    its inner axes (None: any number, without a mesh).
+
+    The repeated number is the innermost axis of a candidate's device matrix (MindSpore's
+    convention), so its splits take the outer devices: with these repeats they are whole outer
+    axes (a batch split over servers, repeated inside each, as Megatron's LayerNorm), never a
+    part of one (8 of 128 servers, repeated over 1024 / 8).
+
+    Example:
+        >>> sorted(repeat_values((128, 8))), repeat_values(None)
+        ([1, 8, 1024], None)
+    """
+    if axes is None:
+        return None
+    return frozenset(math.prod(axes[index:]) for index in range(len(axes) + 1))
+
+
 def _divisors(number: int) -> list[int]:
     return [d for d in range(1, number + 1) if number % d == 0]
 
@@ -102,9 +120,10 @@ def _contiguous(splits: tuple[int, ...], sizes: tuple[int, ...], compounds) -> b
 
 @cache
 def generate_strategies(rule: Rule, device_num: int, allow_repeated: bool = False,
-                        values: frozenset[int] | None = None) -> tuple[Strategy, ...]:
+                        values: frozenset[int] | None = None, repeats: frozenset[int] | None = None) -> tuple[Strategy, ...]:
     """Every candidate strategy of `rule` on `device_num` devices, in a deterministic order;
-    with `values` (`split_values`), only those whose every split is one of them.
+    with `values` (`split_values`), only those whose every split is one of them; with `repeats`
+    (`repeat_values`), only those repeating their work over one of them.
 
     Example (the counts MindSpore users meet first):
         >>> from autostrat.rules import make_rule
@@ -129,7 +148,8 @@ def generate_strategies(rule: Rule, device_num: int, allow_repeated: bool = Fals
     found = {(1,) * len(rule.factors)}
     for splits in _products(options, device_num):
         used = math.prod(splits)
-        if (used == device_num or allow_repeated) and _contiguous(splits, rule.factor_sizes, compounds):
+        repeat = device_num // used
+        if (repeat == 1 or allow_repeated and (repeats is None or repeat in repeats)) and _contiguous(splits, rule.factor_sizes, compounds):
             found.add(splits)
     strategies = [Strategy(rule, splits, device_num) for splits in sorted(found)]
     if allow_repeated and rule.op_type in LINEAR_OP_TYPES and not rule.reduction:

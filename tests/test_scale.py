@@ -30,7 +30,7 @@ from autostrat.rules import make_rule
 from autostrat.search import SearchOptions
 from autostrat.search.problem import build_problem
 from autostrat.search.progress import StatusLine
-from autostrat.strategies import generate_strategies, mesh_axes, split_values
+from autostrat.strategies import generate_strategies, mesh_axes, repeat_values, split_values
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = Path(__file__).parent / "golden" / "plan_digests.txt"
@@ -159,6 +159,22 @@ def test_a_seed_off_the_mesh_lends_its_splits_to_every_op():
     assert problem.split_values == frozenset({1, 4, 8, 16, 64})
     splits = {s.splits for options in problem.candidates.values() for s in options}
     assert any(16 in s and 4 in s for s in splits)
+
+
+def test_repeated_candidates_repeat_over_inner_mesh_axes_only():
+    # LayerNorm beside Megatron's MatMuls on 1024 = 128 servers x 8: its batch split over the
+    # servers, repeated inside each, is a candidate; a split over 8 of the servers is not.
+    rule = make_rule("LayerNorm", [(1024, 2048, 4096), (4096,), (4096,)])
+    axes = mesh_axes(1024)
+    candidates = generate_strategies(rule, 1024, True, split_values(axes), repeat_values(axes))
+    assert {s.repeat for s in candidates} == {1, 8, 1024}
+    assert any(s.splits[0] == 128 and s.repeat == 8 for s in candidates)
+    everywhere = generate_strategies(rule, 1024, True, split_values(axes))
+    assert {s.repeat for s in everywhere} > {1, 8, 1024, 128}  # without the rule: 8 of 128 servers too
+    # 64 = 8 x 8: every split product leaves a repeat over inner axes, so nothing is dropped.
+    axes = mesh_axes(64)
+    assert generate_strategies(rule, 64, True, split_values(axes), repeat_values(axes)) == \
+        generate_strategies(rule, 64, True, split_values(axes))
 
 
 def plan_digests() -> str:
