@@ -27,7 +27,7 @@ from autostrat.report import format_candidates
 from autostrat.rules import make_rule
 from autostrat.search.dump import dump_texts
 from autostrat.search.progress import StatusLine
-from autostrat.strategies import generate_strategies, mesh_axes, repeat_values, split_values
+from autostrat.strategies import generate_strategies, mesh_axes, split_values
 
 # MindSpore's sharding-propagation tutorial FFN, x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64),
 # as the ops it traces to (Dense holds a MatMul with weight [in, out] and a BiasAdd).
@@ -51,7 +51,7 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
     ]
     for name, op_type, shapes in TUTORIAL_FFN:
         rule = make_rule(op_type, shapes)
-        options = generate_strategies(rule, device_num, allow_repeated, split_values(axes), repeat_values(axes))
+        options = generate_strategies(rule, device_num, allow_repeated, split_values(axes), axes)
         sections.append(format_candidates(name, rule, options))
     return "\n\n".join(sections)
 

@@ -80,22 +80,30 @@ def split_values(axes: tuple[int, ...] | None, seeded: frozenset[int] = frozense
     return frozenset(values | seeded)
 
 
-def repeat_values(axes: tuple[int, ...] | None) -> frozenset[int] | None:
-    """How many devices a candidate may repeat its work over on mesh `axes`: the products of
-    its inner axes (None: any number, without a mesh).
+def on_mesh(sizes, axes: tuple[int, ...]) -> bool:
+    """Whether a device matrix of `sizes` (outer first) is made of whole mesh `axes` in their
+    order: each size the product of the next few axes.
 
-    The repeated number is the innermost axis of a candidate's device matrix (MindSpore's
-    convention), so its splits take the outer devices: with these repeats they are whole outer
-    axes (a batch split over servers, repeated inside each, as Megatron's LayerNorm), never a
-    part of one (8 of 128 servers, repeated over 1024 / 8).
+    A candidate's device matrix is its splits in factor order with its repeated number innermost
+    (MindSpore's convention), so on a mesh of 128 servers x 8 devices a batch split over the
+    servers with the hidden dim split inside each is on it, and so is the batch split over the
+    servers repeated inside each (Megatron's LayerNorm); a split of 8 over the outer devices, a
+    part of the server axis, is not. Redistributions between layouts on one mesh stay searches
+    over few axes; between mixed ones they were the most costly of a 1024-device search.
 
     Example:
-        >>> sorted(repeat_values((128, 8))), repeat_values(None)
-        ([1, 8, 1024], None)
+        >>> on_mesh((128, 8), (128, 8)), on_mesh((1024,), (128, 8)), on_mesh((8, 128), (128, 8))
+        (True, True, False)
     """
-    if axes is None:
-        return None
-    return frozenset(math.prod(axes[index:]) for index in range(len(axes) + 1))
+    index = 0
+    for size in sizes:
+        product = 1
+        while product < size and index < len(axes):
+            product *= axes[index]
+            index += 1
+        if product != size:
+            return False
+    return index == len(axes)
 
 
 def _divisors(number: int) -> list[int]:
@@ -120,10 +128,10 @@ def _contiguous(splits: tuple[int, ...], sizes: tuple[int, ...], compounds) -> b
 
 @cache
 def generate_strategies(rule: Rule, device_num: int, allow_repeated: bool = False,
-                        values: frozenset[int] | None = None, repeats: frozenset[int] | None = None) -> tuple[Strategy, ...]:
+                        values: frozenset[int] | None = None, mesh: tuple[int, ...] | None = None) -> tuple[Strategy, ...]:
     """Every candidate strategy of `rule` on `device_num` devices, in a deterministic order;
-    with `values` (`split_values`), only those whose every split is one of them; with `repeats`
-    (`repeat_values`), only those repeating their work over one of them.
+    with `values` (`split_values`), only those whose every split is one of them; with `mesh`
+    (axis sizes, outer first), only those whose device matrix is made of its axes (`on_mesh`).
 
     Example (the counts MindSpore users meet first):
         >>> from autostrat.rules import make_rule
@@ -148,8 +156,8 @@ def generate_strategies(rule: Rule, device_num: int, allow_repeated: bool = Fals
     found = {(1,) * len(rule.factors)}
     for splits in _products(options, device_num):
         used = math.prod(splits)
-        repeat = device_num // used
-        if (repeat == 1 or allow_repeated and (repeats is None or repeat in repeats)) and _contiguous(splits, rule.factor_sizes, compounds):
+        if (used == device_num or allow_repeated) and _contiguous(splits, rule.factor_sizes, compounds) and (
+                mesh is None or on_mesh([split for split in splits if split > 1] + [device_num // used], mesh)):
             found.add(splits)
     strategies = [Strategy(rule, splits, device_num) for splits in sorted(found)]
     if allow_repeated and rule.op_type in LINEAR_OP_TYPES and not rule.reduction:

@@ -30,7 +30,7 @@ from autostrat.rules import make_rule
 from autostrat.search import SearchOptions
 from autostrat.search.problem import build_problem
 from autostrat.search.progress import StatusLine
-from autostrat.strategies import generate_strategies, mesh_axes, repeat_values, split_values
+from autostrat.strategies import generate_strategies, mesh_axes, split_values
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = Path(__file__).parent / "golden" / "plan_digests.txt"
@@ -161,20 +161,30 @@ def test_a_seed_off_the_mesh_lends_its_splits_to_every_op():
     assert any(16 in s and 4 in s for s in splits)
 
 
-def test_repeated_candidates_repeat_over_inner_mesh_axes_only():
-    # LayerNorm beside Megatron's MatMuls on 1024 = 128 servers x 8: its batch split over the
+def test_candidates_on_a_mesh_are_made_of_its_axes():
+    # 1024 = 128 servers x 8. LayerNorm beside Megatron's MatMuls: its batch split over the
     # servers, repeated inside each, is a candidate; a split over 8 of the servers is not.
-    rule = make_rule("LayerNorm", [(1024, 2048, 4096), (4096,), (4096,)])
     axes = mesh_axes(1024)
-    candidates = generate_strategies(rule, 1024, True, split_values(axes), repeat_values(axes))
+    norm = make_rule("LayerNorm", [(1024, 2048, 4096), (4096,), (4096,)])
+    candidates = generate_strategies(norm, 1024, True, split_values(axes), axes)
     assert {s.repeat for s in candidates} == {1, 8, 1024}
     assert any(s.splits[0] == 128 and s.repeat == 8 for s in candidates)
-    everywhere = generate_strategies(rule, 1024, True, split_values(axes))
-    assert {s.repeat for s in everywhere} > {1, 8, 1024, 128}  # without the rule: 8 of 128 servers too
-    # 64 = 8 x 8: every split product leaves a repeat over inner axes, so nothing is dropped.
+    anywhere = generate_strategies(norm, 1024, True, split_values(axes))
+    assert {s.repeat for s in anywhere} > {1, 8, 128, 1024}
+    # A MatMul splits its rows over the servers and its columns inside them, not the reverse.
+    matmul = generate_strategies(make_rule("MatMul", [(4096, 1024), (1024, 4096)]), 1024, False, split_values(axes), axes)
+    assert "((128, 1), (1, 8))" in map(str, matmul) and "((8, 1), (1, 128))" not in map(str, matmul)
+    # 64 = 8 x 8: every candidate is made of its axes already.
     axes = mesh_axes(64)
-    assert generate_strategies(rule, 64, True, split_values(axes), repeat_values(axes)) == \
-        generate_strategies(rule, 64, True, split_values(axes))
+    assert generate_strategies(norm, 64, True, split_values(axes), axes) == generate_strategies(norm, 64, True, split_values(axes))
+
+
+def test_a_seed_off_the_mesh_keeps_every_device_matrix():
+    net = GPT(2, 64, 4, 16, 64, 128)
+    graph = trace(net, *net.example_inputs(), device_num=64)
+    assert build_problem(graph, 64).mesh == (8, 8)
+    graph = apply_seeds(graph, megatron_seeds(2, 4, first_layer_only=True, data_parallel=16), 64)
+    assert build_problem(graph, 64).mesh is None  # TP 4 x DP 16 is not made of 8 x 8
 
 
 def plan_digests() -> str:

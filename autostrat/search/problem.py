@@ -30,7 +30,7 @@ from autostrat.cost import AlphaBeta, Hardware, op_cost
 from autostrat.ir import Graph, OpNode
 from autostrat.layout import FollowedStrategy, Layout, Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
-from autostrat.strategies import generate_strategies, mesh_axes, repeat_values, split_values
+from autostrat.strategies import generate_strategies, mesh_axes, on_mesh, split_values
 
 # An op of a repeated layer (a `CellList`): ``<prefix>.<index>.<rest>``, e.g. blocks.3.ffn1.matmul.
 _LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
@@ -100,7 +100,7 @@ class SearchProblem:
     incident: dict[str, tuple[SearchEdge, ...]]
     state_of: dict[str, str] = field(default_factory=dict)  # optimiser state -> its parameter
     split_values: frozenset[int] | None = None  # the splits candidates may use (`strategies.split_values`)
-    repeat_values: frozenset[int] | None = None  # the repeats they may have (`strategies.repeat_values`)
+    mesh: tuple[int, ...] | None = None  # the mesh axes candidates are made of (`candidate_mesh`)
     model: AlphaBeta | None = None  # with cost_model "time": the tables' α–β model (costs are nanoseconds)
 
     @property
@@ -112,19 +112,18 @@ class SearchProblem:
         """The cheapest redistribution from the producer's chosen layout to any candidate the
         consumer's rule has, seeded or not (what the edge would cost without the consumer's seed)."""
         consumer = self.graph.ops[edge.consumer]
-        options = generate_strategies(consumer.rule, self.device_num, self.allow_repeated, self.split_values,
-                                      self.repeat_values)
+        options = generate_strategies(consumer.rule, self.device_num, self.allow_repeated, self.split_values, self.mesh)
         source = edge.source_layout(self.candidates[edge.producer][producer_choice])
         dtype = self.graph.tensors[edge.tensor].dtype
         return float(cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype, self.model).min())
 
 
 def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False,
-                  values: frozenset[int] | None = None, repeats: frozenset[int] | None = None) -> tuple[Strategy, ...]:
-    """An unseeded op's candidates (with splits in `values` and repeats in `repeats`, unless
-    None). With `full_only`, only strategies using every device, when the op has any (otherwise
-    its all-ones strategy)."""
-    candidates = generate_strategies(op.rule, device_num, allow_repeated, values, repeats)
+                  values: frozenset[int] | None = None, mesh: tuple[int, ...] | None = None) -> tuple[Strategy, ...]:
+    """An unseeded op's candidates (with splits in `values`, on `mesh`'s axes, unless None).
+    With `full_only`, only strategies using every device, when the op has any (otherwise its
+    all-ones strategy)."""
+    candidates = generate_strategies(op.rule, device_num, allow_repeated, values, mesh)
     if full_only:
         return tuple(s for s in candidates if s.repeat == 1 and device_num > 1) or candidates[:1]
     return candidates
@@ -140,6 +139,19 @@ def _computed_inputs_only(graph: Graph, op: OpNode, candidates: tuple[Strategy, 
 
 def _seed(op: OpNode, device_num: int) -> tuple[Strategy]:
     return (Strategy.from_tuples(op.rule, op.in_strategy, device_num, op.out_strategy, where=op.name),)
+
+
+def candidate_mesh(seeds, device_num: int, mesh="auto") -> tuple[int, ...] | None:
+    """The axes of `mesh` (`strategies.mesh_axes`) every candidate's device matrix is made of
+    (`strategies.on_mesh`); None, any device matrix, without a mesh or when a seed is off it
+    (Megatron's TP 4 on 8 x 8 devices), so that its neighbours can still take its layouts."""
+    axes = mesh_axes(device_num, mesh)
+    if axes is None:
+        return None
+    seeds = list(seeds)
+    if all(on_mesh([split for split in seed.splits if split > 1] + [seed.repeat], axes) for seed in seeds):
+        return axes
+    return None
 
 
 def candidate_values(seeds, device_num: int, mesh="auto") -> frozenset[int] | None:
@@ -189,9 +201,9 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     graph, followers = searched_graph(graph)
     seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
     values = candidate_values((seed for seed, in seeds.values()), device_num, mesh)
-    repeats = repeat_values(mesh_axes(device_num, mesh))
+    axes = candidate_mesh((seed for seed, in seeds.values()), device_num, mesh)
     candidates = {name: seeds.get(name) or _computed_inputs_only(graph, op, op_candidates(
-        op, device_num, allow_repeated, full_only, values, repeats)) for name, op in graph.ops.items()}
+        op, device_num, allow_repeated, full_only, values, axes)) for name, op in graph.ops.items()}
     model = None if hardware is None else hardware.alpha_beta(device_num)
     costs = _own_costs(full, graph, candidates, followers, hardware)
     edges = []
@@ -214,7 +226,7 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         for edge in edges:
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
-                         optimizer_state(full, followers), values, repeats, model)
+                         optimizer_state(full, followers), values, axes, model)
 
 
 def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str], hardware: Hardware | None) -> dict[str, OpCosts]:
