@@ -47,7 +47,8 @@ def timed_search(config_path: str, devices: int) -> tuple[float, str]:
     start = time.perf_counter()
     out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     seconds = time.perf_counter() - start
-    return seconds, out.strip().splitlines()[-1].split(":")[-1].strip()
+    total = next(line for line in out.splitlines() if line.startswith("total bytes per device:"))
+    return seconds, total.split(":")[-1].strip()
 
 
 def main() -> None:

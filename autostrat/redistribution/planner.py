@@ -106,7 +106,16 @@ def _greedy_path(problem: Problem, start, target) -> list[tuple]:
 
 @lru_cache(maxsize=4096)
 def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | None:
-    """``(path, bytes, exhaustive)`` from `start` to `target`, or None when it is unreachable."""
+    """``(path, bytes, exhaustive)`` from `start` to `target`, or None when it is unreachable.
+
+    Beyond `COARSE_FIRST_ABOVE` prime axes (by bytes) the path is the cost search's
+    (`cost_search`), taken back to real states: kept up to the larger group of relabellings, it
+    settles a fraction of the states (4 096 devices: 17 ms against 700 ms), with one axis per
+    gather or scatter."""
+    if model is None and len(problem.spaces) == 1 and len(problem.spaces[0].sizes) > COARSE_FIRST_ABOVE:
+        found, reached = cost_search(problem, start, target, model)
+        if reached is not None:
+            return tuple(found.path(reached)), found.best[reached][2], True
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return tuple(found.path(reached)), found.best[reached][2], True

@@ -124,7 +124,7 @@ class Search:
         # paths to optimal paths, so one search layer keeps states up to them (`_real` undoes it).
         single = len(problem.spaces) == 1 and model is None
         self.by_source, self.pools = _symmetry(last.sizes, start[1], target[1], symmetry) if single else (False, ())
-        self.start, start = start, self._representative(start)
+        self.start, start, self.real_target = start, self._representative(start), target
         if self.by_source:
             self.target = self._representative(target)
         self.bounded_layers = (PERMUTED, target[0])
@@ -286,15 +286,35 @@ class Search:
 
     def path(self, reached) -> list[tuple]:
         """The ``(node, move, child)`` triples of real steps from the start to the target."""
-        if self.by_source:
-            raise ValueError("a search up to the source's relabellings gives a cost, not a path")
         found = []
         while self.parent[reached] is not None:
             node, move = self.parent[reached]
             found.append((node, move, reached))
             reached = node
+        permuted = bool(found) and found[0][2][0] == PERMUTED
         found = self._real(found[::-1])
-        return _unpermute(self.problem, found, self.target) if found and found[-1][2][0] == PERMUTED else found
+        if permuted:  # the permute's relabelling is chosen to end at the target itself
+            return _unpermute(self.problem, found, self.real_target)
+        return self._onto_target(found) if self.by_source else found
+
+    def _onto_target(self, path: list[tuple]) -> list[tuple]:
+        """`path` (real steps kept up to the source's relabellings) ends at a relabelling of the
+        target that fixes the source; its inverse maps the path, step for step at the same price
+        (see the module docstring), onto one from the source to the target itself."""
+        if not path:
+            return path
+        count = len(self.problem.spaces[0].sizes)
+        end = path[-1][2][1]
+        to_end = _inverse(pool_canonical(self.pools, count, end)[1])  # representative -> end
+        from_target = pool_canonical(self.pools, count, self.real_target[1])[1]  # target -> representative
+        back = _inverse([to_end[from_target[axis]] for axis in range(count)])  # end -> target
+        if relabel(end, back) != self.real_target[1]:
+            raise AssertionError("a path kept up to the source's relabellings ends off the target's class")
+        return [
+            ((node[0], relabel(node[1], back)), move._replace(axes=tuple(back[a] for a in move.axes), state=relabel(move.state, back)),
+             (child[0], relabel(child[1], back)))
+            for node, move, child in path
+        ]
 
 
 @lru_cache(maxsize=64)
