@@ -38,7 +38,7 @@ def assert_nothing_left(run_dir: Path, device_num: int) -> None:
     assert not leftover, f"processes of the run still alive: {leftover}"
 
 
-@pytest.mark.parametrize("config", ["ffn", "mlp", "gpt", "resnet"])
+@pytest.mark.parametrize("config", ["ffn", "mlp", "gpt", "resnet", "transformer_stack"])
 def test_config_on_8_mpi_ranks(tmp_path, config):
     code, out, err, run_dir, _ = run(tmp_path, f"configs/{config}.yaml", "--device-num", "8", "--steps", "1")
     assert code == 0, err
