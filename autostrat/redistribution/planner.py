@@ -22,7 +22,7 @@ from autostrat.redistribution.moves import Move
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.refine import common_matrix, prime_matrix, refine_layout
 from autostrat.redistribution.reshape import reshape_pairs
-from autostrat.redistribution.search import Problem, cost_search, ordered_slices, search, space_of, state_of
+from autostrat.redistribution.search import Problem, cost_search, merged_units, ordered_slices, search, space_of, state_of
 from autostrat.redistribution.steps import make_step
 
 
@@ -115,7 +115,7 @@ def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | 
     if model is None and len(problem.spaces) == 1 and len(problem.spaces[0].sizes) > COARSE_FIRST_ABOVE:
         found, reached = cost_search(problem, start, target, model)
         if reached is not None:
-            return tuple(found.path(reached)), found.best[reached][2], True
+            return tuple(merged_units(found.path(reached))), found.best[reached][2], True
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return tuple(found.path(reached)), found.best[reached][2], True
