@@ -124,6 +124,9 @@ class Search:
         # paths to optimal paths, so one search layer keeps states up to them (`_real` undoes it).
         single = len(problem.spaces) == 1 and model is None
         self.by_source, self.pools = _symmetry(last.sizes, start[1], target[1], symmetry) if single else (False, ())
+        if model is not None and len(problem.spaces) == 1:
+            # Under a time model only relabellings within axes it times alike keep every step's time.
+            self.pools = _speed_pools(problem, model, fixing_pools(last.sizes, target[1]))
         self.start, start, self.real_target = start, self._representative(start), target
         if self.by_source:
             self.target = self._representative(target)
@@ -192,17 +195,18 @@ class Search:
         every step's axes (and permutes may repeat), at the price of one edge per relabelling.
         """
         space, sent = self.problem.space(layer), self.problem.space(layer).local_bytes(state)
-        fastest: dict = {}  # child -> (time, move): relabellings that only differ on unused axes give one child
+        fastest: dict = {}  # representative child -> (time, move): relabellings that give one class
         for mapping in _relabellings(space.sizes):
             child = relabel(state, mapping)
             if child != state:
                 moved = tuple(a for a, image in enumerate(mapping) if a != image)
                 move = Move("CollectivePermute", moved, (), mapping, child, sent)
                 timed = (self._weight(layer, move), move)
-                if child not in fastest or timed[0] < fastest[child][0]:
-                    fastest[child] = timed
-        for child, (_, move) in fastest.items():
-            yield move, (layer, child)
+                kept = self._representative((layer, child))
+                if kept not in fastest or timed[0] < fastest[kept][0]:
+                    fastest[kept] = timed
+        for kept, (_, move) in fastest.items():
+            yield move, kept
         every_axis = tuple(range(len(space.sizes)))
         for mapping in self.crossings if layer == 0 else ():
             crossed = (1, relabel(state, mapping))
@@ -229,7 +233,8 @@ class Search:
                 real.append(((node[0], relabel(node[1], back)), move, child))
             else:
                 state = relabel(move.state, back)
-                moved = move._replace(axes=tuple(back[a] for a in move.axes), state=state)
+                mapping = None if move.mapping is None else _conjugated(move.mapping, back)
+                moved = move._replace(axes=tuple(back[a] for a in move.axes), state=state, mapping=mapping)
                 real.append(((node[0], relabel(node[1], back)), moved, (child[0], state)))
                 step = _inverse(pool_canonical(self.pools, count, move.state)[1])
                 back = [back[step[axis]] for axis in range(count)]
@@ -339,6 +344,27 @@ def _relabellings(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     for axis in range(len(sizes)):
         found = [m + (b,) for m in found for b in range(len(sizes)) if sizes[b] == sizes[axis] and b not in m]
     return tuple(m for m in found if any(a != b for a, b in enumerate(m)))
+
+
+def _conjugated(mapping, back) -> tuple[int, ...]:
+    """A relabelling of representative axes (`mapping`) as one of the real axes `back` names."""
+    real = [0] * len(mapping)
+    for axis, image in enumerate(mapping):
+        real[back[axis]] = back[image]
+    return tuple(real)
+
+
+def _speed_pools(problem: Problem, model, pools) -> tuple[tuple[int, ...], ...]:
+    """`pools` split into axes the α–β `model` times alike (equal latency and bandwidth): swapping
+    two of them changes no step's time, since a step is timed on the slowest link its axes span."""
+    matrix = problem.matrix(0)
+    found = []
+    for pool in pools:
+        classes: dict = {}
+        for axis in pool:
+            classes.setdefault(model.link(matrix, (axis,)), []).append(axis)
+        found += [tuple(axes) for axes in classes.values() if len(axes) > 1]
+    return tuple(found)
 
 
 def _inverse(mapping) -> list[int]:
