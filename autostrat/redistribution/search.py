@@ -23,6 +23,8 @@ steps sending that many bytes take (`_time_floor`).
 Without a time model, the exact layer of a one-space problem keeps states up to the relabellings
 that fix the target (`moves.fixing_pools`): they preserve every step cost and the target, so the
 cost-to-go is the same on a whole class; `Search._real` turns the path back into real states.
+Under a time model only relabellings within axes it times alike preserve every step's time
+(`_speed_pools`); states, permutes' children included, are kept up to those.
 
 A search for the cost alone may instead keep states up to the relabellings that fix the source
 (`cost_search` picks the larger group). Such a relabelling maps a plan from the source to the
@@ -31,7 +33,9 @@ every step kind is defined alike on every axis of one size, except that a Reduce
 its block in one order, and a block in another order costs exactly what single-axis
 ReduceScatters in that order cost (``(1 - 1/(g1·g2))·s`` either way). So the cheapest way to any
 relabelling of the target is the cheapest way to the target. The bound must then hold for a
-whole class: the size bound does (it sees no positions); the receive bound does not.
+whole class: the size bound does (it sees no positions); the receive bound does not. The path
+found ends at such a relabelling of the target; its inverse maps the path onto one to the
+target itself (`Search._onto_target`).
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ class Search:
     """A* from `start` to `target` or to its relabelling class in the permuted layer.
 
     With ``symmetry="source"`` (one space, no time model) states are kept up to the
-    relabellings fixing the source, and the search gives the cost but not the path;
+    relabellings fixing the source (the path is mapped back onto the target, `_onto_target`);
     ``"larger"`` takes whichever of the two groups has more relabellings. With
     `unit` (no time model) AllGathers and ReduceScatters take one axis each (`moves.moves`).
     """
