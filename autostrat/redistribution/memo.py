@@ -24,5 +24,7 @@ def clear_memos() -> None:
     planner._solve_time.cache_clear()
     search.expansions.cache_clear()
     search.permuted_edges.cache_clear()
+    search._matrix_of.cache_clear()
+    search._step_nanoseconds.cache_clear()
     table._COSTS.clear()
     table._IDS.clear()

@@ -64,12 +64,25 @@ class Problem:
         return self.spaces[-1] if layer == PERMUTED else self.spaces[layer]
 
     def matrix(self, layer: int) -> DeviceMatrix:
-        return DeviceMatrix(tuple(reversed(self.space(layer).sizes)))
+        return _matrix_of(self.space(layer).sizes)
 
     def layout(self, node) -> Layout:
         layer, (entries, partial) = node
         op = self.partial_op if partial else "sum"
         return Layout(self.matrix(layer), TensorMap(entries), self.space(layer).shape, partial, op)
+
+
+@lru_cache(maxsize=1024)
+def _matrix_of(sizes: tuple[int, ...]) -> DeviceMatrix:
+    """The device matrix of a space's axis sizes (memoised: a timed search asks for every edge)."""
+    return DeviceMatrix(tuple(reversed(sizes)))
+
+
+@lru_cache(maxsize=1 << 16)
+def _step_nanoseconds(model, kind: str, matrix: DeviceMatrix, axes: tuple[int, ...], sent: int) -> int:
+    """`AlphaBeta.step_nanoseconds`, memoised: a timed search meets few distinct steps (a state
+    has a permute per relabelling, and they share their axes and bytes) many times over."""
+    return model.step_nanoseconds(kind, matrix, axes, sent)
 
 
 def _bijections(problem: Problem) -> list[tuple[int, ...]]:
@@ -256,7 +269,7 @@ class Search:
     def _weight(self, layer: int, move: Move):
         if self.model is None:
             return move.bytes
-        return self.model.step_nanoseconds(move.kind, self.problem.matrix(layer), move.axes, move.bytes)
+        return _step_nanoseconds(self.model, move.kind, self.problem.matrix(layer), move.axes, move.bytes)
 
     def settle(self):
         """Run until a target is settled; returns it, or None (unreachable or limit hit).
