@@ -80,9 +80,10 @@ def split_values(axes: tuple[int, ...] | None, seeded: frozenset[int] = frozense
     return frozenset(values | seeded)
 
 
-def on_mesh(sizes, axes: tuple[int, ...]) -> bool:
-    """Whether a device matrix of `sizes` (outer first) is made of whole mesh `axes` in their
-    order: each size the product of the next few axes.
+def on_mesh(splits, repeat: int, axes: tuple[int, ...]) -> bool:
+    """Whether the device matrix of a candidate with `splits` repeating its work `repeat` times
+    is made of whole mesh `axes` in their order: each split above 1, then the repeat, the
+    product of the next few axes.
 
     A candidate's device matrix is its splits in factor order with its repeated number innermost
     (MindSpore's convention), so on a mesh of 128 servers x 8 devices a batch split over the
@@ -92,11 +93,11 @@ def on_mesh(sizes, axes: tuple[int, ...]) -> bool:
     over few axes; between mixed ones they were the most costly of a 1024-device search.
 
     Example:
-        >>> on_mesh((128, 8), (128, 8)), on_mesh((1024,), (128, 8)), on_mesh((8, 128), (128, 8))
+        >>> on_mesh((128, 1, 8), 1, (128, 8)), on_mesh((1, 1), 1024, (128, 8)), on_mesh((8, 128), 1, (128, 8))
         (True, True, False)
     """
     index = 0
-    for size in sizes:
+    for size in [split for split in splits if split > 1] + [repeat]:
         product = 1
         while product < size and index < len(axes):
             product *= axes[index]
@@ -157,7 +158,7 @@ def generate_strategies(rule: Rule, device_num: int, allow_repeated: bool = Fals
     for splits in _products(options, device_num):
         used = math.prod(splits)
         if (used == device_num or allow_repeated) and _contiguous(splits, rule.factor_sizes, compounds) and (
-                mesh is None or on_mesh([split for split in splits if split > 1] + [device_num // used], mesh)):
+                mesh is None or on_mesh(splits, device_num // used, mesh)):
             found.add(splits)
     strategies = [Strategy(rule, splits, device_num) for splits in sorted(found)]
     if allow_repeated and rule.op_type in LINEAR_OP_TYPES and not rule.reduction:

@@ -70,13 +70,13 @@ def run_child(blocks: int, level: str, time_limit: float) -> None:
     """Refine one case and print its figures as one JSON line."""
     from autostrat.search.memory import peak_bytes
     from autostrat.search.propagate import data_parallel, propagate
-    from autostrat.search.refine import plan_bytes, refine
+    from autostrat.search.refine import refine
 
     problem, budget = problems(blocks)
     starts = {"bfs": propagate(problem).choice, "dp": data_parallel(problem, keep_seeds=True).choice}
     figures = {"budget": budget}
     for name, choice in starts.items():
-        figures[name] = [plan_bytes(problem, choice), peak_bytes(problem, choice)]
+        figures[name] = [problem.cost(choice), peak_bytes(problem, choice)]
     cpu = cpu_seconds()
     try:
         result = refine(problem, starts["bfs"], time_limit, max_device_memory=budget, coarsen_level=level, starts=[starts["dp"]])

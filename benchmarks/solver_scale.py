@@ -30,7 +30,7 @@ from autostrat.models import GPT, megatron_seeds
 from autostrat.search.memory import peak_bytes
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import data_parallel, propagate
-from autostrat.search.refine import model_size, plan_bytes, refine
+from autostrat.search.refine import model_size, refine
 from autostrat.tables import format_table
 
 HEADERS = ["layers", "devices", "budget", "level", "vars before", "cons before", "vars after", "cons after",
@@ -48,7 +48,7 @@ def megatron(graph, layers: int, device_num: int) -> tuple[int, int]:
     seeds = megatron_seeds(layers, model_parallel, data_parallel=device_num // model_parallel)
     problem = build_problem(apply_seeds(graph, seeds, device_num), device_num)
     choice = propagate(problem).choice
-    return plan_bytes(problem, choice), peak_bytes(problem, choice)
+    return problem.cost(choice), peak_bytes(problem, choice)
 
 
 def solve_row(problem, layers, device_num, budget, level, time_limit, reference, before) -> list[str]:
@@ -60,7 +60,7 @@ def solve_row(problem, layers, device_num, budget, level, time_limit, reference,
     return [
         str(layers), str(device_num), "none" if budget is None else "megatron", level,
         f"{before[0]:,}", f"{before[1]:,}", f"{after[0]:,}", f"{after[1]:,}",
-        f"{seconds:.1f}", result.status, f"{result.gap:.2%}", f"{result.objective:,}", f"{plan_bytes(problem, hint):,}",
+        f"{seconds:.1f}", result.status, f"{result.gap:.2%}", f"{result.objective:,}", f"{problem.cost(hint):,}",
         f"{reference[0]:,}", f"{peak_bytes(problem, result.choice):,}", "-" if budget is None else f"{budget:,}",
     ]
 

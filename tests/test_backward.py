@@ -125,10 +125,9 @@ def test_search_plans_the_gpt_training_graph():
 def test_the_search_objective_counts_every_reader_of_a_shared_parameter(refine):
     # In a training graph each weight is read by the forward and the backward MatMul: the edge
     # from its first reader to the second must be in the problem, or CP-SAT optimises bytes the
-    # plan does not send. (Readers wanting one layout share a redistribution: `shared_cost`.)
+    # plan does not send. (Readers wanting one layout share a redistribution: `SearchProblem.cost`.)
     from autostrat.search import SearchOptions
     from autostrat.search.problem import build_problem
-    from autostrat.search.propagate import shared_cost
 
     net = GPT(layers=1)
     graph = apply_seeds(trace(net, *net.example_inputs(), device_num=8), megatron_seeds(1, 4, data_parallel=2), 8)
@@ -137,6 +136,6 @@ def test_the_search_objective_counts_every_reader_of_a_shared_parameter(refine):
     problem = build_problem(training, 8, allow_repeated=True)  # as sharding_propagation searches
     choice = {name: problem.candidates[name].index(op.strategy) for name, op in plan.ops.items()}
     assert any(edge.from_input for edge in problem.edges)
-    assert shared_cost(problem, choice) == plan.total_bytes
+    assert problem.cost(choice, shared=True) == plan.total_bytes
     if refine:  # CP-SAT's model prices every reader's redistribution; the plan shares equal ones
         assert plan.total_bytes <= plan.refinement.result.objective <= plan.refinement.before

@@ -12,7 +12,7 @@ from autostrat.search.coarsen import coarsen
 from autostrat.search.memory import live_sets, tensor_bytes
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import propagate
-from autostrat.search.refine import plan_bytes, refine
+from autostrat.search.refine import refine
 from tests.test_refine import CASES, small_problem
 
 
@@ -29,7 +29,7 @@ def brute_force_under(problem, budget: int | None) -> int | None:
             live = max((sum(activations[i].bytes[choice[activations[i].owner]] for i in step) for step in steps), default=0)
             if base + live > budget:
                 continue
-        cost = plan_bytes(problem, choice)
+        cost = problem.cost(choice)
         best = cost if best is None or cost < best else best
     return best
 
@@ -87,7 +87,7 @@ def test_a_chain_is_merged_entirely_and_expands_to_the_optimum():
     coarse = coarsen(problem)
     assert coarse.variables == {} and len(coarse.eliminated) == len(graph.ops)
     choice = coarse.expand({})
-    assert plan_bytes(problem, choice) == coarse.constant == 0
+    assert problem.cost(choice) == coarse.constant == 0
 
 
 def gpt_graph(layers: int):
@@ -110,7 +110,7 @@ def megatron(layers: int) -> tuple[int, int]:
 
     problem = build_problem(apply_seeds(gpt_graph(layers), megatron_seeds(layers, 8), 8), 8)
     choice = propagate(problem).choice
-    return plan_bytes(problem, choice), peak_bytes(problem, choice)
+    return problem.cost(choice), peak_bytes(problem, choice)
 
 
 def test_shared_layers_keep_the_model_flat_in_depth():
@@ -142,7 +142,7 @@ def test_shared_layers_give_every_layer_the_same_strategies():
     # Sharing restricts the plans, so it is never below a lower bound of the unrestricted problem.
     # The exact level starts from the layered plan, so it is never worse than it either.
     exact = refine(problem, hint, time_limit=30, max_device_memory=budget, coarsen_level="exact")
-    assert exact.bound <= exact.objective <= shared.objective and exact.hint_objective == plan_bytes(problem, hint)
+    assert exact.bound <= exact.objective <= shared.objective and exact.hint_objective == problem.cost(hint)
 
 
 def test_unknown_level_is_rejected():
@@ -161,4 +161,4 @@ def test_coarse_hint_maps_pruned_choices_to_their_dominators():
     mapped = exact.coarse_hint(hint)
     for op, index in mapped.items():
         assert exact.kept[op][index] == exact.dominator[op].get(hint[op], hint[op])
-    assert np.isfinite(plan_bytes(problem, exact.expand({o: mapped[o] for o in exact.variables})))
+    assert np.isfinite(problem.cost(exact.expand({o: mapped[o] for o in exact.variables})))

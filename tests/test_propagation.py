@@ -20,7 +20,7 @@ from autostrat.runtime.job import make_job
 from autostrat.runtime.local import run_job_locally
 from autostrat.search import SearchOptions, search
 from autostrat.search.problem import build_problem
-from autostrat.search.propagate import TIE_BREAKS, _propagate, propagate, seeded_layers, shared_cost
+from autostrat.search.propagate import TIE_BREAKS, _propagate, propagate, seeded_layers
 from autostrat.strategies import generate_strategies
 
 MB = 1e6
@@ -112,8 +112,8 @@ def test_seeding_one_block_costs_what_seeding_every_block_does():
 
 def test_propagation_keeps_the_cheaper_tie_break():
     problem = build_problem(stack(2, hidden=64), 8, allow_repeated=True)
-    each = [shared_cost(problem, _propagate(problem, None, True, tie).choice) for tie in TIE_BREAKS]
-    assert shared_cost(problem, propagate(problem).choice) == min(each)
+    each = [problem.cost(_propagate(problem, None, True, tie).choice, shared=True) for tie in TIE_BREAKS]
+    assert problem.cost(propagate(problem).choice, shared=True) == min(each)
 
 
 def test_gradients_of_one_activation_are_added_before_one_reduction():

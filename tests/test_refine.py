@@ -12,7 +12,7 @@ from autostrat.ir import Graph, OpNode, TensorInfo
 from autostrat.rules import make_rule
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import propagate
-from autostrat.search.refine import plan_bytes, refine
+from autostrat.search.refine import refine
 from autostrat.strategies import generate_strategies
 
 SHAPE = (16, 16)
@@ -59,7 +59,7 @@ def small_problem(device_num: int, seed: int):
 def brute_force(problem) -> int:
     names = list(problem.candidates)
     ranges = [range(len(problem.candidates[name])) for name in names]
-    return min(plan_bytes(problem, dict(zip(names, combo))) for combo in itertools.product(*ranges))
+    return min(problem.cost(dict(zip(names, combo))) for combo in itertools.product(*ranges))
 
 
 CASES = [(device_num, seed) for device_num in (4, 8) for seed in range(20)]
@@ -68,7 +68,7 @@ CASES = [(device_num, seed) for device_num in (4, 8) for seed in range(20)]
 @pytest.mark.parametrize("device_num, seed", CASES)
 def test_cpsat_equals_brute_force_and_never_loses_to_bfs(device_num, seed):
     problem = small_problem(device_num, seed)
-    bfs = plan_bytes(problem, propagate(problem).choice)
+    bfs = problem.cost(propagate(problem).choice)
     result = refine(problem, propagate(problem).choice, time_limit=30)
     assert result.status == "OPTIMAL" and result.gap == 0
     assert result.objective == brute_force(problem) <= bfs
@@ -79,7 +79,7 @@ def test_the_random_cases_include_ones_where_bfs_is_not_optimal():
     improved = 0
     for device_num, seed in CASES:
         problem = small_problem(device_num, seed)
-        improved += brute_force(problem) < plan_bytes(problem, propagate(problem).choice)
+        improved += brute_force(problem) < problem.cost(propagate(problem).choice)
     assert improved >= 2
 
 
@@ -209,8 +209,8 @@ def test_among_plans_of_the_optimal_bytes_the_fewest_flops_win(device_num, seed)
     problem = small_problem(device_num, seed)
     names = list(problem.candidates)
     plans = [dict(zip(names, combo)) for combo in itertools.product(*(range(len(problem.candidates[n])) for n in names))]
-    least = min(plan_bytes(problem, plan) for plan in plans)
-    fewest = min(quantised_flops(problem, plan) for plan in plans if plan_bytes(problem, plan) == least)
+    least = min(problem.cost(plan) for plan in plans)
+    fewest = min(quantised_flops(problem, plan) for plan in plans if problem.cost(plan) == least)
     result = refine(problem, propagate(problem).choice, time_limit=30, coarsen_level="none")
     assert result.objective == least and quantised_flops(problem, result.choice) == fewest
 

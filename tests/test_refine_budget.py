@@ -16,7 +16,7 @@ from autostrat.search.memory import live_sets, peak_bytes, tensor_bytes
 from autostrat.search.peaks import peak_forms
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import data_parallel, propagate
-from autostrat.search.refine import _hint_start, _Start, plan_bytes, refine
+from autostrat.search.refine import _hint_start, _Start, refine
 from tests.test_refine import CASES, small_problem
 
 
@@ -135,14 +135,14 @@ def test_a_time_limit_too_short_to_prove_returns_the_best_start_that_fits(level)
     budget = max(peak_bytes(problem, bfs), peak_bytes(problem, around_seeds))  # both fit
     result = refine(problem, bfs, time_limit=0, max_device_memory=budget, coarsen_level=level, starts=[around_seeds])
     assert result.status == "FEASIBLE" and 0 < result.gap <= 1
-    assert result.bound <= result.objective == min(plan_bytes(problem, bfs), plan_bytes(problem, around_seeds))
+    assert result.bound <= result.objective == min(problem.cost(bfs), problem.cost(around_seeds))
     assert peak_bytes(problem, result.choice) <= budget
 
 
 def test_a_start_that_does_not_fit_is_never_returned():
     problem = gpt_training(2)
     bfs, around_seeds = starts(problem)
-    assert plan_bytes(problem, bfs) < plan_bytes(problem, around_seeds) and peak_bytes(problem, bfs) < peak_bytes(problem, around_seeds)
+    assert problem.cost(bfs) < problem.cost(around_seeds) and peak_bytes(problem, bfs) < peak_bytes(problem, around_seeds)
     budget = peak_bytes(problem, around_seeds)
     result = refine(problem, around_seeds, time_limit=0, max_device_memory=budget - 1, starts=[bfs])
     assert result.choice == bfs and result.status == "FEASIBLE"

@@ -23,7 +23,7 @@ SIZES = (24, 96, 128, 1024, 4096, 11008, 12288, 50257)
 def _direct(src: Layout, dst: Layout) -> float:
     """The search on the layouts' own shape, as before shape classes."""
     try:
-        return float(_solve_layouts(src, dst, "float32", None, _solve_cost)[1][1])
+        return float(_solve_layouts(src, dst, 4, None, _solve_cost)[1][1])  # float32
     except RedistributionError:
         return math.inf
 

@@ -21,7 +21,6 @@ from autostrat.nn import Tensor
 from autostrat.redistribution import cost_table
 from autostrat.search import SearchOptions, search
 from autostrat.search.problem import build_problem
-from autostrat.search.refine import plan_bytes
 from tests.test_lazy_tables import distinct_tables, planned
 
 ROOT = Path(__file__).parent.parent
@@ -45,7 +44,7 @@ def test_the_objective_is_the_plans_predicted_step_time(optimizer, mode):
     problem = build_problem(plan.graph, 8, hardware=hardware)
     # Compute of every op (the optimiser's updates on their parameters' first readers) plus
     # every edge's redistribution time: the plan's predicted step, to the nanosecond.
-    assert plan_bytes(problem, choice_of(plan, problem)) == plan.prediction.step_time_ns
+    assert problem.cost(choice_of(plan, problem)) == plan.prediction.step_time_ns
     assert plan.cost_model == "time" and plan.prediction.phases["update"].compute_ns > 0
 
 

@@ -203,9 +203,9 @@ def _reshape_route(src: Layout, dst: Layout, dtype, model) -> tuple[Layout, Layo
     return best[1], best[2], int(best[0])
 
 
-def _solve_layouts(src: Layout, dst: Layout, dtype, model, solve=_solve, itemsize: int | None = None):
+def _solve_layouts(src: Layout, dst: Layout, itemsize: int, model, solve=_solve):
     _check(src, dst)
-    problem, start, target = build_problem(src.normalized(), dst.normalized(), itemsize or dtype_size(dtype))
+    problem, start, target = build_problem(src.normalized(), dst.normalized(), itemsize)
     try:
         solution = solve(problem, start, target, model)
     except RedistributionError as error:
@@ -240,14 +240,14 @@ def _cheapest_bytes(src: Layout, dst: Layout, dtype) -> int:
     if small is not None:
         small_src, small_dst, itemsize, numerator, denominator = small
         try:
-            found = _solve_layouts(small_src, small_dst, None, None, _solve_cost, itemsize)[1]
+            found = _solve_layouts(small_src, small_dst, itemsize, None, _solve_cost)[1]
         except RedistributionError:
             found = None  # the caller's layouts are searched again, and the error names them
         if found is not None:  # every path scales, the greedy fallback's too (the same steps)
             scaled, rest = divmod(found[1] * numerator, denominator)
             if not rest:  # always, by the argument in `shape_class`; exactness is not left to it
                 return scaled
-    return _solve_layouts(src, dst, dtype, None, _solve_cost)[1][1]
+    return _solve_layouts(src, dst, dtype_size(dtype), None, _solve_cost)[1][1]
 
 
 def shape_class(src: Layout, dst: Layout, itemsize: int) -> tuple[Layout, Layout, int, int, int] | None:
@@ -303,7 +303,7 @@ def redistribution_time(src: Layout, dst: Layout, dtype="float32", model=None) -
     if src.shape != dst.shape:
         _check(src, dst)
         return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
-    return _solve_layouts(src, dst, dtype, model, _solve_time)[1]
+    return _solve_layouts(src, dst, dtype_size(dtype), model, _solve_time)[1]
 
 
 def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -> RedistributionPlan:
@@ -327,7 +327,7 @@ def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -
     """
     if src.shape != dst.shape:
         return _plan_through_reshape(src, dst, dtype, model)
-    problem, (path, cost, exhaustive) = _coarse_plan(src, dst, dtype, model) or _solve_layouts(src, dst, dtype, model)
+    problem, (path, cost, exhaustive) = _coarse_plan(src, dst, dtype, model) or _solve_layouts(src, dst, dtype_size(dtype), model)
     steps = tuple(step for triple in ordered_slices(path) if (step := make_step(problem, *triple)) is not None)
     return RedistributionPlan(src, dst, steps, cost, exhaustive)
 

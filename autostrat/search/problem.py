@@ -108,6 +108,32 @@ class SearchProblem:
         """What the costs count: "bytes" (per device), or "ns" under a time model."""
         return "bytes" if self.model is None else "ns"
 
+    def cost(self, choice: dict[str, int], shared: bool = False) -> int:
+        """The cost per device (in `unit`) of a choice: the ops' own costs and every edge's
+        entry. With `shared`, as its plan pays it: readers of one tensor that want it in one
+        layout share one redistribution (`plan.EdgeRedistribution.shares`); without, each edge
+        pays its own, as the solver's pairwise model counts.
+
+        Example:
+            >>> from autostrat.frontend import trace
+            >>> from autostrat.models import FFN
+            >>> from autostrat.nn import Tensor
+            >>> problem = build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8)
+            >>> problem.cost({op: 0 for op in problem.candidates})  # all-ones: nothing moves
+            0
+        """
+        total = sum(self.costs[op].comm[index] for op, index in choice.items())
+        paid = set()
+        for edge in self.edges:
+            if shared and not edge.sync:
+                wanted = self.candidates[edge.consumer][choice[edge.consumer]].input_layouts[edge.input_index]
+                key = (edge.tensor, edge.producer, wanted.normalized())
+                if key in paid:
+                    continue
+                paid.add(key)
+            total += edge.table[choice[edge.producer], choice[edge.consumer]]
+        return int(total)
+
     def least_edge_cost(self, edge: SearchEdge, producer_choice: int) -> float:
         """The cheapest redistribution from the producer's chosen layout to any candidate the
         consumer's rule has, seeded or not (what the edge would cost without the consumer's seed)."""
@@ -148,8 +174,7 @@ def candidate_mesh(seeds, device_num: int, mesh="auto") -> tuple[int, ...] | Non
     axes = mesh_axes(device_num, mesh)
     if axes is None:
         return None
-    seeds = list(seeds)
-    if all(on_mesh([split for split in seed.splits if split > 1] + [seed.repeat], axes) for seed in seeds):
+    if all(on_mesh(seed.splits, seed.repeat, axes) for seed in seeds):
         return axes
     return None
 

@@ -171,7 +171,7 @@ def propagate(problem: SearchProblem, progress=None, follow_layers: bool = True)
     of every op reached (`progress.SearchProgress`).
     """
     plans = [_propagate(problem, progress, follow_layers, tie_break) for tie_break in TIE_BREAKS]
-    return min(plans, key=lambda plan: shared_cost(problem, plan.choice))
+    return min(plans, key=lambda plan: problem.cost(plan.choice, shared=True))
 
 
 def _propagate(problem: SearchProblem, progress, follow_layers: bool, tie_break: str) -> Assignment:
@@ -191,21 +191,6 @@ def _propagate(problem: SearchProblem, progress, follow_layers: bool, tie_break:
     if any(edge.sync for edge in problem.edges):
         walk.visit([name for name in ops if name in choice], set(ops), across_sync=True)
     return _finish(problem, choice, origin)
-
-
-def shared_cost(problem: SearchProblem, choice: dict[str, int]) -> int:
-    """The cost per device (bytes, or nanoseconds under the time model) of a choice as its plan
-    pays it: the ops' own costs and every edge, where readers of one tensor that want it in one
-    layout share a redistribution (`plan.EdgeRedistribution.shares`)."""
-    total = sum(problem.costs[op].comm[index] for op, index in choice.items())
-    paid = set()
-    for edge in problem.edges:
-        wanted = problem.candidates[edge.consumer][choice[edge.consumer]].input_layouts[edge.input_index]
-        key = (edge.tensor, edge.producer, edge.sync, wanted.normalized())
-        if edge.sync or key not in paid:
-            paid.add(key)
-            total += edge.table[choice[edge.producer], choice[edge.consumer]]
-    return int(total)
 
 
 @dataclass

@@ -63,13 +63,6 @@ class RefineResult:
         return 0.0 if self.objective == 0 else (self.objective - self.bound) / self.objective
 
 
-def plan_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
-    """Bytes per device of a choice: every edge's table entry plus the ops' own communication."""
-    total = sum(problem.costs[op].comm[index] for op, index in choice.items())
-    total += sum(edge.table[choice[edge.producer], choice[edge.consumer]] for edge in problem.edges)
-    return int(total)
-
-
 @dataclass(frozen=True)
 class _Start:
     """A known plan: its choice, bytes and, under a budget, peak (0 without one)."""
@@ -80,7 +73,7 @@ class _Start:
 
 
 def _starts(problem: SearchProblem, choices, budget: int | None) -> list[_Start]:
-    return [_Start(dict(c), plan_bytes(problem, c), peak_bytes(problem, c) if budget is not None else 0) for c in choices]
+    return [_Start(dict(c), problem.cost(c), peak_bytes(problem, c) if budget is not None else 0) for c in choices]
 
 
 def _fitting(starts: list[_Start], budget: int | None) -> list[_Start]:
@@ -254,20 +247,21 @@ def _no_plan(problem: SearchProblem, status: int, starts: list[_Start], budget: 
     )
 
 
-def _checked_choice(problem: SearchProblem, built: SolverModel, solver: cp_model.CpSolver, objective: Objective) -> dict[str, int]:
+def _checked_start(problem: SearchProblem, built: SolverModel, solver: cp_model.CpSolver, objective: Objective) -> _Start:
+    """The solver's plan and its cost, which must be what the coarse model counted."""
     choice = built.choice(solver)
-    found = plan_bytes(problem, choice)
+    found = problem.cost(choice)
     modelled = solver.Value(objective.byte_sum) * objective.unit + objective.constant
     if found != modelled:
         raise SolverError(f"the coarse model's bytes ({modelled}) disagree with the plan's ({found})")
-    return choice
+    return _Start(choice, found, 0)
 
 
 def _solve(problem: SearchProblem, built: SolverModel, objective: Objective, time_limit: float, workers: int,
-           progress) -> tuple[int, dict[str, int] | None, int]:
+           progress) -> tuple[int, _Start | None, int]:
     """CP-SAT's status on the bytes, its plan (None without one) and its bound on the bytes; once
     the bytes are proven, plans of those bytes are ordered by flops within `FLOPS_SHARE` of the
-    work, and the time left."""
+    work left."""
     begin = time.perf_counter()
     solver = _solver(time_limit, workers)
     status = _run(solver, built, _Progress(progress, objective, begin) if progress else None)
@@ -278,7 +272,7 @@ def _solve(problem: SearchProblem, built: SolverModel, objective: Objective, tim
     bound = objective.bytes(max(solver.BestObjectiveBound(), 0))
     if status not in SOLVED:
         return status, None, bound
-    choice = _checked_choice(problem, built, solver, objective)
+    found = _checked_start(problem, built, solver, objective)
     left = time_limit - (time.perf_counter() - begin)
     if status == cp_model.OPTIMAL and left > 0 and built.minimize_flops(objective, solver.Value(objective.byte_sum)):
         built.hint(built.solution(solver))
@@ -286,8 +280,8 @@ def _solve(problem: SearchProblem, built: SolverModel, objective: Objective, tim
         solver = _solver(left, workers)
         solver.parameters.max_deterministic_time = work
         if _run(solver, built) in SOLVED:
-            choice = _checked_choice(problem, built, solver, objective)
-    return status, choice, bound
+            found = _checked_start(problem, built, solver, objective)
+    return status, found, bound
 
 
 def _layered_start(problem: SearchProblem, starts: list[_Start], time_limit: float, workers: int, budget: int) -> list[_Start]:
@@ -339,8 +333,8 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     objective = built.minimize_bytes()
     built.hint(coarse.coarse_hint(_hint_start(known, budget).choice))
     left = time_limit - (time.perf_counter() - begin)
-    status, choice, bound = _solve(problem, built, objective, left, workers, progress)
-    candidates = ([_Start(choice, plan_bytes(problem, choice), 0)] if choice is not None else []) + _fitting(known, budget)
+    status, found, bound = _solve(problem, built, objective, left, workers, progress)
+    candidates = ([found] if found is not None else []) + _fitting(known, budget)
     if not candidates:
         raise _no_plan(problem, status, known, budget, time_limit, workers, bool(coarse.shared_layers), explain)
     best = min(candidates, key=lambda s: s.bytes)  # the solver's plan on ties: its flops are ordered

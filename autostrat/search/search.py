@@ -13,7 +13,7 @@ from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
-from autostrat.search.refine import plan_bytes, refine
+from autostrat.search.refine import refine
 from autostrat.strategies import check_mesh
 
 MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
@@ -182,7 +182,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory,
                         progress.solution if progress is not None else None, options.coarsening, starts=starts)
         changed = tuple(op for op in choice if result.choice[op] != choice[op])
-        refinement = Refinement(plan_bytes(problem, choice), result, changed, problem.unit)
+        refinement = Refinement(problem.cost(choice), result, changed, problem.unit)
         choice = result.choice
     strategies = {name: problem.candidates[name][index] for name, index in choice.items()}
     origins = dict(assignment.origin)
