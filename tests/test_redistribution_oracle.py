@@ -51,9 +51,12 @@ def test_planner_cost_equals_the_brute_force_minimum(device_num, rank):
 
 # Device counts, servers and tensor shapes on which the time planner meets the time oracle on every
 # pair of layouts (partial destinations aside): servers whose axes are the inner, outer or both
-# prime axes of the device matrix, so steps inside and across servers compete.
+# prime axes of the device matrix, so steps inside and across servers compete. Small tensors are
+# timed mostly by latency; the large ones (megabytes) by bandwidth, where the search's bound
+# counts the bytes that must cross servers (`search.TimedBound`).
 TIME_CASES = [(4, 2, (4, 4)), (4, 4, (4, 4)), (6, 2, (6, 2)), (6, 3, (6, 2)), (8, 2, (8,)), (8, 4, (8,)),
-              pytest.param(8, 4, (4, 2), marks=pytest.mark.slow)]
+              (4, 2, (512, 1024)), (6, 3, (3 << 16, 2)), (8, 2, (1 << 19,)), (8, 4, (1 << 19,)),
+              pytest.param(8, 4, (4, 2), marks=pytest.mark.slow), pytest.param(8, 4, (512, 1024), marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("device_num, per_server, shape", TIME_CASES)

@@ -173,3 +173,87 @@ def receive_bound(space: Space, target: State) -> ReceiveBound:
         (0, 8)
     """
     return ReceiveBound(space, target)
+
+
+class ImportBound:
+    """What some group of ranks joined by `fast` axes must still import from outside it: the
+    bytes of the group's target slices that no member holds, per member.
+
+    A step over fast axes only keeps its groups inside one such group; any other step lets a
+    rank receive at most the bytes the step charges it, so the members of a group together
+    import at most ``F`` (the group's size) times those bytes. So steps touching a slower axis
+    charge at least ``ceil(M / F)`` bytes, ``M`` the group's missing bytes; the search prices
+    those bytes at the slower links' bandwidth (`search.TimedBound`).
+
+    The members vary exactly the fast axes and every axis lies in one dim's entry, so the union
+    of their slices is the product over dims of the union of their ranges along each dim, and
+    likewise for their target slices. Ranges are counted in units of ``dim / gcd(dim, N)``
+    (every range of a divisible split is made of whole units).
+
+    Example (4 ranks, two pairs joined by the fast axis 0; rows are split over the slow axis 1
+    and the target replicates everything: each pair lacks half of the tensor, per member 8
+    bytes of the 64):
+        >>> bound = ImportBound(Space(sizes=(2, 2), shape=(4, 4), itemsize=4), (((), ()), ()), (0,))
+        >>> bound((((1,), ()), ())), bound((((0,), ()), ()))
+        (16, 0)
+    """
+
+    def __init__(self, space: Space, target: State, fast: tuple[int, ...]):
+        self.space = space
+        sizes, ranks = space.sizes, math.prod(space.sizes)
+        coordinates = np.indices(tuple(reversed(sizes))).reshape(len(sizes), -1)[::-1]
+        self.coordinates = coordinates
+        group = np.zeros(ranks, dtype=np.int64)
+        for axis, size in enumerate(sizes):
+            if axis not in fast:
+                group = group * size + coordinates[axis]
+        self.order = np.argsort(group, kind="stable")  # members of each group side by side
+        self.members = math.prod(sizes[axis] for axis in fast)
+        self.units = [math.gcd(size, ranks) for size in space.shape]
+        self.unit_bytes = space.itemsize * math.prod(size // units for size, units in zip(space.shape, self.units))
+        self.partial_target = bool(target[1])
+        self.target = [self._union(dim, entry) for dim, entry in enumerate(target[0])]
+        self.wanted = np.ones(ranks // self.members, dtype=np.int64)
+        for union in self.target:
+            self.wanted = self.wanted * union.sum(axis=1)
+        self.unions: dict = {}  # (dim, entry) -> per group, the units of dim its members hold
+        self.memo: dict = {}  # whole state -> bytes
+
+    def _union(self, dim: int, entry) -> np.ndarray:
+        """(groups, units) booleans: which units of `dim` some member of each group holds."""
+        units = self.units[dim]
+        index = np.zeros(self.coordinates.shape[1], dtype=np.int64)
+        for axis in entry:
+            index = index * self.space.sizes[axis] + self.coordinates[axis]
+        length = units // group_size(self.space.sizes, entry)
+        start = (index * length)[self.order][:, None]
+        held = (np.arange(units)[None, :] >= start) & (np.arange(units)[None, :] < start + length)
+        return held.reshape(-1, self.members, units).any(axis=1)
+
+    def __call__(self, state: State) -> int:
+        """Bytes per member that the neediest group must import to reach the target from
+        `state`; a partial state's partial axes count as free (a partial piece is no less
+        than its shadow's)."""
+        found = self.memo.get(state)
+        if found is None:
+            found = self.memo[state] = self._bound(state[0])
+        return found
+
+    def _bound(self, entries) -> int:
+        if self.partial_target or not entries:
+            return 0
+        shared = np.ones(len(self.wanted), dtype=np.int64)
+        for dim, entry in enumerate(entries):
+            key = (dim, entry)
+            held = self.unions.get(key)
+            if held is None:
+                held = self.unions[key] = self._union(dim, entry)
+            shared = shared * (held & self.target[dim]).sum(axis=1)
+        missing = int((self.wanted - shared).max()) * self.unit_bytes
+        return -(-missing // self.members)
+
+
+@lru_cache(maxsize=256)
+def import_bound(space: Space, target: State, fast: tuple[int, ...]) -> ImportBound:
+    """The shared `ImportBound` towards `target` for groups joined by the `fast` axes."""
+    return ImportBound(space, target, fast)

@@ -11,6 +11,7 @@ def clear_memos() -> None:
     """
     from autostrat.redistribution import heuristic, moves, planner, search, table
 
+    heuristic.import_bound.cache_clear()
     heuristic.receive_bound.cache_clear()
     moves._blocks.cache_clear()
     moves.canonical.cache_clear()
@@ -26,5 +27,6 @@ def clear_memos() -> None:
     search.permuted_edges.cache_clear()
     search._matrix_of.cache_clear()
     search._step_nanoseconds.cache_clear()
+    search.timed_bound.cache_clear()
     table._COSTS.clear()
     table._IDS.clear()
