@@ -80,6 +80,8 @@ class ReceiveBound:
         self.memo: dict = {}  # state -> bound
         self.sized: dict = {}  # split signature -> size bound
         self.overlaps: dict = {}  # (dim, entry) -> per-rank overlap along dim
+        self.pieces: dict = {}  # (dim, entry) -> per-rank count of pieces meeting the target along dim
+        self.source_memo: dict = {}  # state -> `sources`
 
     def _ranges(self, entries):
         starts, lengths = [], []
@@ -150,6 +152,44 @@ class ReceiveBound:
             overlap = overlap * self._dim_overlap(dim, state[0][dim])
         return self.target_volume - int(overlap.min()) * self.space.itemsize
 
+    def sources(self, state: State) -> int:
+        """How many ranks, at least, some rank must hear from (itself included) to reach the
+        target: the distinct pieces of `state` overlapping its target slice, times the partial
+        contributions of each (0 for a partial target: not bounded).
+
+        A rank learns about another's piece only by a message; in a step over ``g`` ranks each
+        rank's knowledge (the set of initial pieces its data depends on) grows at most g-fold
+        while it receives at least ``g - 1 >= log2(g)`` messages, so a rank needing ``D``
+        sources receives at least ``ceil(log2(D))`` messages over the rest of the path.
+
+        Example (rows split over 4 ranks, wanted as columns: each rank needs a part of every
+        row block, so hears from all 4, at least 2 messages):
+            >>> bound = receive_bound(Space(sizes=(4,), shape=(8, 8), itemsize=4), (((), (0,)), ()))
+            >>> bound.sources((((0,), ()), ()))
+            4
+        """
+        found = self.source_memo.get(state)
+        if found is None:
+            if self.target_partial:
+                found = 0
+            else:
+                pieces = np.ones(self.coordinates.shape[1], dtype=np.int64)
+                for dim, entry in enumerate(state[0]):
+                    pieces = pieces * self._dim_pieces(dim, entry)
+                found = int(pieces.max()) * group_size(self.space.sizes, state[1])
+            self.source_memo[state] = found
+        return found
+
+    def _dim_pieces(self, dim: int, entry) -> np.ndarray:
+        """Per rank, how many intervals of `dim` under `entry` its target range meets."""
+        key = (dim, entry)
+        found = self.pieces.get(key)
+        if found is None:
+            length = self.space.shape[dim] // group_size(self.space.sizes, entry)
+            first, last = self.target_start[dim], self.target_start[dim] + self.target_size[dim] - 1
+            found = self.pieces[key] = last // length - first // length + 1
+        return found
+
     def _dim_overlap(self, dim: int, entry) -> np.ndarray:
         """Per rank, how many indices of `dim` its slice under `entry` shares with its target
         slice (memoised: a search meets few entries per dim but many combinations of them)."""
@@ -199,7 +239,8 @@ class ImportBound:
     """
 
     def __init__(self, space: Space, target: State, fast: tuple[int, ...]):
-        self.space = space
+        self.space, self.fast = space, fast
+        self.total = math.prod(space.shape) * space.itemsize
         sizes, ranks = space.sizes, math.prod(space.sizes)
         coordinates = np.indices(tuple(reversed(sizes))).reshape(len(sizes), -1)[::-1]
         self.coordinates = coordinates
@@ -231,13 +272,28 @@ class ImportBound:
         return held.reshape(-1, self.members, units).any(axis=1)
 
     def __call__(self, state: State) -> int:
-        """Bytes per member that the neediest group must import to reach the target from
-        `state`; a partial state's partial axes count as free (a partial piece is no less
-        than its shadow's)."""
+        """Bytes per device that steps touching a slower axis must still charge from `state`.
+
+        A partial state's pieces are no smaller than its shadow's (partial axes made free). When
+        a partial axis is slow, every group needs each element of its target slices from
+        outside: at least one value per element, and over all groups, by the combine argument
+        of `partial_bounds` with groups for ranks, ``G + R - 2`` transmissions per element
+        (``G`` groups hold distinct contributions, ``R`` groups want it), shared by ``N`` ranks.
+        """
         found = self.memo.get(state)
         if found is None:
-            found = self.memo[state] = self._bound(state[0])
+            found = self.memo[state] = max(self._bound(state[0]), self._partial_bound(state[1]))
         return found
+
+    def _partial_bound(self, partial) -> int:
+        spread = group_size(self.space.sizes, [axis for axis in partial if axis not in self.fast])
+        if self.partial_target or spread == 1:
+            return 0
+        # Each element lies in the slices of groups with every coordinate of the partial axes.
+        ranks = math.prod(self.space.sizes)
+        wanted = int(self.wanted.sum()) * self.unit_bytes  # sum over groups of R, in bytes
+        combined = -(-(wanted + (spread - 2) * self.total) // ranks)
+        return max(combined, -(-int(self.wanted.max()) * self.unit_bytes // self.members))
 
     def _bound(self, entries) -> int:
         if self.partial_target or not entries:

@@ -8,8 +8,9 @@ Layers of nodes ``(layer, state)``:
 - `PERMUTED`: one CollectivePermute has been paid (cost ``s`` where it is taken); states are kept
   up to relabelling, over the last space, since the relabelling is chosen at the end. Under an
   α–β time model there is no such layer: axes of one size may differ in speed, so permutes go to
-  real relabellings in their own layer, each timed on the axes it moves (`Search._timed_permutes`),
-  and every step of a path is timed as the plan's step will be.
+  real relabellings in their own layer, each timed on the axes it moves, expanded lazily in
+  bundles of one link (`Search._timed_permutes`), and every step of a path is timed as the
+  plan's step will be.
 
 Priorities are ``(objective + bound, bound, objective, steps, bytes, node)``: estimated bytes (or
 α–β time in whole nanoseconds, `AlphaBeta.step_nanoseconds`) first, then the node nearest the target by the bound (the bound is tight on many
@@ -174,7 +175,7 @@ class Search:
         `settle` computes the bound only for entries it pops."""
         if node[0] not in self.bounded_layers:
             return 0, True
-        if node[0] in self.sized_layers:
+        if node[0] in self.sized_layers or len(node) == 3:  # a bundle: below each child's bound
             return self._timed(self.receive.signature_bound(signature)), True
         known = self.known.get(node[1])
         if known is not None:
@@ -213,26 +214,35 @@ class Search:
         The permuted layer keeps states up to relabelling and chooses the relabelling at the end,
         so the steps after a permute are timed on representative axes; when axes of one size
         differ in speed (inside a server or across), that is the wrong link. Real states keep
-        every step's axes (and permutes may repeat), at the price of one edge per relabelling.
+        every step's axes (and permutes may repeat), at the price of one child per relabelling
+        (720 over six axes of one size). So the children wait in bundles, one per link the
+        permute may span (all its relabellings take the same time): a bundle node
+        ``(layer, state, link)`` enters the heap at its time plus the size bound, which no child
+        beats, and only a bundle popped before the target is expanded (`_bundle_edges`).
         """
-        space, sent = self.problem.space(layer), self.problem.space(layer).local_bytes(state)
-        fastest: dict = {}  # representative child -> (time, move): relabellings that give one class
-        for mapping in _relabellings(space.sizes):
-            child = relabel(state, mapping)
-            if child != state:
-                moved = tuple(a for a, image in enumerate(mapping) if a != image)
-                move = Move("CollectivePermute", moved, (), mapping, child, sent)
-                timed = (self._weight(layer, move), move)
-                kept = self._representative((layer, child))
-                if kept not in fastest or timed[0] < fastest[kept][0]:
-                    fastest[kept] = timed
-        for kept, (_, move) in fastest.items():
-            yield move, kept
+        space = self.problem.space(layer)
+        sent = space.local_bytes(state)
+        for index, (moved, _) in enumerate(_permute_links(space.sizes, self.problem.matrix(layer), self.model)):
+            yield Move("CollectivePermute", moved, (), None, state, sent), (layer, state, index)
         every_axis = tuple(range(len(space.sizes)))
         for mapping in self.crossings if layer == 0 else ():
             crossed = (1, relabel(state, mapping))
             free = self.problem.layout((layer, state)).normalized() == self.problem.layout(crossed).normalized()
             yield Move("CollectivePermute", () if free else every_axis, (), mapping, crossed[1], 0 if free else sent), crossed
+
+    def _bundle_edges(self, bundle):
+        """The permutes of one bundle (their time was paid on entering it): one per class of
+        child, the first relabelling reaching it."""
+        layer, state, index = bundle
+        space = self.problem.space(layer)
+        sent, seen = space.local_bytes(state), {self._representative((layer, state))}
+        for mapping in _permute_links(space.sizes, self.problem.matrix(layer), self.model)[index][1]:
+            child = relabel(state, mapping)
+            kept = self._representative((layer, child))
+            if kept not in seen:
+                seen.add(kept)
+                moved = tuple(a for a, image in enumerate(mapping) if a != image)
+                yield Move("CollectivePermute", moved, (), mapping, child, sent), kept
 
     def _representative(self, node):
         if not self.pools or node[0] == PERMUTED:
@@ -264,10 +274,15 @@ class Search:
     def _expand(self, node) -> tuple:
         found = self.expanded.get(node)
         if found is None:
-            found = self.expanded[node] = tuple(
-                (child, self._weight(node[0], move), move.bytes, split_signature(self.problem.space(child[0]), child[1]), move)
-                for move, child in self._edges(node)
-            )
+            if len(node) == 3:  # a bundle: its permutes' time and bytes were charged on entering it
+                found = tuple((child, 0, 0, split_signature(self.problem.space(child[0]), child[1]), move)
+                              for move, child in self._bundle_edges(node))
+            else:
+                found = tuple(
+                    (child, self._weight(node[0], move), move.bytes, split_signature(self.problem.space(child[0]), child[1]), move)
+                    for move, child in self._edges(node)
+                )
+            self.expanded[node] = found
         return found
 
     def _weight(self, layer: int, move: Move):
@@ -295,7 +310,7 @@ class Search:
             settled.add(node)
             if node in targets:
                 return node
-            steps += 1
+            steps += len(node) == 2  # a bundle's permute was counted on entering it
             for child, weight, moved, signature, move in self._expand(node):
                 reached, known = objective + weight, best.get(child)
                 # Most children were reached more cheaply already: compare objectives first.
@@ -315,6 +330,8 @@ class Search:
         found = []
         while self.parent[reached] is not None:
             node, move = self.parent[reached]
+            if len(node) == 3:  # a bundle of permutes stands between its state's node and the child
+                node = self.parent[node][0]
             found.append((node, move, reached))
             reached = node
         permuted = bool(found) and found[0][2][0] == PERMUTED
@@ -351,7 +368,8 @@ class TimedBound:
     slower axis, at ``β_s`` (the greatest bandwidth of those) or less, and in all at least ``R``
     (the receive bound). So the steps take at least ``C/β_s + max(R - C, 0)/β_f``, rounded up
     (each step's transfer is, and a sum of ceilings is at least the ceiling of the sum), plus
-    one message's latency: that of a slower axis when ``C > 0``. Between servers this is the
+    the latency of the messages some rank must still receive (`ReceiveBound.sources`), one of
+    them over a slower axis when ``C > 0``. Between servers this is the
     bound that matters: a tensor that must reach other servers costs their bandwidth, and the
     plain receive bound, priced at the fastest link, is several times too low there for A* to
     prune anything.
@@ -390,12 +408,15 @@ class TimedBound:
     def _bound(self, state: State) -> int:
         sent = self.receive(state)
         crossing = self.imports(state) if self.imports is not None else 0
+        # Messages: at least ceil(log2(sources)) (`ReceiveBound.sources`), and one if anything moves.
+        messages = max((self.receive.sources(state) - 1).bit_length(), 1 if sent or crossing else 0)
         if not crossing:
-            return self.latency + ceil_nanoseconds(sent, self.bandwidth) if sent else 0
+            return messages * self.latency + ceil_nanoseconds(sent, self.bandwidth)
         slow, fast = float(self.slow_bandwidth).as_integer_ratio(), float(self.bandwidth).as_integer_ratio()
         # ceil(10⁹ (C/β_s + rest/β_f)) with each bandwidth an exact fraction.
         numerator = (crossing * slow[1] * fast[0] + max(sent - crossing, 0) * fast[1] * slow[0]) * 10**9
-        return max(self.latency, self.slow_latency) + -(-numerator // (slow[0] * fast[0]))
+        latency = max(self.latency, self.slow_latency) + (messages - 1) * self.latency  # one of them crosses
+        return latency + -(-numerator // (slow[0] * fast[0]))
 
 
 @lru_cache(maxsize=256)
@@ -412,6 +433,24 @@ def _time_floor(model) -> tuple[int, float]:
     they take at least ``latency + ceil(B / bandwidth)``: the receive bound, timed, stays a
     lower bound (A* stays exact)."""
     return min(round(alpha * 1e9) for alpha in model.latency), max(model.bandwidth)
+
+
+@lru_cache(maxsize=256)
+def _permute_links(sizes: tuple[int, ...], matrix: DeviceMatrix, model) -> tuple[tuple[tuple[int, ...], tuple], ...]:
+    """The relabellings of `sizes` grouped by the link (`AlphaBeta.link`) of the axes they move,
+    which is all a permute's time depends on besides its bytes: ``(moved axes of one, all)``.
+
+    Example (three axes of 2; only the outer one crosses the two servers of 4):
+        >>> from autostrat.cost import Hardware
+        >>> links = _permute_links((2, 2, 2), DeviceMatrix((2, 2, 2)), Hardware(devices_per_server=4).alpha_beta(8))
+        >>> [(moved, len(mappings)) for moved, mappings in links]
+        [((1, 2), 4), ((0, 1), 1)]
+    """
+    found: dict = {}
+    for mapping in _relabellings(sizes):
+        moved = tuple(a for a, image in enumerate(mapping) if a != image)
+        found.setdefault(model.link(matrix, moved), (moved, []))[1].append(mapping)
+    return tuple((moved, tuple(mappings)) for moved, mappings in found.values())
 
 
 @lru_cache(maxsize=256)
