@@ -3,9 +3,11 @@
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
                      [--refine cpsat] [--time-limit S] [--max-device-memory M]
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
+                     [--phase predict|train] [--parallel-optimizer]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
+                  [--phase predict|train] [--parallel-optimizer]
     autostrat --version
 """
 
@@ -61,7 +63,7 @@ def search_command(args) -> str:
     Seeds follow `autostrat run`'s rule on another --device-num (scaled, with a note)."""
     overrides = {"refine": args.refine, "refine_time_limit": args.time_limit,
                  "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase,
-                 "mesh": args.mesh, "cost_model": args.cost_model}
+                 "mesh": args.mesh, "cost_model": args.cost_model, "enable_parallel_optimizer": args.parallel_optimizer}
     config = load_config(args.config, **overrides)
     status = StatusLine()  # quiet for a second: short searches print nothing
     try:
@@ -119,7 +121,7 @@ def _fault(text: str) -> Fault:
 
 def run_command(args) -> tuple[int, str]:
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
-                         args.timeout, args.stall_timeout, args.inject_fault, args.phase)
+                         args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer)
     return run_config(args.config, options)
 
 
@@ -153,6 +155,9 @@ def _add_phase(command) -> None:
     command.add_argument("--phase", choices=["predict", "train"],
                          help="override the config's phase: train plans (and runs) forward, backward, gradient "
                               "synchronisation and the optimiser's update")
+    command.add_argument("--parallel-optimizer", action="store_true", default=None,
+                         help="split each parameter's optimiser state and update over its replicas (MindSpore's "
+                              "enable_parallel_optimizer, ZeRO 1-2); parallel_optimizer_config comes from the config")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
+from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
@@ -73,6 +74,11 @@ class ParallelContext:
       ``gradients_mean=False`` sums them — with a batch-mean loss, r times the stand-alone
       gradient on a parameter held by r devices. autostrat defaults to True (MindSpore to
       False): a plan computes what one device computes unless asked otherwise.
+    - `enable_parallel_optimizer`: MindSpore's parallel optimizer (ZeRO stages 1–2): each
+      parameter's optimiser state and update split over the devices holding the same slice of
+      it (`search.optimizer_shard`); `parallel_optimizer_config` takes MindSpore's keys
+      ``optimizer_level`` ("level1"/"level2"), ``optimizer_weight_shard_size`` (-1: all
+      replicas) and ``parallel_optimizer_threshold`` (KB; default 64).
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
     - The hardware the step time is predicted on (defaults: one 8 x H100 SXM5 server, sources
@@ -101,6 +107,8 @@ class ParallelContext:
     phase: str = "predict"
     gradients_mean: bool = True
     cost_model: str = "bytes"
+    enable_parallel_optimizer: bool = False
+    parallel_optimizer_config: dict | None = None
     device_flops: float = _HARDWARE.device_flops
     device_memory_bandwidth: float = _HARDWARE.device_memory_bandwidth
     intra_server_bandwidth: float = _HARDWARE.intra_server_bandwidth
@@ -134,7 +142,8 @@ class ParallelContext:
             raise ConfigError(f"device_num must be at most {MAX_DEVICE_NUM:,} devices, got {self.device_num:,}")
         if self.global_rank >= self.device_num:
             raise ConfigError(f"global_rank {self.global_rank} must be below device_num {self.device_num}")
-        for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers"):
+        self.optimizer_shard()  # validates parallel_optimizer_config, naming the key
+        for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers", "enable_parallel_optimizer"):
             value = getattr(self, key)
             if not isinstance(value, bool) and not (key == "fully_use_devices" and value is None):
                 raise ConfigError(f"{key} must be True or False, got {value!r}")
@@ -157,7 +166,12 @@ class ParallelContext:
             workers=workers,
             cost_model=self.cost_model,
             hardware=self.hardware(),
+            optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
         )
+
+    def optimizer_shard(self) -> OptimizerShard:
+        """`parallel_optimizer_config` as the value the search takes."""
+        return OptimizerShard.from_config(self.parallel_optimizer_config)
 
     def hardware(self) -> Hardware:
         """The hardware keys as the value the search takes."""

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from autostrat.autodiff import PHASES, op_phase
+from autostrat.autodiff.optimizers import UPDATE_PREFIX
 from autostrat.errors import ConfigError
 from autostrat.io import read_json
 
@@ -36,6 +37,7 @@ def checkpoint_dict(plan) -> dict:
     layouts = []
     for tensor in plan.graph.parameters():
         layout = plan.layouts[tensor.name]
+        step, size = optimizer_shard_group(layout, _update_layout(plan, tensor.name))
         layouts.append({
             "param_name": tensor.name,
             "parallel_layouts": {
@@ -44,11 +46,37 @@ def checkpoint_dict(plan) -> dict:
                 "shape": [{"dim": list(layout.shape)}],  # the whole parameter, which a re-slicing tool needs
                 "slice_shape": [{"dim": list(layout.slice_shape)}],
                 "field": 0,
-                "opt_weight_shard_step": 0,
-                "opt_weight_shard_size": 0,
+                "opt_weight_shard_step": step,
+                "opt_weight_shard_size": size,
             },
         })
     return {"device_num": plan.device_num, "parallel_strategy_item": strategies, "parallel_layout_item": layouts}
+
+
+def _update_layout(plan, parameter: str):
+    """The layout `parameter`'s optimiser update runs in, when the plan has one."""
+    op = plan.ops.get(UPDATE_PREFIX + parameter)
+    return getattr(op.strategy, "layout", None) if op is not None else None
+
+
+def optimizer_shard_group(stored, updated) -> tuple[int, int]:
+    """MindSpore's ``(opt_weight_shard_step, opt_weight_shard_size)`` of a parameter stored in
+    `stored` and updated in `updated`: how many of its replicas split its optimiser work, and
+    the rank distance between neighbours of such a group; ``(0, 0)`` when not split.
+
+    Example (a weight replicated on 8 devices, its update split over the 4 inner ones):
+        >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+        >>> whole = Layout(DeviceMatrix((2, 4)), TensorMap((-1, -1)), (64, 8))
+        >>> optimizer_shard_group(whole, Layout(DeviceMatrix((2, 4)), TensorMap((0, -1)), (64, 8)))
+        (1, 4)
+    """
+    if updated is None or updated.slice_shape == stored.slice_shape:
+        return 0, 0
+    size = stored.slice_shape[0] // updated.slice_shape[0]
+    home, part = stored.shard_index(0), updated.shard_index(0)
+    step = next(rank for rank in range(1, stored.device_num)
+                if stored.shard_index(rank) == home and updated.shard_index(rank) != part)
+    return step, size
 
 
 def checkpoint_json(plan) -> str:

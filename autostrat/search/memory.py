@@ -4,7 +4,8 @@ peak of the graph's topological (trace-order) schedule.
 Every tensor's per-device bytes depend on one op's candidate: an op output on its producer's, a
 parameter or graph input on its first consumer's (it is stored as that op wants it). An op
 output is live from its producer's step to its last consumer's step (to the end for a graph
-output); parameters, optimiser state (in its parameter's layout) and inputs are live
+output); parameters, optimiser state (in its parameter's update layout, split further with
+optimizer sharding) and inputs are live
 throughout; an update's result takes its parameter's place. The peak is reached at a step where a tensor
 is produced, so those steps are the only ones to bound.
 """
@@ -40,11 +41,14 @@ def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[Tensor
             layouts = [s.output_layouts[index] for s in problem.candidates[owner]]
             activations.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
             continue
-        # Optimiser state is stored in its parameter's layout, which the first reader chooses.
+        # Optimiser state is kept in its parameter's update layout (the parameter's own layout,
+        # which the first reader chooses, or with optimizer sharding its shard layout).
         stored_as = problem.state_of.get(name, name)
         if graph.consumers(stored_as):
             owner, index = graph.consumers(stored_as)[0]
             layouts = [s.input_layouts[index] for s in problem.candidates[owner]]
+            if name in problem.state_of:
+                layouts = [problem.update_layout(stored_as, layout) for layout in layouts]
             resident.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
     return resident, activations
 

@@ -14,6 +14,7 @@ from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
 from autostrat.search.checkpoint import checkpoint_json
 from autostrat.search.dump import write_dumps
+from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.prediction import Prediction, predict
 from autostrat.tables import format_table
 from autostrat.io import write_atomically
@@ -103,6 +104,7 @@ class Plan:
     writebacks: tuple[Writeback, ...] = ()
     cost_model: str = "bytes"  # what the search minimised: "bytes" or "time" (see `search.SearchOptions`)
     hardware: Hardware = Hardware()  # what the predictions (and a "time" search) assume
+    optimizer_shard: OptimizerShard | None = None  # enable_parallel_optimizer: updates split over replicas
 
     @cached_property
     def prediction(self) -> Prediction:
@@ -199,6 +201,7 @@ class Plan:
             "cost_model": self.cost_model,
             "hardware": asdict(self.hardware),
             "predicted": self.prediction.to_dict(),
+            "optimizer_shard": None if self.optimizer_shard is None else asdict(self.optimizer_shard),
         }
 
     def to_json(self) -> str:
@@ -224,7 +227,8 @@ def _described(edge: EdgeRedistribution) -> str:
 
 
 def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings,
-               progress=None, cost_model: str = "bytes", hardware: Hardware = Hardware()) -> Plan:
+               progress=None, cost_model: str = "bytes", hardware: Hardware = Hardware(),
+               optimizer_shard: OptimizerShard | None = None) -> Plan:
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
     every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
     model = hardware.alpha_beta(device_num) if cost_model == "time" else None  # the search's redistributions
@@ -253,7 +257,8 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
     ordered = {name: layouts[name] for name in graph.tensors if name in layouts}
     writebacks = tuple(_writeback(graph, layouts, parameter, value, model) for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
-                writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware)
+                writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware,
+                optimizer_shard=optimizer_shard)
 
 
 def describe(hardware: Hardware) -> str:

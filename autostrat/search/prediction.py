@@ -124,5 +124,6 @@ def plan_peak_bytes(plan) -> int:
     is the plan's strategy (edges and costs play no part in memory)."""
     graph, followers = searched_graph(plan.graph)
     candidates = {name: (plan.ops[name].strategy,) for name in graph.ops}
-    fixed = SearchProblem(graph, plan.device_num, False, candidates, (), {}, {}, optimizer_state(plan.graph, followers))
+    fixed = SearchProblem(graph, plan.device_num, False, candidates, (), {}, {}, optimizer_state(plan.graph, followers),
+                          optimizer_shard=plan.optimizer_shard)
     return peak_bytes(fixed, dict.fromkeys(graph.ops, 0))

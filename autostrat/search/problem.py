@@ -29,7 +29,8 @@ from autostrat.autodiff import UPDATE_OP_TYPES, gradient_name
 from autostrat.cost import AlphaBeta, Hardware, op_cost
 from autostrat.ir import Graph, OpNode
 from autostrat.layout import FollowedStrategy, Layout, Strategy
-from autostrat.redistribution import LazyCostTable, cost_table
+from autostrat.redistribution import LazyCostTable, cost_table, redistribution_cost, redistribution_time
+from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.strategies import generate_strategies, mesh_axes, on_mesh, split_values
 
 # An op of a repeated layer (a `CellList`): ``<prefix>.<index>.<rest>``, e.g. blocks.3.ffn1.matmul.
@@ -102,6 +103,12 @@ class SearchProblem:
     split_values: frozenset[int] | None = None  # the splits candidates may use (`strategies.split_values`)
     mesh: tuple[int, ...] | None = None  # the mesh axes candidates are made of (`candidate_mesh`)
     model: AlphaBeta | None = None  # with cost_model "time": the tables' α–β model (costs are nanoseconds)
+    optimizer_shard: OptimizerShard | None = None  # enable_parallel_optimizer: how updates split over replicas
+
+    def update_layout(self, parameter: str, stored: Layout) -> Layout:
+        """The layout `parameter`'s update runs in, and its optimiser state is kept in, when
+        the parameter is stored in `stored` (`optimizer_shard.OptimizerShard.layout`)."""
+        return update_layout(self.optimizer_shard, stored, self.graph.tensors[parameter].dtype)
 
     @property
     def unit(self) -> str:
@@ -218,10 +225,13 @@ def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tup
 
 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
-                  lazy: bool = True, mesh="auto", hardware: Hardware | None = None) -> SearchProblem:
+                  lazy: bool = True, mesh="auto", hardware: Hardware | None = None,
+                  optimizer_shard: OptimizerShard | None = None) -> SearchProblem:
     """Candidates on `mesh` (`candidate_values`), own costs and edge tables of every op and edge
     of `graph`; the tables' entries are computed as the search reads them, or all at once
-    without `lazy` (tests compare the two). Costs are bytes, or nanoseconds on `hardware`."""
+    without `lazy` (tests compare the two). Costs are bytes, or nanoseconds on `hardware`.
+    With `optimizer_shard`, parameters' updates run split over their replicas: gradients are
+    priced into the shard layout, and the parameter's first reader pays the gather back."""
     full = graph
     graph, followers = searched_graph(graph)
     seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
@@ -230,14 +240,14 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     candidates = {name: seeds.get(name) or _computed_inputs_only(graph, op, op_candidates(
         op, device_num, allow_repeated, full_only, values, axes)) for name, op in graph.ops.items()}
     model = None if hardware is None else hardware.alpha_beta(device_num)
-    costs = _own_costs(full, graph, candidates, followers, hardware)
+    costs = _own_costs(full, graph, candidates, followers, hardware, optimizer_shard, device_num)
     edges = []
     for op in graph.ops.values():
         for index, tensor in enumerate(op.inputs):
             edge = _edge_into(graph, candidates, tensor, op.name, index, model)
             if edge is not None:
                 edges.append(edge)
-    edges += _sync_edges(graph, candidates, followers, model)
+    edges += _sync_edges(graph, candidates, followers, model, optimizer_shard)
     for parameter, value in graph.updates:
         if graph.tensors[value].producer in followers:
             continue
@@ -251,27 +261,44 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         for edge in edges:
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
-                         optimizer_state(full, followers), values, axes, model)
+                         optimizer_state(full, followers), values, axes, model, optimizer_shard)
 
 
-def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str], hardware: Hardware | None) -> dict[str, OpCosts]:
-    """Every searched op's `OpCosts`; on `hardware`, a parameter's first reader also pays, per
-    candidate, the compute of the parameter's optimiser update in the layout it gives it."""
+def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str], hardware: Hardware | None,
+               sharding: OptimizerShard | None, device_num: int) -> dict[str, OpCosts]:
+    """Every searched op's `OpCosts`. A parameter's first reader also pays, per candidate, the
+    gather of the parameter's new value from its shard layout back into the layout it gives it
+    (optimizer sharding), and on `hardware` the compute of its update in the shard layout."""
     costs = {}
     for name, op in graph.ops.items():
         costs[name] = _op_costs(candidates[name], tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs), hardware)
-    if hardware is None:
-        return costs
+    model = None if hardware is None else hardware.alpha_beta(device_num)
     for update, parameter in followers.items():
         if not graph.consumers(parameter):
             continue  # only its update reads it: stored whole whatever the choice, a constant
         owner, index = graph.consumers(parameter)[0]
         op = full.ops[update]
         dtypes = tuple(full.tensors[t].dtype for t in op.inputs + op.outputs)
-        times = [_followed_nanoseconds(op.rule, s.input_layouts[index], dtypes, hardware) for s in candidates[owner]]
+        extra = np.zeros(len(candidates[owner]))
+        for number, strategy in enumerate(candidates[owner]):
+            stored = strategy.input_layouts[index]
+            updated = update_layout(sharding, stored, graph.tensors[parameter].dtype)
+            if updated is not stored:
+                extra[number] += _gather_cost(updated, stored, graph.tensors[parameter].dtype, model)
+            if hardware is not None:
+                extra[number] += _followed_nanoseconds(op.rule, updated, dtypes, hardware)
         own = costs[owner]
-        costs[owner] = OpCosts(own.comm + np.array(times, dtype=float), own.flops, own.memory)
+        costs[owner] = OpCosts(own.comm + extra, own.flops, own.memory)
     return costs
+
+
+@cache
+def _gather_cost(updated: Layout, stored: Layout, dtype: str, model: AlphaBeta | None) -> int:
+    """Bytes (or, with `model`, nanoseconds) of gathering a parameter's new value from its shard
+    layout back into the layout it is stored in (its writeback)."""
+    if model is None:
+        return redistribution_cost(updated, stored, dtype)
+    return redistribution_time(updated, stored, dtype, model)
 
 
 def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int, model=None) -> SearchEdge | None:
@@ -324,9 +351,11 @@ def searched_graph(graph: Graph) -> tuple[Graph, dict[str, str]]:
     return Graph(graph.tensors, ops, graph.outputs, graph.name, graph.values), followers
 
 
-def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None) -> list[SearchEdge]:
+def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
+                sharding: OptimizerShard | None = None) -> list[SearchEdge]:
     """Per update op, an edge from each computed operand of its parameter's shape (the
-    gradient) to the parameter's first reader, priced to the layout the parameter lives in."""
+    gradient) to the parameter's first reader, priced to the layout the parameter is updated
+    in: the one it lives in, or with optimizer sharding its shard layout."""
     edges = []
     for parameter in followers.values():
         readers = graph.consumers(parameter)
@@ -338,8 +367,13 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None)
         if producer is None:
             continue
         output_index = producer.outputs.index(gradient)
-        table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index,
-                            graph.tensors[gradient].dtype, False, model)
+        dtype = graph.tensors[gradient].dtype
+        if sharding is None:
+            table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, dtype, False, model)
+        else:
+            sources = [s.output_layouts[output_index] for s in candidates[producer.name]]
+            updated = [update_layout(sharding, s.input_layouts[owner_index], dtype) for s in candidates[owner]]
+            table = LazyCostTable(sources, updated, dtype, model)
         edges.append(SearchEdge(gradient, producer.name, output_index, owner, owner_index, table, sync=True))
     return edges
 

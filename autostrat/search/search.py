@@ -13,6 +13,7 @@ from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
+from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.search.refine import refine
 from autostrat.strategies import check_mesh
 
@@ -49,6 +50,8 @@ class SearchOptions:
     - `cost_model`: what the search minimises: "bytes" sent per device, or "time", the step
       time predicted on `hardware` (compute per op, α–β time per redistribution). Plans report
       both either way.
+    - `optimizer_shard`: MindSpore's parallel optimizer (`optimizer_shard.OptimizerShard`):
+      parameters' optimiser state and updates split over their replicas; None: off.
     """
 
     mode: str = "auto_parallel"
@@ -63,6 +66,7 @@ class SearchOptions:
     mesh: str | tuple[int, ...] = "auto"
     cost_model: str = "bytes"
     hardware: Hardware = Hardware()
+    optimizer_shard: OptimizerShard | None = None
 
     def __post_init__(self) -> None:
         for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES),
@@ -121,14 +125,16 @@ def _extra_starts(problem, graph: Graph, device_num: int, options: SearchOptions
     choice is one of this problem's): it is the one a byte-minded budget was taken from."""
     starts = [data_parallel(problem, keep_seeds=True).choice]
     if problem.model is not None and options.mode == "auto_parallel":
-        by_bytes = build_problem(graph, device_num, options.repeated, mesh=options.mesh)
+        by_bytes = build_problem(graph, device_num, options.repeated, mesh=options.mesh, optimizer_shard=options.optimizer_shard)
         starts.append(propagate(by_bytes, None, options.follow_layers).choice)
     return starts
 
 
-def follow_parameters(graph: Graph, strategies: dict, device_num: int) -> dict[str, tuple[FollowedStrategy, str]]:
+def follow_parameters(graph: Graph, strategies: dict, device_num: int,
+                      sharding: OptimizerShard | None = None) -> dict[str, tuple[FollowedStrategy, str]]:
     """The strategy of every update op: its parameter's layout, which the parameter's first
-    reader chose (a parameter only its update reads is stored whole on every device)."""
+    reader chose (a parameter only its update reads is stored whole on every device), or with
+    `sharding` that layout split over the parameter's replicas (its origin then says so)."""
     _, followers = searched_graph(graph)
     result = {}
     for name, parameter in followers.items():
@@ -138,7 +144,11 @@ def follow_parameters(graph: Graph, strategies: dict, device_num: int) -> dict[s
         else:
             shape = graph.tensors[parameter].shape
             layout = Layout(DeviceMatrix((device_num,)), TensorMap((-1,) * len(shape)), shape)
-        result[name] = (FollowedStrategy(graph.ops[name].rule, layout), f"follows {parameter}")
+        updated = update_layout(sharding, layout, graph.tensors[parameter].dtype)
+        origin = f"follows {parameter}"
+        if updated is not layout:
+            origin += f", optimizer shard of {layout.slice_shape[0] // updated.slice_shape[0]}"
+        result[name] = (FollowedStrategy(graph.ops[name].rule, updated), origin)
     return result
 
 
@@ -167,7 +177,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         graph = _unseeded(graph)
     hardware = options.hardware if options.cost_model == "time" else None
     problem = build_problem(graph, device_num, options.repeated, full_only=options.automatic, mesh=options.mesh,
-                            hardware=hardware)
+                            hardware=hardware, optimizer_shard=options.optimizer_shard)
     _check_shared_parameters(problem.graph, problem)
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True)
@@ -186,8 +196,8 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         choice = result.choice
     strategies = {name: problem.candidates[name][index] for name, index in choice.items()}
     origins = dict(assignment.origin)
-    for name, (strategy, origin) in follow_parameters(graph, strategies, device_num).items():
+    for name, (strategy, origin) in follow_parameters(graph, strategies, device_num, options.optimizer_shard).items():
         strategies[name], origins[name] = strategy, origin
     plan = build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress,
-                      options.cost_model, options.hardware)
+                      options.cost_model, options.hardware, options.optimizer_shard)
     return replace(plan, refinement=refinement)
