@@ -1,0 +1,78 @@
+"""Issue #16: memory as decisions — optimizer sharding on the LLaMA-7B shape.
+
+The model of `benchmarks/quality.py` ("7b": 32 layers, hidden 4096, 32 heads, seq 2048, Adam,
+float32 master weights) on 64 devices, with a per-device budget (default 80 GB). Rows:
+
+- megatron: tensor parallelism inside a server (TP 8) x data parallelism across servers,
+  seeded on every block and propagated;
+- megatron + ZeRO-1: the same with ``enable_parallel_optimizer`` (optimiser state and updates
+  split over the 8 data-parallel replicas of every weight slice);
+- refined: Megatron's seeds on block 0 only, propagated, then refined by CP-SAT for the predicted
+  step time under the budget (``--coarsen layers``), without and with optimizer sharding.
+
+Columns: bytes per device per phase (forward, backward, gradient sync, update = the parameters'
+gathers after a sharded update), peak memory per device, predicted step time, search seconds,
+whether the plan fits the budget. Recompute (issue #16 item 2) is not implemented yet: no row.
+
+Run: .venv/bin/python benchmarks/memory.py [--budget 80GB] [--time-limit 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository is not installed
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quality import MODELS, TENSOR_PARALLEL, timed_search, training_graph  # noqa: E402
+
+from autostrat.frontend.context import parse_bytes  # noqa: E402
+from autostrat.models import megatron_seeds  # noqa: E402
+from autostrat.search import SearchOptions  # noqa: E402
+from autostrat.search.optimizer_shard import OptimizerShard  # noqa: E402
+from autostrat.tables import format_table  # noqa: E402
+
+HEADERS = ["plan", "forward MB", "backward MB", "sync MB", "update MB", "peak MB", "step ms", "search s", "fits"]
+
+
+def rows(budget: int, time_limit: float) -> list[list[str]]:
+    device_num, build = MODELS["7b"]
+    layers = len(build().blocks)
+    data = device_num // TENSOR_PARALLEL
+    every_block = megatron_seeds(layers, TENSOR_PARALLEL, data_parallel=data)
+    first_block = megatron_seeds(layers, TENSOR_PARALLEL, True, data_parallel=data)
+    zero = OptimizerShard()
+    refined = SearchOptions(refine="cpsat", coarsen="layers", max_device_memory=budget, refine_time_limit=time_limit,
+                            cost_model="time")
+    cases = [
+        ("megatron", every_block, SearchOptions()),
+        ("megatron + ZeRO-1", every_block, SearchOptions(optimizer_shard=zero)),
+        ("refined", first_block, refined),
+        ("refined + ZeRO-1", first_block, replace(refined, optimizer_shard=zero)),
+    ]
+    found = []
+    for name, seeds, options in cases:
+        plan, seconds = timed_search(training_graph(build(), device_num, seeds), device_num, options)
+        phases, prediction = plan.phase_bytes(), plan.prediction
+        found.append([name, *(f"{phases[p] / 1e6:,.1f}" for p in ("forward", "backward", "sync", "update")),
+                      f"{prediction.peak_bytes / 1e6:,.1f}", f"{prediction.step_time_ns / 1e6:,.3f}", f"{seconds:.2f}",
+                      "yes" if prediction.peak_bytes <= budget else "no"])
+        print(format_table(HEADERS, found[-1:]), flush=True)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", default="80GB", help="per-device memory budget (default 80GB)")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds per refined plan")
+    args = parser.parse_args()
+    found = rows(parse_bytes(args.budget, "--budget"), args.time_limit)
+    print()
+    print(format_table(HEADERS, found))
+
+
+if __name__ == "__main__":
+    main()
