@@ -34,10 +34,13 @@ class LazyCostTable:
         ([[0.0, 192.0], [0.0, 0.0]], 4)
     """
 
-    def __init__(self, producer_layouts, consumer_layouts, dtype="float32", model=None) -> None:
+    def __init__(self, producer_layouts, consumer_layouts, dtype="float32", model=None, then=None) -> None:
         self.producer_layouts = tuple(producer_layouts)
         self.consumer_layouts = tuple(consumer_layouts)
         self.dtype, self.model = dtype, model
+        # Per column, None or a further redistribution ``(layout, layout)`` every entry of the
+        # column also pays (a sharded parameter's gather after its update, `search.problem`).
+        self.then = tuple(then) if then is not None else (None,) * len(self.consumer_layouts)
         self._values = np.zeros((len(self.producer_layouts), len(self.consumer_layouts)))
         self._known = np.zeros(self._values.shape, dtype=bool)
 
@@ -101,6 +104,9 @@ class LazyCostTable:
             return
         block = cost_table([self.producer_layouts[i] for i in row_ids], [self.consumer_layouts[j] for j in column_ids],
                            self.dtype, self.model)
+        for k, column in enumerate(column_ids):
+            if self.then[column] is not None:
+                block[:, k] += cost_table([self.then[column][0]], [self.then[column][1]], self.dtype, self.model)[0, 0]
         self._values[np.ix_(row_ids, column_ids)] = block
         self._known[np.ix_(row_ids, column_ids)] = True
 

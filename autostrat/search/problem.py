@@ -266,9 +266,11 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
 
 def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str], hardware: Hardware | None,
                sharding: OptimizerShard | None, device_num: int) -> dict[str, OpCosts]:
-    """Every searched op's `OpCosts`. A parameter's first reader also pays, per candidate, the
-    gather of the parameter's new value from its shard layout back into the layout it gives it
-    (optimizer sharding), and on `hardware` the compute of its update in the shard layout."""
+    """Every searched op's `OpCosts`; on `hardware`, a parameter's first reader also pays, per
+    candidate, the compute of the parameter's update in the layout it runs in. The gather of a
+    sharded parameter's new value goes with its gradient's sync edge (`_sync_edges`), which
+    then costs what the AllReduce it replaces costs: a propagation weighing an op's own cost
+    before its gradient's edge would otherwise see only the gather's price."""
     costs = {}
     for name, op in graph.ops.items():
         costs[name] = _op_costs(candidates[name], tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs), hardware)
@@ -283,13 +285,19 @@ def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str],
         for number, strategy in enumerate(candidates[owner]):
             stored = strategy.input_layouts[index]
             updated = update_layout(sharding, stored, graph.tensors[parameter].dtype)
-            if updated is not stored:
+            if updated is not stored and not _synced(graph, parameter):
                 extra[number] += _gather_cost(updated, stored, graph.tensors[parameter].dtype, model)
             if hardware is not None:
                 extra[number] += _followed_nanoseconds(op.rule, updated, dtypes, hardware)
         own = costs[owner]
         costs[owner] = OpCosts(own.comm + extra, own.flops, own.memory)
     return costs
+
+
+def _synced(graph: Graph, parameter: str) -> bool:
+    """Whether `parameter`'s gradient is computed (it then has a sync edge)."""
+    gradient = gradient_name(parameter)
+    return gradient in graph.tensors and graph.producer(gradient) is not None
 
 
 @cache
@@ -355,7 +363,8 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
                 sharding: OptimizerShard | None = None) -> list[SearchEdge]:
     """Per update op, an edge from each computed operand of its parameter's shape (the
     gradient) to the parameter's first reader, priced to the layout the parameter is updated
-    in: the one it lives in, or with optimizer sharding its shard layout."""
+    in: the one it lives in, or with optimizer sharding its shard layout, plus the gather of
+    the new value back into the layout it lives in."""
     edges = []
     for parameter in followers.values():
         readers = graph.consumers(parameter)
@@ -372,8 +381,10 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
             table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, dtype, False, model)
         else:
             sources = [s.output_layouts[output_index] for s in candidates[producer.name]]
-            updated = [update_layout(sharding, s.input_layouts[owner_index], dtype) for s in candidates[owner]]
-            table = LazyCostTable(sources, updated, dtype, model)
+            stored = [s.input_layouts[owner_index] for s in candidates[owner]]
+            updated = [update_layout(sharding, layout, dtype) for layout in stored]
+            gathers = [None if new is old else (new, old) for new, old in zip(updated, stored)]
+            table = LazyCostTable(sources, updated, dtype, model, gathers)
         edges.append(SearchEdge(gradient, producer.name, output_index, owner, owner_index, table, sync=True))
     return edges
 
