@@ -13,6 +13,7 @@ from dataclasses import replace
 from autostrat.autodiff.backward import build_backward
 from autostrat.autodiff.builder import GradBuilder
 from autostrat.autodiff.optimizers import UPDATE_PREFIX
+from autostrat.autodiff.recompute import RECOMPUTE_PREFIX, recompute_cells
 from autostrat.ir import Graph
 
 PHASES = ("forward", "backward", "update")
@@ -27,15 +28,17 @@ def op_phase(name: str) -> str:
     """
     if name.startswith(UPDATE_PREFIX):
         return "update"
-    if name.startswith(("bprop/", "accumulate/", "identity/")):
+    if name.startswith(("bprop/", "accumulate/", "identity/", RECOMPUTE_PREFIX)):
         return "backward"
     return "forward"
 
 
-def build_training(graph: Graph, optimizer, loss: str | None = None, gradients_mean: bool = True) -> Graph:
+def build_training(graph: Graph, optimizer, loss: str | None = None, gradients_mean: bool = True,
+                   recompute: tuple[str, ...] = ()) -> Graph:
     """`graph` (whose output is the loss) plus its backward ops and `optimizer`'s updates;
     ``gradients_mean=False`` marks the updates to sum their replicas' gradients (see the
-    context's `gradients_mean`).
+    context's `gradients_mean`); the forward ops of the cells at the paths `recompute` run
+    again inside the backward (`recompute.recompute_cells`).
 
     Example:
         >>> from autostrat.autodiff.optimizers import Momentum
@@ -47,6 +50,8 @@ def build_training(graph: Graph, optimizer, loss: str | None = None, gradients_m
         (('dense2.bias_add:0',), (('dense1.weight', 'optimizer/dense1.weight:0'), ('moments.dense1.weight', 'optimizer/dense1.weight:1')))
     """
     backward = build_backward(graph, loss)
+    if recompute:
+        backward = recompute_cells(backward, tuple(recompute), set(graph.ops))
     loss = loss or graph.outputs[0]
     builder = GradBuilder(backward.tensors)
     builder.scope = "optimizer"

@@ -6,6 +6,7 @@ import warnings
 
 from autostrat.autodiff import Momentum, build_training
 from autostrat.errors import ConfigError
+from autostrat.frontend.cell import recomputed_cells
 from autostrat.frontend.config import apply_seeds, check_op_names
 from autostrat.frontend.context import ParallelContext, current_context
 from autostrat.frontend.tracing import trace
@@ -24,9 +25,11 @@ def training_parts(net, context: ParallelContext, optimizer=None) -> tuple:
     return net, optimizer
 
 
-def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, progress=None, optimizer=None) -> Plan:
+def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, progress=None, optimizer=None,
+             recompute: tuple[str, ...] = ()) -> Plan:
     """Trace, add seeds (from `seeds`, then the strategy checkpoint), build the training graph
-    when training (see `training_parts`), search, save the checkpoint.
+    when training (see `training_parts`), with the cells `net` marks (`Cell.recompute`) and the
+    cell paths `recompute` recomputed in the backward, search, save the checkpoint.
 
     A training plan's strategy checkpoint seeds the forward ops; its backward and update ops
     are rebuilt, and ignored when planning a forward pass."""
@@ -41,7 +44,8 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
     if optimizer is not None:
         if len(graph.outputs) != 1:
             raise ConfigError(f"training needs a network returning one loss; {graph.name} returns {len(graph.outputs)} outputs")
-        graph = build_training(graph, optimizer, gradients_mean=context.gradients_mean)
+        graph = build_training(graph, optimizer, gradients_mean=context.gradients_mean,
+                               recompute=recomputed_cells(net) + tuple(recompute))
         if checkpoint:
             # Backward and update ops are checked by name, not seeded: the search derives them
             # from the forward seeds again, as when the checkpoint was saved. (Seeding them too

@@ -51,6 +51,27 @@ class Cell:
             object.__setattr__(cell, "training", mode)
         return self
 
+    def recompute(self, **kwargs) -> Cell:
+        """Keep only this cell's inputs for the backward and run its forward again there
+        (MindSpore's ``Cell.recompute``): less activation memory, one more forward of the cell
+        per step (`autodiff.recompute`). MindSpore's options ``mp_comm_recompute`` (the cell's
+        redistributions are recomputed too: here they always are) and
+        ``parallel_optimizer_comm_recompute`` are accepted; others are refused.
+
+        Example:
+            >>> from autostrat.models import FFN
+            >>> net = FFN()
+            >>> _ = net.dense1.recompute()
+            >>> recomputed_cells(net)
+            ('dense1',)
+        """
+        unknown = sorted(set(kwargs) - {"mp_comm_recompute", "parallel_optimizer_comm_recompute", "recompute_slice_activation"})
+        if unknown:
+            raise ConfigError(f"{type(self).__name__}.recompute: unknown option {unknown[0]!r}; valid options: "
+                              "mp_comm_recompute, parallel_optimizer_comm_recompute, recompute_slice_activation")
+        object.__setattr__(self, "_recompute", True)
+        return self
+
     def _walk(self, prefix: str = "") -> Iterator[tuple[str, object]]:
         for name, child in self._children.items():
             path = f"{prefix}{name}"
@@ -97,3 +118,8 @@ class CellList(Cell):
 
     def __iter__(self):
         return iter(self._children.values())
+
+
+def recomputed_cells(net: Cell) -> tuple[str, ...]:
+    """The paths of `net`'s cells marked with `Cell.recompute` ("" is `net` itself)."""
+    return tuple(path for path, cell in net.cells_and_names() if cell.__dict__.get("_recompute", False))

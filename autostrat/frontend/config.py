@@ -12,6 +12,7 @@
       dense1.matmul: [[2, 1], [1, 4]]          # in_strategy
       loss.one_hot: {in: [[8]], out: [[8, 1]]} # with an out_strategy
     optimizer: {name: adam, learning_rate: 0.001}  # optional: plan (and run) a training step
+    recompute: [blocks.0, blocks.1]            # optional: cells whose forward runs again in the backward
 
 An `optimizer` (sgd, momentum or adam, with its settings) implies ``phase: train``; ``phase:
 train`` without one trains with Momentum(0.01, 0.9).
@@ -38,7 +39,7 @@ from autostrat.io import read_text
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
 
-SECTIONS = ("inputs", "model", "optimizer", "strategies")
+SECTIONS = ("inputs", "model", "optimizer", "recompute", "strategies")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Config:
     inputs: tuple[Tensor, ...]
     strategies: dict
     optimizer: object = None
+    recompute: tuple[str, ...] = ()  # cell paths recomputed in the backward (`Cell.recompute`)
 
 
 def _fail(where: str, message: str) -> ConfigError:
@@ -215,7 +217,22 @@ def load_config(path, **overrides) -> Config:
     if optimizer is not None:
         context = replace(context, phase="train")
     strategies = _check_strategies(data.get("strategies"), f"{path}: strategies")
-    return Config(str(path), context, net, inputs, strategies, optimizer)
+    return Config(str(path), context, net, inputs, strategies, optimizer, _check_recompute(net, data.get("recompute"), f"{path}: recompute"))
+
+
+def _check_recompute(net, section, where: str) -> tuple[str, ...]:
+    """The cell paths of a ``recompute`` list, each a cell of `net`."""
+    if section is None:
+        return ()
+    if not isinstance(section, list) or not all(isinstance(path, str) for path in section):
+        raise ConfigError(f"{where}: expected a list of cell paths such as [blocks.0, blocks.1], got {section!r}")
+    cells = {path for path, _ in net.cells_and_names()}
+    for path in section:
+        if path not in cells:
+            close = difflib.get_close_matches(path, sorted(cells), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}: {path!r} is not a cell of {type(net).__name__}{hint}")
+    return tuple(section)
 
 
 def _build_optimizer(section, where: str):

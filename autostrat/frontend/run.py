@@ -98,7 +98,8 @@ def plan_config(config, device_num: int | None = None, progress=None) -> tuple:
     scaled as the module docstring says, and a note per scaled seed. `autostrat search` and
     `autostrat run` both plan through here, so one rule holds for both."""
     context, seeds, notes = fit_seeds(config, device_num or config.context.device_num)
-    plan = plan_for(config.net, config.inputs, context, seeds, progress=progress, optimizer=config.optimizer)
+    plan = plan_for(config.net, config.inputs, context, seeds, progress=progress, optimizer=config.optimizer,
+                    recompute=config.recompute)
     return plan, notes
 
 

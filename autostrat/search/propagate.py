@@ -40,6 +40,7 @@ from functools import cache
 import numpy as np
 
 from autostrat.autodiff import gradient_name, op_phase
+from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
 from autostrat.layout import Strategy
 from autostrat.redistribution import cost_table
 from autostrat.search.problem import SearchProblem, layers_of
@@ -226,6 +227,10 @@ class _Walk:
         backward ops read too (the sensitivity) comes after them, so that it stores the tensor
         where they can all read it."""
         problem, choice = self.problem, self.choice
+        for name in problem.graph.ops:  # a recomputed forward op runs as it did in the forward
+            forward = name.removeprefix(RECOMPUTE_PREFIX)
+            if forward != name and name not in choice and forward in choice:
+                _follow(problem, choice, self.origin, name, forward)
         backward = [name for name in problem.graph.ops if name not in choice and op_phase(name) == "backward"]
         stores = [name for name in backward if _stores_shared_input(problem.graph, name)]
         for name in [name for name in backward if name not in stores] + stores:

@@ -1,0 +1,96 @@
+"""Recompute (MindSpore's ``Cell.recompute()``): a cell keeps only its inputs for the backward;
+its forward ops run again inside the backward, just before the first backward op needing them.
+
+On a training graph: every forward op of a recomputed cell (an op named ``<cell path>.…``) whose
+output a backward op reads gets a copy ``recompute/<op>``, computing ``recompute/<tensor>`` from
+the same inputs (or their recomputed copies, inside the cell), with the same attributes and seed
+(Dropout's mask is a function of its seed and element positions, so it is drawn again alike).
+Backward ops then read the copies. The originals' outputs die at their last forward reader, so
+the live activations of the cell between its forward and its backward are its inputs alone; the
+copies live from their recomputation to their last backward reader. The copies are placed, in
+forward order, just before the first backward op reading any of the cell's copies, so one cell's
+activations are rebuilt only when its backward starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autostrat.errors import ConfigError
+from autostrat.ir import Graph, OpNode
+
+RECOMPUTE_PREFIX = "recompute/"
+
+
+def in_cell(name: str, cell: str) -> bool:
+    """Whether the op `name` belongs to the cell at path `cell` ("" is the whole network).
+
+    Example:
+        >>> in_cell("blocks.0.ffn1.matmul", "blocks.0"), in_cell("blocks.01.ffn1.matmul", "blocks.0")
+        (True, False)
+    """
+    return not cell or name.startswith(cell + ".")
+
+
+def recompute_cells(graph: Graph, cells: tuple[str, ...], forward: set[str]) -> Graph:
+    """`graph` (a training graph whose forward ops are `forward`) with the forward ops of `cells`
+    recomputed inside the backward (see the module docstring).
+
+    Example:
+        >>> from autostrat.autodiff import build_backward
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> forward = trace(FFN(), Tensor(shape=(64, 64)))
+        >>> again = recompute_cells(build_backward(forward), ("",), set(forward.ops))  # the whole network
+        >>> [name for name in again.ops if name.startswith(RECOMPUTE_PREFIX)]  # what dense2's backward reads
+        ['recompute/dense1.matmul', 'recompute/dense1.bias_add', 'recompute/relu']
+        >>> again.ops["recompute/relu"].outputs, again.consumers("relu:0")
+        (('recompute/relu:0',), (('dense2.matmul', 0),))
+    """
+    cells = tuple(cell for cell in cells if not any(other != cell and in_cell(cell, other) for other in cells))
+    ops_of = {}  # cell -> its forward ops to copy, in forward order
+    for cell in cells:
+        inside = {name for name in forward if in_cell(name, cell)}
+        if not inside:
+            raise ConfigError(f"recompute: no forward op belongs to cell {cell!r}")
+        copied = _copied(graph, inside, forward)
+        ops_of[cell] = [name for name in graph.ops if name in copied]
+    renamed = {tensor: RECOMPUTE_PREFIX + tensor for names in ops_of.values() for name in names for tensor in graph.ops[name].outputs}
+    if not renamed:
+        return graph
+    tensors = dict(graph.tensors)
+    for tensor, copy in renamed.items():
+        tensors[copy] = replace(graph.tensors[tensor], name=copy, producer=RECOMPUTE_PREFIX + graph.tensors[tensor].producer)
+    ops: dict[str, OpNode] = {}
+    pending = {cell: _copies(graph, names, renamed) for cell, names in ops_of.items() if names}
+    for name, op in graph.ops.items():
+        if name not in forward:
+            for cell in [cell for cell in pending if any(in_cell(graph.tensors[t].producer or "", cell) for t in op.inputs if t in renamed)]:
+                ops.update((copy.name, copy) for copy in pending.pop(cell))  # the cell's copies, before their first reader
+            op = replace(op, inputs=tuple(renamed.get(tensor, tensor) for tensor in op.inputs))
+        ops[name] = op
+    return Graph(tensors, ops, graph.outputs, graph.name, graph.values, graph.updates)
+
+
+def _copied(graph: Graph, inside: set[str], forward: set[str]) -> set[str]:
+    """The ops of one cell (`inside`) to recompute: producers of tensors a backward op reads,
+    and the producers of their inputs inside the cell (its inputs from outside are kept)."""
+    wanted = {graph.tensors[tensor].producer for name, op in graph.ops.items() if name not in forward
+              for tensor in op.inputs if graph.tensors[tensor].producer in inside}
+    found, stack = set(), list(wanted)
+    while stack:
+        name = stack.pop()
+        if name in found:
+            continue
+        found.add(name)
+        stack += [producer for tensor in graph.ops[name].inputs if (producer := graph.tensors[tensor].producer) in inside]
+    return found
+
+
+def _copies(graph: Graph, names: list[str], renamed: dict[str, str]) -> list[OpNode]:
+    """The copies of one cell's ops `names`: they read each other's copies, and the cell's
+    inputs (computed outside it, recomputed or not) as they are."""
+    own = {tensor for name in names for tensor in graph.ops[name].outputs}
+    return [replace(graph.ops[name], name=RECOMPUTE_PREFIX + name, outputs=tuple(renamed[t] for t in graph.ops[name].outputs),
+                    inputs=tuple(renamed[t] if t in own else t for t in graph.ops[name].inputs)) for name in names]
