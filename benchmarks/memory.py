@@ -7,12 +7,15 @@ float32 master weights) on 64 devices, with a per-device budget (default 80 GB).
   seeded on every block and propagated;
 - megatron + ZeRO-1: the same with ``enable_parallel_optimizer`` (optimiser state and updates
   split over the 8 data-parallel replicas of every weight slice);
+- megatron + recompute: every block recomputed in the backward (`Cell.recompute`), with and
+  without ZeRO-1;
 - refined: Megatron's seeds on block 0 only, propagated, then refined by CP-SAT for the predicted
   step time under the budget (``--coarsen layers``), without and with optimizer sharding.
 
 Columns: bytes per device per phase (forward, backward, gradient sync, update = the parameters'
 gathers after a sharded update), peak memory per device, predicted step time, search seconds,
-whether the plan fits the budget. Recompute (issue #16 item 2) is not implemented yet: no row.
+whether the plan fits the budget. Recompute is chosen by the user here (which cells), not
+searched.
 
 Run: .venv/bin/python benchmarks/memory.py [--budget 80GB] [--time-limit 60]
 """
@@ -47,15 +50,18 @@ def rows(budget: int, time_limit: float) -> list[list[str]]:
     zero = OptimizerShard()
     refined = SearchOptions(refine="cpsat", coarsen="layers", max_device_memory=budget, refine_time_limit=time_limit,
                             cost_model="time")
+    blocks = tuple(f"blocks.{index}" for index in range(layers))
     cases = [
-        ("megatron", every_block, SearchOptions()),
-        ("megatron + ZeRO-1", every_block, SearchOptions(optimizer_shard=zero)),
-        ("refined", first_block, refined),
-        ("refined + ZeRO-1", first_block, replace(refined, optimizer_shard=zero)),
+        ("megatron", every_block, SearchOptions(), ()),
+        ("megatron + ZeRO-1", every_block, SearchOptions(optimizer_shard=zero), ()),
+        ("megatron + recompute", every_block, SearchOptions(), blocks),
+        ("megatron + ZeRO-1 + recompute", every_block, SearchOptions(optimizer_shard=zero), blocks),
+        ("refined", first_block, refined, ()),
+        ("refined + ZeRO-1", first_block, replace(refined, optimizer_shard=zero), ()),
     ]
     found = []
-    for name, seeds, options in cases:
-        plan, seconds = timed_search(training_graph(build(), device_num, seeds), device_num, options)
+    for name, seeds, options, recompute in cases:
+        plan, seconds = timed_search(training_graph(build(), device_num, seeds, recompute), device_num, options)
         phases, prediction = plan.phase_bytes(), plan.prediction
         found.append([name, *(f"{phases[p] / 1e6:,.1f}" for p in ("forward", "backward", "sync", "update")),
                       f"{prediction.peak_bytes / 1e6:,.1f}", f"{prediction.step_time_ns / 1e6:,.3f}", f"{seconds:.2f}",

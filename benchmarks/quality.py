@@ -54,11 +54,11 @@ HEADERS = ["model", "devices", "plan", "forward MB", "backward MB", "sync MB", "
            "step ms", "search s", "status"]
 
 
-def training_graph(net, device_num: int, seeds: dict | None):
+def training_graph(net, device_num: int, seeds: dict | None, recompute: tuple[str, ...] = ()):
     graph = trace(net, *net.example_inputs(), device_num=device_num)
     if seeds:
         graph = apply_seeds(graph, seeds, device_num)
-    return build_training(graph, Adam(1e-3))
+    return build_training(graph, Adam(1e-3), recompute=recompute)
 
 
 def timed_search(graph, device_num: int, options: SearchOptions):
