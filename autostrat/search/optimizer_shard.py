@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autostrat.cost import dtype_size
 from autostrat.errors import ConfigError
@@ -63,8 +64,7 @@ class OptimizerShard:
                               f"or a positive integer, got {size!r}")
         threshold = self.threshold_bytes
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
-            raise ConfigError(f"parallel_optimizer_config: parallel_optimizer_threshold must be a non-negative "
-                              f"number of KB, got {threshold!r}")
+            raise ConfigError(f"an optimizer shard's threshold_bytes must be a non-negative integer, got {threshold!r}")
 
     @classmethod
     def from_config(cls, config: dict | None) -> OptimizerShard:
@@ -74,7 +74,8 @@ class OptimizerShard:
             >>> OptimizerShard.from_config({"optimizer_weight_shard_size": 2, "parallel_optimizer_threshold": 0})
             OptimizerShard(level='level1', shard_size=2, threshold_bytes=0)
         """
-        config = dict(config or {})
+        if config is None:
+            config = {}
         if not isinstance(config, dict):
             raise ConfigError(f"parallel_optimizer_config must be a mapping of {', '.join(CONFIG_KEYS)}, got {config!r}")
         unknown = sorted(set(config) - set(CONFIG_KEYS))
@@ -89,29 +90,35 @@ class OptimizerShard:
     def layout(self, layout: Layout, dtype: str) -> Layout:
         """The layout a parameter stored in `layout` is updated in (its optimiser state's): the
         innermost replicated device axes, `shard_size` devices' worth, split its first dim at
-        the minor end; `layout` itself when the parameter is not sharded (see the module)."""
-        if not layout.shape or math.prod(layout.shape) * dtype_size(dtype) < self.threshold_bytes:
-            return layout
-        fine = refine_layout(layout.normalized(), prime_matrix(layout.device_matrix))
-        used = fine.tensor_map.axes | set(fine.partial)
-        free = [axis for axis in range(fine.device_matrix.ndim) if axis not in used]  # innermost first
-        replicas = math.prod(fine.device_matrix.axis_size(axis) for axis in free)
-        wanted = replicas if self.shard_size == -1 or self.shard_size % replicas == 0 else self.shard_size
-        chosen, group = [], 1
-        for axis in free:
-            if group >= wanted:
-                break
-            chosen.append(axis)
-            group *= fine.device_matrix.axis_size(axis)
-        if group != wanted:
-            raise ConfigError(f"parallel_optimizer_config: optimizer_weight_shard_size {self.shard_size} is not a "
-                              f"product of the innermost replica axes of a parameter stored as {layout} "
-                              f"({replicas} replicas)")
-        if group == 1 or fine.slice_shape[0] % group:
-            return layout
-        entries = fine.tensor_map.entries
-        first = entries[0] + tuple(sorted(chosen, reverse=True))  # major first: larger axis ids lead
-        return Layout(fine.device_matrix, TensorMap((first,) + entries[1:]), fine.shape).normalized()
+        the minor end; `layout` itself when the parameter is not sharded (see the module).
+        Memoised: a search asks once per candidate of every parameter's first reader."""
+        return _shard_layout(self, layout, dtype)
+
+
+@lru_cache(maxsize=1 << 14)
+def _shard_layout(sharding: OptimizerShard, layout: Layout, dtype: str) -> Layout:
+    if not layout.shape or math.prod(layout.shape) * dtype_size(dtype) < sharding.threshold_bytes:
+        return layout
+    fine = refine_layout(layout.normalized(), prime_matrix(layout.device_matrix))
+    used = fine.tensor_map.axes | set(fine.partial)
+    free = [axis for axis in range(fine.device_matrix.ndim) if axis not in used]  # innermost first
+    replicas = math.prod(fine.device_matrix.axis_size(axis) for axis in free)
+    wanted = replicas if sharding.shard_size == -1 or sharding.shard_size % replicas == 0 else sharding.shard_size
+    chosen, group = [], 1
+    for axis in free:
+        if group >= wanted:
+            break
+        chosen.append(axis)
+        group *= fine.device_matrix.axis_size(axis)
+    if group != wanted:
+        raise ConfigError(f"parallel_optimizer_config: optimizer_weight_shard_size {sharding.shard_size} is not a "
+                          f"product of the innermost replica axes of a parameter stored as {layout} "
+                          f"({replicas} replicas)")
+    if group == 1 or fine.slice_shape[0] % group:
+        return layout
+    entries = fine.tensor_map.entries
+    first = entries[0] + tuple(sorted(chosen, reverse=True))  # major first: larger axis ids lead
+    return Layout(fine.device_matrix, TensorMap((first,) + entries[1:]), fine.shape).normalized()
 
 
 def update_layout(sharding: OptimizerShard | None, stored: Layout, dtype: str) -> Layout:
