@@ -197,12 +197,12 @@ class Plan:
                 "merged": list(self.refinement.result.merged),
                 "exact": self.refinement.result.exact,
             },
-            # Appended after the plan's own keys, which stay as they were before predictions.
+            # Appended after the plan's own keys, which stay as they were before predictions
+            # (and optimizer sharding, only when on, so plans without it keep their digests).
             "cost_model": self.cost_model,
             "hardware": asdict(self.hardware),
             "predicted": self.prediction.to_dict(),
-            "optimizer_shard": None if self.optimizer_shard is None else asdict(self.optimizer_shard),
-        }
+        } | ({} if self.optimizer_shard is None else {"optimizer_shard": asdict(self.optimizer_shard)})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1) + "\n"
