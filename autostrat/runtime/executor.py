@@ -17,9 +17,10 @@ every redistribution's result) over the program is the rank's `RankResult.peak_b
 as a buffer of its own, as a framework materialising every tensor holds it; temporaries inside
 a kernel or a collective (numpy's, a backend's receive lists) are not the rank's buffers.
 
-What the memory model leaves out, and a run measures: a redistributed copy of a tensor (the
-model holds each tensor in its producer's layout, as a copy's existence depends on both ends'
-strategies), and the assembling of split graph outputs for the check (phase "output"). What
+The assembling of split graph outputs for the check against one device (phase "output") is not
+part of the plan, as its bytes are reported apart: its buffers are not counted. What the memory
+model leaves out and a run measures: a redistributed copy of a tensor (the model holds each
+tensor in its producer's layout, as a copy's existence depends on both ends' strategies). What
 the model holds and a run does not: a graph input after its last use.
 """
 
@@ -107,34 +108,44 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
             written = {instruction.target: communicate(instruction, backend, store[instruction.source])}
             sent = sum(record.bytes for record in backend.sent[before:])
             traffic.append(Traffic(instruction.edge, instruction.kind, instruction.phase, instruction.predicted, sent))
-        memory.write(store, written, _in_place(instruction, released))
-        memory.release(store, released)
+        memory.write(_counted_bytes(instruction, written), _in_place(instruction, released))
+        store.update(written)
+        memory.release(released)
+        for key in released:
+            del store[key]
     outputs = {tensor: store[key] for tensor, key in program.outputs}
     updated = {name: store[key] for name, key in program.updates}
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
 
 
 class _LiveBytes:
-    """The bytes of a rank's store as instructions write and release buffers, and their peak."""
+    """The counted bytes of every buffer in a rank's store, their sum and its peak."""
 
     def __init__(self):
+        self.sizes: dict[str, int] = {}
         self.live = self.peak = 0
 
-    def write(self, store: dict, written: dict, in_place: tuple[str, ...] = ()) -> None:
-        """Store the instruction's results; `in_place` are the inputs they are written over."""
+    def write(self, written: dict[str, int], in_place: tuple[str, ...] = ()) -> None:
+        """Count the instruction's results; `in_place` are the inputs they are written over."""
         # A buffer being overwritten (the next step of a redistribution) is the instruction's
         # input: it is live until the instruction has written its result, unless written in place.
-        reused = sum(store[key].nbytes for key in in_place)
-        self.peak = max(self.peak, self.live + sum(array.nbytes for array in written.values()) - reused)
-        for key, array in written.items():
-            self.live += array.nbytes
-            if key in store:
-                self.live -= store[key].nbytes
-            store[key] = array
+        reused = sum(self.sizes[key] for key in in_place)
+        self.peak = max(self.peak, self.live + sum(written.values()) - reused)
+        for key, size in written.items():
+            self.live += size - self.sizes.get(key, 0)
+            self.sizes[key] = size
 
-    def release(self, store: dict, keys) -> None:
+    def release(self, keys) -> None:
         for key in keys:
-            self.live -= store.pop(key).nbytes
+            self.live -= self.sizes.pop(key)
+
+
+def _counted_bytes(instruction, written: dict) -> dict[str, int]:
+    """The bytes of the instruction's results that count: none for assembling graph outputs
+    for the check (phase "output", not part of the plan, as its bytes are reported apart)."""
+    if isinstance(instruction, Communicate) and instruction.phase == "output":
+        return dict.fromkeys(written, 0)
+    return {key: array.nbytes for key, array in written.items()}
 
 
 def _in_place(instruction, released: tuple[str, ...]) -> tuple[str, ...]:
@@ -151,7 +162,8 @@ def _in_place(instruction, released: tuple[str, ...]) -> tuple[str, ...]:
 
 def release_schedule(program: Program) -> tuple[tuple[str, ...], ...]:
     """Per instruction, the store keys no later instruction reads: dropped once it has run.
-    Graph outputs, updated values and the weights nothing updates are never dropped; a buffer
+    Graph outputs (in the plan's layout and assembled), updated values and the weights nothing
+    updates are never dropped; a buffer
     nothing reads (an unused kernel output) goes right after the instruction that writes it.
 
     Example (rank 0 of the tutorial FFN drops its slice of the input after the first matmul,
@@ -172,7 +184,7 @@ def release_schedule(program: Program) -> tuple[tuple[str, ...], ...]:
     for index, instruction in enumerate(program.instructions):
         for key in _touched(instruction):
             last[key] = index
-    kept = {key for _, key in program.outputs} | {key for _, key in program.updates} | _weights(program)
+    kept = {key for output in program.outputs for key in output} | {key for _, key in program.updates} | _weights(program)
     schedule: list[list[str]] = [[] for _ in program.instructions]
     for key, index in last.items():
         if key not in kept:
