@@ -189,6 +189,7 @@ def test_gpt_trains_with_adam_on_8_mpi_ranks_like_stand_alone(mode):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "step 10/10: loss" in result.stdout and "measured = predicted on every rank" in result.stdout
     assert "(limit 1e-05): OK" in result.stdout
+    assert_peaks_within(result.stdout, 8)  # gathered by train_collective
     if mode == "data_parallel":
         assert "forward 0, backward 0, sync 822528" in result.stdout
 

@@ -18,10 +18,11 @@ as a buffer of its own, as a framework materialising every tensor holds it; temp
 a kernel or a collective (numpy's, a backend's receive lists) are not the rank's buffers.
 
 The assembling of split graph outputs for the check against one device (phase "output") is not
-part of the plan, as its bytes are reported apart: its buffers are not counted. What the memory
-model leaves out and a run measures: a redistributed copy of a tensor (the model holds each
-tensor in its producer's layout, as a copy's existence depends on both ends' strategies). What
-the model holds and a run does not: a graph input after its last use.
+part of the plan, as its bytes are reported apart: its buffers are not counted. Where the run
+and the model differ: the model holds every tensor in its producer's layout until its last
+consumer, while a run holds a redistributed copy in its consumer's layout too, and may drop the
+original early when later consumers share the copy (a copy exists only for some pairs of
+producer and consumer strategies, which a per-op model cannot price).
 """
 
 from __future__ import annotations
@@ -163,8 +164,8 @@ def _in_place(instruction, released: tuple[str, ...]) -> tuple[str, ...]:
 def release_schedule(program: Program) -> tuple[tuple[str, ...], ...]:
     """Per instruction, the store keys no later instruction reads: dropped once it has run.
     Graph outputs (in the plan's layout and assembled), updated values and the weights nothing
-    updates are never dropped; a buffer
-    nothing reads (an unused kernel output) goes right after the instruction that writes it.
+    updates are never dropped; a buffer nothing reads (an unused kernel output) goes right
+    after the instruction that writes it.
 
     Example (rank 0 of the tutorial FFN drops its slice of the input after the first matmul,
     and keeps the weights):

@@ -61,6 +61,10 @@ def rank_summary(traffic_sums: list[int], peak: int, errors: tuple[float, float,
     return np.array([*traffic_sums, peak, *errors, seconds], np.float64)
 
 
+def _peak(summary: np.ndarray) -> int:
+    return int(summary[-5])  # a `rank_summary` ends with the peak, three errors and the seconds
+
+
 def memory_line(predicted: int, measured: list[int]) -> str:
     """The peak memory per device the plan predicted and each rank measured, in one line
     (ranks with the same peak grouped). Informative: a run is not failed on memory.
@@ -107,7 +111,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
             measured = sum(int(s) for s, c in zip(sent, communications) if c.phase == phase)
             bytes_match &= measured == predicted * steps
             row += [str(predicted), _per_step(measured, steps)]
-        rows.append(row + [str(job.predicted_peak), str(int(summary[-5]))])
+        rows.append(row + [str(job.predicted_peak), str(_peak(summary))])
     absolute = max(float(s[-4]) for s in summaries)
     relative = max(float(s[-3]) for s in summaries)
     tolerance = max(float(s[-2]) for s in summaries)
@@ -126,7 +130,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         format_table(headers, rows),
         *_collective_lines(job, summaries),
         f"bytes: {'measured = predicted on every rank' if bytes_match else 'MISMATCH between measured and predicted'}",
-        memory_line(job.predicted_peak, [int(summary[-5]) for summary in summaries]),
+        memory_line(job.predicted_peak, [_peak(summary) for summary in summaries]),
         f"max difference from the single-device result ({compared}): {absolute:.3g} (relative {relative:.3g}, "
         f"limit {tolerance:g}): {'OK' if results_match else 'FAILED'}",
         f"time per {kind} step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "

@@ -135,9 +135,9 @@ def train_single_device(graph, values: dict, batches, on_step=None) -> TrainingR
 
 def train_collective(plan, backend, values: dict, batches, on_step=None, every_rank: bool = False) -> TrainingResult | None:
     """Train on this rank of any backend (MPI: one process per rank), then assemble the final
-    parameters on every rank and gather the bytes per phase and the peak memory to rank 0, which gets the result
-    (the other ranks None, or with `every_rank` their losses and final parameters without the
-    bytes). The assembling is outside the counted program traffic."""
+    parameters on every rank and gather the bytes per phase and the peak memory to rank 0,
+    which gets the result (the other ranks None, or with `every_rank` their losses and final
+    parameters without the bytes). The assembling is outside the counted program traffic."""
     check_world(plan.device_num, backend)
     programs = lower_programs(plan)
     program = programs[backend.rank]
