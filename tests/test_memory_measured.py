@@ -66,23 +66,38 @@ def _seed(net, seeds: dict) -> None:
         primitive.shard(strategy)
 
 
-GPT_CASES = [  # (name, parallel mode, device_num, megatron model parallel or 0 for no seeds)
-    ("megatron-tp4-dp2", "auto_parallel", 8, 4),
-    ("megatron-tp2", "auto_parallel", 2, 2),
-    ("data-parallel", "data_parallel", 8, 0),
-    ("unseeded", "auto_parallel", 4, 0),
+GPT_CASES = [  # (name, parallel mode, device_num, megatron model parallel or 0 for no seeds, extra context)
+    ("megatron-tp4-dp2", "auto_parallel", 8, 4, {}),
+    ("megatron-tp2", "auto_parallel", 2, 2, {}),
+    ("data-parallel", "data_parallel", 8, 0, {}),
+    ("unseeded", "auto_parallel", 4, 0, {}),
+    ("megatron-tp4-dp2-optimizer-sharding", "auto_parallel", 8, 4,
+     {"enable_parallel_optimizer": True, "parallel_optimizer_config": {"parallel_optimizer_threshold": 0}}),
+    ("data-parallel-optimizer-sharding", "data_parallel", 8, 0,
+     {"enable_parallel_optimizer": True, "parallel_optimizer_config": {"parallel_optimizer_threshold": 0}}),
 ]
 
 
-@pytest.mark.parametrize("name,mode,device_num,model_parallel", GPT_CASES, ids=[case[0] for case in GPT_CASES])
-def test_measured_peak_of_a_small_gpt_is_within_5_percent(name, mode, device_num, model_parallel):
+@pytest.mark.parametrize("name,mode,device_num,model_parallel,context", GPT_CASES, ids=[case[0] for case in GPT_CASES])
+def test_measured_peak_of_a_small_gpt_is_within_5_percent(name, mode, device_num, model_parallel, context):
     net = GPT(layers=2, hidden=64, heads=4, seq=16, batch=8)
-    set_auto_parallel_context(parallel_mode=mode, device_num=device_num)
+    set_auto_parallel_context(parallel_mode=mode, device_num=device_num, **context)
     if model_parallel:
         _seed(net, megatron_seeds(2, model_parallel, data_parallel=device_num // model_parallel))
     cell = TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3))
     plan, values, batches = training_plan(cell, None, net.example_inputs(), 2)
     assert_peaks_match(train_locally(plan, values, batches), f"GPT {name} on {device_num}")
+
+
+def test_measured_peak_of_a_recomputed_gpt_is_within_5_percent():
+    net = GPT(layers=2, hidden=64, heads=4, seq=16, batch=8)
+    for block in net.blocks:
+        block.recompute()
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+    _seed(net, megatron_seeds(2, 4, data_parallel=2))
+    plan, values, batches = training_plan(TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3)), None, net.example_inputs(), 2)
+    assert any(name.startswith("recompute/") for name in plan.graph.ops)
+    assert_peaks_match(train_locally(plan, values, batches), "GPT with recomputed blocks")
 
 
 def _relu_program(shape=(4, 8)) -> Program:
