@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +47,21 @@ def test_config_on_8_mpi_ranks(tmp_path, config):
     assert ": OK" in out
     assert (run_dir / "report.txt").exists() and (run_dir / "rank_7" / "log").exists()
     assert_nothing_left(run_dir, 8)
+    assert_peaks_within(out, 8)
+
+
+def assert_peaks_within(out: str, device_num: int, tolerance: float = 0.05) -> None:
+    """The report's peak memory line: every rank's measured peak within `tolerance` of the
+    predicted one."""
+    [line] = [line for line in out.splitlines() if line.startswith("peak memory per device (bytes)")]
+    predicted = int(re.search(r"predicted (\d+);", line).group(1))
+    measured = {}
+    for first, last, value in re.findall(r"rank (\d+)(?:-(\d+))? (\d+)", line):
+        for rank in range(int(first), int(last or first) + 1):
+            measured[rank] = int(value)
+    assert sorted(measured) == list(range(device_num)), line
+    for rank, peak in measured.items():
+        assert abs(peak / predicted - 1) <= tolerance, f"rank {rank}: measured {peak} bytes, predicted {predicted}: {line}"
 
 
 @pytest.mark.slow
@@ -173,6 +189,7 @@ def test_gpt_trains_with_adam_on_8_mpi_ranks_like_stand_alone(mode):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "step 10/10: loss" in result.stdout and "measured = predicted on every rank" in result.stdout
     assert "(limit 1e-05): OK" in result.stdout
+    assert_peaks_within(result.stdout, 8)  # gathered by train_collective
     if mode == "data_parallel":
         assert "forward 0, backward 0, sync 822528" in result.stdout
 
@@ -184,3 +201,4 @@ def test_a_training_config_trains_on_8_mpi_ranks(tmp_path):
     assert "2 training step(s)" in out and "bytes: measured = predicted on every rank" in out
     assert "(every step's outputs and the final parameters and optimiser state)" in out and ": OK" in out
     assert_nothing_left(run_dir, 8)
+    assert_peaks_within(out, 8)

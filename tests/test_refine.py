@@ -147,7 +147,7 @@ def test_a_budget_below_the_smallest_peak_is_infeasible():
     from autostrat.errors import InfeasibleError
     from autostrat.search import SearchOptions, search
 
-    with pytest.raises(InfeasibleError, match=r"no plan fits max_device_memory = 49,440 bytes per device: the smallest achievable peak is 82,208 bytes"):
+    with pytest.raises(InfeasibleError, match=r"no plan fits max_device_memory = 49,440 bytes per device: the smallest achievable peak is 74,016 bytes"):
         search(mlp_graph(), 8, SearchOptions(search_mode="integer_programming", max_device_memory=49_440))
 
 

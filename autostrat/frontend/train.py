@@ -35,7 +35,7 @@ from autostrat.frontend.world import get_rank, launched_by_mpiexec
 from autostrat.runtime import checkpoint
 from autostrat.runtime.executor import graph_values
 from autostrat.runtime.job import random_batch
-from autostrat.runtime.report import PHASE_LEGEND
+from autostrat.runtime.report import PHASE_LEGEND, memory_line
 from autostrat.runtime.training import TrainingResult, train_collective, train_locally, train_single_device
 
 
@@ -214,7 +214,8 @@ def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None,
 
 
 def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: float = 1e-5) -> TrainReport:
-    """The report: both loss curves, the largest relative differences, the bytes per phase."""
+    """The report: both loss curves, the largest relative differences, the bytes per phase and
+    the peak memory per rank."""
     loss_error = relative_error(result.losses, reference.losses)
     parameter_error = relative_error(model_parameters(plan.graph, result.parameters), model_parameters(plan.graph, reference.parameters))
     lines = [f"{'step':>4}  {plan.device_num}-rank loss  stand-alone loss"]
@@ -227,6 +228,7 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
         f"bytes per step on rank 0 (measured): {phases}; "
         f"{'measured = predicted on every rank' if result.bytes_match else 'MISMATCH between measured and predicted'}",
         f"  ({PHASE_LEGEND})",
+        *([memory_line(result.predicted_peak, list(result.measured_peaks))] if result.measured_peaks else []),
         f"loss curve vs stand-alone: max relative error {loss_error:.3g}; final parameters: {parameter_error:.3g} "
         f"(limit {tolerance:g}): {'OK' if max(loss_error, parameter_error) <= tolerance else 'FAILED'}",
     ]

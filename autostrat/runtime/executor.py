@@ -3,6 +3,26 @@
 The executor cuts and joins along tensor dims; the backend only moves and reduces buffers.
 Collective instructions are carried out exactly as `redistribution.simulate` defines them
 (chunk order, reduction order), so every backend agrees with the simulation.
+
+Memory: a rank drops every buffer after the last instruction that reads it (`release_schedule`),
+except its graph outputs, the next values of its parameters and state, and the parameters and
+constants nothing updates (a device keeps its weights from step to step); a graph input (the
+batch) goes after its last use. While an instruction runs, its inputs and the buffers it writes
+are all live, except where a device writes the result over an input read for the last time: an
+update op's new parameter and state over the old ones (`kernels.optimizer.IN_PLACE`), an
+AllReduce's sum over its operand (NCCL's in-place AllReduce). The peak of the live bytes
+(`nbytes` of every buffer the rank holds: loaded and carried slices, activations, gradients,
+every redistribution's result) over the program is the rank's `RankResult.peak_bytes`, what
+`search.memory.peak_bytes` predicts. A kernel's output that is a numpy view of its input counts
+as a buffer of its own, as a framework materialising every tensor holds it; temporaries inside
+a kernel or a collective (numpy's, a backend's receive lists) are not the rank's buffers.
+
+The assembling of split graph outputs for the check against one device (phase "output") is not
+part of the plan, as its bytes are reported apart: its buffers are not counted. Where the run
+and the model differ: the model holds every tensor in its producer's layout until its last
+consumer, while a run holds a redistributed copy in its consumer's layout too, and may drop the
+original early when later consumers share the copy (a copy exists only for some pairs of
+producer and consumer strategies, which a per-op model cannot price).
 """
 
 from __future__ import annotations
@@ -14,6 +34,7 @@ import numpy as np
 from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend, Sent
 from autostrat.runtime.kernels import run_kernel
+from autostrat.runtime.kernels.optimizer import IN_PLACE
 from autostrat.runtime.program import Communicate, Compute, Load, Program
 
 
@@ -36,6 +57,7 @@ class RankResult:
     outputs: dict
     traffic: tuple[Traffic, ...]
     updated: dict = None  # training: the rank's slice of every updated parameter and state, by name
+    peak_bytes: int = 0  # the most bytes the rank's buffers held at once (see the module docstring)
 
     def bytes(self, phase: str, measured: bool = True) -> int:
         return sum(t.sent if measured else t.predicted for t in self.traffic if t.phase == phase)
@@ -49,7 +71,8 @@ class RankResult:
 def execute(program: Program, backend: Backend, values: dict, on_instruction=None, resident: dict | None = None) -> RankResult:
     """Run `program` with the whole arrays of its graph inputs, parameters and constants in
     `values`; every rank takes its own slices. `resident` gives tensors already as this rank's
-    slices (a training run's parameters and optimiser state after the first step).
+    slices (a training run's parameters and optimiser state after the first step); `execute`
+    takes them out of `resident` as it loads them, so that a slice is dropped after its last use.
     `on_instruction(index, instruction)` is called before each instruction (the MPI runtime's
     watchdog and fault injection use it).
 
@@ -71,28 +94,125 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     backend.prepare(program.partitions)
     store: dict[str, np.ndarray] = {}
     traffic = []
-    for index, instruction in enumerate(program.instructions):
+    memory = _LiveBytes()
+    for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
         if on_instruction is not None:
             on_instruction(index, instruction)
         if isinstance(instruction, Load):
-            store[instruction.tensor] = _load(instruction, values, resident)
+            written = {instruction.tensor: _load(instruction, values, resident)}
         elif isinstance(instruction, Compute):
             arrays = [store[key] for key in instruction.inputs]
             outputs = run_kernel(instruction.op_type, arrays, dict(instruction.attrs), instruction.context)
-            store.update(zip(instruction.outputs, outputs))
+            written = dict(zip(instruction.outputs, outputs))
         else:
             before = len(backend.sent)
-            store[instruction.target] = communicate(instruction, backend, store[instruction.source])
+            written = {instruction.target: communicate(instruction, backend, store[instruction.source])}
             sent = sum(record.bytes for record in backend.sent[before:])
             traffic.append(Traffic(instruction.edge, instruction.kind, instruction.phase, instruction.predicted, sent))
+        memory.write(_counted_bytes(instruction, written), _in_place(instruction, released))
+        store.update(written)
+        memory.release(released)
+        for key in released:
+            del store[key]
     outputs = {tensor: store[key] for tensor, key in program.outputs}
-    return RankResult(program.rank, outputs, tuple(traffic), {name: store[key] for name, key in program.updates})
+    updated = {name: store[key] for name, key in program.updates}
+    return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
+
+
+class _LiveBytes:
+    """The counted bytes of every buffer in a rank's store, their sum and its peak."""
+
+    def __init__(self):
+        self.sizes: dict[str, int] = {}
+        self.live = self.peak = 0
+
+    def write(self, written: dict[str, int], in_place: tuple[str, ...] = ()) -> None:
+        """Count the instruction's results; `in_place` are the inputs they are written over."""
+        # A buffer being overwritten (the next step of a redistribution) is the instruction's
+        # input: it is live until the instruction has written its result, unless written in place.
+        reused = sum(self.sizes[key] for key in in_place)
+        self.peak = max(self.peak, self.live + sum(written.values()) - reused)
+        for key, size in written.items():
+            self.live += size - self.sizes.get(key, 0)
+            self.sizes[key] = size
+
+    def release(self, keys) -> None:
+        for key in keys:
+            self.live -= self.sizes.pop(key)
+
+
+def _counted_bytes(instruction, written: dict) -> dict[str, int]:
+    """The bytes of the instruction's results that count: none for assembling graph outputs
+    for the check (phase "output", not part of the plan, as its bytes are reported apart)."""
+    if isinstance(instruction, Communicate) and instruction.phase == "output":
+        return dict.fromkeys(written, 0)
+    return {key: array.nbytes for key, array in written.items()}
+
+
+def _in_place(instruction, released: tuple[str, ...]) -> tuple[str, ...]:
+    """The input keys whose buffers the instruction's results take over (see the module
+    docstring): read for the last time here, or overwritten by this very instruction."""
+    if isinstance(instruction, Compute) and instruction.op_type in IN_PLACE:
+        pairs = zip(instruction.inputs, instruction.outputs)
+    elif isinstance(instruction, Communicate) and instruction.kind == "AllReduce":
+        pairs = ((instruction.source, instruction.target),)
+    else:
+        return ()
+    return tuple(dict.fromkeys(source for source, target in pairs if source in released or source == target))
+
+
+def release_schedule(program: Program) -> tuple[tuple[str, ...], ...]:
+    """Per instruction, the store keys no later instruction reads: dropped once it has run.
+    Graph outputs (in the plan's layout and assembled), updated values and the weights nothing
+    updates are never dropped; a buffer nothing reads (an unused kernel output) goes right
+    after the instruction that writes it.
+
+    Example (rank 0 of the tutorial FFN drops its slice of the input after the first matmul,
+    and keeps the weights):
+        >>> from autostrat import nn, parallelize, set_auto_parallel_context, reset_auto_parallel_context
+        >>> from autostrat.models import FFN
+        >>> from autostrat.runtime.program import lower_programs
+        >>> set_auto_parallel_context(parallel_mode="auto_parallel", device_num=2)
+        >>> net = FFN(); _ = net.dense1.matmul.shard(((2, 1), (1, 1)))
+        >>> program = lower_programs(parallelize(net, nn.Tensor(shape=(64, 64))))[0]
+        >>> reset_auto_parallel_context()
+        >>> [i.op for i, released in zip(program.instructions, release_schedule(program)) if "x" in released]
+        ['dense1.matmul']
+        >>> any("dense1.weight" in released for released in release_schedule(program))
+        False
+    """
+    last: dict[str, int] = {}
+    for index, instruction in enumerate(program.instructions):
+        for key in _touched(instruction):
+            last[key] = index
+    kept = {key for output in program.outputs for key in output} | {key for _, key in program.updates} | _weights(program)
+    schedule: list[list[str]] = [[] for _ in program.instructions]
+    for key, index in last.items():
+        if key not in kept:
+            schedule[index].append(key)
+    return tuple(tuple(keys) for keys in schedule)
+
+
+def _weights(program: Program) -> set[str]:
+    """The parameters and constants nothing updates: a device keeps them from step to step."""
+    updated = {name for name, _ in program.updates}
+    loaded = {i.tensor for i in program.instructions if isinstance(i, Load)}
+    return loaded - set(program.inputs) - updated
+
+
+def _touched(instruction) -> tuple[str, ...]:
+    """The store keys an instruction reads or writes."""
+    if isinstance(instruction, Load):
+        return (instruction.tensor,)
+    if isinstance(instruction, Compute):
+        return instruction.inputs + instruction.outputs
+    return (instruction.source, instruction.target)
 
 
 def _load(instruction: Load, values: dict, resident: dict | None) -> np.ndarray:
     expected = tuple(b - a for a, b in instruction.ranges)
     if resident is not None and instruction.tensor in resident:
-        piece = resident[instruction.tensor]
+        piece = resident.pop(instruction.tensor)  # the store holds it from now on, and drops it after its last use
         if piece.shape != expected:  # the update's layout drifted from the parameter's
             raise RuntimeBackendError(f"{instruction.tensor}: the carried slice has shape {list(piece.shape)}, "
                                       f"the program loads {list(expected)}")
@@ -161,5 +281,5 @@ def single_device_run(graph, values: dict, batches, on_step=None) -> tuple[tuple
     return tuple(outputs), {name: values[name] for name, _ in graph.updates}
 
 
-__all__ = ["RankResult", "Sent", "Traffic", "communicate", "execute", "graph_values", "run_single_device",
+__all__ = ["RankResult", "Sent", "Traffic", "communicate", "execute", "graph_values", "release_schedule", "run_single_device",
            "single_device_run", "single_device_step"]

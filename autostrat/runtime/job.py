@@ -43,6 +43,7 @@ class Job:
     expected: tuple[dict, ...]
     plan_table: str
     plan_bytes: int
+    predicted_peak: int  # the plan's peak memory per device (`search.memory.peak_bytes`)
     single_seconds: float
     stall_timeout: float = 10.0
     fault: Fault | None = None
@@ -93,7 +94,7 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     single_device_run(plan.graph, values, batches)
     single = (time.perf_counter() - started) / max(steps, 1)
     return Job(name or plan.graph.name, plan.device_num, programs, values, batches, expected,
-               plan.table(), plan.total_bytes, single, stall_timeout, fault, final or None)
+               plan.table(), plan.total_bytes, plan.prediction.peak_bytes, single, stall_timeout, fault, final or None)
 
 
 def own_slices(program: Program, whole: dict) -> dict:
@@ -116,18 +117,19 @@ def _worst(errors: tuple, more: tuple) -> tuple:
 def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) -> list | None:
     """Run every batch of the job on this rank and compare with the single-device results
     (a training job carries its parameters and state from step to step and compares them too
-    after the last step); rank 0 gets every rank's `report.rank_summary` (in rank order), the
-    others None."""
+    after the last step); rank 0 gets every rank's `report.rank_summary` (in rank order, with
+    the rank's peak memory over all steps), the others None."""
     check_world(job.device_num, backend, f"the job {job.name!r}")
     program = job.programs[backend.rank]
     sums = np.zeros(len(program.communications()), np.int64)
-    errors = (0.0, 0.0, 0.0)
+    errors, peak = (0.0, 0.0, 0.0), 0
     resident = {} if job.training else None
     started = time.perf_counter()
     for batch, expected in zip(job.batches, job.expected):
         result = execute(program, backend, job.values | batch, on_instruction, resident)
         resident = result.updated if job.training else None
         sums += result.sent()
+        peak = max(peak, result.peak_bytes)
         errors = _worst(errors, output_errors(result.outputs, expected))
     seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
     if job.training:
@@ -135,5 +137,5 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     if on_gather is not None:
         on_gather()
     if log is not None:
-        log(f"rank {backend.rank}: {len(job.batches)} step(s), sent {sums.tolist()} bytes, errors {errors}")
-    return backend.gather_report(rank_summary(sums.tolist(), errors, seconds))
+        log(f"rank {backend.rank}: {len(job.batches)} step(s), sent {sums.tolist()} bytes, peak {peak} bytes, errors {errors}")
+    return backend.gather_report(rank_summary(sums.tolist(), peak, errors, seconds))

@@ -7,10 +7,10 @@ can at worst make a job fail, never run code on the ranks' hosts:
   state), written by `checkpoint.checkpoint_bytes` (sorted names, fixed zip timestamps, no
   pickle) and read with ``allow_pickle=False``, under the keys ``values/NAME``,
   ``batches/STEP/NAME``, ``expected/STEP/NAME`` and ``final/NAME``.
-- ``job.json`` (schema version 1): ``format``, ``version``, ``files`` (the SHA-256 of
+- ``job.json`` (schema version 2): ``format``, ``version``, ``files`` (the SHA-256 of
   ``arrays.npz``), ``arrays`` (per section the names in order: ``values``, ``batches`` and
   ``expected`` one list per step, ``final`` or null), and the job's other fields: ``name``,
-  ``device_num``, ``plan_table``, ``plan_bytes``, ``single_seconds``, ``stall_timeout``,
+  ``device_num``, ``plan_table``, ``plan_bytes``, ``predicted_peak``, ``single_seconds``, ``stall_timeout``,
   ``fault`` and ``programs``. A record (a program, an instruction, a slice context, a fault) is
   an object ``{"type": NAME, FIELD: VALUE...}``; tuples are lists. Records are rebuilt only
   from `RECORDS`, the allow-list of types with the form of every field, so nothing in the file
@@ -43,7 +43,7 @@ from autostrat.runtime.job import FAULTS, Fault, Job
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program
 
 FORMAT = "autostrat job"
-VERSION = 1
+VERSION = 2  # 2: the predicted peak memory per device
 JOB_FOLDER = "job"
 JOB_JSON = "job.json"
 ARRAYS = "arrays.npz"
@@ -114,7 +114,7 @@ RECORDS = {
 ARRAY_SECTIONS = {"values": _NAMES, "batches": Many(_NAMES), "expected": Many(_NAMES), "final": Nullable(_NAMES)}
 JOB_FIELDS = {
     "name": str, "device_num": int, "programs": Many(Record(("Program",))), "plan_table": str, "plan_bytes": int,
-    "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
+    "predicted_peak": int, "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
 }
 _HEADER = {"format": OneOf((FORMAT,)), "version": int, "files": Fixed((str, str)), "arrays": None}
 

@@ -1,10 +1,11 @@
-"""The run report: per-rank bytes predicted by the plan next to the bytes counted while running,
-and the distance of the distributed result from the single-device one.
+"""The run report: per-rank bytes and peak memory predicted by the plan next to what was counted
+while running, and the distance of the distributed result from the single-device one.
 
 Each rank condenses its run into one vector (`rank_summary`): the bytes it sent in every
-collective instruction, summed over steps, then its largest absolute and relative output
-errors and its seconds per step. Rank 0 gathers the vectors and formats them with the programs,
-which carry the predictions.
+collective instruction, summed over steps, its peak memory (`executor.RankResult.peak_bytes`,
+the largest over steps), then its largest absolute and relative output errors and its seconds
+per step. Rank 0 gathers the vectors and formats them with the programs, which carry the
+byte predictions, and the job, which carries the predicted peak.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ PHASE_LEGEND = ("forward/backward = the plan's redistributions; sync = gradient 
                 "update = writing new parameters and state back to their layouts; output = assembling split or "
                 "partial graph outputs (a training step's loss) on every rank for the check, not part of the plan")
 TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-10}
+MEMORY_TOLERANCE = 0.05  # how far a rank's measured peak may be from the predicted one (issue #16)
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,42 @@ def output_errors(outputs: dict, expected: dict) -> tuple[float, float, float]:
     return absolute, relative, tolerance
 
 
-def rank_summary(traffic_sums: list[int], errors: tuple[float, float, float], seconds: float) -> np.ndarray:
-    return np.array([*traffic_sums, *errors, seconds], np.float64)
+def rank_summary(traffic_sums: list[int], peak: int, errors: tuple[float, float, float], seconds: float) -> np.ndarray:
+    return np.array([*traffic_sums, peak, *errors, seconds], np.float64)
+
+
+def _peak(summary: np.ndarray) -> int:
+    return int(summary[-5])  # a `rank_summary` ends with the peak, three errors and the seconds
+
+
+def memory_line(predicted: int, measured: list[int]) -> str:
+    """The peak memory per device the plan predicted and each rank measured, in one line
+    (ranks with the same peak grouped). Informative: a run is not failed on memory.
+
+    Example:
+        >>> memory_line(1000, [990, 990, 1080, 990])
+        'peak memory per device (bytes): predicted 1000; measured rank 0-1 990, rank 2 1080, rank 3 990; measured/predicted 0.990..1.080: differs by more than 5 %'
+    """
+    ratios = [value / predicted for value in measured] if predicted else [float("inf")]
+    within = max(abs(ratio - 1) for ratio in ratios) <= MEMORY_TOLERANCE
+    groups = ", ".join(f"rank {_span(first, last)} {value}" for first, last, value in _runs(measured))
+    return (f"peak memory per device (bytes): predicted {predicted}; measured {groups}; measured/predicted "
+            f"{min(ratios):.3f}..{max(ratios):.3f}: {'within' if within else 'differs by more than'} {MEMORY_TOLERANCE * 100:g} %")
+
+
+def _runs(values: list[int]) -> list[tuple[int, int, int]]:
+    """(first rank, last rank, value) of every run of ranks with the same value."""
+    runs = []
+    for rank, value in enumerate(values):
+        if runs and runs[-1][2] == value:
+            runs[-1] = (runs[-1][0], rank, value)
+        else:
+            runs.append((rank, rank, value))
+    return runs
+
+
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
 
 
 def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
@@ -75,23 +111,26 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
             measured = sum(int(s) for s, c in zip(sent, communications) if c.phase == phase)
             bytes_match &= measured == predicted * steps
             row += [str(predicted), _per_step(measured, steps)]
-        rows.append(row)
+        rows.append(row + [str(job.predicted_peak), str(_peak(summary))])
     absolute = max(float(s[-4]) for s in summaries)
     relative = max(float(s[-3]) for s in summaries)
     tolerance = max(float(s[-2]) for s in summaries)
     seconds = max(float(s[-1]) for s in summaries)
     results_match = relative <= tolerance
     headers = ["rank"] + [f"{phase} {what}" for phase in phases for what in ("predicted", "sent")]
+    headers += ["peak predicted", "peak measured"]
     compared = "every step's outputs and the final parameters and optimiser state" if job.training else "every step's outputs"
     lines = [
         f"{job.name} on {job.device_num} ranks ({backend}), {steps} {kind} step(s)",
         job.plan_table,
         "",
-        f"bytes each rank sent per {kind} step: predicted by the plan / counted on the buffers handed to the backend",
+        f"bytes each rank sent per {kind} step: predicted by the plan / counted on the buffers handed to the backend,",
+        f"and peak bytes each rank held: predicted by the plan's memory model / measured on the rank's live buffers",
         f"({PHASE_LEGEND})",
         format_table(headers, rows),
         *_collective_lines(job, summaries),
         f"bytes: {'measured = predicted on every rank' if bytes_match else 'MISMATCH between measured and predicted'}",
+        memory_line(job.predicted_peak, [_peak(summary) for summary in summaries]),
         f"max difference from the single-device result ({compared}): {absolute:.3g} (relative {relative:.3g}, "
         f"limit {tolerance:g}): {'OK' if results_match else 'FAILED'}",
         f"time per {kind} step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "

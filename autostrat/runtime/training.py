@@ -22,24 +22,29 @@ from autostrat.runtime.program import PHASES, lower_programs
 
 @dataclass(frozen=True)
 class RankTraining:
-    """One rank's run: the loss of every step, its final slices, and per communication
-    instruction the bytes it sent over all steps."""
+    """One rank's run: the loss of every step, its final slices, per communication
+    instruction the bytes it sent over all steps, and the peak of its live bytes over all steps."""
 
     rank: int
     losses: tuple[float, ...]
     slices: dict
     sent: tuple[int, ...]
+    peak_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class TrainingResult:
-    """Losses per step, the final parameters and state (whole), and per rank and phase the bytes
-    per step the plan predicted and the backend counted (empty on one device)."""
+    """Losses per step, the final parameters and state (whole), per rank and phase the bytes
+    per step the plan predicted and the backend counted, and the peak memory per device the plan
+    predicted next to the peak each rank measured (`executor.RankResult.peak_bytes`); the
+    comparisons are empty on one device."""
 
     losses: tuple[float, ...]
     parameters: dict
     predicted: tuple[dict, ...] = ()
     measured: tuple[dict, ...] = ()
+    predicted_peak: int = 0
+    measured_peaks: tuple[int, ...] = ()
 
     @property
     def bytes_match(self) -> bool:
@@ -59,16 +64,17 @@ def train_rank(program, backend, values: dict, batches, on_instruction=None, on_
     """
     resident: dict = {}
     sums = np.zeros(len(program.communications()), np.int64)
-    losses = []
+    losses, peak = [], 0
     loss_name = program.outputs[0][0]
     for step, batch in enumerate(batches):
         result = execute(program, backend, values | batch, on_instruction, resident)
         resident = result.updated
         sums += result.sent()
+        peak = max(peak, result.peak_bytes)
         losses.append(loss_value(result.outputs[loss_name]))
         if on_step is not None:
             on_step(step, losses[-1])
-    return RankTraining(program.rank, tuple(losses), resident, tuple(int(s) for s in sums))
+    return RankTraining(program.rank, tuple(losses), resident, tuple(int(s) for s in sums), peak)
 
 
 def phase_bytes(program, sent: tuple[int, ...] | None = None, steps: int = 1) -> dict[str, int]:
@@ -113,6 +119,8 @@ def train_locally(plan, values: dict, batches, on_step=None) -> TrainingResult:
         assemble_state(plan, [run.slices for run in runs]),
         tuple(phase_bytes(program) for program in programs),
         tuple(phase_bytes(program, run.sent, steps) for program, run in zip(programs, runs)),
+        plan.prediction.peak_bytes,
+        tuple(run.peak_bytes for run in runs),
     )
 
 
@@ -127,9 +135,9 @@ def train_single_device(graph, values: dict, batches, on_step=None) -> TrainingR
 
 def train_collective(plan, backend, values: dict, batches, on_step=None, every_rank: bool = False) -> TrainingResult | None:
     """Train on this rank of any backend (MPI: one process per rank), then assemble the final
-    parameters on every rank and gather the bytes per phase to rank 0, which gets the result
-    (the other ranks None, or with `every_rank` their losses and final parameters without the
-    bytes). The assembling is outside the counted program traffic."""
+    parameters on every rank and gather the bytes per phase and the peak memory to rank 0,
+    which gets the result (the other ranks None, or with `every_rank` their losses and final
+    parameters without the bytes). The assembling is outside the counted program traffic."""
     check_world(plan.device_num, backend)
     programs = lower_programs(plan)
     program = programs[backend.rank]
@@ -142,7 +150,7 @@ def train_collective(plan, backend, values: dict, batches, on_step=None, every_r
         for rank, piece in enumerate(backend.allgather(np.ascontiguousarray(local), world)):
             slices_by_rank[rank][name] = piece.reshape(local.shape)  # a scalar travels as shape (1,)
     measured = phase_bytes(program, run.sent, len(batches))
-    gathered = backend.gather_report(np.array([measured[phase] for phase in PHASES], np.float64))
+    gathered = backend.gather_report(np.array([measured[phase] for phase in PHASES] + [run.peak_bytes], np.float64))
     if gathered is None:
         return TrainingResult(run.losses, assemble_state(plan, slices_by_rank)) if every_rank else None
     return TrainingResult(
@@ -150,4 +158,6 @@ def train_collective(plan, backend, values: dict, batches, on_step=None, every_r
         assemble_state(plan, slices_by_rank),
         tuple(phase_bytes(p) for p in programs),
         tuple({phase: int(v) for phase, v in zip(PHASES, vector)} for vector in gathered),
+        plan.prediction.peak_bytes,
+        tuple(int(vector[len(PHASES)]) for vector in gathered),
     )

@@ -4,10 +4,15 @@ peak of the graph's topological (trace-order) schedule.
 Every tensor's per-device bytes depend on one op's candidate: an op output on its producer's, a
 parameter or graph input on its first consumer's (it is stored as that op wants it). An op
 output is live from its producer's step to its last consumer's step (to the end for a graph
-output); parameters, optimiser state (in its parameter's update layout, split further with
-optimizer sharding) and inputs are live
-throughout; an update's result takes its parameter's place. The peak is reached at a step where a tensor
-is produced, so those steps are the only ones to bound.
+output); a graph input (the batch) from the first step to its last consumer's, as a rank loads
+it before it runs any op and drops it after its last use; parameters, constants and optimiser
+state (in its parameter's update layout, split further with optimizer sharding) are live
+throughout; an update's result takes its parameter's place. The peak is reached at a step where
+a tensor is produced, so those steps are the only ones to bound.
+
+What a run measures (`runtime.executor`, `RankResult.peak_bytes`) is this schedule on every
+rank, plus what the model cannot price per op: a tensor's redistributed copy, whose existence
+depends on the strategies of both its producer and its consumer.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ class TensorBytes:
 
 
 def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[TensorBytes]]:
-    """(always-live parameters and inputs, op outputs), with their per-candidate bytes."""
+    """(always-live parameters, constants and state; op outputs and graph inputs), with their
+    per-candidate bytes."""
     graph = problem.graph
     resident, activations = [], []
     for name, info in graph.tensors.items():
@@ -49,16 +55,18 @@ def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[Tensor
             layouts = [s.input_layouts[index] for s in problem.candidates[owner]]
             if name in problem.state_of:
                 layouts = [problem.update_layout(stored_as, layout) for layout in layouts]
-            resident.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
+            held = activations if info.kind == "input" else resident  # a batch is dropped after its last use
+            held.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
     return resident, activations
 
 
 def spans(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[int, int]]:
-    """Per activation, the first and last step (op index) it is live at, both included."""
+    """Per activation, the first and last step (op index) it is live at, both included (a graph
+    input from the first step: a rank loads it before it runs any op)."""
     graph = problem.graph
     result = []
     for item in activations:
-        start = graph.op_index(item.owner)
+        start = 0 if graph.tensors[item.tensor].producer is None else graph.op_index(item.owner)
         uses = [graph.op_index(op) for op, _ in graph.consumers(item.tensor)]
         end = len(graph.ops) if item.tensor in graph.outputs or not uses else max(uses)
         result.append((start, end))
@@ -83,7 +91,7 @@ def peak_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
         >>> from autostrat.search.problem import build_problem
         >>> problem = build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8)
         >>> peak_bytes(problem, {op: 0 for op in problem.candidates})  # all-ones: everything whole
-        82432
+        66048
     """
     resident, activations = tensor_bytes(problem)
     base = sum(item.bytes[choice[item.owner]] for item in resident)

@@ -102,7 +102,7 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
         >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
         >>> predicted = predict(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8), Hardware(), ("forward",))
         >>> predicted.phases["forward"], predicted.peak_bytes
-        (PhaseCost(compute_ns=21, communication_ns=6014, bytes=6144), 26752)
+        (PhaseCost(compute_ns=21, communication_ns=6014, bytes=6144), 18560)
     """
     model = hardware.alpha_beta(plan.device_num)
     compute = dict.fromkeys(phases, 0)

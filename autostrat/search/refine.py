@@ -185,7 +185,7 @@ def smallest_peak(problem: SearchProblem, time_limit: float = 60.0, workers: int
         >>> from autostrat.search.problem import build_problem
         >>> problem = build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8)
         >>> smallest_peak(problem)
-        (16448, True)
+        (14400, True)
     """
     # Pruning keeps a candidate no smaller in any tensor, and merging only ops of constant
     # memory: the smallest peak of the coarse model is the problem's.
@@ -321,7 +321,7 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
         >>> bfs, around_seeds = propagate(problem).choice, data_parallel(problem, keep_seeds=True).choice
         >>> result = refine(problem, bfs, max_device_memory=200_000, starts=[around_seeds])
         >>> result.status, result.objective, result.bound
-        ('OPTIMAL', 18432, 18432)
+        ('OPTIMAL', 16384, 16384)
     """
     begin, budget = time.perf_counter(), max_device_memory
     known = _starts(problem, [hint, *starts], budget)
