@@ -3,11 +3,11 @@
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
                      [--refine cpsat] [--time-limit S] [--max-device-memory M]
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
-                     [--phase predict|train] [--parallel-optimizer]
+                     [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
-                  [--phase predict|train] [--parallel-optimizer]
+                  [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...]
     autostrat --version
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from autostrat.errors import AutostratError
 from autostrat.io import write_files_atomically
-from autostrat.frontend.config import load_config
+from autostrat.frontend.config import load_config, with_recompute
 from autostrat.frontend.run import RunOptions, plan_config, run_config
 from autostrat.runtime.job import FAULTS, Fault
 from autostrat.report import format_candidates
@@ -64,7 +64,7 @@ def search_command(args) -> str:
     overrides = {"refine": args.refine, "refine_time_limit": args.time_limit,
                  "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase,
                  "mesh": args.mesh, "cost_model": args.cost_model, "enable_parallel_optimizer": args.parallel_optimizer}
-    config = load_config(args.config, **overrides)
+    config = with_recompute(load_config(args.config, **overrides), args.recompute)
     status = StatusLine()  # quiet for a second: short searches print nothing
     try:
         plan, notes = plan_config(config, args.device_num, progress=status)
@@ -121,7 +121,8 @@ def _fault(text: str) -> Fault:
 
 def run_command(args) -> tuple[int, str]:
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
-                         args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer)
+                         args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer,
+                         tuple(args.recompute or ()))
     return run_config(args.config, options)
 
 
@@ -155,6 +156,9 @@ def _add_phase(command) -> None:
     command.add_argument("--phase", choices=["predict", "train"],
                          help="override the config's phase: train plans (and runs) forward, backward, gradient "
                               "synchronisation and the optimiser's update")
+    command.add_argument("--recompute", nargs="+", metavar="CELL",
+                         help="cells (paths such as blocks.0) whose forward runs again in the backward, "
+                              "keeping only their inputs (MindSpore's Cell.recompute); added to the config's list")
     command.add_argument("--parallel-optimizer", action="store_true", default=None,
                          help="split each parameter's optimiser state and update over its replicas (MindSpore's "
                               "enable_parallel_optimizer, ZeRO 1-2); parallel_optimizer_config comes from the config")

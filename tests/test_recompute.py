@@ -144,3 +144,13 @@ def test_recompute_and_optimizer_sharding_on_8_mpi_ranks(tmp_path):
     assert "bytes: measured = predicted on every rank" in out and ": OK" in out
     assert "recompute/blocks.0" in out
     assert_nothing_left(run_dir, 8)
+
+
+def test_the_command_line_adds_cells_to_recompute(capsys):
+    from autostrat.cli import main
+
+    assert main(["search", str(ROOT / "configs" / "transformer_stack.yaml"), "--recompute", "blocks.1"]) == 0
+    out = capsys.readouterr().out
+    assert "recompute/blocks.1." in out and "recompute/blocks.0." not in out
+    assert main(["search", str(ROOT / "configs" / "transformer_stack.yaml"), "--recompute", "block.1"]) != 0
+    assert "--recompute: 'block.1' is not a cell of TransformerStack (did you mean 'blocks.1'?)" in capsys.readouterr().err

@@ -220,6 +220,19 @@ def load_config(path, **overrides) -> Config:
     return Config(str(path), context, net, inputs, strategies, optimizer, _check_recompute(net, data.get("recompute"), f"{path}: recompute"))
 
 
+def with_recompute(config: Config, paths, where: str = "--recompute") -> Config:
+    """`config` with the cells at `paths` recomputed too (checked like the YAML list).
+
+    Example:
+        >>> with_recompute(load_config("configs/transformer_stack.yaml"), ["blocks.1"]).recompute
+        ('blocks.1',)
+    """
+    if not paths:
+        return config
+    added = _check_recompute(config.net, list(paths), where)
+    return replace(config, recompute=config.recompute + tuple(p for p in added if p not in config.recompute))
+
+
 def _check_recompute(net, section, where: str) -> tuple[str, ...]:
     """The cell paths of a ``recompute`` list, each a cell of `net`."""
     if section is None:

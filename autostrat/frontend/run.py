@@ -17,7 +17,7 @@ from pathlib import Path
 
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.api import plan_for
-from autostrat.frontend.config import load_config
+from autostrat.frontend.config import load_config, with_recompute
 from autostrat.frontend.tracing import trace
 from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.layout import Strategy
@@ -45,6 +45,7 @@ class RunOptions:
     fault: Fault | None = None
     phase: str | None = None  # overrides the config's
     parallel_optimizer: bool | None = None  # overrides the config's enable_parallel_optimizer
+    recompute: tuple[str, ...] = ()  # cell paths recomputed besides the config's
 
 
 def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int, where: str = "seed") -> tuple:
@@ -122,7 +123,8 @@ def prepare_run(config_path, options: RunOptions):
     check_run_options(options)
     table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
     resolve_hosts(table.hosts() if table else ())  # a host with no address is refused before the search
-    config = load_config(config_path, phase=options.phase, enable_parallel_optimizer=options.parallel_optimizer)
+    config = with_recompute(load_config(config_path, phase=options.phase, enable_parallel_optimizer=options.parallel_optimizer),
+                            options.recompute)
     device_num = run_device_num(config, options, table)
     plan, notes = plan_config(with_table_servers(with_table_mesh(config, table, device_num), table), device_num)
     name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"
