@@ -64,14 +64,31 @@ def _partial_bounds(total: int, ranks: int, g: int, target_free: int) -> tuple[i
     return -(-total * (g + target_free - 2) // ranks), -(-total * (g - 1) // ranks)
 
 
+def rank_coordinates(sizes: tuple[int, ...]) -> np.ndarray:
+    """Row ``a``: every rank's coordinate along axis ``a`` (axes counted from the right).
+
+    Example:
+        >>> rank_coordinates((2, 3)).tolist()
+        [[0, 1, 0, 1, 0, 1], [0, 0, 1, 1, 2, 2]]
+    """
+    return np.indices(tuple(reversed(sizes))).reshape(len(sizes), -1)[::-1]
+
+
+def piece_index(sizes: tuple[int, ...], coordinates: np.ndarray, entry) -> np.ndarray:
+    """Per rank, which piece of a dim split by the axes of `entry` (major first) it holds."""
+    index = np.zeros(coordinates.shape[1], dtype=np.int64)
+    for axis in entry:
+        index = index * sizes[axis] + coordinates[axis]
+    return index
+
+
 class ReceiveBound:
     """The lower bound towards one target state over one space (axes counted from the right)."""
 
     def __init__(self, space: Space, target: State):
         self.space, self.target_partial = space, set(target[1])
         sizes = space.sizes
-        positions = np.indices(tuple(reversed(sizes))).reshape(len(sizes), -1)
-        self.coordinates = positions[::-1]  # row a = coordinate of every rank along axis a
+        self.coordinates = rank_coordinates(sizes)
         self.target_start, self.target_size = self._ranges(target[0])
         self.target_volume = math.prod(self.target_size) * space.itemsize
         self.total = math.prod(space.shape) * space.itemsize
@@ -92,11 +109,8 @@ class ReceiveBound:
         return starts, lengths
 
     def _range(self, size: int, entry) -> tuple[np.ndarray, int]:
-        index = np.zeros(self.coordinates.shape[1], dtype=np.int64)
-        for axis in entry:
-            index = index * self.space.sizes[axis] + self.coordinates[axis]
         length = size // math.prod(self.space.sizes[axis] for axis in entry)
-        return index * length, length
+        return piece_index(self.space.sizes, self.coordinates, entry) * length, length
 
     def __call__(self, state: State) -> int:
         found = self.memo.get(state)
@@ -242,8 +256,7 @@ class ImportBound:
         self.space, self.fast = space, fast
         self.total = math.prod(space.shape) * space.itemsize
         sizes, ranks = space.sizes, math.prod(space.sizes)
-        coordinates = np.indices(tuple(reversed(sizes))).reshape(len(sizes), -1)[::-1]
-        self.coordinates = coordinates
+        self.coordinates = coordinates = rank_coordinates(sizes)
         group = np.zeros(ranks, dtype=np.int64)
         for axis, size in enumerate(sizes):
             if axis not in fast:
@@ -263,11 +276,8 @@ class ImportBound:
     def _union(self, dim: int, entry) -> np.ndarray:
         """(groups, units) booleans: which units of `dim` some member of each group holds."""
         units = self.units[dim]
-        index = np.zeros(self.coordinates.shape[1], dtype=np.int64)
-        for axis in entry:
-            index = index * self.space.sizes[axis] + self.coordinates[axis]
         length = units // group_size(self.space.sizes, entry)
-        start = (index * length)[self.order][:, None]
+        start = (piece_index(self.space.sizes, self.coordinates, entry) * length)[self.order][:, None]
         held = (np.arange(units)[None, :] >= start) & (np.arange(units)[None, :] < start + length)
         return held.reshape(-1, self.members, units).any(axis=1)
 

@@ -41,6 +41,7 @@ class LazyCostTable:
         # Per column, None or a further redistribution ``(layout, layout)`` every entry of the
         # column also pays (a sharded parameter's gather after its update, `search.problem`).
         self.then = tuple(then) if then is not None else (None,) * len(self.consumer_layouts)
+        self._then = np.full(len(self.then), np.nan)  # their prices, once computed
         self._values = np.zeros((len(self.producer_layouts), len(self.consumer_layouts)))
         self._known = np.zeros(self._values.shape, dtype=bool)
 
@@ -99,14 +100,20 @@ class LazyCostTable:
             for k in range(len(column_ids)):
                 self._compute(row_ids[missing[:, k]], column_ids[k:k + 1])
 
+    def _then_costs(self, column_ids: np.ndarray) -> np.ndarray:
+        """The price of each column's further redistribution (`then`), priced once per column."""
+        for column in column_ids:
+            if np.isnan(self._then[column]):
+                pair = self.then[column]
+                self._then[column] = 0.0 if pair is None else cost_table([pair[0]], [pair[1]], self.dtype, self.model)[0, 0]
+        return self._then[column_ids]
+
     def _compute(self, row_ids: np.ndarray, column_ids: np.ndarray) -> None:
         if not len(row_ids) or not len(column_ids):
             return
         block = cost_table([self.producer_layouts[i] for i in row_ids], [self.consumer_layouts[j] for j in column_ids],
                            self.dtype, self.model)
-        for k, column in enumerate(column_ids):
-            if self.then[column] is not None:
-                block[:, k] += cost_table([self.then[column][0]], [self.then[column][1]], self.dtype, self.model)[0, 0]
+        block += self._then_costs(column_ids)
         self._values[np.ix_(row_ids, column_ids)] = block
         self._known[np.ix_(row_ids, column_ids)] = True
 

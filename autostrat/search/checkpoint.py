@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 
 from autostrat.autodiff import PHASES, op_phase
-from autostrat.autodiff.optimizers import UPDATE_PREFIX
 from autostrat.errors import ConfigError
 from autostrat.io import read_json
+from autostrat.search.optimizer_shard import update_layout
 
 
 def _dims(values) -> list[dict]:
@@ -37,7 +37,7 @@ def checkpoint_dict(plan) -> dict:
     layouts = []
     for tensor in plan.graph.parameters():
         layout = plan.layouts[tensor.name]
-        step, size = optimizer_shard_group(layout, _update_layout(plan, tensor.name))
+        step, size = optimizer_shard_group(layout, update_layout(plan.optimizer_shard, layout, tensor.dtype))
         layouts.append({
             "param_name": tensor.name,
             "parallel_layouts": {
@@ -53,12 +53,6 @@ def checkpoint_dict(plan) -> dict:
     return {"device_num": plan.device_num, "parallel_strategy_item": strategies, "parallel_layout_item": layouts}
 
 
-def _update_layout(plan, parameter: str):
-    """The layout `parameter`'s optimiser update runs in, when the plan has one."""
-    op = plan.ops.get(UPDATE_PREFIX + parameter)
-    return getattr(op.strategy, "layout", None) if op is not None else None
-
-
 def optimizer_shard_group(stored, updated) -> tuple[int, int]:
     """MindSpore's ``(opt_weight_shard_step, opt_weight_shard_size)`` of a parameter stored in
     `stored` and updated in `updated`: how many of its replicas split its optimiser work, and
@@ -70,7 +64,7 @@ def optimizer_shard_group(stored, updated) -> tuple[int, int]:
         >>> optimizer_shard_group(whole, Layout(DeviceMatrix((2, 4)), TensorMap((0, -1)), (64, 8)))
         (1, 4)
     """
-    if updated is None or updated.slice_shape == stored.slice_shape:
+    if updated.slice_shape == stored.slice_shape:
         return 0, 0
     size = stored.slice_shape[0] // updated.slice_shape[0]
     home, part = stored.shard_index(0), updated.shard_index(0)

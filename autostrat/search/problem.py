@@ -29,7 +29,7 @@ from autostrat.autodiff import UPDATE_OP_TYPES, gradient_name
 from autostrat.cost import AlphaBeta, Hardware, op_cost
 from autostrat.ir import Graph, OpNode
 from autostrat.layout import FollowedStrategy, Layout, Strategy
-from autostrat.redistribution import LazyCostTable, cost_table, redistribution_cost, redistribution_time
+from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.strategies import generate_strategies, mesh_axes, on_mesh, split_values
 
@@ -286,7 +286,8 @@ def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str],
             stored = strategy.input_layouts[index]
             updated = update_layout(sharding, stored, graph.tensors[parameter].dtype)
             if updated is not stored and not _synced(graph, parameter):
-                extra[number] += _gather_cost(updated, stored, graph.tensors[parameter].dtype, model)
+                # A parameter with no gradient has no sync edge to carry its gather (`_sync_edges`).
+                extra[number] += cost_table([updated], [stored], graph.tensors[parameter].dtype, model)[0, 0]
             if hardware is not None:
                 extra[number] += _followed_nanoseconds(op.rule, updated, dtypes, hardware)
         own = costs[owner]
@@ -298,15 +299,6 @@ def _synced(graph: Graph, parameter: str) -> bool:
     """Whether `parameter`'s gradient is computed (it then has a sync edge)."""
     gradient = gradient_name(parameter)
     return gradient in graph.tensors and graph.producer(gradient) is not None
-
-
-@cache
-def _gather_cost(updated: Layout, stored: Layout, dtype: str, model: AlphaBeta | None) -> int:
-    """Bytes (or, with `model`, nanoseconds) of gathering a parameter's new value from its shard
-    layout back into the layout it is stored in (its writeback)."""
-    if model is None:
-        return redistribution_cost(updated, stored, dtype)
-    return redistribution_time(updated, stored, dtype, model)
 
 
 def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int, model=None) -> SearchEdge | None:
