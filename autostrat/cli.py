@@ -3,11 +3,11 @@
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
                      [--refine cpsat] [--time-limit S] [--max-device-memory M]
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
-                     [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...]
+                     [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
-                  [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...]
+                  [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
     autostrat --version
 """
 
@@ -158,7 +158,9 @@ def _add_phase(command) -> None:
                               "synchronisation and the optimiser's update")
     command.add_argument("--recompute", nargs="+", metavar="CELL",
                          help="cells (paths such as blocks.0) whose forward runs again in the backward, "
-                              "keeping only their inputs (MindSpore's Cell.recompute); added to the config's list")
+                              "keeping only their inputs (MindSpore's Cell.recompute); added to the config's list. "
+                              "'auto': the search chooses how many repeated layers to recompute under "
+                              "max_device_memory (auto_recompute)")
     command.add_argument("--parallel-optimizer", action="store_true", default=None,
                          help="split each parameter's optimiser state and update over its replicas (MindSpore's "
                               "enable_parallel_optimizer, ZeRO 1-2); parallel_optimizer_config comes from the config")

@@ -10,12 +10,14 @@ float32 master weights) on 64 devices, with a per-device budget (default 80 GB).
 - megatron + recompute: every block recomputed in the backward (`Cell.recompute`), with and
   without ZeRO-1;
 - refined: Megatron's seeds on block 0 only, propagated, then refined by CP-SAT for the predicted
-  step time under the budget (``--coarsen layers``), without and with optimizer sharding.
+  step time under the budget (``--coarsen layers``), without and with optimizer sharding;
+- refined + ZeRO-1, recompute searched: the same with how many blocks to recompute chosen by
+  the search (`recompute_choice.choose_recompute`, as ``auto_recompute`` does), the counts it
+  tried printed under the table.
 
 Columns: bytes per device per phase (forward, backward, gradient sync, update = the parameters'
 gathers after a sharded update), peak memory per device, predicted step time, search seconds,
-whether the plan fits the budget. Recompute is chosen by the user here (which cells), not
-searched.
+whether the plan fits the budget ("no plan": the refinement found none that fits).
 
 Run: .venv/bin/python benchmarks/memory.py [--budget 80GB] [--time-limit 60]
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,16 +35,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quality import MODELS, TENSOR_PARALLEL, timed_search, training_graph  # noqa: E402
 
+from autostrat.errors import InfeasibleError, SolverError  # noqa: E402
 from autostrat.frontend.context import parse_bytes  # noqa: E402
 from autostrat.models import megatron_seeds  # noqa: E402
 from autostrat.search import SearchOptions  # noqa: E402
 from autostrat.search.optimizer_shard import OptimizerShard  # noqa: E402
+from autostrat.search.recompute_choice import choose_recompute  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 HEADERS = ["plan", "forward MB", "backward MB", "sync MB", "update MB", "peak MB", "step ms", "search s", "fits"]
 
 
-def rows(budget: int, time_limit: float) -> list[list[str]]:
+def _searched(build, device_num: int, seeds: dict, options: SearchOptions):
+    """The refined plan with recompute searched (`recompute_choice.choose_recompute`), its
+    seconds, and the recompute counts tried."""
+    started = time.perf_counter()
+    layers = tuple(f"blocks.{index}" for index in range(len(build().blocks)))
+
+    def plan_with(cells):
+        return timed_search(training_graph(build(), device_num, seeds, cells), device_num, options)[0]
+
+    plan, choice = choose_recompute(plan_with, layers, options.max_device_memory)
+    return plan, time.perf_counter() - started, choice
+
+
+def rows(budget: int, time_limit: float) -> tuple[list[list[str]], str]:
     device_num, build = MODELS["7b"]
     layers = len(build().blocks)
     data = device_num // TENSOR_PARALLEL
@@ -58,16 +76,26 @@ def rows(budget: int, time_limit: float) -> list[list[str]]:
         ("megatron + ZeRO-1 + recompute", every_block, SearchOptions(optimizer_shard=zero), blocks),
         ("refined", first_block, refined, ()),
         ("refined + ZeRO-1", first_block, replace(refined, optimizer_shard=zero), ()),
+        ("refined + ZeRO-1, recompute searched", first_block, replace(refined, optimizer_shard=zero), None),
     ]
-    found = []
+    found, searched = [], ""
     for name, seeds, options, recompute in cases:
-        plan, seconds = timed_search(training_graph(build(), device_num, seeds, recompute), device_num, options)
+        try:
+            if recompute is None:
+                plan, seconds, choice = _searched(build, device_num, seeds, options)
+                searched = choice.summary()
+            else:
+                plan, seconds = timed_search(training_graph(build(), device_num, seeds, recompute), device_num, options)
+        except (InfeasibleError, SolverError) as error:
+            found.append([name, "-", "-", "-", "-", "-", "-", "-", f"no plan: {type(error).__name__}"])
+            print(format_table(HEADERS, found[-1:]), flush=True)
+            continue
         phases, prediction = plan.phase_bytes(), plan.prediction
         found.append([name, *(f"{phases[p] / 1e6:,.1f}" for p in ("forward", "backward", "sync", "update")),
                       f"{prediction.peak_bytes / 1e6:,.1f}", f"{prediction.step_time_ns / 1e6:,.3f}", f"{seconds:.2f}",
                       "yes" if prediction.peak_bytes <= budget else "no"])
         print(format_table(HEADERS, found[-1:]), flush=True)
-    return found
+    return found, searched
 
 
 def main() -> None:
@@ -75,9 +103,10 @@ def main() -> None:
     parser.add_argument("--budget", default="80GB", help="per-device memory budget (default 80GB)")
     parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds per refined plan")
     args = parser.parse_args()
-    found = rows(parse_bytes(args.budget, "--budget"), args.time_limit)
+    found, searched = rows(parse_bytes(args.budget, "--budget"), args.time_limit)
     print()
     print(format_table(HEADERS, found))
+    print(searched)
 
 
 if __name__ == "__main__":

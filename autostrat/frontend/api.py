@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 from autostrat.autodiff import Momentum, build_training
+from autostrat.autodiff.recompute import in_cell
 from autostrat.errors import ConfigError
 from autostrat.frontend.cell import recomputed_cells
 from autostrat.frontend.config import apply_seeds, check_op_names
 from autostrat.frontend.context import ParallelContext, current_context
 from autostrat.frontend.tracing import trace
 from autostrat.search import Plan, load_checkpoint_seeds, search, seeds_by_phase
+from autostrat.search.recompute_choice import choose_recompute, repeated_layers
 
 
 def training_parts(net, context: ParallelContext, optimizer=None) -> tuple:
@@ -41,22 +44,51 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
     checkpoint = seeds_by_phase(load_checkpoint_seeds(where)) if where else {}
     if checkpoint:
         graph = apply_seeds(graph, checkpoint["forward"], context.device_num, where=where)
-    if optimizer is not None:
-        if len(graph.outputs) != 1:
-            raise ConfigError(f"training needs a network returning one loss; {graph.name} returns {len(graph.outputs)} outputs")
-        graph = build_training(graph, optimizer, gradients_mean=context.gradients_mean,
-                               recompute=recomputed_cells(net) + tuple(recompute))
-        if checkpoint:
-            # Backward and update ops are checked by name, not seeded: the search derives them
-            # from the forward seeds again, as when the checkpoint was saved. (Seeding them too
-            # would pin pairs the saved plan joined by a redistribution: "seeds disagree".)
-            check_op_names(graph, checkpoint["backward"] | checkpoint["update"], where)
-    plan = search(graph, context.device_num, context.search_options(), progress)
+    if optimizer is None:
+        if context.auto_recompute:
+            raise ConfigError("auto_recompute chooses layers to recompute in a training step; this plan is of a forward "
+                              "pass (set phase='train' or give an optimizer)")
+        plan = search(graph, context.device_num, context.search_options(), progress)
+    else:
+        # A checkpoint's backward and update ops are checked by name, not seeded: the search
+        # derives them from the forward seeds again, as when the checkpoint was saved. (Seeding
+        # them too would pin pairs the saved plan joined by a redistribution: "seeds disagree".)
+        saved = (checkpoint["backward"] | checkpoint["update"]) if checkpoint else {}
+        plan = _training_plan(graph, optimizer, context, recomputed_cells(net) + tuple(recompute), progress, saved, where)
     for message in plan.warnings:
         warnings.warn(message, stacklevel=3)
     if context.strategy_ckpt_save_file:
         plan.save_strategy(context.strategy_ckpt_save_file)
     return plan
+
+
+def _training_plan(graph, optimizer, context: ParallelContext, recompute: tuple[str, ...], progress, saved=(),
+                   where: str = "") -> Plan:
+    """The plan of `graph`'s training step with the cells `recompute` recomputed, and with
+    ``auto_recompute`` as many more repeated layers as `choose_recompute` finds best; the op
+    names `saved` (from the strategy checkpoint at `where`) must be ops of some such step."""
+    if len(graph.outputs) != 1:
+        raise ConfigError(f"training needs a network returning one loss; {graph.name} returns {len(graph.outputs)} outputs")
+    layers = ()
+    if context.auto_recompute:
+        layers = tuple(layer for layer in repeated_layers(graph.ops) if not any(in_cell(layer, cell) or layer == cell for cell in recompute))
+        if not layers:
+            raise ConfigError(f"auto_recompute chooses among repeated layers (cells of a CellList); {graph.name} has none "
+                              f"left to choose (recomputed already: {', '.join(recompute) or 'none'})")
+
+    def training(cells: tuple[str, ...]):
+        return build_training(graph, optimizer, gradients_mean=context.gradients_mean, recompute=recompute + cells)
+
+    check_op_names(training(layers), saved, where)  # every op any choice can have: refused before a search
+    options = context.search_options()
+
+    def plan_with(cells: tuple[str, ...]) -> Plan:
+        return search(training(cells), context.device_num, options, progress)
+
+    if not context.auto_recompute:
+        return plan_with(())
+    plan, choice = choose_recompute(plan_with, layers, context.max_device_memory)
+    return replace(plan, recompute=choice)
 
 
 def parallelize(net, *inputs) -> Plan:

@@ -12,7 +12,8 @@
       dense1.matmul: [[2, 1], [1, 4]]          # in_strategy
       loss.one_hot: {in: [[8]], out: [[8, 1]]} # with an out_strategy
     optimizer: {name: adam, learning_rate: 0.001}  # optional: plan (and run) a training step
-    recompute: [blocks.0, blocks.1]            # optional: cells whose forward runs again in the backward
+    recompute: [blocks.0, blocks.1]            # optional: cells whose forward runs again in the backward,
+                                               # or auto: the search chooses them under max_device_memory
 
 An `optimizer` (sgd, momentum or adam, with its settings) implies ``phase: train``; ``phase:
 train`` without one trains with Momentum(0.01, 0.9).
@@ -40,6 +41,7 @@ from autostrat.ir import Graph
 from autostrat.layout import Strategy
 
 SECTIONS = ("inputs", "model", "optimizer", "recompute", "strategies")
+AUTO_RECOMPUTE = "auto"  # ``recompute: auto`` / ``--recompute auto``: the search chooses (`auto_recompute`)
 
 
 @dataclass(frozen=True)
@@ -217,28 +219,40 @@ def load_config(path, **overrides) -> Config:
     if optimizer is not None:
         context = replace(context, phase="train")
     strategies = _check_strategies(data.get("strategies"), f"{path}: strategies")
-    return Config(str(path), context, net, inputs, strategies, optimizer, _check_recompute(net, data.get("recompute"), f"{path}: recompute"))
+    config = Config(str(path), context, net, inputs, strategies, optimizer)
+    return with_recompute(config, _recompute_list(data.get("recompute"), f"{path}: recompute"), f"{path}: recompute")
 
 
 def with_recompute(config: Config, paths, where: str = "--recompute") -> Config:
-    """`config` with the cells at `paths` recomputed too (checked like the YAML list).
+    """`config` with the cells at `paths` recomputed too (checked like the YAML list); "auto"
+    among them turns the context's ``auto_recompute`` on (the search chooses more layers).
 
     Example:
         >>> with_recompute(load_config("configs/transformer_stack.yaml"), ["blocks.1"]).recompute
         ('blocks.1',)
+        >>> with_recompute(load_config("configs/transformer_stack.yaml"), ["auto"]).context.auto_recompute
+        True
     """
     if not paths:
         return config
-    added = _check_recompute(config.net, list(paths), where)
+    paths = list(paths)
+    if AUTO_RECOMPUTE in paths:
+        config = replace(config, context=replace(config.context, auto_recompute=True))
+    added = _check_recompute(config.net, [path for path in paths if path != AUTO_RECOMPUTE], where)
     return replace(config, recompute=config.recompute + tuple(p for p in added if p not in config.recompute))
+
+
+def _recompute_list(section, where: str) -> list:
+    """A YAML ``recompute`` value as a list: cell paths, or "auto" alone."""
+    if section is None:
+        return []
+    return [section] if section == AUTO_RECOMPUTE else section
 
 
 def _check_recompute(net, section, where: str) -> tuple[str, ...]:
     """The cell paths of a ``recompute`` list, each a cell of `net`."""
-    if section is None:
-        return ()
     if not isinstance(section, list) or not all(isinstance(path, str) for path in section):
-        raise ConfigError(f"{where}: expected a list of cell paths such as [blocks.0, blocks.1], got {section!r}")
+        raise ConfigError(f"{where}: expected a list of cell paths such as [blocks.0, blocks.1], or auto, got {section!r}")
     cells = {path for path, _ in net.cells_and_names()}
     for path in section:
         if path not in cells:

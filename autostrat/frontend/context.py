@@ -79,6 +79,9 @@ class ParallelContext:
       it (`search.optimizer_shard`); `parallel_optimizer_config` takes MindSpore's keys
       ``optimizer_level`` ("level1"/"level2"), ``optimizer_weight_shard_size`` (-1: all
       replicas) and ``parallel_optimizer_threshold`` (KB; default 64).
+    - `auto_recompute` (autostrat's own): when training under `max_device_memory`, the search
+      chooses how many repeated layers to recompute (`search.recompute_choice`), besides the
+      cells marked with `Cell.recompute`; the plan with the lowest predicted cost that fits wins.
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
     - The hardware the step time is predicted on (defaults: one 8 x H100 SXM5 server, sources
@@ -109,6 +112,7 @@ class ParallelContext:
     cost_model: str = "bytes"
     enable_parallel_optimizer: bool = False
     parallel_optimizer_config: dict | None = None
+    auto_recompute: bool = False
     device_flops: float = _HARDWARE.device_flops
     device_memory_bandwidth: float = _HARDWARE.device_memory_bandwidth
     intra_server_bandwidth: float = _HARDWARE.intra_server_bandwidth
@@ -143,7 +147,8 @@ class ParallelContext:
         if self.global_rank >= self.device_num:
             raise ConfigError(f"global_rank {self.global_rank} must be below device_num {self.device_num}")
         self.optimizer_shard()  # validates parallel_optimizer_config, naming the key
-        for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers", "enable_parallel_optimizer"):
+        for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers", "enable_parallel_optimizer",
+                    "auto_recompute"):
             value = getattr(self, key)
             if not isinstance(value, bool) and not (key == "fully_use_devices" and value is None):
                 raise ConfigError(f"{key} must be True or False, got {value!r}")

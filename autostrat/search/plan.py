@@ -105,6 +105,7 @@ class Plan:
     cost_model: str = "bytes"  # what the search minimised: "bytes" or "time" (see `search.SearchOptions`)
     hardware: Hardware = Hardware()  # what the predictions (and a "time" search) assume
     optimizer_shard: OptimizerShard | None = None  # enable_parallel_optimizer: updates split over replicas
+    recompute: object = None  # with auto_recompute: the `recompute_choice.RecomputeChoice` that chose this graph
 
     @cached_property
     def prediction(self) -> Prediction:
@@ -158,6 +159,8 @@ class Plan:
             lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
         if self.refinement:
             lines.append(self.refinement.summary())
+        if self.recompute is not None:
+            lines.append(self.recompute.summary())
         lines += [f"cost model: {self.cost_model}; hardware: {describe(self.hardware)}", *self.prediction.lines()]
         return "\n".join(lines)
 
@@ -202,7 +205,8 @@ class Plan:
             "cost_model": self.cost_model,
             "hardware": asdict(self.hardware),
             "predicted": self.prediction.to_dict(),
-        } | ({} if self.optimizer_shard is None else {"optimizer_shard": asdict(self.optimizer_shard)})
+        } | ({} if self.optimizer_shard is None else {"optimizer_shard": asdict(self.optimizer_shard)}) | (
+            {} if self.recompute is None else {"recompute": self.recompute.to_dict()})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1) + "\n"
