@@ -63,7 +63,7 @@ def test_small_and_indivisible_parameters_stay_whole_per_replica():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"optimizer_level": "level3"}, "level3"),
+    ({"optimizer_level": "level4"}, "level4"),
     ({"optimizer_weight_shard_size": 0}, "optimizer_weight_shard_size"),
     ({"parallel_optimizer_threshold": -1}, "parallel_optimizer_threshold"),
     ({"shard": 2}, "unknown key 'shard'"),

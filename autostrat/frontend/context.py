@@ -74,11 +74,13 @@ class ParallelContext:
       ``gradients_mean=False`` sums them — with a batch-mean loss, r times the stand-alone
       gradient on a parameter held by r devices. autostrat defaults to True (MindSpore to
       False): a plan computes what one device computes unless asked otherwise.
-    - `enable_parallel_optimizer`: MindSpore's parallel optimizer (ZeRO stages 1–2): each
-      parameter's optimiser state and update split over the devices holding the same slice of
-      it (`search.optimizer_shard`); `parallel_optimizer_config` takes MindSpore's keys
-      ``optimizer_level`` ("level1"/"level2"), ``optimizer_weight_shard_size`` (-1: all
-      replicas) and ``parallel_optimizer_threshold`` (KB; default 64).
+    - `enable_parallel_optimizer`: MindSpore's parallel optimizer (ZeRO): each parameter's
+      optimiser state and update split over the devices holding the same slice of it
+      (`search.optimizer_shard`); `parallel_optimizer_config` takes MindSpore's keys
+      ``optimizer_level`` ("level1"/"level2"; "level3": the search may also keep each
+      parameter sharded at rest, gathered per use, where a memory budget needs it),
+      ``optimizer_weight_shard_size`` (-1: all replicas) and ``parallel_optimizer_threshold``
+      (KB; default 64).
     - `auto_recompute` (autostrat's own): when training under `max_device_memory`, the search
       chooses how many repeated layers to recompute (`search.recompute_choice`), besides the
       cells marked with `Cell.recompute`; the plan with the lowest predicted cost that fits wins.

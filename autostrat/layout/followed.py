@@ -34,6 +34,7 @@ class FollowedStrategy:
 
     rule: Any
     layout: Layout
+    at_rest = ()  # an update op reads parameters in the layout they rest in (`Strategy.at_rest`)
 
     def __post_init__(self) -> None:
         if self.layout.partial:

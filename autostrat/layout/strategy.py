@@ -68,6 +68,10 @@ class Strategy:
     # and the sum is resolved once, after (Megatron's gradients of one activation read by Q, K
     # and V: three partial sums added before a single AllReduce).
     sums_partials: bool = False
+    # Inputs (parameters this op reads first) kept between steps in their optimizer-shard layout
+    # and gathered into `input_layouts` for use (ZeRO-3, `search.optimizer_shard`): the op's
+    # computation is the same, only where its parameters rest differs.
+    at_rest: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", tuple(int(s) for s in self.splits))
@@ -152,7 +156,8 @@ class Strategy:
         text = _format_tuples(self.to_tuples())
         out = self.out_tuples()
         text = text if out is None else f"{text} out {_format_tuples(out)}"
-        return f"{text} partial sums" if self.sums_partials else text
+        text = f"{text} partial sums" if self.sums_partials else text
+        return f"{text} at rest sharded: input {', '.join(map(str, self.at_rest))}" if self.at_rest else text
 
 
 def _format_tuples(tuples) -> str:

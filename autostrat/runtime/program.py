@@ -14,7 +14,8 @@ same planner and reported apart (phase "output") from the plan's forward bytes.
 
 A training plan also has phases "backward", "sync" (gradient synchronisation: the edges into
 the update ops) and "update" (writebacks: an updated parameter or state redistributed back to
-the layout it is stored in), and `Program.updates` names, per updated parameter or optimiser
+the layout it is stored in), with ZeRO-3 "gather" (a parameter resting sharded, gathered for
+each op reading it), and `Program.updates` names, per updated parameter or optimiser
 state, the store key of its next value, already in that layout: the next step loads it from there.
 """
 
@@ -27,7 +28,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
 
-PHASES = ("forward", "backward", "sync", "update", "output")
+PHASES = ("forward", "backward", "sync", "update", "gather", "output")
 
 
 @dataclass(frozen=True)

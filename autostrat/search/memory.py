@@ -7,12 +7,18 @@ output is live from its producer's step to its last consumer's step (to the end 
 output); a graph input (the batch) from the first step to its last consumer's, as a rank loads
 it before it runs any op and drops it after its last use; parameters, constants and optimiser
 state (in its parameter's update layout, split further with optimizer sharding) are live
-throughout; an update's result takes its parameter's place. The peak is reached at a step where
-a tensor is produced, so those steps are the only ones to bound.
+throughout; an update's result takes its parameter's place; a parameter at rest (ZeRO-3) is
+held shard-sized, and gathered for its first reader while that runs. The peak is reached at a
+step where a tensor is produced, so those steps are the only ones to bound.
 
-What a run measures (`runtime.executor`, `RankResult.peak_bytes`) is this schedule on every
-rank, plus what the model cannot price per op: a tensor's redistributed copy, whose existence
-depends on the strategies of both its producer and its consumer.
+What a run measures (`runtime.executor`, `RankResult.peak_bytes`) is what `buffers.plan_peak`
+predicts from the plan: this, less the originals a run drops once a copy has been made, plus
+the copies a redistribution writes in its consumer's layout (and its steps' intermediates).
+Whether a copy exists depends on the strategies of both ends of an edge, which a form over one
+op's candidates cannot see; counting one for every candidate of every consumer over-counted the
+shipped configs' peaks by 6-10 % (their runs hold few copies at their peak), so the forms leave
+them out and the search checks the plan's exact peak against a budget afterwards
+(`search.search`), solving again under a tighter one when copies push it over.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from autostrat.cost import dtype_size
+from autostrat.search.optimizer_shard import rest_layout
 from autostrat.search.problem import SearchProblem
 
 
@@ -31,6 +38,7 @@ class TensorBytes:
     tensor: str
     owner: str
     bytes: tuple[int, ...]
+    at: str = ""  # a copy (redistributed, or a ZeRO-3 gather): live only while this op runs
 
 
 def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[TensorBytes]]:
@@ -52,12 +60,23 @@ def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[Tensor
         stored_as = problem.state_of.get(name, name)
         if graph.consumers(stored_as):
             owner, index = graph.consumers(stored_as)[0]
-            layouts = [s.input_layouts[index] for s in problem.candidates[owner]]
             if name in problem.state_of:
-                layouts = [problem.update_layout(stored_as, layout) for layout in layouts]
+                layouts = [problem.update_layout(stored_as, s.input_layouts[index]) for s in problem.candidates[owner]]
+            else:  # where it rests: where its first reader uses it, or with ZeRO-3 maybe its shard layout
+                layouts = [rest_layout(problem.optimizer_shard, s, index, info.dtype) for s in problem.candidates[owner]]
             held = activations if info.kind == "input" else resident  # a batch is dropped after its last use
             held.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
+            if name not in problem.state_of:
+                activations += _gathered_copy(problem, name, owner, index, size)
     return resident, activations
+
+
+def _gathered_copy(problem: SearchProblem, parameter: str, owner: str, index: int, size: int) -> list[TensorBytes]:
+    """A parameter at rest (ZeRO-3) is gathered for each op reading it: for its first reader,
+    the copy of its used slice while it runs, when it keeps the parameter at rest. (A later
+    reader's copy is a redistribution like any other, which the forms leave out: see the module.)"""
+    whole = [math.prod(s.input_layouts[index].slice_shape) * size if index in s.at_rest else 0 for s in problem.candidates[owner]]
+    return [TensorBytes(parameter, owner, tuple(whole), at=owner)] if any(whole) else []
 
 
 def spans(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[int, int]]:
@@ -66,6 +85,9 @@ def spans(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[
     graph = problem.graph
     result = []
     for item in activations:
+        if item.at:
+            result.append((graph.op_index(item.at),) * 2)
+            continue
         start = 0 if graph.tensors[item.tensor].producer is None else graph.op_index(item.owner)
         uses = [graph.op_index(op) for op, _ in graph.consumers(item.tensor)]
         end = len(graph.ops) if item.tensor in graph.outputs or not uses else max(uses)

@@ -1,4 +1,4 @@
-"""Optimizer sharding (MindSpore's parallel optimizer, ZeRO stages 1 and 2).
+"""Optimizer sharding (MindSpore's parallel optimizer, ZeRO stages 1 to 3).
 
 With ``enable_parallel_optimizer`` the devices that hold the same slice of a parameter (its
 replicas) split that slice's optimiser work among themselves: each keeps the optimiser state
@@ -11,7 +11,15 @@ writeback, in the "update" phase). In bytes a ReduceScatter and an AllGather cos
 AllReduce they replace costs; the optimiser state and the update's compute shrink by the shard
 size. MindSpore's ``optimizer_level`` "level1" (states) and "level2" (states and gradients)
 behave alike here: a step has no gradient accumulation, so the gradient is never kept whole
-beyond its ReduceScatter. "level3" (parameters sharded at rest) is not supported.
+beyond its ReduceScatter.
+
+"level3" (ZeRO-3) also lets a parameter rest between steps in its shard layout: its update
+needs no gather back, and each op reading it gathers it into the layout it uses instead (phase
+"gather"; the gathered copy is dropped after that op). That trades a gather per use (the
+forward's and the backward's) for a parameter held shard-sized, so the search decides it per
+parameter: the first reader of each shardable parameter gets, besides each candidate, the same
+strategy with the parameter at rest (`Strategy.at_rest`), priced in time and memory; the
+propagation keeps parameters whole (at rest costs bytes), CP-SAT under a memory budget chooses.
 
 A parameter is left whole-per-replica when it has no replica, when its whole size is below
 ``parallel_optimizer_threshold`` KB (MindSpore's rule: small weights are not worth the
@@ -29,7 +37,7 @@ from autostrat.errors import ConfigError
 from autostrat.layout import Layout, TensorMap
 from autostrat.redistribution.refine import prime_matrix, refine_layout
 
-LEVELS = ("level1", "level2")
+LEVELS = ("level1", "level2", "level3")
 CONFIG_KEYS = ("optimizer_level", "optimizer_weight_shard_size", "parallel_optimizer_threshold", "gradient_accumulation_shard")
 
 
@@ -37,7 +45,8 @@ CONFIG_KEYS = ("optimizer_level", "optimizer_weight_shard_size", "parallel_optim
 class OptimizerShard:
     """How parameters' optimiser work is split over their replicas.
 
-    - `level`: MindSpore's ``optimizer_level``, "level1" or "level2" (alike here, see above).
+    - `level`: MindSpore's ``optimizer_level``: "level1" or "level2" (alike here), or "level3",
+      which also lets the search keep parameters sharded at rest (see the module).
     - `shard_size`: how many replicas share one parameter slice's work (MindSpore's
       ``optimizer_weight_shard_size``); -1: all of them.
     - `threshold_bytes`: parameters smaller than this (whole) are not sharded.
@@ -56,8 +65,8 @@ class OptimizerShard:
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
-            raise ConfigError(f"parallel_optimizer_config: optimizer_level must be one of {', '.join(LEVELS)} "
-                              f"(level3, parameters sharded at rest, is not supported), got {self.level!r}")
+            raise ConfigError(f"parallel_optimizer_config: optimizer_level must be one of {', '.join(LEVELS)}, "
+                              f"got {self.level!r}")
         size = self.shard_size
         if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
             raise ConfigError(f"parallel_optimizer_config: optimizer_weight_shard_size must be -1 (all replicas) "
@@ -94,6 +103,11 @@ class OptimizerShard:
         Memoised: a search asks once per candidate of every parameter's first reader."""
         return _shard_layout(self, layout, dtype)
 
+    @property
+    def at_rest(self) -> bool:
+        """Whether parameters may rest in their shard layout (ZeRO-3)."""
+        return self.level == "level3"
+
 
 @lru_cache(maxsize=1 << 14)
 def _shard_layout(sharding: OptimizerShard, layout: Layout, dtype: str) -> Layout:
@@ -121,7 +135,15 @@ def _shard_layout(sharding: OptimizerShard, layout: Layout, dtype: str) -> Layou
     return Layout(fine.device_matrix, TensorMap((first,) + entries[1:]), fine.shape).normalized()
 
 
-def update_layout(sharding: OptimizerShard | None, stored: Layout, dtype: str) -> Layout:
-    """The layout a parameter stored in `stored` is updated in: `stored` itself without
-    optimizer sharding, else `OptimizerShard.layout`."""
-    return stored if sharding is None else sharding.layout(stored, dtype)
+def update_layout(sharding: OptimizerShard | None, used: Layout, dtype: str) -> Layout:
+    """The layout a parameter that its first reader uses in `used` is updated in: `used`
+    itself without optimizer sharding, else `OptimizerShard.layout`."""
+    return used if sharding is None else sharding.layout(used, dtype)
+
+
+def rest_layout(sharding: OptimizerShard | None, strategy, index: int, dtype: str) -> Layout:
+    """Where input `index` of an op running `strategy` rests between steps when it is a
+    parameter the op reads first: the layout the op uses, or its shard layout when the
+    strategy keeps it at rest (`Strategy.at_rest`, ZeRO-3)."""
+    used = strategy.input_layouts[index]
+    return update_layout(sharding, used, dtype) if index in strategy.at_rest else used

@@ -14,7 +14,7 @@ from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
 from autostrat.search.checkpoint import checkpoint_json
 from autostrat.search.dump import write_dumps
-from autostrat.search.optimizer_shard import OptimizerShard
+from autostrat.search.optimizer_shard import OptimizerShard, rest_layout
 from autostrat.search.prediction import Prediction, predict
 from autostrat.tables import format_table
 from autostrat.io import write_atomically
@@ -73,11 +73,17 @@ class Refinement:
     result: object  # a `refine.RefineResult`
     changed: tuple[str, ...]
     unit: str = "bytes"
+    # The budget the solver's per-op memory model was held to, when below max_device_memory so
+    # that the plan's redistributed copies fit too (see `search.search`); its status and bound
+    # are then those of plans within that budget.
+    model_budget: int | None = None
 
     def summary(self) -> str:
         result = self.result
+        tightened = "" if self.model_budget is None else (
+            f" (under {self.model_budget:,} bytes for the per-op memory model, so that the plan's copies fit the budget)")
         return (
-            f"refined by CP-SAT: {self.before} -> {result.objective} {self.unit} per device, {result.status}, "
+            f"refined by CP-SAT: {self.before} -> {result.objective} {self.unit} per device, {result.status}{tightened}, "
             f"bound {result.bound}{'' if result.exact else ' (over plans whose repeated layers agree)'}, "
             f"gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed; {result.coarsening}"
         )
@@ -111,20 +117,33 @@ class Plan:
     def prediction(self) -> Prediction:
         """Predicted time and bytes per phase of one step and peak memory per device
         (`search.prediction`), on `hardware`."""
-        return predict(self, self.hardware, BYTE_PHASES)
+        return predict(self, self.hardware, self.byte_phases)
 
     @property
     def total_bytes(self) -> int:
         """Redistribution bytes each device sends for one step (forward pass, or training step)."""
         return sum(edge.cost for edge in self.redistributions) + sum(w.plan.cost for w in self.writebacks)
 
+    @cached_property
+    def resting(self) -> frozenset[str]:
+        """The parameters kept sharded at rest (ZeRO-3), gathered for each op reading them."""
+        return resting_parameters(self.graph, {name: op.strategy for name, op in self.ops.items()})
+
+    @property
+    def byte_phases(self) -> tuple[str, ...]:
+        """`BYTE_PHASES`, and "gather" when parameters rest sharded (ZeRO-3)."""
+        return BYTE_PHASES + (("gather",) if self.resting else ())
+
     def edge_phase(self, edge: EdgeRedistribution) -> str:
-        """The `BYTE_PHASES` entry of an edge: its consumer's phase, "sync" for update ops."""
+        """The `byte_phases` entry of an edge: "gather" for a parameter sharded at rest, else
+        its consumer's phase, "sync" for update ops."""
+        if edge.tensor in self.resting:
+            return "gather"
         phase = op_phase(edge.consumer)
         return "sync" if phase == "update" else phase
 
     def phase_bytes(self) -> dict[str, int]:
-        """Bytes per device per step, by `BYTE_PHASES` entry.
+        """Bytes per device per step, by `byte_phases` entry.
 
         Example:
             >>> from autostrat.frontend import trace
@@ -134,7 +153,7 @@ class Plan:
             >>> search(trace(FFN(), Tensor(shape=(64, 64))), 8).phase_bytes()
             {'forward': 0, 'backward': 0, 'sync': 0, 'update': 0}
         """
-        totals = dict.fromkeys(BYTE_PHASES, 0)
+        totals = dict.fromkeys(self.byte_phases, 0)
         for edge in self.redistributions:
             totals[self.edge_phase(edge)] += edge.cost
         totals["update"] += sum(w.plan.cost for w in self.writebacks)
@@ -239,9 +258,11 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
     layouts: dict[str, Layout] = {}
     for name, op in graph.ops.items():
         strategy = strategies[name]
-        for tensor, layout in zip(op.inputs, strategy.input_layouts):
-            layouts.setdefault(tensor, layout)  # a parameter or input lives where it is first used
+        for index, tensor in enumerate(op.inputs):
+            # A parameter or input lives where it is first used, or with ZeRO-3 maybe sharded at rest.
+            layouts.setdefault(tensor, rest_layout(optimizer_shard, strategy, index, graph.tensors[tensor].dtype))
         layouts.update(zip(op.outputs, strategy.output_layouts))
+    resting = resting_parameters(graph, strategies)
     edges, paid = [], {}  # paid: (tensor, normal form wanted) -> the edge that redistributes it
     for number, (name, op) in enumerate(graph.ops.items()):
         if progress is not None:
@@ -250,19 +271,25 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             held = layouts[tensor]
             if held.equivalent(wanted):
                 continue
-            earlier = paid.get((tensor, wanted.normalized()))
-            if earlier is not None:
+            key = (tensor, wanted.normalized())
+            earlier = paid.get(key)
+            if earlier is not None and tensor not in resting:  # a resting parameter is gathered per use
                 edges.append(replace(earlier, consumer=name, input_index=index, shares=(earlier.consumer, earlier.input_index)))
                 continue
             plan = plan_redistribution(held, wanted, graph.tensors[tensor].dtype, model)
             edges.append(EdgeRedistribution(tensor, name, index, plan))
-            paid[(tensor, wanted.normalized())] = edges[-1]
+            paid[key] = edges[-1]
     ops = {name: OpPlan(name, graph.ops[name].op_type, strategies[name], origins[name]) for name in graph.ops}
     ordered = {name: layouts[name] for name in graph.tensors if name in layouts}
     writebacks = tuple(_writeback(graph, layouts, parameter, value, model) for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
                 writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware,
                 optimizer_shard=optimizer_shard)
+
+
+def resting_parameters(graph: Graph, strategies) -> frozenset[str]:
+    """The parameters kept sharded at rest (ZeRO-3) by the ops reading them first."""
+    return frozenset(graph.ops[name].inputs[index] for name, strategy in strategies.items() for index in strategy.at_rest)
 
 
 def describe(hardware: Hardware) -> str:

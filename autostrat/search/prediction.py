@@ -5,8 +5,10 @@
 - Communication: every redistribution of the plan, its steps timed by the α–β model of the plan's
   hardware (`AlphaBeta.step_nanoseconds`), in the phase its bytes are counted in
   (`Plan.edge_phase`; writebacks in "update").
-- Peak memory: `memory.peak_bytes` of the plan's strategies, the same function the solver's
-  memory budget bounds, so the two always agree.
+- Peak memory: what a rank's buffers hold at most as it runs the step (`buffers.plan_peak`:
+  parameters, optimiser state, activations, gradients and every redistribution's copies),
+  equal to what a run measures; `model_peak_bytes` is the per-op model the solver's budget
+  bounds (`memory.peak_bytes`), which leaves the copies out.
 
 One device's step is the sum of its phases: compute and communication are not overlapped.
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware, op_cost
+from autostrat.search.buffers import plan_peak
 from autostrat.search.memory import peak_bytes
 from autostrat.search.problem import SearchProblem, optimizer_state, searched_graph
 
@@ -36,11 +39,12 @@ class PhaseCost:
 
 @dataclass(frozen=True)
 class Prediction:
-    """A plan's predicted step on one device: `phases` in `plan.BYTE_PHASES` order, and the peak
-    of parameters plus live activations."""
+    """A plan's predicted step on one device: `phases` in `plan.byte_phases` order, the peak of
+    its buffers, and that peak as the solver's per-op model counts it."""
 
     phases: dict[str, PhaseCost]
     peak_bytes: int
+    model_peak_bytes: int = 0
 
     @property
     def step_time_ns(self) -> int:
@@ -64,7 +68,8 @@ class Prediction:
                 continue  # a forward pass has no backward, sync or update phase to show
             lines.append(f"  {name}: compute {format_nanoseconds(phase.compute_ns)}, communication "
                          f"{format_nanoseconds(phase.communication_ns)}, {phase.bytes} bytes")
-        lines.append(f"peak memory per device: {self.peak_bytes} bytes (parameters, optimizer state, live activations)")
+        lines.append(f"peak memory per device: {self.peak_bytes} bytes (parameters, optimizer state, live activations "
+                     f"and redistributed copies; the search's per-op model: {self.model_peak_bytes})")
         return lines
 
     def to_dict(self) -> dict:
@@ -116,7 +121,7 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
         communication[phase] += redistribution.nanoseconds(model)
         sent[phase] += redistribution.cost
     costs = {phase: PhaseCost(compute[phase], communication[phase], sent[phase]) for phase in phases}
-    return Prediction(costs, plan_peak_bytes(plan))
+    return Prediction(costs, plan_peak(plan), plan_peak_bytes(plan))
 
 
 def plan_peak_bytes(plan) -> int:

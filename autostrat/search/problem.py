@@ -20,7 +20,7 @@ is updated whole on every device), and an edge's the α–β time of its fastest
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 import numpy as np
@@ -30,7 +30,7 @@ from autostrat.cost import AlphaBeta, Hardware, op_cost
 from autostrat.ir import Graph, OpNode
 from autostrat.layout import FollowedStrategy, Layout, Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
-from autostrat.search.optimizer_shard import OptimizerShard, update_layout
+from autostrat.search.optimizer_shard import OptimizerShard, rest_layout, update_layout
 from autostrat.strategies import generate_strategies, mesh_axes, on_mesh, split_values
 
 # An op of a repeated layer (a `CellList`): ``<prefix>.<index>.<rest>``, e.g. blocks.3.ffn1.matmul.
@@ -71,11 +71,14 @@ class SearchEdge:
     table: LazyCostTable
     from_input: bool = False
     sync: bool = False  # a gradient-synchronisation or writeback edge (training graphs)
+    sharding: OptimizerShard | None = None  # from_input: where a parameter at rest is held
 
     def source_layout(self, strategy: Strategy):
-        """The layout the tensor is held in when the producer runs `strategy`."""
-        layouts = strategy.input_layouts if self.from_input else strategy.output_layouts
-        return layouts[self.output_index]
+        """The layout the tensor is held in when the producer runs `strategy` (from an input:
+        where it rests, `optimizer_shard.rest_layout`)."""
+        if self.from_input:
+            return rest_layout(self.sharding, strategy, self.output_index, self.table.dtype)
+        return strategy.output_layouts[self.output_index]
 
 
 @dataclass(frozen=True)
@@ -217,10 +220,14 @@ def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], hardwar
 
 @cache
 def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int,
-                dtype: str, from_input: bool = False, model: AlphaBeta | None = None) -> LazyCostTable:
+                dtype: str, from_input: bool = False, model: AlphaBeta | None = None,
+                sharding: OptimizerShard | None = None) -> LazyCostTable:
     # Repeated layers have equal rules and candidates, so they share one table: an entry one
     # layer's search computed serves every other layer.
-    sources = [(s.input_layouts if from_input else s.output_layouts)[output_index] for s in producer]
+    if from_input:  # a parameter or graph input, from where its first reader keeps it
+        sources = [rest_layout(sharding, s, output_index, dtype) for s in producer]
+    else:
+        sources = [s.output_layouts[output_index] for s in producer]
     return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], dtype, model)
 
 
@@ -239,12 +246,13 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     axes = candidate_mesh((seed for seed, in seeds.values()), device_num, mesh)
     candidates = {name: seeds.get(name) or _computed_inputs_only(graph, op, op_candidates(
         op, device_num, allow_repeated, full_only, values, axes)) for name, op in graph.ops.items()}
+    candidates = _rest_variants(graph, candidates, followers, optimizer_shard)
     model = None if hardware is None else hardware.alpha_beta(device_num)
     costs = _own_costs(full, graph, candidates, followers, hardware, optimizer_shard, device_num)
     edges = []
     for op in graph.ops.values():
         for index, tensor in enumerate(op.inputs):
-            edge = _edge_into(graph, candidates, tensor, op.name, index, model)
+            edge = _edge_into(graph, candidates, tensor, op.name, index, model, optimizer_shard)
             if edge is not None:
                 edges.append(edge)
     edges += _sync_edges(graph, candidates, followers, model, optimizer_shard)
@@ -262,6 +270,31 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
                          optimizer_state(full, followers), values, axes, model, optimizer_shard)
+
+
+def _rest_variants(graph: Graph, candidates, followers: dict[str, str], sharding: OptimizerShard | None):
+    """`candidates`, with ZeRO-3 (`OptimizerShard.at_rest`) the first reader of updated
+    parameters also offered each of its candidates that shards one of them with those
+    parameters at rest (`Strategy.at_rest`), after all the others: a seed stays candidate 0,
+    and the propagation's enumeration-order tie-break keeps parameters whole."""
+    if sharding is None or not sharding.at_rest:
+        return candidates
+    first_reads: dict[str, list[int]] = {}
+    for parameter in followers.values():
+        readers = graph.consumers(parameter)
+        if readers:
+            first_reads.setdefault(readers[0][0], []).append(readers[0][1])
+    result = dict(candidates)
+    for op, indices in first_reads.items():
+        dtypes = [graph.tensors[tensor].dtype for tensor in graph.ops[op].inputs]
+        variants = []
+        for strategy in candidates[op]:
+            resting = tuple(i for i in sorted(indices)
+                            if update_layout(sharding, strategy.input_layouts[i], dtypes[i]) is not strategy.input_layouts[i])
+            if resting:
+                variants.append(replace(strategy, at_rest=resting))
+        result[op] = candidates[op] + tuple(variants)
+    return result
 
 
 def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str], hardware: Hardware | None,
@@ -283,11 +316,12 @@ def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str],
         dtypes = tuple(full.tensors[t].dtype for t in op.inputs + op.outputs)
         extra = np.zeros(len(candidates[owner]))
         for number, strategy in enumerate(candidates[owner]):
-            stored = strategy.input_layouts[index]
-            updated = update_layout(sharding, stored, graph.tensors[parameter].dtype)
-            if updated is not stored and not _synced(graph, parameter):
-                # A parameter with no gradient has no sync edge to carry its gather (`_sync_edges`).
-                extra[number] += cost_table([updated], [stored], graph.tensors[parameter].dtype, model)[0, 0]
+            used = strategy.input_layouts[index]
+            updated = update_layout(sharding, used, graph.tensors[parameter].dtype)
+            if index in strategy.at_rest or (updated is not used and not _synced(graph, parameter)):
+                # At rest: its gather for this reader. Else a parameter with no gradient has no
+                # sync edge to carry the gather of its new value (`_sync_edges`).
+                extra[number] += cost_table([updated], [used], graph.tensors[parameter].dtype, model)[0, 0]
             if hardware is not None:
                 extra[number] += _followed_nanoseconds(op.rule, updated, dtypes, hardware)
         own = costs[owner]
@@ -301,7 +335,8 @@ def _synced(graph: Graph, parameter: str) -> bool:
     return gradient in graph.tensors and graph.producer(gradient) is not None
 
 
-def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int, model=None) -> SearchEdge | None:
+def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int, model=None,
+               sharding: OptimizerShard | None = None) -> SearchEdge | None:
     """The edge bringing `tensor` to input `index` of `consumer`: from its producer, or from its
     first consumer when it is a parameter or graph input (None for that first consumer itself)."""
     dtype = graph.tensors[tensor].dtype
@@ -313,8 +348,8 @@ def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int,
     owner, owner_index = graph.consumers(tensor)[0]
     if (owner, owner_index) == (consumer, index):
         return None
-    table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True, model)
-    return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True)
+    table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True, model, sharding)
+    return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True, sharding=sharding)
 
 
 def optimizer_state(graph: Graph, followers: dict[str, str]) -> dict[str, str]:
@@ -373,9 +408,11 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
             table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, dtype, False, model)
         else:
             sources = [s.output_layouts[output_index] for s in candidates[producer.name]]
-            stored = [s.input_layouts[owner_index] for s in candidates[owner]]
-            updated = [update_layout(sharding, layout, dtype) for layout in stored]
-            gathers = [None if new is old else (new, old) for new, old in zip(updated, stored)]
+            used = [s.input_layouts[owner_index] for s in candidates[owner]]
+            updated = [update_layout(sharding, layout, dtype) for layout in used]
+            # At rest (ZeRO-3) a parameter's new value stays in its shard layout: no gather back.
+            gathers = [None if new is old or owner_index in s.at_rest else (new, old)
+                       for new, old, s in zip(updated, used, candidates[owner])]
             table = LazyCostTable(sources, updated, dtype, model, gathers)
         edges.append(SearchEdge(gradient, producer.name, output_index, owner, owner_index, table, sync=True))
     return edges

@@ -15,9 +15,10 @@ lowest predicted cost (step time, or bytes) among those that fit:
    recompute time but frees memory the solver may spend on faster strategies), stopping at the
    first count that costs more than the best so far; among equal costs the fewest layers win.
 
-So the fewest layers that fit are found exactly, and the cheapest count when the cost over the
-counts that fit first falls, then rises (the usual shape: the freed memory buys less and less
-while each layer's recompute costs the same); the counts tried and what each gave are kept
+The cheapest of every count tried that fits wins (fewest layers on a tie). So the fewest layers
+that fit are found exactly, and the cheapest count when the cost over the counts that fit first
+falls, then rises (the usual shape: the freed memory buys less and less while each layer's
+recompute costs the same); the counts tried and what each gave are kept
 (`RecomputeChoice.trials`) for the report.
 """
 
@@ -145,6 +146,9 @@ def choose_recompute(plan_with: Callable[[tuple[str, ...]], Plan], layers: tuple
             break
         if trials[count][0].cost < trials[best][0].cost:
             best = count
+    # Every count tried that fits competes, those the bisection met included (a solver stopped
+    # by its time limit does not always give costs that fall, then rise).
+    best = min((count for count, (_, plan, _) in trials.items() if plan is not None), key=lambda c: (trials[c][0].cost, c))
     unit = "ns" if trials[best][1].cost_model == "time" else "bytes"
     order = tuple(trial for trial, _, _ in trials.values())
     return trials[best][1], RecomputeChoice(layers, best, order, unit)

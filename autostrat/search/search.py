@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autostrat.cost import Hardware
-from autostrat.errors import ConfigError
+from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.ir import Graph
 from autostrat.layout import FollowedStrategy, Layout, TensorMap, DeviceMatrix
 from autostrat.redistribution import collector_paused
@@ -21,6 +21,9 @@ MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
 SEARCH_MODES = ("integer_programming", "sharding_propagation")
 REFINERS = (None, "cpsat")
 COST_MODELS = ("bytes", "time")
+# Under a budget, how many times the solver may be asked again when the plan's buffers
+# (`buffers.plan_peak`) exceed what its per-op model allowed.
+BUDGET_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ def follow_parameters(graph: Graph, strategies: dict, device_num: int,
         origin = f"follows {parameter}"
         if updated is not layout:
             origin += f", optimizer shard of {layout.slice_shape[0] // updated.slice_shape[0]}"
+            if reader in strategies and index in strategies[reader].at_rest:
+                origin += ", at rest (ZeRO-3)"
         result[name] = (FollowedStrategy(graph.ops[name].rule, updated), origin)
     return result
 
@@ -185,19 +190,40 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         assignment = propagate(problem, progress, options.follow_layers)
     else:
         assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel")
-    choice, refinement = assignment.choice, None
-    if options.refine == "cpsat" or options.automatic or options.max_device_memory is not None:
-        # integer_programming starts from the data-parallel plan around the seeds already.
-        starts = _extra_starts(problem, graph, device_num, options) if not options.automatic else []
-        result = refine(problem, choice, options.refine_time_limit, options.workers, options.max_device_memory,
+    if not (options.refine == "cpsat" or options.automatic or options.max_device_memory is not None):
+        return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
+    # integer_programming starts from the data-parallel plan around the seeds already.
+    starts = _extra_starts(problem, graph, device_num, options) if not options.automatic else []
+    budget = options.max_device_memory
+    for attempt in range(BUDGET_ROUNDS):
+        result = refine(problem, assignment.choice, options.refine_time_limit, options.workers, budget,
                         progress.solution if progress is not None else None, options.coarsening, starts=starts)
-        changed = tuple(op for op in choice if result.choice[op] != choice[op])
-        refinement = Refinement(problem.cost(choice), result, changed, problem.unit)
-        choice = result.choice
+        changed = tuple(op for op in assignment.choice if result.choice[op] != assignment.choice[op])
+        plan = _plan_of(problem, graph, device_num, options, assignment, result.choice, progress)
+        refinement = Refinement(problem.cost(assignment.choice), result, changed, problem.unit,
+                                None if budget == options.max_device_memory else budget)
+        plan = replace(plan, refinement=refinement)
+        if budget is None:
+            return plan
+        over = plan.prediction.peak_bytes - options.max_device_memory
+        if over <= 0:
+            return plan
+        # The solver's per-op model missed copies the plan's redistributions write: ask for a
+        # plan its model puts that much below this one (at least 1 %, 2 %, 4 % of the budget
+        # below: the next plan may write others).
+        budget = min(budget, plan.prediction.model_peak_bytes) - max(over, options.max_device_memory * 2**attempt // 100)
+    raise InfeasibleError(
+        f"no plan found whose run fits max_device_memory = {options.max_device_memory:,} bytes per device: after "
+        f"{BUDGET_ROUNDS} solves, each under a tighter budget for the search's per-op memory model, the last plan's "
+        f"buffers still peak at {plan.prediction.peak_bytes:,} bytes (with the copies its redistributions write); "
+        f"a larger budget, recompute or optimizer_level level3 may fit")
+
+
+def _plan_of(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, choice: dict, progress) -> Plan:
+    """The plan of a choice of `problem`'s candidates, its update ops following their parameters."""
     strategies = {name: problem.candidates[name][index] for name, index in choice.items()}
     origins = dict(assignment.origin)
     for name, (strategy, origin) in follow_parameters(graph, strategies, device_num, options.optimizer_shard).items():
         strategies[name], origins[name] = strategy, origin
-    plan = build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress,
+    return build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress,
                       options.cost_model, options.hardware, options.optimizer_shard)
-    return replace(plan, refinement=refinement)

@@ -1,0 +1,120 @@
+"""The buffers one rank holds as it runs a plan, and their peak: the run's memory, from the plan.
+
+`memory.peak_bytes` prices memory per op so that the solver can bound it; a run holds more:
+every redistribution writes a copy of its tensor in the consumer's layout (and each of its steps
+an intermediate one), which exists only for some pairs of producer and consumer strategies. This
+module follows the order a rank's program runs in (`runtime.program`: every load first, then
+per op the redistributions of its inputs and its kernel, then the writebacks) and counts, as
+the executor does (`runtime.executor`), every buffer from the instruction writing it to the last
+one reading it, an update's results and an AllReduce's sum taking their inputs' place when
+those are read for the last time. Ranks hold slices of equal sizes, so rank 0 stands for all.
+
+The plan's predicted peak (`prediction.Prediction.peak_bytes`) is this; the search checks a
+budgeted plan against it too (`search.search`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autostrat.autodiff import UPDATE_OP_TYPES
+from autostrat.cost import dtype_size
+
+
+@dataclass
+class _Event:
+    """One instruction: the keys it reads, the bytes of each key it writes, and which of the
+    keys it reads its results may be written over (when read for the last time here)."""
+
+    reads: tuple[str, ...]
+    writes: dict[str, int]
+    over: tuple[tuple[str, str], ...] = ()  # (read key, written key) pairs that may share a buffer
+
+
+@dataclass
+class _Program:
+    events: list[_Event] = field(default_factory=list)
+    kept: set[str] = field(default_factory=set)
+
+
+def plan_peak(plan) -> int:
+    """The most bytes one rank's buffers hold at once while it runs a step of `plan`.
+
+    Example (the tutorial FFN's training step: the redistributed copies add 6 080 bytes to
+    what the per-op model counts):
+        >>> from autostrat.autodiff import Momentum, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> plan = search(build_training(trace(net, Tensor(shape=(64, 64)), device_num=8), Momentum(0.01, 0.9)), 8)
+        >>> plan_peak(plan), plan.prediction.model_peak_bytes
+        (59904, 53824)
+    """
+    program = _program(plan)
+    last: dict[str, int] = {}
+    for index, event in enumerate(program.events):
+        for key in (*event.reads, *event.writes):
+            last[key] = index
+    live: dict[str, int] = {}
+    total = peak = 0
+    for index, event in enumerate(program.events):
+        released = {key for key in (*event.reads, *event.writes) if last[key] == index and key not in program.kept}
+        reused = sum(live[read] for read in dict.fromkeys(read for read, written in event.over
+                                                           if read in released or read == written))
+        peak = max(peak, total + sum(event.writes.values()) - reused)
+        for key, size in event.writes.items():
+            total += size - live.get(key, 0)
+            live[key] = size
+        for key in released:
+            total -= live.pop(key)
+    return peak
+
+
+def _bytes(layout, dtype: str) -> int:
+    return math.prod(layout.slice_shape) * dtype_size(dtype)
+
+
+def _program(plan) -> _Program:
+    graph = plan.graph
+    program = _Program()
+    loaded = [name for name, info in graph.tensors.items() if info.kind != "output" and graph.consumers(name)]
+    for name in loaded:
+        program.events.append(_Event((), {name: _bytes(plan.layouts[name], graph.tensors[name].dtype)}))
+    edges = {(edge.consumer, edge.input_index): edge for edge in plan.redistributions}
+    for name, op in graph.ops.items():
+        keys = []
+        for index, tensor in enumerate(op.inputs):
+            edge, key = edges.get((name, index)), tensor
+            if edge is not None and edge.shares:  # an earlier op's input holds it already
+                key = f"{tensor}>{edge.shares[0]}[{edge.shares[1]}]"
+            elif edge is not None and edge.plan.steps:
+                key = f"{tensor}>{name}[{index}]"
+                _steps(program, edge.plan, tensor, key, graph.tensors[tensor].dtype)
+            keys.append(key)
+        layouts = plan.ops[name].strategy.output_layouts
+        writes = {out: _bytes(layout, graph.tensors[out].dtype) for out, layout in zip(op.outputs, layouts)}
+        over = tuple(zip(keys, op.outputs)) if op.op_type in UPDATE_OP_TYPES else ()
+        program.events.append(_Event(tuple(keys), writes, over))
+    program.kept |= set(graph.outputs)
+    writebacks = {w.parameter: w for w in plan.writebacks}
+    for parameter, value in graph.updates:
+        key = value
+        if parameter in writebacks:
+            key = f"{value}>{parameter}"
+            _steps(program, writebacks[parameter].plan, value, key, graph.tensors[value].dtype)
+        program.kept.add(key)
+    updated = {parameter for parameter, _ in graph.updates}
+    program.kept |= {name for name in loaded if graph.tensors[name].kind != "input" and name not in updated}
+    return program
+
+
+def _steps(program: _Program, redistribution, source: str, target: str, dtype: str) -> None:
+    """A redistribution's steps: the first reads `source`, every one writes `target`."""
+    for step in redistribution.steps:
+        over = ((source, target),) if step.kind == "AllReduce" else ()
+        program.events.append(_Event((source,), {target: _bytes(step.after, dtype)}, over))
+        source = target
