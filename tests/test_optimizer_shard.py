@@ -150,21 +150,25 @@ def test_the_strategy_checkpoint_records_the_optimizer_shard():
     assert all(item["parallel_layouts"]["opt_weight_shard_size"] == 0 for item in checkpoint_dict(plain)["parallel_layout_item"])
 
 
-def test_a_checkpoint_saved_sharded_on_8_ranks_continues_plain_on_4(tmp_path):
-    sharded, values, batches = _plan(_ffn(), Adam(1e-3), True, steps=2)
-    first = train_locally(sharded, values, batches)
-    save_checkpoint(first, tmp_path / "zero.npz")
+def assert_the_ffn_continues_plain_on_4_ranks(sharded, values, batches, path) -> None:
+    """Train the FFN's `sharded` plan (Adam, 8 ranks), save its checkpoint at `path`, and
+    continue it unsharded on 4 ranks: equal to one device throughout."""
+    save_checkpoint(train_locally(sharded, values, batches), path)
     set_auto_parallel_context(parallel_mode="auto_parallel", device_num=4)
     try:
         net = FFN()
         net.dense1.matmul.shard(((2, 1), (1, 2)))
-        plain, resumed, more = training_plan(net, Adam(1e-3), steps=2, seed=1, initial=load_checkpoint(tmp_path / "zero.npz"))
+        plain, resumed, more = training_plan(net, Adam(1e-3), steps=2, seed=1, initial=load_checkpoint(path))
     finally:
         reset_auto_parallel_context()
     second = train_locally(plain, resumed, more)
     alone = train_single_device(sharded.graph, values, batches)
     alone = train_single_device(plain.graph, {**resumed, **alone.parameters}, more)
     _assert_same_training(second, alone)
+
+
+def test_a_checkpoint_saved_sharded_on_8_ranks_continues_plain_on_4(tmp_path):
+    assert_the_ffn_continues_plain_on_4_ranks(*_plan(_ffn(), Adam(1e-3), True, steps=2), tmp_path / "zero.npz")
 
 
 def test_yaml_and_the_command_line_turn_it_on(tmp_path, capsys):

@@ -8,9 +8,6 @@ import itertools
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 from autostrat import reset_auto_parallel_context, set_auto_parallel_context
 from autostrat.autodiff import Adam, Momentum, build_training
 from autostrat.frontend import trace
@@ -18,7 +15,6 @@ from autostrat.frontend.config import apply_seeds
 from autostrat.frontend.train import training_plan
 from autostrat.models import FFN
 from autostrat.nn import Tensor
-from autostrat.runtime.checkpoint import load_checkpoint, save_checkpoint
 from autostrat.runtime.training import train_locally, train_single_device
 from autostrat.search.memory import peak_bytes
 from autostrat.search.optimizer_shard import OptimizerShard
@@ -29,7 +25,7 @@ from autostrat.search.propagate import propagate
 from autostrat.search.refine import refine
 from autostrat.search.search import follow_parameters
 from tests.test_memory_measured import assert_peaks_match
-from tests.test_optimizer_shard import _assert_same_training
+from tests.test_optimizer_shard import _assert_same_training, assert_the_ffn_continues_plain_on_4_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 LEVEL3 = OptimizerShard("level3", threshold_bytes=0)
@@ -172,15 +168,4 @@ def test_parameters_at_rest_on_8_mpi_ranks(tmp_path):
 def test_a_checkpoint_saved_with_parameters_at_rest_continues_plain_on_4_ranks(tmp_path):
     resting, values, batches = _ffn_plan(BUDGET)
     assert "dense1.weight" in resting.resting
-    first = train_locally(resting, values, batches)
-    save_checkpoint(first, tmp_path / "zero3.npz")
-    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=4)
-    try:
-        net = FFN()
-        net.dense1.matmul.shard(((2, 1), (1, 2)))
-        plain, resumed, more = training_plan(net, Adam(1e-3), steps=2, seed=1, initial=load_checkpoint(tmp_path / "zero3.npz"))
-    finally:
-        reset_auto_parallel_context()
-    alone = train_single_device(resting.graph, values, batches)
-    alone = train_single_device(plain.graph, {**resumed, **alone.parameters}, more)
-    _assert_same_training(train_locally(plain, resumed, more), alone)
+    assert_the_ffn_continues_plain_on_4_ranks(resting, values, batches, tmp_path / "zero3.npz")
