@@ -13,10 +13,14 @@ float32 master weights) on 64 devices, with a per-device budget (default 80 GB).
   step time under the budget (``--coarsen layers``), without and with optimizer sharding;
 - refined + ZeRO-1, recompute searched: the same with how many blocks to recompute chosen by
   the search (`recompute_choice.choose_recompute`, as ``auto_recompute`` does), the counts it
-  tried printed under the table.
+  tried printed under the table;
+- refined, ZeRO-3 and recompute searched: ``optimizer_level: level3``, so that CP-SAT also
+  decides per parameter whether it rests sharded (gathered per use, phase "gather").
 
 Columns: bytes per device per phase (forward, backward, gradient sync, update = the parameters'
-gathers after a sharded update), peak memory per device, predicted step time, search seconds,
+gathers after a sharded update, gather = ZeRO-3's gathers per use), peak memory per device (the
+buffers a rank holds, redistributed copies included: what a run measures), predicted step time,
+search seconds,
 whether the plan fits the budget ("no plan": the refinement found none that fits).
 
 Run: .venv/bin/python benchmarks/memory.py [--budget 80GB] [--time-limit 60]
@@ -43,7 +47,7 @@ from autostrat.search.optimizer_shard import OptimizerShard  # noqa: E402
 from autostrat.search.recompute_choice import choose_recompute  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
-HEADERS = ["plan", "forward MB", "backward MB", "sync MB", "update MB", "peak MB", "step ms", "search s", "fits"]
+HEADERS = ["plan", "forward MB", "backward MB", "sync MB", "update MB", "gather MB", "peak MB", "step ms", "search s", "fits"]
 
 
 def _searched(build, device_num: int, seeds: dict, options: SearchOptions):
@@ -59,13 +63,13 @@ def _searched(build, device_num: int, seeds: dict, options: SearchOptions):
     return plan, time.perf_counter() - started, choice
 
 
-def rows(budget: int, time_limit: float) -> tuple[list[list[str]], str]:
+def rows(budget: int, time_limit: float) -> tuple[list[list[str]], list[str]]:
     device_num, build = MODELS["7b"]
     layers = len(build().blocks)
     data = device_num // TENSOR_PARALLEL
     every_block = megatron_seeds(layers, TENSOR_PARALLEL, data_parallel=data)
     first_block = megatron_seeds(layers, TENSOR_PARALLEL, True, data_parallel=data)
-    zero = OptimizerShard()
+    zero, zero3 = OptimizerShard(), OptimizerShard("level3")
     refined = SearchOptions(refine="cpsat", coarsen="layers", max_device_memory=budget, refine_time_limit=time_limit,
                             cost_model="time")
     blocks = tuple(f"blocks.{index}" for index in range(layers))
@@ -77,21 +81,22 @@ def rows(budget: int, time_limit: float) -> tuple[list[list[str]], str]:
         ("refined", first_block, refined, ()),
         ("refined + ZeRO-1", first_block, replace(refined, optimizer_shard=zero), ()),
         ("refined + ZeRO-1, recompute searched", first_block, replace(refined, optimizer_shard=zero), None),
+        ("refined, ZeRO-3 and recompute searched", first_block, replace(refined, optimizer_shard=zero3), None),
     ]
-    found, searched = [], ""
+    found, searched = [], []
     for name, seeds, options, recompute in cases:
         try:
             if recompute is None:
                 plan, seconds, choice = _searched(build, device_num, seeds, options)
-                searched = choice.summary()
+                searched.append(f"{name}: {choice.summary()}")
             else:
                 plan, seconds = timed_search(training_graph(build(), device_num, seeds, recompute), device_num, options)
         except (InfeasibleError, SolverError) as error:
-            found.append([name, "-", "-", "-", "-", "-", "-", "-", f"no plan: {type(error).__name__}"])
+            found.append([name, *["-"] * (len(HEADERS) - 2), f"no plan: {type(error).__name__}"])
             print(format_table(HEADERS, found[-1:]), flush=True)
             continue
         phases, prediction = plan.phase_bytes(), plan.prediction
-        found.append([name, *(f"{phases[p] / 1e6:,.1f}" for p in ("forward", "backward", "sync", "update")),
+        found.append([name, *(f"{phases.get(p, 0) / 1e6:,.1f}" for p in ("forward", "backward", "sync", "update", "gather")),
                       f"{prediction.peak_bytes / 1e6:,.1f}", f"{prediction.step_time_ns / 1e6:,.3f}", f"{seconds:.2f}",
                       "yes" if prediction.peak_bytes <= budget else "no"])
         print(format_table(HEADERS, found[-1:]), flush=True)
@@ -106,7 +111,7 @@ def main() -> None:
     found, searched = rows(parse_bytes(args.budget, "--budget"), args.time_limit)
     print()
     print(format_table(HEADERS, found))
-    print(searched)
+    print("\n".join(searched))
 
 
 if __name__ == "__main__":
