@@ -223,7 +223,8 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
     if any(not op.attr_dict.get("gradients_mean", True) for op in plan.graph.ops.values()):
         lines.append("gradients_mean=False: a replicated parameter's gradient is the sum over its replicas, "
                      "not the stand-alone gradient, so the runs are not expected to agree")
-    phases = ", ".join(f"{k} {v}" for k, v in (result.measured[0] if result.measured else {}).items())
+    measured = result.measured[0] if result.measured else {}
+    phases = ", ".join(f"{k} {v}" for k, v in measured.items() if k != "gather" or v)  # gather: ZeRO-3 only
     lines += [
         f"bytes per step on rank 0 (measured): {phases}; "
         f"{'measured = predicted on every rank' if result.bytes_match else 'MISMATCH between measured and predicted'}",

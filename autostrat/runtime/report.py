@@ -76,8 +76,9 @@ def memory_line(predicted: int, measured: list[int]) -> str:
     ratios = [value / predicted for value in measured] if predicted else [float("inf")]
     within = max(abs(ratio - 1) for ratio in ratios) <= MEMORY_TOLERANCE
     groups = ", ".join(f"rank {_span(first, last)} {value}" for first, last, value in _runs(measured))
+    verdict = f"{'within' if within else 'differs by more than'} {MEMORY_TOLERANCE * 100:g} %"
     return (f"peak memory per device (bytes): predicted {predicted}; measured {groups}; measured/predicted "
-            f"{min(ratios):.3f}..{max(ratios):.3f}: {'within' if within else 'differs by more than'} {MEMORY_TOLERANCE * 100:g} %")
+            f"{min(ratios):.3f}..{max(ratios):.3f}: {'equal' if set(measured) == {predicted} else verdict}")
 
 
 def _runs(values: list[int]) -> list[tuple[int, int, int]]:
