@@ -1,0 +1,149 @@
+"""Pipeline stages: the split of a layer sequence into contiguous stages that minimises the
+predicted step time of the pipeline under a per-device memory budget (Alpa's inter-op pass).
+
+A model is a sequence of *units* (the layers before the repeated ones, each repeated layer, the
+layers after: `UnitCosts`), each priced per micro-batch on one stage's devices. ``S`` stages
+run ``m`` micro-batches; a stage's *slot* is what one micro-batch costs it: the forward and
+backward of its units, plus sending its output activation on and its input's gradient back.
+Every micro-batch passes every stage, and a stage starts a micro-batch only when the one
+before has left it, so a step takes ``(m + S - 1)`` slots of the slowest stage (the classic
+fill-and-drain bound, the same for GPipe and 1F1B); the bubble is the idle share
+``(S - 1) / (m + S - 1)`` of it.
+
+Memory of stage ``s`` (from 0): its units' parameters and optimiser state, plus the saved
+activations of the micro-batches in flight: 1F1B starts the backward of micro-batch 0 after
+``S - s`` forwards, so it holds ``min(S - s, m)`` micro-batches; GPipe runs every forward
+first and holds all ``m``.
+
+`split_stages` minimises the slowest slot by dynamic programming over (units, stages), exact
+(tested against every split on small models): the best last stage ``[j, n)`` of a split of
+the first ``n`` units into ``k`` stages leaves the best split of the first ``j`` units into
+``k - 1``, whose slowest slot is what the earlier stages contribute, and a stage's memory
+depends only on its own units and its position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from autostrat.errors import ConfigError, InfeasibleError
+
+SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Per unit (in model order), on one stage's devices, per micro-batch: forward plus backward
+    nanoseconds, saved activation bytes, and parameter plus optimiser-state bytes; `send_ns` is
+    one activation's (or its gradient's) send between two stages."""
+
+    time_ns: tuple[int, ...]
+    activation_bytes: tuple[int, ...]
+    weight_bytes: tuple[int, ...]
+    send_ns: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.time_ns or not len(self.time_ns) == len(self.activation_bytes) == len(self.weight_bytes):
+            raise ConfigError(f"unit costs need one time, activation and weight figure per unit, got "
+                              f"{len(self.time_ns)}, {len(self.activation_bytes)} and {len(self.weight_bytes)}")
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """Stages as ``[first unit, end)`` ranges, and what the pipeline is predicted to cost."""
+
+    bounds: tuple[tuple[int, int], ...]
+    slot_ns: tuple[int, ...]  # per stage, one micro-batch's forward, backward and sends
+    peak_bytes: tuple[int, ...]  # per stage, per device
+    micro_batches: int
+
+    @property
+    def stages(self) -> int:
+        return len(self.bounds)
+
+    @cached_property
+    def step_time_ns(self) -> int:
+        return (self.micro_batches + self.stages - 1) * max(self.slot_ns)
+
+    @property
+    def bubble(self) -> float:
+        """The share of the step a stage is idle, on average over the stages."""
+        busy = self.micro_batches * sum(self.slot_ns)
+        return 1 - busy / (self.stages * self.step_time_ns)
+
+
+def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
+    """How many micro-batches' activations stage `stage` holds at most.
+
+    Example (4 stages, 8 micro-batches: 1F1B's first stage holds 4, its last 1; GPipe all 8):
+        >>> [in_flight(s, 4, 8, "1f1b") for s in range(4)], in_flight(3, 4, 8, "gpipe")
+        ([4, 3, 2, 1], 8)
+    """
+    return micro_batches if schedule == "gpipe" else min(stages - stage, micro_batches)
+
+
+def stage_cost(costs: UnitCosts, first: int, end: int, stage: int, stages: int, micro_batches: int,
+               schedule: str) -> tuple[int, int]:
+    """(slot nanoseconds, peak bytes per device) of units ``[first, end)`` as stage `stage`."""
+    sends = costs.send_ns * ((stage < stages - 1) + (stage > 0))  # output on, input's gradient back
+    slot = sum(costs.time_ns[first:end]) + sends
+    peak = sum(costs.weight_bytes[first:end]) + sum(costs.activation_bytes[first:end]) * in_flight(stage, stages, micro_batches, schedule)
+    return slot, peak
+
+
+def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int | None = None,
+                 schedule: str = "1f1b") -> StageSplit:
+    """The split of the units into `stages` contiguous non-empty stages with the smallest slowest
+    slot whose every stage fits `budget` bytes per device (among equally slow splits, the first
+    the DP keeps: at every prefix the least slow, then the earliest boundaries; deterministic).
+
+    Example (four equal layers after a heavy embedding: the embedding's stage takes one layer):
+        >>> costs = UnitCosts((30, 10, 10, 10, 10), (1, 1, 1, 1, 1), (5, 1, 1, 1, 1))
+        >>> split = split_stages(costs, 2, micro_batches=4)
+        >>> split.bounds, split.slot_ns, split.step_time_ns
+        (((0, 1), (1, 5)), (30, 40), 200)
+    """
+    units = len(costs.time_ns)
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"pipeline schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if not 1 <= stages <= units:
+        raise ConfigError(f"{stages} pipeline stages cannot split {units} layer unit(s): each stage needs one at least")
+    if micro_batches < 1:
+        raise ConfigError(f"micro_batches must be a positive integer, got {micro_batches!r}")
+    # best[k][n]: (slowest slot, boundaries) of the first n units in k stages, or None.
+    best: list[list[tuple[int, tuple[int, ...]] | None]] = [[None] * (units + 1) for _ in range(stages + 1)]
+    best[0][0] = (0, ())
+    for k in range(1, stages + 1):
+        for n in range(k, units - (stages - k) + 1):
+            for j in range(k - 1, n):
+                before = best[k - 1][j]
+                if before is None:
+                    continue
+                slot, peak = stage_cost(costs, j, n, k - 1, stages, micro_batches, schedule)
+                if budget is not None and peak > budget:
+                    continue
+                found = (max(before[0], slot), before[1] + (n,))
+                if best[k][n] is None or found < best[k][n]:
+                    best[k][n] = found
+    if best[stages][units] is None:
+        smallest = _smallest_peak(costs, stages, micro_batches, schedule)
+        raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
+                              f"device: the smallest stage peak any split reaches is {smallest:,} bytes")
+    ends = best[stages][units][1]
+    bounds = tuple(zip((0,) + ends[:-1], ends))
+    priced = [stage_cost(costs, first, end, stage, stages, micro_batches, schedule) for stage, (first, end) in enumerate(bounds)]
+    return StageSplit(bounds, tuple(slot for slot, _ in priced), tuple(peak for _, peak in priced), micro_batches)
+
+
+def _smallest_peak(costs: UnitCosts, stages: int, micro_batches: int, schedule: str) -> int:
+    """The smallest, over splits, of the largest stage peak (the same DP, for the error)."""
+    units = len(costs.time_ns)
+    least = [[None] * (units + 1) for _ in range(stages + 1)]
+    least[0][0] = 0
+    for k in range(1, stages + 1):
+        for n in range(k, units - (stages - k) + 1):
+            options = [max(least[k - 1][j], stage_cost(costs, j, n, k - 1, stages, micro_batches, schedule)[1])
+                       for j in range(k - 1, n) if least[k - 1][j] is not None]
+            least[k][n] = min(options) if options else None
+    return least[stages][units]
