@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -72,3 +73,46 @@ def test_bad_requests_are_refused():
         split_stages(costs, 2, 4, schedule="zb")
     with pytest.raises(ConfigError, match="one time, activation and weight figure per unit"):
         UnitCosts((1,), (1, 1), (1,))
+
+
+def _gpt_plan(layers: int = 3):
+    from autostrat.autodiff import Adam, build_training
+    from autostrat.frontend import trace
+    from autostrat.frontend.config import apply_seeds
+    from autostrat.models import GPT, megatron_seeds
+    from autostrat.search import SearchOptions, search
+
+    net = GPT(layers=layers, hidden=64, heads=8, seq=16, batch=8, vocab=128)
+    graph = apply_seeds(trace(net, *net.example_inputs(), device_num=4), megatron_seeds(layers, 4), 4)
+    return search(build_training(graph, Adam()), 4, SearchOptions(cost_model="time"))
+
+
+def test_unit_costs_add_up_to_the_plans_forward_and_backward():
+    from autostrat.search.stages import op_units, unit_costs
+
+    plan = _gpt_plan()
+    costs = unit_costs(plan, plan.hardware)
+    assert len(costs.time_ns) == 3 + 2  # embedding, 3 blocks, head and loss
+    phases = plan.prediction.phases
+    assert sum(costs.time_ns) == phases["forward"].time_ns + phases["backward"].time_ns
+    blocks = slice(1, 4)
+    # Alike blocks hold alike; their times differ only by what crosses their ends (the first
+    # block's input comes from the embedding, the last's output goes to the final norm).
+    assert len(set(costs.activation_bytes[blocks])) == len(set(costs.weight_bytes[blocks])) == 1
+    assert max(costs.time_ns[blocks]) < 1.15 * min(costs.time_ns[blocks])
+    units = op_units(plan.graph)
+    parameters = [name for name, info in plan.graph.tensors.items() if info.kind == "parameter" and plan.graph.consumers(name)]
+    assert sum(costs.weight_bytes) == sum(int(np.prod(plan.layouts[name].slice_shape)) * 4 for name in parameters)
+    assert units["blocks.2.ffn1.matmul"] == 3 and units["ln_final.layer_norm"] == 4
+    assert costs.send_ns > plan.hardware.inter_server_latency * 1e9
+
+
+def test_one_repeated_layer_sequence_is_needed():
+    from autostrat.autodiff import Adam, build_training
+    from autostrat.frontend import trace
+    from autostrat.models import FFN
+    from autostrat.nn import Tensor
+    from autostrat.search.stages import op_units
+
+    with pytest.raises(ConfigError, match="pipeline stages split one sequence of repeated layers"):
+        op_units(build_training(trace(FFN(), Tensor(shape=(64, 64))), Adam()))

@@ -24,10 +24,16 @@ depends only on its own units and its position.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
+from autostrat.autodiff import op_phase
+from autostrat.cost import Hardware, dtype_size, op_cost
 from autostrat.errors import ConfigError, InfeasibleError
+from autostrat.search.problem import layers_of
+from autostrat.search.search import search
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -147,3 +153,112 @@ def _smallest_peak(costs: UnitCosts, stages: int, micro_batches: int, schedule: 
                        for j in range(k - 1, n) if least[k - 1][j] is not None]
             least[k][n] = min(options) if options else None
     return least[stages][units]
+
+
+_WRAPPERS = ("bprop/", "accumulate/", "identity/", "recompute/", "optimizer/")
+
+
+def op_units(graph) -> dict[str, int]:
+    """Per op of a training graph, its unit: 0 for what precedes the repeated layers (an
+    embedding), ``i + 1`` for repeated layer ``i``, the last for what follows (head, loss); a
+    backward, recomputed or update op takes its forward op's (or parameter's) unit; ops of no
+    layer (an optimiser's shared step counters) the last.
+
+    Example:
+        >>> from autostrat.autodiff import Adam, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import GPT
+        >>> net = GPT(layers=2, hidden=64, heads=8, seq=16, batch=8, vocab=128)
+        >>> units = op_units(build_training(trace(net, *net.example_inputs()), Adam()))
+        >>> units["embedding.gather"], units["bprop/blocks.1.ffn2.matmul/mat_mul"], units["optimizer/blocks.0.ffn1.weight"], units["loss.reduce_mean"]
+        (0, 2, 1, 3)
+    """
+    forward = [name for name in graph.ops if op_phase(name) == "forward"]
+    layers = layers_of(forward)
+    if len(layers) != 1:
+        raise ConfigError(f"pipeline stages split one sequence of repeated layers (a CellList); {graph.name} has "
+                          f"{len(layers)}: {', '.join(sorted(layers)) or 'none'}")
+    [(prefix, by_index)] = layers.items()
+    first = min(forward.index(op) for ops in by_index.values() for op in ops.values())
+    last_unit = len(by_index) + 1
+    pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.")
+    order = {name: index for index, name in enumerate(forward)}
+
+    def unit(name: str) -> int:
+        core = name
+        for wrapper in _WRAPPERS:
+            core = core.removeprefix(wrapper)
+        core = core.split("/")[0].split(":")[0]
+        match = pattern.match(core + ".")
+        if match:
+            return int(match[1]) + 1
+        if core in order:
+            return 0 if order[core] < first else last_unit
+        for reader, _ in graph.consumers(core) if core in graph.tensors else ():
+            return unit(reader)  # a parameter (its update): where it is read
+        return last_unit
+
+    return {name: unit(name) for name in graph.ops}
+
+
+def unit_costs(plan, hardware: Hardware) -> UnitCosts:
+    """`UnitCosts` of a training plan (one micro-batch on one stage's devices), on `hardware`:
+    per unit (`op_units`) the compute of its forward and backward ops and the redistributions
+    into them, the activations its forward ops produce that a backward op reads, and its
+    parameters with their optimiser state (each in the plan's layouts); a send moves the largest
+    activation passed from one repeated layer to the next, each device its slice, across servers.
+    Gradient synchronisation and the update run once per step, outside the micro-batch slots."""
+    graph, model = plan.graph, hardware.alpha_beta(plan.device_num)
+    units = op_units(graph)
+    count = max(units.values()) + 1
+    time, activations, weights = [0] * count, [0] * count, [0] * count
+    for name, op in graph.ops.items():
+        if op_phase(name) not in ("forward", "backward"):
+            continue
+        dtypes = tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs)
+        time[units[name]] += hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), dtypes)
+    for edge in plan.redistributions:
+        if op_phase(edge.consumer) in ("forward", "backward") and not edge.shares:
+            time[units[edge.consumer]] += edge.plan.nanoseconds(model)
+    for name, info in graph.tensors.items():
+        size = math.prod(plan.layouts[name].slice_shape) * dtype_size(info.dtype) if name in plan.layouts else 0
+        readers = [reader for reader, _ in graph.consumers(name)]
+        if info.kind == "parameter" and readers:
+            weights[units[readers[0]]] += size
+        elif info.producer in graph.ops and op_phase(info.producer) == "forward" and any(op_phase(r) == "backward" for r in readers):
+            activations[units[info.producer]] += size
+    return UnitCosts(tuple(time), tuple(activations), tuple(weights), _send_ns(plan, units, hardware))
+
+
+def _send_ns(plan, units: dict[str, int], hardware: Hardware) -> int:
+    """One device's slice of the largest forward activation from layer 1 to layer 2, sent once
+    across servers (α + bytes / β)."""
+    graph, largest = plan.graph, 0
+    for name, info in graph.tensors.items():
+        if info.producer in graph.ops and units[info.producer] == 1 and op_phase(info.producer) == "forward":
+            if any(units[reader] == 2 and op_phase(reader) == "forward" for reader, _ in graph.consumers(name)):
+                largest = max(largest, math.prod(plan.layouts[name].slice_shape) * dtype_size(info.dtype))
+    return round(hardware.inter_server_latency * 1e9 + largest / hardware.inter_server_bandwidth * 1e9)
+
+
+def plan_stages(graph, device_num: int, stages: int, micro_batches: int, options, schedule: str = "1f1b"):
+    """The stage split of the training graph `graph` (built for one micro-batch) on
+    `device_num` devices in `stages` equal groups, and the plan every stage's ops take: the
+    search (`options`, a `search.SearchOptions`; its seeds apply) on one group's devices, whose
+    `unit_costs` the split weighs under ``options.max_device_memory``. Repeated layers alike
+    cost alike, so one plan prices every stage.
+
+    Example (a 4-block stack on 8 devices as 2 stages of 4: the blocks split evenly):
+        >>> from autostrat.autodiff import Adam, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import TransformerStack
+        >>> from autostrat.search import SearchOptions
+        >>> net = TransformerStack(layers=4, hidden=64, heads=8, seq=16, batch=2)
+        >>> split, plan = plan_stages(build_training(trace(net, *net.example_inputs()), Adam()), 8, 2, 4, SearchOptions())
+        >>> split.bounds, plan.device_num
+        (((0, 3), (3, 6)), 4)
+    """
+    if device_num % stages:
+        raise ConfigError(f"{stages} pipeline stages need device_num divisible by them, got {device_num}")
+    plan = search(graph, device_num // stages, options)
+    return split_stages(unit_costs(plan, options.hardware), stages, micro_batches, options.max_device_memory, schedule), plan
