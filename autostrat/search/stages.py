@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from autostrat.autodiff import op_phase
@@ -63,6 +63,7 @@ class StageSplit:
     slot_ns: tuple[int, ...]  # per stage, one micro-batch's forward, backward and sends
     peak_bytes: tuple[int, ...]  # per stage, per device
     micro_batches: int
+    weight_bytes: tuple[int, ...] = ()  # per stage, per device: parameters and optimiser state
 
     @property
     def stages(self) -> int:
@@ -139,7 +140,8 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
     ends = best[stages][units][1]
     bounds = tuple(zip((0,) + ends[:-1], ends))
     priced = [stage_cost(costs, first, end, stage, stages, micro_batches, schedule) for stage, (first, end) in enumerate(bounds)]
-    return StageSplit(bounds, tuple(slot for slot, _ in priced), tuple(peak for _, peak in priced), micro_batches)
+    weights = tuple(sum(costs.weight_bytes[first:end]) for first, end in bounds)
+    return StageSplit(bounds, tuple(slot for slot, _ in priced), tuple(peak for _, peak in priced), micro_batches, weights)
 
 
 def _smallest_peak(costs: UnitCosts, stages: int, micro_batches: int, schedule: str) -> int:
@@ -244,9 +246,10 @@ def _send_ns(plan, units: dict[str, int], hardware: Hardware) -> int:
 def plan_stages(graph, device_num: int, stages: int, micro_batches: int, options, schedule: str = "1f1b"):
     """The stage split of the training graph `graph` (built for one micro-batch) on
     `device_num` devices in `stages` equal groups, and the plan every stage's ops take: the
-    search (`options`, a `search.SearchOptions`; its seeds apply) on one group's devices, whose
-    `unit_costs` the split weighs under ``options.max_device_memory``. Repeated layers alike
-    cost alike, so one plan prices every stage.
+    search (`options`, a `search.SearchOptions`; the graph's seeds apply) on one group's
+    devices, whose `unit_costs` the split weighs under ``options.max_device_memory`` (a budget
+    for a stage's share, not for the whole model on one group). Repeated layers alike cost
+    alike, so one plan prices every stage.
 
     Example (a 4-block stack on 8 devices as 2 stages of 4: the blocks split evenly):
         >>> from autostrat.autodiff import Adam, build_training
@@ -260,5 +263,5 @@ def plan_stages(graph, device_num: int, stages: int, micro_batches: int, options
     """
     if device_num % stages:
         raise ConfigError(f"{stages} pipeline stages need device_num divisible by them, got {device_num}")
-    plan = search(graph, device_num // stages, options)
+    plan = search(graph, device_num // stages, replace(options, max_device_memory=None))
     return split_stages(unit_costs(plan, options.hardware), stages, micro_batches, options.max_device_memory, schedule), plan
