@@ -161,3 +161,15 @@ def test_yaml_and_the_command_line_turn_auto_recompute_on(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "recompute searched: 2 of 2 layers (blocks.0, blocks.1); counts tried: 0: no plan (proven not to fit)" in out
     assert "recompute/blocks.1." in out
+
+
+def test_auto_recompute_runs_on_mpi_ranks(tmp_path):
+    from tests.test_mpi import assert_nothing_left, run
+
+    path = tmp_path / "stack.yaml"
+    path.write_text(_STACK_YAML + f"recompute: auto\nmax_device_memory: {_BUDGET}\n")
+    code, out, err, run_dir, _ = run(tmp_path, str(path), "--device-num", "2", "--steps", "2", timeout=180)
+    assert code == 0, err
+    assert "recompute searched: 2 of 2 layers" in out and "recompute/blocks.1." in out
+    assert "bytes: measured = predicted on every rank" in out and ": OK" in out and "measured/predicted 1.000..1.000: equal" in out
+    assert_nothing_left(run_dir, 2)
