@@ -73,7 +73,8 @@ class RecomputeChoice:
             >>> RecomputeChoice(("blocks.0", "blocks.1"), 1, trials).summary()
             'recompute searched: 1 of 2 layers (blocks.0); counts tried: 0: no plan (over budget); 2: 900 ns, peak 10 bytes; 1: 800 ns, peak 12 bytes'
         """
-        chosen = ", ".join(self.cells) or "none"
+        cells = self.cells
+        chosen = "none" if not cells else ", ".join(cells) if len(cells) <= 2 else f"{cells[0]} to {cells[-1]}"
         tried = "; ".join(trial.describe(self.unit) for trial in self.trials)
         return f"recompute searched: {self.count} of {len(self.layers)} layers ({chosen}); counts tried: {tried}"
 
