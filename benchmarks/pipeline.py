@@ -5,7 +5,8 @@ The model of `benchmarks/quality.py` ("7b": 32 layers, hidden 4096, 32 heads, se
 devices, 1024 on 1024). Rows per device count:
 
 - no pipeline: Megatron-LM's TP 8 inside a server x data parallelism across, seeded on every
-  block and propagated;
+  block and propagated (by bytes: a propagation priced in time computes timed redistribution
+  searches that take minutes at 1024 devices; the table's times are the plans' predictions);
 - S stages: the devices in S equal groups, each running one micro-batch of ``batch / m``
   sequences with the same Megatron seeds on its own devices (``m = 8 S`` micro-batches: one
   sequence per data-parallel replica); the stage split of the 34 units (embedding, 32 blocks,
@@ -53,7 +54,7 @@ def _graph(batch: int, device_num: int):
 
 def no_pipeline(device_num: int) -> list[str]:
     started = time.perf_counter()
-    plan = search(_graph(device_num, device_num), device_num, SearchOptions(cost_model="time"))
+    plan = search(_graph(device_num, device_num), device_num, SearchOptions())
     seconds = time.perf_counter() - started
     return [str(device_num), "no pipeline", "1", str(LAYERS), "-", f"{plan.prediction.step_time_ns / 1e6:,.1f}", "0",
             f"{plan.prediction.peak_bytes / 1e9:,.1f}", f"{seconds:.1f}"]
@@ -63,7 +64,7 @@ def pipelined(device_num: int, stages: int, budget: int) -> list[str]:
     micro_batches = 8 * stages
     group = device_num // stages
     started = time.perf_counter()
-    options = SearchOptions(cost_model="time", max_device_memory=budget)
+    options = SearchOptions(max_device_memory=budget)
     try:
         split, plan = plan_stages(_graph(device_num // micro_batches, group), device_num, stages, micro_batches,
                                   options, schedule="1f1b")
