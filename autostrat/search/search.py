@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autostrat.cost import Hardware
-from autostrat.errors import ConfigError, InfeasibleError
+from autostrat.errors import ConfigError, InfeasibleError, SolverError
 from autostrat.ir import Graph
 from autostrat.layout import FollowedStrategy, Layout, TensorMap, DeviceMatrix
 from autostrat.redistribution import collector_paused
@@ -194,10 +194,15 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
     # integer_programming starts from the data-parallel plan around the seeds already.
     starts = _extra_starts(problem, graph, device_num, options) if not options.automatic else []
-    budget = options.max_device_memory
+    budget, plan = options.max_device_memory, None
     for attempt in range(BUDGET_ROUNDS):
-        result = refine(problem, assignment.choice, options.refine_time_limit, options.workers, budget,
-                        progress.solution if progress is not None else None, options.coarsening, starts=starts)
+        try:
+            result = refine(problem, assignment.choice, options.refine_time_limit, options.workers, budget,
+                            progress.solution if progress is not None else None, options.coarsening, starts=starts)
+        except (InfeasibleError, SolverError) as error:
+            if plan is None:
+                raise
+            raise _copies_over_budget(plan, options.max_device_memory, attempt, error) from None
         changed = tuple(op for op in assignment.choice if result.choice[op] != assignment.choice[op])
         plan = _plan_of(problem, graph, device_num, options, assignment, result.choice, progress)
         refinement = Refinement(problem.cost(assignment.choice), result, changed, problem.unit,
@@ -212,11 +217,18 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         # plan its model puts that much below this one (at least 1 %, 2 %, 4 % of the budget
         # below: the next plan may write others).
         budget = min(budget, plan.prediction.model_peak_bytes) - max(over, options.max_device_memory * 2**attempt // 100)
-    raise InfeasibleError(
-        f"no plan found whose run fits max_device_memory = {options.max_device_memory:,} bytes per device: after "
-        f"{BUDGET_ROUNDS} solves, each under a tighter budget for the search's per-op memory model, the last plan's "
-        f"buffers still peak at {plan.prediction.peak_bytes:,} bytes (with the copies its redistributions write); "
-        f"a larger budget, recompute or optimizer_level level3 may fit")
+    raise _copies_over_budget(plan, options.max_device_memory, BUDGET_ROUNDS, None)
+
+
+def _copies_over_budget(plan: Plan, budget: int, solves: int, error) -> InfeasibleError:
+    """Why no plan is returned when the ones the solver's model fits keep peaking over `budget`
+    with their redistributions' copies (after `solves` solves; `error`: the last solve's)."""
+    last = "" if error is None else f"; under a tighter model budget: {error}"
+    return InfeasibleError(
+        f"no plan found whose run fits max_device_memory = {budget:,} bytes per device: after {solves} solve(s) the "
+        f"last plan peaks at {plan.prediction.peak_bytes:,} bytes with the copies its redistributions write "
+        f"(the search's per-op memory model, which leaves them out, puts it at {plan.prediction.model_peak_bytes:,})"
+        f"{last}. A larger budget, recompute or optimizer_level level3 may fit")
 
 
 def _plan_of(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, choice: dict, progress) -> Plan:
