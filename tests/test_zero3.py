@@ -116,6 +116,8 @@ def test_a_budget_makes_parameters_rest_sharded_and_training_still_equals_one_de
     assert plan.phase_bytes()["gather"] > 0
     origins = [op.origin for op in plan.ops.values() if "at rest (ZeRO-3)" in op.origin]
     assert len(origins) == len(plan.resting)
+    resting_in_json = [(op["name"], op["at_rest"]) for op in plan.to_dict()["ops"] if "at_rest" in op]
+    assert len(resting_in_json) == len(plan.resting) and all(at == [1] for _, at in resting_in_json)
     run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
     _assert_same_training(run, alone)
     assert run.bytes_match

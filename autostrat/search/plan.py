@@ -191,6 +191,7 @@ class Plan:
             "total_bytes_per_device": self.total_bytes,
             "ops": [
                 {"name": n, "type": o.op_type, "strategy": [list(t) for t in o.strategy.to_tuples()], "origin": o.origin}
+                | ({"at_rest": list(o.strategy.at_rest)} if o.strategy.at_rest else {})  # ZeRO-3's inputs kept sharded
                 for n, o in self.ops.items()
             ],
             "layouts": {name: str(layout) for name, layout in self.layouts.items()},
