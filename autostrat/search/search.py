@@ -194,6 +194,12 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
     # integer_programming starts from the data-parallel plan around the seeds already.
     starts = _extra_starts(problem, graph, device_num, options) if not options.automatic else []
+    return _refined_plan(problem, graph, device_num, options, assignment, starts, progress)
+
+
+def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, starts, progress) -> Plan:
+    """The plan of the CP-SAT refinement; under a budget, one whose buffers fit it, the solver
+    asked again under a tighter budget for its per-op model while the plan's copies push it over."""
     budget, plan = options.max_device_memory, None
     for attempt in range(BUDGET_ROUNDS):
         try:
