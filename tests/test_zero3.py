@@ -48,7 +48,20 @@ def test_first_readers_also_get_their_candidates_with_parameters_at_rest():
         variants = extended[len(base):]
         assert variants and all(s.at_rest == (1,) and replace(s, at_rest=()) in base for s in variants)
     assert all(not s.at_rest for s in problem.candidates["relu"])
-    assert propagate(problem).choice == propagate(plain).choice  # at rest costs bytes: BFS keeps parameters whole
+
+
+def test_propagation_keeps_parameters_at_rest_only_where_it_costs_nothing():
+    graph = _ffn_training()
+    problem = build_problem(graph, 8, optimizer_shard=LEVEL3)
+    plain = build_problem(graph, 8, optimizer_shard=OptimizerShard("level1", threshold_bytes=0))
+    resting, whole = propagate(problem), propagate(plain)
+    rested = {op for op, index in resting.choice.items() if problem.candidates[op][index].at_rest}
+    # dense2.weight is read again by the backward (dense1's output gradient): a second gather
+    # would cost bytes. The first layer's weight and the biases are read once.
+    assert rested == {"dense1.matmul", "dense1.bias_add", "dense2.bias_add"}
+    assert all("parameters at rest (no extra cost)" in resting.origin[op] for op in rested)
+    assert problem.cost(resting.choice) == plain.cost(whole.choice)
+    assert peak_bytes(problem, resting.choice) < peak_bytes(plain, whole.choice)
 
 
 def _storage_problem():
@@ -103,10 +116,12 @@ def _ffn_plan(budget: int | None = None, level: str = "level3"):
 BUDGET = 50_000  # below every plan keeping the FFN's parameters whole (ZeRO-1's best: 53,848)
 
 
-def test_without_a_budget_no_parameter_rests_sharded():
+def test_without_a_budget_only_parameters_read_once_rest_sharded():
     plan, _, _ = _ffn_plan()
-    assert not plan.resting and "gather" not in plan.phase_bytes()
-    assert _ffn_plan(level="level1")[0].prediction.peak_bytes > BUDGET
+    plain, _, _ = _ffn_plan(level="level1")
+    assert plan.resting == {"dense1.weight", "dense1.bias", "dense2.bias"} and not plain.resting
+    assert plan.total_bytes == plain.total_bytes and plan.prediction.peak_bytes < plain.prediction.peak_bytes
+    assert plain.prediction.peak_bytes > BUDGET
 
 
 def test_a_budget_makes_parameters_rest_sharded_and_training_still_equals_one_device():

@@ -19,7 +19,8 @@ needs no gather back, and each op reading it gathers it into the layout it uses 
 forward's and the backward's) for a parameter held shard-sized, so the search decides it per
 parameter: the first reader of each shardable parameter gets, besides each candidate, the same
 strategy with the parameter at rest (`Strategy.at_rest`), priced in time and memory; the
-propagation keeps parameters whole (at rest costs bytes), CP-SAT under a memory budget chooses.
+propagation rests a parameter only where that costs nothing more (a weight read once: its
+gather before the use replaces the one after the update), CP-SAT under a memory budget chooses.
 
 A parameter is left whole-per-replica when it has no replica, when its whole size is below
 ``parallel_optimizer_threshold`` KB (MindSpore's rule: small weights are not worth the

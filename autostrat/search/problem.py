@@ -276,7 +276,8 @@ def _rest_variants(graph: Graph, candidates, followers: dict[str, str], sharding
     """`candidates`, with ZeRO-3 (`OptimizerShard.at_rest`) the first reader of updated
     parameters also offered each of its candidates that shards one of them with those
     parameters at rest (`Strategy.at_rest`), after all the others: a seed stays candidate 0,
-    and the propagation's enumeration-order tie-break keeps parameters whole."""
+    and the propagation's enumeration-order tie-break keeps parameters whole (it rests them
+    afterwards only where that costs nothing: `propagate._rest_where_free`)."""
     if sharding is None or not sharding.at_rest:
         return candidates
     first_reads: dict[str, list[int]] = {}

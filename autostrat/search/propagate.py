@@ -337,8 +337,36 @@ def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, st
                     f"seeds of {edge.producer} and {edge.consumer} disagree on {edge.tensor}: "
                     f"a redistribution of {cost:.0f} {problem.unit} per device is inserted"
                 )
+    _rest_where_free(problem, choice, origin)
     ordered = {name: choice[name] for name in problem.graph.ops}
     return Assignment(ordered, {name: origin[name] for name in ordered}, tuple(warnings))
+
+
+def _rest_where_free(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str]) -> None:
+    """With ZeRO-3 (`optimizer_shard`): an op keeps the parameters it reads first at rest
+    (`Strategy.at_rest`, the same strategy otherwise) where that costs nothing more on its own
+    and its edges: a weight read once (no input gradient reads it again) is gathered before its
+    use instead of after its update, for the same bytes, and held shard-sized."""
+    for op, candidates in problem.candidates.items():
+        chosen = candidates[choice[op]]
+        if chosen.at_rest:
+            continue
+        for index in range(len(candidates) - 1, -1, -1):  # the variants come last
+            variant = candidates[index]
+            if not variant.at_rest:
+                break
+            if variant.splits == chosen.splits and variant.sums_partials == chosen.sums_partials:
+                if _local_cost(problem, choice, op, index) <= _local_cost(problem, choice, op, choice[op]):
+                    choice[op], origin[op] = index, origin[op] + ", parameters at rest (no extra cost)"
+                break
+
+
+def _local_cost(problem: SearchProblem, choice: dict[str, int], op: str, index: int) -> float:
+    """The cost of `op` running candidate `index` with its neighbours as `choice` has them."""
+    def pick(name: str) -> int:
+        return index if name == op else choice[name]
+
+    return problem.costs[op].comm[index] + sum(edge.table[pick(edge.producer), pick(edge.consumer)] for edge in problem.incident[op])
 
 
 def _batch_split(strategy: Strategy, device_num: int) -> bool:
