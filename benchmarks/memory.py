@@ -23,7 +23,7 @@ buffers a rank holds, redistributed copies included: what a run measures), predi
 search seconds,
 whether the plan fits the budget ("no plan": the refinement found none that fits).
 
-Run: .venv/bin/python benchmarks/memory.py [--budget 80GB] [--time-limit 60]
+Run: .venv/bin/python benchmarks/memory.py [--budget 80GB] [--time-limit 60] [--plans NAME ...]
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _searched(build, device_num: int, seeds: dict, options: SearchOptions):
     return plan, time.perf_counter() - started, choice
 
 
-def rows(budget: int, time_limit: float) -> tuple[list[list[str]], list[str]]:
+def rows(budget: int, time_limit: float, only: tuple[str, ...] = ()) -> tuple[list[list[str]], list[str]]:
     device_num, build = MODELS["7b"]
     layers = len(build().blocks)
     data = device_num // TENSOR_PARALLEL
@@ -85,6 +85,8 @@ def rows(budget: int, time_limit: float) -> tuple[list[list[str]], list[str]]:
     ]
     found, searched = [], []
     for name, seeds, options, recompute in cases:
+        if only and name not in only:
+            continue
         try:
             if recompute is None:
                 plan, seconds, choice = _searched(build, device_num, seeds, options)
@@ -107,8 +109,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", default="80GB", help="per-device memory budget (default 80GB)")
     parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds per refined plan")
+    parser.add_argument("--plans", nargs="+", metavar="NAME", help="only these rows (their names as printed)")
     args = parser.parse_args()
-    found, searched = rows(parse_bytes(args.budget, "--budget"), args.time_limit)
+    found, searched = rows(parse_bytes(args.budget, "--budget"), args.time_limit, tuple(args.plans or ()))
     print()
     print(format_table(HEADERS, found))
     print("\n".join(searched))
