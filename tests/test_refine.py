@@ -80,6 +80,8 @@ def test_the_random_cases_include_ones_where_bfs_is_not_optimal():
     for device_num, seed in CASES:
         problem = small_problem(device_num, seed)
         improved += brute_force(problem) < problem.cost(propagate(problem).choice)
+        if improved >= 2:
+            break  # found: the rest of the brute forces would only take time
     assert improved >= 2
 
 
