@@ -145,6 +145,16 @@ def update_layout(sharding: OptimizerShard | None, used: Layout, dtype: str) -> 
 def rest_layout(sharding: OptimizerShard | None, strategy, index: int, dtype: str) -> Layout:
     """Where input `index` of an op running `strategy` rests between steps when it is a
     parameter the op reads first: the layout the op uses, or its shard layout when the
-    strategy keeps it at rest (`Strategy.at_rest`, ZeRO-3)."""
+    strategy keeps it at rest (`Strategy.at_rest`, ZeRO-3).
+
+    Example (a MatMul weight split in 2 row blocks on 8 devices; at rest, in 8 row blocks):
+        >>> from dataclasses import replace
+        >>> from autostrat.layout import Strategy
+        >>> from autostrat.rules import make_rule
+        >>> strategy = Strategy.from_tuples(make_rule("MatMul", [(16, 64), (64, 32)]), ((1, 2), (2, 1)), 8)
+        >>> zero3 = OptimizerShard("level3", threshold_bytes=0)
+        >>> str(rest_layout(zero3, strategy, 1, "float32")), str(rest_layout(zero3, replace(strategy, at_rest=(1,)), 1, "float32"))
+        ('[64, 32] dm[1, 2, 1, 4] tm(2, 1)', '[64, 32] dm[8] tm(0, -1)')
+    """
     used = strategy.input_layouts[index]
     return update_layout(sharding, used, dtype) if index in strategy.at_rest else used

@@ -289,7 +289,22 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
 
 
 def resting_parameters(graph: Graph, strategies) -> frozenset[str]:
-    """The parameters kept sharded at rest (ZeRO-3) by the ops reading them first."""
+    """The parameters kept sharded at rest (ZeRO-3) by the ops reading them first.
+
+    Example (the tutorial FFN's first matmul keeping its weight at rest):
+        >>> from dataclasses import replace
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> strategies = {name: op.strategy for name, op in plan.ops.items()}
+        >>> strategies["dense1.matmul"] = replace(strategies["dense1.matmul"], at_rest=(1,))
+        >>> sorted(resting_parameters(plan.graph, strategies))
+        ['dense1.weight']
+    """
     return frozenset(graph.ops[name].inputs[index] for name, strategy in strategies.items() for index in strategy.at_rest)
 
 

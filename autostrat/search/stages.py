@@ -209,7 +209,20 @@ def unit_costs(plan, hardware: Hardware) -> UnitCosts:
     into them, the activations its forward ops produce that a backward op reads, and its
     parameters with their optimiser state (each in the plan's layouts); a send moves the largest
     activation passed from one repeated layer to the next, each device its slice, across servers.
-    Gradient synchronisation and the update run once per step, outside the micro-batch slots."""
+    Gradient synchronisation and the update run once per step, outside the micro-batch slots.
+
+    Example (a 2-block stack, Megatron's TP 4 on 4 devices: no embedding, the blocks, the loss
+    and its Adam step counters):
+        >>> from autostrat.autodiff import Adam, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.frontend.config import apply_seeds
+        >>> from autostrat.models import TransformerStack, megatron_seeds
+        >>> net = TransformerStack(layers=2, hidden=64, heads=8, seq=16, batch=2)
+        >>> graph = apply_seeds(trace(net, *net.example_inputs(), device_num=4), megatron_seeds(2, 4), 4)
+        >>> costs = unit_costs(search(build_training(graph, Adam()), 4), Hardware())
+        >>> costs.weight_bytes, costs.activation_bytes
+        ((0, 153408, 153408, 8), (0, 49152, 47104, 2048))
+    """
     graph, model = plan.graph, hardware.alpha_beta(plan.device_num)
     units = op_units(graph)
     count = max(units.values()) + 1
