@@ -50,11 +50,10 @@ from autostrat.tables import format_table  # noqa: E402
 HEADERS = ["plan", "forward MB", "backward MB", "sync MB", "update MB", "gather MB", "peak MB", "step ms", "search s", "fits"]
 
 
-def _searched(build, device_num: int, seeds: dict, options: SearchOptions):
+def _searched(build, device_num: int, seeds: dict, options: SearchOptions, layers: tuple[str, ...]):
     """The refined plan with recompute searched (`recompute_choice.choose_recompute`), its
     seconds, and the recompute counts tried."""
     started = time.perf_counter()
-    layers = tuple(f"blocks.{index}" for index in range(len(build().blocks)))
 
     def plan_with(cells):
         return timed_search(training_graph(build(), device_num, seeds, cells), device_num, options)[0]
@@ -89,7 +88,7 @@ def rows(budget: int, time_limit: float, only: tuple[str, ...] = ()) -> tuple[li
             continue
         try:
             if recompute is None:
-                plan, seconds, choice = _searched(build, device_num, seeds, options)
+                plan, seconds, choice = _searched(build, device_num, seeds, options, blocks)
                 searched.append(f"{name}: {choice.summary()}")
             else:
                 plan, seconds = timed_search(training_graph(build(), device_num, seeds, recompute), device_num, options)

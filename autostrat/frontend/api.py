@@ -79,7 +79,8 @@ def _training_plan(graph, optimizer, context: ParallelContext, recompute: tuple[
     def training(cells: tuple[str, ...]):
         return build_training(graph, optimizer, gradients_mean=context.gradients_mean, recompute=recompute + cells)
 
-    check_op_names(training(layers), saved, where)  # every op any choice can have: refused before a search
+    if saved:  # every op any choice can have: refused before a search (a graph built only to check)
+        check_op_names(training(layers), saved, where)
     options = context.search_options()
 
     def plan_with(cells: tuple[str, ...]) -> Plan:

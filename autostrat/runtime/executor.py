@@ -9,7 +9,7 @@ except its graph outputs, the next values of its parameters and state, and the p
 constants nothing updates (a device keeps its weights from step to step); a graph input (the
 batch) goes after its last use. While an instruction runs, its inputs and the buffers it writes
 are all live, except where a device writes the result over an input read for the last time: an
-update op's new parameter and state over the old ones (`kernels.optimizer.IN_PLACE`), an
+update op's new parameter and state over the old ones (`autodiff.UPDATE_OP_TYPES`), an
 AllReduce's sum over its operand (NCCL's in-place AllReduce). The peak of the live bytes
 (`nbytes` of every buffer the rank holds: loaded and carried slices, activations, gradients,
 every redistribution's result) over the program is the rank's `RankResult.peak_bytes`, what
@@ -31,10 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autostrat.autodiff import UPDATE_OP_TYPES
+from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend, Sent
 from autostrat.runtime.kernels import run_kernel
-from autostrat.runtime.kernels.optimizer import IN_PLACE
 from autostrat.runtime.program import Communicate, Compute, Load, Program
 
 
@@ -94,7 +95,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     backend.prepare(program.partitions)
     store: dict[str, np.ndarray] = {}
     traffic = []
-    memory = _LiveBytes()
+    memory = LiveBytes()
     for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
         if on_instruction is not None:
             on_instruction(index, instruction)
@@ -109,7 +110,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
             written = {instruction.target: communicate(instruction, backend, store[instruction.source])}
             sent = sum(record.bytes for record in backend.sent[before:])
             traffic.append(Traffic(instruction.edge, instruction.kind, instruction.phase, instruction.predicted, sent))
-        memory.write(_counted_bytes(instruction, written), _in_place(instruction, released))
+        memory.write(_counted_bytes(instruction, written), _over(instruction), released)
         store.update(written)
         memory.release(released)
         for key in released:
@@ -117,28 +118,6 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     outputs = {tensor: store[key] for tensor, key in program.outputs}
     updated = {name: store[key] for name, key in program.updates}
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
-
-
-class _LiveBytes:
-    """The counted bytes of every buffer in a rank's store, their sum and its peak."""
-
-    def __init__(self):
-        self.sizes: dict[str, int] = {}
-        self.live = self.peak = 0
-
-    def write(self, written: dict[str, int], in_place: tuple[str, ...] = ()) -> None:
-        """Count the instruction's results; `in_place` are the inputs they are written over."""
-        # A buffer being overwritten (the next step of a redistribution) is the instruction's
-        # input: it is live until the instruction has written its result, unless written in place.
-        reused = sum(self.sizes[key] for key in in_place)
-        self.peak = max(self.peak, self.live + sum(written.values()) - reused)
-        for key, size in written.items():
-            self.live += size - self.sizes.get(key, 0)
-            self.sizes[key] = size
-
-    def release(self, keys) -> None:
-        for key in keys:
-            self.live -= self.sizes.pop(key)
 
 
 def _counted_bytes(instruction, written: dict) -> dict[str, int]:
@@ -149,16 +128,14 @@ def _counted_bytes(instruction, written: dict) -> dict[str, int]:
     return {key: array.nbytes for key, array in written.items()}
 
 
-def _in_place(instruction, released: tuple[str, ...]) -> tuple[str, ...]:
-    """The input keys whose buffers the instruction's results take over (see the module
-    docstring): read for the last time here, or overwritten by this very instruction."""
-    if isinstance(instruction, Compute) and instruction.op_type in IN_PLACE:
-        pairs = zip(instruction.inputs, instruction.outputs)
-    elif isinstance(instruction, Communicate) and instruction.kind == "AllReduce":
-        pairs = ((instruction.source, instruction.target),)
-    else:
-        return ()
-    return tuple(dict.fromkeys(source for source, target in pairs if source in released or source == target))
+def _over(instruction) -> tuple[tuple[str, str], ...]:
+    """The (input, result) pairs whose buffer a result may take (see the module docstring):
+    an update's next parameter and state over the old ones, an AllReduce's sum over its operand."""
+    if isinstance(instruction, Compute) and instruction.op_type in UPDATE_OP_TYPES:
+        return tuple(zip(instruction.inputs, instruction.outputs))
+    if isinstance(instruction, Communicate) and instruction.kind == "AllReduce":
+        return ((instruction.source, instruction.target),)
+    return ()
 
 
 def release_schedule(program: Program) -> tuple[tuple[str, ...], ...]:
@@ -181,16 +158,8 @@ def release_schedule(program: Program) -> tuple[tuple[str, ...], ...]:
         >>> any("dense1.weight" in released for released in release_schedule(program))
         False
     """
-    last: dict[str, int] = {}
-    for index, instruction in enumerate(program.instructions):
-        for key in _touched(instruction):
-            last[key] = index
     kept = {key for output in program.outputs for key in output} | {key for _, key in program.updates} | _weights(program)
-    schedule: list[list[str]] = [[] for _ in program.instructions]
-    for key, index in last.items():
-        if key not in kept:
-            schedule[index].append(key)
-    return tuple(tuple(keys) for keys in schedule)
+    return release_after((_touched(instruction) for instruction in program.instructions), kept)
 
 
 def _weights(program: Program) -> set[str]:

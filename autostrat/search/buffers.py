@@ -4,10 +4,8 @@
 every redistribution writes a copy of its tensor in the consumer's layout (and each of its steps
 an intermediate one), which exists only for some pairs of producer and consumer strategies. This
 module follows the order a rank's program runs in (`runtime.program`: every load first, then
-per op the redistributions of its inputs and its kernel, then the writebacks) and counts, as
-the executor does (`runtime.executor`), every buffer from the instruction writing it to the last
-one reading it, an update's results and an AllReduce's sum taking their inputs' place when
-those are read for the last time. Ranks hold slices of equal sizes, so rank 0 stands for all.
+per op the redistributions of its inputs and its kernel, then the writebacks) and counts its
+buffers by the rule the executor (`runtime.executor`) measures them by (`cost.live_bytes`). Ranks hold slices of equal sizes, so rank 0 stands for all.
 
 The plan's predicted peak (`prediction.Prediction.peak_bytes`) is this; the search checks a
 budgeted plan against it too (`search.search`).
@@ -20,12 +18,13 @@ from dataclasses import dataclass, field
 
 from autostrat.autodiff import UPDATE_OP_TYPES
 from autostrat.cost import dtype_size
+from autostrat.cost.live_bytes import LiveBytes, release_after
 
 
 @dataclass
 class _Event:
-    """One instruction: the keys it reads, the bytes of each key it writes, and which of the
-    keys it reads its results may be written over (when read for the last time here)."""
+    """One instruction: the keys it reads, the bytes of each key it writes, and the (read key,
+    written key) pairs whose buffer a result may take (`LiveBytes.write`)."""
 
     reads: tuple[str, ...]
     writes: dict[str, int]
@@ -55,23 +54,12 @@ def plan_peak(plan) -> int:
         (59904, 53824)
     """
     program = _program(plan)
-    last: dict[str, int] = {}
-    for index, event in enumerate(program.events):
-        for key in (*event.reads, *event.writes):
-            last[key] = index
-    live: dict[str, int] = {}
-    total = peak = 0
-    for index, event in enumerate(program.events):
-        released = {key for key in (*event.reads, *event.writes) if last[key] == index and key not in program.kept}
-        reused = sum(live[read] for read in dict.fromkeys(read for read, written in event.over
-                                                           if read in released or read == written))
-        peak = max(peak, total + sum(event.writes.values()) - reused)
-        for key, size in event.writes.items():
-            total += size - live.get(key, 0)
-            live[key] = size
-        for key in released:
-            total -= live.pop(key)
-    return peak
+    memory = LiveBytes()
+    schedule = release_after(((*event.reads, *event.writes) for event in program.events), program.kept)
+    for event, released in zip(program.events, schedule):
+        memory.write(event.writes, event.over, released)
+        memory.release(released)
+    return memory.peak
 
 
 def _bytes(layout, dtype: str) -> int:

@@ -142,17 +142,6 @@ def _ctrl_c_stops(solver: cp_model.CpSolver):
 
 def _solver(time_limit: float, workers: int) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit)
-    # One worker with a fixed seed is deterministic: the same problem gives the same choice, so
-    # plans stay byte-identical (measured here, it also beat 8 interleaved workers on 2 cores).
-    # More workers race: the optimum is the same, but which of several equal plans wins may vary.
-    solver.parameters.num_workers = workers or 1
-    solver.parameters.random_seed = 0
-    return solver
-
-
-def _solver(time_limit: float, workers: int) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(float(time_limit), 0.0)
     # One worker with a fixed seed is deterministic: the same problem gives the same choice, so
     # plans stay byte-identical (measured here, it also beat 8 interleaved workers on 2 cores).
@@ -230,8 +219,14 @@ def model_size(problem: SearchProblem, level: str = "exact", budget: int | None 
 
 
 def _infeasible(problem: SearchProblem, budget: int, time_limit: float, workers: int, layered: bool) -> InfeasibleError:
-    plans = "no plan whose repeated layers agree" if layered else "no plan"
     peak, proven = smallest_peak(problem, time_limit, workers, "layers" if layered else "exact")
+    return _infeasible_error(budget, layered, peak, proven)
+
+
+def _infeasible_error(budget: int, layered: bool, peak: int | None, proven: bool) -> InfeasibleError:
+    """No plan (whose repeated layers agree, when `layered`) fits `budget`; the smallest peak
+    the memory-only model found, if any, and whether it proved it smallest."""
+    plans = "no plan whose repeated layers agree" if layered else "no plan"
     if peak is None:
         smallest = "the smallest achievable peak was not found within the time limit"
     elif proven:
@@ -293,8 +288,7 @@ def _solve(problem: SearchProblem, built: SolverModel, objective: Objective, tim
     return status, found, bound
 
 
-def _smallest_start(problem: SearchProblem, known: list[_Start], time_limit: float, workers: int, budget: int,
-                    level: str) -> list[_Start]:
+def _smallest_start(problem: SearchProblem, time_limit: float, workers: int, budget: int, level: str) -> list[_Start]:
     """When no known plan fits: the plan of the smallest peak, found by the memory-only model
     (no pair variables: it solves in a fraction of the priced model's time), as a start that
     fits; an `InfeasibleError` at once when that model proves nothing fits. (Measured: a 2-block
@@ -302,9 +296,7 @@ def _smallest_start(problem: SearchProblem, known: list[_Start], time_limit: flo
     60 s without a verdict; the memory-only model proved the smallest peak in 0.5 s.)"""
     peak, proven, choice = _smallest_peak_plan(problem, time_limit, workers, level)
     if peak is not None and peak > budget and proven:
-        plans = "no plan whose repeated layers agree" if level == "layers" and share_layers(problem)[1] else "no plan"
-        raise InfeasibleError(f"{plans} fits max_device_memory = {int(budget):,} bytes per device: the smallest "
-                              f"achievable peak is {peak:,} bytes (parameters plus live activations)")
+        raise _infeasible_error(budget, level == "layers" and bool(share_layers(problem)[1]), peak, proven)
     return _starts(problem, [choice], budget) if peak is not None and peak <= budget else []
 
 
@@ -352,7 +344,7 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     if coarsen_level == "exact" and budget is not None:
         known += _layered_start(problem, known, time_limit / 2, workers, budget)
     if budget is not None and not _fitting(known, budget):
-        known += _smallest_start(problem, known, time_limit * SMALLEST_SHARE, workers, budget, coarsen_level)
+        known += _smallest_start(problem, time_limit * SMALLEST_SHARE, workers, budget, coarsen_level)
     coarse = coarsen(problem, coarsen_level, budget=budget is not None)
     built = SolverModel(problem, coarse)
     built.limit_memory(budget)

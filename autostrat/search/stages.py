@@ -118,43 +118,46 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
         raise ConfigError(f"{stages} pipeline stages cannot split {units} layer unit(s): each stage needs one at least")
     if micro_batches < 1:
         raise ConfigError(f"micro_batches must be a positive integer, got {micro_batches!r}")
-    # best[k][n]: (slowest slot, boundaries) of the first n units in k stages, or None.
+
+    def slot(stage: int, first: int, end: int) -> int | None:
+        time_ns, peak = stage_cost(costs, first, end, stage, stages, micro_batches, schedule)
+        return None if budget is not None and peak > budget else time_ns
+
+    def peak(stage: int, first: int, end: int) -> int:
+        return stage_cost(costs, first, end, stage, stages, micro_batches, schedule)[1]
+
+    found = _min_max_split(units, stages, slot)
+    if found is None:
+        smallest = _min_max_split(units, stages, peak)[0]
+        raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
+                              f"device: the smallest stage peak any split reaches is {smallest:,} bytes")
+    ends = found[1]
+    bounds = tuple(zip((0,) + ends[:-1], ends))
+    priced = [stage_cost(costs, first, end, stage, stages, micro_batches, schedule) for stage, (first, end) in enumerate(bounds)]
+    weights = tuple(sum(costs.weight_bytes[first:end]) for first, end in bounds)
+    return StageSplit(bounds, tuple(time_ns for time_ns, _ in priced), tuple(held for _, held in priced), micro_batches, weights)
+
+
+def _min_max_split(units: int, stages: int, value) -> tuple[int, tuple[int, ...]] | None:
+    """(the largest ``value(stage, first, end)``, the end boundaries) of the split of `units`
+    into `stages` contiguous non-empty stages where that largest is least, a stage whose value
+    is None not allowed; None when no split allows every stage. By dynamic programming: the best
+    split of the first ``n`` units into ``k`` stages ends with some stage ``[j, n)`` after the
+    best split of the first ``j`` into ``k - 1`` (at every prefix the least, then the earliest
+    boundaries: deterministic)."""
     best: list[list[tuple[int, tuple[int, ...]] | None]] = [[None] * (units + 1) for _ in range(stages + 1)]
     best[0][0] = (0, ())
     for k in range(1, stages + 1):
         for n in range(k, units - (stages - k) + 1):
             for j in range(k - 1, n):
                 before = best[k - 1][j]
-                if before is None:
+                cost = None if before is None else value(k - 1, j, n)
+                if cost is None:
                     continue
-                slot, peak = stage_cost(costs, j, n, k - 1, stages, micro_batches, schedule)
-                if budget is not None and peak > budget:
-                    continue
-                found = (max(before[0], slot), before[1] + (n,))
+                found = (max(before[0], cost), before[1] + (n,))
                 if best[k][n] is None or found < best[k][n]:
                     best[k][n] = found
-    if best[stages][units] is None:
-        smallest = _smallest_peak(costs, stages, micro_batches, schedule)
-        raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
-                              f"device: the smallest stage peak any split reaches is {smallest:,} bytes")
-    ends = best[stages][units][1]
-    bounds = tuple(zip((0,) + ends[:-1], ends))
-    priced = [stage_cost(costs, first, end, stage, stages, micro_batches, schedule) for stage, (first, end) in enumerate(bounds)]
-    weights = tuple(sum(costs.weight_bytes[first:end]) for first, end in bounds)
-    return StageSplit(bounds, tuple(slot for slot, _ in priced), tuple(peak for _, peak in priced), micro_batches, weights)
-
-
-def _smallest_peak(costs: UnitCosts, stages: int, micro_batches: int, schedule: str) -> int:
-    """The smallest, over splits, of the largest stage peak (the same DP, for the error)."""
-    units = len(costs.time_ns)
-    least = [[None] * (units + 1) for _ in range(stages + 1)]
-    least[0][0] = 0
-    for k in range(1, stages + 1):
-        for n in range(k, units - (stages - k) + 1):
-            options = [max(least[k - 1][j], stage_cost(costs, j, n, k - 1, stages, micro_batches, schedule)[1])
-                       for j in range(k - 1, n) if least[k - 1][j] is not None]
-            least[k][n] = min(options) if options else None
-    return least[stages][units]
+    return best[stages][units]
 
 
 _WRAPPERS = ("bprop/", "accumulate/", "identity/", "recompute/", "optimizer/")

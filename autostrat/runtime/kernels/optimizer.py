@@ -13,11 +13,6 @@ import numpy as np
 
 from autostrat.runtime.kernels.registry import kernel
 
-# The update kernels whose output i is the next value of input i (the parameter, then its
-# state): a device writes it over the old value (MindSpore's ref inputs), and so does the
-# executor's memory count.
-IN_PLACE = ("ApplyAdam", "ApplyGradientDescent", "ApplyMomentum")
-
 
 def _summed(gradient, gradients_mean: bool, replicas: int):
     return gradient if gradients_mean or replicas == 1 else gradient * np.asarray(replicas, gradient.dtype)

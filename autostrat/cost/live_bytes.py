@@ -1,0 +1,56 @@
+"""The memory rule a rank's buffers follow, shared by the run that measures it
+(`runtime.executor`) and the plan that predicts it (`search.buffers`): a buffer lives from the
+instruction writing it to the last one touching it (unless kept), and an instruction's results
+may take the place of an input read for the last time there (an update over its parameter, an
+AllReduce over its operand) or of the buffer they overwrite."""
+
+from __future__ import annotations
+
+
+def release_after(touched, kept) -> tuple[tuple[str, ...], ...]:
+    """Per instruction (the keys each touches, in order), the keys no later one touches and not
+    in `kept`: dropped once it has run.
+
+    Example:
+        >>> release_after([("x",), ("x", "y"), ("y", "z")], kept={"z"})
+        ((), ('x',), ('y',))
+    """
+    touched = [tuple(keys) for keys in touched]
+    last = {key: index for index, keys in enumerate(touched) for key in keys}
+    schedule: list[list[str]] = [[] for _ in touched]
+    for key, index in last.items():
+        if key not in kept:
+            schedule[index].append(key)
+    return tuple(tuple(keys) for keys in schedule)
+
+
+class LiveBytes:
+    """The counted bytes of every buffer a rank holds, their sum and its peak.
+
+    Example (an AllReduce written over its operand, read for the last time: no new room):
+        >>> live = LiveBytes()
+        >>> live.write({"g": 100})
+        >>> live.write({"g>sum": 100}, over=(("g", "g>sum"),), released=("g",))
+        >>> live.release(("g",)); live.peak, live.live
+        (100, 100)
+    """
+
+    def __init__(self):
+        self.sizes: dict[str, int] = {}
+        self.live = self.peak = 0
+
+    def write(self, written: dict[str, int], over=(), released=()) -> None:
+        """Count an instruction's results; `over` are (input, result) pairs whose buffer the
+        result may take: when the input is read for the last time here (`released`), or is
+        the result itself (the next step of a redistribution writing its target again)."""
+        in_place = dict.fromkeys(read for read, result in over if read in released or read == result)
+        # Any other buffer being overwritten is the instruction's input: live until the result is written.
+        reused = sum(self.sizes[key] for key in in_place)
+        self.peak = max(self.peak, self.live + sum(written.values()) - reused)
+        for key, size in written.items():
+            self.live += size - self.sizes.get(key, 0)
+            self.sizes[key] = size
+
+    def release(self, keys) -> None:
+        for key in keys:
+            self.live -= self.sizes.pop(key)
