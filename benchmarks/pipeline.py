@@ -10,12 +10,11 @@ devices, 1024 on 1024). Rows per device count:
 - S stages: the devices in S equal groups, each running one micro-batch of ``batch / m``
   sequences with the same Megatron seeds on its own devices (``m = 8 S`` micro-batches: one
   sequence per data-parallel replica); the stage split of the 34 units (embedding, 32 blocks,
-  head and loss) searched by `search.stages.plan_stages` under the budget (1F1B).
+  head and loss) searched by `search.pipeline.plan_pipeline` under the budget (1F1B).
 
 Columns: layers per stage, the slowest stage's slot (one micro-batch's forward, backward and
-sends), the predicted step time (``(m + S - 1)`` slots, plus the heaviest stage's gradient
-synchronisation and update, which run once per step: the stage plan's, in proportion to the
-stage's share of the weights), the bubble, the largest stage peak (weights and optimiser state,
+sends), the predicted step time (``(m + S - 1)`` slots, plus the slowest stage's gradient
+synchronisation and updates, which run once per step: `search.pipeline.Pipeline.step_time_ns`), the bubble, the largest stage peak (weights and optimiser state,
 plus 1F1B's in-flight micro-batches' activations, per unit: `search.stages`; the no-pipeline row
 shows its plan's exact peak), and the seconds to trace, search and split.
 
@@ -39,7 +38,7 @@ from autostrat.frontend.config import apply_seeds  # noqa: E402
 from autostrat.frontend.context import parse_bytes  # noqa: E402
 from autostrat.models import GPT, megatron_seeds  # noqa: E402
 from autostrat.search import SearchOptions, search  # noqa: E402
-from autostrat.search.stages import plan_stages  # noqa: E402
+from autostrat.search.pipeline import plan_pipeline  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 LAYERS, TENSOR_PARALLEL = 32, 8
@@ -66,15 +65,11 @@ def pipelined(device_num: int, stages: int, budget: int) -> list[str]:
     started = time.perf_counter()
     options = SearchOptions(max_device_memory=budget)
     try:
-        split, plan = plan_stages(_graph(device_num // micro_batches, group), device_num, stages, micro_batches,
-                                  options, schedule="1f1b")
+        plan = plan_pipeline(_graph(device_num // micro_batches, group), device_num, stages, micro_batches, options)
     except InfeasibleError as error:
         return [str(device_num), f"{stages} stages", str(micro_batches), f"no split fits: {error}", "-", "-", "-", "-", "-"]
     seconds = time.perf_counter() - started
-    phases = plan.prediction.phases
-    once = phases["sync"].time_ns + phases["update"].time_ns
-    heaviest = max(split.weight_bytes) / sum(split.weight_bytes)
-    step = split.step_time_ns + round(once * heaviest)
+    split, step = plan.pipeline.split, plan.pipeline.step_time_ns
     layers = "/".join(str(len([u for u in range(first, end) if 1 <= u <= LAYERS])) for first, end in split.bounds)
     return [str(device_num), f"{stages} stages", str(micro_batches), layers, f"{max(split.slot_ns) / 1e6:,.2f}",
             f"{step / 1e6:,.1f}", f"{split.bubble:.3f}", f"{max(split.peak_bytes) / 1e9:,.1f}", f"{seconds:.1f}"]

@@ -224,12 +224,13 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
         lines.append("gradients_mean=False: a replicated parameter's gradient is the sum over its replicas, "
                      "not the stand-alone gradient, so the runs are not expected to agree")
     measured = result.measured[0] if result.measured else {}
-    phases = ", ".join(f"{k} {v}" for k, v in measured.items() if k != "gather" or v)  # gather: ZeRO-3 only
+    phases = ", ".join(f"{k} {v}" for k, v in measured.items() if k not in ("gather", "pipeline") or v)  # ZeRO-3, pipelines only
     lines += [
         f"bytes per step on rank 0 (measured): {phases}; "
         f"{'measured = predicted on every rank' if result.bytes_match else 'MISMATCH between measured and predicted'}",
         f"  ({PHASE_LEGEND})",
         *([memory_line(result.predicted_peak, list(result.measured_peaks))] if result.measured_peaks else []),
+        *result.notes,
         f"loss curve vs stand-alone: max relative error {loss_error:.3g}; final parameters: {parameter_error:.3g} "
         f"(limit {tolerance:g}): {'OK' if max(loss_error, parameter_error) <= tolerance else 'FAILED'}",
     ]

@@ -51,7 +51,8 @@ class Attention(Cell):
         self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
 
     def heads_of(self, x):
-        x = self.split_heads(x, (self.batch, self.seq, self.heads, self.head_size))
+        # The batch follows the input (a pipeline traces micro-batches), not the constructor's.
+        x = self.split_heads(x, (x.shape[0] // self.seq, self.seq, self.heads, self.head_size))
         return self.to_heads(x, (0, 2, 1, 3))
 
     def construct(self, x):
@@ -59,7 +60,7 @@ class Attention(Cell):
         scores = self.mask(self.scale(self.scores(q, k), self.scale_factor), self.causal_mask)
         context = self.context(self.softmax(scores), v)
         context = self.from_heads(context, (0, 2, 1, 3))
-        context = self.merge_heads(context, (self.batch * self.seq, self.heads * self.head_size))
+        context = self.merge_heads(context, (context.shape[0] * self.seq, self.heads * self.head_size))
         return self.projection(context)
 
 
@@ -106,7 +107,7 @@ class GPT(Cell):
 
     def construct(self, ids, labels):
         x = self.add_position(self.embedding(ids), self.position)
-        x = self.flatten(x, (self.batch * self.seq, self.hidden))
+        x = self.flatten(x, (ids.shape[0] * self.seq, self.hidden))
         for block in self.blocks:
             x = block(x)
         return self.loss(self.lm_head(self.ln_final(x)), labels)

@@ -58,6 +58,15 @@ class Backend(Protocol):
     def sendrecv(self, piece: np.ndarray, dest: int, source: int) -> np.ndarray:
         """Send `piece` to `dest` and receive a piece of the same shape from `source`."""
 
+    def send(self, piece: np.ndarray, dest: int, tag: int) -> None:
+        """Post `piece` to rank `dest` without waiting for it to be received (pipeline stages)."""
+
+    def recv(self, shape: tuple[int, ...], dtype, source: int, tag: int) -> np.ndarray:
+        """Wait for the piece rank `source` posted with `tag` (messages of one tag arrive in order)."""
+
+    def complete_sends(self) -> None:
+        """Wait until every posted piece has been taken (the end of a pipeline step)."""
+
     def gather_report(self, values: np.ndarray) -> list[np.ndarray] | None:
         """Rank 0 gets every rank's `values` (float64, same length everywhere); others get None.
         For the run report only: not counted as sent bytes."""
@@ -74,6 +83,9 @@ class CountingBackend:
 
     def count(self, kind: str, group_size: int, local_bytes: int) -> None:
         self.sent.append(Sent(kind, group_size, collective_bytes(kind, group_size, local_bytes)))
+
+    def count_send(self, piece: np.ndarray) -> None:
+        self.sent.append(Sent("Send", 2, piece.nbytes))
 
     def count_sendrecv(self, piece: np.ndarray, dest: int) -> None:
         self.sent.append(Sent("CollectivePermute", 2, 0 if dest == self.rank else piece.nbytes))

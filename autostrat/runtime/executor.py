@@ -100,7 +100,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
         if on_instruction is not None:
             on_instruction(index, instruction)
         if isinstance(instruction, Load):
-            written = {instruction.tensor: _load(instruction, values, resident)}
+            written = {instruction.tensor: load_slice(instruction, values, resident)}
         elif isinstance(instruction, Compute):
             arrays = [store[key] for key in instruction.inputs]
             outputs = run_kernel(instruction.op_type, arrays, dict(instruction.attrs), instruction.context)
@@ -110,7 +110,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
             written = {instruction.target: communicate(instruction, backend, store[instruction.source])}
             sent = sum(record.bytes for record in backend.sent[before:])
             traffic.append(Traffic(instruction.edge, instruction.kind, instruction.phase, instruction.predicted, sent))
-        memory.write(_counted_bytes(instruction, written), _over(instruction), released)
+        memory.write(counted_bytes(instruction, written), written_over(instruction), released)
         store.update(written)
         memory.release(released)
         for key in released:
@@ -120,7 +120,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
 
 
-def _counted_bytes(instruction, written: dict) -> dict[str, int]:
+def counted_bytes(instruction, written: dict) -> dict[str, int]:
     """The bytes of the instruction's results that count: none for assembling graph outputs
     for the check (phase "output", not part of the plan, as its bytes are reported apart)."""
     if isinstance(instruction, Communicate) and instruction.phase == "output":
@@ -128,7 +128,7 @@ def _counted_bytes(instruction, written: dict) -> dict[str, int]:
     return {key: array.nbytes for key, array in written.items()}
 
 
-def _over(instruction) -> tuple[tuple[str, str], ...]:
+def written_over(instruction) -> tuple[tuple[str, str], ...]:
     """The (input, result) pairs whose buffer a result may take (see the module docstring):
     an update's next parameter and state over the old ones, an AllReduce's sum over its operand."""
     if isinstance(instruction, Compute) and instruction.op_type in UPDATE_OP_TYPES:
@@ -178,7 +178,7 @@ def _touched(instruction) -> tuple[str, ...]:
     return (instruction.source, instruction.target)
 
 
-def _load(instruction: Load, values: dict, resident: dict | None) -> np.ndarray:
+def load_slice(instruction: Load, values: dict, resident: dict | None) -> np.ndarray:
     expected = tuple(b - a for a, b in instruction.ranges)
     if resident is not None and instruction.tensor in resident:
         piece = resident.pop(instruction.tensor)  # the store holds it from now on, and drops it after its last use

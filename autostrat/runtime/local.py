@@ -9,6 +9,7 @@ so a LocalBackend run and a simulated plan give bitwise the same numbers.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -51,6 +52,8 @@ class LocalCluster:
         self._meetings: dict[tuple[int, ...], _Meeting] = {}
         self._lock = threading.Lock()
         self._root_failure: tuple | None = None
+        self._mail: dict[tuple[int, int, int], deque] = {}  # (source, dest, tag) -> posted pieces, oldest first
+        self._mail_posted = threading.Condition(self._lock)
         self.meeting(tuple(range(device_num)))
 
     def meeting(self, group: tuple[int, ...]) -> _Meeting:
@@ -58,6 +61,20 @@ class LocalCluster:
             if group not in self._meetings:
                 self._meetings[group] = _Meeting(group, self.timeout)
             return self._meetings[group]
+
+    def post(self, source: int, dest: int, tag: int, piece) -> None:
+        with self._mail_posted:
+            self._mail.setdefault((source, dest, tag), deque()).append(piece)
+            self._mail_posted.notify_all()
+
+    def take(self, source: int, dest: int, tag: int):
+        """The oldest piece `source` posted to `dest` with `tag`, waiting for it (up to the
+        timeout, or until another rank fails)."""
+        with self._mail_posted:
+            ready = lambda: self._root_failure is not None or self._mail.get((source, dest, tag))  # noqa: E731
+            if not self._mail_posted.wait_for(ready, self.timeout) or self._root_failure is not None:
+                raise threading.BrokenBarrierError  # reported like a broken collective
+            return self._mail[(source, dest, tag)].popleft()
 
     def run(self, fn) -> list:
         """``fn(backend)`` on every rank, each in its own thread; returns the results by rank.
@@ -86,6 +103,8 @@ class LocalCluster:
                 self._root_failure = self._root_failure or (rank, error)
             for meeting in list(self._meetings.values()):
                 meeting.barrier.abort()  # wake the ranks waiting for this one
+            with self._mail_posted:
+                self._mail_posted.notify_all()
             raise
 
 
@@ -126,6 +145,16 @@ class LocalBackend(CountingBackend):
         self.count_sendrecv(piece, dest)
         # A permute is one instruction on every rank, so the whole world meets once.
         return np.array(self._exchange(tuple(range(self.device_num)), piece)[source])
+
+    def send(self, piece, dest, tag):
+        self.count_send(piece)
+        self.cluster.post(self.rank, dest, tag, np.array(piece))
+
+    def recv(self, shape, dtype, source, tag):
+        return self.cluster.take(source, self.rank, tag)
+
+    def complete_sends(self) -> None:
+        pass  # a posted piece is a copy: nothing to wait for
 
     def gather_report(self, values):
         gathered = self._exchange(tuple(range(self.device_num)), np.asarray(values, np.float64))

@@ -1,7 +1,7 @@
 """MpiBackend: one real process per rank, collectives through mpi4py on numpy buffers.
 
 Only the buffer (upper-case) methods are used: Allgather, Alltoall, Allreduce,
-Reduce_scatter_block and Sendrecv, on contiguous numpy arrays, so nothing is pickled. mpi4py is
+Reduce_scatter_block, Sendrecv, and Isend/Recv between pipeline stages, on contiguous numpy arrays, so nothing is pickled. mpi4py is
 imported on first use, so `autostrat` imports without it; a missing MPI becomes a
 `RuntimeBackendError` before any collective.
 """
@@ -40,6 +40,7 @@ class MpiBackend(CountingBackend):
         self._communicators: dict[tuple[int, ...], object] = {}
         self._prepared: set = set()
         self._ops = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN}
+        self._posted: list = []  # pipeline sends not known to be received yet, with their buffers
 
     def prepare(self, partitions) -> None:
         if not hasattr(self, "_spare"):
@@ -91,6 +92,20 @@ class MpiBackend(CountingBackend):
         result = np.empty_like(piece)
         self.comm.Sendrecv(piece, dest, recvbuf=result, source=source)
         return result
+
+    def send(self, piece, dest, tag):
+        self.count_send(piece)
+        piece = np.ascontiguousarray(piece)
+        self._posted.append((self.comm.Isend(piece, dest, tag=tag), piece))  # the buffer lives until completed
+
+    def recv(self, shape, dtype, source, tag):
+        result = np.empty(shape, dtype)
+        self.comm.Recv(result, source, tag=tag)
+        return result
+
+    def complete_sends(self) -> None:
+        self.MPI.Request.Waitall([request for request, _ in self._posted])
+        self._posted.clear()
 
     def gather_report(self, values):
         values = np.ascontiguousarray(values, np.float64)

@@ -28,7 +28,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
 
-PHASES = ("forward", "backward", "sync", "update", "gather", "output")
+PHASES = ("forward", "backward", "sync", "update", "gather", "pipeline", "output")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ class TrainingResult:
     measured: tuple[dict, ...] = ()
     predicted_peak: int = 0
     measured_peaks: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()  # more lines for the report (a pipeline's bubble and memory by stage)
 
     @property
     def bytes_match(self) -> bool:
@@ -109,6 +110,9 @@ def train_locally(plan, values: dict, batches, on_step=None) -> TrainingResult:
         >>> bool(np.allclose(run.losses, alone.losses, rtol=1e-5)), run.bytes_match
         (True, True)
     """
+    if plan.pipeline is not None:
+        from autostrat.runtime.pipeline import train_pipeline_locally
+        return train_pipeline_locally(plan, values, batches, on_step)
     programs = lower_programs(plan)
     runs = LocalCluster(plan.device_num).run(
         lambda backend: train_rank(programs[backend.rank], backend, values, batches,
@@ -138,6 +142,9 @@ def train_collective(plan, backend, values: dict, batches, on_step=None, every_r
     parameters on every rank and gather the bytes per phase and the peak memory to rank 0,
     which gets the result (the other ranks None, or with `every_rank` their losses and final
     parameters without the bytes). The assembling is outside the counted program traffic."""
+    if plan.pipeline is not None:
+        from autostrat.runtime.pipeline import train_pipeline_collective
+        return train_pipeline_collective(plan, backend, values, batches, on_step, every_rank)
     check_world(plan.device_num, backend)
     programs = lower_programs(plan)
     program = programs[backend.rank]

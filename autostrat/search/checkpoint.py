@@ -30,7 +30,8 @@ def checkpoint_dict(plan) -> dict:
     """The checkpoint of `plan` as plain data."""
     strategies = []
     for name, op in plan.ops.items():
-        item = {"node_name": name, "parallel_strategys": {"stage": 0, "parallel_strategy": _dims(op.strategy.to_tuples())}}
+        stage = plan.pipeline.op_stages.get(name, 0) if plan.pipeline else 0  # an op every stage runs: 0
+        item = {"node_name": name, "parallel_strategys": {"stage": stage, "parallel_strategy": _dims(op.strategy.to_tuples())}}
         if op.strategy.out_tuples() is not None:
             item["parallel_strategys"]["out_strategy"] = _dims(op.strategy.out_tuples())
         strategies.append(item)

@@ -112,6 +112,7 @@ class Plan:
     hardware: Hardware = Hardware()  # what the predictions (and a "time" search) assume
     optimizer_shard: OptimizerShard | None = None  # enable_parallel_optimizer: updates split over replicas
     recompute: object = None  # with auto_recompute: the `recompute_choice.RecomputeChoice` that chose this graph
+    pipeline: object = None  # with pipeline_stages: the `pipeline.Pipeline` (this plan is one stage's devices')
 
     @cached_property
     def prediction(self) -> Prediction:
@@ -169,8 +170,10 @@ class Plan:
         for name, op in self.ops.items():
             out = self.layouts[self.graph.ops[name].outputs[0]]
             origin = op.origin + (" (changed by CP-SAT)" if name in changed else "")
-            rows.append([name, op.op_type, str(op.strategy), origin, str(out.normalized()), str(self.bytes_into(name))])
-        text = format_table(["op", "type", "strategy", "origin", "output layout", "bytes in"], rows)
+            stage = [self.pipeline.stage_label(name)] if self.pipeline else []
+            rows.append([name, *stage, op.op_type, str(op.strategy), origin, str(out.normalized()), str(self.bytes_into(name))])
+        stage = ["stage"] if self.pipeline else []
+        text = format_table(["op", *stage, "type", "strategy", "origin", "output layout", "bytes in"], rows)
         steps = [f"  {edge.tensor} -> {edge.consumer}[{edge.input_index}]: {_described(edge)}" for edge in self.redistributions]
         steps += [f"  {w.value} -> {w.parameter} (writeback): {w.plan}" for w in self.writebacks]
         lines = [text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}"]
@@ -180,6 +183,8 @@ class Plan:
             lines.append(self.refinement.summary())
         if self.recompute is not None:
             lines.append(self.recompute.summary())
+        if self.pipeline is not None:
+            lines.append(self.pipeline.summary())
         lines += [f"cost model: {self.cost_model}; hardware: {describe(self.hardware)}", *self.prediction.lines()]
         return "\n".join(lines)
 
@@ -192,6 +197,7 @@ class Plan:
             "ops": [
                 {"name": n, "type": o.op_type, "strategy": [list(t) for t in o.strategy.to_tuples()], "origin": o.origin}
                 | ({"at_rest": list(o.strategy.at_rest)} if o.strategy.at_rest else {})  # ZeRO-3's inputs kept sharded
+                | ({"stage": self.pipeline.stage_label(n)} if self.pipeline else {})
                 for n, o in self.ops.items()
             ],
             "layouts": {name: str(layout) for name, layout in self.layouts.items()},
@@ -226,7 +232,8 @@ class Plan:
             "hardware": asdict(self.hardware),
             "predicted": self.prediction.to_dict(),
         } | ({} if self.optimizer_shard is None else {"optimizer_shard": asdict(self.optimizer_shard)}) | (
-            {} if self.recompute is None else {"recompute": self.recompute.to_dict()})
+            {} if self.recompute is None else {"recompute": self.recompute.to_dict()}) | (
+            {} if self.pipeline is None else {"pipeline": self.pipeline.to_dict()})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1) + "\n"

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware, dtype_size, op_cost
 from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.search.problem import layers_of
-from autostrat.search.search import search
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -132,7 +131,17 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
         raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
                               f"device: the smallest stage peak any split reaches is {smallest:,} bytes")
     ends = found[1]
-    bounds = tuple(zip((0,) + ends[:-1], ends))
+    return priced_split(costs, tuple(zip((0,) + ends[:-1], ends)), micro_batches, schedule)
+
+
+def priced_split(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], micro_batches: int, schedule: str = "1f1b") -> StageSplit:
+    """The `StageSplit` of the given stage bounds (contiguous ``[first, end)`` unit ranges).
+
+    Example:
+        >>> priced_split(UnitCosts((30, 10, 10), (1, 1, 1), (5, 1, 1)), ((0, 1), (1, 3)), 4).slot_ns
+        (30, 20)
+    """
+    stages = len(bounds)
     priced = [stage_cost(costs, first, end, stage, stages, micro_batches, schedule) for stage, (first, end) in enumerate(bounds)]
     weights = tuple(sum(costs.weight_bytes[first:end]) for first, end in bounds)
     return StageSplit(bounds, tuple(time_ns for time_ns, _ in priced), tuple(held for _, held in priced), micro_batches, weights)
@@ -220,6 +229,7 @@ def unit_costs(plan, hardware: Hardware) -> UnitCosts:
         >>> from autostrat.frontend import trace
         >>> from autostrat.frontend.config import apply_seeds
         >>> from autostrat.models import TransformerStack, megatron_seeds
+        >>> from autostrat.search import search
         >>> net = TransformerStack(layers=2, hidden=64, heads=8, seq=16, batch=2)
         >>> graph = apply_seeds(trace(net, *net.example_inputs(), device_num=4), megatron_seeds(2, 4), 4)
         >>> costs = unit_costs(search(build_training(graph, Adam()), 4), Hardware())
@@ -257,27 +267,3 @@ def _send_ns(plan, units: dict[str, int], hardware: Hardware) -> int:
             if any(units[reader] == 2 and op_phase(reader) == "forward" for reader, _ in graph.consumers(name)):
                 largest = max(largest, math.prod(plan.layouts[name].slice_shape) * dtype_size(info.dtype))
     return round(hardware.inter_server_latency * 1e9 + largest / hardware.inter_server_bandwidth * 1e9)
-
-
-def plan_stages(graph, device_num: int, stages: int, micro_batches: int, options, schedule: str = "1f1b"):
-    """The stage split of the training graph `graph` (built for one micro-batch) on
-    `device_num` devices in `stages` equal groups, and the plan every stage's ops take: the
-    search (`options`, a `search.SearchOptions`; the graph's seeds apply) on one group's
-    devices, whose `unit_costs` the split weighs under ``options.max_device_memory`` (a budget
-    for a stage's share, not for the whole model on one group). Repeated layers alike cost
-    alike, so one plan prices every stage.
-
-    Example (a 4-block stack on 8 devices as 2 stages of 4: the blocks split evenly):
-        >>> from autostrat.autodiff import Adam, build_training
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import TransformerStack
-        >>> from autostrat.search import SearchOptions
-        >>> net = TransformerStack(layers=4, hidden=64, heads=8, seq=16, batch=2)
-        >>> split, plan = plan_stages(build_training(trace(net, *net.example_inputs()), Adam()), 8, 2, 4, SearchOptions())
-        >>> split.bounds, plan.device_num
-        (((0, 3), (3, 6)), 4)
-    """
-    if device_num % stages:
-        raise ConfigError(f"{stages} pipeline stages need device_num divisible by them, got {device_num}")
-    plan = search(graph, device_num // stages, replace(options, max_device_memory=None))
-    return split_stages(unit_costs(plan, options.hardware), stages, micro_batches, options.max_device_memory, schedule), plan

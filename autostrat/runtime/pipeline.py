@@ -1,0 +1,271 @@
+"""Pipeline training: every rank runs its `stage_program.StageProgram` step after step.
+
+A step splits every graph input of the batch along dim 0 into the micro-batches, runs the
+stage's forward and backward slots in the schedule's order (`stage_program.schedule_slots`),
+each micro-batch with its own buffers, sums the gradients the update reads over the
+micro-batches, and runs the update once. The loss's sensitivity is ``1 / micro_batches``
+(Megatron divides the loss by the number of micro-batches the same way), so the summed
+gradients of a mean loss are the whole batch's, and the step's loss is the mean of the
+micro-batches' losses: the stand-alone run of the whole batch is the reference.
+
+Measured per rank: the bytes every instruction sent (a `Send` in phase "pipeline"), the peak
+of the live bytes (every micro-batch's buffers, the summed gradients, the weights), and the
+bubble: the share of the micro-batch slots' time the rank spent waiting for another stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from autostrat.cost.live_bytes import LiveBytes, release_after
+from autostrat.errors import ConfigError
+from autostrat.runtime.backend import check_world
+from autostrat.runtime.executor import communicate, counted_bytes, load_slice, written_over
+from autostrat.runtime.kernels import run_kernel
+from autostrat.runtime.program import PHASES, Communicate, Compute, Load
+from autostrat.runtime.stage_program import Recv, Send, StageProgram, lower_stage_programs
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """One rank's run: the loss of every step (its stage computes it: the last), its final
+    slices, the bytes per step by phase it sent, its peak live bytes and its bubble."""
+
+    rank: int
+    losses: tuple[float, ...]
+    slices: dict
+    measured: dict
+    peak_bytes: int
+    bubble: float
+
+
+def micro_batches_of(batch: dict, inputs: tuple[str, ...], count: int) -> list[dict]:
+    """`batch`'s graph `inputs` cut along dim 0 into `count` equal micro-batches.
+
+    Example:
+        >>> [b["x"].tolist() for b in micro_batches_of({"x": np.arange(4)}, ("x",), 2)]
+        [[0, 1], [2, 3]]
+    """
+    pieces = [{} for _ in range(count)]
+    for name in inputs:
+        array = np.asarray(batch[name])
+        if array.ndim == 0 or array.shape[0] % count:
+            raise ConfigError(f"pipeline: input {name} of shape {list(array.shape)} cannot be cut into {count} "
+                              f"micro-batches along dim 0")
+        for index, piece in enumerate(np.split(array, count)):
+            pieces[index][name] = piece
+    return pieces
+
+
+def _touched(instruction) -> tuple[str, ...]:
+    if isinstance(instruction, Load):
+        return (instruction.tensor,)
+    if isinstance(instruction, Compute):
+        return instruction.inputs + instruction.outputs
+    if isinstance(instruction, (Send, Recv)):
+        return (instruction.key,)
+    return (instruction.source, instruction.target)
+
+
+class _StageRunner:
+    """Runs a stage program's steps on one rank, keeping its measurements."""
+
+    def __init__(self, program: StageProgram, backend):
+        self.program, self.backend = program, backend
+        kept = set(program.accumulated) | {key for _, key in program.outputs}
+        micro = program.forward + program.backward
+        self.micro_release = release_after((_touched(i) for i in micro), kept)
+        updated = {key for _, key in program.updates}
+        weights = {i.tensor for i in program.loads} - {name for name, _ in program.updates}
+        self.update_release = release_after((_touched(i) for i in program.update), updated | weights)
+        self.sent = dict.fromkeys(PHASES, 0)
+        self.memory = LiveBytes()
+        self.waited = self.busy = 0.0
+
+    def step(self, values: dict, batch: dict, resident: dict) -> tuple[list[float], dict]:
+        program = self.program
+        shared = {i.tensor: load_slice(i, values, resident) for i in program.loads}
+        self.memory.write({("", key): array.nbytes for key, array in shared.items()})
+        micro_values = micro_batches_of(batch, program.inputs, program.micro_batches)
+        stores: dict[int, dict] = {}
+        losses = [0.0] * program.micro_batches
+        started = time.perf_counter()
+        waited = self.waited
+        for slot, index in program.slots():
+            store, slot_values = stores.setdefault(index, {}), values | micro_values[index]
+            instructions, offset = (program.forward, 0) if slot == "forward" else (program.backward, len(program.forward))
+            for position, instruction in enumerate(instructions):
+                self._run(instruction, store, shared, slot_values, index, self.micro_release[offset + position])
+            if slot == "forward":
+                for tensor, key in program.outputs:
+                    losses[index] = float(np.mean(np.asarray(store.pop(key), np.float64)))
+                    self.memory.release(((index, key),))
+            else:
+                self._accumulate(store, shared, index)
+                del stores[index]
+        self.busy += time.perf_counter() - started - (self.waited - waited)
+        for instruction, released in zip(program.update, self.update_release):
+            self._run(instruction, shared, shared, values, "", released)
+        self.backend.complete_sends()
+        updated = {name: shared.pop(key) for name, key in program.updates}
+        held = [("", key) for key in list(shared) + [key for _, key in program.updates]]
+        self.memory.release(key for key in held if key in self.memory.sizes)  # the next step loads them again
+        return losses, updated
+
+    def _accumulate(self, store: dict, shared: dict, index: int) -> None:
+        """Add the micro-batch's gradients (what the update reads) into the step's sums."""
+        for key in self.program.accumulated:
+            if key not in store:
+                continue
+            piece = store.pop(key)
+            if key in shared:
+                shared[key] = shared[key] + piece
+                self.memory.release(((index, key),))
+            else:
+                shared[key] = piece  # the micro-batch's buffer becomes the sum's
+                self.memory.write({("", key): piece.nbytes}, (((index, key), ("", key)),), ((index, key),))
+                self.memory.release(((index, key),))
+
+    def _run(self, instruction, store: dict, shared: dict, values: dict, space, released) -> None:
+        def read(key: str):
+            return store[key] if key in store else shared[key]
+
+        def named(key: str):
+            return (space, key) if key in store or space == "" else ("", key)
+
+        if isinstance(instruction, Load):
+            written = {instruction.tensor: load_slice(instruction, values, None)}
+        elif isinstance(instruction, Compute):
+            arrays = [read(key) for key in instruction.inputs]
+            written = dict(zip(instruction.outputs, run_kernel(instruction.op_type, arrays, dict(instruction.attrs), instruction.context)))
+        elif isinstance(instruction, Recv):
+            began = time.perf_counter()
+            written = {instruction.key: self.backend.recv(instruction.shape, instruction.dtype, instruction.source, instruction.tag)}
+            self.waited += time.perf_counter() - began
+        else:
+            before = len(self.backend.sent)
+            if isinstance(instruction, Send):
+                self.backend.send(read(instruction.key), instruction.dest, instruction.tag)
+                written = {}
+            else:
+                written = {instruction.target: communicate(instruction, self.backend, read(instruction.source))}
+            self.sent[instruction.phase] += sum(record.bytes for record in self.backend.sent[before:])
+        over = tuple((named(source), (space, target)) for source, target in written_over(instruction))
+        dropped = tuple(named(key) for key in released if key in store)
+        self.memory.write({(space, key): size for key, size in counted_bytes(instruction, written).items()}, over, dropped)
+        store.update(written)
+        self.memory.release(dropped)
+        for key in released:
+            store.pop(key, None)
+
+
+def train_stage(program: StageProgram, backend, values: dict, batches, on_step=None, share_loss: bool = False) -> StageRun:
+    """Run one training step per batch on this rank; `on_step(step, loss)` after each step
+    (on the last stage, or on rank 0 with `share_loss`, which sends every step's loss there)."""
+    runner, resident, losses = _StageRunner(program, backend), {}, []
+    for step, batch in enumerate(batches):
+        micro_losses, resident = runner.step(values, batch, resident)
+        loss = float(np.mean(micro_losses))
+        if share_loss:  # the run report's loss, not the plan's traffic: uncounted
+            gathered = backend.gather_report(np.array([loss]))
+            loss = float(gathered[program.device_num - 1][0]) if gathered is not None else loss
+        losses.append(loss)
+        if on_step is not None:
+            on_step(step, loss)
+    steps = max(len(batches), 1)
+    measured = {phase: sent // steps for phase, sent in runner.sent.items()}
+    wall = runner.busy + runner.waited
+    return StageRun(program.rank, tuple(losses), resident, measured, runner.memory.peak, runner.waited / wall if wall else 0.0)
+
+
+def pipeline_values(plan, values: dict) -> dict:
+    """`values` (the whole batch's graph's: parameters and state) with the micro-batch graph's
+    own constants (a mean's divisor counts a micro-batch) and the loss's sensitivity
+    ``1 / micro_batches`` (see the module docstring)."""
+    graph = plan.graph
+    constants = {name: np.asarray(tensor.asnumpy()) for name, tensor in graph.values.items() if graph.tensors[name].kind == "constant"}
+    seed = f"grad/{graph.outputs[0]}"
+    ones = constants[seed]
+    return values | constants | {seed: (ones / plan.pipeline.micro_batches).astype(ones.dtype)}
+
+
+def holder_stage(plan, name: str) -> int:
+    """The stage whose ranks hold the final value of updated tensor `name` (its update's)."""
+    producer = plan.graph.tensors[dict(plan.graph.updates)[name]].producer
+    return plan.pipeline.op_stages.get(producer, 0)
+
+
+def train_pipeline_locally(plan, values: dict, batches, on_step=None):
+    """Train the pipeline plan `plan` with every rank a `LocalCluster` thread (see
+    `training.train_locally`, which calls it for a pipeline plan)."""
+    from autostrat.runtime.local import LocalCluster
+
+    programs = lower_stage_programs(plan)
+    values = pipeline_values(plan, values)
+    last = plan.pipeline.device_num - 1
+    runs = LocalCluster(plan.pipeline.device_num).run(
+        lambda backend: train_stage(programs[backend.rank], backend, values, batches, on_step if backend.rank == last else None))
+    return _result(plan, programs, runs, runs[last].losses, [run.slices for run in runs])
+
+
+def train_pipeline_collective(plan, backend, values: dict, batches, on_step=None, every_rank: bool = False):
+    """`train_pipeline_locally` on this rank of any backend (see `training.train_collective`)."""
+    check_world(plan.pipeline.device_num, backend)
+    programs = lower_stage_programs(plan)
+    program = programs[backend.rank]
+    run = train_stage(program, backend, pipeline_values(plan, values), batches, on_step if backend.rank == 0 else None, share_loss=True)
+    slices = _gathered_slices(plan, backend, run.slices)
+    vector = [run.measured[phase] for phase in PHASES] + [run.peak_bytes, run.bubble]
+    gathered = backend.gather_report(np.array(vector, np.float64))
+    if gathered is None:
+        return _result(plan, programs, None, run.losses, slices) if every_rank else None
+    runs = [StageRun(rank, (), {}, {p: int(v) for p, v in zip(PHASES, row)}, int(row[len(PHASES)]), float(row[-1]))
+            for rank, row in enumerate(gathered)]
+    return _result(plan, programs, runs, run.losses, slices)
+
+
+def _gathered_slices(plan, backend, mine: dict) -> list[dict]:
+    """Every rank's slice of every updated tensor, on every rank: the world gathers each
+    tensor's slices padded to one size (ranks of other stages send zeros)."""
+    world = tuple(range(backend.device_num))
+    backend.prepare(((world,),))
+    group = plan.pipeline.group_size
+    slices: list[dict] = [{} for _ in world]
+    for name, _ in plan.graph.updates:
+        layout, holder = plan.layouts[name], holder_stage(plan, name)
+        shapes = [tuple(b - a for a, b in layout.slice_range(device)) for device in range(group)]
+        size = max(int(np.prod(shape)) for shape in shapes)
+        piece = np.zeros(size, np.float64)
+        if backend.rank // group == holder:
+            piece[:mine[name].size] = np.asarray(mine[name], np.float64).ravel()
+        for rank, received in enumerate(backend.allgather(piece, world)):
+            if rank // group == holder:
+                shape = shapes[rank % group]
+                slices[rank][name] = received[:int(np.prod(shape))].reshape(shape).astype(plan.graph.tensors[name].dtype)
+    return slices
+
+
+def _result(plan, programs, runs, losses, slices_by_rank):
+    from autostrat.layout import assemble_tensor
+    from autostrat.runtime.training import TrainingResult
+
+    group = plan.pipeline.group_size
+    parameters = {}
+    for name, _ in plan.graph.updates:
+        first = holder_stage(plan, name) * group
+        parameters[name] = assemble_tensor([slices_by_rank[rank][name] for rank in range(first, first + group)], plan.layouts[name])
+    if runs is None:
+        return TrainingResult(losses, parameters)
+    split = plan.pipeline.split
+    peaks = [max(run.peak_bytes for run in runs[s * group:(s + 1) * group]) for s in range(plan.pipeline.stages)]
+    lines = (
+        f"pipeline bubble: predicted {split.bubble:.1%}, measured {np.mean([run.bubble for run in runs]):.1%} "
+        f"(the share of the micro-batch slots a rank waits for another stage, mean over ranks)",
+        f"peak memory per device by stage (bytes): predicted {', '.join(f'{p:,}' for p in split.peak_bytes)} "
+        f"(the stage split's model); measured {', '.join(f'{p:,}' for p in peaks)}",
+    )
+    return TrainingResult(losses, parameters, tuple(p.phase_bytes() for p in programs), tuple(run.measured for run in runs),
+                          notes=lines)

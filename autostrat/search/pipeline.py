@@ -1,0 +1,209 @@
+"""Pipeline plans: a training step split into stages, each on its own group of devices.
+
+A pipeline plan is the plan of one micro-batch's training graph on one stage's devices
+(``device_num / stages`` of them: every stage's ops get their strategies from the same search,
+seeds included), plus the stage every op runs on (`Pipeline`). Rank ``r`` is device
+``r % group`` of stage ``r // group``; the ranks of a stage run its ops exactly as the plan says,
+and a tensor one stage produces and another reads is sent point to point, each device its slice
+to the same device of the other stage, in the producer's layout; the receiving stage then
+redistributes it like any edge (the sender's layout to the consumer's), so the plan's
+redistributions stay the ones on every stage.
+
+Which stage runs what (cases):
+1. The stages split the model's units (`stages.op_units`: what precedes the repeated layers,
+   each repeated layer, what follows) into contiguous ranges: searched (`stages.split_stages`)
+   or given by the cells' ``pipeline_stage`` (`stage_bounds`).
+2. A backward op runs where its forward op runs, a parameter's update where the parameter is
+   first read; the sum of a tensor's gradients from several readers (``accumulate/``) runs on
+   their stage when they all run on one, so that the sum, not each part, travels back.
+3. An update op that reads no gradient (an optimiser's step counters and the step's learning
+   rate) runs on every stage: each keeps its own copy, the same number everywhere, instead of
+   waiting for one stage's at the end of every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from autostrat.autodiff import op_phase
+from autostrat.cost import op_cost
+from autostrat.errors import ConfigError, InfeasibleError
+from autostrat.search.search import search
+from autostrat.search.stages import SCHEDULES, StageSplit, op_units, priced_split, split_stages, unit_costs
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The pipeline dimension of a training plan: `stages` groups of `group_size` devices run
+    `micro_batches` micro-batches per step with `schedule` ("1f1b" or "gpipe"); `op_stages`
+    gives the stage of every op but the `shared` ones, which every stage runs; `split` is the
+    stage split over the model's units with its predicted slots, step time, bubble and peaks;
+    `origin` says who chose it."""
+
+    stages: int
+    group_size: int
+    micro_batches: int
+    schedule: str
+    split: StageSplit
+    op_stages: dict
+    shared: frozenset = frozenset()
+    origin: str = "searched"
+
+    once_ns: tuple[int, ...] = ()  # per stage: its gradient synchronisation and updates, once per step
+
+    @property
+    def device_num(self) -> int:
+        return self.stages * self.group_size
+
+    @property
+    def step_time_ns(self) -> int:
+        """The micro-batches' slots (`StageSplit.step_time_ns`), then the slowest stage's
+        synchronisation and updates (every stage runs its own at the end of the step)."""
+        return self.split.step_time_ns + max(self.once_ns, default=0)
+
+    def runs_on(self, op: str, stage: int) -> bool:
+        return op in self.shared or self.op_stages[op] == stage
+
+    def stage_label(self, op: str) -> str:
+        return "all" if op in self.shared else str(self.op_stages[op])
+
+    def summary(self) -> str:
+        """Two lines: the stages and their units, and the predicted step, bubble and peaks.
+
+        Example: see `plan_pipeline`.
+        """
+        units = ", ".join(f"{s}: units {first}-{end - 1}" for s, (first, end) in enumerate(self.split.bounds))
+        return (f"pipeline: {self.stages} stages x {self.group_size} devices, {self.micro_batches} micro-batches, "
+                f"{self.schedule} ({self.origin}; {units})\n"
+                f"pipeline predicted: step {self.step_time_ns / 1e6:,.3f} ms, bubble {self.split.bubble:.1%}, "
+                f"slot per stage (ms) {', '.join(f'{t / 1e6:,.3f}' for t in self.split.slot_ns)}, "
+                f"peak per device per stage (bytes) {', '.join(f'{p:,}' for p in self.split.peak_bytes)}")
+
+    def to_dict(self) -> dict:
+        return {
+            "stages": self.stages, "group_size": self.group_size, "micro_batches": self.micro_batches,
+            "schedule": self.schedule, "origin": self.origin, "bounds": [list(b) for b in self.split.bounds],
+            "slot_ns": list(self.split.slot_ns), "peak_bytes": list(self.split.peak_bytes),
+            "once_ns": list(self.once_ns), "step_time_ns": self.step_time_ns, "bubble": self.split.bubble,
+        }
+
+
+def shared_update_ops(graph) -> frozenset[str]:
+    """The update ops that read no gradient, directly or through another op (case 3 above).
+
+    Example (Adam's step counters and step rate; Momentum has none):
+        >>> from autostrat.autodiff import Adam, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> sorted(shared_update_ops(build_training(trace(FFN(), Tensor(shape=(64, 64))), Adam())))[:3]
+        ['optimizer/bias1', 'optimizer/bias2', 'optimizer/next_beta1_power']
+    """
+    shared: set[str] = set()
+    for name, op in graph.ops.items():  # in topological order
+        if op_phase(name) != "update":
+            continue
+        producers = (graph.tensors[t].producer for t in op.inputs)
+        if all(producer not in graph.ops or producer in shared for producer in producers):
+            shared.add(name)
+    return frozenset(shared)
+
+
+def stage_bounds(graph, marks: dict[str, int], stages: int) -> tuple[tuple[int, int], ...]:
+    """The units of each stage from the cells' ``pipeline_stage`` (`marks`: cell path ->
+    stage): a forward op takes the stage of the innermost marked cell holding it, a unit the
+    stage of its forward ops (a unit unmarked the stage of the unit before, the first 0); the
+    stages must follow the model's order, each with one unit at least.
+
+    Example (a 4-block stack: blocks 0-1 on stage 0, blocks 2-3 on stage 1):
+        >>> from autostrat.autodiff import SGD, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import TransformerStack
+        >>> net = TransformerStack(layers=4, hidden=16, heads=2, seq=4, batch=2)
+        >>> graph = build_training(trace(net, *net.example_inputs()), SGD())
+        >>> stage_bounds(graph, {"blocks.2": 1, "blocks.3": 1}, 2)
+        ((0, 3), (3, 6))
+    """
+    units = op_units(graph)
+    by_unit: dict[int, set[int]] = {}
+    for name in graph.ops:
+        if op_phase(name) == "forward":
+            marked = [(len(path), stage) for path, stage in marks.items() if name.startswith(path + ".") or not path]
+            by_unit.setdefault(units[name], set()).update([max(marked)[1]] if marked else [])
+    unit_stages, stage = [], 0
+    for unit in range(max(units.values()) + 1):
+        found = by_unit.get(unit, set())
+        if len(found) > 1:
+            raise ConfigError(f"pipeline_stage: unit {unit} of {graph.name} (a layer or what surrounds the layers) has ops "
+                              f"marked for stages {sorted(found)}; a stage holds whole layers")
+        stage = found.pop() if found else stage
+        unit_stages.append(stage)
+    if unit_stages != sorted(unit_stages) or sorted(set(unit_stages)) != list(range(stages)):
+        raise ConfigError(f"pipeline_stage: the stages must follow the model's order and each of the {stages} stages "
+                          f"(0 to {stages - 1}) hold one layer at least; the units got stages {unit_stages}")
+    return tuple((unit_stages.index(s), len(unit_stages) - unit_stages[::-1].index(s)) for s in range(stages))
+
+
+def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, options, schedule: str = "1f1b",
+                  marks: dict[str, int] | None = None, progress=None):
+    """The pipeline plan of `graph` (the training graph of one micro-batch) on `device_num`
+    devices in `stages` equal groups: the search (`options`, seeds included) on one group's
+    devices, then the stage split, searched under ``options.max_device_memory`` (a budget for
+    a stage's share) or given by `marks` (see `stage_bounds`).
+
+    Example (a 4-block stack on 8 devices as 2 stages of 4, 4 micro-batches):
+        >>> from autostrat.autodiff import Adam, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import TransformerStack
+        >>> from autostrat.search import SearchOptions
+        >>> net = TransformerStack(layers=4, hidden=64, heads=8, seq=16, batch=2)
+        >>> plan = plan_pipeline(build_training(trace(net, *net.example_inputs()), Adam()), 8, 2, 4, SearchOptions())
+        >>> plan.device_num, plan.pipeline.split.bounds, plan.pipeline.op_stages["blocks.3.ffn2.matmul"]
+        (4, ((0, 3), (3, 6)), 1)
+        >>> plan.pipeline.summary().splitlines()[0]
+        'pipeline: 2 stages x 4 devices, 4 micro-batches, 1f1b (searched; 0: units 0-2, 1: units 3-5)'
+    """
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"pipeline_scheduler must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if stages < 1 or device_num % stages:
+        raise ConfigError(f"pipeline_stages must divide device_num: {stages} stages on {device_num} devices")
+    group = device_num // stages
+    plan = search(graph, group, replace(options, max_device_memory=None), progress)
+    costs = unit_costs(plan, options.hardware)
+    budget = options.max_device_memory
+    if marks:
+        split, origin = priced_split(costs, stage_bounds(graph, marks, stages), micro_batches, schedule), "pipeline_stage of cells"
+        if budget is not None and max(split.peak_bytes) > budget:
+            raise InfeasibleError(f"the stages the cells' pipeline_stage gives peak at {max(split.peak_bytes):,} bytes per "
+                                  f"device, over max_device_memory = {budget:,}; mark other stages or let the split be searched")
+    else:
+        split, origin = split_stages(costs, stages, micro_batches, budget, schedule), "searched"
+    units, shared = op_units(graph), shared_update_ops(graph)
+    unit_stage = {unit: stage for stage, (first, end) in enumerate(split.bounds) for unit in range(first, end)}
+    op_stages = {name: unit_stage[units[name]] for name in graph.ops if name not in shared}
+    for name, op in graph.ops.items():  # in topological order: an accumulate's inputs are placed first
+        producers = {op_stages.get(graph.tensors[t].producer) for t in op.inputs}
+        if name.startswith("accumulate/") and len(producers) == 1 and None not in producers:
+            op_stages[name] = producers.pop()
+    once = _once_ns(plan, op_stages, shared, stages, options.hardware)
+    return replace(plan, pipeline=Pipeline(stages, group, micro_batches, schedule, split, op_stages, shared, origin, once))
+
+
+def _once_ns(plan, op_stages: dict, shared: frozenset, stages: int, hardware) -> tuple[int, ...]:
+    """Per stage, the predicted time of its update ops, the redistributions into them
+    (gradient synchronisation) and their writebacks, which run once per step."""
+    model, graph = hardware.alpha_beta(plan.device_num), plan.graph
+    per_op = {name: 0 for name in graph.ops if op_phase(name) == "update"}
+    for name in per_op:
+        dtypes = tuple(graph.tensors[t].dtype for t in graph.ops[name].inputs + graph.ops[name].outputs)
+        per_op[name] += hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), dtypes)
+    for edge in plan.redistributions:
+        if edge.consumer in per_op and not edge.shares:
+            per_op[edge.consumer] += edge.plan.nanoseconds(model)
+    for writeback in plan.writebacks:
+        per_op[graph.tensors[writeback.value].producer] += writeback.plan.nanoseconds(model)
+    totals = [0] * stages
+    for name, time_ns in per_op.items():
+        for stage in range(stages) if name in shared else (op_stages[name],):
+            totals[stage] += time_ns
+    return tuple(totals)
