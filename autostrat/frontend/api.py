@@ -11,6 +11,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend.cell import recomputed_cells
 from autostrat.frontend.config import apply_seeds, check_op_names
 from autostrat.frontend.context import ParallelContext, current_context
+from autostrat.frontend.pipeline import pipeline_parts, plan_pipeline_for
 from autostrat.frontend.tracing import trace
 from autostrat.search import Plan, load_checkpoint_seeds, search, seeds_by_phase
 from autostrat.search.recompute_choice import choose_recompute, repeated_layers
@@ -37,13 +38,26 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
     A training plan's strategy checkpoint seeds the forward ops; its backward and update ops
     are rebuilt, and ignored when planning a forward pass."""
     net, optimizer = training_parts(net, context, optimizer)
-    graph = trace(net, *inputs, device_num=context.device_num)
-    if seeds:
-        graph = apply_seeds(graph, seeds, context.device_num)
+    net, micro_batches = pipeline_parts(net)
     where = context.strategy_ckpt_load_file
     checkpoint = seeds_by_phase(load_checkpoint_seeds(where)) if where else {}
-    if checkpoint:
-        graph = apply_seeds(graph, checkpoint["forward"], context.device_num, where=where)
+
+    def seeded(graph, device_num: int):
+        graph = apply_seeds(graph, seeds, device_num) if seeds else graph
+        return apply_seeds(graph, checkpoint["forward"], device_num, where=where) if checkpoint else graph
+
+    if context.pipeline_stages > 1 or micro_batches > 1:
+        if optimizer is None:
+            raise ConfigError(f"pipeline_stages {context.pipeline_stages} with {micro_batches} micro-batch(es) plans a training "
+                              f"step: give an optimizer (TrainOneStepCell, or phase='train')")
+
+        def training(graph, device_num: int):
+            return build_training(seeded(graph, device_num), optimizer, gradients_mean=context.gradients_mean,
+                                  recompute=recomputed_cells(net) + tuple(recompute))
+
+        plan = plan_pipeline_for(net, inputs, micro_batches, context, training, progress)
+        return _finished(plan, context)
+    graph = seeded(trace(net, *inputs, device_num=context.device_num), context.device_num)
     if optimizer is None:
         if context.auto_recompute:
             raise ConfigError("auto_recompute chooses layers to recompute in a training step; this plan is of a forward "
@@ -55,8 +69,13 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
         # them too would pin pairs the saved plan joined by a redistribution: "seeds disagree".)
         saved = (checkpoint["backward"] | checkpoint["update"]) if checkpoint else {}
         plan = _training_plan(graph, optimizer, context, recomputed_cells(net) + tuple(recompute), progress, saved, where)
+    return _finished(plan, context)
+
+
+def _finished(plan: Plan, context: ParallelContext) -> Plan:
+    """`plan`, its warnings issued and its strategy checkpoint saved when the context asks."""
     for message in plan.warnings:
-        warnings.warn(message, stacklevel=3)
+        warnings.warn(message, stacklevel=4)
     if context.strategy_ckpt_save_file:
         plan.save_strategy(context.strategy_ckpt_save_file)
     return plan

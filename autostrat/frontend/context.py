@@ -14,6 +14,7 @@ from autostrat.errors import ConfigError
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
+from autostrat.search.stages import SCHEDULES
 from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
@@ -84,6 +85,12 @@ class ParallelContext:
     - `auto_recompute` (autostrat's own): when training under `max_device_memory`, the search
       chooses how many repeated layers to recompute (`search.recompute_choice`), besides the
       cells marked with `Cell.recompute`; the plan with the lowest predicted cost that fits wins.
+    - `pipeline_stages`: the devices in this many equal groups, each running a contiguous
+      part of the model's layers on micro-batches (`search.pipeline`); the part each group runs
+      is searched unless cells set ``pipeline_stage``, and the micro-batches come from
+      `nn.PipelineCell`'s ``micro_size``. `pipeline_config` takes MindSpore's keys
+      ``pipeline_scheduler`` ("1f1b", default, or "gpipe") and ``pipeline_interleave`` (False
+      only: one stage per group).
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
     - The hardware the step time is predicted on (defaults: one 8 x H100 SXM5 server, sources
@@ -115,6 +122,8 @@ class ParallelContext:
     enable_parallel_optimizer: bool = False
     parallel_optimizer_config: dict | None = None
     auto_recompute: bool = False
+    pipeline_stages: int = 1
+    pipeline_config: dict | None = None
     device_flops: float = _HARDWARE.device_flops
     device_memory_bandwidth: float = _HARDWARE.device_memory_bandwidth
     intra_server_bandwidth: float = _HARDWARE.intra_server_bandwidth
@@ -149,6 +158,10 @@ class ParallelContext:
         if self.global_rank >= self.device_num:
             raise ConfigError(f"global_rank {self.global_rank} must be below device_num {self.device_num}")
         self.optimizer_shard()  # validates parallel_optimizer_config, naming the key
+        stages = self.pipeline_stages
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:  # dividing device_num: checked when planning
+            raise ConfigError(f"pipeline_stages must be a positive integer, got {stages!r}")
+        self.pipeline_scheduler()  # validates pipeline_config, naming the key
         for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers", "enable_parallel_optimizer",
                     "auto_recompute"):
             value = getattr(self, key)
@@ -175,6 +188,18 @@ class ParallelContext:
             hardware=self.hardware(),
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
         )
+
+    def pipeline_scheduler(self) -> str:
+        """The schedule `pipeline_config` asks for ("1f1b" by default)."""
+        config = {} if self.pipeline_config is None else self.pipeline_config
+        if not isinstance(config, dict) or set(config) - {"pipeline_scheduler", "pipeline_interleave"}:
+            raise ConfigError(f"pipeline_config takes the keys pipeline_scheduler and pipeline_interleave, got {config!r}")
+        if config.get("pipeline_interleave", False) is not False:
+            raise ConfigError(f"pipeline_config.pipeline_interleave: only False (one stage per device group) is supported, "
+                              f"got {config['pipeline_interleave']!r}")
+        schedule = config.get("pipeline_scheduler", "1f1b")
+        _check_choice("pipeline_config.pipeline_scheduler", schedule, SCHEDULES)
+        return schedule
 
     def optimizer_shard(self) -> OptimizerShard:
         """`parallel_optimizer_config` as the value the search takes."""

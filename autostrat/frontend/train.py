@@ -126,10 +126,22 @@ def training_plan(net, optimizer, inputs=(), steps: int = 2, seed: int = 0, cont
         from autostrat.frontend.tensor import Tensor
         inputs = (Tensor(shape=(64, 64)),)
     plan = plan_for(net, inputs, context, optimizer=optimizer)
-    values = graph_values(plan.graph, {})
+    graph = reference_graph(plan)
+    values = graph_values(graph, {})
     if initial is not None:
         values = checkpoint.load_param_into_plan(plan, values, initial, where="initial")
-    return plan, values, synthetic_batches(plan.graph, steps, seed)
+    return plan, values, synthetic_batches(graph, steps, seed)
+
+
+def world_size(plan) -> int:
+    """How many ranks run `plan`: its devices, or every stage's for a pipeline plan."""
+    return plan.device_num if plan.pipeline is None else plan.pipeline.device_num
+
+
+def reference_graph(plan):
+    """The graph the stand-alone run of `plan` runs: its own, or a pipeline's whole batch's
+    (a pipeline plan's graph is one micro-batch's)."""
+    return plan.graph if plan.pipeline is None else plan.pipeline.batch_graph
 
 
 def check_training(net, optimizer, context, steps: int) -> None:
@@ -199,7 +211,7 @@ def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None,
     """
     plan, values, batches = training_plan(cell, None, inputs, steps, seed, context, initial)
     if log is not None and get_rank() == 0:
-        devices = f"{plan.device_num} device{'s' if plan.device_num > 1 else ''}"
+        devices = f"{world_size(plan)} device{'s' if world_size(plan) > 1 else ''}"
         log(f"{type(cell).__name__} on {devices}, {plan.mode}: the plan of one training step\n{plan.table()}")
     if launched_by_mpiexec():
         from autostrat.runtime.mpi import MpiBackend
@@ -210,7 +222,7 @@ def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None,
         result = train_locally(plan, values, batches, Progress(steps, log))
     if save_checkpoint is not None:
         checkpoint.save_checkpoint(result, save_checkpoint)
-    return compare(plan, result, train_single_device(plan.graph, values, batches))
+    return compare(plan, result, train_single_device(reference_graph(plan), values, batches))
 
 
 def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: float = 1e-5) -> TrainReport:
@@ -218,7 +230,7 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
     the peak memory per rank."""
     loss_error = relative_error(result.losses, reference.losses)
     parameter_error = relative_error(model_parameters(plan.graph, result.parameters), model_parameters(plan.graph, reference.parameters))
-    lines = [f"{'step':>4}  {plan.device_num}-rank loss  stand-alone loss"]
+    lines = [f"{'step':>4}  {world_size(plan)}-rank loss  stand-alone loss"]
     lines += [f"{i + 1:>4}  {a:>14.7f}  {b:>16.7f}" for i, (a, b) in enumerate(zip(result.losses, reference.losses))]
     if any(not op.attr_dict.get("gradients_mean", True) for op in plan.graph.ops.values()):
         lines.append("gradients_mean=False: a replicated parameter's gradient is the sum over its replicas, "

@@ -75,6 +75,7 @@ class _StageRunner:
 
     def __init__(self, program: StageProgram, backend):
         self.program, self.backend = program, backend
+        backend.prepare(program.partitions)
         kept = set(program.accumulated) | {key for _, key in program.outputs}
         micro = program.forward + program.backward
         self.micro_release = release_after((_touched(i) for i in micro), kept)

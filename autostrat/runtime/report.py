@@ -19,7 +19,8 @@ from autostrat.runtime.program import PHASES
 
 # What each byte phase counts, in one line for the reports.
 PHASE_LEGEND = ("forward/backward = the plan's redistributions; sync = gradient synchronisation; "
-                "update = writing new parameters and state back to their layouts; output = assembling split or "
+                "update = writing new parameters and state back to their layouts; pipeline = activations and their "
+                "gradients sent between pipeline stages; output = assembling split or "
                 "partial graph outputs (a training step's loss) on every rank for the check, not part of the plan")
 TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-10}
 MEMORY_TOLERANCE = 0.05  # how far a rank's measured peak may be from the predicted one (issue #16)

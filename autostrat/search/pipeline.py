@@ -23,7 +23,7 @@ Which stage runs what (cases):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from autostrat.autodiff import op_phase
 from autostrat.cost import op_cost
@@ -50,6 +50,7 @@ class Pipeline:
     origin: str = "searched"
 
     once_ns: tuple[int, ...] = ()  # per stage: its gradient synchronisation and updates, once per step
+    batch_graph: object = field(default=None, compare=False, repr=False)  # the whole batch's training graph (the reference)
 
     @property
     def device_num(self) -> int:
@@ -169,7 +170,8 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
         raise ConfigError(f"pipeline_stages must divide device_num: {stages} stages on {device_num} devices")
     group = device_num // stages
     plan = search(graph, group, replace(options, max_device_memory=None), progress)
-    costs = unit_costs(plan, options.hardware)
+    units = op_units(graph) if stages > 1 else dict.fromkeys(graph.ops, 0)  # micro-batches alone: one unit
+    costs = unit_costs(plan, options.hardware, units)
     budget = options.max_device_memory
     if marks:
         split, origin = priced_split(costs, stage_bounds(graph, marks, stages), micro_batches, schedule), "pipeline_stage of cells"
@@ -178,7 +180,7 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
                                   f"device, over max_device_memory = {budget:,}; mark other stages or let the split be searched")
     else:
         split, origin = split_stages(costs, stages, micro_batches, budget, schedule), "searched"
-    units, shared = op_units(graph), shared_update_ops(graph)
+    shared = shared_update_ops(graph)
     unit_stage = {unit: stage for stage, (first, end) in enumerate(split.bounds) for unit in range(first, end)}
     op_stages = {name: unit_stage[units[name]] for name in graph.ops if name not in shared}
     for name, op in graph.ops.items():  # in topological order: an accumulate's inputs are placed first

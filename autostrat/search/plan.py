@@ -177,6 +177,8 @@ class Plan:
         steps = [f"  {edge.tensor} -> {edge.consumer}[{edge.input_index}]: {_described(edge)}" for edge in self.redistributions]
         steps += [f"  {w.value} -> {w.parameter} (writeback): {w.plan}" for w in self.writebacks]
         lines = [text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}"]
+        if self.pipeline is not None:
+            lines.append("the lines below price one micro-batch's step of every stage's ops on one stage's devices")
         if self.graph.updates:
             lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
         if self.refinement:

@@ -215,9 +215,9 @@ def op_units(graph) -> dict[str, int]:
     return {name: unit(name) for name in graph.ops}
 
 
-def unit_costs(plan, hardware: Hardware) -> UnitCosts:
+def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None) -> UnitCosts:
     """`UnitCosts` of a training plan (one micro-batch on one stage's devices), on `hardware`:
-    per unit (`op_units`) the compute of its forward and backward ops and the redistributions
+    per unit (`units`, default `op_units`) the compute of its forward and backward ops and the redistributions
     into them, the activations its forward ops produce that a backward op reads, and its
     parameters with their optimiser state (each in the plan's layouts); a send moves the largest
     activation passed from one repeated layer to the next, each device its slice, across servers.
@@ -237,7 +237,7 @@ def unit_costs(plan, hardware: Hardware) -> UnitCosts:
         ((0, 153408, 153408, 8), (0, 49152, 47104, 2048))
     """
     graph, model = plan.graph, hardware.alpha_beta(plan.device_num)
-    units = op_units(graph)
+    units = op_units(graph) if units is None else units
     count = max(units.values()) + 1
     time, activations, weights = [0] * count, [0] * count, [0] * count
     for name, op in graph.ops.items():
