@@ -1,0 +1,250 @@
+"""Pipeline training (`search.pipeline`, `runtime.stage_program`, `runtime.pipeline`): stage
+splits against brute force on a real model, schedules, and runs on threads and MPI ranks equal
+to the stand-alone run of the whole batch, with measured bytes = predicted."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
+from autostrat.autodiff import SGD, Adam, build_training
+from autostrat.errors import ConfigError
+from autostrat.frontend import trace
+from autostrat.frontend.train import relative_error, train, train_single_device, training_plan
+from autostrat.models import FFN, GPT, TransformerStack, megatron_seeds
+from autostrat.runtime import launcher
+from autostrat.runtime.checkpoint import save_checkpoint, load_checkpoint
+from autostrat.runtime.stage_program import Recv, Send, lower_stage_programs, schedule_slots
+from autostrat.runtime.training import train_locally
+from autostrat.search import SearchOptions
+from autostrat.search.pipeline import plan_pipeline, shared_update_ops
+from autostrat.search.stages import in_flight, op_units, priced_split, unit_costs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_context():
+    reset_auto_parallel_context()
+    yield
+    reset_auto_parallel_context()
+
+
+def _stack(layers: int = 4, batch: int = 8):
+    return TransformerStack(layers=layers, hidden=32, heads=4, seq=8, batch=batch)
+
+
+def _pipeline_cell(net, layers: int, stages: int, micro: int = 4, schedule: str = "1f1b", seeded: bool = True,
+                   optimizer=None):
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, pipeline_stages=stages,
+                              pipeline_config={"pipeline_scheduler": schedule})
+    if seeded:
+        primitives = dict(net.primitives_and_names())
+        for name, (strategy, _) in megatron_seeds(layers, 8 // stages).items():
+            primitives[name].shard(strategy)
+    optimizer = optimizer or nn.Adam(net.trainable_params(), learning_rate=1e-3)
+    return nn.TrainOneStepCell(nn.PipelineCell(net, micro_size=micro), optimizer)
+
+
+# -- the split -----------------------------------------------------------------------------
+
+
+def test_the_searched_split_of_a_real_model_is_the_best_of_every_split():
+    """A 5-block GPT's units (embedding, 5 blocks, head) on 3 stages: the split `plan_pipeline`
+    returns has the least slowest slot of every split, priced from the same plan."""
+    net = GPT(layers=5, hidden=32, heads=4, seq=8, batch=2, vocab=256)
+    graph = build_training(trace(net, *net.example_inputs()), Adam())
+    plan = plan_pipeline(graph, 6, 3, 4, SearchOptions())
+    costs = unit_costs(plan, SearchOptions().hardware)
+    best = min(max(priced_split(costs, tuple(zip((0,) + ends[:-1], ends)), 4).slot_ns)
+               for ends in (cuts + (7,) for cuts in itertools.combinations(range(1, 7), 2)))
+    assert max(plan.pipeline.split.slot_ns) == best
+    units = op_units(graph)
+    for name, stage in plan.pipeline.op_stages.items():  # every op on the stage of its unit's range
+        first, end = plan.pipeline.split.bounds[stage]
+        assert first <= units[name] < end or name.startswith("accumulate/"), name
+
+
+def test_the_memory_budget_moves_the_split():
+    """Under a budget only a split with a light first stage fits (1F1B's first stage holds the
+    most micro-batches): the split is the best of the fitting ones, and fits."""
+    graph = build_training(trace(_stack(6, 4), *_stack(6, 4).example_inputs()), Adam())
+    free = plan_pipeline(graph, 4, 2, 4, SearchOptions())
+    budget = max(free.pipeline.split.peak_bytes) - 1
+    tight = plan_pipeline(graph, 4, 2, 4, SearchOptions(max_device_memory=budget))
+    assert max(tight.pipeline.split.peak_bytes) <= budget
+    assert tight.pipeline.split.bounds != free.pipeline.split.bounds
+    assert max(tight.pipeline.split.slot_ns) >= max(free.pipeline.split.slot_ns)
+
+
+def test_adams_step_counters_run_on_every_stage():
+    graph = build_training(trace(FFN(), nn.Tensor(shape=(64, 64))), Adam())
+    shared = shared_update_ops(graph)
+    assert "optimizer/next_beta1_power" in shared and "optimizer/step_rate" in shared
+    assert not any(name.startswith("optimizer/dense") for name in shared)  # they read gradients
+
+
+# -- the schedule --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stages, micro", [(1, 3), (2, 1), (2, 4), (4, 2), (4, 8)])
+def test_every_schedule_runs_each_micro_batch_once_and_holds_what_the_split_model_says(schedule, stages, micro):
+    for stage in range(stages):
+        slots = schedule_slots(stage, stages, micro, schedule)
+        assert sorted(slots) == sorted([(kind, i) for kind in ("backward", "forward") for i in range(micro)])
+        held, most = 0, 0
+        for kind, index in slots:
+            assert kind == "forward" or ("forward", index) in slots[:slots.index((kind, index))]
+            held += 1 if kind == "forward" else -1
+            most = max(most, held)
+        assert most == in_flight(stage, stages, micro, schedule)
+
+
+# -- runs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, stages, schedule", [("gpt", 2, "1f1b"), ("stack", 4, "1f1b"), ("stack", 2, "gpipe")])
+def test_pipeline_training_equals_the_stand_alone_run(model, stages, schedule):
+    """On 8 threads: the loss curve and the final parameters equal one device's on the whole
+    batch, every rank's measured bytes per phase equal its program's, and stages exchange
+    activations and gradients (phase pipeline) and nothing else between them."""
+    net = GPT(layers=2, hidden=32, heads=4, seq=8, batch=8, vocab=64) if model == "gpt" else _stack()
+    layers = 2 if model == "gpt" else 4
+    report = train(_pipeline_cell(net, layers, stages, schedule=schedule), net.example_inputs(), steps=3, log=None)
+    assert report.ok, report.text
+    assert report.loss_error <= 1e-5 and report.parameter_error <= 1e-5
+    measured = report.result.measured
+    assert all(phases["pipeline"] > 0 for phases in measured)
+    assert "pipeline bubble: predicted" in report.text and "measured" in report.text
+
+
+def test_micro_batches_alone_accumulate_gradients_like_one_big_batch():
+    """``PipelineCell`` without stages: 4 micro-batches per step on 8 devices, Momentum."""
+    net = FFN()
+    net.dense1.matmul.shard(((2, 1), (1, 4)))
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+    loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    cell = nn.TrainOneStepCell(nn.PipelineCell(loss, micro_size=4), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    report = train(cell, (nn.Tensor(shape=(64, 64)), nn.Tensor(shape=(64,), dtype="int32")), steps=3, log=None)
+    assert report.ok, report.text
+    assert all(phases["pipeline"] == 0 for phases in report.result.measured)
+
+
+class _TiedStack(nn.Cell):
+    """Two blocks with one scale parameter read before the first and after the last (the
+    stages that read it differ: its update is sent from the first to the last stage)."""
+
+    def __init__(self):
+        from autostrat import ops
+        super().__init__()
+        self.scale = nn.Parameter(nn.Tensor(np.full((32,), 1.5, np.float32)))
+        self.scale_in, self.scale_out = ops.Mul(), ops.Mul()
+        self.blocks = _stack(2).blocks
+        self.loss = nn.MSELoss()
+
+    def construct(self, x, targets):
+        x = self.scale_in(x, self.scale)
+        for block in self.blocks:
+            x = block(x)
+        return self.loss(self.scale_out(x, self.scale), targets)
+
+
+def test_a_parameter_read_on_two_stages_is_updated_once_and_sent_on():
+    net = _TiedStack()
+    cell = _pipeline_cell(net, 2, 2, seeded=False, optimizer=nn.SGD(net.trainable_params(), 0.1))
+    plan, values, batches = training_plan(cell, None, _stack().example_inputs(), steps=3)
+    programs = lower_stage_programs(plan)
+    last = programs[-1]
+    assert any(isinstance(i, Recv) and i.key.startswith("optimizer/scale") for i in last.update)
+    assert any(isinstance(i, Send) for i in programs[0].update)
+    run, alone = train_locally(plan, values, batches), train_single_device(plan.pipeline.batch_graph, values, batches)
+    assert relative_error(run.losses, alone.losses) <= 1e-5
+    assert relative_error(run.parameters, alone.parameters) <= 1e-5
+    assert run.bytes_match
+
+
+def test_marked_stages_are_kept_and_shown(tmp_path):
+    net = _stack()
+    for index, block in enumerate(net.blocks):
+        block.pipeline_stage = 0 if index == 0 else 1  # uneven on purpose: the search would split 2/2
+    set_auto_parallel_context(strategy_ckpt_save_file=str(tmp_path / "strategy.json"))
+    cell = _pipeline_cell(net, 4, 2)
+    plan = training_plan(cell, None, net.example_inputs())[0]
+    assert plan.pipeline.origin == "pipeline_stage of cells" and plan.pipeline.split.bounds == ((0, 2), (2, 6))
+    assert plan.pipeline.op_stages["blocks.0.ffn1.matmul"] == 0 and plan.pipeline.op_stages["blocks.1.ffn1.matmul"] == 1
+    table = plan.table()
+    assert table.splitlines()[0].split()[:3] == ["op", "stage", "type"]
+    assert "pipeline: 2 stages x 4 devices, 4 micro-batches, 1f1b (pipeline_stage of cells" in table
+    ops = {op["name"]: op for op in plan.to_dict()["ops"]}
+    assert ops["blocks.3.ffn2.matmul"]["stage"] == "1" and ops["optimizer/next_beta1_power"]["stage"] == "all"
+    saved = json.loads((tmp_path / "strategy.json").read_text())
+    stages = {item["node_name"]: item["parallel_strategys"]["stage"] for item in saved["parallel_strategy_item"]}
+    assert stages["blocks.0.attention.query.matmul"] == 0 and stages["blocks.2.attention.query.matmul"] == 1
+
+
+def test_a_checkpoint_of_two_stages_continues_on_four(tmp_path):
+    """Parameters saved by a 2-stage run continue on 4 stages as the stand-alone run continues."""
+    net = _stack()
+    first = train(_pipeline_cell(net, 4, 2), net.example_inputs(), steps=2, log=None, save_checkpoint=tmp_path / "c.npz")
+    assert first.ok
+    reset_auto_parallel_context()
+    net = _stack()
+    cell = _pipeline_cell(net, 4, 4)
+    second = train(cell, net.example_inputs(), steps=2, log=None, initial=load_checkpoint(tmp_path / "c.npz"))
+    assert second.ok, second.text
+    assert second.result.losses[0] < first.result.losses[0]  # it continued, not restarted
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda: set_auto_parallel_context(pipeline_stages=3), "pipeline_stages 3 must divide device_num 8"),
+    (lambda: set_auto_parallel_context(pipeline_config={"pipeline_interleave": True}), "only False"),
+    (lambda: set_auto_parallel_context(pipeline_config={"stages": 2}), "takes the keys pipeline_scheduler"),
+])
+def test_bad_pipeline_settings_are_refused(setup, message):
+    net = _stack()
+    with pytest.raises(ConfigError, match=message):
+        cell = _pipeline_cell(net, 4, 2, seeded=False)
+        setup()
+        train(cell, net.example_inputs(), steps=1, log=None)
+
+
+def test_a_batch_that_micro_batches_cannot_cut_is_refused():
+    net = _stack(batch=2)
+    with pytest.raises(ConfigError, match=r"input 0 of shape \[16, 32\] cannot be cut into 3 micro-batches"):
+        train(_pipeline_cell(net, 4, 2, micro=3, seeded=False), net.example_inputs(), steps=1, log=None)
+
+
+def test_marks_against_the_models_order_are_refused():
+    net = _stack()
+    net.blocks[0].pipeline_stage, net.blocks[1].pipeline_stage = 1, 0
+    with pytest.raises(ConfigError, match="must follow the model's order"):
+        train(_pipeline_cell(net, 4, 2, seeded=False), net.example_inputs(), steps=1, log=None)
+
+
+def test_a_pipeline_needs_an_optimizer():
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, pipeline_stages=2)
+    from autostrat.frontend.api import parallelize
+    net = _stack()
+    with pytest.raises(ConfigError, match="plans a training step: give an optimizer"):
+        parallelize(nn.PipelineCell(net, 2), *net.example_inputs())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arguments", [["gpt", "2"], ["stack", "4", "gpipe", "10", "marked"]])
+def test_pipelines_train_on_8_mpi_ranks_like_stand_alone(arguments):
+    """The pipeline sample, one process per rank: 2 stages x 4 devices (GPT) and 4 x 2 (stack)."""
+    sample = ROOT / "sample_code" / "pipeline"
+    command = [str(launcher.find_mpiexec()), "-n", "8", sys.executable, "-m", "mpi4py", "train.py", *arguments]
+    result = subprocess.run(command, cwd=sample, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "measured = predicted on every rank" in result.stdout and "(limit 1e-05): OK" in result.stdout
+    pipeline_bytes = int(result.stdout.split(", pipeline ")[1].split(",")[0])
+    assert pipeline_bytes > 0
