@@ -63,14 +63,16 @@ def search_command(args) -> str:
     Seeds follow `autostrat run`'s rule on another --device-num (scaled, with a note)."""
     overrides = {"refine": args.refine, "refine_time_limit": args.time_limit,
                  "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase,
-                 "mesh": args.mesh, "cost_model": args.cost_model, "enable_parallel_optimizer": args.parallel_optimizer}
+                 "mesh": args.mesh, "cost_model": args.cost_model, "enable_parallel_optimizer": args.parallel_optimizer,
+                 "pipeline_stages": args.pipeline_stages, "micro_size": args.micro_size}
     config = with_recompute(load_config(args.config, **overrides), args.recompute)
     status = StatusLine()  # quiet for a second: short searches print nothing
     try:
         plan, notes = plan_config(config, args.device_num, progress=status)
     finally:
         status.end()
-    lines = notes + [f"{config.path}: {type(config.net).__name__} on {plan.device_num} devices, {plan.mode}", plan.table()]
+    devices = f"{plan.device_num} devices" if plan.pipeline is None else f"{plan.pipeline.device_num} devices in {plan.pipeline.stages} stages"
+    lines = notes + [f"{config.path}: {type(config.net).__name__} on {devices}, {plan.mode}", plan.table()]
     outputs = {Path(args.out): ("plan", plan.to_json())} if args.out else {}
     if args.dump_ir:
         outputs |= {path: ("IR", text) for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
@@ -122,7 +124,7 @@ def _fault(text: str) -> Fault:
 def run_command(args) -> tuple[int, str]:
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
                          args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer,
-                         tuple(args.recompute or ()))
+                         tuple(args.recompute or ()), args.pipeline_stages, args.micro_size)
     return run_config(args.config, options)
 
 
@@ -164,6 +166,11 @@ def _add_phase(command) -> None:
     command.add_argument("--parallel-optimizer", action="store_true", default=None,
                          help="split each parameter's optimiser state and update over its replicas (MindSpore's "
                               "enable_parallel_optimizer, ZeRO 1-2); parallel_optimizer_config comes from the config")
+    command.add_argument("--pipeline-stages", type=_positive(int),
+                         help="split the devices into this many pipeline stages, each running a contiguous part of "
+                              "the layers (the split is searched unless the config sets pipeline_stage); training only")
+    command.add_argument("--micro-size", type=_positive(int),
+                         help="micro-batches per training step (MindSpore's PipelineCell micro_size; default: the config's, or 1)")
 
 
 def _parser() -> argparse.ArgumentParser:

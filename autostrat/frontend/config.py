@@ -14,6 +14,9 @@
     optimizer: {name: adam, learning_rate: 0.001}  # optional: plan (and run) a training step
     recompute: [blocks.0, blocks.1]            # optional: cells whose forward runs again in the backward,
                                                # or auto: the search chooses them under max_device_memory
+    pipeline_stages: 2                         # optional, with an optimizer: stages of device_num / 2 devices,
+    micro_size: 4                              #   4 micro-batches per step (nn.PipelineCell's micro_size),
+    pipeline_stage: {blocks.0: 0, blocks.1: 1} #   cells' stages (default: the split is searched)
 
 An `optimizer` (sgd, momentum or adam, with its settings) implies ``phase: train``; ``phase:
 train`` without one trains with Momentum(0.01, 0.9).
@@ -40,7 +43,7 @@ from autostrat.io import read_text
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
 
-SECTIONS = ("inputs", "model", "optimizer", "recompute", "strategies")
+SECTIONS = ("inputs", "micro_size", "model", "optimizer", "pipeline_stage", "recompute", "strategies")
 AUTO_RECOMPUTE = "auto"  # ``recompute: auto`` / ``--recompute auto``: the search chooses (`auto_recompute`)
 
 
@@ -55,6 +58,14 @@ class Config:
     strategies: dict
     optimizer: object = None
     recompute: tuple[str, ...] = ()  # cell paths recomputed in the backward (`Cell.recompute`)
+    micro_size: int = 1  # micro-batches per step (`nn.PipelineCell`)
+    seed_devices: int = 0  # the devices the seeds are written for: the file's device_num / pipeline_stages
+
+    def network(self):
+        """The net to plan: wrapped in `nn.PipelineCell` when the config asks for micro-batches."""
+        from autostrat.frontend.pipeline import PipelineCell
+
+        return PipelineCell(self.net, self.micro_size) if self.micro_size > 1 else self.net
 
 
 def _fail(where: str, message: str) -> ConfigError:
@@ -191,8 +202,9 @@ def _tuples(value):
     return value
 
 
-def load_config(path, **overrides) -> Config:
-    """Load a YAML config; `overrides` replace context keys (``device_num=64``).
+def load_config(path, micro_size: int | None = None, **overrides) -> Config:
+    """Load a YAML config; `overrides` replace context keys (``device_num=64``), `micro_size`
+    the config's.
 
     Example:
         >>> config = load_config("configs/ffn.yaml")
@@ -219,7 +231,13 @@ def load_config(path, **overrides) -> Config:
     if optimizer is not None:
         context = replace(context, phase="train")
     strategies = _check_strategies(data.get("strategies"), f"{path}: strategies")
-    config = Config(str(path), context, net, inputs, strategies, optimizer)
+    micro_size = micro_size or data.get("micro_size", 1)
+    if isinstance(micro_size, bool) or not isinstance(micro_size, int) or micro_size < 1:
+        raise ConfigError(f"{path}: micro_size: expected a positive integer (micro-batches per step), got {micro_size!r}")
+    _mark_stages(net, data.get("pipeline_stage"), f"{path}: pipeline_stage")
+    file_context = ParallelContext(**{key: data[key] for key in KEYS if key in data})
+    seed_devices = file_context.device_num // file_context.pipeline_stages
+    config = Config(str(path), context, net, inputs, strategies, optimizer, micro_size=micro_size, seed_devices=seed_devices)
     return with_recompute(config, _recompute_list(data.get("recompute"), f"{path}: recompute"), f"{path}: recompute")
 
 
@@ -260,6 +278,18 @@ def _check_recompute(net, section, where: str) -> tuple[str, ...]:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{where}: {path!r} is not a cell of {type(net).__name__}{hint}")
     return tuple(section)
+
+
+def _mark_stages(net, section, where: str) -> None:
+    """Set ``pipeline_stage`` on the cells a ``pipeline_stage`` mapping (cell path: stage) names."""
+    if section is None:
+        return
+    if not isinstance(section, dict) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in section.values()):
+        raise _fail(where, f"expected a mapping of cell paths to stages such as {{blocks.0: 0, blocks.1: 1}}, got {section!r}")
+    cells = dict(net.cells_and_names())
+    _check_recompute(net, list(section), where)  # every key a cell path, with the same hint
+    for path, stage in section.items():
+        cells[path].pipeline_stage = stage
 
 
 def _build_optimizer(section, where: str):

@@ -1,7 +1,7 @@
 """`run_config`: search a YAML config's plan and run it on local threads or MPI ranks.
 
-A config's seeds are written for its own `device_num`. Searched (`autostrat search`) or run
-(`autostrat run`) on another number of devices, each
+A config's seeds are written for its own `device_num` (a pipeline's for one stage's devices).
+Searched (`autostrat search`) or run (`autostrat run`) on another number of devices, each
 seed is scaled down to use ``gcd(its devices, device_num)`` devices, by dividing its factor
 splits in the rule's factor order; if a scaled seed then uses fewer devices than there are, the
 search may use repeated calculation. The scaling is printed, never silent.
@@ -46,6 +46,8 @@ class RunOptions:
     phase: str | None = None  # overrides the config's
     parallel_optimizer: bool | None = None  # overrides the config's enable_parallel_optimizer
     recompute: tuple[str, ...] = ()  # cell paths recomputed besides the config's
+    pipeline_stages: int | None = None  # overrides the config's
+    micro_size: int | None = None  # overrides the config's
 
 
 def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int, where: str = "seed") -> tuple:
@@ -73,10 +75,16 @@ def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int
 
 
 def fit_seeds(config, device_num: int) -> tuple[object, dict, list[str]]:
-    """The config's context and seeds for `device_num` devices, and a note per changed seed."""
-    own = config.context.device_num
-    if device_num == own:
-        return config.context, config.strategies, []
+    """The config's context and seeds for `device_num` devices, and a note per changed seed.
+    A pipeline's seeds are for one stage's devices: the config's written for
+    ``device_num / pipeline_stages`` of its file, fitted to the run's stage."""
+    own, stages = config.seed_devices or config.context.device_num, config.context.pipeline_stages
+    if device_num % stages:
+        raise ConfigError(f"pipeline_stages {stages} must divide device_num {device_num}")
+    if device_num // stages == own:
+        return replace(config.context, device_num=device_num), config.strategies, []
+    context = replace(config.context, device_num=device_num)
+    device_num //= stages  # what the seeds are validated on from here
     graph = trace(config.net, *config.inputs, device_num=own)
     seeds, notes, repeated = {}, [], False
     for name, (in_strategy, out_strategy) in config.strategies.items():
@@ -90,8 +98,7 @@ def fit_seeds(config, device_num: int) -> tuple[object, dict, list[str]]:
         if seeds[name] != (in_strategy, out_strategy):
             notes.append(f"seed {name}: {in_strategy} written for device_num {own} -> {seeds[name][0]} on {device_num} "
                          f"devices (gcd of the devices it uses and {device_num})")
-    context = replace(config.context, device_num=device_num, fully_use_devices=config.context.fully_use_devices and not repeated)
-    return context, seeds, notes
+    return replace(context, fully_use_devices=config.context.fully_use_devices and not repeated), seeds, notes
 
 
 def plan_config(config, device_num: int | None = None, progress=None) -> tuple:
@@ -99,7 +106,7 @@ def plan_config(config, device_num: int | None = None, progress=None) -> tuple:
     scaled as the module docstring says, and a note per scaled seed. `autostrat search` and
     `autostrat run` both plan through here, so one rule holds for both."""
     context, seeds, notes = fit_seeds(config, device_num or config.context.device_num)
-    plan = plan_for(config.net, config.inputs, context, seeds, progress=progress, optimizer=config.optimizer,
+    plan = plan_for(config.network(), config.inputs, context, seeds, progress=progress, optimizer=config.optimizer,
                     recompute=config.recompute)
     return plan, notes
 
@@ -123,7 +130,8 @@ def prepare_run(config_path, options: RunOptions):
     check_run_options(options)
     table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
     resolve_hosts(table.hosts() if table else ())  # a host with no address is refused before the search
-    config = with_recompute(load_config(config_path, phase=options.phase, enable_parallel_optimizer=options.parallel_optimizer),
+    config = with_recompute(load_config(config_path, phase=options.phase, enable_parallel_optimizer=options.parallel_optimizer,
+                                        pipeline_stages=options.pipeline_stages, micro_size=options.micro_size),
                             options.recompute)
     device_num = run_device_num(config, options, table)
     plan, notes = plan_config(with_table_servers(with_table_mesh(config, table, device_num), table), device_num)
