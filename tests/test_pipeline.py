@@ -248,3 +248,31 @@ def test_pipelines_train_on_8_mpi_ranks_like_stand_alone(arguments):
     assert "measured = predicted on every rank" in result.stdout and "(limit 1e-05): OK" in result.stdout
     pipeline_bytes = int(result.stdout.split(", pipeline ")[1].split(",")[0])
     assert pipeline_bytes > 0
+
+
+def test_the_pipeline_config_runs_on_local_ranks_from_the_cli(capsys):
+    """`autostrat run configs/gpt_pipeline.yaml --backend local`: the job path (stage programs
+    in the job, the report grouping collectives by stage) checks loss, parameters and bytes."""
+    from autostrat.frontend.run import RunOptions, run_config
+
+    code, text = run_config("configs/gpt_pipeline.yaml", RunOptions(backend="local", steps=2))
+    assert code == 0, text
+    assert "bytes: measured = predicted on every rank" in text and "limit 1e-05): OK" in text
+    assert " ranks 0-3:" in text and " ranks 4-7:" in text and "Send (pipeline)" in text
+
+
+def test_stage_programs_survive_the_job_file(tmp_path):
+    from autostrat.frontend.run import RunOptions, prepare_run
+    from autostrat.runtime.job_file import load_job, save_job
+
+    job, _, _ = prepare_run("configs/gpt_pipeline.yaml", RunOptions(steps=1, pipeline_stages=4, micro_size=2))
+    assert job.device_num == 8 and {program.stage for program in job.programs} == {0, 1, 2, 3}
+    assert load_job(tmp_path, save_job(job, tmp_path)).programs == job.programs
+
+
+@pytest.mark.slow
+def test_the_pipeline_config_runs_on_8_mpi_ranks_from_run_sh():
+    result = subprocess.run(["bash", "run.sh", "8", "configs/gpt_pipeline.yaml", "--steps", "2"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "bytes: measured = predicted on every rank" in result.stdout and "limit 1e-05): OK" in result.stdout

@@ -18,7 +18,9 @@ import numpy as np
 from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
+from autostrat.runtime.pipeline import StageRunner, pipeline_values
 from autostrat.runtime.program import Load, Program, lower_programs
+from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 from autostrat.runtime.report import output_errors, rank_summary
 
 FAULTS = ("hang", "kill", "loop", "raise", "stop")
@@ -79,22 +81,29 @@ def random_batch(graph, rng: np.random.Generator) -> dict:
 
 
 def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, fault: Fault | None = None, name: str = "") -> Job:
-    """Lower `plan` and prepare `steps` random batches with their single-device results."""
-    programs = lower_programs(plan)
+    """Lower `plan` and prepare `steps` random batches with their single-device results (a
+    pipeline plan's: its stage programs, and the whole batch's reference)."""
+    graph = plan.graph if plan.pipeline is None else plan.pipeline.batch_graph
+    programs = lower_programs(plan) if plan.pipeline is None else lower_stage_programs(plan)
+    device_num = len(programs)
+    if fault is not None and plan.pipeline is not None:
+        raise RuntimeBackendError("fault injection runs plans without pipeline stages")
     if fault is not None and not (0 <= fault.rank < plan.device_num and fault.kind in FAULTS):
         raise RuntimeBackendError(f"a fault is a rank below {plan.device_num} and one of {FAULTS}, got {fault}")
     if fault is not None and fault.at < 0:  # default: the rank's first collective, mid-run
         collectives = [i for i, ins in enumerate(programs[fault.rank].instructions) if getattr(ins, "kind", "Slice") != "Slice"]
         fault = Fault(fault.rank, fault.kind, collectives[0] if collectives else 0)
     rng = np.random.default_rng(seed)
-    values = graph_values(plan.graph, {})
-    batches = tuple(random_batch(plan.graph, rng) for _ in range(steps))
-    expected, final = single_device_run(plan.graph, values, batches)
+    values = graph_values(graph, {})
+    batches = tuple(random_batch(graph, rng) for _ in range(steps))
+    expected, final = single_device_run(graph, values, batches)
     started = time.perf_counter()  # timed after a first pass, as the ranks' steps are after warm-up imports
-    single_device_run(plan.graph, values, batches)
+    single_device_run(graph, values, batches)
     single = (time.perf_counter() - started) / max(steps, 1)
-    return Job(name or plan.graph.name, plan.device_num, programs, values, batches, expected,
-               plan.table(), plan.total_bytes, plan.prediction.peak_bytes, single, stall_timeout, fault, final or None)
+    peak = plan.prediction.peak_bytes if plan.pipeline is None else max(plan.pipeline.split.peak_bytes)
+    values = values if plan.pipeline is None else pipeline_values(plan, values)
+    return Job(name or plan.graph.name, device_num, programs, values, batches, expected,
+               plan.table(), plan.total_bytes, peak, single, stall_timeout, fault, final or None)
 
 
 def own_slices(program: Program, whole: dict) -> dict:
@@ -121,6 +130,8 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     the rank's peak memory over all steps), the others None."""
     check_world(job.device_num, backend, f"the job {job.name!r}")
     program = job.programs[backend.rank]
+    if isinstance(program, StageProgram):
+        return _run_stage_steps(job, program, backend, on_gather, log)
     sums = np.zeros(len(program.communications()), np.int64)
     errors, peak = (0.0, 0.0, 0.0), 0
     resident = {} if job.training else None
@@ -139,3 +150,27 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     if log is not None:
         log(f"rank {backend.rank}: {len(job.batches)} step(s), sent {sums.tolist()} bytes, peak {peak} bytes, errors {errors}")
     return backend.gather_report(rank_summary(sums.tolist(), peak, errors, seconds))
+
+
+def _run_stage_steps(job: Job, program: StageProgram, backend, on_gather, log) -> list | None:
+    """`run_steps` for a pipeline rank: the loss (the last stage's) and the final parameters
+    and state of the stage are compared with the single-device run of the whole batch."""
+    runner, resident, errors = StageRunner(program, backend), {}, (0.0, 0.0, 0.0)
+    started = time.perf_counter()
+    for batch, expected in zip(job.batches, job.expected):
+        losses, resident = runner.step(job.values, batch, resident)
+        outputs = {tensor: np.float32(np.mean(losses)) for tensor, _ in program.outputs}
+        errors = _worst(errors, output_errors(outputs, {name: expected[name] for name in outputs}))
+    seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
+    if resident:
+        errors = _worst(errors, output_errors(_joined(resident), _joined(program.own_slices(job.final))))
+    if on_gather is not None:
+        on_gather()
+    if log is not None:
+        log(f"rank {backend.rank}: {len(job.batches)} step(s), stage {program.stage}, sent {runner.sent.tolist()} bytes, "
+            f"peak {runner.memory.peak} bytes, errors {errors}")
+    # Stages run different instructions: every rank's counts padded to the longest, so that
+    # all summaries have one length (the report reads each rank's own first ones).
+    longest = max(len(p.communications()) for p in job.programs)
+    sent = runner.sent.tolist() + [0] * (longest - len(runner.sent))
+    return backend.gather_report(rank_summary(sent, runner.memory.peak, errors, seconds))

@@ -41,9 +41,10 @@ from autostrat.layout import SliceContext
 from autostrat.runtime.checkpoint import checkpoint_bytes
 from autostrat.runtime.job import FAULTS, Fault, Job
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program
+from autostrat.runtime.stage_program import SCHEDULES, Recv, Send, StageProgram
 
 FORMAT = "autostrat job"
-VERSION = 2  # 2: the predicted peak memory per device
+VERSION = 3  # 2: the predicted peak memory per device; 3: pipeline stage programs
 JOB_FOLDER = "job"
 JOB_JSON = "job.json"
 ARRAYS = "arrays.npz"
@@ -93,6 +94,7 @@ _SHAPES = Many(Many(int))
 _NAMES = Many(str)
 _NAME_PAIRS = Many(Fixed((str, str)))
 
+_STAGE_RECORDS = ("Communicate", "Compute", "Load", "Recv", "Send")
 RECORDS = {
     "Communicate": (Communicate, {
         "kind": OneOf(KINDS), "source": str, "target": str, "group": Many(int), "dims": Many(int),
@@ -103,6 +105,13 @@ RECORDS = {
         "context": Record(("SliceContext",))}),
     "Fault": (Fault, {"rank": int, "kind": OneOf(FAULTS), "at": int}),
     "Load": (Load, {"tensor": str, "ranges": _RANGES}),
+    "Recv": (Recv, {"key": str, "source": int, "tag": int, "shape": Many(int), "dtype": str}),
+    "Send": (Send, {"key": str, "dest": int, "tag": int, "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
+    "StageProgram": (StageProgram, {
+        "rank": int, "device_num": int, "stage": int, "stages": int, "micro_batches": int, "schedule": OneOf(SCHEDULES),
+        "partitions": Many(Many(Many(int))), "loads": Many(Record(("Load",))), "forward": Many(Record(_STAGE_RECORDS)),
+        "backward": Many(Record(_STAGE_RECORDS)), "update": Many(Record(_STAGE_RECORDS)), "inputs": _NAMES,
+        "accumulated": _NAMES, "outputs": _NAME_PAIRS, "updates": _NAME_PAIRS}),
     "Program": (Program, {
         "rank": int, "device_num": int, "partitions": Many(Many(Many(int))),
         "instructions": Many(Record(("Communicate", "Compute", "Load"))), "inputs": _NAMES, "outputs": _NAME_PAIRS,
@@ -113,7 +122,7 @@ RECORDS = {
 }
 ARRAY_SECTIONS = {"values": _NAMES, "batches": Many(_NAMES), "expected": Many(_NAMES), "final": Nullable(_NAMES)}
 JOB_FIELDS = {
-    "name": str, "device_num": int, "programs": Many(Record(("Program",))), "plan_table": str, "plan_bytes": int,
+    "name": str, "device_num": int, "programs": Many(Record(("Program", "StageProgram"))), "plan_table": str, "plan_bytes": int,
     "predicted_peak": int, "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
 }
 _HEADER = {"format": OneOf((FORMAT,)), "version": int, "files": Fixed((str, str)), "arrays": None}

@@ -22,10 +22,13 @@ import numpy as np
 
 from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.errors import ConfigError
+from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import communicate, counted_bytes, load_slice, written_over
 from autostrat.runtime.kernels import run_kernel
+from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load
+from autostrat.runtime.training import TrainingResult, phase_bytes
 from autostrat.runtime.stage_program import Recv, Send, StageProgram, lower_stage_programs
 
 
@@ -70,7 +73,7 @@ def _touched(instruction) -> tuple[str, ...]:
     return (instruction.source, instruction.target)
 
 
-class _StageRunner:
+class StageRunner:
     """Runs a stage program's steps on one rank, keeping its measurements."""
 
     def __init__(self, program: StageProgram, backend):
@@ -82,7 +85,12 @@ class _StageRunner:
         updated = {key for _, key in program.updates}
         weights = {i.tensor for i in program.loads} - {name for name, _ in program.updates}
         self.update_release = release_after((_touched(i) for i in program.update), updated | weights)
-        self.sent = dict.fromkeys(PHASES, 0)
+        self.sent = np.zeros(len(program.communications()), np.int64)  # per communication instruction, all steps
+        self.position = {}  # (slot, index in the slot) -> index among the communications
+        for slot in ("forward", "backward", "update"):
+            for index, instruction in enumerate(getattr(program, slot)):
+                if isinstance(instruction, (Communicate, Send)):
+                    self.position[(slot, index)] = len(self.position)
         self.memory = LiveBytes()
         self.waited = self.busy = 0.0
 
@@ -99,7 +107,7 @@ class _StageRunner:
             store, slot_values = stores.setdefault(index, {}), values | micro_values[index]
             instructions, offset = (program.forward, 0) if slot == "forward" else (program.backward, len(program.forward))
             for position, instruction in enumerate(instructions):
-                self._run(instruction, store, shared, slot_values, index, self.micro_release[offset + position])
+                self._run(instruction, store, shared, slot_values, index, self.micro_release[offset + position], (slot, position))
             if slot == "forward":
                 for tensor, key in program.outputs:
                     losses[index] = float(np.mean(np.asarray(store.pop(key), np.float64)))
@@ -108,8 +116,8 @@ class _StageRunner:
                 self._accumulate(store, shared, index)
                 del stores[index]
         self.busy += time.perf_counter() - started - (self.waited - waited)
-        for instruction, released in zip(program.update, self.update_release):
-            self._run(instruction, shared, shared, values, "", released)
+        for position, (instruction, released) in enumerate(zip(program.update, self.update_release)):
+            self._run(instruction, shared, shared, values, "", released, ("update", position))
         self.backend.complete_sends()
         updated = {name: shared.pop(key) for name, key in program.updates}
         held = [("", key) for key in list(shared) + [key for _, key in program.updates]]
@@ -130,7 +138,7 @@ class _StageRunner:
                 self.memory.write({("", key): piece.nbytes}, (((index, key), ("", key)),), ((index, key),))
                 self.memory.release(((index, key),))
 
-    def _run(self, instruction, store: dict, shared: dict, values: dict, space, released) -> None:
+    def _run(self, instruction, store: dict, shared: dict, values: dict, space, released, where) -> None:
         def read(key: str):
             return store[key] if key in store else shared[key]
 
@@ -153,7 +161,7 @@ class _StageRunner:
                 written = {}
             else:
                 written = {instruction.target: communicate(instruction, self.backend, read(instruction.source))}
-            self.sent[instruction.phase] += sum(record.bytes for record in self.backend.sent[before:])
+            self.sent[self.position[where]] += sum(record.bytes for record in self.backend.sent[before:])
         over = tuple((named(source), (space, target)) for source, target in written_over(instruction))
         dropped = tuple(named(key) for key in released if key in store)
         self.memory.write({(space, key): size for key, size in counted_bytes(instruction, written).items()}, over, dropped)
@@ -166,7 +174,7 @@ class _StageRunner:
 def train_stage(program: StageProgram, backend, values: dict, batches, on_step=None, share_loss: bool = False) -> StageRun:
     """Run one training step per batch on this rank; `on_step(step, loss)` after each step
     (on the last stage, or on rank 0 with `share_loss`, which sends every step's loss there)."""
-    runner, resident, losses = _StageRunner(program, backend), {}, []
+    runner, resident, losses = StageRunner(program, backend), {}, []
     for step, batch in enumerate(batches):
         micro_losses, resident = runner.step(values, batch, resident)
         loss = float(np.mean(micro_losses))
@@ -176,8 +184,7 @@ def train_stage(program: StageProgram, backend, values: dict, batches, on_step=N
         losses.append(loss)
         if on_step is not None:
             on_step(step, loss)
-    steps = max(len(batches), 1)
-    measured = {phase: sent // steps for phase, sent in runner.sent.items()}
+    measured = phase_bytes(program, tuple(runner.sent), len(batches))
     wall = runner.busy + runner.waited
     return StageRun(program.rank, tuple(losses), resident, measured, runner.memory.peak, runner.waited / wall if wall else 0.0)
 
@@ -190,7 +197,7 @@ def pipeline_values(plan, values: dict) -> dict:
     constants = {name: np.asarray(tensor.asnumpy()) for name, tensor in graph.values.items() if graph.tensors[name].kind == "constant"}
     seed = f"grad/{graph.outputs[0]}"
     ones = constants[seed]
-    return values | constants | {seed: (ones / plan.pipeline.micro_batches).astype(ones.dtype)}
+    return values | constants | {seed: np.asarray(ones / plan.pipeline.micro_batches, ones.dtype)}
 
 
 def holder_stage(plan, name: str) -> int:
@@ -202,8 +209,6 @@ def holder_stage(plan, name: str) -> int:
 def train_pipeline_locally(plan, values: dict, batches, on_step=None):
     """Train the pipeline plan `plan` with every rank a `LocalCluster` thread (see
     `training.train_locally`, which calls it for a pipeline plan)."""
-    from autostrat.runtime.local import LocalCluster
-
     programs = lower_stage_programs(plan)
     values = pipeline_values(plan, values)
     last = plan.pipeline.device_num - 1
@@ -250,9 +255,6 @@ def _gathered_slices(plan, backend, mine: dict) -> list[dict]:
 
 
 def _result(plan, programs, runs, losses, slices_by_rank):
-    from autostrat.layout import assemble_tensor
-    from autostrat.runtime.training import TrainingResult
-
     group = plan.pipeline.group_size
     parameters = {}
     for name, _ in plan.graph.updates:

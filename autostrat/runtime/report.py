@@ -149,10 +149,17 @@ def _collective_lines(job, summaries) -> list[str]:
     """One line per collective instruction: rank 0's kind and the distinct per-rank bytes."""
     steps = len(job.batches)
     lines = ["collectives (bytes per rank per step):"]
-    for index, step in enumerate(job.programs[0].communications()):
-        sent = sorted({int(summary[index]) // steps for summary in summaries})
-        predicted = sorted({p.communications()[index].predicted for p in job.programs})
-        lines.append(f"  {step.edge}: {step.kind} ({step.phase}) sent {_values(sent)}, predicted {_values(predicted)}")
+    groups: dict[tuple, list[int]] = {}  # the ranks running the same instructions (a pipeline: one stage's)
+    for rank, program in enumerate(job.programs):
+        groups.setdefault(tuple((c.edge, getattr(c, "kind", "Send"), c.phase) for c in program.communications()), []).append(rank)
+    for ranks in groups.values():
+        if len(groups) > 1:
+            lines.append(f" ranks {_span(ranks[0], ranks[-1]) if ranks == list(range(ranks[0], ranks[-1] + 1)) else ranks}:")
+        for index, step in enumerate(job.programs[ranks[0]].communications()):
+            sent = sorted({int(summaries[rank][index]) // steps for rank in ranks})
+            predicted = sorted({job.programs[rank].communications()[index].predicted for rank in ranks})
+            kind = getattr(step, "kind", "Send")
+            lines.append(f"  {step.edge}: {kind} ({step.phase}) sent {_values(sent)}, predicted {_values(predicted)}")
     return lines if len(lines) > 1 else ["collectives: none"]
 
 

@@ -30,6 +30,7 @@ from autostrat.layout.layout import Layout
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, lower_programs
 
 SLOTS = ("forward", "backward", "update")
+SCHEDULES = ("1f1b", "gpipe")  # as `search.stages.SCHEDULES` (the runtime does not import the search)
 MAX_TAG = 32767  # the smallest tag upper bound MPI guarantees
 
 
@@ -80,17 +81,25 @@ class StageProgram:
         return schedule_slots(self.stage, self.stages, self.micro_batches, self.schedule)
 
     def communications(self) -> tuple:
-        return tuple(i for slot in SLOTS for i in getattr(self, slot) if isinstance(i, (Communicate, Send)))
-
-    def phase_bytes(self) -> dict[str, int]:
-        """Predicted bytes per step by phase: a micro-batch's slots count once per micro-batch."""
-        totals = dict.fromkeys(PHASES, 0)
+        """Every instruction that sends, slot by slot, each predicting what it sends per step
+        (a micro-batch's slots run once per micro-batch)."""
+        found = []
         for slot in SLOTS:
             times = 1 if slot == "update" else self.micro_batches
-            for instruction in getattr(self, slot):
-                if isinstance(instruction, (Communicate, Send)):
-                    totals[instruction.phase] += instruction.predicted * times
+            found += [replace(i, predicted=i.predicted * times) for i in getattr(self, slot) if isinstance(i, (Communicate, Send))]
+        return tuple(found)
+
+    def phase_bytes(self) -> dict[str, int]:
+        """Predicted bytes per step by phase."""
+        totals = dict.fromkeys(PHASES, 0)
+        for instruction in self.communications():
+            totals[instruction.phase] += instruction.predicted
         return totals
+
+    def own_slices(self, whole: dict) -> dict:
+        """This rank's slices of the whole arrays in `whole` that its program loads."""
+        ranges = {load.tensor: load.ranges for load in self.loads}
+        return {name: array[tuple(slice(a, b) for a, b in ranges[name])] for name, array in whole.items() if name in ranges}
 
 
 def schedule_slots(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[str, int], ...]:
