@@ -123,6 +123,8 @@ def test_pipeline_training_equals_the_stand_alone_run(model, stages, schedule):
     assert report.loss_error <= 1e-5 and report.parameter_error <= 1e-5
     measured = report.result.measured
     assert all(phases["pipeline"] > 0 for phases in measured)
+    # Every rank's peak memory is what the replay of its stage program on sizes predicts.
+    assert report.result.measured_peaks == report.result.predicted_peaks and len(set(report.result.predicted_peaks)) > 1
     assert "pipeline bubble: predicted" in report.text and "measured" in report.text
 
 
@@ -246,6 +248,7 @@ def test_pipelines_train_on_8_mpi_ranks_like_stand_alone(arguments):
     result = subprocess.run(command, cwd=sample, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "measured = predicted on every rank" in result.stdout and "(limit 1e-05): OK" in result.stdout
+    assert "measured/predicted 1.000..1.000: equal" in result.stdout  # peak memory, every rank
     pipeline_bytes = int(result.stdout.split(", pipeline ")[1].split(",")[0])
     assert pipeline_bytes > 0
 

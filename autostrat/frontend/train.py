@@ -241,7 +241,8 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
         f"bytes per step on rank 0 (measured): {phases}; "
         f"{'measured = predicted on every rank' if result.bytes_match else 'MISMATCH between measured and predicted'}",
         f"  ({PHASE_LEGEND})",
-        *([memory_line(result.predicted_peak, list(result.measured_peaks))] if result.measured_peaks else []),
+        *([memory_line(list(result.predicted_peaks) or result.predicted_peak, list(result.measured_peaks))]
+          if result.measured_peaks else []),
         *result.notes,
         f"loss curve vs stand-alone: max relative error {loss_error:.3g}; final parameters: {parameter_error:.3g} "
         f"(limit {tolerance:g}): {'OK' if max(loss_error, parameter_error) <= tolerance else 'FAILED'}",

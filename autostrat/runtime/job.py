@@ -18,7 +18,7 @@ import numpy as np
 from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
-from autostrat.runtime.pipeline import StageRunner, pipeline_values
+from autostrat.runtime.pipeline import StageRunner, pipeline_values, predicted_peaks
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 from autostrat.runtime.report import output_errors, rank_summary
@@ -50,6 +50,7 @@ class Job:
     stall_timeout: float = 10.0
     fault: Fault | None = None
     final: dict | None = None  # a training job: the whole parameters and state after the last step
+    predicted_peaks: tuple[int, ...] = ()  # per rank, when ranks differ (a pipeline's stages); else predicted_peak
 
     @property
     def training(self) -> bool:
@@ -100,10 +101,10 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     started = time.perf_counter()  # timed after a first pass, as the ranks' steps are after warm-up imports
     single_device_run(graph, values, batches)
     single = (time.perf_counter() - started) / max(steps, 1)
-    peak = plan.prediction.peak_bytes if plan.pipeline is None else max(plan.pipeline.split.peak_bytes)
+    peaks = () if plan.pipeline is None else predicted_peaks(plan, programs)
     values = values if plan.pipeline is None else pipeline_values(plan, values)
-    return Job(name or plan.graph.name, device_num, programs, values, batches, expected,
-               plan.table(), plan.total_bytes, peak, single, stall_timeout, fault, final or None)
+    return Job(name or plan.graph.name, device_num, programs, values, batches, expected, plan.table(), plan.total_bytes,
+               max(peaks, default=plan.prediction.peak_bytes), single, stall_timeout, fault, final or None, peaks)
 
 
 def own_slices(program: Program, whole: dict) -> dict:

@@ -124,6 +124,7 @@ ARRAY_SECTIONS = {"values": _NAMES, "batches": Many(_NAMES), "expected": Many(_N
 JOB_FIELDS = {
     "name": str, "device_num": int, "programs": Many(Record(("Program", "StageProgram"))), "plan_table": str, "plan_bytes": int,
     "predicted_peak": int, "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
+    "predicted_peaks": Many(int),
 }
 _HEADER = {"format": OneOf((FORMAT,)), "version": int, "files": Fixed((str, str)), "arrays": None}
 

@@ -73,12 +73,34 @@ def _touched(instruction) -> tuple[str, ...]:
     return (instruction.source, instruction.target)
 
 
-class StageRunner:
-    """Runs a stage program's steps on one rank, keeping its measurements."""
+class _Bytes:
+    """A buffer's size, standing for the buffer when a step is replayed without data."""
 
-    def __init__(self, program: StageProgram, backend):
-        self.program, self.backend = program, backend
-        backend.prepare(program.partitions)
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    def __add__(self, other: _Bytes) -> _Bytes:
+        return self  # a sum of gradients: one buffer of the same size
+
+
+_SIZE_AFTER = {  # a communication step's result, from its source's bytes (see `executor.communicate`)
+    "AllGather": lambda size, step: size * len(step.group),
+    "ReduceScatter": lambda size, step: size // len(step.group),
+    "Slice": lambda size, step: size // step.chunks[0],
+}
+
+
+class StageRunner:
+    """Runs a stage program's steps on one rank, keeping its measurements. Without a backend
+    and with the graph's `dtypes` it replays a step on sizes alone, by the same rules: the
+    prediction of the rank's peak (`predicted_peaks`)."""
+
+    def __init__(self, program: StageProgram, backend, dtypes: dict | None = None):
+        self.program, self.backend, self.dtypes = program, backend, dtypes
+        if backend is not None:
+            backend.prepare(program.partitions)
         kept = set(program.accumulated) | {key for _, key in program.outputs}
         micro = program.forward + program.backward
         self.micro_release = release_after((_touched(i) for i in micro), kept)
@@ -96,9 +118,10 @@ class StageRunner:
 
     def step(self, values: dict, batch: dict, resident: dict) -> tuple[list[float], dict]:
         program = self.program
-        shared = {i.tensor: load_slice(i, values, resident) for i in program.loads}
+        shared = {i.tensor: self._load(i, values, resident) for i in program.loads}
         self.memory.write({("", key): array.nbytes for key, array in shared.items()})
-        micro_values = micro_batches_of(batch, program.inputs, program.micro_batches)
+        dry = self.dtypes is not None
+        micro_values = [{}] * program.micro_batches if dry else micro_batches_of(batch, program.inputs, program.micro_batches)
         stores: dict[int, dict] = {}
         losses = [0.0] * program.micro_batches
         started = time.perf_counter()
@@ -110,7 +133,8 @@ class StageRunner:
                 self._run(instruction, store, shared, slot_values, index, self.micro_release[offset + position], (slot, position))
             if slot == "forward":
                 for tensor, key in program.outputs:
-                    losses[index] = float(np.mean(np.asarray(store.pop(key), np.float64)))
+                    loss = store.pop(key)
+                    losses[index] = 0.0 if dry else float(np.mean(np.asarray(loss, np.float64)))
                     self.memory.release(((index, key),))
             else:
                 self._accumulate(store, shared, index)
@@ -118,7 +142,8 @@ class StageRunner:
         self.busy += time.perf_counter() - started - (self.waited - waited)
         for position, (instruction, released) in enumerate(zip(program.update, self.update_release)):
             self._run(instruction, shared, shared, values, "", released, ("update", position))
-        self.backend.complete_sends()
+        if not dry:
+            self.backend.complete_sends()
         updated = {name: shared.pop(key) for name, key in program.updates}
         held = [("", key) for key in list(shared) + [key for _, key in program.updates]]
         self.memory.release(key for key in held if key in self.memory.sizes)  # the next step loads them again
@@ -145,7 +170,9 @@ class StageRunner:
         def named(key: str):
             return (space, key) if key in store or space == "" else ("", key)
 
-        if isinstance(instruction, Load):
+        if self.dtypes is not None:
+            written = self._sizes(instruction, read)
+        elif isinstance(instruction, Load):
             written = {instruction.tensor: load_slice(instruction, values, None)}
         elif isinstance(instruction, Compute):
             arrays = [read(key) for key in instruction.inputs]
@@ -169,6 +196,43 @@ class StageRunner:
         self.memory.release(dropped)
         for key in released:
             store.pop(key, None)
+
+
+    def _load(self, instruction: Load, values: dict, resident: dict):
+        if self.dtypes is None:
+            return load_slice(instruction, values, resident)
+        return self._sizes(instruction, None)[instruction.tensor]
+
+    def _sizes(self, instruction, read) -> dict:
+        """What `instruction` writes, as sizes (a replay without data)."""
+        def sized(ranges_or_shape, dtype: str) -> _Bytes:
+            shape = [b - a for a, b in ranges_or_shape] if ranges_or_shape and isinstance(ranges_or_shape[0], tuple) else ranges_or_shape
+            return _Bytes(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+
+        if isinstance(instruction, Load):
+            return {instruction.tensor: sized(instruction.ranges, self.dtypes[instruction.tensor])}
+        if isinstance(instruction, Compute):
+            ranges = instruction.context.output_ranges
+            return {out: sized(r, self.dtypes[out]) for out, r in zip(instruction.outputs, ranges)}
+        if isinstance(instruction, Recv):
+            return {instruction.key: sized(instruction.shape, instruction.dtype)}
+        if isinstance(instruction, Send):
+            return {}
+        size = read(instruction.source).nbytes
+        return {instruction.target: _Bytes(_SIZE_AFTER.get(instruction.kind, lambda n, _: n)(size, instruction))}
+
+
+def predicted_peaks(plan, programs) -> tuple[int, ...]:
+    """Per rank, the peak of its live bytes over a step, from the plan alone: its stage
+    program replayed on sizes by `StageRunner`'s rules (a stage's devices hold equal slices)."""
+    dtypes = {name: info.dtype for name, info in plan.graph.tensors.items()}
+    by_stage: dict[int, int] = {}
+    for program in programs:
+        if program.stage not in by_stage:
+            runner = StageRunner(program, None, dtypes)
+            runner.step({}, {}, {})
+            by_stage[program.stage] = runner.memory.peak
+    return tuple(by_stage[program.stage] for program in programs)
 
 
 def train_stage(program: StageProgram, backend, values: dict, batches, on_step=None, share_loss: bool = False) -> StageRun:
@@ -262,13 +326,12 @@ def _result(plan, programs, runs, losses, slices_by_rank):
         parameters[name] = assemble_tensor([slices_by_rank[rank][name] for rank in range(first, first + group)], plan.layouts[name])
     if runs is None:
         return TrainingResult(losses, parameters)
-    split = plan.pipeline.split
-    peaks = [max(run.peak_bytes for run in runs[s * group:(s + 1) * group]) for s in range(plan.pipeline.stages)]
+    split, peaks = plan.pipeline.split, predicted_peaks(plan, programs)
     lines = (
         f"pipeline bubble: predicted {split.bubble:.1%}, measured {np.mean([run.bubble for run in runs]):.1%} "
         f"(the share of the micro-batch slots a rank waits for another stage, mean over ranks)",
-        f"peak memory per device by stage (bytes): predicted {', '.join(f'{p:,}' for p in split.peak_bytes)} "
-        f"(the stage split's model); measured {', '.join(f'{p:,}' for p in peaks)}",
+        f"the stage split's memory model (weights and state, saved activations of the micro-batches in flight) "
+        f"per stage: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
     )
     return TrainingResult(losses, parameters, tuple(p.phase_bytes() for p in programs), tuple(run.measured for run in runs),
-                          notes=lines)
+                          max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines)

@@ -66,20 +66,28 @@ def _peak(summary: np.ndarray) -> int:
     return int(summary[-5])  # a `rank_summary` ends with the peak, three errors and the seconds
 
 
-def memory_line(predicted: int, measured: list[int]) -> str:
-    """The peak memory per device the plan predicted and each rank measured, in one line
-    (ranks with the same peak grouped). Informative: a run is not failed on memory.
+def memory_line(predicted: int | list[int], measured: list[int]) -> str:
+    """The peak memory per device the plan predicted (one figure, or one per rank: a
+    pipeline's stages differ) and each rank measured, in one line (ranks with the same peak
+    grouped). Informative: a run is not failed on memory.
 
     Example:
         >>> memory_line(1000, [990, 990, 1080, 990])
         'peak memory per device (bytes): predicted 1000; measured rank 0-1 990, rank 2 1080, rank 3 990; measured/predicted 0.990..1.080: differs by more than 5 %'
+        >>> memory_line([10, 10, 20, 20], [10, 10, 20, 20])
+        'peak memory per device (bytes): predicted rank 0-1 10, rank 2-3 20; measured rank 0-1 10, rank 2-3 20; measured/predicted 1.000..1.000: equal'
     """
-    ratios = [value / predicted for value in measured] if predicted else [float("inf")]
+    per_rank = list(predicted) if isinstance(predicted, (list, tuple)) else [predicted] * len(measured)
+    ratios = [value / expected if expected else float("inf") for value, expected in zip(measured, per_rank)]
     within = max(abs(ratio - 1) for ratio in ratios) <= MEMORY_TOLERANCE
-    groups = ", ".join(f"rank {_span(first, last)} {value}" for first, last, value in _runs(measured))
     verdict = f"{'within' if within else 'differs by more than'} {MEMORY_TOLERANCE * 100:g} %"
-    return (f"peak memory per device (bytes): predicted {predicted}; measured {groups}; measured/predicted "
-            f"{min(ratios):.3f}..{max(ratios):.3f}: {'equal' if set(measured) == {predicted} else verdict}")
+    shown = _grouped(per_rank) if isinstance(predicted, (list, tuple)) else str(predicted)
+    return (f"peak memory per device (bytes): predicted {shown}; measured {_grouped(measured)}; measured/predicted "
+            f"{min(ratios):.3f}..{max(ratios):.3f}: {'equal' if list(measured) == per_rank else verdict}")
+
+
+def _grouped(values: list[int]) -> str:
+    return ", ".join(f"rank {_span(first, last)} {value}" for first, last, value in _runs(values))
 
 
 def _runs(values: list[int]) -> list[tuple[int, int, int]]:
@@ -113,7 +121,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
             measured = sum(int(s) for s, c in zip(sent, communications) if c.phase == phase)
             bytes_match &= measured == predicted * steps
             row += [str(predicted), _per_step(measured, steps)]
-        rows.append(row + [str(job.predicted_peak), str(_peak(summary))])
+        rows.append(row + [str(_predicted_peaks(job)[rank]), str(_peak(summary))])
     absolute = max(float(s[-4]) for s in summaries)
     relative = max(float(s[-3]) for s in summaries)
     tolerance = max(float(s[-2]) for s in summaries)
@@ -132,13 +140,17 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         format_table(headers, rows),
         *_collective_lines(job, summaries),
         f"bytes: {'measured = predicted on every rank' if bytes_match else 'MISMATCH between measured and predicted'}",
-        memory_line(job.predicted_peak, [_peak(summary) for summary in summaries]),
+        memory_line(list(_predicted_peaks(job)), [_peak(summary) for summary in summaries]),
         f"max difference from the single-device result ({compared}): {absolute:.3g} (relative {relative:.3g}, "
         f"limit {tolerance:g}): {'OK' if results_match else 'FAILED'}",
         f"time per {kind} step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "
         f"{job.single_seconds * 1e3:.2f} ms single device",
     ]
     return RunCheck("\n".join(lines), bytes_match, results_match)
+
+
+def _predicted_peaks(job) -> tuple[int, ...]:
+    return job.predicted_peaks or (job.predicted_peak,) * job.device_num
 
 
 def _per_step(measured: int, steps: int) -> str:

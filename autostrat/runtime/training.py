@@ -45,7 +45,8 @@ class TrainingResult:
     measured: tuple[dict, ...] = ()
     predicted_peak: int = 0
     measured_peaks: tuple[int, ...] = ()
-    notes: tuple[str, ...] = ()  # more lines for the report (a pipeline's bubble and memory by stage)
+    predicted_peaks: tuple[int, ...] = ()  # per rank, when ranks differ (a pipeline's stages)
+    notes: tuple[str, ...] = ()  # more lines for the report (a pipeline's bubble)
 
     @property
     def bytes_match(self) -> bool:
