@@ -190,7 +190,8 @@ class StageRunner:
                 written = {instruction.target: communicate(instruction, self.backend, read(instruction.source))}
             self.sent[self.position[where]] += sum(record.bytes for record in self.backend.sent[before:])
         over = tuple((named(source), (space, target)) for source, target in written_over(instruction))
-        dropped = tuple(named(key) for key in released if key in store)
+        # Dropped: what this rank's own store holds, a result nothing reads included (an input's gradient).
+        dropped = tuple((space, key) if key in written else named(key) for key in released if key in store or key in written)
         self.memory.write({(space, key): size for key, size in counted_bytes(instruction, written).items()}, over, dropped)
         store.update(written)
         self.memory.release(dropped)
