@@ -187,6 +187,8 @@ def test_marked_stages_are_kept_and_shown(tmp_path):
     assert "pipeline: 2 stages x 4 devices, 4 micro-batches, 1f1b (pipeline_stage of cells" in table
     ops = {op["name"]: op for op in plan.to_dict()["ops"]}
     assert ops["blocks.3.ffn2.matmul"]["stage"] == "1" and ops["optimizer/next_beta1_power"]["stage"] == "all"
+    ir = plan.dump_ir(tmp_path / "ir")[0].read_text()
+    assert "4 devices per stage, 2 stages, one of 4 micro-batches" in ir and "{pipeline_stage: 1}" in ir
     saved = json.loads((tmp_path / "strategy.json").read_text())
     stages = {item["node_name"]: item["parallel_strategys"]["stage"] for item in saved["parallel_strategy_item"]}
     assert stages["blocks.0.attention.query.matmul"] == 0 and stages["blocks.2.attention.query.matmul"] == 1

@@ -30,10 +30,18 @@ def _header(plan, sliced: bool) -> list[str]:
     return [f"graph {plan.graph.name}({args})"]
 
 
+def _stage(plan, op: str) -> str:
+    return "" if plan.pipeline is None else f" {{pipeline_stage: {plan.pipeline.stage_label(op)}}}"
+
+
 def annotated_text(plan) -> str:
     """Every op with its inputs, attributes, strategy and global shapes."""
     graph = plan.graph
-    lines = [f"# step_parallel_begin: {graph.name} on {plan.device_num} devices ({plan.mode})", *_header(plan, sliced=False)]
+    where = f"{plan.device_num} devices"
+    if plan.pipeline is not None:  # the ops of every stage, each on its stage's devices, one micro-batch
+        where = (f"{plan.device_num} devices per stage, {plan.pipeline.stages} stages, one of "
+                 f"{plan.pipeline.micro_batches} micro-batches")
+    lines = [f"# step_parallel_begin: {graph.name} on {where} ({plan.mode})", *_header(plan, sliced=False)]
     for tensor in graph.parameters():
         lines.append(f"  %{tensor.name} = Parameter : {_type(tensor.dtype, tensor.shape)}")
     for name, op in graph.ops.items():
@@ -43,7 +51,7 @@ def annotated_text(plan) -> str:
         strategy = plan.ops[name].strategy
         lines.append(
             f"  %{', %'.join(op.outputs)} = {call} {{instance name: {name}}} primitive_attrs: {_attrs(op)}\n"
-            f"      {{in_strategy: {strategy}}} {{origin: {plan.ops[name].origin}}} : ({ins}) -> ({outs})"
+            f"      {{in_strategy: {strategy}}}{_stage(plan, name)} {{origin: {plan.ops[name].origin}}} : ({ins}) -> ({outs})"
         )
     lines.append(f"  return {', '.join('%' + t for t in graph.outputs)}")
     return "\n".join(lines) + "\n"
