@@ -1,4 +1,4 @@
-"""Issue #15: how good the training plans are, against Megatron-LM's and data parallelism.
+"""Issues #15 and #17: how good the training plans are, against Megatron-LM's, data parallelism and pipelines.
 
 Models (training steps with Adam, float32):
 
@@ -22,7 +22,38 @@ device (parameters, optimiser state and live activations: `search.memory`), pred
 time, search seconds (tracing excluded), the refinement's status. Targets: refined predicted
 time <= every baseline's; bfs predicted time <= 1.1 x megatron's.
 
+Pipeline rows (``--pipeline DEVICES``, issue #17): the 7b shape on each device count with one
+sequence per device (a global batch of 64 sequences on 64 devices, 1024 on 1024), each row
+under the per-device budget ``--budget`` (80 GB):
+
+- megatron: no pipeline, the megatron plan above on all the devices (the cheapest to compute;
+  its peak is over the budget if the row says so);
+- refined (with ``--refined``): no pipeline, the refined plan above, its budget ``--budget``;
+  off by default: about 6 minutes on 64 devices, and on 1024 it ran 17 minutes and out of 21 GB
+  of memory before finishing (a 2-core, 23 GB machine);
+- S stages (``--stages``, default 2 4 8): the devices in S equal groups, each running one
+  micro-batch of ``batch / m`` sequences with the same Megatron seeds on its own devices, the
+  stage split of the 34 units (embedding, 32 blocks, head and loss) searched by
+  `search.pipeline.plan_pipeline` under the budget, 1F1B. ``m = 8 S`` micro-batches: a stage's
+  ``device_num / S`` devices are TP 8 x ``device_num / 8S`` data-parallel replicas, and one
+  sequence per replica is the smallest micro-batch a replica can take (an uneven batch split is
+  rejected), so the most micro-batches and the smallest bubble, ``(S - 1) / (9 S - 1)`` with
+  equal slots.
+
+Pipeline columns: layers (blocks) per stage; the slowest stage's slot (one micro-batch's forward,
+backward and sends); the predicted step time (``(m + S - 1)`` slots, plus the slowest stage's
+gradient synchronisation and updates, which run once per step:
+`search.pipeline.Pipeline.step_time_ns`; without a pipeline the plan's prediction); the bubble
+(the share of the step a stage idles, averaged over the stages: `search.stages.StageSplit.bubble`);
+the largest stage's peak per device (weights and optimiser state plus 1F1B's in-flight
+micro-batches' activations, per unit: `search.stages`; without a pipeline the plan's exact
+peak); and the seconds to trace, search and split (tracing included here, unlike the table above).
+Target: <= 15 s per row at 1024 devices.
+
 Run: .venv/bin/python benchmarks/quality.py [--models stack-8 stack-32 stack-96 7b] [--time-limit 60]
+     .venv/bin/python benchmarks/quality.py --pipeline 64 1024 [--stages 2 4 8] [--budget 80GB] [--refined]
+(``--pipeline`` alone runs no model above unless ``--models`` names some; `benchmarks/pipeline.py`
+runs the pipeline rows alone.)
 """
 
 from __future__ import annotations
@@ -36,22 +67,34 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository is not installed
 
 from autostrat.autodiff import Adam, build_training  # noqa: E402
-from autostrat.errors import AutostratError  # noqa: E402
+from autostrat.errors import AutostratError, InfeasibleError  # noqa: E402
 from autostrat.frontend import trace  # noqa: E402
 from autostrat.frontend.config import apply_seeds  # noqa: E402
+from autostrat.frontend.context import parse_bytes  # noqa: E402
 from autostrat.models import GPT, TransformerStack, megatron_seeds  # noqa: E402
 from autostrat.search import SearchOptions, search  # noqa: E402
+from autostrat.search.pipeline import plan_pipeline  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
+
+LLAMA_7B = {"layers": 32, "hidden": 4096, "heads": 32, "seq": 2048, "vocab": 32000}
+
+
+def llama_7b(batch: int) -> GPT:
+    """The LLaMA-7B shape ("7b") with `batch` sequences."""
+    return GPT(**LLAMA_7B, batch=batch)
+
 
 MODELS = {
     "stack-8": (8, lambda: TransformerStack(layers=8, hidden=1024, heads=16, seq=128, batch=16)),
     "stack-32": (8, lambda: TransformerStack(layers=32, hidden=1024, heads=16, seq=128, batch=16)),
     "stack-96": (8, lambda: TransformerStack(layers=96, hidden=1024, heads=16, seq=128, batch=16)),
-    "7b": (64, lambda: GPT(layers=32, hidden=4096, heads=32, seq=2048, batch=64, vocab=32000)),
+    "7b": (64, lambda: llama_7b(64)),
 }
 TENSOR_PARALLEL = 8  # Megatron-LM's TP inside one 8-device server
 HEADERS = ["model", "devices", "plan", "forward MB", "backward MB", "sync MB", "total MB", "peak MB",
            "step ms", "search s", "status"]
+PIPELINE_HEADERS = ["devices", "plan", "micro-batches", "layers per stage", "slot ms", "step ms", "bubble", "peak GB",
+                    "search s"]
 
 
 def training_graph(net, device_num: int, seeds: dict | None, recompute: tuple[str, ...] = ()):
@@ -61,12 +104,23 @@ def training_graph(net, device_num: int, seeds: dict | None, recompute: tuple[st
     return build_training(graph, Adam(1e-3), recompute=recompute)
 
 
-def timed_search(graph, device_num: int, options: SearchOptions):
+def timed(call):
+    """What `call()` returns, and the seconds it took."""
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unreached ops' warnings: the table says what matters
-        plan = search(graph, device_num, options)
-    return plan, time.perf_counter() - started
+        result = call()
+    return result, time.perf_counter() - started
+
+
+def timed_search(graph, device_num: int, options: SearchOptions):
+    return timed(lambda: search(graph, device_num, options))
+
+
+def refined_options(budget: int, time_limit: float) -> SearchOptions:
+    """The refined rows' search: CP-SAT for the predicted step time under `budget` bytes per device."""
+    return SearchOptions(refine="cpsat", coarsen="layers", max_device_memory=budget, refine_time_limit=time_limit,
+                         cost_model="time")
 
 
 def row(model: str, device_num: int, name: str, plan, seconds: float) -> list[str]:
@@ -90,10 +144,8 @@ def model_rows(model: str, time_limit: float) -> tuple[list[list[str]], list[str
                                           SearchOptions(mode="data_parallel"))
     plans["bfs"] = timed_search(first_block, device_num, SearchOptions())
     budget = plans["megatron"][0].prediction.peak_bytes
-    refined = SearchOptions(refine="cpsat", coarsen="layers", max_device_memory=budget, refine_time_limit=time_limit,
-                            cost_model="time")
     try:
-        plans["refined"] = timed_search(first_block, device_num, refined)
+        plans["refined"] = timed_search(first_block, device_num, refined_options(budget, time_limit))
     except AutostratError as error:
         print(f"{model}: refined: {error}", file=sys.stderr)
     rows = [row(model, device_num, name, plan, seconds) for name, (plan, seconds) in plans.items()]
@@ -113,20 +165,100 @@ def targets(model: str, plans: dict) -> list[str]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds for the refined plan")
-    args = parser.parse_args()
+def megatron_7b(device_num: int, batch: int, first_block_only: bool = False):
+    """The 7b training graph of `batch` sequences, Megatron's seeds (TP 8 x data parallelism) on `device_num` devices."""
+    seeds = megatron_seeds(LLAMA_7B["layers"], TENSOR_PARALLEL, first_block_only,
+                           data_parallel=device_num // TENSOR_PARALLEL)
+    return training_graph(llama_7b(batch), device_num, seeds)
+
+
+def no_pipeline_row(device_num: int, name: str, plan, seconds: float, budget: int) -> list[str]:
+    """A row of a plan on all the devices: one stage, so no slot and no bubble."""
+    prediction = plan.prediction
+    over = " (over budget)" if prediction.peak_bytes > budget else ""
+    return [str(device_num), name + over, "1", str(LLAMA_7B["layers"]), "-", f"{prediction.step_time_ns / 1e6:,.1f}",
+            "0", f"{prediction.peak_bytes / 1e9:,.1f}", f"{seconds:.1f}"]
+
+
+def pipelined_row(device_num: int, stages: int, budget: int) -> list[str]:
+    """One pipeline row: `stages` stages, the split searched under `budget` bytes per device."""
+    micro_batches = TENSOR_PARALLEL * stages  # one sequence per data-parallel replica: the module docstring
+    group = device_num // stages
+    options = SearchOptions(max_device_memory=budget)
+    try:
+        plan, seconds = timed(lambda: plan_pipeline(megatron_7b(group, device_num // micro_batches), device_num, stages,
+                                                    micro_batches, options))
+    except InfeasibleError as error:
+        return [str(device_num), f"{stages} stages", str(micro_batches), f"no split fits: {error}", *["-"] * 5]
+    split = plan.pipeline.split
+    blocks = range(1, LLAMA_7B["layers"] + 1)  # units 1 to 32; unit 0 is the embedding, unit 33 the head and loss
+    layers = "/".join(str(sum(unit in blocks for unit in range(first, end))) for first, end in split.bounds)
+    return [str(device_num), f"{stages} stages", str(micro_batches), layers, f"{max(split.slot_ns) / 1e6:,.2f}",
+            f"{plan.pipeline.step_time_ns / 1e6:,.1f}", f"{split.bubble:.3f}", f"{max(split.peak_bytes) / 1e9:,.1f}",
+            f"{seconds:.1f}"]
+
+
+def pipeline_rows(device_num: int, args: argparse.Namespace):
+    """The pipeline rows of one device count (the module docstring), one at a time as they are found."""
+    budget = parse_bytes(args.budget, "--budget")
+    plan, seconds = timed(lambda: search(megatron_7b(device_num, device_num), device_num, SearchOptions()))
+    yield no_pipeline_row(device_num, "megatron", plan, seconds, budget)
+    if args.refined:
+        try:
+            plan, seconds = timed(lambda: search(megatron_7b(device_num, device_num, True), device_num,
+                                                 refined_options(budget, args.time_limit)))
+            yield no_pipeline_row(device_num, "refined", plan, seconds, budget)
+        except AutostratError as error:
+            print(f"{device_num} devices: refined: {error}", file=sys.stderr)
+    for stages in args.stages:
+        yield pipelined_row(device_num, stages, budget)
+
+
+def add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the pipeline rows, shared with `benchmarks/pipeline.py`."""
+    parser.add_argument("--stages", type=int, nargs="+", default=[2, 4, 8], help="pipeline stages per row (default 2 4 8)")
+    parser.add_argument("--budget", default="80GB", help="per-device memory budget of the pipeline rows (default 80GB)")
+    parser.add_argument("--refined", action="store_true", help="add the refined no-pipeline row (minutes)")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds for the refined plans")
+
+
+def print_pipeline(devices: list[int], args: argparse.Namespace) -> None:
+    """Each pipeline row as it is found, then the table of them all."""
+    rows = []
+    for device_num in devices:
+        for found in pipeline_rows(device_num, args):
+            rows.append(found)
+            print(format_table(PIPELINE_HEADERS, [found]), flush=True)
+    print()
+    print(format_table(PIPELINE_HEADERS, rows))
+
+
+def print_models(models: list[str], time_limit: float) -> None:
+    """Each model's rows as they are found, then the table of them all and the targets."""
     rows, notes = [], []
-    for model in args.models:
-        found, met = model_rows(model, args.time_limit)
+    for model in models:
+        found, met = model_rows(model, time_limit)
         rows += found
         notes += met
         print(format_table(HEADERS, found), flush=True)
     print()
     print(format_table(HEADERS, rows))
     print("\n".join(notes))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", choices=list(MODELS),
+                        help="models of the first table (default: all, or none with --pipeline)")
+    parser.add_argument("--pipeline", type=int, nargs="+", default=[], metavar="DEVICES",
+                        help="device counts of the 7b pipeline rows (e.g. 64 1024)")
+    add_pipeline_options(parser)
+    args = parser.parse_args()
+    models = args.models if args.models is not None else ([] if args.pipeline else list(MODELS))
+    if models:
+        print_models(models, args.time_limit)
+    if args.pipeline:
+        print_pipeline(args.pipeline, args)
 
 
 if __name__ == "__main__":
