@@ -25,6 +25,7 @@ from autostrat.io import write_files_atomically
 from autostrat.frontend.config import load_config, with_recompute
 from autostrat.frontend.run import RunOptions, plan_config, run_config
 from autostrat.runtime.job import FAULTS, Fault
+from autostrat.runtime.launcher import STARTUP_TIMEOUT
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
 from autostrat.search.dump import dump_texts
@@ -124,7 +125,7 @@ def _fault(text: str) -> Fault:
 def run_command(args) -> tuple[int, str]:
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
                          args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer,
-                         tuple(args.recompute or ()), args.pipeline_stages, args.micro_size)
+                         tuple(args.recompute or ()), args.pipeline_stages, args.micro_size, args.startup_timeout)
     return run_config(args.config, options)
 
 
@@ -147,6 +148,8 @@ def _add_run(commands) -> None:
     run.add_argument("--seed", type=_natural, default=0, help="seed of the random batches (default 0)")
     run.add_argument("--run-dir", help="folder for the job and the rank logs (default: a new one under runs/)")
     run.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds before the whole job is killed (default 300)")
+    run.add_argument("--startup-timeout", type=_positive(float), default=STARTUP_TIMEOUT,
+                     help=f"seconds every rank has to start (default {STARTUP_TIMEOUT:g}; ssh to a slow host may need more)")
     run.add_argument("--stall-timeout", type=_positive(float), default=10.0,
                      help="seconds a rank may make no progress before its watchdog ends the job (default 10)")
     run.add_argument("--inject-fault", type=_fault, metavar="RANK:KIND[:AT]",

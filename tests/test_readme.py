@@ -1,7 +1,7 @@
 """Every code block of the README runs as written (one test per block).
 
 Python blocks run as scripts and bash blocks line by line, in a fresh folder holding links to
-the checkout's `.venv` and `configs/`, so what they write lands there. Two lines are not run:
+the checkout's `.venv`, `configs/` and `sample_code/`, so what they write lands there. Two lines are not run:
 `bash run.sh test` is the command that runs this very suite, and the JSON block is a rank table,
 which is validated instead. `bash run.sh N` changes into the checkout itself, as it would for a
 user.
@@ -25,7 +25,7 @@ NOT_RUN = ("bash run.sh test",)  # the suite itself
 
 
 def workspace(tmp_path: Path) -> Path:
-    for name in (".venv", "configs"):
+    for name in (".venv", "configs", "sample_code"):
         (tmp_path / name).symlink_to(ROOT / name)
     return tmp_path
 

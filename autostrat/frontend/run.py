@@ -23,7 +23,7 @@ from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.layout import Strategy
 from autostrat.runtime.job import Fault, make_job
 from autostrat.runtime.job_file import save_job
-from autostrat.runtime.launcher import launch, resolve_hosts
+from autostrat.runtime.launcher import STARTUP_TIMEOUT, launch, resolve_hosts
 from autostrat.runtime.local import run_job_locally
 from autostrat.runtime.rank_table import load_rank_table
 from autostrat.strategies import mesh_axes
@@ -48,6 +48,7 @@ class RunOptions:
     recompute: tuple[str, ...] = ()  # cell paths recomputed besides the config's
     pipeline_stages: int | None = None  # overrides the config's
     micro_size: int | None = None  # overrides the config's
+    startup_timeout: float = STARTUP_TIMEOUT  # seconds for every rank to start (slow ssh: more)
 
 
 def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int, where: str = "seed") -> tuple:
@@ -166,7 +167,7 @@ def check_run_options(options: RunOptions) -> None:
         value = getattr(options, key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"run option {key} must be a positive integer, got {value!r}")
-    for key in ("timeout", "stall_timeout"):
+    for key in ("timeout", "stall_timeout", "startup_timeout"):
         value = getattr(options, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
             raise ConfigError(f"run option {key} must be a positive number of seconds, got {value!r}")
@@ -195,7 +196,7 @@ def run_config(config_path, options: RunOptions) -> tuple[int, str]:
     for note in notes:
         print(note, flush=True)
     result = launch(run_dir, job.device_num, table.hosts() if table else None, options.timeout, options.stall_timeout,
-                    digest=digest)
+                    startup_timeout=options.startup_timeout, digest=digest)
     footer = f"run directory: {run_dir} (rank logs in rank_<i>/log), {result.seconds:.1f} s"
     return result.returncode, "\n".join([result.message, footer] if result.message else [footer])
 

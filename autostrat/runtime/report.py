@@ -81,7 +81,7 @@ def memory_line(predicted: int | list[int], measured: list[int]) -> str:
     ratios = [value / expected if expected else float("inf") for value, expected in zip(measured, per_rank)]
     within = max(abs(ratio - 1) for ratio in ratios) <= MEMORY_TOLERANCE
     verdict = f"{'within' if within else 'differs by more than'} {MEMORY_TOLERANCE * 100:g} %"
-    shown = _grouped(per_rank) if isinstance(predicted, (list, tuple)) else str(predicted)
+    shown = _grouped(per_rank) if len(set(per_rank)) > 1 else str(per_rank[0])
     return (f"peak memory per device (bytes): predicted {shown}; measured {_grouped(measured)}; measured/predicted "
             f"{min(ratios):.3f}..{max(ratios):.3f}: {'equal' if list(measured) == per_rank else verdict}")
 
