@@ -2,7 +2,8 @@
 GeLU FFN with residuals, a final LayerNorm, an LM head and the cross-entropy loss.
 
 Activations stay 2-D ``[batch * seq, hidden]`` between blocks; heads are formed with
-Reshape + Transpose around two BatchMatMuls, so every op is one the search knows.
+Reshape + Transpose around two BatchMatMuls, so every op is one the search knows. Shapes follow
+the inputs' batch (a pipeline traces one micro-batch); ``batch`` only sizes `example_inputs`.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def causal_mask(seq: int) -> np.ndarray:
 
 
 class Attention(Cell):
-    def __init__(self, batch: int, seq: int, hidden: int, heads: int):
+    def __init__(self, seq: int, hidden: int, heads: int):
         super().__init__()
-        self.batch, self.seq, self.heads, self.head_size = batch, seq, heads, hidden // heads
+        self.seq, self.heads, self.head_size = seq, heads, hidden // heads
         self.query, self.key, self.value = Dense(hidden, hidden), Dense(hidden, hidden), Dense(hidden, hidden)
         self.split_heads, self.to_heads = ops.Reshape(), ops.Transpose()
         self.scores = ops.BatchMatMul(transpose_b=True)
@@ -65,10 +66,10 @@ class Attention(Cell):
 
 
 class Block(Cell):
-    def __init__(self, batch: int, seq: int, hidden: int, heads: int):
+    def __init__(self, seq: int, hidden: int, heads: int):
         super().__init__()
         self.ln1 = LayerNorm((hidden,))
-        self.attention = Attention(batch, seq, hidden, heads)
+        self.attention = Attention(seq, hidden, heads)
         self.residual1 = ops.Add()
         self.ln2 = LayerNorm((hidden,))
         self.ffn1 = Dense(hidden, 4 * hidden, activation=GELU())
@@ -100,7 +101,7 @@ class GPT(Cell):
         self.position = Parameter(initializer("normal", (seq, hidden)))
         self.add_position = ops.Add()
         self.flatten = ops.Reshape()
-        self.blocks = CellList(Block(batch, seq, hidden, heads) for _ in range(layers))
+        self.blocks = CellList(Block(seq, hidden, heads) for _ in range(layers))
         self.ln_final = LayerNorm((hidden,))
         self.lm_head = Dense(hidden, vocab, has_bias=False)
         self.loss = SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -139,7 +140,7 @@ class TransformerStack(Cell):
         if hidden % heads:
             raise ConfigError(f"TransformerStack: hidden must be a multiple of heads, got hidden {hidden} and heads {heads}")
         self.batch, self.seq, self.hidden = batch, seq, hidden
-        self.blocks = CellList(Block(batch, seq, hidden, heads) for _ in range(layers))
+        self.blocks = CellList(Block(seq, hidden, heads) for _ in range(layers))
         self.loss = MSELoss()
 
     def construct(self, x, targets):
