@@ -22,7 +22,8 @@ LAYERS = [
     ["search"],
     ["runtime"],
     ["frontend", "ops", "nn", "models"],
-    ["report", "cli", "__main__", "__init__", "communication"],  # communication: a MindSpore path (DESIGN section 2)
+    # MindSpore paths (DESIGN section 2): communication, common, context, dataset, train
+    ["report", "cli", "__main__", "__init__", "communication", "common", "context", "dataset", "train"],
 ]
 LEVEL = {name: index for index, names in enumerate(LAYERS) for name in names}
 

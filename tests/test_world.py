@@ -71,7 +71,7 @@ def test_a_plan_for_8_refuses_4_mpi_ranks_before_its_first_step(tmp_path, path):
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "is for device_num 8 but 4 ranks are running (the world size)" in output
-    assert "step 1/" not in done.stdout and "epoch 1/" not in done.stdout and "result:" not in done.stdout
+    assert "step 1/" not in done.stdout and "epoch: 1 step" not in done.stdout and "result:" not in done.stdout
 
 
 def test_group_size_is_the_mpi_world(tmp_path):

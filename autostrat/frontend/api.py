@@ -11,6 +11,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend.cell import recomputed_cells
 from autostrat.frontend.config import apply_seeds, check_op_names
 from autostrat.frontend.context import ParallelContext, current_context
+from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.pipeline import pipeline_parts, plan_pipeline_for
 from autostrat.frontend.tracing import trace
 from autostrat.search import Plan, load_checkpoint_seeds, search, seeds_by_phase
@@ -73,11 +74,15 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
 
 
 def _finished(plan: Plan, context: ParallelContext) -> Plan:
-    """`plan`, its warnings issued and its strategy checkpoint saved when the context asks."""
+    """`plan`, its warnings issued, its strategy checkpoint saved and its IR dumped (MindSpore's
+    ``set_context(save_graphs=...)``) when the contexts ask."""
     for message in plan.warnings:
         warnings.warn(message, stacklevel=4)
     if context.strategy_ckpt_save_file:
         plan.save_strategy(context.strategy_ckpt_save_file)
+    folder = graphs_folder(context.global_rank)
+    if folder is not None:
+        plan.dump_ir(folder)
     return plan
 
 

@@ -91,6 +91,11 @@ class ParallelContext:
       `nn.PipelineCell`'s ``micro_size``. `pipeline_config` takes MindSpore's keys
       ``pipeline_scheduler`` ("1f1b", default, or "gpipe") and ``pipeline_interleave`` (False
       only: one stage per group).
+    - MindSpore's `dataset_strategy` ("data_parallel" or "full_batch", which sets `full_batch`),
+      `strategy_ckpt_config` (``save_file``, ``load_file``: the two checkpoint paths;
+      ``only_trainable_params`` accepted) and `parameter_broadcast` (every rank starts from the
+      same values anyway: they are made from one seed). `parallel_mode` also takes MindSpore's
+      upper-case spellings ("AUTO_PARALLEL").
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
     - The hardware the step time is predicted on (defaults: one 8 x H100 SXM5 server, sources
@@ -124,6 +129,9 @@ class ParallelContext:
     auto_recompute: bool = False
     pipeline_stages: int = 1
     pipeline_config: dict | None = None
+    dataset_strategy: str = "data_parallel"
+    strategy_ckpt_config: dict | None = None
+    parameter_broadcast: bool = False
     device_flops: float = _HARDWARE.device_flops
     device_memory_bandwidth: float = _HARDWARE.device_memory_bandwidth
     intra_server_bandwidth: float = _HARDWARE.intra_server_bandwidth
@@ -133,6 +141,9 @@ class ParallelContext:
     devices_per_server: int = _HARDWARE.devices_per_server
 
     def __post_init__(self) -> None:
+        if isinstance(self.parallel_mode, str):
+            object.__setattr__(self, "parallel_mode", self.parallel_mode.lower())
+        self._mindspore_keys()
         _check_choice("cost_model", self.cost_model, COST_MODELS)
         for key in HARDWARE_KEYS:
             object.__setattr__(self, key, _number(key, getattr(self, key)))
@@ -163,7 +174,7 @@ class ParallelContext:
             raise ConfigError(f"pipeline_stages must be a positive integer, got {stages!r}")
         self.pipeline_scheduler()  # validates pipeline_config, naming the key
         for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers", "enable_parallel_optimizer",
-                    "auto_recompute"):
+                    "auto_recompute", "parameter_broadcast"):
             value = getattr(self, key)
             if not isinstance(value, bool) and not (key == "fully_use_devices" and value is None):
                 raise ConfigError(f"{key} must be True or False, got {value!r}")
@@ -188,6 +199,22 @@ class ParallelContext:
             hardware=self.hardware(),
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
         )
+
+    def _mindspore_keys(self) -> None:
+        """`dataset_strategy` and `strategy_ckpt_config` onto the keys that act on them."""
+        if self.dataset_strategy not in ("data_parallel", "full_batch"):
+            raise ConfigError(f"dataset_strategy must be 'data_parallel' or 'full_batch' (a per-input strategy tuple is not "
+                              f"supported), got {self.dataset_strategy!r}")
+        if self.dataset_strategy == "full_batch":
+            object.__setattr__(self, "full_batch", True)
+        config = self.strategy_ckpt_config
+        if config is None:
+            return
+        if not isinstance(config, dict) or set(config) - {"save_file", "load_file", "only_trainable_params"}:
+            raise ConfigError(f"strategy_ckpt_config takes the keys save_file, load_file and only_trainable_params, got {config!r}")
+        for key, field in (("save_file", "strategy_ckpt_save_file"), ("load_file", "strategy_ckpt_load_file")):
+            if config.get(key):
+                object.__setattr__(self, field, config[key])
 
     def pipeline_scheduler(self) -> str:
         """The schedule `pipeline_config` asks for ("1f1b" by default)."""

@@ -17,8 +17,8 @@ Example (two epochs of two batches on 8 threads, a loss printed per step):
     >>> dataset = [(rng.standard_normal((64, 64)).astype(np.float32), rng.integers(0, 64, 64).astype(np.int32)) for _ in range(2)]
     >>> model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.Momentum(net.trainable_params(), 0.1, 0.9))
     >>> model.train(2, dataset, callbacks=[LossMonitor(per_print_times=2)])  # doctest: +ELLIPSIS
-    epoch 1/2 step 2/2: loss 4.159...
-    epoch 2/2 step 2/2: loss 4.151...
+    epoch: 1 step: 2, loss is 4.159...
+    epoch: 2 step: 2, loss is 4.151...
     >>> model.predict(dataset[0][0]).shape
     (64, 64)
     >>> reset_auto_parallel_context()
@@ -26,21 +26,24 @@ Example (two epochs of two batches on 8 threads, a loss printed per step):
 
 from __future__ import annotations
 
+import os
+import warnings
+
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autostrat.errors import ConfigError
+from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.context import current_context
 from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.frontend.tensor import Parameter, Tensor
-from autostrat.frontend.train import Progress, TrainOneStepCell, WithLossCell
+from autostrat.frontend.train import Progress, TrainOneStepCell, WithLossCell, compare, reference_graph
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import lower_programs
-from autostrat.runtime.training import loss_value, train_collective, train_locally
+from autostrat.runtime.training import loss_value, train_collective, train_locally, train_single_device
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ class Callback:
 
 
 class LossMonitor(Callback):
-    """Logs the loss every `per_print_times` steps of an epoch (MindSpore's `LossMonitor`)."""
+    """Logs the loss every `per_print_times` steps of an epoch, in MindSpore's `LossMonitor`
+    format (``epoch: 1 step: 2, loss is 0.6931472``)."""
 
     def __init__(self, per_print_times: int = 1, log=print):
         if not isinstance(per_print_times, int) or per_print_times < 1:
@@ -96,8 +100,7 @@ class LossMonitor(Callback):
     def on_train_step_end(self, run_context: RunContext) -> None:
         params = run_context.original_args()
         if params.step_in_epoch % self.per_print_times == 0:
-            self.log(f"epoch {params.cur_epoch_num}/{params.epoch_num} step {params.step_in_epoch}/{params.batch_num}: "
-                     f"loss {params.net_outputs:.7f}")
+            self.log(f"epoch: {params.cur_epoch_num} step: {params.step_in_epoch}, loss is {params.net_outputs:.7f}")
 
 
 class _Notifier:
@@ -178,6 +181,19 @@ def stand_ins(arrays) -> tuple[Tensor, ...]:
     return tuple(Tensor(shape=array.shape, dtype=array.dtype) for array in arrays)
 
 
+CHECK_VARIABLE = "AUTOSTRAT_CHECK"  # "1": every Model.train is checked against the stand-alone run
+
+
+def check_against_one_device(plan, result, values: dict, batches) -> None:
+    """Print the comparison of a run with the stand-alone run of the same steps (`train.compare`);
+    a run that differs raises `RuntimeBackendError` (``AUTOSTRAT_CHECK=1``: a MindSpore
+    script, unchanged, checked by its launcher)."""
+    report = compare(plan, result, train_single_device(reference_graph(plan), values, batches))
+    print(report.text, flush=True)
+    if not report.ok:
+        raise RuntimeBackendError("the distributed run differs from the stand-alone run (see the report above)")
+
+
 class Model:
     """A network with its loss and optimiser, trained and run as MindSpore's `Model`.
 
@@ -193,9 +209,14 @@ class Model:
         self._forward: dict = {}  # (network, input shapes and dtypes) -> forward plan and programs
         self._backend = None  # the MPI backend, under mpiexec
 
-    def train(self, epoch: int, train_dataset, callbacks=None) -> None:
+    def train(self, epoch: int, train_dataset, callbacks=None, dataset_sink_mode: bool = False, sink_size: int = -1) -> None:
         """Train `epoch` passes over `train_dataset` (an iterable of (data, label) arrays, read
-        once); `callbacks` see every step's loss and every epoch's end."""
+        once); `callbacks` see every step's loss and every epoch's end. MindSpore's
+        `dataset_sink_mode` and `sink_size` are accepted (a warning when set: there is no
+        device queue to sink into)."""
+        if dataset_sink_mode or sink_size != -1:
+            warnings.warn("Model.train: dataset_sink_mode and sink_size are accepted and have no effect in autostrat "
+                          "(every step is fed from the host)", stacklevel=2)
         if self.optimizer is None:
             raise ConfigError("Model.train needs an optimizer: Model(network, loss_fn, optimizer)")
         if not isinstance(epoch, int) or epoch < 1:
@@ -207,8 +228,9 @@ class Model:
             cell = TrainOneStepCell(self.loss_network, self.optimizer)
             self._training = plan_for(cell, stand_ins(element_arrays(elements[0], 0)), current_context())
         plan = self._training
-        batches = [batch_values(element, plan.graph.inputs(), index) for index, element in enumerate(elements)]
-        values = graph_values(plan.graph, {}) | self._state
+        graph = reference_graph(plan)  # a pipeline plan's graph is one micro-batch's
+        batches = [batch_values(element, graph.inputs(), index) for index, element in enumerate(elements)]
+        values = graph_values(graph, {}) | self._state
         backend = self._mpi()
         notifier = _Notifier(callbacks if backend is None or backend.rank == 0 else (), epoch, len(batches))
         notifier.tell("on_train_begin", 0, None)
@@ -218,6 +240,8 @@ class Model:
             result = train_collective(plan, backend, values, batches * epoch, notifier, every_rank=True)
         self._keep(result.parameters)
         notifier.tell("on_train_end", epoch * len(batches), result.losses[-1])
+        if os.environ.get(CHECK_VARIABLE) == "1" and (backend is None or backend.rank == 0):
+            check_against_one_device(plan, result, values, batches * epoch)
 
     def _mpi(self):
         """This process's MPI backend under mpiexec (made once), else None: ranks run as threads."""

@@ -106,28 +106,86 @@ def set_seed(seed: int) -> None:
 
 
 class Initializer:
-    """Deterministic parameter data made on demand: 'normal' (sigma 0.02), 'zeros' or 'ones'.
+    """Deterministic parameter data made on demand (MindSpore's initializers): 'normal' (mean
+    `mean`, standard deviation `sigma`, default 0.02), 'uniform' (in ``[-scale, scale]``),
+    'zeros', 'ones', or 'constant' (`value`).
 
     The seed is drawn when the initializer is created, so the data does not depend on when,
     or whether, other parameters are materialised.
 
     Example:
-        >>> Initializer("ones", (2,)).make().tolist()
-        [1.0, 1.0]
+        >>> Initializer("ones", (2,)).make().tolist(), Initializer("constant", (2,), value=3).make().tolist()
+        ([1.0, 1.0], [3.0, 3.0])
     """
 
-    def __init__(self, kind: str, shape, dtype="float32"):
-        if kind not in ("normal", "zeros", "ones"):
-            raise ConfigError(f"initializer must be 'normal', 'zeros' or 'ones', got {kind!r}")
+    KINDS = ("constant", "normal", "ones", "uniform", "zeros")
+
+    def __init__(self, kind: str, shape, dtype="float32", sigma: float = 0.02, mean: float = 0.0, scale: float = 0.07,
+                 value: float = 0.0):
+        if kind not in self.KINDS:
+            raise ConfigError(f"initializer must be one of {', '.join(self.KINDS)} (or an initializer such as Normal()), "
+                              f"got {kind!r}")
         self.kind, self.shape, self.dtype = kind, tuple(shape), dtype_name(dtype)
-        self.seed = int(_rng.integers(2**63)) if kind == "normal" else 0
+        self.sigma, self.mean, self.scale, self.value = sigma, mean, scale, value
+        self.seed = int(_rng.integers(2**63)) if kind in ("normal", "uniform") else 0
 
     def make(self) -> np.ndarray:
+        rng = np.random.default_rng(self.seed)
         if self.kind == "normal":
-            return (np.random.default_rng(self.seed).standard_normal(self.shape) * 0.02).astype(self.dtype)
-        return getattr(np, self.kind)(self.shape, dtype=self.dtype)
+            return (rng.standard_normal(self.shape) * self.sigma + self.mean).astype(self.dtype)
+        if self.kind == "uniform":
+            return rng.uniform(-self.scale, self.scale, self.shape).astype(self.dtype)
+        fill = {"zeros": 0.0, "ones": 1.0, "constant": self.value}[self.kind]
+        return np.full(self.shape, fill, dtype=self.dtype)
 
 
-def initializer(kind: str, shape, dtype="float32") -> Initializer:
-    """MindSpore's `initializer(init, shape, dtype)`: parameter data made on first use."""
-    return Initializer(kind, shape, dtype)
+class InitializerKind:
+    """An initializer before its shape is known: MindSpore's ``Normal(sigma)``, ``One()``...
+    passed to `initializer` (or `Parameter`)."""
+
+    def __init__(self, kind: str, **settings):
+        self.kind, self.settings = kind, settings
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.kind!r}, {self.settings})"
+
+
+def Normal(sigma: float = 0.01, mean: float = 0.0) -> InitializerKind:  # noqa: N802  (MindSpore's names)
+    return InitializerKind("normal", sigma=sigma, mean=mean)
+
+
+def Uniform(scale: float = 0.07) -> InitializerKind:  # noqa: N802
+    return InitializerKind("uniform", scale=scale)
+
+
+def One() -> InitializerKind:  # noqa: N802
+    return InitializerKind("ones")
+
+
+def Zero() -> InitializerKind:  # noqa: N802
+    return InitializerKind("zeros")
+
+
+def Constant(value: float) -> InitializerKind:  # noqa: N802
+    return InitializerKind("constant", value=value)
+
+
+_NAMES = {"normal": "normal", "uniform": "uniform", "ones": "ones", "one": "ones", "zeros": "zeros", "zero": "zeros"}
+
+
+def initializer(init, shape, dtype="float32") -> Initializer:
+    """MindSpore's `initializer(init, shape, dtype)`: parameter data made on first use; `init` is
+    a name ("normal", "ones", "zeros", "uniform"), an initializer such as ``Normal(0.02)``, or a
+    number (a constant).
+
+    Example:
+        >>> initializer(Normal(sigma=0.5), (3,)).sigma, initializer("One", [2], "float16").make().tolist()
+        (0.5, [1.0, 1.0])
+    """
+    if isinstance(init, InitializerKind):
+        return Initializer(init.kind, shape, dtype, **init.settings)
+    if isinstance(init, (int, float)) and not isinstance(init, bool):
+        return Initializer("constant", shape, dtype, value=float(init))
+    if isinstance(init, str) and init.lower() in _NAMES:
+        return Initializer(_NAMES[init.lower()], shape, dtype)
+    raise ConfigError(f"initializer: expected a name such as 'normal', an initializer such as Normal() or a number, got {init!r}")

@@ -13,7 +13,7 @@ if [[ -n "${RANK_TABLE_FILE:-}" ]]; then
     fi
     RANK_TABLE_FILE="$(cd "$(dirname "$RANK_TABLE_FILE")" && pwd)/$(basename "$RANK_TABLE_FILE")"
 fi
-cd "$(dirname "${BASH_SOURCE[0]}")"
+cd "${SAMPLE_DIR:-$(dirname "${BASH_SOURCE[0]}")}"  # SAMPLE_DIR: another sample folder at this depth (its train.py)
 rank_size=${1:-8}
 repo=../..
 [[ -x "$repo/.venv/bin/mpiexec" ]] || bash "$repo/run.sh" test --collect-only -q >/dev/null  # bootstrap .venv

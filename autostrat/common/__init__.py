@@ -1,0 +1,1 @@
+"""MindSpore's ``mindspore.common`` path: `initializer` and the dtypes (thin faces)."""

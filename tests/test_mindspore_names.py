@@ -1,0 +1,140 @@
+"""A MindSpore script's names (issue #18, part 1): ``import autostrat as ms`` gives what the
+parallel subset of MindSpore's API uses, with MindSpore's meaning; the tutorial script, with
+only its imports changed, trains on threads and on MPI ranks and checks itself against one
+device (``AUTOSTRAT_CHECK=1``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import autostrat as ms
+import autostrat.dataset as ds
+from autostrat import nn
+from autostrat.common.initializer import Constant, Normal, One, Zero, initializer
+from autostrat.errors import CheckpointError, ConfigError
+from autostrat.frontend import ms_context
+from autostrat.models import FFN
+
+ROOT = Path(__file__).resolve().parent.parent
+TUTORIAL = ROOT / "sample_code" / "mindspore_tutorial"
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    ms.reset_auto_parallel_context()
+    ms_context.reset_context()
+    ms_context._warned.clear()
+
+
+def test_the_names_a_script_imports_are_there():
+    for name in ("Tensor", "Parameter", "float16", "float32", "int32", "int64", "set_context", "GRAPH_MODE", "ParallelMode",
+                 "set_auto_parallel_context", "set_seed", "save_checkpoint", "load_checkpoint", "load_param_into_net",
+                 "Model", "LossMonitor", "nn", "ops", "dataset", "communication", "context", "train"):
+        assert getattr(ms, name) is not None, name
+    assert ms.Tensor(np.ones(3), ms.float32).dtype == "float32"
+    assert ms.ParallelMode.AUTO_PARALLEL == "auto_parallel"
+    from autostrat.train.callback import LossMonitor
+    assert LossMonitor is ms.LossMonitor
+    with pytest.raises(AttributeError, match="no attribute 'Tensr'"):
+        ms.Tensr
+
+
+def test_initializers_mean_what_mindspore_means():
+    ms.set_seed(3)
+    normal = initializer(Normal(sigma=0.5, mean=2.0), (4000,), ms.float32).make()
+    assert abs(normal.mean() - 2.0) < 0.05 and abs(normal.std() - 0.5) < 0.05
+    assert initializer(One(), [2]).make().tolist() == [1.0, 1.0] and initializer(Zero(), [1]).make().tolist() == [0.0]
+    assert initializer(Constant(7), [2], ms.float16).make().dtype == np.float16 and initializer(2.5, [1]).make()[0] == 2.5
+    assert ms.Parameter(initializer("uniform", [100])).asnumpy().max() <= 0.07
+    with pytest.raises(ConfigError, match="expected a name such as 'normal'"):
+        initializer("gaussian", [2])
+
+
+def test_set_context_acts_on_save_graphs_and_warns_once_per_key_it_cannot_act_on(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ms.set_context(mode=ms.GRAPH_MODE, device_target="Ascend", save_graphs=2, save_graphs_path=str(tmp_path / "ir"))
+        ms.set_context(device_target="GPU")
+    assert [str(w.message).split("=")[0] for w in caught] == ["set_context: device_target"]
+    ms.set_auto_parallel_context(parallel_mode="AUTO_PARALLEL", device_num=8)  # MindSpore's spelling
+    net = FFN()
+    net.dense1.matmul.shard(((2, 1), (1, 4)))
+    ms.parallelize(net, ms.Tensor(shape=(64, 64)))
+    assert (tmp_path / "ir" / "rank_0" / "step_parallel_begin.ir").exists()
+    with pytest.raises(ConfigError, match="set_context: unknown key 'save_graph'"):
+        ms.set_context(save_graph=True)
+
+
+def test_mindspore_context_keys_map_onto_autostrat_ones(tmp_path):
+    ms.set_auto_parallel_context(dataset_strategy="full_batch", parameter_broadcast=True,
+                                 strategy_ckpt_config={"save_file": str(tmp_path / "s.json"), "only_trainable_params": False})
+    assert ms.get_auto_parallel_context("full_batch") is True
+    assert ms.get_auto_parallel_context("strategy_ckpt_save_file") == str(tmp_path / "s.json")
+    with pytest.raises(ConfigError, match="a per-input strategy tuple is not supported"):
+        ms.set_auto_parallel_context(dataset_strategy=((8, 1), (8,)))
+    with pytest.raises(ConfigError, match="strategy_ckpt_config takes the keys"):
+        ms.set_auto_parallel_context(strategy_ckpt_config={"save": "x"})
+
+
+def test_datasets_batch_like_mindspore():
+    rows = ds.GeneratorDataset(lambda: ((np.float32(i), np.int32(i % 2)) for i in range(5)), ["x", "y"]).batch(2)
+    assert [tuple(a.tolist() for a in batch) for batch in rows] == [([0.0, 1.0], [0, 1]), ([2.0, 3.0], [0, 1]), ([4.0], [0])]
+    assert rows.get_dataset_size() == 3
+    class Source:
+        def __getitem__(self, index):
+            return np.full(2, index), index
+        def __len__(self):
+            return 3
+    assert [row[1].tolist() for row in ds.GeneratorDataset(Source(), ["a", "b"])] == [0, 1, 2]
+    slices = ds.NumpySlicesDataset({"a": np.arange(4), "b": np.arange(4) * 10}, shuffle=False)
+    assert slices.column_names == ["a", "b"] and [b[1].tolist() for b in slices.batch(4)] == [[0, 10, 20, 30]]
+    assert isinstance(next(slices.create_tuple_iterator(output_numpy=False))[0], ms.Tensor)
+    with pytest.raises(ConfigError, match="columns of one length"):
+        ds.NumpySlicesDataset((np.arange(3), np.arange(4)))
+
+
+def test_checkpoints_of_a_cell_round_trip(tmp_path):
+    net = FFN()
+    ms.save_checkpoint(net, tmp_path / "ffn.npz")
+    other = FFN()
+    loaded = ms.load_checkpoint(tmp_path / "ffn.npz", other)
+    assert isinstance(loaded["dense1.weight"], ms.Parameter)
+    assert np.array_equal(other.dense1.weight.asnumpy(), net.dense1.weight.asnumpy())
+    assert ms.load_param_into_net(other, {"dense1.bias": loaded["dense1.bias"], "nothing": loaded["dense1.bias"]}) == (
+        ["dense1.weight", "dense2.weight", "dense2.bias"], ["nothing"])
+    with pytest.raises(CheckpointError, match=r"load_param_into_net: dense1.bias of FFN is \[64\] float32, the checkpoint.s is \[3\] float32"):
+        ms.load_param_into_net(other, {"dense1.bias": np.zeros(3, np.float32)})
+
+
+def test_model_train_accepts_sink_mode_with_a_warning():
+    ms.set_auto_parallel_context(parallel_mode="data_parallel", device_num=2)
+    net = FFN()
+    data = ds.NumpySlicesDataset((np.ones((4, 64), np.float32), np.zeros(4, np.int32)), shuffle=False).batch(2)
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    with pytest.warns(UserWarning, match="dataset_sink_mode and sink_size are accepted and have no effect"):
+        model.train(1, data, dataset_sink_mode=True)
+
+
+def test_the_tutorial_script_trains_on_threads_and_checks_itself(tmp_path):
+    env = os.environ | {"AUTOSTRAT_CHECK": "1", "RANK_SIZE": "8"}
+    done = subprocess.run([sys.executable, str(TUTORIAL / "train.py")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "epoch: 2 step: 4, loss is" in done.stdout and "measured = predicted on every rank" in done.stdout
+    assert "(limit 1e-05): OK" in done.stdout
+    assert (tmp_path / "graphs" / "rank_0" / "validate_rank0.ir").exists()  # save_graphs=2
+
+
+@pytest.mark.slow
+def test_the_tutorial_script_runs_on_8_mpi_ranks_from_its_run_sh():
+    done = subprocess.run(["bash", str(TUTORIAL / "run.sh"), "8"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "epoch: 2 step: 4, loss is" in done.stdout and "(limit 1e-05): OK" in done.stdout
