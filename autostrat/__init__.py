@@ -30,6 +30,8 @@ _LAZY = {
     "Tensor": "autostrat.frontend.tensor",
     "get_auto_parallel_context": "autostrat.frontend",
     "get_context": "autostrat.frontend.ms_context",
+    "grad": "autostrat.frontend.functional",
+    "jit": "autostrat.frontend.functional",
     "load_checkpoint": "autostrat.frontend.serialization",
     "load_param_into_net": "autostrat.frontend.serialization",
     "parallelize": "autostrat.frontend.api",
@@ -38,6 +40,7 @@ _LAZY = {
     "set_auto_parallel_context": "autostrat.frontend",
     "set_context": "autostrat.frontend.ms_context",
     "set_seed": "autostrat.frontend.tensor",
+    "value_and_grad": "autostrat.frontend.functional",
 }
 _DTYPES = ("bool_", "float16", "float32", "float64", "int16", "int32", "int64", "int8", "uint8")  # autostrat.common.dtype
 _MODULES = ("common", "communication", "context", "dataset", "nn", "ops", "train")

@@ -50,6 +50,10 @@ class Tensor:
             raise ConfigError(f"tensor {self._symbol or ''} of shape {list(self.shape)} has no data (shape-only)")
         return self._data
 
+    def __str__(self) -> str:
+        """The data, as MindSpore prints a tensor (``print(loss)``); the repr for a shape-only one."""
+        return str(self.asnumpy()) if self.has_data else repr(self)
+
     def __repr__(self) -> str:
         kind = "" if self.has_data else ", no data"
         return f"{type(self).__name__}(shape={list(self.shape)}, dtype={self.dtype}{kind})"

@@ -31,6 +31,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend.api import plan_for, training_parts
 from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
+from autostrat.frontend.functional import FunctionalStep
 from autostrat.frontend.world import get_rank, launched_by_mpiexec
 from autostrat.runtime import checkpoint
 from autostrat.runtime.executor import graph_values
@@ -39,10 +40,17 @@ from autostrat.runtime.report import PHASE_LEGEND, memory_line
 from autostrat.runtime.training import TrainingResult, train_collective, train_locally, train_single_device
 
 
+# The optimisers with MindSpore's functional half (``optimizer.parameters``, ``optimizer(grads)``).
+_FUNCTIONAL = {kind: type(kind.__name__, (kind, FunctionalStep), {"__doc__": kind.__doc__})
+               for kind in (optimizers.SGD, optimizers.Momentum, optimizers.Adam)}
+
+
 def _optimizer(kind, params, **settings):
     if params is not None and not isinstance(params, (list, tuple)):
         raise TypeError(f"{kind.__name__}: params must be a list such as net.trainable_params(), got {type(params).__name__}")
-    return kind(**settings)
+    optimizer = _FUNCTIONAL[kind](**settings)
+    object.__setattr__(optimizer, "_parameters", tuple(params or ()))  # a frozen dataclass: set once, here
+    return optimizer
 
 
 def SGD(params, learning_rate: float = 0.01) -> optimizers.SGD:  # noqa: N802  (MindSpore's name)

@@ -39,7 +39,7 @@ for ((i = 0; i < rank_size; i++)); do mkdir -p "device/rank_$i"; done
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-300}
 status=0
 "$repo/.venv/bin/mpiexec" "${hosts[@]}" -n "$rank_size" -outfile-pattern 'device/rank_%r/log' \
-    -errfile-pattern 'device/rank_%r/log' "$repo/.venv/bin/python" -m mpi4py train.py || status=$?
+    -errfile-pattern 'device/rank_%r/log' "$repo/.venv/bin/python" -m mpi4py "${TRAIN_SCRIPT:-train.py}" || status=$?
 cat device/rank_0/log
 [[ $status -eq 0 ]] || echo "run.sh: mpiexec exited with status $status; see device/rank_<i>/log" >&2
 exit $status
