@@ -205,3 +205,44 @@ def test_the_functional_script_runs_on_8_mpi_ranks():
     done = subprocess.run(["bash", str(TUTORIAL / "run.sh"), "8", "functional"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "value_and_grad: 8 call(s) checked against one device" in done.stdout
+
+
+def test_functional_ops_trace_and_run_like_their_primitives():
+    from autostrat import ops
+    x, w = ms.Tensor(np.arange(6.0, dtype=np.float32).reshape(2, 3)), ms.Tensor(np.ones((3, 4), np.float32))
+    assert np.array_equal(ops.matmul(x, w).asnumpy(), ops.MatMul()(x, w).asnumpy())
+    assert ops.mean(x, 1, keep_dims=True).shape == (2, 1) and float(ops.sum(x, None).asnumpy()) == 15.0
+    assert ops.softmax(x, -1).asnumpy().sum(axis=-1) == pytest.approx([1.0, 1.0])
+    assert ops.transpose(x, (1, 0)).shape == (3, 2) and ops.reshape(x, (3, 2)).shape == (3, 2)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.weight = ms.Parameter(np.ones((64, 64), np.float32))
+
+        def construct(self, x):
+            return ops.relu(ops.matmul(x, self.weight))
+
+    from autostrat.frontend.tracing import trace
+    assert [op.op_type for op in trace(Net(), ms.Tensor(shape=(8, 64))).ops.values()] == ["MatMul", "ReLU"]
+    with pytest.raises(ConfigError, match="softmax takes tensors, then axis"):
+        ops.softmax(x, -1, 3)
+
+
+def test_cell_shard_seeds_the_cells_inputs_and_the_search_propagates_from_them():
+    """MindSpore 2.x's ``Cell.shard``: the FFN's input split 8 ways by rows; the whole plan
+    follows (data parallel: nothing to redistribute), and it trains as one device does."""
+    ms.set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+    net = FFN().shard(((8, 1),))
+    plan = ms.parallelize(net, ms.Tensor(shape=(64, 64)))
+    assert plan.ops["shard_input_0"].origin == "seed" and str(plan.ops["dense1.matmul"].strategy) == "((8, 1), (1, 1))"
+    assert plan.total_bytes == 0
+    from autostrat.frontend.train import train
+    loss = nn.WithLossCell(FFN().shard(((8, 1),)), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    cell = nn.TrainOneStepCell(loss, nn.Momentum(loss.backbone.trainable_params(), 0.1, 0.9))
+    report = train(cell, (ms.Tensor(shape=(64, 64)), ms.Tensor(shape=(64,), dtype="int32")), steps=2, log=None)
+    assert report.ok, report.text
+    with pytest.raises(ConfigError, match="parameter_plan is not supported"):
+        FFN().shard(((8, 1),), parameter_plan={"dense1.weight": (8, 1)})
+    with pytest.raises(ConfigError, match="FFN.shard: 2 input strategies for 1 inputs"):
+        ms.parallelize(FFN().shard(((8, 1), (8, 1))), ms.Tensor(shape=(64, 64)))

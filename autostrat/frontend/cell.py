@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from autostrat.errors import ConfigError
-from autostrat.frontend.primitive import Primitive
+from autostrat.frontend import tracing
+from autostrat.frontend.primitive import Primitive, primitive_classes
 from autostrat.frontend.tensor import Parameter
 
 
@@ -43,7 +44,51 @@ class Cell:
         raise NotImplementedError(f"{type(self).__name__} must define construct()")
 
     def __call__(self, *inputs):
-        return self.construct(*inputs)
+        counts = self.__dict__.get("_shard")
+        if counts is None or not tracing.is_tracing():
+            return self.construct(*inputs)
+        if len(inputs) != counts[0]:
+            raise ConfigError(f"{type(self).__name__}.shard: {counts[0]} input strategies for {len(inputs)} inputs")
+        inputs = [self._shard_through(f"shard_input_{i}", x) for i, x in enumerate(inputs)]
+        outputs = self.construct(*inputs)
+        if not counts[1]:
+            return outputs
+        if isinstance(outputs, tuple):
+            return tuple(self._shard_through(f"shard_output_{i}", y) for i, y in enumerate(outputs))
+        return self._shard_through("shard_output_0", outputs)
+
+    def _shard_through(self, name: str, tensor):
+        identity = self.__dict__.get(name)
+        return tensor if identity is None else identity(tensor)
+
+    def shard(self, in_strategy, out_strategy=None, parameter_plan=None, device=None, level: int = 0) -> Cell:
+        """MindSpore 2.x's cell-level ``shard``: the cell's inputs enter (and, with `out_strategy`,
+        its outputs leave) through Identity ops seeded with one strategy per tensor (None: not
+        seeded), named ``<cell>.shard_input_<i>``, so the search propagates from those layouts.
+        `device` and `level` are accepted; a `parameter_plan` is refused (seed the ops reading
+        the parameters instead).
+
+        Example:
+            >>> from autostrat.frontend.tracing import trace
+            >>> from autostrat.frontend.tensor import Tensor
+            >>> from autostrat.models import FFN
+            >>> net = FFN().shard(((8, 1),))
+            >>> trace(net, Tensor(shape=(64, 64)), device_num=8).ops["shard_input_0"].in_strategy
+            ((8, 1),)
+        """
+        if parameter_plan is not None:
+            raise ConfigError(f"{type(self).__name__}.shard: parameter_plan is not supported; shard the ops reading the "
+                              f"parameters instead (op.shard)")
+        identity = primitive_classes()["Identity"]
+        for kind, strategies in (("input", in_strategy), ("output", out_strategy or ())):
+            if not isinstance(strategies, (tuple, list)):
+                raise ConfigError(f"{type(self).__name__}.shard: {kind} strategies must be a tuple with one per tensor, "
+                                  f"such as ((2, 1), None), got {strategies!r}")
+            for index, strategy in enumerate(strategies):
+                if strategy is not None:
+                    setattr(self, f"shard_{kind}_{index}", identity().shard((tuple(strategy),)))
+        object.__setattr__(self, "_shard", (len(in_strategy), len(out_strategy or ())))
+        return self
 
     def set_train(self, mode: bool = True) -> Cell:
         """Training mode for this cell and its sub-cells (Dropout drops only in training)."""

@@ -118,3 +118,54 @@ def primitive_classes() -> dict[str, type[Primitive]]:
         init = tuple(name for name in inspect.signature(get_op(op_type).build).parameters if name not in call)[1:]
         classes[op_type] = type(op_type, (Primitive,), {"op_type": op_type, "init_attrs": init, "call_attrs": call})
     return classes
+
+
+# MindSpore 2.x's functional names that are not the primitive's name in snake case.
+_FUNCTIONAL_NAMES = {"BatchMatMul": ("bmm", "batch_matmul"), "Conv2D": ("conv2d",), "GeLU": ("gelu",), "MatMul": ("matmul",),
+                     "RealDiv": ("div", "real_div"), "ReduceMax": ("amax", "reduce_max"), "ReduceMean": ("mean", "reduce_mean"),
+                     "ReduceSum": ("sum", "reduce_sum"), "ReLU": ("relu",)}
+_INTERNAL = ("Grad", "Apply", "Backprop")  # backward and update ops: no functional form
+
+
+def _snake(op_type: str) -> str:
+    return "".join(("_" if index and char.isupper() and not op_type[index - 1].isupper() else "") + char.lower()
+                   for index, char in enumerate(op_type))
+
+
+def _functional(cls: type[Primitive]):
+    def call(*args, **kwargs):
+        # Tensors first; then the call arguments (an axis, a shape), then constructor arguments
+        # (MindSpore's `ops.mean(x, axis, keep_dims)`, `ops.softmax(x, axis)`).
+        count = next((i for i, a in enumerate(args) if not isinstance(a, Tensor)), len(args))
+        names = cls.call_attrs + cls.init_attrs
+        extra = dict(zip(names, args[count:])) | kwargs
+        if len(args) - count > len(names) or set(extra) - set(names):
+            raise ConfigError(f"{call.__name__} takes tensors, then {', '.join(names) or 'nothing'}; got {args[count:]!r} {kwargs!r}")
+        if cls.op_type in ("ReduceMean", "ReduceSum", "ReduceMax") and extra.get("axis", ()) is None:
+            extra["axis"] = ()  # None: every axis, as MindSpore means it
+        init = {name: extra[name] for name in cls.init_attrs if name in extra}
+        return cls(**init)(*args[:count], *(extra[name] for name in cls.call_attrs if name in extra))
+    return call
+
+
+def functional_ops() -> dict:
+    """MindSpore 2.x's functional ops (``ops.matmul(x, w)``, ``ops.relu(x)``, ``ops.mean(x, axis)``):
+    one function per forward primitive, named in snake case, plus MindSpore's own names.
+
+    Example:
+        >>> ops = functional_ops()
+        >>> ops["matmul"](Tensor(np.ones((2, 3), np.float32)), Tensor(np.ones((3, 1), np.float32))).asnumpy().tolist()
+        [[3.0], [3.0]]
+        >>> float(ops["mean"](Tensor(np.arange(4.0)), None).asnumpy()), sorted(ops)[:4]
+        (1.5, ['add', 'amax', 'batch_matmul', 'bias_add'])
+    """
+    found = {}
+    for op_type, cls in primitive_classes().items():
+        if any(part in op_type for part in _INTERNAL):
+            continue
+        for name in _FUNCTIONAL_NAMES.get(op_type, (_snake(op_type),)):
+            function = _functional(cls)
+            function.__name__ = name
+            function.__doc__ = f"MindSpore's functional ``ops.{name}``: ``ops.{op_type}`` applied once."
+            found[name] = function
+    return dict(sorted(found.items()))
