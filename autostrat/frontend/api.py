@@ -15,6 +15,7 @@ from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.pipeline import pipeline_parts, plan_pipeline_for
 from autostrat.frontend.tracing import trace
 from autostrat.search import Plan, load_checkpoint_seeds, search, seeds_by_phase
+from autostrat.search.mindspore_checkpoint import read_mindspore_checkpoint, resolve_names
 from autostrat.search.recompute_choice import choose_recompute, repeated_layers
 
 
@@ -41,10 +42,13 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
     net, optimizer = training_parts(net, context, optimizer)
     net, micro_batches = pipeline_parts(net)
     where = context.strategy_ckpt_load_file
-    checkpoint = seeds_by_phase(load_checkpoint_seeds(where)) if where else {}
+    mindspore = read_mindspore_checkpoint(where) if where else None  # a checkpoint MindSpore saved
+    checkpoint = seeds_by_phase(load_checkpoint_seeds(where)) if where and mindspore is None else {}
 
     def seeded(graph, device_num: int):
         graph = apply_seeds(graph, seeds, device_num) if seeds else graph
+        if mindspore:
+            return apply_seeds(graph, resolve_names(graph, mindspore, where), device_num, where=where)
         return apply_seeds(graph, checkpoint["forward"], device_num, where=where) if checkpoint else graph
 
     if context.pipeline_stages > 1 or micro_batches > 1:

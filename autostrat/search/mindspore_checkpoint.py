@@ -1,0 +1,174 @@
+"""Strategy checkpoints saved by MindSpore, read as seeds (issue #18: plans travel both ways).
+
+MindSpore (``strategy_ckpt_config={"save_file": ...}``) writes one of two files:
+
+- ``.ckpt``: a protobuf ``ParallelStrategyMap`` (``node_strategy.proto``, proto2):
+  ``current_stage = 1`` (uint32); ``parallel_strategy_item = 2`` (``node_name = 1`` string,
+  ``parallel_strategys = 2``: ``stage = 1`` uint32, ``parallel_strategy = 2``: ``dim = 1``
+  repeated uint32); ``parallel_layout_item = 3`` (``param_name = 1``, ``parallel_layouts = 2``:
+  ``dev_matrix = 1``, ``tensor_map = 2`` (int32, -1 = not split), ``param_split_shape = 3``,
+  ``indices_offset = 4``, ``field = 5``, ``opt_weight_shard_step = 6``,
+  ``opt_weight_shard_size = 7``);
+- ``.json``: the same as objects keyed by name: ``{"current_stage": 2, "parallel_strategy_item":
+  {"MatMul_dense1.weight": {"parallel_strategy": [[2, 1], [1, 4]], "stage": 0}}, ...}``.
+
+Both name an op by its type and the parameter it reads (``MatMul_dense1.weight``), and a
+parameter by its path in the Cell tree (``dense1.weight``), as autostrat names parameters; so a
+MindSpore op name resolves to the op of that type reading that parameter in the traced graph
+(`resolve_names`). The wire format is decoded here (varints and length-delimited fields, packed
+or not), without the protobuf package: the search's import path stays lean.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autostrat.errors import ConfigError
+
+# Message -> field number -> (name, kind, message of a nested field); kinds: "uint", "int", "string", "message".
+_SCHEMA = {
+    "ParallelStrategyMap": {1: ("current_stage", "uint", None), 2: ("parallel_strategy_item", "message", "Item"),
+                            3: ("parallel_layout_item", "message", "LayoutItem")},
+    "Item": {1: ("node_name", "string", None), 2: ("parallel_strategys", "message", "Strategys")},
+    "Strategys": {1: ("stage", "uint", None), 2: ("parallel_strategy", "message", "Dims")},
+    "Dims": {1: ("dim", "int", None)},
+    "LayoutItem": {1: ("param_name", "string", None), 2: ("parallel_layouts", "message", "Layouts")},
+    "Layouts": {1: ("dev_matrix", "message", "Dims"), 2: ("tensor_map", "message", "Dims"), 3: ("param_split_shape", "message", "Dims"),
+                4: ("indices_offset", "message", "Dims"), 5: ("field", "int", None), 6: ("opt_weight_shard_step", "int", None),
+                7: ("opt_weight_shard_size", "int", None)},
+}
+# MindSpore's op type in a node name -> the autostrat op types that compute it.
+_SAME_OP = {"Add": ("Add", "BiasAdd"), "BiasAdd": ("BiasAdd", "Add")}
+
+
+def _varint(data: bytes, position: int, where: str) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(data) or shift > 63:
+            raise ConfigError(f"{where}: not a MindSpore strategy checkpoint (a truncated or malformed protobuf varint)")
+        byte = data[position]
+        value |= (byte & 0x7F) << shift
+        position, shift = position + 1, shift + 7
+        if not byte & 0x80:
+            return value, position
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value  # int32/int64 negatives are 10-byte varints
+
+
+def decode(data: bytes, message: str = "ParallelStrategyMap", where: str = "strategy checkpoint") -> dict:
+    """The fields of one protobuf message as a dict (repeated fields as lists).
+
+    Example (MindSpore's encoding of ``dim: [2, 1]``, unpacked as proto2 writes it):
+        >>> decode(bytes([0x08, 0x02, 0x08, 0x01]), "Dims")
+        {'dim': [2, 1]}
+    """
+    fields: dict = {}
+    position = 0
+    while position < len(data):
+        key, position = _varint(data, position, where)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, position = _varint(data, position, where)
+            values = [value]
+        elif wire == 2:
+            length, position = _varint(data, position, where)
+            if position + length > len(data):
+                raise ConfigError(f"{where}: not a MindSpore strategy checkpoint (a field runs past the end of the file)")
+            payload, position = data[position:position + length], position + length
+            values = [payload]
+        else:
+            raise ConfigError(f"{where}: not a MindSpore strategy checkpoint (protobuf wire type {wire} in {message})")
+        name, kind, nested = _SCHEMA[message].get(number, (None, None, None))
+        if name is None:
+            continue  # a field this reader does not know: skipped, as protobuf does
+        for value in values:
+            if kind == "message":
+                fields.setdefault(name, []).append(decode(value, nested, where))
+            elif kind == "string":
+                fields[name] = value.decode("utf-8", errors="replace")
+            elif isinstance(value, bytes):  # a packed repeated number
+                packed, offset = [], 0
+                while offset < len(value):
+                    number_value, offset = _varint(value, offset, where)
+                    packed.append(_signed(number_value))
+                fields.setdefault(name, []).extend(packed)
+            elif name == "dim":
+                fields.setdefault(name, []).append(_signed(value))
+            else:
+                fields[name] = _signed(value)
+    return fields
+
+
+def read_mindspore_checkpoint(path) -> dict | None:
+    """MindSpore's strategy checkpoint at `path` as ``{node name: (in_strategy, None)}``, or
+    None when the file is autostrat's own format (a JSON list of items)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"cannot read strategy checkpoint {path}: {error.strerror or error}") from None
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return _from_protobuf(decode(data, where=str(path)), path)
+    items = document.get("parallel_strategy_item") if isinstance(document, dict) else None
+    if isinstance(items, list):
+        return None  # autostrat's own checkpoint: `checkpoint.load_checkpoint_seeds` reads it
+    if not isinstance(items, dict):
+        raise ConfigError(f"{path}: expected a strategy checkpoint (a 'parallel_strategy_item' object or list)")
+    seeds = {}
+    for name, item in items.items():
+        strategy = item.get("parallel_strategy") if isinstance(item, dict) else None
+        if not isinstance(strategy, list) or not all(isinstance(s, list) and all(isinstance(d, int) for d in s) for s in strategy):
+            raise ConfigError(f"{path}: parallel_strategy_item.{name}: expected {{\"parallel_strategy\": [[...], ...]}}, got {item!r}")
+        seeds[name] = (tuple(tuple(s) for s in strategy), None)
+    return seeds
+
+
+def _from_protobuf(fields: dict, path: Path) -> dict:
+    seeds = {}
+    for index, item in enumerate(fields.get("parallel_strategy_item", [])):
+        if "node_name" not in item or "parallel_strategys" not in item:
+            raise ConfigError(f"{path}: parallel_strategy_item[{index}] lacks node_name or parallel_strategys")
+        strategys = item["parallel_strategys"][0]
+        seeds[item["node_name"]] = (tuple(tuple(s.get("dim", [])) for s in strategys.get("parallel_strategy", [])), None)
+    if not seeds:
+        raise ConfigError(f"{path}: a MindSpore strategy checkpoint with no parallel_strategy_item")
+    return seeds
+
+
+def _reads(op, parameter: str) -> bool:
+    """Whether `op` reads MindSpore's `parameter`: by its name, or under a wrapper's prefix
+    (MindSpore's WithLossCell and TrainOneStepCell do not prefix their network's parameters;
+    autostrat's paths go through ``backbone.``)."""
+    return any(name == parameter or name.endswith("." + parameter) for name in op.inputs)
+
+
+def resolve_names(graph, seeds: dict, where: str) -> dict:
+    """MindSpore node names (``MatMul_dense1.weight``) -> the graph's op names; a name already an
+    op of the graph stays. A name no op answers is a `ConfigError` naming it.
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> graph = trace(FFN(), Tensor(shape=(64, 64)))
+        >>> resolve_names(graph, {"MatMul_dense1.weight": 1, "Add_dense2.bias": 2}, "ckpt")
+        {'dense1.matmul': 1, 'dense2.bias_add': 2}
+    """
+    resolved = {}
+    for name, seed in seeds.items():
+        if name in graph.ops:
+            resolved[name] = seed
+            continue
+        op_type, _, parameter = name.partition("_")
+        kinds = _SAME_OP.get(op_type, (op_type,))
+        found = [op.name for op in graph.ops.values() if op.op_type in kinds and _reads(op, parameter)]
+        if not found:
+            raise ConfigError(f"{where}: MindSpore op {name!r} ({op_type} reading parameter {parameter!r}) matches no op of "
+                              f"{graph.name}; the Cell tree must name its parameters as the one that saved the checkpoint")
+        resolved[found[0]] = seed
+    return resolved

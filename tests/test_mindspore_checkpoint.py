@@ -1,0 +1,85 @@
+"""Strategy checkpoints saved by MindSpore 2.10 (tests/fixtures/mindspore, made by its dry run)
+load as seeds: protobuf and JSON alike, names resolved against the traced Cell tree, and the
+plan they give is MindSpore's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
+from autostrat.errors import ConfigError
+from autostrat.frontend import trace
+from autostrat.frontend.api import parallelize
+from autostrat.frontend.train import TrainOneStepCell, WithLossCell, train
+from autostrat.models import FFN
+from autostrat.search.mindspore_checkpoint import decode, read_mindspore_checkpoint, resolve_names
+
+FIXTURES = Path(__file__).parent / "fixtures" / "mindspore"
+MINDSPORE_PLAN = {"dense1.matmul": "((2, 1), (1, 4))", "dense1.bias_add": "((2, 4), (4,))",
+                  "dense2.matmul": "((2, 4), (4, 1))", "dense2.bias_add": "((2, 1), (1,))"}
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    reset_auto_parallel_context()
+
+
+@pytest.mark.parametrize("phase", ["fwd", "train"])
+def test_the_protobuf_and_the_json_mindspore_wrote_hold_the_same_seeds(phase):
+    binary = read_mindspore_checkpoint(FIXTURES / f"ffn_{phase}_strategy.ckpt")
+    text = read_mindspore_checkpoint(FIXTURES / f"ffn_{phase}_strategy.json")
+    assert binary == text and binary["MatMul_dense1.weight"] == (((2, 1), (1, 4)), None) and len(binary) == 4
+
+
+def test_the_layouts_decode_with_negative_tensor_map_entries():
+    layouts = decode((FIXTURES / "ffn_train_strategy.ckpt").read_bytes())["parallel_layout_item"]
+    by_name = {item["param_name"]: item["parallel_layouts"][0] for item in layouts}
+    assert by_name["dense1.weight"]["tensor_map"] == [{"dim": [-1, 0]}] and by_name["dense1.weight"]["dev_matrix"] == [{"dim": [2, 4]}]
+    assert set(by_name) == {"dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias", "moments.dense1.weight",
+                            "moments.dense1.bias", "moments.dense2.weight", "moments.dense2.bias"}
+
+
+def test_packed_and_unpacked_repeated_numbers_decode_alike():
+    assert decode(bytes([0x08, 0x02, 0x08, 0x01]), "Dims") == decode(bytes([0x0A, 0x02, 0x02, 0x01]), "Dims") == {"dim": [2, 1]}
+    minus_one = bytes([0x08]) + bytes([0xFF] * 9 + [0x01])
+    assert decode(minus_one, "Dims") == {"dim": [-1]}
+
+
+@pytest.mark.parametrize("suffix", ["ckpt", "json"])
+def test_a_mindspore_checkpoint_gives_mindspores_own_plan(suffix):
+    """The tutorial FFN on 8 devices seeded by MindSpore's checkpoint: MindSpore's strategies,
+    and its AllReduce of dense2's partial sum (12 288 bytes per device, as its IR shows)."""
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8,
+                              strategy_ckpt_load_file=str(FIXTURES / f"ffn_fwd_strategy.{suffix}"))
+    with pytest.warns(UserWarning, match="seeds of dense2.matmul and dense2.bias_add disagree"):
+        plan = parallelize(FFN(), nn.Tensor(shape=(64, 64)))
+    assert {name: str(plan.ops[name].strategy) for name in MINDSPORE_PLAN} == MINDSPORE_PLAN
+    assert plan.total_bytes == 12288 and [step.kind for e in plan.redistributions for step in e.plan.steps] == ["AllReduce"]
+
+
+def test_a_mindspore_training_checkpoint_seeds_a_training_step_that_equals_one_device():
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8,
+                              strategy_ckpt_load_file=str(FIXTURES / "ffn_train_strategy.ckpt"))
+    net = FFN()
+    cell = TrainOneStepCell(WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")),
+                            nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    with pytest.warns(UserWarning, match="seeds of backbone.dense2.matmul and backbone.dense2.bias_add disagree"):
+        report = train(cell, (nn.Tensor(shape=(64, 64)), nn.Tensor(shape=(64,), dtype="int32")), steps=2, log=None)
+    assert report.ok, report.text
+    from autostrat.frontend.train import training_plan
+    with pytest.warns(UserWarning):
+        plan = training_plan(cell, None, (nn.Tensor(shape=(64, 64)), nn.Tensor(shape=(64,), dtype="int32")))[0]
+    assert {name: str(plan.ops["backbone." + name].strategy) for name in MINDSPORE_PLAN} == MINDSPORE_PLAN
+
+
+def test_bad_mindspore_checkpoints_are_refused(tmp_path):
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes((FIXTURES / "ffn_fwd_strategy.ckpt").read_bytes()[:-7])
+    with pytest.raises(ConfigError, match="not a MindSpore strategy checkpoint"):
+        read_mindspore_checkpoint(broken)
+    graph = trace(FFN(), nn.Tensor(shape=(64, 64)))
+    with pytest.raises(ConfigError, match="MindSpore op 'MatMul_dense3.weight' \\(MatMul reading parameter 'dense3.weight'\\) matches no op"):
+        resolve_names(graph, {"MatMul_dense3.weight": 1}, "ckpt")
