@@ -131,6 +131,9 @@ def test_the_tutorial_script_trains_on_threads_and_checks_itself(tmp_path):
     assert "epoch: 2 step: 4, loss is" in done.stdout and "measured = predicted on every rank" in done.stdout
     assert "(limit 1e-05): OK" in done.stdout
     assert (tmp_path / "graphs" / "rank_0" / "validate_rank0.ir").exists()  # save_graphs=2
+    ir = (tmp_path / "graphs" / "rank_0" / "step_parallel_begin.ir").read_text()
+    # MindSpore's IR shows the seed among the primitive's attributes and the source line of each op.
+    assert "primitive_attrs: {in_strategy: ((2, 1), (1, 4))}" in ir and "# In file train.py:32" in ir
 
 
 @pytest.mark.slow

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
+from pathlib import Path
 
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.tensor import Parameter, Tensor
@@ -86,10 +88,30 @@ def record(primitive, tensors: list[Tensor], attrs: dict):
     outputs = [TensorInfo(f"{name}:{i}", shape, dtype, "output", name) for i, shape in enumerate(rule.output_shapes)]
     tracer.ops[name] = OpNode(
         name, primitive.op_type, tuple(sorted(attrs.items())), inputs, tuple(o.name for o in outputs),
-        rule, primitive.in_strategy, primitive.out_strategy,
+        rule, primitive.in_strategy, primitive.out_strategy, _source(),
     )
     symbolic = tuple(tracer.add_tensor(info) for info in outputs)
     return symbolic[0] if len(symbolic) == 1 else symbolic
+
+
+_MACHINERY = tuple(str(Path(__file__).resolve().parent / name) for name in ("tracing.py", "primitive.py", "cell.py"))
+
+
+def _source() -> str:
+    """``file:line`` of the code applying the op being recorded: the first caller outside the
+    tracing machinery (a layer's or a model's `construct`), its path relative to the working
+    directory when inside it, so that dumps are the same from any checkout."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename in _MACHINERY:
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    path = Path(frame.f_code.co_filename)
+    try:
+        shown = path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = path.name
+    return f"{shown}:{frame.f_lineno}"
 
 
 def _input_names(net, count: int) -> list[str]:

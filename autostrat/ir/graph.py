@@ -45,6 +45,7 @@ class OpNode:
     rule: Rule
     in_strategy: tuple | None = None
     out_strategy: tuple | None = None
+    source: str = field(default="", compare=False)  # "file:line" of the code that applied it (IR dumps)
 
     @property
     def attr_dict(self) -> dict[str, Any]:

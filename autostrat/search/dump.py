@@ -18,7 +18,9 @@ def _type(dtype: str, shape) -> str:
 
 
 def _attrs(op) -> str:
-    return "{" + ", ".join(f"{k}: {v}" for k, v in op.attrs) + "}"
+    """The primitive's attributes, and its configured strategies as MindSpore lists them."""
+    seeds = [("in_strategy", op.in_strategy), ("out_strategy", op.out_strategy)]
+    return "{" + ", ".join(f"{k}: {v}" for k, v in list(op.attrs) + [(k, v) for k, v in seeds if v is not None]) + "}"
 
 
 def _header(plan, sliced: bool) -> list[str]:
@@ -52,6 +54,7 @@ def annotated_text(plan) -> str:
         lines.append(
             f"  %{', %'.join(op.outputs)} = {call} {{instance name: {name}}} primitive_attrs: {_attrs(op)}\n"
             f"      {{in_strategy: {strategy}}}{_stage(plan, name)} {{origin: {plan.ops[name].origin}}} : ({ins}) -> ({outs})"
+            + (f"\n      # In file {op.source}" if op.source else "")
         )
     lines.append(f"  return {', '.join('%' + t for t in graph.outputs)}")
     return "\n".join(lines) + "\n"
