@@ -156,6 +156,14 @@ def read_json(path, what: str):
         raise ConfigError(f"{path}: not a valid {what}: values nested too deeply") from None
 
 
+def read_bytes(path, what: str) -> bytes:
+    """The bytes of `path`, or a `ConfigError` naming `what` and why it cannot be read."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
+
+
 def read_text(path, what: str) -> str:
     """The UTF-8 text of `path` (a byte-order mark is skipped); an unreadable file or other bytes
     are a `ConfigError` naming `what`, the file and the place of the first bad byte.
@@ -170,10 +178,7 @@ def read_text(path, what: str) -> str:
         autostrat.errors.ConfigError: .../bad.yaml: a config must be UTF-8 text; line 1, column 10 is byte 0xe9
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    data = read_bytes(path, what)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as error:

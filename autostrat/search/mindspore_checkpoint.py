@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 
 from autostrat.errors import ConfigError
+from autostrat.io import read_bytes
 
 # Message -> field number -> (name, kind, message of a nested field); kinds: "uint", "int", "string", "message".
 _SCHEMA = {
@@ -106,10 +107,7 @@ def read_mindspore_checkpoint(path) -> dict | None:
     """MindSpore's strategy checkpoint at `path` as ``{node name: (in_strategy, None)}``, or
     None when the file is autostrat's own format (a JSON list of items)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ConfigError(f"cannot read strategy checkpoint {path}: {error.strerror or error}") from None
+    data = read_bytes(path, "strategy checkpoint")
     try:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
