@@ -14,7 +14,7 @@ from autostrat.frontend import trace
 from autostrat.frontend.api import parallelize
 from autostrat.frontend.train import TrainOneStepCell, WithLossCell, train
 from autostrat.models import FFN
-from autostrat.search.mindspore_checkpoint import decode, read_mindspore_checkpoint, resolve_names
+from autostrat.search.mindspore_checkpoint import decode, encode, read_mindspore_checkpoint, resolve_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mindspore"
 MINDSPORE_PLAN = {"dense1.matmul": "((2, 1), (1, 4))", "dense1.bias_add": "((2, 4), (4,))",
@@ -40,6 +40,12 @@ def test_the_layouts_decode_with_negative_tensor_map_entries():
     assert by_name["dense1.weight"]["tensor_map"] == [{"dim": [-1, 0]}] and by_name["dense1.weight"]["dev_matrix"] == [{"dim": [2, 4]}]
     assert set(by_name) == {"dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias", "moments.dense1.weight",
                             "moments.dense1.bias", "moments.dense2.weight", "moments.dense2.bias"}
+
+
+@pytest.mark.parametrize("phase", ["fwd", "train"])
+def test_the_encoder_writes_mindspores_bytes_exactly(phase):
+    data = (FIXTURES / f"ffn_{phase}_strategy.ckpt").read_bytes()
+    assert encode(decode(data)) == data
 
 
 def test_packed_and_unpacked_repeated_numbers_decode_alike():

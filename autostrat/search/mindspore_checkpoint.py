@@ -16,7 +16,8 @@ Both name an op by its type and the parameter it reads (``MatMul_dense1.weight``
 parameter by its path in the Cell tree (``dense1.weight``), as autostrat names parameters; so a
 MindSpore op name resolves to the op of that type reading that parameter in the traced graph
 (`resolve_names`). The wire format is decoded here (varints and length-delimited fields, packed
-or not), without the protobuf package: the search's import path stays lean.
+or not) and encoded back (`encode`, byte for byte as MindSpore writes them), without the
+protobuf package: the search's import path stays lean.
 """
 
 from __future__ import annotations
@@ -101,6 +102,41 @@ def decode(data: bytes, message: str = "ParallelStrategyMap", where: str = "stra
             else:
                 fields[name] = _signed(value)
     return fields
+
+
+def _encode_varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # a negative int32 is written as its 64-bit two's complement
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def encode(fields: dict, message: str = "ParallelStrategyMap") -> bytes:
+    """The protobuf bytes of one message given as `decode` returns it: fields in number order,
+    repeated numbers unpacked (proto2, as MindSpore writes them).
+
+    Example:
+        >>> encode({"dim": [2, 1]}, "Dims").hex()
+        '08020801'
+    """
+    out = bytearray()
+    for number, (name, kind, nested) in sorted(_SCHEMA[message].items()):
+        if name not in fields:
+            continue
+        values = fields[name] if isinstance(fields[name], list) else [fields[name]]
+        for value in values:
+            if kind == "message":
+                payload = encode(value, nested)
+                out += _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+            elif kind == "string":
+                payload = value.encode("utf-8")
+                out += _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+            else:
+                out += _encode_varint(number << 3) + _encode_varint(value)
+    return bytes(out)
 
 
 def read_mindspore_checkpoint(path) -> dict | None:
