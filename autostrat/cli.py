@@ -24,6 +24,7 @@ from autostrat.errors import AutostratError
 from autostrat.io import write_files_atomically
 from autostrat.frontend.config import load_config, with_recompute
 from autostrat.frontend.run import RunOptions, plan_config, run_config
+from autostrat.frontend.train import world_size
 from autostrat.runtime.job import FAULTS, Fault
 from autostrat.runtime.launcher import STARTUP_TIMEOUT
 from autostrat.report import format_candidates
@@ -72,7 +73,7 @@ def search_command(args) -> str:
         plan, notes = plan_config(config, args.device_num, progress=status)
     finally:
         status.end()
-    devices = f"{plan.device_num} devices" if plan.pipeline is None else f"{plan.pipeline.device_num} devices in {plan.pipeline.stages} stages"
+    devices = f"{world_size(plan)} devices" + (f" in {plan.pipeline.stages} stages" if plan.pipeline else "")
     lines = notes + [f"{config.path}: {type(config.net).__name__} on {devices}, {plan.mode}", plan.table()]
     outputs = {Path(args.out): ("plan", plan.to_json())} if args.out else {}
     if args.dump_ir:

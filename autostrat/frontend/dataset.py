@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from autostrat.errors import ConfigError
+from autostrat.frontend.tensor import Tensor
 
 
 class Dataset:
@@ -52,8 +53,6 @@ class Dataset:
 
     def create_tuple_iterator(self, num_epochs: int = 1, output_numpy: bool = True):
         """The rows as tuples of arrays (`output_numpy` False: of Tensors), `num_epochs` times."""
-        from autostrat.frontend.tensor import Tensor
-
         for _ in range(num_epochs):
             for row in self:
                 yield row if output_numpy else tuple(Tensor(value) for value in row)

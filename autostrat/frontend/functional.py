@@ -30,13 +30,17 @@ import numpy as np
 
 from autostrat.autodiff import build_backward
 from autostrat.autodiff.builder import GradBuilder
-from autostrat.errors import ConfigError
+from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
 from autostrat.frontend.tensor import Parameter, Tensor
-from autostrat.frontend.world import launched_by_mpiexec
+from autostrat.frontend.tracing import trace
+from autostrat.frontend.world import get_rank, world_backend
 from autostrat.ir import Graph, TensorInfo
-from autostrat.runtime.executor import execute, graph_values, single_device_step
+from autostrat.runtime.executor import graph_values, run_single_device, single_device_step
+from autostrat.runtime.local import execute_on_ranks
+from autostrat.runtime.program import lower_programs
+from autostrat.search import search
 
 
 def jit(fn=None, **options):
@@ -74,13 +78,12 @@ class GradFunction:
         if not all(isinstance(w, Parameter) for w in self.weights):
             raise ConfigError(f"value_and_grad: weights must be Parameters, got {[type(w).__name__ for w in self.weights]}")
         self._plans: dict = {}
-        self._backend = None
 
     def __call__(self, *inputs):
         arrays = [np.asarray(x.asnumpy() if isinstance(x, Tensor) else x) for x in inputs]
         plan, programs, outputs, grads = self._plan(arrays)
         values = graph_values(plan.graph, {info.name: array for info, array in zip(plan.graph.inputs(), arrays)})
-        result = self._run(plan, programs, values)
+        result = execute_on_ranks(programs, values, world_backend()).outputs
         if os.environ.get(CHECK_VARIABLE) == "1":
             _check(plan.graph, values, result)
         # A collective hands a 0-d loss back as shape (1,): every result takes its graph shape again.
@@ -91,10 +94,6 @@ class GradFunction:
         return (value, gradients) if self.values else gradients
 
     def _plan(self, arrays: list):
-        from autostrat.frontend.tracing import trace
-        from autostrat.runtime.program import lower_programs
-        from autostrat.search import search
-
         key = tuple((array.shape, array.dtype.name) for array in arrays)
         if key not in self._plans:
             context = current_context()
@@ -110,18 +109,6 @@ class GradFunction:
             self._plans[key] = plan, lower_programs(plan), graph.outputs, grads
         return self._plans[key]
 
-    def _run(self, plan, programs, values: dict) -> dict:
-        from autostrat.runtime.backend import check_world
-        from autostrat.runtime.local import LocalCluster
-
-        if not launched_by_mpiexec():
-            return LocalCluster(plan.device_num).run(lambda local: execute(programs[local.rank], local, values))[0].outputs
-        if self._backend is None:
-            from autostrat.runtime.mpi import MpiBackend
-            self._backend = MpiBackend()
-        check_world(plan.device_num, self._backend)
-        return execute(programs[self._backend.rank], self._backend, values).outputs
-
 
 CHECK_VARIABLE = "AUTOSTRAT_CHECK"  # "1": every call is checked against the single-device run
 _checked = {"calls": 0, "error": 0.0}
@@ -131,9 +118,7 @@ def _check(graph, values: dict, result: dict, tolerance: float = 1e-5) -> None:
     """Compare a call's outputs (value and gradients) with the graph run on one device; a
     difference over `tolerance` (relative to the largest reference magnitude) raises, and the
     process reports how many calls it checked when it exits (rank 0)."""
-    from autostrat.errors import RuntimeBackendError
-    from autostrat.frontend.train import relative_error
-    from autostrat.runtime.executor import run_single_device
+    from autostrat.frontend.train import relative_error  # train imports this module: read at call time
 
     error = relative_error(result, run_single_device(graph, values))
     if error > tolerance:
@@ -146,8 +131,6 @@ def _check(graph, values: dict, result: dict, tolerance: float = 1e-5) -> None:
 
 
 def _report_checks(tolerance: float) -> None:
-    from autostrat.frontend.world import get_rank
-
     if get_rank() == 0:
         print(f"value_and_grad: {_checked['calls']} call(s) checked against one device: max relative error "
               f"{_checked['error']:.3g} (limit {tolerance:g}): OK", flush=True)

@@ -36,12 +36,11 @@ import numpy as np
 from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.context import current_context
-from autostrat.frontend.world import launched_by_mpiexec
+from autostrat.frontend.world import world_backend
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.frontend.train import Progress, TrainOneStepCell, WithLossCell, compare, reference_graph
-from autostrat.runtime.backend import check_world
-from autostrat.runtime.executor import execute, graph_values
-from autostrat.runtime.local import LocalCluster
+from autostrat.runtime.executor import graph_values
+from autostrat.runtime.local import execute_on_ranks
 from autostrat.runtime.program import lower_programs
 from autostrat.runtime.training import loss_value, train_collective, train_locally, train_single_device
 
@@ -207,7 +206,6 @@ class Model:
         self._training = None  # the training plan, made by the first `train`
         self._state: dict = {}  # the optimiser state after the last `train`
         self._forward: dict = {}  # (network, input shapes and dtypes) -> forward plan and programs
-        self._backend = None  # the MPI backend, under mpiexec
 
     def train(self, epoch: int, train_dataset, callbacks=None, dataset_sink_mode: bool = False, sink_size: int = -1) -> None:
         """Train `epoch` passes over `train_dataset` (an iterable of (data, label) arrays, read
@@ -231,7 +229,7 @@ class Model:
         graph = reference_graph(plan)  # a pipeline plan's graph is one micro-batch's
         batches = [batch_values(element, graph.inputs(), index) for index, element in enumerate(elements)]
         values = graph_values(graph, {}) | self._state
-        backend = self._mpi()
+        backend = world_backend()
         notifier = _Notifier(callbacks if backend is None or backend.rank == 0 else (), epoch, len(batches))
         notifier.tell("on_train_begin", 0, None)
         if backend is None:
@@ -242,13 +240,6 @@ class Model:
         notifier.tell("on_train_end", epoch * len(batches), result.losses[-1])
         if os.environ.get(CHECK_VARIABLE) == "1" and (backend is None or backend.rank == 0):
             check_against_one_device(plan, result, values, batches * epoch)
-
-    def _mpi(self):
-        """This process's MPI backend under mpiexec (made once), else None: ranks run as threads."""
-        if self._backend is None and launched_by_mpiexec():
-            from autostrat.runtime.mpi import MpiBackend
-            self._backend = MpiBackend()
-        return self._backend
 
     def _keep(self, trained: dict) -> None:
         """Trained parameters into the network's Parameters, the optimiser state into the model."""
@@ -279,10 +270,5 @@ class Model:
             self._forward[key] = plan, lower_programs(plan)
         plan, programs = self._forward[key]
         values = graph_values(plan.graph, {info.name: array for info, array in zip(plan.graph.inputs(), arrays)})
-        backend = self._mpi()
-        if backend is None:
-            result = LocalCluster(plan.device_num).run(lambda local: execute(programs[local.rank], local, values))[0]
-        else:
-            check_world(plan.device_num, backend)
-            result = execute(programs[backend.rank], backend, values)
+        result = execute_on_ranks(programs, values, world_backend())
         return [result.outputs[name] for name in plan.graph.outputs]

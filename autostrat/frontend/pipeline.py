@@ -15,6 +15,9 @@ from dataclasses import replace
 
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.cell import Cell
+from autostrat.frontend.tensor import Tensor
+from autostrat.frontend.tracing import trace
+from autostrat.search.pipeline import plan_pipeline
 
 
 class PipelineCell(Cell):
@@ -69,8 +72,6 @@ def pipeline_marks(net) -> dict[str, int]:
 
 def micro_inputs(inputs, micro_batches: int) -> tuple:
     """Shape-only stand-ins of one micro-batch of `inputs` (dim 0 cut `micro_batches` ways)."""
-    from autostrat.frontend.tensor import Tensor
-
     cut = []
     for index, tensor in enumerate(inputs):
         shape = tuple(tensor.shape)
@@ -85,9 +86,6 @@ def plan_pipeline_for(net, inputs, micro_batches: int, context, training, progre
     """The pipeline plan of `net` (see the module docstring): ``training(graph, device_num)``
     builds the training graph of a traced one, seeded for `device_num` devices; the whole
     batch's training graph rides along as ``plan.pipeline.batch_graph``."""
-    from autostrat.frontend.tracing import trace
-    from autostrat.search.pipeline import plan_pipeline
-
     stages = context.pipeline_stages
     if context.device_num % stages:
         raise ConfigError(f"pipeline_stages {stages} must divide device_num {context.device_num}")

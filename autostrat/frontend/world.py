@@ -9,9 +9,23 @@ launch scripts set), or the context's `device_num` when it is not set.
 from __future__ import annotations
 
 import os
+from functools import cache
 
 from autostrat.errors import ConfigError
 from autostrat.frontend.context import current_context, set_auto_parallel_context
+
+
+@cache
+def _mpi_world():
+    from autostrat.runtime.mpi import MpiBackend
+
+    return MpiBackend()
+
+
+def world_backend():
+    """This process's MPI backend under mpiexec (made once per process and shared), else None:
+    the ranks then run as threads."""
+    return _mpi_world() if launched_by_mpiexec() else None
 
 
 def launched_by_mpiexec() -> bool:

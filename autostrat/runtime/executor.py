@@ -36,7 +36,7 @@ from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend, Sent
 from autostrat.runtime.kernels import run_kernel
-from autostrat.runtime.program import Communicate, Compute, Load, Program
+from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, Send
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def release_schedule(program: Program) -> tuple[tuple[str, ...], ...]:
         False
     """
     kept = {key for output in program.outputs for key in output} | {key for _, key in program.updates} | _weights(program)
-    return release_after((_touched(instruction) for instruction in program.instructions), kept)
+    return release_after((touched(instruction) for instruction in program.instructions), kept)
 
 
 def _weights(program: Program) -> set[str]:
@@ -169,12 +169,14 @@ def _weights(program: Program) -> set[str]:
     return loaded - set(program.inputs) - updated
 
 
-def _touched(instruction) -> tuple[str, ...]:
+def touched(instruction) -> tuple[str, ...]:
     """The store keys an instruction reads or writes."""
     if isinstance(instruction, Load):
         return (instruction.tensor,)
     if isinstance(instruction, Compute):
         return instruction.inputs + instruction.outputs
+    if isinstance(instruction, (Send, Recv)):
+        return (instruction.key,)
     return (instruction.source, instruction.target)
 
 

@@ -40,8 +40,8 @@ from autostrat.io import write_atomically
 from autostrat.layout import SliceContext
 from autostrat.runtime.checkpoint import checkpoint_bytes
 from autostrat.runtime.job import FAULTS, Fault, Job
-from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program
-from autostrat.runtime.stage_program import SCHEDULES, Recv, Send, StageProgram
+from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, Send
+from autostrat.runtime.stage_program import SCHEDULES, StageProgram
 
 FORMAT = "autostrat job"
 VERSION = 3  # 2: the predicted peak memory per device; 3: pipeline stage programs

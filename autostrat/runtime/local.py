@@ -169,6 +169,20 @@ def _reduce(values: list, op: str) -> np.ndarray:
     return total
 
 
+def execute_on_ranks(programs, values: dict, backend=None):
+    """One run of `programs` (one per rank) on `values`: on `backend` this rank's `RankResult`
+    (an MPI rank: `check_world` first), without one rank 0's, every rank a `LocalCluster` thread.
+
+    Example: see `executor.execute`."""
+    from autostrat.runtime.backend import check_world
+    from autostrat.runtime.executor import execute
+
+    if backend is None:
+        return LocalCluster(len(programs)).run(lambda local: execute(programs[local.rank], local, values))[0]
+    check_world(len(programs), backend)
+    return execute(programs[backend.rank], backend, values)
+
+
 def run_job_locally(job):
     """Run a `job.Job` on a `LocalCluster` and return rank 0's `report.RunCheck`."""
     from autostrat.runtime.job import run_steps

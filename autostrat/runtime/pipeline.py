@@ -24,12 +24,12 @@ from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.errors import ConfigError
 from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
-from autostrat.runtime.executor import communicate, counted_bytes, load_slice, written_over
+from autostrat.runtime.executor import communicate, counted_bytes, load_slice, touched, written_over
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
-from autostrat.runtime.program import PHASES, Communicate, Compute, Load
+from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
 from autostrat.runtime.training import TrainingResult, phase_bytes
-from autostrat.runtime.stage_program import Recv, Send, StageProgram, lower_stage_programs
+from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 
 
 @dataclass(frozen=True)
@@ -63,16 +63,6 @@ def micro_batches_of(batch: dict, inputs: tuple[str, ...], count: int) -> list[d
     return pieces
 
 
-def _touched(instruction) -> tuple[str, ...]:
-    if isinstance(instruction, Load):
-        return (instruction.tensor,)
-    if isinstance(instruction, Compute):
-        return instruction.inputs + instruction.outputs
-    if isinstance(instruction, (Send, Recv)):
-        return (instruction.key,)
-    return (instruction.source, instruction.target)
-
-
 class _Bytes:
     """A buffer's size, standing for the buffer when a step is replayed without data."""
 
@@ -103,10 +93,10 @@ class StageRunner:
             backend.prepare(program.partitions)
         kept = set(program.accumulated) | {key for _, key in program.outputs}
         micro = program.forward + program.backward
-        self.micro_release = release_after((_touched(i) for i in micro), kept)
+        self.micro_release = release_after((touched(i) for i in micro), kept)
         updated = {key for _, key in program.updates}
         weights = {i.tensor for i in program.loads} - {name for name, _ in program.updates}
-        self.update_release = release_after((_touched(i) for i in program.update), updated | weights)
+        self.update_release = release_after((touched(i) for i in program.update), updated | weights)
         self.sent = np.zeros(len(program.communications()), np.int64)  # per communication instruction, all steps
         self.position = {}  # (slot, index in the slot) -> index among the communications
         for slot in ("forward", "backward", "update"):
@@ -334,5 +324,5 @@ def _result(plan, programs, runs, losses, slices_by_rank):
         f"the stage split's memory model (weights and state, saved activations of the micro-batches in flight) "
         f"per stage: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
     )
-    return TrainingResult(losses, parameters, tuple(p.phase_bytes() for p in programs), tuple(run.measured for run in runs),
+    return TrainingResult(losses, parameters, tuple(phase_bytes(p) for p in programs), tuple(run.measured for run in runs),
                           max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines)

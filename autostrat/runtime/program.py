@@ -22,7 +22,7 @@ state, the store key of its next value, already in that layout: the next step lo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
@@ -73,6 +73,31 @@ class Communicate:
     predicted: int
     edge: str
     phase: str = "forward"
+
+
+@dataclass(frozen=True)
+class Send:
+    """Post the rank's piece `key` to rank `dest` (a pipeline stage's to another stage's same
+    device; `runtime.stage_program`)."""
+
+    kind: ClassVar[str] = "Send"  # as a `Communicate`'s kind, in reports
+    key: str
+    dest: int
+    tag: int
+    predicted: int
+    edge: str
+    phase: str = "pipeline"
+
+
+@dataclass(frozen=True)
+class Recv:
+    """Wait for piece `key` from rank `source`."""
+
+    key: str
+    source: int
+    tag: int
+    shape: tuple[int, ...]
+    dtype: str
 
 
 @dataclass(frozen=True)

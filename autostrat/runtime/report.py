@@ -163,15 +163,14 @@ def _collective_lines(job, summaries) -> list[str]:
     lines = ["collectives (bytes per rank per step):"]
     groups: dict[tuple, list[int]] = {}  # the ranks running the same instructions (a pipeline: one stage's)
     for rank, program in enumerate(job.programs):
-        groups.setdefault(tuple((c.edge, getattr(c, "kind", "Send"), c.phase) for c in program.communications()), []).append(rank)
+        groups.setdefault(tuple((c.edge, c.kind, c.phase) for c in program.communications()), []).append(rank)
     for ranks in groups.values():
         if len(groups) > 1:
             lines.append(f" ranks {_span(ranks[0], ranks[-1]) if ranks == list(range(ranks[0], ranks[-1] + 1)) else ranks}:")
         for index, step in enumerate(job.programs[ranks[0]].communications()):
             sent = sorted({int(summaries[rank][index]) // steps for rank in ranks})
             predicted = sorted({job.programs[rank].communications()[index].predicted for rank in ranks})
-            kind = getattr(step, "kind", "Send")
-            lines.append(f"  {step.edge}: {kind} ({step.phase}) sent {_values(sent)}, predicted {_values(predicted)}")
+            lines.append(f"  {step.edge}: {step.kind} ({step.phase}) sent {_values(sent)}, predicted {_values(predicted)}")
     return lines if len(lines) > 1 else ["collectives: none"]
 
 

@@ -27,34 +27,11 @@ from autostrat.autodiff import op_phase
 from autostrat.cost import dtype_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout.layout import Layout
-from autostrat.runtime.program import PHASES, Communicate, Compute, Load, lower_programs
+from autostrat.runtime.program import Communicate, Compute, Load, Recv, Send, lower_programs
 
 SLOTS = ("forward", "backward", "update")
 SCHEDULES = ("1f1b", "gpipe")  # as `search.stages.SCHEDULES` (the runtime does not import the search)
 MAX_TAG = 32767  # the smallest tag upper bound MPI guarantees
-
-
-@dataclass(frozen=True)
-class Send:
-    """Post the rank's piece `key` to rank `dest` (another stage's same device)."""
-
-    key: str
-    dest: int
-    tag: int
-    predicted: int
-    edge: str
-    phase: str = "pipeline"
-
-
-@dataclass(frozen=True)
-class Recv:
-    """Wait for piece `key` from rank `source`."""
-
-    key: str
-    source: int
-    tag: int
-    shape: tuple[int, ...]
-    dtype: str
 
 
 @dataclass(frozen=True)
@@ -88,13 +65,6 @@ class StageProgram:
             times = 1 if slot == "update" else self.micro_batches
             found += [replace(i, predicted=i.predicted * times) for i in getattr(self, slot) if isinstance(i, (Communicate, Send))]
         return tuple(found)
-
-    def phase_bytes(self) -> dict[str, int]:
-        """Predicted bytes per step by phase."""
-        totals = dict.fromkeys(PHASES, 0)
-        for instruction in self.communications():
-            totals[instruction.phase] += instruction.predicted
-        return totals
 
     def own_slices(self, whole: dict) -> dict:
         """This rank's slices of the whole arrays in `whole` that its program loads."""
@@ -169,12 +139,16 @@ def _owners(graph, instructions) -> list[str | None]:
 def _reads(instruction) -> tuple[str, ...]:
     if isinstance(instruction, Compute):
         return instruction.inputs
+    if isinstance(instruction, Send):
+        return (instruction.key,)
     return (instruction.source,) if isinstance(instruction, Communicate) else ()
 
 
 def _writes(instruction) -> tuple[str, ...]:
     if isinstance(instruction, Compute):
         return instruction.outputs
+    if isinstance(instruction, Recv):
+        return (instruction.key,)
     return (instruction.target,) if isinstance(instruction, Communicate) else ()
 
 
@@ -193,8 +167,14 @@ class _Cutter:
                 if owner not in self.pipeline.shared:
                     self.writer[key] = self.pipeline.op_stages[owner]
         self.transfers = self._transfers()
+        self.outgoing: dict[tuple[int, str], list] = {}  # (writing stage, key) -> [(reading stage, tag)]
+        for (key, reader), (writer, _, tag) in self.transfers.items():
+            self.outgoing.setdefault((writer, key), []).append((reader, tag))
         self.broadcasts = self._broadcasts(len(self.transfers))
         self.layouts = self._key_layouts()
+        group = self.pipeline.group_size
+        self.partitions = tuple(tuple(tuple(member + s * group for member in g) for s in range(self.pipeline.stages) for g in partition)
+                                for partition in template.partitions)  # the same on every rank
 
     def _stages_of(self, owner: str) -> range | tuple[int]:
         return range(self.pipeline.stages) if owner in self.pipeline.shared else (self.pipeline.op_stages[owner],)
@@ -241,21 +221,23 @@ class _Cutter:
             layouts[f"{writeback.value}>{writeback.parameter}"] = writeback.plan.dst
         return layouts
 
-    def _recv(self, key: str, source: int, tag: int, device: int) -> Recv:
+    def _piece(self, key: str, device: int) -> tuple[tuple[int, ...], str]:
+        """Shape and dtype of `device`'s piece of store key `key` (a tensor or a redistribution's result)."""
         layout = self.plan.layouts.get(key) or self.layouts[key]
-        shape = tuple(b - a for a, b in layout.slice_range(device))
-        dtype = self.plan.graph.tensors[key.split(">")[0]].dtype
-        return Recv(key, source, tag, shape, dtype)
+        return tuple(b - a for a, b in layout.slice_range(device)), self.plan.graph.tensors[key.split(">")[0]].dtype
+
+    def _recv(self, key: str, stage: int, tag: int, device: int) -> Recv:
+        return Recv(key, stage * self.pipeline.group_size + device, tag, *self._piece(key, device))
+
+    def _send(self, key: str, stage: int, tag: int, device: int) -> Send:
+        shape, dtype = self._piece(key, device)
+        return Send(key, stage * self.pipeline.group_size + device, tag, math.prod(shape) * dtype_size(dtype), f"{key} -> stage {stage}")
 
     def program(self, device_program, rank: int) -> StageProgram:
-        pipeline, group = self.pipeline, self.pipeline.group_size
+        group = self.pipeline.group_size
         stage, device = divmod(rank, group)
         slots: dict[str, list] = {slot: [] for slot in SLOTS}
         received: set[str] = set()
-        outgoing = {}
-        for (key, reader), (writer, _, tag) in self.transfers.items():
-            if writer == stage:
-                outgoing.setdefault(key, []).append((reader, tag))
         for index, (instruction, owner) in enumerate(zip(device_program.instructions, self.owners)):
             if owner is None or stage not in self._stages_of(owner):
                 continue
@@ -264,27 +246,20 @@ class _Cutter:
                 incoming = self.transfers.get((key, stage))
                 if incoming is not None and key not in received:  # its first reader: the slot _transfers found
                     received.add(key)
-                    slot.append(self._recv(key, incoming[0] * group + device, incoming[2], device))
+                    slot.append(self._recv(key, incoming[0], incoming[2], device))
             slot.append(_moved(instruction, stage * group))
             for key in _writes(instruction):
                 if self.last_write[key] == index:
-                    slot += [Send(key, reader * group + device, tag, self._piece_bytes(key, device), f"{key} -> stage {reader}")
-                             for reader, tag in outgoing.get(key, ())]
+                    slot += [self._send(key, reader, tag, device) for reader, tag in self.outgoing.get((stage, key), ())]
         updates = self._updates(device_program, stage, device, slots["update"])
         return self._assemble(device_program, rank, stage, slots, updates)
-
-    def _piece_bytes(self, key: str, device: int) -> int:
-        layout = self.plan.layouts.get(key) or self.layouts[key]
-        size = math.prod(b - a for a, b in layout.slice_range(device))
-        return size * dtype_size(self.plan.graph.tensors[key.split(">")[0]].dtype)
 
     def _updates(self, device_program, stage: int, device: int, update_slot: list) -> tuple[tuple[str, str], ...]:
         """The stage's (parameter, next value key) pairs; a parameter another stage updates
         arrives at the end of the step (the update slot sends or receives it)."""
-        group, updates = self.pipeline.group_size, []
+        updates, values = [], dict(self.plan.graph.updates)
         for parameter, key in device_program.updates:
-            value = dict(self.plan.graph.updates)[parameter]
-            updater = self.writer.get(value)
+            updater = self.writer.get(values[parameter])
             shared = updater is None
             if shared or updater == stage:
                 updates.append((parameter, key))
@@ -293,34 +268,26 @@ class _Cutter:
                 continue
             _, readers, tag = broadcast
             if updater == stage:
-                update_slot += [Send(key, reader * group + device, tag, self._piece_bytes(key, device), f"{key} -> stage {reader}")
-                                for reader in readers]
+                update_slot += [self._send(key, reader, tag, device) for reader in readers]
             elif stage in readers:
-                update_slot.append(self._recv(key, updater * group + device, tag, device))
+                update_slot.append(self._recv(key, updater, tag, device))
                 updates.append((parameter, key))
         return tuple(updates)
 
     def _assemble(self, device_program, rank: int, stage: int, slots: dict, updates) -> StageProgram:
-        read = {key for slot in slots.values() for i in slot for key in _reads(i) + ((i.key,) if isinstance(i, Send) else ())}
+        read = {key for slot in slots.values() for i in slot for key in _reads(i)}
         inputs = set(device_program.inputs)
         loads = [_moved(i, 0) for i in device_program.instructions if isinstance(i, Load) and i.tensor in read]
         batch = tuple(i for i in loads if i.tensor in inputs)
-        written_per_micro = {key for slot in ("forward", "backward") for i in slots[slot] for key in _writes(i) + _received(i)}
-        read_in_update = {key for i in slots["update"] for key in _reads(i) + ((i.key,) if isinstance(i, Send) else ())}
+        written_per_micro = {key for slot in ("forward", "backward") for i in slots[slot] for key in _writes(i)}
+        read_in_update = {key for i in slots["update"] for key in _reads(i)}
         outputs = tuple((tensor, key) for tensor, key in device_program.outputs
                         if self.pipeline.op_stages.get(self.plan.graph.tensors[tensor].producer) == stage)
-        partitions = tuple(tuple(tuple(member + s * self.pipeline.group_size for member in g)
-                                 for s in range(self.pipeline.stages) for g in partition)
-                           for partition in device_program.partitions)
         return StageProgram(
             rank, self.pipeline.device_num, stage, self.pipeline.stages, self.pipeline.micro_batches, self.pipeline.schedule,
-            partitions, tuple(i for i in loads if i.tensor not in inputs), batch + tuple(slots["forward"]),
+            self.partitions, tuple(i for i in loads if i.tensor not in inputs), batch + tuple(slots["forward"]),
             tuple(slots["backward"]), tuple(slots["update"]), tuple(i.tensor for i in batch),
             tuple(sorted(written_per_micro & read_in_update)), outputs, updates)
-
-
-def _received(instruction) -> tuple[str, ...]:
-    return (instruction.key,) if isinstance(instruction, Recv) else ()
 
 
 def _moved(instruction, offset: int):

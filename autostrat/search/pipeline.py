@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from autostrat.autodiff import op_phase
-from autostrat.cost import op_cost
 from autostrat.errors import ConfigError, InfeasibleError
+from autostrat.search.prediction import op_times
 from autostrat.search.search import search
 from autostrat.search.stages import SCHEDULES, StageSplit, op_units, priced_split, split_stages, unit_costs
 
@@ -194,18 +194,8 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
 def _once_ns(plan, op_stages: dict, shared: frozenset, stages: int, hardware) -> tuple[int, ...]:
     """Per stage, the predicted time of its update ops, the redistributions into them
     (gradient synchronisation) and their writebacks, which run once per step."""
-    model, graph = hardware.alpha_beta(plan.device_num), plan.graph
-    per_op = {name: 0 for name in graph.ops if op_phase(name) == "update"}
-    for name in per_op:
-        dtypes = tuple(graph.tensors[t].dtype for t in graph.ops[name].inputs + graph.ops[name].outputs)
-        per_op[name] += hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), dtypes)
-    for edge in plan.redistributions:
-        if edge.consumer in per_op and not edge.shares:
-            per_op[edge.consumer] += edge.plan.nanoseconds(model)
-    for writeback in plan.writebacks:
-        per_op[graph.tensors[writeback.value].producer] += writeback.plan.nanoseconds(model)
     totals = [0] * stages
-    for name, time_ns in per_op.items():
+    for name, time_ns in op_times(plan, hardware, ("update",)).items():
         for stage in range(stages) if name in shared else (op_stages[name],):
             totals[stage] += time_ns
     return tuple(totals)

@@ -94,6 +94,28 @@ def format_nanoseconds(value: int) -> str:
     return f"{value} ns"
 
 
+def compute_ns(plan, name: str, hardware: Hardware) -> int:
+    """The predicted compute time of op `name` of `plan` (its strategy's local work) on `hardware`."""
+    op = plan.graph.ops[name]
+    dtypes = tuple(plan.graph.tensors[t].dtype for t in op.inputs + op.outputs)
+    return hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), dtypes)
+
+
+def op_times(plan, hardware: Hardware, phases: tuple[str, ...]) -> dict[str, int]:
+    """Per op of `phases` (`autodiff.op_phase`), its compute plus the redistributions into it
+    (a shared one counted once, at its first reader) and, for an update, its writeback."""
+    model, graph = hardware.alpha_beta(plan.device_num), plan.graph
+    times = {name: compute_ns(plan, name, hardware) for name in graph.ops if op_phase(name) in phases}
+    for edge in plan.redistributions:
+        if edge.consumer in times and not edge.shares:
+            times[edge.consumer] += edge.plan.nanoseconds(model)
+    for writeback in plan.writebacks:
+        producer = graph.tensors[writeback.value].producer
+        if producer in times:
+            times[producer] += writeback.plan.nanoseconds(model)
+    return times
+
+
 def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
     """The `Prediction` of `plan` (a `plan.Plan`) on `hardware`, over `phases`.
 
@@ -111,9 +133,8 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
     """
     model = hardware.alpha_beta(plan.device_num)
     compute = dict.fromkeys(phases, 0)
-    for name, op in plan.graph.ops.items():
-        dtypes = tuple(plan.graph.tensors[t].dtype for t in op.inputs + op.outputs)
-        compute[op_phase(name)] += hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), dtypes)
+    for name in plan.graph.ops:
+        compute[op_phase(name)] += compute_ns(plan, name, hardware)
     communication, sent = dict.fromkeys(phases, 0), dict.fromkeys(phases, 0)
     moves = [(plan.edge_phase(edge), edge.plan) for edge in plan.redistributions if not edge.shares]  # shared: sent once
     moves += [("update", writeback.plan) for writeback in plan.writebacks]

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from autostrat.autodiff import op_phase
-from autostrat.cost import Hardware, dtype_size, op_cost
+from autostrat.cost import Hardware, dtype_size
 from autostrat.errors import ConfigError, InfeasibleError
+from autostrat.search.prediction import op_times
 from autostrat.search.problem import layers_of
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -236,18 +237,12 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None) ->
         >>> costs.weight_bytes, costs.activation_bytes
         ((0, 153408, 153408, 8), (0, 49152, 47104, 2048))
     """
-    graph, model = plan.graph, hardware.alpha_beta(plan.device_num)
+    graph = plan.graph
     units = op_units(graph) if units is None else units
     count = max(units.values()) + 1
     time, activations, weights = [0] * count, [0] * count, [0] * count
-    for name, op in graph.ops.items():
-        if op_phase(name) not in ("forward", "backward"):
-            continue
-        dtypes = tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs)
-        time[units[name]] += hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), dtypes)
-    for edge in plan.redistributions:
-        if op_phase(edge.consumer) in ("forward", "backward") and not edge.shares:
-            time[units[edge.consumer]] += edge.plan.nanoseconds(model)
+    for name, time_ns in op_times(plan, hardware, ("forward", "backward")).items():
+        time[units[name]] += time_ns
     for name, info in graph.tensors.items():
         size = math.prod(plan.layouts[name].slice_shape) * dtype_size(info.dtype) if name in plan.layouts else 0
         readers = [reader for reader, _ in graph.consumers(name)]
