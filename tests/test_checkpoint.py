@@ -67,7 +67,7 @@ def test_checkpoint_of_8_ranks_continues_on_4_ranks_with_another_strategy(saved_
     plan8, batches, path, continued = saved_8_rank_run
     plan4, values4, _ = _plan(4, ((1, 4), (4, 1)), initial=load_checkpoint(path))
     # Really another layout: dense1.weight is split by columns on 8 ranks, by rows on 4.
-    weight = "backbone.dense1.weight"
+    weight = "dense1.weight"
     assert (plan8.layouts[weight].parts, plan4.layouts[weight].parts) == ((1, 4), (4, 1))
     resumed = train_locally(plan4, values4, batches[STEPS:])
     assert resumed.bytes_match
@@ -106,7 +106,7 @@ def test_train_saves_the_final_parameters_and_optimizer_state(tmp_path):
     path = tmp_path / "run" / "ffn.npz"
     report = train(_ffn_cell(), FFN_INPUTS, steps=2, log=None, save_checkpoint=path)
     saved = load_checkpoint(path)
-    assert set(saved) == set(report.result.parameters) and "moments.backbone.dense1.weight" in saved
+    assert set(saved) == set(report.result.parameters) and "moments.dense1.weight" in saved
     assert all(np.array_equal(saved[name], array) for name, array in report.result.parameters.items())
 
 
@@ -210,14 +210,14 @@ def ffn_graph_and_state():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda s: s.pop("moments.backbone.dense2.bias"),
-         r"initial: missing moments.backbone.dense2.bias \(float32 \[64\]\); the plan needs every parameter"),
-        (lambda s: s.update({"moments.backbone.dense3.weight": np.zeros(2, np.float32)}),
-         r"initial: not a parameter or optimizer state of the plan: moments.backbone.dense3.weight \(it updates backbone"),
-        (lambda s: s.update({"backbone.dense1.weight": np.zeros((32, 64), np.float32)}),
-         r"initial: backbone.dense1.weight has shape \[32, 64\], the plan expects \[64, 64\]"),
-        (lambda s: s.update({"backbone.dense1.bias": np.zeros(64, np.float64)}),
-         r"initial: backbone.dense1.bias has dtype float64, the plan expects float32"),
+        (lambda s: s.pop("moments.dense2.bias"),
+         r"initial: missing moments.dense2.bias \(float32 \[64\]\); the plan needs every parameter"),
+        (lambda s: s.update({"moments.dense3.weight": np.zeros(2, np.float32)}),
+         r"initial: not a parameter or optimizer state of the plan: moments.dense3.weight \(it updates dense1.weight"),
+        (lambda s: s.update({"dense1.weight": np.zeros((32, 64), np.float32)}),
+         r"initial: dense1.weight has shape \[32, 64\], the plan expects \[64, 64\]"),
+        (lambda s: s.update({"dense1.bias": np.zeros(64, np.float64)}),
+         r"initial: dense1.bias has dtype float64, the plan expects float32"),
     ],
     ids=["missing", "extra", "shape", "dtype"],
 )
@@ -230,7 +230,7 @@ def test_a_checkpoint_that_does_not_fit_the_plan_is_named(ffn_graph_and_state, c
 
 
 def test_training_plan_checks_its_initial_values():
-    with pytest.raises(CheckpointError, match=r"initial: missing backbone.dense1.weight \(float32 \[64, 64\]\)"):
+    with pytest.raises(CheckpointError, match=r"initial: missing dense1.weight \(float32 \[64, 64\]\)"):
         _plan(8, initial={})
 
 
@@ -239,7 +239,7 @@ def test_strategy_checkpoint_of_a_training_plan_seeds_the_same_plan(tmp_path):
     saved, _, _ = _plan(8, steps=1, strategy_ckpt_save_file=str(path))
     data = json.loads(path.read_text())
     assert any(item["node_name"].startswith("bprop/") for item in data["parallel_strategy_item"])
-    [weight] = [item for item in data["parallel_layout_item"] if item["param_name"] == "backbone.dense1.weight"]
+    [weight] = [item for item in data["parallel_layout_item"] if item["param_name"] == "dense1.weight"]
     assert weight["parallel_layouts"]["shape"] == [{"dim": [64, 64]}]
     assert weight["parallel_layouts"]["slice_shape"] == [{"dim": [64, 16]}]
     # An unseeded network planned from the checkpoint gets every strategy back: its forward ops
@@ -270,15 +270,15 @@ def test_training_strategy_checkpoint_plans_the_forward_pass_of_the_same_network
     assert _strategies(forward) == {name: _strategies(saved)[name] for name in forward.ops}
 
 
-@pytest.mark.parametrize("renamed", ["bprop/backbone.relu/relu_grad", "optimizer/backbone.dense1.bias"])
+@pytest.mark.parametrize("renamed", ["bprop/backbone.relu/relu_grad", "optimizer/dense1.bias"])
 def test_unknown_training_op_in_a_strategy_checkpoint_is_named(tmp_path, renamed):
+    wrong = renamed.replace("backbone", "body").replace("dense1", "body1")
     path = tmp_path / "strategy.json"
     _plan(8, steps=1, strategy_ckpt_save_file=str(path))
     data = json.loads(path.read_text())
     for item in data["parallel_strategy_item"]:
         if item["node_name"] == renamed:
-            item["node_name"] = renamed.replace("backbone", "body")
+            item["node_name"] = wrong
     path.write_text(json.dumps(data))
-    wrong = renamed.replace("backbone", "body")
     with pytest.raises(ConfigError, match=f"strategy.json.{wrong}: the graph has no op named '{wrong}'; did you mean"):
         _plan(8, strategy=None, steps=1, strategy_ckpt_load_file=str(path))

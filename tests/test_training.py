@@ -61,10 +61,10 @@ def test_tutorial_ffn_trains_20_momentum_steps_like_stand_alone_and_bytes_match(
 def test_gradient_sync_is_an_allreduce_over_exactly_the_replica_axes():
     set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
     plan, _, _ = training_plan(_ffn_cell(), None, FFN_INPUTS)
-    sync = [e for e in plan.redistributions if e.consumer == "optimizer/backbone.dense1.weight"]
+    sync = [e for e in plan.redistributions if e.consumer == "optimizer/dense1.weight"]
     assert [str(s.kind) for e in sync for s in e.plan.steps] == ["AllReduce"]
-    stored = plan.layouts["backbone.dense1.weight"]
-    assert plan.ops["optimizer/backbone.dense1.weight"].strategy.input_layouts[0] == stored
+    stored = plan.layouts["dense1.weight"]
+    assert plan.ops["optimizer/dense1.weight"].strategy.input_layouts[0] == stored
     assert sync[0].plan.steps[0].group_size == 2  # dense1.weight is split 4 ways, replicated 2
 
 
@@ -118,8 +118,8 @@ def test_gradients_mean_false_sums_the_replicas_gradients(mode):
     # Data parallel replicates every parameter 8 ways; the seeded plan splits the weights 4 ways
     # (and keeps dense2's bias whole: its output's partial sums are scattered by rows).
     assert replicas == (dict.fromkeys(replicas, 8) if mode == "data_parallel" else
-                        {"backbone.dense1.weight": 2, "backbone.dense1.bias": 2, "backbone.dense2.weight": 2,
-                         "backbone.dense2.bias": 8})
+                        {"dense1.weight": 2, "dense1.bias": 2, "dense2.weight": 2,
+                         "dense2.bias": 8})
 
 
 def test_gradients_mean_must_be_a_bool():

@@ -3,6 +3,7 @@ primitives in `__init__`, and say what they compute in `construct`."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Iterator
 
 from autostrat.errors import ConfigError
@@ -29,9 +30,17 @@ class Cell:
         ['relu']
     """
 
-    def __init__(self):
+    def __init__(self, auto_prefix: bool = True, flags=None):
         object.__setattr__(self, "_children", {})
         object.__setattr__(self, "training", False)
+        # MindSpore's auto_prefix: False for wrappers (WithLossCell, TrainOneStepCell,
+        # PipelineCell), whose sub-cells' parameters keep the names the wrapped network gave
+        # them (``dense1.weight``, not ``backbone.dense1.weight``): strategy and parameter
+        # checkpoints then name the same tensors as MindSpore's.
+        object.__setattr__(self, "_auto_prefix", auto_prefix)
+        if flags:
+            warnings.warn(f"{type(self).__name__}: Cell flags {flags!r} are accepted and have no effect in autostrat "
+                          f"(they steer MindSpore's graph compiler)", stacklevel=2)
 
     def __setattr__(self, name: str, value) -> None:
         if isinstance(value, (Cell, Parameter, Primitive)):
@@ -117,27 +126,43 @@ class Cell:
         object.__setattr__(self, "_recompute", True)
         return self
 
-    def _walk(self, prefix: str = "") -> Iterator[tuple[str, object]]:
+    def _walk(self, prefix: str = "", parameter_names: bool = False) -> Iterator[tuple[str, object]]:
         for name, child in self._children.items():
             path = f"{prefix}{name}"
             yield path, child
             if isinstance(child, Cell):
-                yield from child._walk(path + ".")
+                inner = prefix if parameter_names and not self._auto_prefix else path + "."
+                yield from child._walk(inner, parameter_names)
 
     def cells_and_names(self) -> Iterator[tuple[str, Cell]]:
         yield "", self
         yield from ((p, c) for p, c in self._walk() if isinstance(c, Cell))
 
-    def _unique(self, kind: type) -> Iterator[tuple[str, object]]:
+    def _unique(self, kind: type, parameter_names: bool = False) -> Iterator[tuple[str, object]]:
         """Every child of `kind` once, under the first path that reaches it (tied weights)."""
-        seen: set[int] = set()
-        for path, child in self._walk():
+        seen: dict[int, str] = {}
+        paths: set[str] = set()
+        for path, child in self._walk(parameter_names=parameter_names):
             if isinstance(child, kind) and id(child) not in seen:
-                seen.add(id(child))
+                if path in paths:
+                    raise ConfigError(f"{type(self).__name__}: two {kind.__name__}s are both named {path!r} (a cell with "
+                                      f"auto_prefix=False holds sub-cells naming their children alike)")
+                seen[id(child)] = path
+                paths.add(path)
                 yield path, child
 
     def parameters_and_names(self) -> Iterator[tuple[str, Parameter]]:
-        return self._unique(Parameter)
+        """Every parameter once, named by its attribute path, without the names of the cells
+        between it and a wrapper with ``auto_prefix=False``, as MindSpore names it.
+
+        Example:
+            >>> from autostrat import nn
+            >>> from autostrat.models import FFN
+            >>> loss = nn.WithLossCell(FFN(), nn.SoftmaxCrossEntropyWithLogits(sparse=True))
+            >>> [name for name, _ in loss.parameters_and_names()][:2]
+            ['dense1.weight', 'dense1.bias']
+        """
+        return self._unique(Parameter, parameter_names=True)
 
     def trainable_params(self) -> list[Parameter]:
         """The parameters an optimiser updates (``requires_grad``), as MindSpore lists them."""

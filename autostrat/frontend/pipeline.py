@@ -32,7 +32,7 @@ class PipelineCell(Cell):
     """
 
     def __init__(self, network, micro_size: int, stage_config=None):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         if isinstance(micro_size, bool) or not isinstance(micro_size, int) or micro_size < 1:
             raise ConfigError(f"PipelineCell: micro_size must be a positive integer, got {micro_size!r}")
         if stage_config is not None:

@@ -72,7 +72,7 @@ class WithLossCell(Cell):
     """``loss_fn(backbone(data), label)``: a network that returns its loss."""
 
     def __init__(self, backbone, loss_fn):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         self.backbone, self.loss_fn = backbone, loss_fn
 
     def construct(self, data, label):
@@ -84,7 +84,7 @@ class TrainOneStepCell(Cell):
     plans forward, backward, gradient synchronisation and update together."""
 
     def __init__(self, network, optimizer):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         self.network, self.optimizer = network, optimizer
 
     def train_parts(self) -> tuple:

@@ -174,13 +174,6 @@ def _from_protobuf(fields: dict, path: Path) -> dict:
     return seeds
 
 
-def _reads(op, parameter: str) -> bool:
-    """Whether `op` reads MindSpore's `parameter`: by its name, or under a wrapper's prefix
-    (MindSpore's WithLossCell and TrainOneStepCell do not prefix their network's parameters;
-    autostrat's paths go through ``backbone.``)."""
-    return any(name == parameter or name.endswith("." + parameter) for name in op.inputs)
-
-
 def resolve_names(graph, seeds: dict, where: str) -> dict:
     """MindSpore node names (``MatMul_dense1.weight``) -> the graph's op names; a name already an
     op of the graph stays. A name no op answers is a `ConfigError` naming it.
@@ -200,7 +193,7 @@ def resolve_names(graph, seeds: dict, where: str) -> dict:
             continue
         op_type, _, parameter = name.partition("_")
         kinds = _SAME_OP.get(op_type, (op_type,))
-        found = [op.name for op in graph.ops.values() if op.op_type in kinds and _reads(op, parameter)]
+        found = [op.name for op in graph.ops.values() if op.op_type in kinds and parameter in op.inputs]
         if not found:
             raise ConfigError(f"{where}: MindSpore op {name!r} ({op_type} reading parameter {parameter!r}) matches no op of "
                               f"{graph.name}; the Cell tree must name its parameters as the one that saved the checkpoint")
