@@ -238,10 +238,14 @@ def test_strategy_checkpoint_of_a_training_plan_seeds_the_same_plan(tmp_path):
     path = tmp_path / "strategy.json"
     saved, _, _ = _plan(8, steps=1, strategy_ckpt_save_file=str(path))
     data = json.loads(path.read_text())
-    assert any(item["node_name"].startswith("bprop/") for item in data["parallel_strategy_item"])
-    [weight] = [item for item in data["parallel_layout_item"] if item["param_name"] == "dense1.weight"]
-    assert weight["parallel_layouts"]["shape"] == [{"dim": [64, 64]}]
-    assert weight["parallel_layouts"]["slice_shape"] == [{"dim": [64, 16]}]
+    assert any(item["node_name"].startswith("bprop/") for item in data["autostrat"]["parallel_strategy_item"])
+    # MindSpore's part names the forward ops reading parameters, and every parameter and state.
+    assert set(data["parallel_strategy_item"]) == {"MatMul_dense1.weight", "BiasAdd_dense1.bias", "MatMul_dense2.weight",
+                                                   "BiasAdd_dense2.bias"}
+    assert set(data["parallel_layout_item"]) == {f"{kind}dense{i}.{p}" for kind in ("", "moments.") for i in (1, 2)
+                                                 for p in ("weight", "bias")}
+    weight = data["parallel_layout_item"]["dense1.weight"]
+    assert (weight["tensor_shape"], weight["slice_shape"]) == ([64, 64], [64, 16])
     # An unseeded network planned from the checkpoint gets every strategy back: its forward ops
     # are seeded, the search derives the backward ones again (without a disagreement warning).
     with warnings.catch_warnings():
@@ -251,13 +255,12 @@ def test_strategy_checkpoint_of_a_training_plan_seeds_the_same_plan(tmp_path):
     assert loaded.ops["backbone.relu"].origin == "seed"
 
 
-def test_strategy_checkpoint_without_shapes_still_loads_as_seeds(tmp_path):
+def test_a_strategy_checkpoint_in_the_earlier_list_format_still_loads_as_seeds(tmp_path):
     path, old = tmp_path / "strategy.json", tmp_path / "old.json"
     _plan(8, steps=1, strategy_ckpt_save_file=str(path))
     data = json.loads(path.read_text())
-    for item in data["parallel_layout_item"]:
-        del item["parallel_layouts"]["shape"]  # as written before the full shape was recorded
-    old.write_text(json.dumps(data))
+    old.write_text(json.dumps({"device_num": 8, "parallel_strategy_item": data["autostrat"]["parallel_strategy_item"],
+                               "parallel_layout_item": []}))  # as autostrat wrote it before MindSpore's format
     assert load_checkpoint_seeds(old) == load_checkpoint_seeds(path)
 
 
@@ -276,7 +279,7 @@ def test_unknown_training_op_in_a_strategy_checkpoint_is_named(tmp_path, renamed
     path = tmp_path / "strategy.json"
     _plan(8, steps=1, strategy_ckpt_save_file=str(path))
     data = json.loads(path.read_text())
-    for item in data["parallel_strategy_item"]:
+    for item in data["autostrat"]["parallel_strategy_item"]:
         if item["node_name"] == renamed:
             item["node_name"] = wrong
     path.write_text(json.dumps(data))

@@ -143,11 +143,11 @@ def test_the_search_prices_the_sharded_plan_it_returns():
 
 def test_the_strategy_checkpoint_records_the_optimizer_shard():
     plan, _, _ = _plan(_ffn(), Adam(1e-3), True)
-    layouts = {item["param_name"]: item["parallel_layouts"] for item in checkpoint_dict(plan)["parallel_layout_item"]}
+    layouts = checkpoint_dict(plan)["parallel_layout_item"]
     weight = layouts["dense1.weight"]  # split (1, 4): 2 replicas, on ranks 4 apart
     assert (weight["opt_weight_shard_size"], weight["opt_weight_shard_step"]) == (2, 4)
     plain, _, _ = _plan(_ffn(), Adam(1e-3), False)
-    assert all(item["parallel_layouts"]["opt_weight_shard_size"] == 0 for item in checkpoint_dict(plain)["parallel_layout_item"])
+    assert all(item["opt_weight_shard_size"] == 0 for item in checkpoint_dict(plain)["parallel_layout_item"].values())
 
 
 def assert_the_ffn_continues_plain_on_4_ranks(sharded, values, batches, path) -> None:

@@ -190,8 +190,11 @@ def test_marked_stages_are_kept_and_shown(tmp_path):
     ir = plan.dump_ir(tmp_path / "ir")[0].read_text()
     assert "4 devices per stage, 2 stages, one of 4 micro-batches" in ir and "{pipeline_stage: 1}" in ir
     saved = json.loads((tmp_path / "strategy.json").read_text())
-    stages = {item["node_name"]: item["parallel_strategys"]["stage"] for item in saved["parallel_strategy_item"]}
+    stages = {item["node_name"]: item["parallel_strategys"]["stage"] for item in saved["autostrat"]["parallel_strategy_item"]}
     assert stages["blocks.0.attention.query.matmul"] == 0 and stages["blocks.2.attention.query.matmul"] == 1
+    mindspore = saved["parallel_strategy_item"]  # MindSpore's part: the same stages
+    assert mindspore["MatMul_blocks.0.attention.query.weight"]["stage"] == 0
+    assert mindspore["MatMul_blocks.2.attention.query.weight"]["stage"] == 1
 
 
 def test_a_checkpoint_of_two_stages_continues_on_four(tmp_path):

@@ -81,7 +81,10 @@ def _finished(plan: Plan, context: ParallelContext) -> Plan:
     """`plan`, its warnings issued, its strategy checkpoint saved and its IR dumped (MindSpore's
     ``set_context(save_graphs=...)``) when the contexts ask."""
     for message in plan.warnings:
-        warnings.warn(message, stacklevel=4)
+        # Seeds read from a strategy checkpoint come from one plan: a redistribution between two
+        # of them was in that plan too, not a contradiction to warn about.
+        if not (context.strategy_ckpt_load_file and message.startswith("seeds of ")):
+            warnings.warn(message, stacklevel=4)
     if context.strategy_ckpt_save_file:
         plan.save_strategy(context.strategy_ckpt_save_file)
     folder = graphs_folder(context.global_rank)

@@ -1,10 +1,16 @@
-"""The strategy checkpoint: a plan's strategies and parameter layouts as JSON with MindSpore's
-keys (``parallel_strategy_item``, ``parallel_layout_item``, ``dev_matrix``, ``tensor_map``,
-``shape``, ``slice_shape``...), and reading one back as seeds (`strategy_ckpt_load_file`).
+"""The strategy checkpoint: a plan written so that MindSpore loads it
+(``strategy_ckpt_config={"load_file": ...}``) and autostrat reads it back as seeds.
 
-A training plan's checkpoint also names its backward and update ops (``bprop/...``,
-``optimizer/...``); `seeds_by_phase` sorts them so that the forward ones seed the traced graph
-while the others are only checked by name against the training graph built from it."""
+``.ckpt`` files are MindSpore's protobuf, ``.json`` files MindSpore's JSON (see
+`search.mindspore_checkpoint`): ``parallel_strategy_item`` names each forward op reading a
+parameter MindSpore's way (``MatMul_dense1.weight``) with its strategy and pipeline stage, and
+``parallel_layout_item`` gives each parameter's (and optimiser state's) layout: ``dev_matrix``,
+``tensor_map``, ``tensor_shape`` and the optimiser-shard group. The JSON adds, under
+``autostrat``, every op of the plan by its own name with its out-strategy and stage (backward
+and update ops too: ``bprop/...``, ``optimizer/...``), which MindSpore ignores and autostrat reads
+first, so a plan reloads exactly; `seeds_by_phase` sorts them so that the forward ones seed the
+traced graph while the others are only checked by name against the training graph built from
+it. Files written before this format (``parallel_strategy_item`` as that list) still load."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from pathlib import Path
 from autostrat.autodiff import PHASES, op_phase
 from autostrat.errors import ConfigError
 from autostrat.io import read_json
+from autostrat.search.mindspore_checkpoint import encode, mindspore_names
 from autostrat.search.optimizer_shard import update_layout
 
 
@@ -21,37 +28,95 @@ def _dims(values) -> list[dict]:
     return [{"dim": list(value)} for value in values]
 
 
-def _tensor_map(layout) -> list:
-    # MindSpore writes one axis per dim (-1 = not split); a dim over several axes is a list.
-    return [-1 if not entry else entry[0] if len(entry) == 1 else list(entry) for entry in layout.tensor_map.entries]
+def _mindspore_layout(layout) -> tuple[list[int], list]:
+    """`layout`'s device matrix and tensor map as MindSpore writes them: axes of size 1 left
+    out (MindSpore's ``[2, 4]`` where autostrat's MatMul has ``[2, 1, 4]``), one axis per dim
+    (-1 = not split), a dim over several axes as a list."""
+    shape = layout.device_matrix.shape
+    kept = [axis for axis in range(len(shape)) if shape[len(shape) - 1 - axis] > 1]  # counted from the right
+    renumber = {axis: index for index, axis in enumerate(kept)}
+    tensor_map = []
+    for entry in layout.tensor_map.entries:
+        axes = [renumber[axis] for axis in entry if axis in renumber]
+        tensor_map.append(-1 if not axes else axes[0] if len(axes) == 1 else axes)
+    return [size for size in shape if size > 1] or [1], tensor_map
+
+
+def strategy_items(plan) -> list[dict]:
+    """Every op of `plan` by its own name: strategy, out-strategy when needed, pipeline stage."""
+    items = []
+    for name, op in plan.ops.items():
+        body = {"stage": op_stage(plan, name), "parallel_strategy": _dims(op.strategy.to_tuples())}
+        if op.strategy.out_tuples() is not None:
+            body["out_strategy"] = _dims(op.strategy.out_tuples())
+        items.append({"node_name": name, "parallel_strategys": body})
+    return items
+
+
+def op_stage(plan, name: str) -> int:
+    return plan.pipeline.op_stages.get(name, 0) if plan.pipeline else 0  # an op every stage runs: 0
+
+
+def layout_items(plan) -> dict[str, dict]:
+    """MindSpore's ``parallel_layout_item`` of every parameter and optimiser state, by name
+    (plus ``slice_shape``, one device's piece, for re-slicing tools)."""
+    layouts = {}
+    for tensor in sorted(plan.graph.parameters(), key=lambda t: t.name):
+        layout = plan.layouts[tensor.name]
+        step, size = optimizer_shard_group(layout, update_layout(plan.optimizer_shard, layout, tensor.dtype))
+        dev_matrix, tensor_map = _mindspore_layout(layout)
+        layouts[tensor.name] = {"dev_matrix": dev_matrix, "field": 0, "opt_weight_shard_size": size,
+                                "opt_weight_shard_step": step, "tensor_map": tensor_map,
+                                "tensor_shape": list(layout.shape), "slice_shape": list(layout.slice_shape)}
+    return layouts
+
+
+def mindspore_items(plan) -> dict[str, dict]:
+    """MindSpore's ``parallel_strategy_item``: each forward op reading a parameter, by
+    MindSpore's name, with its strategy and stage."""
+    return {ms_name: {"parallel_strategy": [list(part) for part in plan.ops[name].strategy.to_tuples()],
+                      "stage": op_stage(plan, name)}
+            for name, ms_name in mindspore_names(plan.graph).items()}
+
+
+def protobuf_fields(plan) -> dict:
+    """The ``ParallelStrategyMap`` message of `plan` as `mindspore_checkpoint.encode` takes it."""
+    strategies = [{"node_name": name, "parallel_strategys": [{"stage": item["stage"], "parallel_strategy": [
+        {"dim": part} for part in item["parallel_strategy"]]}]} for name, item in sorted(mindspore_items(plan).items())]
+    layouts = [{"param_name": name, "parallel_layouts": [{
+        "dev_matrix": [{"dim": item["dev_matrix"]}], "tensor_map": [{"dim": item["tensor_map"]}],
+        "param_split_shape": [{}], "indices_offset": [{}], "field": item["field"],
+        "opt_weight_shard_step": item["opt_weight_shard_step"], "opt_weight_shard_size": item["opt_weight_shard_size"]}]}
+        for name, item in layout_items(plan).items()]
+    return {"current_stage": 1, "parallel_strategy_item": strategies, "parallel_layout_item": layouts}
 
 
 def checkpoint_dict(plan) -> dict:
-    """The checkpoint of `plan` as plain data."""
-    strategies = []
-    for name, op in plan.ops.items():
-        stage = plan.pipeline.op_stages.get(name, 0) if plan.pipeline else 0  # an op every stage runs: 0
-        item = {"node_name": name, "parallel_strategys": {"stage": stage, "parallel_strategy": _dims(op.strategy.to_tuples())}}
-        if op.strategy.out_tuples() is not None:
-            item["parallel_strategys"]["out_strategy"] = _dims(op.strategy.out_tuples())
-        strategies.append(item)
-    layouts = []
-    for tensor in plan.graph.parameters():
-        layout = plan.layouts[tensor.name]
-        step, size = optimizer_shard_group(layout, update_layout(plan.optimizer_shard, layout, tensor.dtype))
-        layouts.append({
-            "param_name": tensor.name,
-            "parallel_layouts": {
-                "dev_matrix": [{"dim": list(layout.device_matrix.shape)}],
-                "tensor_map": [{"dim": _tensor_map(layout)}],
-                "shape": [{"dim": list(layout.shape)}],  # the whole parameter, which a re-slicing tool needs
-                "slice_shape": [{"dim": list(layout.slice_shape)}],
-                "field": 0,
-                "opt_weight_shard_step": step,
-                "opt_weight_shard_size": size,
-            },
-        })
-    return {"device_num": plan.device_num, "parallel_strategy_item": strategies, "parallel_layout_item": layouts}
+    """The JSON strategy checkpoint of `plan` as plain data: MindSpore's, plus ``autostrat``.
+
+    Example (MindSpore's tutorial FFN, seeded as the tutorial does):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> data = checkpoint_dict(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8))
+        >>> data["parallel_strategy_item"]["MatMul_dense1.weight"]
+        {'parallel_strategy': [[2, 1], [1, 4]], 'stage': 0}
+        >>> data["parallel_layout_item"]["dense1.weight"]["tensor_map"], len(data["autostrat"]["parallel_strategy_item"])
+        ([-1, 0], 5)
+    """
+    return {"current_stage": 1, "parallel_layout_item": layout_items(plan),
+            "parallel_strategy_item": mindspore_items(plan),
+            "autostrat": {"device_num": plan.device_num, "parallel_strategy_item": strategy_items(plan)}}
+
+
+def checkpoint_bytes(plan, path) -> bytes:
+    """The strategy checkpoint file of `plan` for `path`: protobuf for ``.ckpt``, else JSON."""
+    if Path(path).suffix == ".ckpt":
+        return encode(protobuf_fields(plan))
+    return (json.dumps(checkpoint_dict(plan), indent=1, sort_keys=True) + "\n").encode()
 
 
 def optimizer_shard_group(stored, updated) -> tuple[int, int]:
@@ -72,10 +137,6 @@ def optimizer_shard_group(stored, updated) -> tuple[int, int]:
     step = next(rank for rank in range(1, stored.device_num)
                 if stored.shard_index(rank) == home and updated.shard_index(rank) != part)
     return step, size
-
-
-def checkpoint_json(plan) -> str:
-    return json.dumps(checkpoint_dict(plan), indent=1) + "\n"
 
 
 def _strategy(value, where: str):
@@ -99,6 +160,8 @@ def load_checkpoint_seeds(path) -> dict[str, tuple]:
     path = Path(path)
     data = read_json(path, "strategy checkpoint")
     items = data.get("parallel_strategy_item") if isinstance(data, dict) else None
+    if isinstance(data, dict) and isinstance(data.get("autostrat"), dict):
+        items = data["autostrat"].get("parallel_strategy_item")
     if not isinstance(items, list):
         raise ConfigError(f"{path}: expected a JSON object with a 'parallel_strategy_item' list")
     seeds = {}

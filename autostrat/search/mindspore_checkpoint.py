@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from autostrat.autodiff import op_phase
 from autostrat.errors import ConfigError
 from autostrat.io import read_bytes
 
@@ -141,7 +142,7 @@ def encode(fields: dict, message: str = "ParallelStrategyMap") -> bytes:
 
 def read_mindspore_checkpoint(path) -> dict | None:
     """MindSpore's strategy checkpoint at `path` as ``{node name: (in_strategy, None)}``, or
-    None when the file is autostrat's own format (a JSON list of items)."""
+    None when the file is a JSON one autostrat wrote (its ``autostrat`` part names every op)."""
     path = Path(path)
     data = read_bytes(path, "strategy checkpoint")
     try:
@@ -149,8 +150,8 @@ def read_mindspore_checkpoint(path) -> dict | None:
     except (UnicodeDecodeError, json.JSONDecodeError):
         return _from_protobuf(decode(data, where=str(path)), path)
     items = document.get("parallel_strategy_item") if isinstance(document, dict) else None
-    if isinstance(items, list):
-        return None  # autostrat's own checkpoint: `checkpoint.load_checkpoint_seeds` reads it
+    if isinstance(items, list) or isinstance(document, dict) and "autostrat" in document:
+        return None  # autostrat's own checkpoint: `checkpoint.load_checkpoint_seeds` reads every op of it
     if not isinstance(items, dict):
         raise ConfigError(f"{path}: expected a strategy checkpoint (a 'parallel_strategy_item' object or list)")
     seeds = {}
@@ -199,3 +200,27 @@ def resolve_names(graph, seeds: dict, where: str) -> dict:
                               f"{graph.name}; the Cell tree must name its parameters as the one that saved the checkpoint")
         resolved[found[0]] = seed
     return resolved
+
+
+def mindspore_names(graph) -> dict[str, str]:
+    """The forward ops of `graph` that MindSpore's strategy checkpoint names, with those names:
+    each op reading a parameter, as ``<op type>_<first parameter it reads>`` (the inverse of
+    `resolve_names`); a second op of that type reading that parameter first is left out, as
+    one name can hold one strategy.
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> mindspore_names(trace(FFN(), Tensor(shape=(64, 64))))["dense2.matmul"]
+        'MatMul_dense2.weight'
+    """
+    parameters = {tensor.name for tensor in graph.parameters()}
+    names: dict[str, str] = {}
+    for op in graph.ops.values():
+        read = [name for name in op.inputs if name in parameters]
+        if read and op_phase(op.name) == "forward":
+            name = f"{op.op_type}_{read[0]}"
+            if name not in names.values():
+                names[op.name] = name
+    return names

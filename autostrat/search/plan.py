@@ -12,7 +12,7 @@ from autostrat.cost import Hardware
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
-from autostrat.search.checkpoint import checkpoint_json
+from autostrat.search.checkpoint import checkpoint_bytes
 from autostrat.search.dump import write_dumps
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout
 from autostrat.search.prediction import Prediction, predict
@@ -245,8 +245,9 @@ class Plan:
         write_atomically(Path(path), self.to_json())
 
     def save_strategy(self, path) -> None:
-        """Write the strategy checkpoint (MindSpore's JSON keys; see `search.checkpoint`)."""
-        write_atomically(Path(path), checkpoint_json(self))
+        """Write the strategy checkpoint in MindSpore's format: protobuf for ``.ckpt``, JSON
+        otherwise (see `search.checkpoint`)."""
+        write_atomically(Path(path), checkpoint_bytes(self, path))
 
     def dump_ir(self, directory) -> list[Path]:
         """Write the annotated and the sliced graph dumps; returns their paths."""
