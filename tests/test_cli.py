@@ -43,7 +43,7 @@ def test_search_prints_the_plan_and_writes_json_and_ir(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "dense2.matmul    MatMul   ((2, 4), (4, 1))" in out and "total bytes per device: 6144" in out
     assert '"total_bytes_per_device": 6144' in out_file.read_text()
-    assert sorted(p.name for p in ir_dir.iterdir()) == ["step_parallel_begin.ir", "validate_rank0.ir"]
+    assert sorted(p.name for p in ir_dir.iterdir()) == ["step_parallel_begin_0000.ir", "step_parallel_end_0001.ir"]
 
 
 def test_search_with_another_device_num(capsys):

@@ -68,7 +68,7 @@ def test_set_context_acts_on_save_graphs_and_warns_once_per_key_it_cannot_act_on
     net = FFN()
     net.dense1.matmul.shard(((2, 1), (1, 4)))
     ms.parallelize(net, ms.Tensor(shape=(64, 64)))
-    assert (tmp_path / "ir" / "rank_0" / "step_parallel_begin.ir").exists()
+    assert (tmp_path / "ir" / "rank_0" / "step_parallel_begin_0000.ir").exists()
     with pytest.raises(ConfigError, match="set_context: unknown key 'save_graph'"):
         ms.set_context(save_graph=True)
 
@@ -130,8 +130,8 @@ def test_the_tutorial_script_trains_on_threads_and_checks_itself(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "epoch: 2 step: 4, loss is" in done.stdout and "measured = predicted on every rank" in done.stdout
     assert "(limit 1e-05): OK" in done.stdout
-    assert (tmp_path / "graphs" / "rank_0" / "validate_rank0.ir").exists()  # save_graphs=2
-    ir = (tmp_path / "graphs" / "rank_0" / "step_parallel_begin.ir").read_text()
+    assert (tmp_path / "graphs" / "rank_0" / "step_parallel_end_0001.ir").exists()  # save_graphs=2
+    ir = (tmp_path / "graphs" / "rank_0" / "step_parallel_begin_0000.ir").read_text()
     # MindSpore's IR shows the seed among the primitive's attributes and the source line of each op.
     assert "primitive_attrs: {in_strategy: ((2, 1), (1, 4))}" in ir and "# In file train.py:32" in ir
 

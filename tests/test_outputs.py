@@ -46,15 +46,15 @@ def test_dump_ir_into_a_file_leaves_nothing(tmp_path, capsys):
 def test_dump_ir_under_a_file_leaves_nothing(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert main(["search", CONFIG, "--dump-ir", str(tmp_path / "file" / "ir")]) == 2
-    assert "file/ir/step_parallel_begin.ir: Not a directory" in capsys.readouterr().err
+    assert "file/ir/step_parallel_begin_0000.ir: Not a directory" in capsys.readouterr().err
     assert listing(tmp_path) == ["file"]
 
 
 def test_dump_ir_whose_second_file_cannot_be_written_leaves_neither(tmp_path, capsys):
-    (tmp_path / "ir" / "validate_rank0.ir").mkdir(parents=True)  # a folder where a dump goes
+    (tmp_path / "ir" / "step_parallel_end_0001.ir").mkdir(parents=True)  # a folder where a dump goes
     assert main(["search", CONFIG, "--dump-ir", str(tmp_path / "ir")]) == 2
-    assert "ir/validate_rank0.ir: Is a directory" in capsys.readouterr().err
-    assert listing(tmp_path) == ["ir", "ir/validate_rank0.ir"]
+    assert "ir/step_parallel_end_0001.ir: Is a directory" in capsys.readouterr().err
+    assert listing(tmp_path) == ["ir", "ir/step_parallel_end_0001.ir"]
 
 
 def test_a_failed_dump_ir_removes_the_folders_it_made(tmp_path, monkeypatch, capsys):

@@ -133,14 +133,14 @@ def test_searching_twice_gives_byte_identical_json_and_dumps(tmp_path):
     assert first.to_json() == second.to_json()
     first.dump_ir(tmp_path / "a")
     second.dump_ir(tmp_path / "b")
-    for name in ("step_parallel_begin.ir", "validate_rank0.ir"):
+    for name in ("step_parallel_begin_0000.ir", "step_parallel_end_0001.ir"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
 def test_tutorial_dumps_match_golden(golden):
     plan = tutorial_plan()
-    golden("ffn_step_parallel_begin.ir", annotated_text(plan))
-    golden("ffn_validate_rank0.ir", sliced_text(plan))
+    golden("ffn_step_parallel_begin_0000.ir", annotated_text(plan))
+    golden("ffn_step_parallel_end_0001.ir", sliced_text(plan))
 
 
 def test_strategy_checkpoint_round_trip(tmp_path):
@@ -205,7 +205,7 @@ def test_plans_are_identical_across_processes_and_hash_seeds(tmp_path):
         out = tmp_path / f"plan{seed}.json"
         env = dict(os.environ, PYTHONHASHSEED=seed)
         subprocess.run([sys.executable, "-m", "autostrat", "search", "configs/gpt.yaml", "--out", str(out), "--dump-ir", str(tmp_path / seed)], check=True, env=env, capture_output=True)
-        outputs.append(out.read_bytes() + (tmp_path / seed / "validate_rank0.ir").read_bytes())
+        outputs.append(out.read_bytes() + (tmp_path / seed / "step_parallel_end_0001.ir").read_bytes())
     assert outputs[0] == outputs[1]
     assert b'"primitives": [' in outputs[0]
 

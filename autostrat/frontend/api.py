@@ -89,7 +89,7 @@ def _finished(plan: Plan, context: ParallelContext) -> Plan:
         plan.save_strategy(context.strategy_ckpt_save_file)
     folder = graphs_folder(context.global_rank)
     if folder is not None:
-        plan.dump_ir(folder)
+        plan.dump_ir(folder, context.global_rank)  # rank_<r>/ holds rank r's sliced graph, as in MindSpore
     return plan
 
 

@@ -1,8 +1,9 @@
-"""IR dumps of a plan, in the spirit of MindSpore's ``save_graphs``:
+"""IR dumps of a plan, named as MindSpore's ``save_graphs`` names its passes' dumps
+(``<pass>_<serial>.ir``):
 
-- ``step_parallel_begin.ir``: the whole graph, each op annotated with its strategy;
-- ``validate_rank<r>.ir``: rank r's sliced graph: local shapes, and the redistribution
-  primitives inserted before the ops that need them (with rank r's communication group).
+- ``step_parallel_begin_0000.ir``: the whole graph, each op annotated with its strategy;
+- ``step_parallel_end_0001.ir``: one rank's sliced graph: local shapes, and the redistribution
+  primitives inserted before the ops that need them (with that rank's communication group).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _redistribution_lines(edge, rank: int, source: str, dtype: str) -> tuple[lis
 def sliced_text(plan, rank: int = 0) -> str:
     """Rank `rank`'s program: local slice shapes and the inserted redistribution primitives."""
     graph = plan.graph
-    lines = [f"# validate: {graph.name}, rank {rank} of {plan.device_num}", *_header(plan, sliced=True)]
+    lines = [f"# step_parallel_end: {graph.name}, rank {rank} of {plan.device_num}", *_header(plan, sliced=True)]
     for tensor in graph.parameters():
         lines.append(f"  %{tensor.name} = Parameter : {_type(tensor.dtype, plan.layouts[tensor.name].slice_shape)}")
     edges = {(e.consumer, e.input_index): e for e in plan.redistributions}
@@ -108,12 +109,16 @@ def sliced_text(plan, rank: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dump_texts(plan, directory: Path) -> dict[Path, str]:
-    """The dumps' paths in `directory` and their texts, for writing with other files at once."""
-    return {directory / "step_parallel_begin.ir": annotated_text(plan), directory / "validate_rank0.ir": sliced_text(plan, 0)}
+ANNOTATED, SLICED = "step_parallel_begin_0000.ir", "step_parallel_end_0001.ir"
 
 
-def write_dumps(plan, directory: Path) -> list[Path]:
-    """Write ``step_parallel_begin.ir`` and ``validate_rank0.ir`` into `directory` (created if
-    missing), both or neither: a failed write leaves no file and no folder behind."""
-    return write_files_atomically(dump_texts(plan, directory))
+def dump_texts(plan, directory: Path, rank: int = 0) -> dict[Path, str]:
+    """The dumps' paths in `directory` and their texts (the sliced one of `rank`), for writing
+    with other files at once."""
+    return {directory / ANNOTATED: annotated_text(plan), directory / SLICED: sliced_text(plan, rank)}
+
+
+def write_dumps(plan, directory: Path, rank: int = 0) -> list[Path]:
+    """Write both dumps into `directory` (created if missing), both or neither: a failed write
+    leaves no file and no folder behind."""
+    return write_files_atomically(dump_texts(plan, directory, rank))

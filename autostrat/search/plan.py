@@ -249,9 +249,9 @@ class Plan:
         otherwise (see `search.checkpoint`)."""
         write_atomically(Path(path), checkpoint_bytes(self, path))
 
-    def dump_ir(self, directory) -> list[Path]:
-        """Write the annotated and the sliced graph dumps; returns their paths."""
-        return write_dumps(self, Path(directory))
+    def dump_ir(self, directory, rank: int = 0) -> list[Path]:
+        """Write the annotated graph and `rank`'s sliced graph (`search.dump`); returns their paths."""
+        return write_dumps(self, Path(directory), rank)
 
 
 def _described(edge: EdgeRedistribution) -> str:
