@@ -12,6 +12,8 @@ Models (`autostrat.models.GPT`, global batch = devices x 1, float32):
 Each as a training step (forward, backward, Adam) on 8, 64, 256 and 1024 devices, seeded
   megatron: Megatron-LM's tensor parallelism on block 0 only (TP 8 inside a server, DP =
   devices / 8 across servers), the rest propagated by BFS (search_mode sharding_propagation);
+  layouts: the same seeds as MindSpore Layouts with their device axes reversed (TP across
+  servers): orders strategy tuples cannot write, which the search then offers (`search.orders`);
   none: no seeds, search_mode integer_programming (every op uses every device, the data-parallel
   plan as the hint, CP-SAT refines it within --time-limit seconds; repeated layers share one
   strategy unless --coarsen exact).
@@ -99,8 +101,10 @@ def plan_case(case: dict, clock: PhaseClock) -> dict:
         net = GPT(layers, shape["hidden"], shape["heads"], shape["seq"], devices, shape["vocab"])
     with clock.phase("trace"):
         graph = trace(net, *net.example_inputs(), device_num=devices)
-        if case["seeding"] == "megatron":
+        if case["seeding"] in ("megatron", "layouts"):
             seeds = megatron_seeds(layers, 8, first_layer_only=True, data_parallel=devices // 8)
+            if case["seeding"] == "layouts":
+                seeds = reversed_layouts(graph, seeds, devices)
             graph = apply_seeds(graph, seeds, devices)
     with clock.phase("training"):
         graph = build_training(graph, Adam(1e-3))
@@ -119,6 +123,27 @@ def plan_case(case: dict, clock: PhaseClock) -> dict:
         "bytes": plan.total_bytes,
         "refine status": plan.refinement.result.status if plan.refinement else None,
     }
+
+
+def reversed_layouts(graph, seeds: dict, devices: int) -> dict:
+    """`seeds` as MindSpore Layouts with their device axes in the reverse order (TP across
+    servers, DP inside): the same parts per dim, in an order strategy tuples cannot write, so
+    that the search offers the orders these seeds start (`search.orders`)."""
+    from autostrat.layout import Strategy
+    from autostrat.layout.named import as_named
+    from autostrat.layout.placement import Placement, default_placement
+
+    result = {}
+    for name, (in_strategy, out_strategy) in seeds.items():
+        rule = graph.ops[name].rule
+        splits = Strategy.from_tuples(rule, in_strategy, devices, out_strategy).splits
+        default = default_placement(splits, devices)
+        ndim = len(default.matrix)
+        placement = Placement(tuple(reversed(default.matrix)), tuple(tuple(ndim - 1 - a for a in axes) for axes in default.axes))
+        placed = Strategy(rule, splits, devices, placement=placement)
+        result[name] = (tuple(as_named(placed.device_matrix.shape, layout.tensor_map.entries)
+                              for layout in placed.input_layouts), None)
+    return result
 
 
 def run_child(case: dict, progress: Path) -> None:
@@ -269,7 +294,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["7b", "175b"])
     parser.add_argument("--devices", type=int, nargs="+", default=[8, 64, 256, 1024])
-    parser.add_argument("--seeding", nargs="+", choices=["megatron", "none"], default=["megatron", "none"])
+    parser.add_argument("--seeding", nargs="+", choices=["megatron", "layouts", "none"], default=["megatron", "none"])
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case before it is killed (default 300)")
     parser.add_argument("--memory-limit", type=float, default=8192.0,
                         help="MB of resident memory per case before it is killed (default 8192)")
@@ -286,7 +311,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.layers is not None and args.layers < 1:
         parser.error(f"--layers must be at least 1, got {args.layers}")
-    if "megatron" in args.seeding and any(d % 8 for d in args.devices):
+    if {"megatron", "layouts"} & set(args.seeding) and any(d % 8 for d in args.devices):
         parser.error(f"megatron seeding needs devices divisible by 8 (TP 8), got {args.devices}")
     return args
 

@@ -116,7 +116,7 @@ def test_shape_errors_name_the_op():
 
 
 def test_shard_form_is_checked():
-    with pytest.raises(ConfigError, match=r"MatMul.shard in_strategy must be a tuple of tuples of integers such as \(\(2, 1\), \(1, 4\)\), got \(2, 4\)"):
+    with pytest.raises(ConfigError, match=r"MatMul.shard in_strategy must be a tuple of tuples of integers such as \(\(2, 1\), \(1, 4\)\), or of Layouts such as \(layout\('dp', 'None'\),\), got \(2, 4\)"):
         ops.MatMul().shard((2, 4))
 
 

@@ -15,7 +15,7 @@ from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.pipeline import pipeline_parts, plan_pipeline_for
 from autostrat.frontend.tracing import trace
 from autostrat.search import Plan, load_checkpoint_seeds, search, seeds_by_phase
-from autostrat.search.mindspore_checkpoint import read_mindspore_checkpoint, resolve_names
+from autostrat.search.mindspore_checkpoint import read_mindspore_checkpoint, read_parameter_layouts, resolve_names
 from autostrat.search.recompute_choice import choose_recompute, repeated_layers
 
 
@@ -48,7 +48,8 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
     def seeded(graph, device_num: int):
         graph = apply_seeds(graph, seeds, device_num) if seeds else graph
         if mindspore:
-            return apply_seeds(graph, resolve_names(graph, mindspore, where), device_num, where=where)
+            return apply_seeds(graph, resolve_names(graph, mindspore, where, read_parameter_layouts(where)), device_num,
+                               where=where)
         return apply_seeds(graph, checkpoint["forward"], device_num, where=where) if checkpoint else graph
 
     if context.pipeline_stages > 1 or micro_batches > 1:

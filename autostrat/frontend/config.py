@@ -11,6 +11,9 @@
     strategies:
       dense1.matmul: [[2, 1], [1, 4]]          # in_strategy
       loss.one_hot: {in: [[8]], out: [[8, 1]]} # with an out_strategy
+      relu:                                    # a MindSpore Layout: named device axes in any order,
+        layout: {device_matrix: [4, 2], alias_name: [mp, dp]}
+        in: [[[dp, mp], None]]                 #   a dim over two axes ([dp, mp]) or none (None)
     optimizer: {name: adam, learning_rate: 0.001}  # optional: plan (and run) a training step
     recompute: [blocks.0, blocks.1]            # optional: cells whose forward runs again in the backward,
                                                # or auto: the search chooses them under max_device_memory
@@ -36,12 +39,13 @@ import yaml
 
 from autostrat import models
 from autostrat.autodiff import OPTIMIZERS
-from autostrat.errors import AutostratError, ConfigError
+from autostrat.errors import AutostratError, ConfigError, LayoutError
 from autostrat.frontend.context import KEYS, ParallelContext
 from autostrat.frontend.tensor import Tensor
 from autostrat.io import read_text
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
+from autostrat.layout.named import NamedLayout
 
 SECTIONS = ("inputs", "micro_size", "model", "optimizer", "pipeline_stage", "recompute", "strategies")
 AUTO_RECOMPUTE = "auto"  # ``recompute: auto`` / ``--recompute auto``: the search chooses (`auto_recompute`)
@@ -186,13 +190,39 @@ def _check_strategies(section, where: str) -> dict:
         raise _fail(where, f"expected a mapping from op name to strategy, got {section!r}")
     strategies = {}
     for name, value in section.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and "layout" in value:
+            strategies[name] = _layouts(value, f"{where}.{name}")
+        elif isinstance(value, dict):
             if set(value) - {"in", "out"} or "in" not in value:
                 raise _fail(f"{where}.{name}", f"expected {{in: [[...]], out: [[...]]}}, got {value!r}")
             strategies[name] = (_tuples(value["in"]), _tuples(value.get("out")))
         else:
             strategies[name] = (_tuples(value), None)
     return strategies
+
+
+def _layouts(value: dict, where: str) -> tuple:
+    """``{layout: {device_matrix, alias_name}, in: [...], out: [...]}`` as MindSpore Layouts:
+    per tensor, per dim an axis name, None, or a list of names."""
+    layout = value["layout"]
+    if set(value) - {"layout", "in", "out"} or "in" not in value or not isinstance(layout, dict) or set(layout) != {
+            "device_matrix", "alias_name"}:
+        raise _fail(where, f"expected {{layout: {{device_matrix: [...], alias_name: [...]}}, in: [[...]], out: [[...]]}}, "
+                           f"got {value!r}")
+    try:
+        named = NamedLayout(tuple(layout["device_matrix"]), tuple(layout["alias_name"]))
+        tensors = [value[key] for key in ("in", "out") if key in value]
+        if not all(isinstance(t, list) and all(isinstance(dims, list) for dims in t) for t in tensors):
+            raise LayoutError(f"expected per tensor a list of axis names per dim, got {value!r}")
+
+        def called(dims):
+            return named(*(tuple(d) if isinstance(d, list) else "None" if d in (None, "None") else d for d in dims))
+
+        ins = tuple(called(dims) for dims in value["in"])
+        outs = tuple(called(dims) for dims in value["out"]) if "out" in value else None
+    except (LayoutError, TypeError) as error:
+        raise _fail(where, str(error)) from None
+    return ins, outs
 
 
 def _tuples(value):

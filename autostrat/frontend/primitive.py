@@ -14,6 +14,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend import tracing
 from autostrat.frontend.tensor import Tensor
 from autostrat.ir import dtype_name
+from autostrat.layout.named import is_layout_strategy
 from autostrat.rules import get_op, op_types
 from autostrat.runtime.kernels import run_kernel
 
@@ -32,10 +33,13 @@ def freeze(value):
 def _check_strategy_form(strategy, what: str):
     if strategy is None:
         return None
+    if is_layout_strategy(strategy):
+        return tuple(strategy)  # MindSpore Layouts, one per tensor: checked against the op when traced
     if not isinstance(strategy, (tuple, list)) or not all(
         isinstance(s, (tuple, list)) and all(isinstance(p, int) and not isinstance(p, bool) for p in s) for s in strategy
     ):
-        raise ConfigError(f"{what} must be a tuple of tuples of integers such as ((2, 1), (1, 4)), got {strategy!r}")
+        raise ConfigError(f"{what} must be a tuple of tuples of integers such as ((2, 1), (1, 4)), or of Layouts such as "
+                          f"(layout('dp', 'None'),), got {strategy!r}")
     return tuple(tuple(s) for s in strategy)
 
 

@@ -21,6 +21,7 @@ from autostrat.frontend.config import load_config, with_recompute
 from autostrat.frontend.tracing import trace
 from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.layout import Strategy
+from autostrat.layout.named import is_layout_strategy
 from autostrat.runtime.job import Fault, make_job
 from autostrat.runtime.job_file import save_job
 from autostrat.runtime.launcher import STARTUP_TIMEOUT, launch, resolve_hosts
@@ -64,6 +65,11 @@ def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int
         strategy = Strategy.from_tuples(rule, in_strategy, from_devices, out_strategy, where=where)
     except AutostratError as error:
         raise ConfigError(f"{error} (seeds are written for the config's device_num {from_devices})") from None
+    if is_layout_strategy(in_strategy) and from_devices != to_devices:
+        raise ConfigError(f"{where}: a Layout names its {from_devices} devices' axes and cannot be scaled to "
+                          f"{to_devices} devices; write it for {to_devices} (or use strategy tuples)")
+    if is_layout_strategy(in_strategy):
+        return in_strategy, out_strategy
     used = math.prod(strategy.splits)
     excess = used // math.gcd(used, to_devices)
     splits = []

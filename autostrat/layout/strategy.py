@@ -11,6 +11,10 @@ every operand and the partial axes of every output all follow from it:
 - each dim maps to the axes of its factors; an output is partial over the axes of split
   reduction factors.
 
+A MindSpore ``Layout`` seed (`layout.named`) may put the factors on the device axes in any order
+and a factor on several axes; the strategy then carries a `Placement` saying so. A placement that
+gives every rank the same slices as the default one is dropped, so equal strategies compare equal.
+
 This module sits below `autostrat.rules`, so it reads a rule through the attributes listed in
 `FactorRule` rather than importing it.
 """
@@ -19,14 +23,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any, Protocol
 
 from autostrat.errors import LayoutError
 from autostrat.layout.device_matrix import DeviceMatrix
 from autostrat.layout.layout import Layout, TensorMap, format_tuple
+from autostrat.layout.named import is_layout_strategy
+from autostrat.layout.placement import Placement, default_placement
 from autostrat.layout.slicing import SliceContext
-from autostrat.layout.strategy_check import splits_from_tuples
+from autostrat.layout.strategy_check import placement_from_layouts, splits_from_tuples
 
 Dims = tuple[tuple[str, ...], ...]  # per dim of one operand, its factors (major first)
 
@@ -44,6 +50,27 @@ class FactorRule(Protocol):
     reduction: frozenset[str]
     need_replication: frozenset[str]
     reduce_op: str
+
+
+@cache
+def canonical_placement(placement: Placement, splits: tuple[int, ...], factor_sizes: tuple[int, ...], device_num: int,
+                        op_type: str) -> Placement | None:
+    """`placement` of `splits` checked, in normal form (`Layout.normalized` of the factors seen
+    as one tensor's dims); None when it splits every factor as `default_placement` does.
+    Cached: re-placed candidates repeat across the layers of a model."""
+    where = f"{op_type}: placement {placement}"
+    if math.prod(placement.matrix) != device_num or len(placement.axes) != len(splits):
+        raise LayoutError(f"{where}: expected a device matrix of {device_num} devices and axes for {len(splits)} factors")
+    used = [axis for axes in placement.axes for axis in axes]
+    if len(set(used)) != len(used) or any(not 0 <= axis < len(placement.matrix) for axis in used):
+        raise LayoutError(f"{where}: every device axis may split one factor at most, and must exist")
+    sizes = [math.prod(placement.matrix[len(placement.matrix) - 1 - a] for a in axes) for axes in placement.axes]
+    if tuple(sizes) != splits:
+        raise LayoutError(f"{where}: its axes split the factors into {tuple(sizes)} parts, not {splits}")
+    normal = placement.factor_layout(factor_sizes).normalized()
+    if normal == default_placement(splits, device_num).factor_layout(factor_sizes).normalized():
+        return None
+    return Placement(normal.device_matrix.shape, normal.tensor_map.entries)
 
 
 @dataclass(frozen=True)
@@ -72,6 +99,9 @@ class Strategy:
     # and gathered into `input_layouts` for use (ZeRO-3, `search.optimizer_shard`): the op's
     # computation is the same, only where its parameters rest differs.
     at_rest: tuple[int, ...] = ()
+    # Where the factors sit on the devices when not in the default order (a Layout seed, or a
+    # candidate following a neighbour's layout); None: the default (`default_placement`).
+    placement: Placement | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", tuple(int(s) for s in self.splits))
@@ -82,18 +112,30 @@ class Strategy:
                 f"{self.rule.op_type}: splits {self.splits} use {math.prod(self.splits)} devices, "
                 f"which does not divide device_num {self.device_num}"
             )
+        if self.placement is not None:
+            object.__setattr__(self, "placement", self._canonical(self.placement))
         if self.sums_partials and (self.repeat == 1 or self.rule.reduction):
             raise LayoutError(f"{self.rule.op_type}: partial-sum inputs need a repeated-calculation axis and no reduction, "
                               f"got splits {self.splits} on {self.device_num} devices")
 
+    def _canonical(self, placement: Placement) -> Placement | None:
+        """`placement` checked against the splits, in normal form; None when it is the default's."""
+        return canonical_placement(placement, self.splits, tuple(self.rule.factor_sizes), self.device_num,
+                                   self.rule.op_type)
+
     @classmethod
     def from_tuples(cls, rule: FactorRule, in_strategy, device_num: int, out_strategy=None, where: str = "") -> Strategy:
-        """Validate MindSpore strategy tuples against `rule` and convert them to factor splits.
+        """Validate MindSpore strategy tuples (or MindSpore ``Layout`` s, see `layout.named`)
+        against `rule` and convert them to factor splits (and a placement).
 
         `out_strategy` is only needed to split factors that no input has (OneHot's depth).
         Every problem raises `LayoutError` naming `where` (default: the op type).
         """
-        splits = splits_from_tuples(rule, in_strategy, out_strategy, device_num, where or rule.op_type)
+        where = where or rule.op_type
+        if is_layout_strategy(in_strategy):
+            splits, placement = placement_from_layouts(rule, in_strategy, out_strategy, device_num, where)
+            return cls(rule, splits, device_num, placement=placement)
+        splits = splits_from_tuples(rule, in_strategy, out_strategy, device_num, where)
         return cls(rule, splits, device_num)
 
     @property
@@ -105,20 +147,31 @@ class Strategy:
         return self.splits[self.rule.factors.index(factor)]
 
     @cached_property
-    def device_matrix(self) -> DeviceMatrix:
-        shape = self.splits + ((self.repeat,) if self.repeat > 1 or not self.splits else ())
-        return DeviceMatrix(shape)
+    def _placement(self) -> Placement:
+        return self.placement or default_placement(self.splits, self.device_num)
 
-    def factor_axis(self, factor: str) -> int:
-        """The device axis (counted from the right) that carries `factor`."""
-        return self.device_matrix.ndim - 1 - self.rule.factors.index(factor)
+    @cached_property
+    def device_matrix(self) -> DeviceMatrix:
+        return DeviceMatrix(self._placement.matrix)
+
+    def factor_axes(self, factor: str) -> tuple[int, ...]:
+        """The device axes (counted from the right, major first) that carry `factor`."""
+        return self._placement.axes[self.rule.factors.index(factor)]
 
     def tensor_map(self, dims: Dims) -> TensorMap:
-        return TensorMap(tuple(tuple(self.factor_axis(f) for f in dim) or -1 for dim in dims))
+        return TensorMap(tuple(tuple(axis for f in dim for axis in self.factor_axes(f)) or -1 for dim in dims))
+
+    @cached_property
+    def repeat_axes(self) -> tuple[int, ...]:
+        """The device axes of the repeated calculation (split by no factor)."""
+        if self.placement is None:
+            return (0,) if self.repeat > 1 else ()  # the repeated axis is the last (rightmost)
+        used = {axis for axes in self.placement.axes for axis in axes}
+        return tuple(axis for axis in range(len(self.placement.matrix)) if axis not in used)
 
     @cached_property
     def input_layouts(self) -> tuple[Layout, ...]:
-        partial = (0,) if self.sums_partials else ()  # the repeated axis is the last (rightmost)
+        partial = self.repeat_axes if self.sums_partials else ()
         return tuple(
             Layout(self.device_matrix, self.tensor_map(dims), shape, partial)
             for dims, shape in zip(self.rule.inputs, self.rule.input_shapes)
@@ -126,8 +179,8 @@ class Strategy:
 
     @cached_property
     def output_layouts(self) -> tuple[Layout, ...]:
-        partial = tuple(self.factor_axis(f) for f in self.rule.reduction if self.split(f) > 1)
-        partial += (0,) if self.sums_partials else ()
+        partial = tuple(axis for f in self.rule.reduction if self.split(f) > 1 for axis in self.factor_axes(f))
+        partial += self.repeat_axes if self.sums_partials else ()
         op = self.rule.reduce_op if partial else "sum"
         return tuple(
             Layout(self.device_matrix, self.tensor_map(dims), shape, partial, op)
@@ -156,6 +209,9 @@ class Strategy:
         text = _format_tuples(self.to_tuples())
         out = self.out_tuples()
         text = text if out is None else f"{text} out {_format_tuples(out)}"
+        if self.placement is not None:  # the device matrix and the inputs' tensor maps, as MindSpore's in_layout
+            maps = ", ".join(str(layout.tensor_map) for layout in self.input_layouts)
+            text = f"{text} on {list(self.placement.matrix)}: {maps}"
         text = f"{text} partial sums" if self.sums_partials else text
         return f"{text} at rest sharded: input {', '.join(map(str, self.at_rest))}" if self.at_rest else text
 

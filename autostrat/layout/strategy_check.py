@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from autostrat.errors import LayoutError
+from autostrat.layout.placement import Placement, take_axes
 
 
 def _is_int(value) -> bool:
@@ -104,3 +105,45 @@ def splits_from_tuples(rule, in_strategy, out_strategy, device_num: int, where: 
             f"(the remaining devices could not repeat the calculation evenly)"
         )
     return splits
+
+
+def placement_from_layouts(rule, in_layouts, out_layouts, device_num: int, where: str):
+    """Factor splits and their `Placement` for MindSpore ``Layout`` s, one per input (and
+    optionally per output): the tuple checks first (on the parts the layouts imply), then every
+    factor's device axes, which must agree wherever the factor appears. A dim of several factors
+    (a reshape's) gives its axes to its factors major first, as many as each factor's split."""
+
+    layouts = tuple(in_layouts) + tuple(out_layouts or ())
+    matrices = {layout.device_matrix for layout in layouts}
+    if len(matrices) != 1 or any(layout.names is None for layout in layouts):
+        raise LayoutError(f"{where}: the layouts of one op must share one device matrix and each name its tensor's "
+                          f"dims, got {', '.join(map(str, layouts))}")
+    matrix = layouts[0].device_matrix
+    if math.prod(matrix) != device_num:
+        raise LayoutError(f"{where}: the layouts' device matrix {matrix} has {math.prod(matrix)} devices; "
+                          f"device_num is {device_num}")
+    parts_out = None if out_layouts is None else tuple(layout.parts() for layout in out_layouts)
+    splits = splits_from_tuples(rule, tuple(layout.parts() for layout in in_layouts), parts_out, device_num, where)
+    split_of = dict(zip(rule.factors, splits))
+    found: dict[str, tuple[tuple[int, ...], str]] = {}
+    operands = tuple(rule.inputs) + (tuple(rule.outputs) if out_layouts is not None else ())
+    for index, (dims, layout) in enumerate(zip(operands, layouts)):
+        for dim, (factors, axes) in enumerate(zip(dims, layout.dim_axes())):
+            for factor in factors:
+                count = _axes_for(split_of[factor], axes, matrix)
+                mine, axes = axes[:count], axes[count:]
+                place = f"operand {index} dim {dim}"
+                if factor in found and found[factor][0] != mine:
+                    raise LayoutError(f"{where}: factor '{factor}' is split by device axes {found[factor][0]} in "
+                                      f"{found[factor][1]} but by {mine} in {place}; both must agree")
+                found[factor] = (mine, place)
+    return splits, Placement(matrix, tuple(found.get(factor, ((), ""))[0] for factor in rule.factors))
+
+
+def _axes_for(split: int, axes: tuple[int, ...], matrix: tuple[int, ...]) -> int:
+    """How many of `axes` (major first) make up `split` parts."""
+    count = take_axes(split, axes, tuple(reversed(matrix)))
+    if count is None:
+        raise LayoutError(f"device axes {axes} of sizes {[matrix[len(matrix) - 1 - a] for a in axes]} cannot make "
+                          f"{split} parts of one factor")
+    return count

@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 
 from autostrat.autodiff import PHASES, op_phase
-from autostrat.errors import ConfigError
+from autostrat.errors import AutostratError, ConfigError
 from autostrat.io import read_json
+from autostrat.layout.named import as_named
 from autostrat.search.mindspore_checkpoint import encode, mindspore_names
 from autostrat.search.optimizer_shard import update_layout
 
@@ -49,8 +50,28 @@ def strategy_items(plan) -> list[dict]:
         body = {"stage": op_stage(plan, name), "parallel_strategy": _dims(op.strategy.to_tuples())}
         if op.strategy.out_tuples() is not None:
             body["out_strategy"] = _dims(op.strategy.out_tuples())
+        if getattr(op.strategy, "placement", None) is not None:  # the axis order the tuples cannot say
+            body["in_layout"] = [_layout_dict(layout) for layout in op.strategy.input_layouts]
+            if "out_strategy" in body:
+                body["out_layout"] = [_layout_dict(layout) for layout in op.strategy.output_layouts]
         items.append({"node_name": name, "parallel_strategys": body})
     return items
+
+
+def _layout_dict(layout) -> dict:
+    """A layout as MindSpore's ``Layout.to_dict`` writes its device matrix and tensor map."""
+    entries = [-1 if not entry else entry[0] if len(entry) == 1 else list(entry) for entry in layout.tensor_map.entries]
+    return {"device_matrix": list(layout.device_matrix.shape), "tensor_map": entries}
+
+
+def _named(value, where: str):
+    if not isinstance(value, list) or not all(isinstance(v, dict) and isinstance(v.get("device_matrix"), list)
+                                              and isinstance(v.get("tensor_map"), list) for v in value):
+        raise ConfigError(f"{where}: expected a list of {{\"device_matrix\": [...], \"tensor_map\": [...]}}, got {value!r}")
+    try:
+        return tuple(as_named(tuple(v["device_matrix"]), v["tensor_map"]) for v in value)
+    except (AutostratError, TypeError, KeyError) as error:
+        raise ConfigError(f"{where}: {error}") from None
 
 
 def op_stage(plan, name: str) -> int:
@@ -175,6 +196,10 @@ def load_checkpoint_seeds(path) -> dict[str, tuple]:
             _strategy(body.get("parallel_strategy"), f"{where}.parallel_strategys.parallel_strategy"),
             None if out is None else _strategy(out, f"{where}.parallel_strategys.out_strategy"),
         )
+        if "in_layout" in body:
+            out = body.get("out_layout")
+            seeds[item["node_name"]] = (_named(body["in_layout"], f"{where}.parallel_strategys.in_layout"),
+                                        None if out is None else _named(out, f"{where}.parallel_strategys.out_layout"))
     return seeds
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autostrat.io import write_files_atomically
+from autostrat.layout.named import is_layout_strategy
 from autostrat.redistribution import lower_step
 
 
@@ -18,10 +19,20 @@ def _type(dtype: str, shape) -> str:
     return f"<Tensor[{dtype.capitalize()}], ({', '.join(str(s) for s in shape)})>"
 
 
+def _seed_text(strategy) -> str:
+    """A configured strategy as MindSpore's IR prints it: tuples, or Layouts as ``in_layout`` dicts."""
+    if not is_layout_strategy(strategy):
+        return str(strategy)
+    return "(" + ", ".join(str(layout.to_dict()).replace("'alias_name': ('", "'alias_name': (").replace("', '", ", ")
+                           .replace("')}", ")}").replace("False", "false") for layout in strategy) + ")"
+
+
 def _attrs(op) -> str:
     """The primitive's attributes, and its configured strategies as MindSpore lists them."""
-    seeds = [("in_strategy", op.in_strategy), ("out_strategy", op.out_strategy)]
-    return "{" + ", ".join(f"{k}: {v}" for k, v in list(op.attrs) + [(k, v) for k, v in seeds if v is not None]) + "}"
+    layouts = is_layout_strategy(op.in_strategy)
+    seeds = [("in_layout" if layouts else "in_strategy", op.in_strategy), ("out_layout" if layouts else "out_strategy", op.out_strategy)]
+    return "{" + ", ".join(f"{k}: {_seed_text(v) if k.endswith('layout') else v}"
+                           for k, v in list(op.attrs) + [(k, v) for k, v in seeds if v is not None]) + "}"
 
 
 def _header(plan, sliced: bool) -> list[str]:

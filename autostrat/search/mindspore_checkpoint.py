@@ -23,11 +23,15 @@ protobuf package: the search's import path stays lean.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from autostrat.autodiff import op_phase
-from autostrat.errors import ConfigError
+from autostrat.errors import AutostratError, ConfigError
 from autostrat.io import read_bytes
+from autostrat.layout import DeviceMatrix, Layout, Strategy, TensorMap
+from autostrat.layout.named import as_named
+from autostrat.layout.placement import aligned
 
 # Message -> field number -> (name, kind, message of a nested field); kinds: "uint", "int", "string", "message".
 _SCHEMA = {
@@ -163,6 +167,22 @@ def read_mindspore_checkpoint(path) -> dict | None:
     return seeds
 
 
+def read_parameter_layouts(path) -> dict[str, tuple[tuple[int, ...], tuple]]:
+    """``{parameter: (dev_matrix, tensor_map)}`` from MindSpore's ``parallel_layout_item``: the
+    axis order of a Layout-sharded op, which its strategy tuples do not keep."""
+    data = read_bytes(Path(path), "strategy checkpoint")
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {item["param_name"]: (tuple(item["parallel_layouts"][0]["dev_matrix"][0].get("dim", [])),
+                                     tuple(item["parallel_layouts"][0]["tensor_map"][0].get("dim", [])))
+                for item in decode(data, where=str(path)).get("parallel_layout_item", [])
+                if item.get("param_name") and item.get("parallel_layouts")}
+    items = document.get("parallel_layout_item") if isinstance(document, dict) else None
+    return {name: (tuple(item["dev_matrix"]), tuple(item["tensor_map"])) for name, item in (items or {}).items()
+            if isinstance(items, dict) and isinstance(item, dict) and "dev_matrix" in item and "tensor_map" in item}
+
+
 def _from_protobuf(fields: dict, path: Path) -> dict:
     seeds = {}
     for index, item in enumerate(fields.get("parallel_strategy_item", [])):
@@ -175,9 +195,11 @@ def _from_protobuf(fields: dict, path: Path) -> dict:
     return seeds
 
 
-def resolve_names(graph, seeds: dict, where: str) -> dict:
+def resolve_names(graph, seeds: dict, where: str, layouts: dict | None = None) -> dict:
     """MindSpore node names (``MatMul_dense1.weight``) -> the graph's op names; a name already an
-    op of the graph stays. A name no op answers is a `ConfigError` naming it.
+    op of the graph stays. A name no op answers is a `ConfigError` naming it. With `layouts`
+    (`read_parameter_layouts`), an op whose parameter lies in another axis order than its
+    tuples imply (MindSpore sharded it with a Layout) is seeded with that order (`_placed`).
 
     Example:
         >>> from autostrat.frontend import trace
@@ -198,8 +220,30 @@ def resolve_names(graph, seeds: dict, where: str) -> dict:
         if not found:
             raise ConfigError(f"{where}: MindSpore op {name!r} ({op_type} reading parameter {parameter!r}) matches no op of "
                               f"{graph.name}; the Cell tree must name its parameters as the one that saved the checkpoint")
-        resolved[found[0]] = seed
+        resolved[found[0]] = _placed(graph.ops[found[0]], seed, parameter, (layouts or {}).get(parameter))
     return resolved
+
+
+def _placed(op, seed: tuple, parameter: str, stored) -> tuple:
+    """`seed` as Layouts when `parameter`, which `op` reads, is `stored` ``(dev_matrix,
+    tensor_map)`` in another axis order than the seed's tuples put it; else `seed`."""
+    if stored is None or seed[1] is not None:
+        return seed
+    matrix, tensor_map = stored
+    device_num = math.prod(matrix)
+    try:
+        strategy = Strategy.from_tuples(op.rule, seed[0], device_num)
+        index = op.inputs.index(parameter)
+        wanted = Layout(DeviceMatrix(matrix), TensorMap(tensor_map), strategy.input_layouts[index].shape)
+    except AutostratError:
+        return seed  # the strategy check reports what is wrong with the tuples
+    if strategy.input_layouts[index].with_partial().equivalent(wanted):
+        return seed
+    placement = aligned(op.rule.factors, strategy.splits, op.rule.inputs[index], wanted)
+    if placement is None:
+        return seed
+    placed = Strategy(op.rule, strategy.splits, device_num, placement=placement)
+    return tuple(as_named(placed.device_matrix.shape, layout.tensor_map.entries) for layout in placed.input_layouts), None
 
 
 def mindspore_names(graph) -> dict[str, str]:

@@ -31,6 +31,7 @@ from autostrat.ir import Graph, OpNode
 from autostrat.layout import FollowedStrategy, Layout, Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout, update_layout
+from autostrat.search.orders import order_variants
 from autostrat.strategies import generate_strategies, mesh_axes, on_mesh, split_values
 
 # An op of a repeated layer (a `CellList`): ``<prefix>.<index>.<rest>``, e.g. blocks.3.ffn1.matmul.
@@ -246,7 +247,7 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     axes = candidate_mesh((seed for seed, in seeds.values()), device_num, mesh)
     candidates = {name: seeds.get(name) or _computed_inputs_only(graph, op, op_candidates(
         op, device_num, allow_repeated, full_only, values, axes)) for name, op in graph.ops.items()}
-    candidates = _rest_variants(graph, candidates, followers, optimizer_shard)
+    candidates = _rest_variants(graph, order_variants(graph, candidates), followers, optimizer_shard)
     model = None if hardware is None else hardware.alpha_beta(device_num)
     costs = _own_costs(full, graph, candidates, followers, hardware, optimizer_shard, device_num)
     edges = []

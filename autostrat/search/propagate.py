@@ -355,7 +355,7 @@ def _rest_where_free(problem: SearchProblem, choice: dict[str, int], origin: dic
             variant = candidates[index]
             if not variant.at_rest:
                 break
-            if variant.splits == chosen.splits and variant.sums_partials == chosen.sums_partials:
+            if (variant.splits, variant.sums_partials, variant.placement) == (chosen.splits, chosen.sums_partials, chosen.placement):
                 if _local_cost(problem, choice, op, index) <= _local_cost(problem, choice, op, choice[op]):
                     choice[op], origin[op] = index, origin[op] + ", parameters at rest (no extra cost)"
                 break
