@@ -41,10 +41,11 @@ _LAZY = {
     "set_auto_parallel_context": "autostrat.frontend",
     "set_context": "autostrat.frontend.ms_context",
     "set_seed": "autostrat.frontend.tensor",
+    "shard": "autostrat.frontend.cell",
     "value_and_grad": "autostrat.frontend.functional",
 }
 _DTYPES = ("bool_", "float16", "float32", "float64", "int16", "int32", "int64", "int8", "uint8")  # autostrat.common.dtype
-_MODULES = ("common", "communication", "context", "dataset", "nn", "ops", "train")
+_MODULES = ("common", "communication", "context", "dataset", "nn", "ops", "parallel", "train")
 __all__ = sorted(_LAZY) + list(_DTYPES)
 
 

@@ -249,3 +249,31 @@ def test_cell_shard_seeds_the_cells_inputs_and_the_search_propagates_from_them()
         FFN().shard(((8, 1),), parameter_plan={"dense1.weight": (8, 1)})
     with pytest.raises(ConfigError, match="FFN.shard: 2 input strategies for 1 inputs"):
         ms.parallelize(FFN().shard(((8, 1), (8, 1))), ms.Tensor(shape=(64, 64)))
+
+
+def test_sequential_cell_softmax_and_the_functional_shard_plan_as_mindspore_names_them():
+    ms.set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+    net = nn.SequentialCell([nn.Dense(64, 32), nn.ReLU(), nn.Dense(32, 16), nn.Softmax()])
+    assert len(net) == 4 and isinstance(net[3], nn.Softmax)
+    ms.shard(net, ((8, 1),))  # MindSpore 2.x: ms.shard(cell, in_strategy) is cell.shard
+    plan = ms.parallelize(net, nn.Tensor(shape=(64, 64)))
+    assert plan.ops["shard_input_0"].origin == "seed" and plan.ops["3.softmax"].op_type == "Softmax"
+    assert str(plan.ops["3.softmax"].strategy) == "((8, 1),)" and plan.total_bytes == 0  # data parallel all through
+    with pytest.raises(ConfigError, match="shard: expected a Cell, got function"):
+        ms.shard(lambda x: x, ((8, 1),))
+    from autostrat.parallel import Layout
+    assert Layout is ms.Layout
+    with pytest.raises(ConfigError, match="SequentialCell: entry '1' must be a Cell, got int"):
+        nn.SequentialCell([nn.ReLU(), 3])
+
+
+def test_the_scaled_and_truncated_initializers_keep_mindspores_bounds():
+    from autostrat.common.initializer import HeUniform, TruncatedNormal, XavierUniform
+    xavier = initializer(XavierUniform(), [64, 32]).make()  # fan_in 32, fan_out 64
+    he = initializer(HeUniform(), [64, 32]).make()           # fan_in 32, gain sqrt(2)
+    assert np.abs(xavier).max() <= np.sqrt(6 / 96) < 1.05 * np.abs(xavier).max()
+    assert np.abs(he).max() <= np.sqrt(2) * np.sqrt(3 / 32) < 1.05 * np.abs(he).max()
+    truncated = initializer(TruncatedNormal(1.0, a=-1.0, b=1.0), [4000]).make()
+    assert np.abs(truncated).max() <= 1.0 and 0.5 < truncated.std() < 0.6  # a normal cut at one sigma: std 0.54
+    with pytest.raises(ConfigError, match="HeUniform: mode is fan_in or fan_out"):
+        HeUniform(mode="fan_both")

@@ -6,6 +6,8 @@ Example:
     (4, 4)
 """
 
-from autostrat.frontend.tensor import Constant, Initializer, Normal, One, Uniform, Zero, initializer
+from autostrat.frontend.tensor import (Constant, HeUniform, Initializer, Normal, One, TruncatedNormal, Uniform, XavierUniform,
+                                       Zero, initializer)
 
-__all__ = ["Constant", "Initializer", "Normal", "One", "Uniform", "Zero", "initializer"]
+__all__ = ["Constant", "HeUniform", "Initializer", "Normal", "One", "TruncatedNormal", "Uniform", "XavierUniform", "Zero",
+           "initializer"]

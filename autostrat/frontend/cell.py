@@ -190,6 +190,53 @@ class CellList(Cell):
         return iter(self._children.values())
 
 
+class SequentialCell(Cell):
+    """Cells run one after the other (MindSpore's ``nn.SequentialCell``), from a list (named by
+    index: ``layers.0.relu``) or a dict of names to cells (an ``OrderedDict``).
+
+    Example:
+        >>> from autostrat import nn
+        >>> net = SequentialCell([nn.Dense(4, 8), nn.ReLU()])
+        >>> [name for name, _ in net.primitives_and_names()]
+        ['0.matmul', '0.bias_add', '1.relu']
+    """
+
+    def __init__(self, *args):
+        super().__init__()
+        cells = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple, dict)) else args
+        named = cells.items() if isinstance(cells, dict) else ((str(i), cell) for i, cell in enumerate(cells))
+        for name, cell in named:
+            if not isinstance(cell, Cell):
+                raise ConfigError(f"SequentialCell: entry {name!r} must be a Cell, got {type(cell).__name__}")
+            setattr(self, name, cell)
+
+    def __getitem__(self, index: int) -> Cell:
+        return list(self._children.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def construct(self, x):
+        for cell in self._children.values():
+            x = cell(x)
+        return x
+
+
+def shard(fn, in_strategy, out_strategy=None, parameter_plan=None, device=None, level: int = 0) -> Cell:
+    """MindSpore 2.x's functional ``ms.shard(cell, in_strategy, ...)``: `Cell.shard` on `fn`.
+    MindSpore also shards plain functions; autostrat plans Cells, so a function is refused.
+
+    Example:
+        >>> from autostrat.models import FFN
+        >>> shard(FFN(), ((8, 1),)).__dict__["_shard"]
+        (1, 0)
+    """
+    if not isinstance(fn, Cell):
+        raise ConfigError(f"shard: expected a Cell, got {type(fn).__name__} (autostrat shards Cells, not functions: "
+                          f"wrap the function's computation in a Cell's construct)")
+    return fn.shard(in_strategy, out_strategy, parameter_plan, device, level)
+
+
 def recomputed_cells(net: Cell) -> tuple[str, ...]:
     """The paths of `net`'s cells marked with `Cell.recompute` ("" is `net` itself)."""
     return tuple(path for path, cell in net.cells_and_names() if cell.__dict__.get("_recompute", False))

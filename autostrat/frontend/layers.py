@@ -56,6 +56,17 @@ class GELU(_Unary):
     attribute, op_type = "gelu", "GeLU"
 
 
+class Softmax(Cell):
+    """MindSpore's ``nn.Softmax(axis=-1)``."""
+
+    def __init__(self, axis: int = -1):
+        super().__init__()
+        self.softmax = ops.Softmax(axis)
+
+    def construct(self, x):
+        return self.softmax(x)
+
+
 def _activation(activation):
     if activation is None or isinstance(activation, Cell):
         return activation

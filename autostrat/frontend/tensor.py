@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from autostrat.errors import ConfigError
@@ -122,16 +124,16 @@ class Initializer:
         ([1.0, 1.0], [3.0, 3.0])
     """
 
-    KINDS = ("constant", "normal", "ones", "uniform", "zeros")
+    KINDS = ("constant", "normal", "ones", "truncated_normal", "uniform", "zeros")
 
     def __init__(self, kind: str, shape, dtype="float32", sigma: float = 0.02, mean: float = 0.0, scale: float = 0.07,
-                 value: float = 0.0):
+                 value: float = 0.0, a: float = -2.0, b: float = 2.0):
         if kind not in self.KINDS:
             raise ConfigError(f"initializer must be one of {', '.join(self.KINDS)} (or an initializer such as Normal()), "
                               f"got {kind!r}")
         self.kind, self.shape, self.dtype = kind, tuple(shape), dtype_name(dtype)
-        self.sigma, self.mean, self.scale, self.value = sigma, mean, scale, value
-        self.seed = int(_rng.integers(2**63)) if kind in ("normal", "uniform") else 0
+        self.sigma, self.mean, self.scale, self.value, self.bounds = sigma, mean, scale, value, (a, b)
+        self.seed = int(_rng.integers(2**63)) if kind in ("normal", "truncated_normal", "uniform") else 0
 
     def make(self) -> np.ndarray:
         rng = np.random.default_rng(self.seed)
@@ -139,6 +141,13 @@ class Initializer:
             return (rng.standard_normal(self.shape) * self.sigma + self.mean).astype(self.dtype)
         if self.kind == "uniform":
             return rng.uniform(-self.scale, self.scale, self.shape).astype(self.dtype)
+        if self.kind == "truncated_normal":  # values outside [a, b] drawn again, as MindSpore's
+            values = rng.standard_normal(self.shape) * self.sigma + self.mean
+            outside = (values < self.bounds[0]) | (values > self.bounds[1])
+            while outside.any():
+                values[outside] = rng.standard_normal(int(outside.sum())) * self.sigma + self.mean
+                outside = (values < self.bounds[0]) | (values > self.bounds[1])
+            return values.astype(self.dtype)
         fill = {"zeros": 0.0, "ones": 1.0, "constant": self.value}[self.kind]
         return np.full(self.shape, fill, dtype=self.dtype)
 
@@ -160,6 +169,41 @@ def Normal(sigma: float = 0.01, mean: float = 0.0) -> InitializerKind:  # noqa: 
 
 def Uniform(scale: float = 0.07) -> InitializerKind:  # noqa: N802
     return InitializerKind("uniform", scale=scale)
+
+
+def TruncatedNormal(sigma: float = 0.01, mean: float = 0.0, a: float = -2.0, b: float = 2.0) -> InitializerKind:  # noqa: N802
+    return InitializerKind("truncated_normal", sigma=sigma, mean=mean, a=a, b=b)
+
+
+def XavierUniform(gain: float = 1.0) -> InitializerKind:  # noqa: N802
+    """Uniform in ``[-s, s]``, ``s = gain * sqrt(6 / (fan_in + fan_out))`` (`_fans`)."""
+    return InitializerKind("xavier_uniform", gain=gain)
+
+
+def HeUniform(negative_slope: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu") -> InitializerKind:  # noqa: N802
+    """Uniform in ``[-s, s]``, ``s = sqrt(2 / (1 + negative_slope²)) * sqrt(3 / fan)`` (Kaiming)."""
+    if mode not in ("fan_in", "fan_out") or nonlinearity not in ("leaky_relu", "relu"):
+        raise ConfigError(f"HeUniform: mode is fan_in or fan_out and nonlinearity leaky_relu or relu, got {mode!r}, {nonlinearity!r}")
+    return InitializerKind("he_uniform", negative_slope=0.0 if nonlinearity == "relu" else negative_slope, mode=mode)
+
+
+def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    """MindSpore's (fan_in, fan_out): a weight ``[out, in, *kernel]`` has ``in * kernel`` inputs
+    and ``out * kernel`` outputs per unit; a vector counts its length for both."""
+    if len(shape) < 2:
+        return (shape[0], shape[0]) if shape else (1, 1)
+    receptive = math.prod(shape[2:])
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def _scaled_uniform(kind: InitializerKind, shape, dtype) -> Initializer:
+    fan_in, fan_out = _fans(tuple(shape))
+    if kind.kind == "xavier_uniform":
+        scale = kind.settings["gain"] * math.sqrt(6.0 / (fan_in + fan_out))
+    else:
+        fan = fan_in if kind.settings["mode"] == "fan_in" else fan_out
+        scale = math.sqrt(2.0 / (1 + kind.settings["negative_slope"] ** 2)) * math.sqrt(3.0 / fan)
+    return Initializer("uniform", shape, dtype, scale=scale)
 
 
 def One() -> InitializerKind:  # noqa: N802
@@ -186,6 +230,8 @@ def initializer(init, shape, dtype="float32") -> Initializer:
         >>> initializer(Normal(sigma=0.5), (3,)).sigma, initializer("One", [2], "float16").make().tolist()
         (0.5, [1.0, 1.0])
     """
+    if isinstance(init, InitializerKind) and init.kind in ("xavier_uniform", "he_uniform"):
+        return _scaled_uniform(init, shape, dtype)
     if isinstance(init, InitializerKind):
         return Initializer(init.kind, shape, dtype, **init.settings)
     if isinstance(init, (int, float)) and not isinstance(init, bool):
