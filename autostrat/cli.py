@@ -34,7 +34,7 @@ from autostrat.search.progress import StatusLine
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
 
 # MindSpore's sharding-propagation tutorial FFN, x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64),
-# as the ops it traces to (Dense holds a MatMul with weight [in, out] and a BiasAdd).
+# as the ops it traces to (the tutorial's own Dense: a MatMul with weight [in, out], and a BiasAdd).
 TUTORIAL_FFN = (
     ("dense1.matmul", "MatMul", [(64, 64), (64, 64)]),
     ("dense1.bias_add", "BiasAdd", [(64, 64), (64,)]),

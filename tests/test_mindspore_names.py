@@ -58,6 +58,21 @@ def test_initializers_mean_what_mindspore_means():
         initializer("gaussian", [2])
 
 
+def test_dense_means_what_mindspore_means():
+    """nn.Dense holds weight [out, in] and transposes it in its MatMul, so a MindSpore strategy
+    for it splits the same dims here: ((1, 1), (4, 1)) cuts the weight's rows, the output's columns."""
+    dense = nn.Dense(3, 2)
+    assert dense.weight.shape == (2, 3) and dense.bias.shape == (2,) and dense.matmul.attrs == {"transpose_b": True}
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    expected = x @ dense.weight.asnumpy().T + dense.bias.asnumpy()
+    np.testing.assert_allclose(dense(ms.Tensor(x)).asnumpy(), expected, rtol=1e-6)
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=4)
+    wide = nn.Dense(64, 32)
+    wide.matmul.shard(((1, 1), (4, 1)))
+    plan = ms.parallelize(wide, ms.Tensor(shape=(16, 64)))
+    assert plan.layouts["weight"].slice_shape == (8, 64) and plan.layouts["matmul:0"].slice_shape == (16, 8)
+
+
 def test_set_context_acts_on_save_graphs_and_warns_once_per_key_it_cannot_act_on(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

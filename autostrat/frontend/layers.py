@@ -1,5 +1,5 @@
-"""Layers built from primitives, named so that MindSpore's strategies apply as written
-(``Dense.matmul``, ``Dense.bias_add``)."""
+"""Layers built from primitives, named and shaped as MindSpore's so that its strategies apply as
+written and mean the same (``Dense.matmul`` with weight ``[out, in]``, ``Dense.bias_add``)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,20 @@ from autostrat.frontend.tensor import Parameter, initializer
 
 
 class Dense(Cell):
-    """``y = x @ weight + bias`` with weight ``[in_channels, out_channels]``.
+    """``y = x @ weight.T + bias`` with weight ``[out_channels, in_channels]``, as MindSpore's
+    ``nn.Dense``: the MatMul transposes its second operand, so a strategy for ``matmul`` names the
+    weight's dims in that order (Megatron's column split of 4 is ``((1, 1), (4, 1))``).
 
     Example:
         >>> dense = Dense(64, 32)
-        >>> dense.weight.shape, dense.bias.shape, type(dense.matmul).__name__
-        ((64, 32), (32,), 'MatMul')
+        >>> dense.weight.shape, dense.bias.shape, dense.matmul.attrs
+        ((32, 64), (32,), {'transpose_b': True})
     """
 
     def __init__(self, in_channels: int, out_channels: int, has_bias: bool = True, activation=None):
         super().__init__()
-        self.weight = Parameter(initializer("normal", (in_channels, out_channels)))
-        self.matmul = ops.MatMul()
+        self.weight = Parameter(initializer("normal", (out_channels, in_channels)))
+        self.matmul = ops.MatMul(transpose_b=True)
         self.has_bias = has_bias
         if has_bias:
             self.bias = Parameter(initializer("zeros", (out_channels,)))

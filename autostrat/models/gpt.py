@@ -161,16 +161,17 @@ def megatron_seeds(layers: int, model_parallel: int, first_layer_only: bool = Fa
     """Megatron-LM's tensor parallelism as seeds: Q, K, V and FFN1 split by columns, the
     attention output projection and FFN2 split by rows (their partial sums are resolved after);
     with `data_parallel` > 1 the rows of the activations are split that many ways as well.
-    Megatron needs the head count divisible by `model_parallel`.
+    Megatron needs the head count divisible by `model_parallel`. A Dense weight is
+    ``[out, in]`` (MatMul with transpose_b), so a column split cuts its dim 0, a row split its dim 1.
 
     Example:
         >>> megatron_seeds(1, 8)["blocks.0.ffn2.matmul"]
-        (((1, 8), (8, 1)), None)
+        (((1, 8), (1, 8)), None)
         >>> megatron_seeds(1, 8, data_parallel=8)["blocks.0.ffn1.matmul"]
-        (((8, 1), (1, 8)), None)
+        (((8, 1), (8, 1)), None)
     """
     dp, mp = data_parallel, model_parallel
-    column, row = ((dp, 1), (1, mp)), ((dp, mp), (mp, 1))
+    column, row = ((dp, 1), (mp, 1)), ((dp, mp), (1, mp))
     per_layer = {
         "attention.query.matmul": column,
         "attention.key.matmul": column,

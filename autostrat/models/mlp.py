@@ -5,11 +5,39 @@ from __future__ import annotations
 from autostrat import ops
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import Dense
+from autostrat.frontend.tensor import Parameter, initializer
 from autostrat.models.sizes import check_sizes
 
 
+class TutorialDense(Cell):
+    """The Dense that MindSpore's sharding-propagation tutorial writes itself: ``x @ weight +
+    bias`` with weight ``[in_channels, out_channels]`` and no transpose, so the tutorial's seed
+    ``((2, 1), (1, 4))`` splits the weight's output columns, as it does in MindSpore. (The
+    tutorial adds the bias with ``ops.Add``; this keeps a ``BiasAdd`` named ``bias_add``, the op
+    names autostrat's FFN has always had.) ``nn.Dense`` is MindSpore's layer: weight
+    ``[out_channels, in_channels]``, MatMul with ``transpose_b``.
+
+    Example:
+        >>> dense = TutorialDense(64, 32)
+        >>> dense.weight.shape, dense.matmul.attrs
+        ((64, 32), {})
+    """
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.weight = Parameter(initializer("normal", (in_channels, out_channels)))
+        self.matmul = ops.MatMul()
+        self.bias = Parameter(initializer("zeros", (out_channels,)))
+        self.bias_add = ops.BiasAdd()
+
+    def construct(self, x):
+        x = self.matmul(x, self.weight)
+        return self.bias_add(x, self.bias)
+
+
 class FFN(Cell):
-    """MindSpore's sharding-propagation tutorial: Dense(64, 64) -> ReLU -> Dense(64, 64).
+    """MindSpore's sharding-propagation tutorial: Dense(64, 64) -> ReLU -> Dense(64, 64), with
+    the tutorial's own Dense (`TutorialDense`, weight ``[in, out]``).
 
     Example:
         >>> net = FFN()
@@ -19,9 +47,9 @@ class FFN(Cell):
 
     def __init__(self, in_channels: int = 64, hidden: int = 64, out_channels: int = 64):
         super().__init__()
-        self.dense1 = Dense(in_channels, hidden)
+        self.dense1 = TutorialDense(in_channels, hidden)
         self.relu = ops.ReLU()
-        self.dense2 = Dense(hidden, out_channels)
+        self.dense2 = TutorialDense(hidden, out_channels)
 
     def construct(self, x):
         x = self.dense1(x)
@@ -31,7 +59,8 @@ class FFN(Cell):
 
 
 class MLP(Cell):
-    """`layers` Dense layers of width `hidden`, ReLU between them (``layers.0.matmul`` ...)."""
+    """`layers` Dense layers (`nn.Dense`, weight ``[out, in]``) of width `hidden`, ReLU between
+    them (``layers.0.matmul`` ...)."""
 
     def __init__(self, layers: int = 4, in_channels: int = 64, hidden: int = 64, out_channels: int = 64):
         super().__init__()
