@@ -171,3 +171,41 @@ def test_mindspore_compiled_the_strategies_of_autostrats_checkpoint(tmp_path, ph
     own = json.loads((FIXTURES / f"ffn_{phase}_strategy.json").read_text())["parallel_strategy_item"]
     written = json.loads((tmp_path / "s.json").read_text())["parallel_strategy_item"]
     assert written == compiled and compiled["Add_dense2.bias"] != own["Add_dense2.bias"]
+
+
+def _gpt_plan(**context):
+    """configs/gpt.yaml's GPT on 8 devices under `context`: seeded by its Megatron seeds unless
+    a checkpoint is loaded."""
+    from autostrat.frontend.config import load_config
+    from autostrat.frontend.run import plan_config
+    config = load_config(Path(__file__).parent.parent / "configs" / "gpt.yaml")
+    if "strategy_ckpt_load_file" in context:
+        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, **context)
+        return plan_for(config.network(), config.inputs, current_context())
+    set_auto_parallel_context(**context)
+    return plan_config(config)[0]
+
+
+def test_mindspores_gpt_checkpoint_seeds_its_plan_and_autostrat_writes_it_back(tmp_path):
+    """MindSpore 2.10 compiled the GPT sample (fixtures/mindspore/gpt_mindspore.py, the same Cell
+    tree) with the config's Megatron seeds; that checkpoint seeds autostrat's GPT, whose
+    checkpoint then holds MindSpore's 32 items as MindSpore wrote them."""
+    mindspore = FIXTURES / "gpt_megatron_strategy.json"
+    plan = _gpt_plan(strategy_ckpt_load_file=str(mindspore), strategy_ckpt_save_file=str(tmp_path / "s.json"))
+    ours = json.loads((tmp_path / "s.json").read_text())["parallel_strategy_item"]
+    assert ours == json.loads(mindspore.read_text())["parallel_strategy_item"] and len(ours) == 32
+    assert plan.total_bytes == 236544  # MindSpore's plan, priced by autostrat
+
+
+def test_mindspore_compiled_autostrats_gpt_plan():
+    """MindSpore compiled the GPT sample from autostrat's protobuf checkpoint without a shard
+    call of its own and saved what it compiled: autostrat's items, 6 of which differ from
+    MindSpore's own choice for the same Megatron seeds."""
+    from autostrat.search.checkpoint import mindspore_items
+    written = mindspore_items(_gpt_plan())
+    compiled = json.loads((FIXTURES / "gpt_compiled_from_autostrat.json").read_text())["parallel_strategy_item"]
+    own = json.loads((FIXTURES / "gpt_megatron_strategy.json").read_text())["parallel_strategy_item"]
+    assert written == compiled
+    assert sorted(name for name in own if own[name] != compiled[name]) == [
+        "BiasAdd_blocks.0.attention.projection.bias", "BiasAdd_blocks.0.ffn2.bias", "BiasAdd_blocks.1.attention.projection.bias",
+        "BiasAdd_blocks.1.ffn2.bias", "LayerNorm_ln_final.gamma", "MatMul_lm_head.weight"]
