@@ -40,6 +40,7 @@ from autostrat.models import FFN, GPT, megatron_seeds
 from autostrat.runtime.executor import graph_values
 from autostrat.runtime.program import PHASES
 from autostrat.runtime.training import (
+    reference_graph,
     train_collective,
     train_locally,
     train_single_device,
@@ -61,12 +62,13 @@ def ffn_case():
 
 
 def gpt_case(mode: str):
+    """The GPT sample's training (sample_code/gpt_training: the mean over replicas, see there)."""
     net = GPT(layers=2, batch=8)
     cell = TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3))
     if mode == "megatron":
-        return cell, net.example_inputs(), ParallelContext(parallel_mode="auto_parallel", device_num=DEVICE_NUM), \
-            megatron_seeds(2, 4, data_parallel=2)
-    return cell, net.example_inputs(), ParallelContext(parallel_mode="data_parallel", device_num=DEVICE_NUM), None
+        context = ParallelContext(parallel_mode="auto_parallel", device_num=DEVICE_NUM, gradients_mean=True)
+        return cell, net.example_inputs(), context, megatron_seeds(2, 4, data_parallel=2)
+    return cell, net.example_inputs(), ParallelContext(parallel_mode="data_parallel", device_num=DEVICE_NUM, gradients_mean=True), None
 
 
 CASES = (("FFN", "tutorial seed", ffn_case), ("GPT 2 layers", "megatron", lambda: gpt_case("megatron")),
@@ -126,7 +128,7 @@ def row(model: str, mode: str, make, steps: int) -> list[str]:
     cell, inputs, context, seeds = make()
     plan = plan_for(cell, inputs, context, seeds)
     values, batches = graph_values(plan.graph, {}), synthetic_batches(plan.graph, steps)
-    alone, alone_ms = timed(train_single_device, plan.graph, values, batches)
+    alone, alone_ms = timed(train_single_device, reference_graph(plan), values, batches)
     threads, threads_ms = timed(train_locally, plan, values, batches)
     mpi, mpi_ms = mpi_training(plan, values, batches)
     checked(plan, threads, alone, f"{model} {mode} on threads")

@@ -54,8 +54,10 @@ def _strategies(plan) -> dict:
 
 @pytest.fixture(scope="module")
 def saved_8_rank_run(tmp_path_factory):
-    """An 8-rank run of STEPS steps saved to a checkpoint, and the same run one step longer."""
-    plan, values, batches = _plan(8)
+    """An 8-rank run of STEPS steps saved to a checkpoint, and the same run one step longer;
+    the gradients are the mean over replicas (gradients_mean=True), so that the continuations
+    on 4 ranks below, whose parameters have other replica counts, compute the same steps."""
+    plan, values, batches = _plan(8, gradients_mean=True)
     path = tmp_path_factory.mktemp("ckpt") / "ffn.npz"
     save_checkpoint(train_locally(plan, values, batches[:STEPS]), path)
     continued = train_locally(plan, values, batches)
@@ -65,7 +67,7 @@ def saved_8_rank_run(tmp_path_factory):
 
 def test_checkpoint_of_8_ranks_continues_on_4_ranks_with_another_strategy(saved_8_rank_run):
     plan8, batches, path, continued = saved_8_rank_run
-    plan4, values4, _ = _plan(4, ((1, 4), (4, 1)), initial=load_checkpoint(path))
+    plan4, values4, _ = _plan(4, ((1, 4), (4, 1)), initial=load_checkpoint(path), gradients_mean=True)
     # Really another layout: dense1.weight is split by columns on 8 ranks, by rows on 4.
     weight = "dense1.weight"
     assert (plan8.layouts[weight].parts, plan4.layouts[weight].parts) == ((1, 4), (4, 1))
@@ -78,7 +80,7 @@ def test_checkpoint_of_8_ranks_continues_on_4_ranks_with_another_strategy(saved_
 
 def test_resuming_needs_the_saved_parameters_and_moments(saved_8_rank_run):
     _, batches, path, continued = saved_8_rank_run
-    plan4, fresh, _ = _plan(4, ((1, 4), (4, 1)))
+    plan4, fresh, _ = _plan(4, ((1, 4), (4, 1)), gradients_mean=True)
     untrained = train_locally(plan4, fresh, batches[STEPS:])
     assert abs(untrained.losses[0] - continued.losses[-1]) > 1e-3 * abs(continued.losses[-1])
     loaded = load_checkpoint(path)

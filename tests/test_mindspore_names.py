@@ -198,6 +198,24 @@ def test_the_functional_loop_trains_as_model_train_does():
     assert losses[2] < losses[0]
 
 
+def test_value_and_grad_sums_the_replicas_gradients_unless_gradients_mean():
+    """Data parallel on 4 devices holds every parameter 4 times: MindSpore's default sum
+    (gradients_mean=False) is 4 times the mean, which is one device's whole-batch gradient."""
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((8, 64)).astype(np.float32), rng.integers(0, 64, 8).astype(np.int32)
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    grads = {}
+    for mean in (False, True):
+        ms.set_auto_parallel_context(parallel_mode="data_parallel", device_num=4, gradients_mean=mean)
+        ms.set_seed(1)
+        net = FFN()
+        _, found = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, net.trainable_params())(x, y)
+        grads[mean] = [g.asnumpy() for g in found]
+    for summed, averaged in zip(grads[False], grads[True]):
+        np.testing.assert_allclose(summed, 4 * averaged, rtol=1e-5, atol=1e-8)
+    assert max(float(np.max(np.abs(g))) for g in grads[True]) > 1e-3
+
+
 def test_value_and_grad_refuses_what_it_cannot_do():
     net = FFN()
     with pytest.raises(ConfigError, match="gradients of the inputs .* are not supported"):

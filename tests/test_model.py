@@ -24,7 +24,7 @@ from autostrat.frontend.train import (
     training_plan,
 )
 from autostrat.models import FFN
-from autostrat.runtime.training import train_single_device
+from autostrat.runtime.training import reference_graph, train_single_device
 
 FFN_INPUTS = (nn.Tensor(shape=(64, 64)), nn.Tensor(shape=(64,), dtype="int32"))
 
@@ -78,7 +78,7 @@ def _stand_alone(dataset, epochs):
     net, loss, optimizer = _parts()
     plan, values, _ = training_plan(TrainOneStepCell(WithLossCell(net, loss), optimizer), None, FFN_INPUTS)
     batches = [batch_values(element, plan.graph.inputs(), i) for i, element in enumerate(dataset)]
-    return train_single_device(plan.graph, values, batches * epochs)
+    return train_single_device(reference_graph(plan), values, batches * epochs)
 
 
 def test_losses_equal_stand_alone_and_training_continues_from_the_trained_values():

@@ -20,7 +20,7 @@ from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.models import FFN
 from autostrat.runtime.checkpoint import load_checkpoint, save_checkpoint
 from autostrat.runtime.executor import graph_values
-from autostrat.runtime.training import train_locally, train_single_device
+from autostrat.runtime.training import reference_graph, train_locally, train_single_device
 from autostrat.search.checkpoint import checkpoint_dict
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.problem import build_problem, searched_graph
@@ -120,7 +120,7 @@ def _assert_same_training(run, alone) -> None:
 def test_sharded_training_equals_one_device_with_the_predicted_bytes(case):
     plain, _, _ = CASES[case](False)
     sharded, values, batches = CASES[case](True)
-    run, alone = train_locally(sharded, values, batches), train_single_device(sharded.graph, values, batches)
+    run, alone = train_locally(sharded, values, batches), train_single_device(reference_graph(sharded), values, batches)
     _assert_same_training(run, alone)
     assert run.bytes_match, (run.predicted[0], run.measured[0])
     sharded_updates = [op for name, op in sharded.ops.items() if "optimizer shard of" in op.origin]
@@ -162,8 +162,8 @@ def assert_the_ffn_continues_plain_on_4_ranks(sharded, values, batches, path) ->
     finally:
         reset_auto_parallel_context()
     second = train_locally(plain, resumed, more)
-    alone = train_single_device(sharded.graph, values, batches)
-    alone = train_single_device(plain.graph, {**resumed, **alone.parameters}, more)
+    alone = train_single_device(reference_graph(sharded), values, batches)
+    alone = train_single_device(reference_graph(plain), {**resumed, **alone.parameters}, more)
     _assert_same_training(second, alone)
 
 

@@ -22,7 +22,7 @@ from autostrat.models import FFN, GPT, TransformerStack, megatron_seeds
 from autostrat.runtime import launcher
 from autostrat.runtime.checkpoint import save_checkpoint, load_checkpoint
 from autostrat.runtime.stage_program import Recv, Send, lower_stage_programs, schedule_slots
-from autostrat.runtime.training import train_locally
+from autostrat.runtime.training import reference_graph, train_locally
 from autostrat.search import SearchOptions
 from autostrat.search.pipeline import plan_pipeline, shared_update_ops
 from autostrat.search.stages import in_flight, op_units, priced_split, unit_costs
@@ -167,10 +167,27 @@ def test_a_parameter_read_on_two_stages_is_updated_once_and_sent_on():
     last = programs[-1]
     assert any(isinstance(i, Recv) and i.key.startswith("optimizer/scale") for i in last.update)
     assert any(isinstance(i, Send) for i in programs[0].update)
-    run, alone = train_locally(plan, values, batches), train_single_device(plan.pipeline.batch_graph, values, batches)
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
     assert relative_error(run.losses, alone.losses) <= 1e-5
     assert relative_error(run.parameters, alone.parameters) <= 1e-5
     assert run.bytes_match
+
+
+def test_a_pipeline_sums_replicas_as_its_whole_batch_reference_does():
+    """gradients_mean=False (the default) in a pipeline: the micro-batches' gradients are summed
+    (each micro-batch's loss weighs 1/m, so the sum is the whole batch's gradient), then a
+    stage's devices holding the same slice of a parameter sum theirs. The reference, the whole
+    batch on one device, sums as many copies as the stage plan has replicas of each parameter;
+    the plain stand-alone run differs, so the check can fail."""
+    net = _stack()
+    cell = _pipeline_cell(net, 4, 2, optimizer=nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    plan, values, batches = training_plan(cell, None, net.example_inputs(), steps=3)
+    assert plan.pipeline.batch_graph.ops["optimizer/blocks.0.ln1.gamma"].attr_dict["gradients_mean"] is False
+    assert plan.replicas("blocks.0.ln1.gamma") == 4 and plan.replicas("blocks.0.ffn1.weight") == 1
+    run = train_locally(plan, values, batches)
+    summed, plain = (train_single_device(graph, values, batches) for graph in (reference_graph(plan), plan.pipeline.batch_graph))
+    assert relative_error(run.losses, summed.losses) <= 1e-5 and relative_error(run.parameters, summed.parameters) <= 1e-5
+    assert relative_error(run.parameters, plain.parameters) > 1e-3
 
 
 def test_marked_stages_are_kept_and_shown(tmp_path):

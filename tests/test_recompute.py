@@ -20,7 +20,7 @@ from autostrat.frontend.run import plan_config
 from autostrat.frontend.train import synthetic_batches
 from autostrat.models import TransformerStack, megatron_seeds
 from autostrat.runtime.executor import graph_values
-from autostrat.runtime.training import train_locally, train_single_device
+from autostrat.runtime.training import reference_graph, train_locally, train_single_device
 from autostrat.search import search
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +107,7 @@ def _config_plan(tmp_path, name: str, extra: str):
 def test_recomputed_training_equals_one_device(tmp_path, name):
     plan, values, batches = _config_plan(tmp_path, name, "recompute: [blocks.0, blocks.1]\n")
     assert any(op.startswith(RECOMPUTE_PREFIX) for op in plan.ops)
-    run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
     np.testing.assert_allclose(run.losses, alone.losses, rtol=1e-5)
     for tensor, want in alone.parameters.items():
         np.testing.assert_allclose(run.parameters[tensor], want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())), err_msg=tensor)

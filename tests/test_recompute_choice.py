@@ -22,7 +22,7 @@ from autostrat.frontend.tensor import Tensor
 from autostrat.frontend.train import synthetic_batches
 from autostrat.models import TransformerStack
 from autostrat.runtime.executor import graph_values
-from autostrat.runtime.training import train_locally, train_single_device
+from autostrat.runtime.training import reference_graph, train_locally, train_single_device
 from autostrat.search.recompute_choice import choose_recompute, plan_cost, repeated_layers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +127,7 @@ def test_auto_recompute_chooses_the_cheapest_count_that_fits():
     assert plan.to_dict()["recompute"]["count"] == best
     assert "recompute searched: " in plan.table()
     values, batches = graph_values(plan.graph, {}), synthetic_batches(plan.graph, 2)
-    run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
     np.testing.assert_allclose(run.losses, alone.losses, rtol=1e-5)
     assert run.bytes_match and max(run.measured_peaks) <= _BUDGET
 

@@ -10,10 +10,11 @@ from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
 from autostrat.autodiff import Adam, build_training
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
+from autostrat.frontend.context import current_context
 from autostrat.frontend.train import TrainOneStepCell, WithLossCell, compare, train, training_plan
 from autostrat.models import FFN, GPT, megatron_seeds
 from autostrat.runtime.local import LocalCluster
-from autostrat.runtime.training import train_collective, train_locally, train_single_device
+from autostrat.runtime.training import reference_graph, train_collective, train_locally, train_single_device
 
 
 @pytest.fixture(autouse=True)
@@ -71,14 +72,17 @@ def test_gradient_sync_is_an_allreduce_over_exactly_the_replica_axes():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["megatron", "data_parallel"])
 def test_gpt_two_layers_trains_with_adam_like_stand_alone(mode):
+    # The mean over replicas: summed over 8 (gradients_mean=False), the rounding noise of exactly
+    # zero gradients (an attention key's bias) grows against Adam's eps 1e-8 and the parameters
+    # end 1.07e-5 from one device's (test_the_default_context_sums... checks the sum, with Momentum).
     net = GPT(layers=2, batch=8)
     if mode == "megatron":
-        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, gradients_mean=True)
         _seed_gpt(net, megatron_seeds(2, 4, data_parallel=2))
     else:
-        set_auto_parallel_context(parallel_mode="data_parallel", device_num=8)
+        set_auto_parallel_context(parallel_mode="data_parallel", device_num=8, gradients_mean=True)
     plan, values, batches = training_plan(TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3)), None, net.example_inputs(), 8)
-    run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
     report = compare(plan, run, alone)
     assert report.ok, report.text
     assert run.measured == run.predicted and all(m["sync"] == plan.phase_bytes()["sync"] for m in run.measured)
@@ -108,11 +112,14 @@ def test_gradients_mean_false_sums_the_replicas_gradients(mode):
         net.dense1.matmul.shard(((2, 1), (1, 4)))
     loss = WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
     plan, values, batches = training_plan(TrainOneStepCell(loss, nn.SGD(net.trainable_params(), 0.1)), None, FFN_INPUTS, 1)
+    # plan.graph's updates carry no replica counts: run on one device it is the true
+    # stand-alone step, the gradient of the whole batch's loss.
     run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
     assert run.losses == pytest.approx(alone.losses, rel=1e-6)  # the forward pass is unchanged
     replicas = {}
     for name in alone.parameters:
         replicas[name] = len(plan.layouts[name].replica_groups()[0])
+        assert plan.replicas(name) == replicas[name]  # the one definition the lowering and the reference use
         step, alone_step = values[name] - run.parameters[name], values[name] - alone.parameters[name]
         np.testing.assert_allclose(step, replicas[name] * alone_step, rtol=1e-4, atol=1e-7)
     # Data parallel replicates every parameter 8 ways; the seeded plan splits the weights 4 ways
@@ -120,6 +127,30 @@ def test_gradients_mean_false_sums_the_replicas_gradients(mode):
     assert replicas == (dict.fromkeys(replicas, 8) if mode == "data_parallel" else
                         {"dense1.weight": 2, "dense1.bias": 2, "dense2.weight": 2,
                          "dense2.bias": 8})
+
+
+def _gpt_momentum_cell():
+    net = GPT(layers=2, hidden=64, heads=8, seq=16, batch=8, vocab=128)
+    _seed_gpt(net, megatron_seeds(2, 4, data_parallel=2))
+    return TrainOneStepCell(net, nn.Momentum(net.trainable_params(), 0.1, 0.9)), net.example_inputs()
+
+
+@pytest.mark.parametrize("model", ["ffn", "gpt"])
+def test_the_default_context_sums_replicas_and_the_reference_sums_them_too(model):
+    """MindSpore's default, gradients_mean=False, on 8 threads: the run equals the stand-alone
+    run of `reference_graph` (each update summing its parameter's replica count of gradients)
+    within 1e-5, and that reference is not the plain stand-alone run (the check can fail)."""
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
+    assert not current_context().gradients_mean
+    cell, inputs = (_ffn_cell(), FFN_INPUTS) if model == "ffn" else _gpt_momentum_cell()
+    plan, values, batches = training_plan(cell, None, inputs, 3)
+    run = train_locally(plan, values, batches)
+    summed, plain = train_single_device(reference_graph(plan), values, batches), train_single_device(plan.graph, values, batches)
+    report = compare(plan, run, summed)
+    assert report.ok and report.loss_error <= 1e-5 and report.parameter_error <= 1e-5, report.text
+    assert "the stand-alone run sums as many copies" in report.text
+    assert compare(plan, run, plain).parameter_error > 1e-3
+    assert max(plan.replicas(name) for name, _ in plan.graph.updates if f"grad/{name}" in plan.graph.tensors) > 1
 
 
 def test_gradients_mean_must_be_a_bool():
@@ -160,6 +191,6 @@ def test_train_collective_keeps_adams_scalar_state_scalar():
                             nn.Adam(net.trainable_params(), 1e-3))
     plan, values, batches = training_plan(cell, None, FFN_INPUTS, 2)
     runs = LocalCluster(8).run(lambda backend: train_collective(plan, backend, values, batches))
-    alone = train_single_device(plan.graph, values, batches)
+    alone = train_single_device(reference_graph(plan), values, batches)
     assert runs[1] is None and runs[0].parameters["beta1_power"].shape == ()
     assert compare(plan, runs[0], alone).ok

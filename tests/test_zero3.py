@@ -15,7 +15,7 @@ from autostrat.frontend.config import apply_seeds
 from autostrat.frontend.train import training_plan
 from autostrat.models import FFN
 from autostrat.nn import Tensor
-from autostrat.runtime.training import train_locally, train_single_device
+from autostrat.runtime.training import reference_graph, train_locally, train_single_device
 from autostrat.search.memory import peak_bytes
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.plan import build_plan
@@ -122,6 +122,10 @@ def test_without_a_budget_only_parameters_read_once_rest_sharded():
     assert plan.resting == {"dense1.weight", "dense1.bias", "dense2.bias"} and not plain.resting
     assert plan.total_bytes == plain.total_bytes and plan.prediction.peak_bytes < plain.prediction.peak_bytes
     assert plain.prediction.peak_bytes > BUDGET
+    # Resting sharded changes no gradient sum (gradients_mean=False): the devices computing with
+    # one slice of dense1.weight are still 2, though each holds an eighth of it at rest.
+    assert {p: plan.replicas(p) for p in plan.resting} == {p: plain.replicas(p) for p in plan.resting}
+    assert plan.replicas("dense1.weight") == 2 > len(plan.layouts["dense1.weight"].replica_groups()[0])
 
 
 def test_a_budget_makes_parameters_rest_sharded_and_training_still_equals_one_device():
@@ -133,7 +137,7 @@ def test_a_budget_makes_parameters_rest_sharded_and_training_still_equals_one_de
     assert len(origins) == len(plan.resting)
     resting_in_json = [(op["name"], op["at_rest"]) for op in plan.to_dict()["ops"] if "at_rest" in op]
     assert len(resting_in_json) == len(plan.resting) and all(at == [1] for _, at in resting_in_json)
-    run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
     _assert_same_training(run, alone)
     assert run.bytes_match
     assert_peaks_match(run, "FFN with parameters at rest")

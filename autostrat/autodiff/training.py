@@ -36,7 +36,7 @@ def op_phase(name: str) -> str:
 def build_training(graph: Graph, optimizer, loss: str | None = None, gradients_mean: bool = True,
                    recompute: tuple[str, ...] = ()) -> Graph:
     """`graph` (whose output is the loss) plus its backward ops and `optimizer`'s updates;
-    ``gradients_mean=False`` marks the updates to sum their replicas' gradients (see the
+    every update carries `gradients_mean` (False: it sums its replicas' gradients, see the
     context's `gradients_mean`); the forward ops of the cells at the paths `recompute` run
     again inside the backward (`recompute.recompute_cells`).
 
@@ -60,13 +60,14 @@ def build_training(graph: Graph, optimizer, loss: str | None = None, gradients_m
     for gradient in backward.outputs:
         parameter = gradient.removeprefix("grad/")
         updates += optimizer.update(builder, parameter, gradient, shared)
-        if not gradients_mean:
-            _mark_summed(builder, UPDATE_PREFIX + parameter)
+        _mark_gradients_mean(builder, UPDATE_PREFIX + parameter, gradients_mean)
     values = dict(backward.values) | builder.values
     ops = dict(backward.ops) | builder.ops
     return Graph(builder.tensors, ops, (loss,), f"{graph.name}.train", values, tuple(updates))
 
 
-def _mark_summed(builder: GradBuilder, update: str) -> None:
+def _mark_gradients_mean(builder: GradBuilder, update: str, gradients_mean: bool) -> None:
+    """The update says how it combines its replicas' gradients, either way, so that no kernel
+    default decides it (the lowering adds their count when it sums them)."""
     op = builder.ops[update]
-    builder.ops[update] = replace(op, attrs=tuple(sorted(op.attrs + (("gradients_mean", False),))))
+    builder.ops[update] = replace(op, attrs=tuple(sorted(op.attrs + (("gradients_mean", gradients_mean),))))

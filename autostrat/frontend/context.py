@@ -69,12 +69,12 @@ class ParallelContext:
       backward, gradient synchronisation and the optimiser's updates), so the search weighs
       what training communicates. A `TrainOneStepCell` is always planned for training.
     - `gradients_mean`: how a parameter's gradient combines over the devices that hold the same
-      slice of it. True: the gradient of the loss as one device computes it over the whole
-      batch (the mean over the replicas of their own batch-mean losses), so training equals
-      stand-alone training. False: the sum of the replicas' gradients, as MindSpore's
-      ``gradients_mean=False`` sums them — with a batch-mean loss, r times the stand-alone
-      gradient on a parameter held by r devices. autostrat defaults to True (MindSpore to
-      False): a plan computes what one device computes unless asked otherwise.
+      slice of it (its replicas, `Plan.replicas`). False (the default, as in MindSpore): the sum
+      of the replicas' gradients — with a batch-mean loss, r times the stand-alone gradient on
+      a parameter held by r devices (each replica's own batch-mean loss, summed). True: their
+      mean, the gradient one device computes over the whole batch. The run is checked against
+      one device either way: the stand-alone reference sums as many copies of each gradient
+      as the plan has replicas of its parameter (`runtime.training.reference_graph`).
     - `enable_parallel_optimizer`: MindSpore's parallel optimizer (ZeRO): each parameter's
       optimiser state and update split over the devices holding the same slice of it
       (`search.optimizer_shard`); `parallel_optimizer_config` takes MindSpore's keys
@@ -122,7 +122,7 @@ class ParallelContext:
     coarsen: str | None = None
     mesh: str | tuple[int, ...] = "auto"
     phase: str = "predict"
-    gradients_mean: bool = True
+    gradients_mean: bool = False
     cost_model: str = "bytes"
     enable_parallel_optimizer: bool = False
     parallel_optimizer_config: dict | None = None

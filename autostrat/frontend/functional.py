@@ -9,9 +9,12 @@
 plans its forward pass with the backward of the loss (its first output) under the parallel
 context, runs that plan on the ranks (threads, or MPI ranks under mpiexec) and returns the loss
 and the gradients of `weights` as whole tensors on every rank; a plan is made once per input
-shapes. ``optimizer(grads)`` applies the optimiser's update ops (the same kernels a planned
-training step runs) to the parameters' whole values on every rank, keeping its state, so every
-rank holds the same parameters for the next step. Unlike `Model.train`, whose plan includes
+shapes. With ``gradients_mean=False`` (the default, as in MindSpore, whose parallel step sums
+a parameter's gradient over its replicas) each gradient is its parameter's replica count in the
+plan (`Plan.replicas`) times the whole-batch gradient, as `Model.train` sums it.
+``optimizer(grads)`` applies the optimiser's update ops (the same kernels a planned training
+step runs) to the parameters' whole values on every rank, keeping its state, so every rank
+holds the same parameters for the next step. Unlike `Model.train`, whose plan includes
 gradient synchronisation and the update, the update here runs unsplit: the loop may change the
 gradients between the two calls, as MindSpore allows.
 
@@ -38,6 +41,7 @@ from autostrat.frontend.tracing import trace
 from autostrat.frontend.world import get_rank, world_backend
 from autostrat.ir import Graph, TensorInfo
 from autostrat.runtime.executor import graph_values, run_single_device, single_device_step
+from autostrat.runtime.kernels.optimizer import summed_gradient
 from autostrat.runtime.local import execute_on_ranks
 from autostrat.runtime.program import lower_programs
 from autostrat.search import search
@@ -81,7 +85,7 @@ class GradFunction:
 
     def __call__(self, *inputs):
         arrays = [np.asarray(x.asnumpy() if isinstance(x, Tensor) else x) for x in inputs]
-        plan, programs, outputs, grads = self._plan(arrays)
+        plan, programs, outputs, grads, replicas = self._plan(arrays)
         values = graph_values(plan.graph, {info.name: array for info, array in zip(plan.graph.inputs(), arrays)})
         result = execute_on_ranks(programs, values, world_backend()).outputs
         if os.environ.get(CHECK_VARIABLE) == "1":
@@ -90,7 +94,8 @@ class GradFunction:
         whole = {name: np.reshape(result[name], plan.graph.tensors[name].shape) for name in outputs + grads}
         forward = [Tensor(whole[name]) for name in outputs]
         value = tuple(forward) if len(forward) > 1 else forward[0]  # (loss, aux...) with has_aux
-        gradients = tuple(Tensor(whole[name]) for name in grads)
+        # The sum over replicas (gradients_mean=False) scales the checked whole-batch gradients.
+        gradients = tuple(Tensor(summed_gradient(whole[name], count)) for name, count in zip(grads, replicas))
         return (value, gradients) if self.values else gradients
 
     def _plan(self, arrays: list):
@@ -106,7 +111,8 @@ class GradFunction:
                 raise ConfigError(f"value_and_grad: weights {unused} are not read by the function")
             whole = Graph(backward.tensors, backward.ops, graph.outputs + grads, f"{graph.name}.grad", backward.values)
             plan = search(whole, context.device_num, context.search_options())
-            self._plans[key] = plan, lower_programs(plan), graph.outputs, grads
+            replicas = tuple(1 if context.gradients_mean else plan.replicas(names[id(weight)]) for weight in self.weights)
+            self._plans[key] = plan, lower_programs(plan), graph.outputs, grads, replicas
         return self._plans[key]
 
 

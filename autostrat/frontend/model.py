@@ -7,7 +7,8 @@ one go on LocalCluster threads, or under mpiexec one process per rank (callbacks
 rank 0). Afterwards the trained values are written into the network's Parameters and the
 optimiser state is kept, so `predict`, `eval` or another `train` continue from them.
 
-Example (two epochs of two batches on 8 threads, a loss printed per step):
+Example (two epochs of two batches on 8 threads, a loss printed per step; gradients summed over
+their replicas, MindSpore's default ``gradients_mean=False``):
     >>> import numpy as np
     >>> from autostrat import nn, set_auto_parallel_context, reset_auto_parallel_context
     >>> from autostrat.models import FFN
@@ -17,8 +18,8 @@ Example (two epochs of two batches on 8 threads, a loss printed per step):
     >>> dataset = [(rng.standard_normal((64, 64)).astype(np.float32), rng.integers(0, 64, 64).astype(np.int32)) for _ in range(2)]
     >>> model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.Momentum(net.trainable_params(), 0.1, 0.9))
     >>> model.train(2, dataset, callbacks=[LossMonitor(per_print_times=2)])  # doctest: +ELLIPSIS
-    epoch: 1 step: 2, loss is 4.159...
-    epoch: 2 step: 2, loss is 4.151...
+    epoch: 1 step: 2, loss is 4.157...
+    epoch: 2 step: 2, loss is 4.121...
     >>> model.predict(dataset[0][0]).shape
     (64, 64)
     >>> reset_auto_parallel_context()

@@ -37,7 +37,7 @@ from autostrat.runtime import checkpoint
 from autostrat.runtime.executor import graph_values
 from autostrat.runtime.job import random_batch
 from autostrat.runtime.report import PHASE_LEGEND, memory_line
-from autostrat.runtime.training import TrainingResult, train_collective, train_locally, train_single_device
+from autostrat.runtime.training import TrainingResult, reference_graph, train_collective, train_locally, train_single_device
 
 
 # The optimisers with MindSpore's functional half (``optimizer.parameters``, ``optimizer(grads)``).
@@ -146,12 +146,6 @@ def world_size(plan) -> int:
     return plan.device_num if plan.pipeline is None else plan.pipeline.device_num
 
 
-def reference_graph(plan):
-    """The graph the stand-alone run of `plan` runs: its own, or a pipeline's whole batch's
-    (a pipeline plan's graph is one micro-batch's)."""
-    return plan.graph if plan.pipeline is None else plan.pipeline.batch_graph
-
-
 def check_training(net, optimizer, context, steps: int) -> None:
     """A `ConfigError` before anything is planned when `net` cannot be trained as asked: no
     optimiser anywhere (a forward-only cell would "train" steps that change nothing), or not a
@@ -241,8 +235,8 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
     lines = [f"{'step':>4}  {world_size(plan)}-rank loss  stand-alone loss"]
     lines += [f"{i + 1:>4}  {a:>14.7f}  {b:>16.7f}" for i, (a, b) in enumerate(zip(result.losses, reference.losses))]
     if any(not op.attr_dict.get("gradients_mean", True) for op in plan.graph.ops.values()):
-        lines.append("gradients_mean=False: a replicated parameter's gradient is the sum over its replicas, "
-                     "not the stand-alone gradient, so the runs are not expected to agree")
+        lines.append("gradients_mean=False (MindSpore's default): a replicated parameter's gradient is the sum over its "
+                     "replicas; the stand-alone run sums as many copies of it (reference_graph)")
     measured = result.measured[0] if result.measured else {}
     phases = ", ".join(f"{k} {v}" for k, v in measured.items() if k not in ("gather", "pipeline") or v)  # ZeRO-3, pipelines only
     lines += [

@@ -22,6 +22,7 @@ from autostrat.runtime.pipeline import StageRunner, pipeline_values, predicted_p
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 from autostrat.runtime.report import output_errors, rank_summary
+from autostrat.runtime.training import reference_graph
 
 FAULTS = ("hang", "kill", "loop", "raise", "stop")
 
@@ -83,8 +84,8 @@ def random_batch(graph, rng: np.random.Generator) -> dict:
 
 def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, fault: Fault | None = None, name: str = "") -> Job:
     """Lower `plan` and prepare `steps` random batches with their single-device results (a
-    pipeline plan's: its stage programs, and the whole batch's reference)."""
-    graph = plan.graph if plan.pipeline is None else plan.pipeline.batch_graph
+    pipeline plan's: its stage programs, and the whole batch's reference; `reference_graph`)."""
+    graph = reference_graph(plan)
     programs = lower_programs(plan) if plan.pipeline is None else lower_stage_programs(plan)
     device_num = len(programs)
     if fault is not None and plan.pipeline is not None:

@@ -227,7 +227,7 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
                 instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge))
             keys.append(key)
         strategy = plan.ops[name].strategy
-        instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, _attrs(plan, op), strategy.slice_context(rank)))
+        instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, kernel_attrs(plan, op), strategy.slice_context(rank)))
     outputs = []
     for tensor in graph.outputs:
         key = tensor
@@ -247,13 +247,14 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
     return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
 
 
-def _attrs(plan, op) -> tuple:
-    """An op's attributes, plus for an update that sums its replicas' gradients how many
-    devices hold its parameter's slice (the kernel scales the gradient by it)."""
+def kernel_attrs(plan, op) -> tuple:
+    """The attributes an op's kernel runs with: its own, plus for an update that sums its
+    replicas' gradients (``gradients_mean=False``) how many they are (`Plan.replicas` of its
+    parameter), by which the kernel scales the gradient. The stand-alone reference gives its
+    update ops the same (`training.reference_graph`), so one device computes what the ranks do."""
     if op.attr_dict.get("gradients_mean", True):
         return op.attrs
-    replicas = len(plan.layouts[op.inputs[0]].replica_groups()[0])
-    return tuple(sorted(op.attrs + (("replicas", replicas),)))
+    return tuple(sorted(op.attrs + (("replicas", plan.replicas(op.inputs[0])),)))
 
 
 def lower_steps(redistribution: RedistributionPlan, rank: int, source: str, target: str, edge: str, phase: str) -> list[Communicate]:

@@ -9,7 +9,7 @@ assembled on every rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, single_device_run
 from autostrat.runtime.local import LocalCluster
-from autostrat.runtime.program import PHASES, lower_programs
+from autostrat.runtime.program import PHASES, kernel_attrs, lower_programs
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def train_locally(plan, values: dict, batches, on_step=None) -> TrainingResult:
         >>> net = FFN(); _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
         >>> plan, values, batches = training_plan(net, Momentum(0.01, 0.9), steps=2)
         >>> reset_auto_parallel_context()
-        >>> run, alone = train_locally(plan, values, batches), train_single_device(plan.graph, values, batches)
+        >>> run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
         >>> bool(np.allclose(run.losses, alone.losses, rtol=1e-5)), run.bytes_match
         (True, True)
     """
@@ -127,6 +127,31 @@ def train_locally(plan, values: dict, batches, on_step=None) -> TrainingResult:
         plan.prediction.peak_bytes,
         tuple(run.peak_bytes for run in runs),
     )
+
+
+def reference_graph(plan):
+    """The graph the stand-alone run of `plan` runs, to compute what the ranks compute: the
+    plan's own graph, or a pipeline's whole batch's (a pipeline plan's graph is one
+    micro-batch's); with ``gradients_mean=False`` every update sums as many copies of its
+    gradient as the plan has replicas of its parameter (`program.kernel_attrs`: the kernels the
+    ranks run, with the same counts), as MindSpore sums a parameter's replicas' gradients.
+
+    Example (the tutorial seed splits dense1.weight 4 ways: 2 of the 8 devices hold each slice):
+        >>> from autostrat.autodiff import SGD, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> training = build_training(trace(net, Tensor(shape=(64, 64)), device_num=8), SGD(), gradients_mean=False)
+        >>> plan = search(training, 8)
+        >>> reference_graph(plan).ops["optimizer/dense1.weight"].attrs
+        (('gradients_mean', False), ('learning_rate', 0.01), ('replicas', 2))
+    """
+    graph = plan.graph if plan.pipeline is None else plan.pipeline.batch_graph
+    ops = {name: replace(op, attrs=kernel_attrs(plan, op)) for name, op in graph.ops.items()}
+    return graph if ops == graph.ops else replace(graph, ops=ops)
 
 
 def train_single_device(graph, values: dict, batches, on_step=None) -> TrainingResult:

@@ -130,6 +130,25 @@ class Plan:
         """The parameters kept sharded at rest (ZeRO-3), gathered for each op reading them."""
         return resting_parameters(self.graph, {name: op.strategy for name, op in self.ops.items()})
 
+    def replicas(self, parameter: str) -> int:
+        """How many devices compute with the same slice of `parameter`: the replicas of the
+        layout the op reading it first uses (ZeRO-3 may keep it sharded further at rest; it is
+        gathered back to that slice to compute). With ``gradients_mean=False`` its update sums
+        that many gradients, as MindSpore sums over a parameter's mirror group.
+
+        Example (the tutorial seed splits dense1.weight 4 ways on 8 devices):
+            >>> from autostrat.frontend import trace
+            >>> from autostrat.models import FFN
+            >>> from autostrat.nn import Tensor
+            >>> from autostrat.search import search
+            >>> net = FFN()
+            >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+            >>> search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8).replicas("dense1.weight")
+            2
+        """
+        op, index = self.graph.consumers(parameter)[0]
+        return len(self.ops[op].strategy.input_layouts[index].replica_groups()[0])
+
     @property
     def byte_phases(self) -> tuple[str, ...]:
         """`BYTE_PHASES`, and "gather" when parameters rest sharded (ZeRO-3)."""
