@@ -310,3 +310,20 @@ def test_the_scaled_and_truncated_initializers_keep_mindspores_bounds():
     assert np.abs(truncated).max() <= 1.0 and 0.5 < truncated.std() < 0.6  # a normal cut at one sigma: std 0.54
     with pytest.raises(ConfigError, match="HeUniform: mode is fan_in or fan_out"):
         HeUniform(mode="fan_both")
+
+
+def test_mindspores_other_context_keys_warn_alias_or_refuse_by_name():
+    from autostrat.frontend import context
+    context._warned.clear()
+    with pytest.warns(UserWarning, match="comm_fusion is accepted and has no effect in autostrat"):
+        ms.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "auto"}}, device_num=8)
+    assert ms.get_auto_parallel_context("device_num") == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per key
+        ms.set_auto_parallel_context(comm_fusion={})
+    ms.set_auto_parallel_context(auto_parallel_search_mode="integer_programming")  # MindSpore's deprecated alias
+    assert ms.get_auto_parallel_context("search_mode") == "integer_programming"
+    with pytest.raises(ConfigError, match="'grad_accumulation_step' is not supported: gradient accumulation is not built"):
+        ms.set_auto_parallel_context(grad_accumulation_step=4)
+    with pytest.raises(ConfigError, match="unknown auto-parallel context key 'gradient_fp16_sync'"):
+        ms.set_auto_parallel_context(gradient_fp16_sync=True)

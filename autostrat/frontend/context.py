@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass, fields, replace
 
 from autostrat.cost import Hardware
@@ -95,7 +96,10 @@ class ParallelContext:
       `strategy_ckpt_config` (``save_file``, ``load_file``: the two checkpoint paths;
       ``only_trainable_params`` accepted) and `parameter_broadcast` (every rank starts from the
       same values anyway: they are made from one seed). `parallel_mode` also takes MindSpore's
-      upper-case spellings ("AUTO_PARALLEL").
+      upper-case spellings ("AUTO_PARALLEL"), and `search_mode` its deprecated name
+      ``auto_parallel_search_mode``. MindSpore's compiler and fusion knobs (`NO_EFFECT`:
+      ``comm_fusion``, ``gradient_fp32_sync``...) are accepted with one warning each; keys whose
+      meaning is not built (`UNSUPPORTED`: ``grad_accumulation_step``, ``auto_pipeline``) are refused.
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
     - The hardware the step time is predicted on (defaults: one 8 x H100 SXM5 server, sources
@@ -252,10 +256,40 @@ def _check_choice(key: str, value, choices: tuple) -> None:
         raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
+# MindSpore keys that tune its compiler or its collectives' fusion: accepted, one warning each.
+NO_EFFECT = ("all_reduce_fusion_config", "comm_fusion", "enable_alltoall", "force_fp32_communication",
+             "gradient_fp32_sync", "group_ckpt_save_file", "loss_repeated_mean", "pipeline_result_broadcast")
+# MindSpore keys whose meaning autostrat does not implement: refused, saying why.
+UNSUPPORTED = {
+    "grad_accumulation_step": "gradient accumulation is not built; nn.PipelineCell's micro_size accumulates micro-batches",
+    "auto_pipeline": "the stage split is always searched when pipeline_stages > 1 and no cell has a pipeline_stage",
+}
+_warned: set[str] = set()
+
+
 def _check_keys(keys) -> None:
-    unknown = sorted(set(keys) - set(KEYS))
+    for key in keys:
+        if key in UNSUPPORTED:
+            raise ConfigError(f"auto-parallel context key {key!r} is not supported: {UNSUPPORTED[key]}")
+    unknown = sorted(set(keys) - set(KEYS) - set(NO_EFFECT) - {"auto_parallel_search_mode"})
     if unknown:
         raise ConfigError(f"unknown auto-parallel context key {unknown[0]!r}; valid keys: {', '.join(KEYS)}")
+
+
+def _mindspore_only(kwargs: dict) -> dict:
+    """`kwargs` without the keys that have no effect here (each warned about once) and with
+    MindSpore's deprecated ``auto_parallel_search_mode`` as `search_mode`."""
+    kwargs = dict(kwargs)
+    for key in NO_EFFECT:
+        if key in kwargs:
+            kwargs.pop(key)
+            if key not in _warned:
+                _warned.add(key)
+                warnings.warn(f"set_auto_parallel_context: {key} is accepted and has no effect in autostrat "
+                              f"(it tunes MindSpore's compiler or collectives)", stacklevel=3)
+    if "auto_parallel_search_mode" in kwargs:
+        kwargs.setdefault("search_mode", kwargs.pop("auto_parallel_search_mode"))
+    return kwargs
 
 
 KEYS = tuple(f.name for f in fields(ParallelContext))
@@ -273,12 +307,14 @@ def set_auto_parallel_context(**kwargs) -> None:
     """
     global _context
     _check_keys(kwargs)
-    _context = replace(_context, **kwargs)
+    _context = replace(_context, **_mindspore_only(kwargs))
 
 
 def get_auto_parallel_context(key: str):
     _check_keys([key])
-    return getattr(_context, key)
+    if key in NO_EFFECT:
+        raise ConfigError(f"auto-parallel context key {key!r} has no effect in autostrat and is not kept")
+    return getattr(_context, "search_mode" if key == "auto_parallel_search_mode" else key)
 
 
 def reset_auto_parallel_context() -> None:
