@@ -30,7 +30,7 @@ from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import run_job_locally
 from autostrat.strategies import generate_strategies
 from tests.oracle import random_inputs, run_sliced
-from tests.redistribution_oracle import all_layouts, oracle_cost
+from tests.redistribution_oracle import all_layouts, oracle_cost, primes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mindspore"
 MP_DP = NamedLayout((4, 2), ("mp", "dp"))  # MindSpore's fixture: mp the major axis (1), dp the minor (0)
@@ -105,28 +105,18 @@ def _placements(strategy: Strategy):
     """`strategy` with its device axes refined to primes and put in every order (at most 24):
     any order, and a factor over several axes, not always adjacent."""
     default = default_placement(strategy.splits, strategy.device_num)
-    primes, owner = [], []  # per prime axis (major first): its size and the factor owning it (-1: repeated)
+    sizes, owner = [], []  # per prime axis (major first): its size and the factor owning it (-1: repeated)
     factor_of = {axis: index for index, axes in enumerate(default.axes) for axis in axes}
     for position, size in enumerate(default.matrix):
         axis = len(default.matrix) - 1 - position
-        for prime in _prime_factors(size):
-            primes.append(prime)
+        for prime in primes(size):
+            sizes.append(prime)
             owner.append(factor_of.get(axis, -1))
-    for order in itertools.islice(itertools.permutations(range(len(primes))), 24):
-        matrix = tuple(primes[i] for i in order)
+    for order in itertools.islice(itertools.permutations(range(len(sizes))), 24):
+        matrix = tuple(sizes[i] for i in order)
         axes = tuple(tuple(len(order) - 1 - position for position, i in enumerate(order) if owner[i] == factor)
                      for factor in range(len(strategy.splits)))
         yield Strategy(strategy.rule, strategy.splits, strategy.device_num, strategy.sums_partials, placement=Placement(matrix, axes))
-
-
-def _prime_factors(number: int) -> list[int]:
-    found, factor = [], 2
-    while number > 1:
-        while number % factor == 0:
-            found.append(factor)
-            number //= factor
-        factor += 1
-    return found
 
 
 @pytest.mark.parametrize("op_type", op_types())
