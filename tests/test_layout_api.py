@@ -64,6 +64,7 @@ def test_a_layout_names_axes_from_the_right_as_mindspore_prints_them():
     (lambda: NamedLayout((2, 4), ("dp",)), "alias_name must be a tuple of 2 strings"),
     (lambda: NamedLayout((2, 4), ("dp", "dp")), "alias names must be distinct"),
     (lambda: NamedLayout((2, 0), ("dp", "mp")), "device_matrix must be a tuple of positive integers"),
+    (lambda: NamedLayout((2, 4), ("dp", "mp"), rank_list=[1, 0, 2, 3, 4, 5, 6, 7]), "rank_list is not supported"),
     (lambda: MP_DP("dp", "tp"), "unknown axis name 'tp'"),
     (lambda: MP_DP("dp", ("dp", "mp")), "axis 'dp' splits two dims"),
 ])

@@ -34,10 +34,14 @@ class NamedLayout:
 
     device_matrix: tuple[int, ...]
     alias_name: tuple[str, ...]
+    rank_list: None = None  # MindSpore's devices in another order than 0..n-1: not supported
     names: tuple | None = None  # per tensor dim: an alias, NONE, or a tuple of aliases (major first)
 
     def __post_init__(self) -> None:
         matrix, aliases = self.device_matrix, self.alias_name
+        if self.rank_list is not None:
+            raise LayoutError(f"Layout: rank_list is not supported (the device matrix numbers the devices 0 to n - 1), "
+                              f"got {self.rank_list!r}")
         if not isinstance(matrix, (tuple, list)) or not matrix or not all(
                 isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in matrix):
             raise LayoutError(f"Layout: device_matrix must be a tuple of positive integers such as (2, 4), got {matrix!r}")
@@ -63,7 +67,7 @@ class NamedLayout:
                     raise LayoutError(f"Layout{self.alias_name}: axis {alias!r} splits two dims in {names!r}")
                 used.append(alias)
         return NamedLayout(self.device_matrix, self.alias_name,
-                           tuple(tuple(n) if isinstance(n, (tuple, list)) else n for n in names))
+                           names=tuple(tuple(n) if isinstance(n, (tuple, list)) else n for n in names))
 
     def _axis(self, alias: str) -> int:
         return len(self.alias_name) - 1 - self.alias_name.index(alias)
