@@ -164,6 +164,9 @@ def test_a_layout_seeded_plan_reads_its_seeds_layouts_where_they_lie_and_runs_as
     assert plan.total_bytes == 6144
     assert [step.kind for e in plan.redistributions for step in e.plan.steps] == ["ReduceScatter"]
     assert str(plan.ops["dense1.bias_add"].strategy) == "((8, 1), (1,)) on [4, 2]: ((0, 1), -1), (-1,)"
+    ops = {op["name"]: op for op in plan.to_dict()["ops"]}  # the plan JSON keeps the order too
+    assert ops["dense1.bias_add"]["in_layout"][0] == {"device_matrix": [4, 2], "tensor_map": [[0, 1], -1]}
+    assert all(("in_layout" in op) == (plan.ops[name].strategy.placement is not None) for name, op in ops.items())
     check = run_job_locally(make_job(plan, steps=1))
     assert check.bytes_match and check.results_match, check.text
 

@@ -128,3 +128,16 @@ def as_named(matrix: tuple[int, ...], tensor_map) -> NamedLayout:
         axes = tuple(axis for axis in axes if axis != -1)
         dims.append(NONE if not axes else name[axes[0]] if len(axes) == 1 else tuple(name[a] for a in axes))
     return NamedLayout(tuple(matrix), names)(*dims)
+
+
+def layout_entry(layout) -> dict:
+    """A layout's device matrix and tensor map as MindSpore's ``Layout.to_dict`` writes them
+    (entries -1, an axis, or a list of axes); `as_named` reads them back.
+
+    Example:
+        >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+        >>> layout_entry(Layout(DeviceMatrix((4, 2)), TensorMap(((0, 1), -1)), (64, 64)))
+        {'device_matrix': [4, 2], 'tensor_map': [[0, 1], -1]}
+    """
+    entries = [-1 if not entry else entry[0] if len(entry) == 1 else list(entry) for entry in layout.tensor_map.entries]
+    return {"device_matrix": list(layout.device_matrix.shape), "tensor_map": entries}

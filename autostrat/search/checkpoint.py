@@ -20,7 +20,7 @@ from pathlib import Path
 from autostrat.autodiff import PHASES, op_phase
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.io import read_json
-from autostrat.layout.named import as_named
+from autostrat.layout.named import as_named, layout_entry
 from autostrat.search.mindspore_checkpoint import encode, mindspore_names
 from autostrat.search.optimizer_shard import update_layout
 
@@ -51,17 +51,11 @@ def strategy_items(plan) -> list[dict]:
         if op.strategy.out_tuples() is not None:
             body["out_strategy"] = _dims(op.strategy.out_tuples())
         if getattr(op.strategy, "placement", None) is not None:  # the axis order the tuples cannot say
-            body["in_layout"] = [_layout_dict(layout) for layout in op.strategy.input_layouts]
+            body["in_layout"] = [layout_entry(layout) for layout in op.strategy.input_layouts]
             if "out_strategy" in body:
-                body["out_layout"] = [_layout_dict(layout) for layout in op.strategy.output_layouts]
+                body["out_layout"] = [layout_entry(layout) for layout in op.strategy.output_layouts]
         items.append({"node_name": name, "parallel_strategys": body})
     return items
-
-
-def _layout_dict(layout) -> dict:
-    """A layout as MindSpore's ``Layout.to_dict`` writes its device matrix and tensor map."""
-    entries = [-1 if not entry else entry[0] if len(entry) == 1 else list(entry) for entry in layout.tensor_map.entries]
-    return {"device_matrix": list(layout.device_matrix.shape), "tensor_map": entries}
 
 
 def _named(value, where: str):

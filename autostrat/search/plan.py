@@ -12,6 +12,7 @@ from autostrat.cost import Hardware
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
+from autostrat.layout.named import layout_entry
 from autostrat.search.checkpoint import checkpoint_bytes
 from autostrat.search.dump import write_dumps
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout
@@ -218,6 +219,8 @@ class Plan:
             "ops": [
                 {"name": n, "type": o.op_type, "strategy": [list(t) for t in o.strategy.to_tuples()], "origin": o.origin}
                 | ({"at_rest": list(o.strategy.at_rest)} if o.strategy.at_rest else {})  # ZeRO-3's inputs kept sharded
+                | ({"in_layout": [layout_entry(layout) for layout in o.strategy.input_layouts]}  # an axis order tuples cannot say
+                   if getattr(o.strategy, "placement", None) is not None else {})
                 | ({"stage": self.pipeline.stage_label(n)} if self.pipeline else {})
                 for n, o in self.ops.items()
             ],
