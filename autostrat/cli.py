@@ -203,6 +203,9 @@ def _parser() -> argparse.ArgumentParser:
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=_positive(int), default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")
+    diff = commands.add_parser("diff", help="compare two plans of one model (JSON from search --out)")
+    diff.add_argument("plan_a", help="plan A (JSON)")
+    diff.add_argument("plan_b", help="plan B (JSON)")
     _add_run(commands)
     return parser
 
@@ -248,6 +251,9 @@ def _dispatch(args) -> int:
             print(candidates_text(args.device_num, args.repeated))
         elif args.command == "search":
             print(search_command(args))
+        elif args.command == "diff":
+            from autostrat.plan_diff import diff_plans  # reads plans: off the search's import path
+            print(diff_plans(args.plan_a, args.plan_b).text)
         elif args.command == "run":
             code, text = run_command(args)
             print(text, file=sys.stderr if code else sys.stdout)

@@ -218,6 +218,8 @@ class Plan:
             "total_bytes_per_device": self.total_bytes,
             "ops": [
                 {"name": n, "type": o.op_type, "strategy": [list(t) for t in o.strategy.to_tuples()], "origin": o.origin}
+                | ({"out_strategy": [list(t) for t in o.strategy.out_tuples()]} if o.strategy.out_tuples() is not None else {})
+                | ({"partial_sums": True} if getattr(o.strategy, "sums_partials", False) else {})  # partial inputs summed on
                 | ({"at_rest": list(o.strategy.at_rest)} if o.strategy.at_rest else {})  # ZeRO-3's inputs kept sharded
                 | ({"in_layout": [layout_entry(layout) for layout in o.strategy.input_layouts]}  # an axis order tuples cannot say
                    if getattr(o.strategy, "placement", None) is not None else {})
