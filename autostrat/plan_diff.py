@@ -21,6 +21,7 @@ from pathlib import Path
 
 from autostrat.errors import ConfigError
 from autostrat.io import read_json
+from autostrat.layout.strategy import format_tuples
 from autostrat.tables import format_table
 
 # The prefixes a training graph puts before a forward op's name (backward, sums, recompute, updates).
@@ -40,16 +41,11 @@ def layer_of(name: str) -> str:
     return match.group(1) if match else OTHER
 
 
-def _tuples_text(tuples) -> str:
-    return "(" + ", ".join("(" + ", ".join(map(str, part)) + ("," if len(part) == 1 else "") + ")"
-                           for part in tuples) + ("," if len(tuples) == 1 else "") + ")"
-
-
 def _strategy_text(op: dict) -> str:
     """The op's strategy from its plan JSON entry: tuples, out-strategy, order, partial sums, at rest."""
-    text = _tuples_text(op["strategy"])
+    text = format_tuples(op["strategy"])
     if "out_strategy" in op:
-        text += f" out {_tuples_text(op['out_strategy'])}"
+        text += f" out {format_tuples(op['out_strategy'])}"
     if "in_layout" in op:
         text += " on " + str(op["in_layout"][0]["device_matrix"]) + ": " + ", ".join(
             str(layout["tensor_map"]) for layout in op["in_layout"])

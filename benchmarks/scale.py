@@ -130,7 +130,7 @@ def reversed_layouts(graph, seeds: dict, devices: int) -> dict:
     servers, DP inside): the same parts per dim, in an order strategy tuples cannot write, so
     that the search offers the orders these seeds start (`search.orders`)."""
     from autostrat.layout import Strategy
-    from autostrat.layout.named import as_named
+    from autostrat.layout.named import named_layouts
     from autostrat.layout.placement import Placement, default_placement
 
     result = {}
@@ -140,9 +140,7 @@ def reversed_layouts(graph, seeds: dict, devices: int) -> dict:
         default = default_placement(splits, devices)
         ndim = len(default.matrix)
         placement = Placement(tuple(reversed(default.matrix)), tuple(tuple(ndim - 1 - a for a in axes) for axes in default.axes))
-        placed = Strategy(rule, splits, devices, placement=placement)
-        result[name] = (tuple(as_named(placed.device_matrix.shape, layout.tensor_map.entries)
-                              for layout in placed.input_layouts), None)
+        result[name] = (named_layouts(Strategy(rule, splits, devices, placement=placement)), None)
     return result
 
 

@@ -15,7 +15,7 @@ from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.pipeline import pipeline_parts, plan_pipeline_for
 from autostrat.frontend.tracing import trace
 from autostrat.search import Plan, load_checkpoint_seeds, search, seeds_by_phase
-from autostrat.search.mindspore_checkpoint import read_mindspore_checkpoint, read_parameter_layouts, resolve_names
+from autostrat.search.mindspore_checkpoint import read_mindspore_plan, resolve_names
 from autostrat.search.recompute_choice import choose_recompute, repeated_layers
 
 
@@ -42,14 +42,14 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
     net, optimizer = training_parts(net, context, optimizer)
     net, micro_batches = pipeline_parts(net)
     where = context.strategy_ckpt_load_file
-    mindspore = read_mindspore_checkpoint(where) if where else None  # a checkpoint MindSpore saved
+    mindspore = read_mindspore_plan(where) if where else None  # (seeds, parameter layouts) of a checkpoint MindSpore saved
     checkpoint = seeds_by_phase(load_checkpoint_seeds(where)) if where and mindspore is None else {}
 
     def seeded(graph, device_num: int):
         graph = apply_seeds(graph, seeds, device_num) if seeds else graph
         if mindspore:
-            return apply_seeds(graph, resolve_names(graph, mindspore, where, read_parameter_layouts(where)), device_num,
-                               where=where)
+            saved, layouts = mindspore
+            return apply_seeds(graph, resolve_names(graph, saved, where, layouts), device_num, where=where)
         return apply_seeds(graph, checkpoint["forward"], device_num, where=where) if checkpoint else graph
 
     if context.pipeline_stages > 1 or micro_batches > 1:
@@ -82,10 +82,7 @@ def _finished(plan: Plan, context: ParallelContext) -> Plan:
     """`plan`, its warnings issued, its strategy checkpoint saved and its IR dumped (MindSpore's
     ``set_context(save_graphs=...)``) when the contexts ask."""
     for message in plan.warnings:
-        # Seeds read from a strategy checkpoint come from one plan: a redistribution between two
-        # of them was in that plan too, not a contradiction to warn about.
-        if not (context.strategy_ckpt_load_file and message.startswith("seeds of ")):
-            warnings.warn(message, stacklevel=4)
+        warnings.warn(message, stacklevel=4)
     if context.strategy_ckpt_save_file:
         plan.save_strategy(context.strategy_ckpt_save_file)
     folder = graphs_folder(context.global_rank)

@@ -202,6 +202,7 @@ class ParallelContext:
             cost_model=self.cost_model,
             hardware=self.hardware(),
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
+            seeds_from_one_plan=bool(self.strategy_ckpt_load_file),
         )
 
     def _mindspore_keys(self) -> None:
@@ -264,7 +265,15 @@ UNSUPPORTED = {
     "grad_accumulation_step": "gradient accumulation is not built; nn.PipelineCell's micro_size accumulates micro-batches",
     "auto_pipeline": "the stage split is always searched when pipeline_stages > 1 and no cell has a pipeline_stage",
 }
-_warned: set[str] = set()
+_warned: set[str] = set()  # what `warn_once` has said, by key (both contexts')
+
+
+def warn_once(key: str, message: str, stacklevel: int = 3) -> None:
+    """`message` as a warning, the first time `key` asks for it in this process: a key that is
+    accepted and does nothing is said once, not at every call."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=stacklevel + 1)
 
 
 def _check_keys(keys) -> None:
@@ -283,10 +292,8 @@ def _mindspore_only(kwargs: dict) -> dict:
     for key in NO_EFFECT:
         if key in kwargs:
             kwargs.pop(key)
-            if key not in _warned:
-                _warned.add(key)
-                warnings.warn(f"set_auto_parallel_context: {key} is accepted and has no effect in autostrat "
-                              f"(it tunes MindSpore's compiler or collectives)", stacklevel=3)
+            warn_once(key, f"set_auto_parallel_context: {key} is accepted and has no effect in autostrat "
+                           f"(it tunes MindSpore's compiler or collectives)", stacklevel=3)
     if "auto_parallel_search_mode" in kwargs:
         kwargs.setdefault("search_mode", kwargs.pop("auto_parallel_search_mode"))
     return kwargs

@@ -27,18 +27,17 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import os
 
 import numpy as np
 
-from autostrat.autodiff import build_backward
+from autostrat.autodiff import build_backward, gradient_name
 from autostrat.autodiff.builder import GradBuilder
 from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.frontend.tracing import trace
-from autostrat.frontend.world import get_rank, world_backend
+from autostrat.frontend.world import checking, get_rank, world_backend
 from autostrat.ir import Graph, TensorInfo
 from autostrat.runtime.executor import graph_values, run_single_device, single_device_step
 from autostrat.runtime.kernels.optimizer import summed_gradient
@@ -88,7 +87,7 @@ class GradFunction:
         plan, programs, outputs, grads, replicas = self._plan(arrays)
         values = graph_values(plan.graph, {info.name: array for info, array in zip(plan.graph.inputs(), arrays)})
         result = execute_on_ranks(programs, values, world_backend()).outputs
-        if os.environ.get(CHECK_VARIABLE) == "1":
+        if checking():
             _check(plan.graph, values, result)
         # A collective hands a 0-d loss back as shape (1,): every result takes its graph shape again.
         whole = {name: np.reshape(result[name], plan.graph.tensors[name].shape) for name in outputs + grads}
@@ -105,7 +104,7 @@ class GradFunction:
             graph = trace(self.cell, *(Tensor(shape=a.shape, dtype=a.dtype) for a in arrays), device_num=context.device_num)
             backward = build_backward(graph, graph.outputs[0])
             names = {id(value): name for name, value in graph.values.items()}
-            grads = tuple(f"grad/{names[id(weight)]}" if id(weight) in names else None for weight in self.weights)
+            grads = tuple(gradient_name(names[id(weight)]) if id(weight) in names else None for weight in self.weights)
             if None in grads:
                 unused = [w.name or repr(w) for w, g in zip(self.weights, grads) if g is None]
                 raise ConfigError(f"value_and_grad: weights {unused} are not read by the function")
@@ -116,7 +115,6 @@ class GradFunction:
         return self._plans[key]
 
 
-CHECK_VARIABLE = "AUTOSTRAT_CHECK"  # "1": every call is checked against the single-device run
 _checked = {"calls": 0, "error": 0.0}
 
 
@@ -193,7 +191,7 @@ class FunctionalStep:
             if array.shape != parameter.shape:
                 raise ConfigError(f"{type(self).__name__}(grads): gradient {index} has shape {list(array.shape)}, its "
                                   f"parameter {list(parameter.shape)}")
-            values[f"p{index}"], values[f"grad/p{index}"] = parameter.asnumpy(), array.astype(parameter.dtype)
+            values[f"p{index}"], values[gradient_name(f"p{index}")] = parameter.asnumpy(), array.astype(parameter.dtype)
         _, updated = single_device_step(graph, values)
         for index, parameter in enumerate(parameters):
             parameter.set_data(updated.pop(f"p{index}"))
@@ -206,13 +204,14 @@ def _update_graph(optimizer, parameters) -> tuple[Graph, dict]:
     tensors = {}
     for index, parameter in enumerate(parameters):
         tensors[f"p{index}"] = TensorInfo(f"p{index}", parameter.shape, parameter.dtype, "parameter")
-        tensors[f"grad/p{index}"] = TensorInfo(f"grad/p{index}", parameter.shape, parameter.dtype, "input")
+        gradient = gradient_name(f"p{index}")
+        tensors[gradient] = TensorInfo(gradient, parameter.shape, parameter.dtype, "input")
     builder = GradBuilder(tensors)
     builder.scope = "optimizer"
     updates: list = []
     shared = optimizer.prepare(builder, updates)
     for index in range(len(parameters)):
-        updates += optimizer.update(builder, f"p{index}", f"grad/p{index}", shared)
+        updates += optimizer.update(builder, f"p{index}", gradient_name(f"p{index}"), shared)
     graph = Graph(builder.tensors, builder.ops, (), "update", builder.values, tuple(updates))
     state = {name: np.asarray(value.asnumpy()) for name, value in builder.values.items()}
     return graph, state

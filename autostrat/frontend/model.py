@@ -27,7 +27,6 @@ their replicas, MindSpore's default ``gradients_mean=False``):
 
 from __future__ import annotations
 
-import os
 import warnings
 
 from dataclasses import dataclass, replace
@@ -37,7 +36,7 @@ import numpy as np
 from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.context import current_context
-from autostrat.frontend.world import world_backend
+from autostrat.frontend.world import checking, world_backend
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.frontend.train import Progress, TrainOneStepCell, WithLossCell, compare, reference_graph
 from autostrat.runtime.executor import graph_values
@@ -181,9 +180,6 @@ def stand_ins(arrays) -> tuple[Tensor, ...]:
     return tuple(Tensor(shape=array.shape, dtype=array.dtype) for array in arrays)
 
 
-CHECK_VARIABLE = "AUTOSTRAT_CHECK"  # "1": every Model.train is checked against the stand-alone run
-
-
 def check_against_one_device(plan, result, values: dict, batches) -> None:
     """Print the comparison of a run with the stand-alone run of the same steps (`train.compare`);
     a run that differs raises `RuntimeBackendError` (``AUTOSTRAT_CHECK=1``: a MindSpore
@@ -239,7 +235,7 @@ class Model:
             result = train_collective(plan, backend, values, batches * epoch, notifier, every_rank=True)
         self._keep(result.parameters)
         notifier.tell("on_train_end", epoch * len(batches), result.losses[-1])
-        if os.environ.get(CHECK_VARIABLE) == "1" and (backend is None or backend.rank == 0):
+        if checking() and (backend is None or backend.rank == 0):
             check_against_one_device(plan, result, values, batches * epoch)
 
     def _keep(self, trained: dict) -> None:

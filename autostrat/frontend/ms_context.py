@@ -9,9 +9,8 @@ it is set writes its IR dumps into ``save_graphs_path/rank_<global_rank>``.
 
 from __future__ import annotations
 
-import warnings
-
 from autostrat.errors import ConfigError
+from autostrat.frontend.context import warn_once
 
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
@@ -32,7 +31,6 @@ ACCEPTED = ("device_id", "device_target", "jit_config", "max_call_depth", "max_d
             "mode", "pynative_synchronize", "runtime_num_threads", "deterministic")  # nothing here to act on
 _DEFAULTS = {"mode": GRAPH_MODE, "device_target": "CPU", "save_graphs": False, "save_graphs_path": "."}
 _context: dict = dict(_DEFAULTS)
-_warned: set[str] = set()
 
 
 def set_context(**kwargs) -> None:
@@ -54,10 +52,9 @@ def set_context(**kwargs) -> None:
     if kwargs.get("mode", GRAPH_MODE) not in (GRAPH_MODE, PYNATIVE_MODE):
         raise ConfigError(f"set_context: mode must be GRAPH_MODE (0) or PYNATIVE_MODE (1), got {kwargs['mode']!r}")
     for key in sorted(set(kwargs) & set(ACCEPTED)):
-        if key not in _warned and kwargs[key] != _DEFAULTS.get(key):
-            _warned.add(key)
-            warnings.warn(f"set_context: {key}={kwargs[key]!r} is accepted and has no effect in autostrat "
-                          f"(the whole graph is planned and run on CPU ranks)", stacklevel=2)
+        if kwargs[key] != _DEFAULTS.get(key):
+            warn_once(f"set_context.{key}", f"set_context: {key}={kwargs[key]!r} is accepted and has no effect in "
+                                            f"autostrat (the whole graph is planned and run on CPU ranks)", stacklevel=2)
     _context.update(kwargs)
 
 

@@ -28,6 +28,15 @@ def world_backend():
     return _mpi_world() if launched_by_mpiexec() else None
 
 
+CHECK_VARIABLE = "AUTOSTRAT_CHECK"  # "1": every Model.train and value_and_grad call is checked against one device
+
+
+def checking() -> bool:
+    """Whether this process checks its runs against one device (``AUTOSTRAT_CHECK=1``, as
+    `sample_code/mindspore_tutorial/run.sh` sets it for MindSpore scripts run unchanged)."""
+    return os.environ.get(CHECK_VARIABLE) == "1"
+
+
 def launched_by_mpiexec() -> bool:
     """True in a process that mpiexec started (mpich's process manager sets PMI_RANK)."""
     return "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ

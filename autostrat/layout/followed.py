@@ -35,6 +35,8 @@ class FollowedStrategy:
     rule: Any
     layout: Layout
     at_rest = ()  # an update op reads parameters in the layout they rest in (`Strategy.at_rest`)
+    placement = None  # the followed layout says where everything sits (`Strategy.placement`)
+    sums_partials = False
 
     def __post_init__(self) -> None:
         if self.layout.partial:

@@ -89,6 +89,12 @@ class NamedLayout:
         sizes = dict(zip(self.alias_name, self.device_matrix))
         return tuple(math.prod(sizes[a] for a in (n if isinstance(n, tuple) else (n,)) if a != NONE) for n in self.names)
 
+    def ir_text(self) -> str:
+        """As MindSpore's IR prints it in ``in_layout``: `to_dict` with unquoted axis names."""
+        names = ", ".join(self.alias_name) + ("," if len(self.alias_name) == 1 else "")
+        return (f"{{'device_matrix': {self.device_matrix}, 'tensor_map': {self.tensor_map}, "
+                f"'interleaved_parallel': false, 'alias_name': ({names})}}")
+
     def to_dict(self) -> dict:
         """As MindSpore prints it in ``in_layout`` (IR dumps) and returns from ``Layout.to_dict``."""
         return {"device_matrix": self.device_matrix, "tensor_map": self.tensor_map, "interleaved_parallel": False,
@@ -128,6 +134,12 @@ def as_named(matrix: tuple[int, ...], tensor_map) -> NamedLayout:
         axes = tuple(axis for axis in axes if axis != -1)
         dims.append(NONE if not axes else name[axes[0]] if len(axes) == 1 else tuple(name[a] for a in axes))
     return NamedLayout(tuple(matrix), names)(*dims)
+
+
+def named_layouts(strategy) -> tuple[NamedLayout, ...]:
+    """`strategy`'s input layouts as MindSpore Layouts (a seed that gives it back, order
+    included, through `Strategy.from_tuples`)."""
+    return tuple(as_named(strategy.device_matrix.shape, layout.tensor_map.entries) for layout in strategy.input_layouts)
 
 
 def layout_entry(layout) -> dict:

@@ -113,15 +113,11 @@ class Strategy:
                 f"which does not divide device_num {self.device_num}"
             )
         if self.placement is not None:
-            object.__setattr__(self, "placement", self._canonical(self.placement))
+            object.__setattr__(self, "placement", canonical_placement(
+                self.placement, self.splits, tuple(self.rule.factor_sizes), self.device_num, self.rule.op_type))
         if self.sums_partials and (self.repeat == 1 or self.rule.reduction):
             raise LayoutError(f"{self.rule.op_type}: partial-sum inputs need a repeated-calculation axis and no reduction, "
                               f"got splits {self.splits} on {self.device_num} devices")
-
-    def _canonical(self, placement: Placement) -> Placement | None:
-        """`placement` checked against the splits, in normal form; None when it is the default's."""
-        return canonical_placement(placement, self.splits, tuple(self.rule.factor_sizes), self.device_num,
-                                   self.rule.op_type)
 
     @classmethod
     def from_tuples(cls, rule: FactorRule, in_strategy, device_num: int, out_strategy=None, where: str = "") -> Strategy:
@@ -206,9 +202,9 @@ class Strategy:
         return self.operand_tuples(self.rule.outputs)
 
     def __str__(self) -> str:
-        text = _format_tuples(self.to_tuples())
+        text = format_tuples(self.to_tuples())
         out = self.out_tuples()
-        text = text if out is None else f"{text} out {_format_tuples(out)}"
+        text = text if out is None else f"{text} out {format_tuples(out)}"
         if self.placement is not None:  # the device matrix and the inputs' tensor maps, as MindSpore's in_layout
             maps = ", ".join(str(layout.tensor_map) for layout in self.input_layouts)
             text = f"{text} on {list(self.placement.matrix)}: {maps}"
@@ -216,5 +212,6 @@ class Strategy:
         return f"{text} at rest sharded: input {', '.join(map(str, self.at_rest))}" if self.at_rest else text
 
 
-def _format_tuples(tuples) -> str:
+def format_tuples(tuples) -> str:
+    """Strategy tuples as MindSpore writes them: ``((2, 1), (1, 4))``, ``((8,),)``."""
     return format_tuple(format_tuple(str(part) for part in operand) for operand in tuples)

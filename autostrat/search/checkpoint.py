@@ -20,6 +20,7 @@ from pathlib import Path
 from autostrat.autodiff import PHASES, op_phase
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.io import read_json
+from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.layout.named import as_named, layout_entry
 from autostrat.search.mindspore_checkpoint import encode, mindspore_names
 from autostrat.search.optimizer_shard import update_layout
@@ -29,18 +30,16 @@ def _dims(values) -> list[dict]:
     return [{"dim": list(value)} for value in values]
 
 
-def _mindspore_layout(layout) -> tuple[list[int], list]:
-    """`layout`'s device matrix and tensor map as MindSpore writes them: axes of size 1 left
-    out (MindSpore's ``[2, 4]`` where autostrat's MatMul has ``[2, 1, 4]``), one axis per dim
-    (-1 = not split), a dim over several axes as a list."""
+def _mindspore_layout(layout) -> dict:
+    """`layout`'s device matrix and tensor map as MindSpore writes them (`layout_entry`), with
+    the axes of size 1 left out (MindSpore's ``[2, 4]`` where autostrat's MatMul has ``[2, 1, 4]``)."""
     shape = layout.device_matrix.shape
     kept = [axis for axis in range(len(shape)) if shape[len(shape) - 1 - axis] > 1]  # counted from the right
     renumber = {axis: index for index, axis in enumerate(kept)}
-    tensor_map = []
-    for entry in layout.tensor_map.entries:
-        axes = [renumber[axis] for axis in entry if axis in renumber]
-        tensor_map.append(-1 if not axes else axes[0] if len(axes) == 1 else axes)
-    return [size for size in shape if size > 1] or [1], tensor_map
+    entries = tuple(tuple(renumber[axis] for axis in entry if axis in renumber) or -1
+                    for entry in layout.tensor_map.entries)
+    matrix = DeviceMatrix(tuple(size for size in shape if size > 1) or (1,))
+    return layout_entry(Layout(matrix, TensorMap(entries), layout.shape))
 
 
 def strategy_items(plan) -> list[dict]:
@@ -50,7 +49,7 @@ def strategy_items(plan) -> list[dict]:
         body = {"stage": op_stage(plan, name), "parallel_strategy": _dims(op.strategy.to_tuples())}
         if op.strategy.out_tuples() is not None:
             body["out_strategy"] = _dims(op.strategy.out_tuples())
-        if getattr(op.strategy, "placement", None) is not None:  # the axis order the tuples cannot say
+        if op.strategy.placement is not None:  # the axis order the tuples cannot say
             body["in_layout"] = [layout_entry(layout) for layout in op.strategy.input_layouts]
             if "out_strategy" in body:
                 body["out_layout"] = [layout_entry(layout) for layout in op.strategy.output_layouts]
@@ -79,9 +78,9 @@ def layout_items(plan) -> dict[str, dict]:
     for tensor in sorted(plan.graph.parameters(), key=lambda t: t.name):
         layout = plan.layouts[tensor.name]
         step, size = optimizer_shard_group(layout, update_layout(plan.optimizer_shard, layout, tensor.dtype))
-        dev_matrix, tensor_map = _mindspore_layout(layout)
-        layouts[tensor.name] = {"dev_matrix": dev_matrix, "field": 0, "opt_weight_shard_size": size,
-                                "opt_weight_shard_step": step, "tensor_map": tensor_map,
+        mindspore = _mindspore_layout(layout)
+        layouts[tensor.name] = {"dev_matrix": mindspore["device_matrix"], "field": 0, "opt_weight_shard_size": size,
+                                "opt_weight_shard_step": step, "tensor_map": mindspore["tensor_map"],
                                 "tensor_shape": list(layout.shape), "slice_shape": list(layout.slice_shape)}
     return layouts
 

@@ -23,8 +23,7 @@ def _seed_text(strategy) -> str:
     """A configured strategy as MindSpore's IR prints it: tuples, or Layouts as ``in_layout`` dicts."""
     if not is_layout_strategy(strategy):
         return str(strategy)
-    return "(" + ", ".join(str(layout.to_dict()).replace("'alias_name': ('", "'alias_name': (").replace("', '", ", ")
-                           .replace("')}", ")}").replace("False", "false") for layout in strategy) + ")"
+    return "(" + ", ".join(layout.ir_text() for layout in strategy) + ")"
 
 
 def _attrs(op) -> str:

@@ -30,7 +30,7 @@ from autostrat.autodiff import op_phase
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.io import read_bytes
 from autostrat.layout import DeviceMatrix, Layout, Strategy, TensorMap
-from autostrat.layout.named import as_named
+from autostrat.layout.named import named_layouts
 from autostrat.layout.placement import aligned
 
 # Message -> field number -> (name, kind, message of a nested field); kinds: "uint", "int", "string", "message".
@@ -147,12 +147,22 @@ def encode(fields: dict, message: str = "ParallelStrategyMap") -> bytes:
 def read_mindspore_checkpoint(path) -> dict | None:
     """MindSpore's strategy checkpoint at `path` as ``{node name: (in_strategy, None)}``, or
     None when the file is a JSON one autostrat wrote (its ``autostrat`` part names every op)."""
+    found = read_mindspore_plan(path)
+    return None if found is None else found[0]
+
+
+def read_mindspore_plan(path) -> tuple[dict, dict] | None:
+    """The file at `path`, read once: MindSpore's seeds (as `read_mindspore_checkpoint` gives
+    them) and its parameters' ``{name: (dev_matrix, tensor_map)}`` (``parallel_layout_item``:
+    the axis order of a Layout-sharded op, which its strategy tuples do not keep); None for a
+    JSON one autostrat wrote."""
     path = Path(path)
     data = read_bytes(path, "strategy checkpoint")
     try:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return _from_protobuf(decode(data, where=str(path)), path)
+        fields = decode(data, where=str(path))
+        return _from_protobuf(fields, path), _protobuf_layouts(fields)
     items = document.get("parallel_strategy_item") if isinstance(document, dict) else None
     if isinstance(items, list) or isinstance(document, dict) and "autostrat" in document:
         return None  # autostrat's own checkpoint: `checkpoint.load_checkpoint_seeds` reads every op of it
@@ -164,23 +174,20 @@ def read_mindspore_checkpoint(path) -> dict | None:
         if not isinstance(strategy, list) or not all(isinstance(s, list) and all(isinstance(d, int) for d in s) for s in strategy):
             raise ConfigError(f"{path}: parallel_strategy_item.{name}: expected {{\"parallel_strategy\": [[...], ...]}}, got {item!r}")
         seeds[name] = (tuple(tuple(s) for s in strategy), None)
-    return seeds
+    return seeds, _json_layouts(document.get("parallel_layout_item"))
 
 
-def read_parameter_layouts(path) -> dict[str, tuple[tuple[int, ...], tuple]]:
-    """``{parameter: (dev_matrix, tensor_map)}`` from MindSpore's ``parallel_layout_item``: the
-    axis order of a Layout-sharded op, which its strategy tuples do not keep."""
-    data = read_bytes(Path(path), "strategy checkpoint")
-    try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return {item["param_name"]: (tuple(item["parallel_layouts"][0]["dev_matrix"][0].get("dim", [])),
-                                     tuple(item["parallel_layouts"][0]["tensor_map"][0].get("dim", [])))
-                for item in decode(data, where=str(path)).get("parallel_layout_item", [])
-                if item.get("param_name") and item.get("parallel_layouts")}
-    items = document.get("parallel_layout_item") if isinstance(document, dict) else None
-    return {name: (tuple(item["dev_matrix"]), tuple(item["tensor_map"])) for name, item in (items or {}).items()
-            if isinstance(items, dict) and isinstance(item, dict) and "dev_matrix" in item and "tensor_map" in item}
+def _protobuf_layouts(fields: dict) -> dict:
+    return {item["param_name"]: (tuple(item["parallel_layouts"][0]["dev_matrix"][0].get("dim", [])),
+                                 tuple(item["parallel_layouts"][0]["tensor_map"][0].get("dim", [])))
+            for item in fields.get("parallel_layout_item", []) if item.get("param_name") and item.get("parallel_layouts")}
+
+
+def _json_layouts(items) -> dict:
+    if not isinstance(items, dict):
+        return {}
+    return {name: (tuple(item["dev_matrix"]), tuple(item["tensor_map"])) for name, item in items.items()
+            if isinstance(item, dict) and "dev_matrix" in item and "tensor_map" in item}
 
 
 def _from_protobuf(fields: dict, path: Path) -> dict:
@@ -198,8 +205,9 @@ def _from_protobuf(fields: dict, path: Path) -> dict:
 def resolve_names(graph, seeds: dict, where: str, layouts: dict | None = None) -> dict:
     """MindSpore node names (``MatMul_dense1.weight``) -> the graph's op names; a name already an
     op of the graph stays. A name no op answers is a `ConfigError` naming it. With `layouts`
-    (`read_parameter_layouts`), an op whose parameter lies in another axis order than its
-    tuples imply (MindSpore sharded it with a Layout) is seeded with that order (`_placed`).
+    (``{parameter: (dev_matrix, tensor_map)}``), an op whose parameter lies in another axis order than its
+    tuples imply (MindSpore sharded it with a Layout) is seeded with that order (`_placed`);
+    `read_mindspore_plan` reads both.
 
     Example:
         >>> from autostrat.frontend import trace
@@ -242,8 +250,7 @@ def _placed(op, seed: tuple, parameter: str, stored) -> tuple:
     placement = aligned(op.rule.factors, strategy.splits, op.rule.inputs[index], wanted)
     if placement is None:
         return seed
-    placed = Strategy(op.rule, strategy.splits, device_num, placement=placement)
-    return tuple(as_named(placed.device_matrix.shape, layout.tensor_map.entries) for layout in placed.input_layouts), None
+    return named_layouts(Strategy(op.rule, strategy.splits, device_num, placement=placement)), None
 
 
 def mindspore_names(graph) -> dict[str, str]:

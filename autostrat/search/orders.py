@@ -80,7 +80,7 @@ def order_variants(graph, candidates: dict[str, tuple[Strategy, ...]]) -> dict[s
                 continue
             output, seed = graph.ops[producer].outputs.index(tensor), producer in seeded
             for strategy in result[producer]:
-                if not seed and getattr(strategy, "placement", None) is None:
+                if not seed and strategy.placement is None:
                     continue
                 layout = strategy.output_layouts[output]
                 key = (index, layout.normalized())
@@ -97,7 +97,7 @@ def _follow_layout_seeds(graph, candidates, seeded) -> dict[str, tuple[Strategy,
     result = dict(candidates)
     for name in seeded:
         seed = candidates[name][0]
-        if getattr(seed, "placement", None) is None:
+        if seed.placement is None:
             continue
         for index, tensor in enumerate(graph.ops[name].inputs):
             producer = graph.tensors[tensor].producer

@@ -219,10 +219,10 @@ class Plan:
             "ops": [
                 {"name": n, "type": o.op_type, "strategy": [list(t) for t in o.strategy.to_tuples()], "origin": o.origin}
                 | ({"out_strategy": [list(t) for t in o.strategy.out_tuples()]} if o.strategy.out_tuples() is not None else {})
-                | ({"partial_sums": True} if getattr(o.strategy, "sums_partials", False) else {})  # partial inputs summed on
+                | ({"partial_sums": True} if o.strategy.sums_partials else {})  # partial inputs summed on
                 | ({"at_rest": list(o.strategy.at_rest)} if o.strategy.at_rest else {})  # ZeRO-3's inputs kept sharded
                 | ({"in_layout": [layout_entry(layout) for layout in o.strategy.input_layouts]}  # an axis order tuples cannot say
-                   if getattr(o.strategy, "placement", None) is not None else {})
+                   if o.strategy.placement is not None else {})
                 | ({"stage": self.pipeline.stage_label(n)} if self.pipeline else {})
                 for n, o in self.ops.items()
             ],

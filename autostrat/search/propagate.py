@@ -27,7 +27,7 @@ Propagation (MindSpore's sharding_propagation), case by case:
   candidate, such as a scalar's);
 - two adjacent seeds keep their strategies and get a redistribution on their edge; when it costs
   more than feeding the best candidate of the consumer would (their layouts disagree, beyond
-  resolving a partial sum), a warning says so.
+  resolving a partial sum), a warning says so, unless the seeds come from one saved plan.
 """
 
 from __future__ import annotations
@@ -161,7 +161,8 @@ def _seeds(problem: SearchProblem) -> list[str]:
     return [name for name, op in problem.graph.ops.items() if op.is_seeded]
 
 
-def propagate(problem: SearchProblem, progress=None, follow_layers: bool = True) -> Assignment:
+def propagate(problem: SearchProblem, progress=None, follow_layers: bool = True,
+              seeds_from_one_plan: bool = False) -> Assignment:
     """BFS from the seeds (see the module docstring), once per tie-break of equally cheap
     candidates (`TIE_BREAKS`); the cheaper plan wins, the first on a tie.
 
@@ -171,11 +172,12 @@ def propagate(problem: SearchProblem, progress=None, follow_layers: bool = True)
     second on a transformer block's (Megatron's sequence parallelism). `progress.step` hears
     of every op reached (`progress.SearchProgress`).
     """
-    plans = [_propagate(problem, progress, follow_layers, tie_break) for tie_break in TIE_BREAKS]
+    plans = [_propagate(problem, progress, follow_layers, tie_break, seeds_from_one_plan) for tie_break in TIE_BREAKS]
     return min(plans, key=lambda plan: problem.cost(plan.choice, shared=True))
 
 
-def _propagate(problem: SearchProblem, progress, follow_layers: bool, tie_break: str) -> Assignment:
+def _propagate(problem: SearchProblem, progress, follow_layers: bool, tie_break: str,
+               seeds_from_one_plan: bool = False) -> Assignment:
     seeds = _seeds(problem)
     choice = {name: 0 for name in seeds}
     origin = {name: SEED for name in seeds}
@@ -191,7 +193,7 @@ def _propagate(problem: SearchProblem, progress, follow_layers: bool, tie_break:
     walk.backward()
     if any(edge.sync for edge in problem.edges):
         walk.visit([name for name in ops if name in choice], set(ops), across_sync=True)
-    return _finish(problem, choice, origin)
+    return _finish(problem, choice, origin, seeds_from_one_plan)
 
 
 @dataclass
@@ -321,7 +323,11 @@ def _stores_shared_input(graph, op: str) -> bool:
                for i, t in enumerate(graph.ops[op].inputs))
 
 
-def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str]) -> Assignment:
+def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, str],
+            seeds_from_one_plan: bool = False) -> Assignment:
+    """`choice` completed (unreached ops: the all-ones strategy), with the warnings a person
+    should see; seeds read from one saved plan (a strategy checkpoint) are not said to disagree,
+    as a redistribution between two of them was in that plan too."""
     warnings = []
     unreached = [name for name in problem.graph.ops if name not in choice]
     for name in unreached:
@@ -329,7 +335,7 @@ def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, st
     unreached = [name for name in unreached if len(problem.candidates[name]) > 1]  # scalars: nothing to choose
     if unreached:
         warnings.append(f"{len(unreached)} op(s) reached by no seed keep the all-ones strategy: {', '.join(unreached)}")
-    for edge in problem.edges:
+    for edge in () if seeds_from_one_plan else problem.edges:
         if origin[edge.producer] == SEED and origin[edge.consumer] == SEED:
             cost = edge.table[choice[edge.producer], choice[edge.consumer]]
             if cost > problem.least_edge_cost(edge, choice[edge.producer]):
@@ -377,7 +383,7 @@ def _batch_split(strategy: Strategy, device_num: int) -> bool:
     return math.prod(strategy.split(f) for f in outputs[0][0]) == device_num
 
 
-def data_parallel(problem: SearchProblem, keep_seeds: bool) -> Assignment:
+def data_parallel(problem: SearchProblem, keep_seeds: bool, seeds_from_one_plan: bool = False) -> Assignment:
     """Every forward op splits its batch dim (its first output's first dim) over all devices; with
     `keep_seeds` (semi_auto_parallel) configured ops keep their strategies; the other ops are
     propagated to from these."""
@@ -397,4 +403,4 @@ def data_parallel(problem: SearchProblem, keep_seeds: bool) -> Assignment:
     for name in problem.graph.ops:
         if name not in choice:
             choice[name], origin[name] = best_candidate(problem, name, choice, sync=False), DATA_PARALLEL
-    return _finish(problem, choice, origin)
+    return _finish(problem, choice, origin, seeds_from_one_plan)

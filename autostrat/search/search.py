@@ -55,6 +55,8 @@ class SearchOptions:
       both either way.
     - `optimizer_shard`: MindSpore's parallel optimizer (`optimizer_shard.OptimizerShard`):
       parameters' optimiser state and updates split over their replicas; None: off.
+    - `seeds_from_one_plan`: the seeds were read from one saved plan (a strategy checkpoint), so
+      a redistribution between two of them is not a disagreement to warn about.
     """
 
     mode: str = "auto_parallel"
@@ -70,6 +72,7 @@ class SearchOptions:
     cost_model: str = "bytes"
     hardware: Hardware = Hardware()
     optimizer_shard: OptimizerShard | None = None
+    seeds_from_one_plan: bool = False
 
     def __post_init__(self) -> None:
         for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES),
@@ -185,11 +188,12 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
                             hardware=hardware, optimizer_shard=options.optimizer_shard)
     _check_shared_parameters(problem.graph, problem)
     if options.automatic:
-        assignment = data_parallel(problem, keep_seeds=True)
+        assignment = data_parallel(problem, keep_seeds=True, seeds_from_one_plan=options.seeds_from_one_plan)
     elif options.mode == "auto_parallel":
-        assignment = propagate(problem, progress, options.follow_layers)
+        assignment = propagate(problem, progress, options.follow_layers, options.seeds_from_one_plan)
     else:
-        assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel")
+        assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel",
+                                   seeds_from_one_plan=options.seeds_from_one_plan)
     if not (options.refine == "cpsat" or options.automatic or options.max_device_memory is not None):
         return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
     # integer_programming starts from the data-parallel plan around the seeds already.
