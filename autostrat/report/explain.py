@@ -1,0 +1,416 @@
+"""Why an op of a plan has its strategy, and what its best alternatives would change.
+
+`explain(plan, op)` answers two questions (`autostrat explain PLAN.json OP`):
+
+- how the op got its strategy: the chain its origin names, hop by hop back to a seed (or to the
+  default, or to the CP-SAT refinement that chose it), with the tensors joining each hop and
+  the bytes the plan redistributes on them;
+- its best alternatives: every other candidate the search could have given it, ranked by the
+  LOCAL change in bytes (the redistributions into and out of this op, its neighbours kept),
+  the best few evaluated EXACTLY by rebuilding the whole plan with only this op changed, and
+  why each lost (or, when it is better in the plan's own cost model, that it is better).
+
+Candidates are the search's (`search.problem`): the splits of the "auto" mesh and of the
+seeds; repeated calculation only in auto_parallel (as sharding_propagation weighs it) or when
+the op's own strategy repeats. ZeRO-3's at-rest variants are not offered as alternatives.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, replace
+from functools import cache
+
+from autostrat.errors import AutostratError, ConfigError
+from autostrat.search.optimizer_shard import rest_layout
+from autostrat.search.plan import Plan, build_plan
+from autostrat.search.prediction import format_nanoseconds
+from autostrat.search.problem import candidate_mesh, candidate_values, op_candidates, searched_graph
+from autostrat.search.propagate import SEED
+from autostrat.search.search import follow_parameters
+from autostrat.redistribution import plan_redistribution
+from autostrat.tables import format_table
+
+# Origin prefixes (`search.propagate`, `search.follow_parameters`) naming where a strategy came from.
+_LEADS = ("propagated from ", "follows ", "backward of ")
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One op of a chain: its strategy and origin, and how it joins the next op of the chain
+    (`source`, the op it got its strategy from): the tensors between the two and the bytes the
+    plan's redistributions of those tensors into either op send (None: the chain ends here)."""
+
+    op: str
+    strategy: str
+    origin: str
+    source: str | None = None
+    tensors: tuple[str, ...] = ()
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class EdgeChange:
+    """A redistribution (``tensor -> consumer[index]``, or a writeback) whose bytes differ."""
+
+    edge: str
+    before: int
+    after: int
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A candidate strategy of the op and what it changes against the plan.
+
+    `local_bytes`: the change of the bytes into and out of this op, its neighbours kept (None:
+    some redistribution is unreachable). When `evaluated`, the plan was rebuilt with only this
+    op changed: `phase_bytes` (per phase), `step_time_ns` and `peak_bytes` are the rebuilt
+    plan's minus the plan's, `changes` the redistributions that differ, `reason` why it lost.
+    """
+
+    strategy: str
+    local_bytes: int | None
+    evaluated: bool = False
+    phase_bytes: dict[str, int] | None = None
+    step_time_ns: int | None = None
+    peak_bytes: int | None = None
+    changes: tuple[EdgeChange, ...] = ()
+    better: bool = False
+    reason: str = ""
+
+    @property
+    def bytes(self) -> int | None:
+        """The change of the bytes each device sends per step (every phase)."""
+        return None if self.phase_bytes is None else sum(self.phase_bytes.values())
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why `op` has `strategy` (`origin`, the `chain` back to its seed) and its `alternatives`
+    (the evaluated ones first, in rank order; `candidates` counts every other candidate)."""
+
+    op: str
+    op_type: str
+    strategy: str
+    origin: str
+    chain: tuple[Hop, ...]
+    alternatives: tuple[Alternative, ...]
+    candidates: int
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def text(self) -> str:
+        """What `autostrat explain` prints."""
+        lines = [f"{self.op}  {self.op_type}  {self.strategy}", f"origin: {self.origin}"]
+        if len(self.chain) > 1:
+            rows = [[h.op, h.strategy, h.origin, " ".join(h.tensors) or ("-" if h.source else ""),
+                     f"{h.bytes:,}" if h.source else ""] for h in self.chain]
+            lines += ["how it got its strategy (each op from the next one):",
+                      format_table(["op", "strategy", "origin", "via tensors", "bytes"], rows, indent="  ")]
+        lines += [f"note: {note}" for note in self.notes]
+        evaluated = [a for a in self.alternatives if a.evaluated]
+        if not evaluated:
+            lines.append("alternatives: " + ("none evaluated" if self.candidates else "none (no other candidate)"))
+            return "\n".join(lines)
+        lines.append(f"best alternatives ({len(evaluated)} of {self.candidates} other candidates, ranked by the local "
+                     "change in bytes, evaluated by rebuilding the plan with only this op changed):")
+        rows = [[a.strategy, _signed(a.local_bytes), _signed(a.bytes) + _by_phase(a.phase_bytes),
+                 _signed_time(a.step_time_ns), _signed(a.peak_bytes)] for a in evaluated]
+        lines.append(format_table(["strategy", "local bytes", "bytes per step", "step time", "peak memory"], rows, indent="  "))
+        lines += [f"  {a.strategy}: {a.reason}" for a in evaluated]
+        return "\n".join(lines)
+
+
+def explain(plan: Plan, op: str, alternatives: int = 3) -> Explanation:
+    """Why `op` of `plan` has its strategy, and its best `alternatives` (see the module docstring).
+
+    Example (the tutorial FFN: its second matmul follows the seed through ReLU; splitting it
+    otherwise sends more):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> why = explain(plan, "dense2.matmul", alternatives=1)
+        >>> why.origin, [hop.op for hop in why.chain][-1]
+        ('propagated from relu', 'dense1.matmul')
+        >>> why.alternatives[0].strategy, why.alternatives[0].bytes
+        ('((8, 1), (1, 1))', -3072)
+    """
+    if op not in plan.ops:
+        close = difflib.get_close_matches(op, list(plan.ops), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"the plan has no op named {op!r}{hint}")
+    if plan.pipeline is not None and alternatives:
+        raise ConfigError(f"explain of {op}: alternatives of a pipeline plan (pipeline_stages) are not supported; "
+                          "ask for alternatives=0 to see how the op got its strategy")
+    current = plan.ops[op]
+    chain = _chain(plan, op)
+    notes = _notes(plan, op)
+    ranked = _ranked(plan, op)
+    evaluated = tuple(_evaluated(plan, op, strategy, local) for strategy, local in ranked[:alternatives])
+    rest = tuple(Alternative(str(strategy), local) for strategy, local in ranked[alternatives:])
+    return Explanation(op, current.op_type, str(current.strategy), _origin(plan, op), chain, evaluated + rest,
+                       len(ranked), notes)
+
+
+def _changed(plan: Plan) -> frozenset[str]:
+    return frozenset(plan.refinement.changed) if plan.refinement else frozenset()
+
+
+def _origin(plan: Plan, op: str) -> str:
+    """The op's origin as a person reads it: the search's, or the CP-SAT refinement's."""
+    origin = plan.ops[op].origin
+    if op not in _changed(plan):
+        return origin
+    result = plan.refinement.result
+    return (f"chosen by the CP-SAT refinement (objective {plan.refinement.before:,} -> {result.objective:,} "
+            f"{plan.refinement.unit} per device, {result.status}, gap {result.gap:.2%}); before it: {origin}")
+
+
+def _notes(plan: Plan, op: str) -> tuple[str, ...]:
+    notes = []
+    if plan.refinement and op not in _changed(plan):
+        notes.append("the plan was refined by CP-SAT, which kept this op's strategy")
+    _, followers = searched_graph(plan.graph)
+    if op in followers:
+        reader = plan.graph.consumers(followers[op])[0][0]
+        notes.append(f"an update op runs in its parameter's layout and is not searched: it changes only with "
+                     f"{followers[op]}'s first reader, {reader}")
+    elif plan.ops[op].origin == SEED:
+        notes.append("a seed fixes this op: the search never changes it; alternatives are what it could have been")
+    return tuple(notes)
+
+
+def _source(plan: Plan, op: str) -> str | None:
+    """The op `op`'s origin names as where its strategy came from (a parameter's first reader
+    for an update op), or None when it names none."""
+    origin = plan.ops[op].origin.split(", ")[0]
+    lead = next((lead for lead in _LEADS if origin.startswith(lead)), None)
+    if lead is None:
+        return None
+    source = origin.removeprefix(lead)
+    if source in plan.ops:
+        return source
+    if source in plan.graph.tensors and plan.graph.consumers(source):
+        reader = plan.graph.consumers(source)[0][0]  # an update op follows its parameter's first reader
+        return reader if reader != op else None
+    return None
+
+
+def _chain(plan: Plan, op: str) -> tuple[Hop, ...]:
+    """From `op` along the sources its origins name, until a seed, the default, an op the
+    CP-SAT refinement chose, or an op already on the chain (a cycle)."""
+    hops, seen, changed = [], set(), _changed(plan)
+    name = op
+    while name is not None and name not in seen:
+        seen.add(name)
+        source = None if name in changed else _source(plan, name)
+        tensors = _joining(plan, name, source) if source else ()
+        hops.append(Hop(name, str(plan.ops[name].strategy), _origin(plan, name), source, tensors,
+                        _bytes_between(plan, name, source, tensors) if source else 0))
+        name = source
+    return tuple(hops)
+
+
+def _joining(plan: Plan, first: str, second: str) -> tuple[str, ...]:
+    """The tensors one of the two ops produces and the other reads, or both read (a parameter)."""
+    ops = plan.graph.ops
+    a, b = ops[first], ops[second]
+    flowing = [t for t in a.outputs if t in b.inputs] + [t for t in b.outputs if t in a.inputs]
+    shared = [t for t in a.inputs if t in b.inputs and plan.graph.tensors[t].producer is None]
+    return tuple(dict.fromkeys(flowing + shared))
+
+
+def _bytes_between(plan: Plan, first: str, second: str, tensors: tuple[str, ...]) -> int:
+    return sum(edge.cost for edge in plan.redistributions if edge.tensor in tensors and edge.consumer in (first, second))
+
+
+@cache
+def _redistribution_bytes(src, dst, dtype: str, model) -> int | None:
+    """Bytes of the plan from `src` to `dst` (None: unreachable), memoised: the ranking asks
+    for the same few layout pairs over and over."""
+    if src.equivalent(dst):
+        return 0
+    try:
+        return plan_redistribution(src, dst, dtype, model).cost
+    except AutostratError:
+        return None
+
+
+def _candidates(plan: Plan, op: str) -> tuple:
+    """The search's candidates of `op` (see the module docstring), its own strategy left out."""
+    graph, node, current = plan.graph, plan.graph.ops[op], plan.ops[op].strategy
+    seeds = [plan.ops[name].strategy for name, seeded in graph.ops.items() if seeded.is_seeded]
+    values, axes = candidate_values(seeds, plan.device_num), candidate_mesh(seeds, plan.device_num)
+    repeated = plan.mode == "auto_parallel" or current.repeat > 1
+    loaded = any(graph.tensors[tensor].producer is None for tensor in node.inputs)
+    return tuple(s for s in op_candidates(node, plan.device_num, repeated, values=values, mesh=axes)
+                 if s != current and not (loaded and s.sums_partials))
+
+
+def _local_bytes(plan: Plan, op: str, strategy) -> int | None:
+    """Bytes into and out of `op` running `strategy`, every other op as the plan has it: from
+    each input's layout (a parameter or input `op` reads first is loaded in the layout it
+    wants), and from each output, or each such loaded input, to its other readers. As in the
+    plan, readers wanting one tensor in one layout share one redistribution."""
+    graph, model = plan.graph, plan.hardware.alpha_beta(plan.device_num) if plan.cost_model == "time" else None
+    node, moves = graph.ops[op], {}  # (tensor, wanted, normalised) -> the layout it comes from
+    for index, tensor in enumerate(node.inputs):
+        readers, wanted = graph.consumers(tensor), strategy.input_layouts[index]
+        if graph.tensors[tensor].producer is None and readers[0][0] == op:
+            held = rest_layout(plan.optimizer_shard, strategy, readers[0][1], graph.tensors[tensor].dtype)
+            others = [plan.ops[c].strategy.input_layouts[j] for c, j in readers if c != op]
+        else:
+            held, others = plan.layouts[tensor], []
+            if any(_wants(plan, c, j) == wanted.normalized() for c, j in readers if c != op):
+                continue  # another reader pays for this redistribution anyway
+        for layout in [wanted, *others]:
+            moves.setdefault((tensor, layout.normalized()), (held, layout))
+    for index, tensor in enumerate(node.outputs):
+        for consumer, position in graph.consumers(tensor):
+            wanted = plan.ops[consumer].strategy.input_layouts[position]
+            moves.setdefault((tensor, wanted.normalized()), (strategy.output_layouts[index], wanted))
+    total = 0
+    for (tensor, _), (src, dst) in moves.items():
+        cost = _redistribution_bytes(src, dst, graph.tensors[tensor].dtype, model)
+        if cost is None:
+            return None
+        total += cost
+    return total
+
+
+def _wants(plan: Plan, op: str, index: int):
+    return plan.ops[op].strategy.input_layouts[index].normalized()
+
+
+def _ranked(plan: Plan, op: str) -> list[tuple]:
+    """Every other candidate with its local change in bytes, smallest first (unreachable last;
+    ties in candidate order)."""
+    _, followers = searched_graph(plan.graph)
+    if op in followers:
+        return []
+    base = _local_bytes(plan, op, plan.ops[op].strategy)
+    scored = []
+    for strategy in _candidates(plan, op):
+        local = _local_bytes(plan, op, strategy)
+        scored.append((strategy, None if local is None or base is None else local - base))
+    return sorted(scored, key=lambda pair: (pair[1] is None, pair[1] or 0))
+
+
+def swapped_plan(plan: Plan, op: str, strategy) -> Plan:
+    """`plan` rebuilt with `op` running `strategy`, every other op as it was except the update
+    ops, which follow their parameters' (possibly new) layouts as the search has them.
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> from autostrat.layout import Strategy
+        >>> rows = Strategy.from_tuples(plan.graph.ops["dense2.bias_add"].rule, ((8, 1), (1,)), 8)
+        >>> swapped_plan(plan, "dense2.bias_add", rows).total_bytes
+    """
+    strategies = {name: o.strategy for name, o in plan.ops.items()}
+    origins = {name: o.origin for name, o in plan.ops.items()}
+    strategies[op], origins[op] = strategy, "explain: only this op changed"
+    _, followers = searched_graph(plan.graph)
+    searched = {name: s for name, s in strategies.items() if name not in followers}
+    for name, (followed, origin) in follow_parameters(plan.graph, searched, plan.device_num, plan.optimizer_shard).items():
+        strategies[name], origins[name] = followed, origin
+    return build_plan(plan.graph, plan.device_num, plan.mode, strategies, origins, plan.warnings,
+                      cost_model=plan.cost_model, hardware=plan.hardware, optimizer_shard=plan.optimizer_shard)
+
+
+def _edge_bytes(plan: Plan) -> dict[str, int]:
+    edges = {f"{e.tensor} -> {e.consumer}[{e.input_index}]": e.cost for e in plan.redistributions}
+    return edges | {f"{w.value} -> {w.parameter} (writeback)": w.plan.cost for w in plan.writebacks}
+
+
+def _evaluated(plan: Plan, op: str, strategy, local: int | None) -> Alternative:
+    other = swapped_plan(plan, op, strategy)
+    before, after = plan.phase_bytes(), other.phase_bytes()
+    phases = {phase: after.get(phase, 0) - before.get(phase, 0) for phase in dict.fromkeys([*before, *after])}
+    old, new = _edge_bytes(plan), _edge_bytes(other)
+    changes = sorted((EdgeChange(edge, old.get(edge, 0), new.get(edge, 0)) for edge in dict.fromkeys([*old, *new])
+                      if old.get(edge, 0) != new.get(edge, 0)), key=lambda c: -abs(c.after - c.before))
+    time = other.prediction.step_time_ns - plan.prediction.step_time_ns
+    peak = other.prediction.peak_bytes - plan.prediction.peak_bytes
+    objective = sum(phases.values()) if plan.cost_model == "bytes" else time
+    budget = plan.refinement.model_budget if plan.refinement else None
+    over = budget is not None and other.prediction.peak_bytes > budget
+    better = objective < 0 and not over
+    alternative = Alternative(str(strategy), local, True, phases, time, peak, tuple(changes), better)
+    return _with_reason(plan, op, alternative, objective, over and other.prediction.peak_bytes - budget)
+
+
+def _with_reason(plan: Plan, op: str, alternative: Alternative, objective: int, over: int) -> Alternative:
+    """`alternative` with the reason it lost, from its deltas and how the op was chosen."""
+    unit = "bytes" if plan.cost_model == "bytes" else "step time"
+    amount = f"{abs(objective):,} bytes" if plan.cost_model == "bytes" else format_nanoseconds(abs(objective))
+    effects, seeded = _effects(alternative), plan.ops[op].origin == SEED
+    if over:
+        reason = f"peak memory {over:,} bytes over the refinement's budget; {effects}"
+    elif objective > 0:
+        reason = effects
+    elif objective == 0:
+        reason = (f"ties in the plan's cost model ({unit}): {effects}; nothing in that model prefers the plan's "
+                  "strategy (the search breaks ties deterministically)")
+    elif seeded:
+        reason = f"cheaper by {amount}, but the seed fixes this op: {effects}"
+    elif plan.refinement:
+        reason = (f"better by {amount} in this plan: {effects}. The CP-SAT refinement's model (each edge priced "
+                  "alone, redistributions of one tensor not shared) did not see it")
+    else:
+        reason = (f"better by {amount}: {effects}. The BFS propagation picks per edge (a local choice); "
+                  "CP-SAT refinement (`--refine cpsat`) weighs the whole plan")
+    if seeded and objective >= 0:
+        reason += "; besides, the seed fixes this op"
+    return replace(alternative, reason=reason)
+
+
+def _effects(alternative: Alternative) -> str:
+    """What the alternative changes, largest first: bytes (by phase, and the redistributions
+    that change most), step time, peak memory."""
+    parts = []
+    if alternative.bytes:
+        parts.append(f"sends {_signed(alternative.bytes)} bytes{_by_phase(alternative.phase_bytes)}")
+    else:
+        parts.append("same bytes")
+    for change in alternative.changes[:2]:
+        verb = "grows" if change.after > change.before else "shrinks"
+        parts.append(f"the redistribution {change.edge} {verb} from {change.before:,} to {change.after:,} bytes")
+    parts.append(f"step time {_signed_time(alternative.step_time_ns)}" if alternative.step_time_ns else "same step time")
+    if alternative.peak_bytes:
+        parts.append(f"peak memory {_signed(alternative.peak_bytes)} bytes")
+    return "; ".join(parts)
+
+
+def _signed(value: int | None) -> str:
+    """
+    Example:
+        >>> _signed(6144), _signed(-12), _signed(0), _signed(None)
+        ('+6,144', '-12', '0', 'unreachable')
+    """
+    if value is None:
+        return "unreachable"
+    return f"{value:+,}" if value else "0"
+
+
+def _signed_time(value: int | None) -> str:
+    if value is None:
+        return ""
+    return ("+" if value > 0 else "-" if value < 0 else "") + format_nanoseconds(abs(value))
+
+
+def _by_phase(phases: dict[str, int] | None) -> str:
+    moved = [f"{phase} {_signed(value)}" for phase, value in (phases or {}).items() if value]
+    return f" ({', '.join(moved)})" if moved else ""
