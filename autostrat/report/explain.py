@@ -97,6 +97,7 @@ class Explanation:
     alternatives: tuple[Alternative, ...]
     candidates: int
     notes: tuple[str, ...] = ()
+    searched: bool = True  # False for an update op, which follows its parameter
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,7 +114,8 @@ class Explanation:
         lines += [f"note: {note}" for note in self.notes]
         evaluated = [a for a in self.alternatives if a.evaluated]
         if not evaluated:
-            lines.append("alternatives: " + ("none evaluated" if self.candidates else "none (no other candidate)"))
+            why = "none evaluated" if self.candidates else "no other candidate" if self.searched else "not searched"
+            lines.append(f"alternatives: none ({why})")
             return "\n".join(lines)
         lines.append(f"best alternatives ({len(evaluated)} of {self.candidates} other candidates, ranked by the local "
                      "change in bytes, evaluated by rebuilding the plan with only this op changed):")
@@ -156,7 +158,7 @@ def explain(plan: Plan, op: str, alternatives: int = 3) -> Explanation:
     evaluated = tuple(_evaluated(plan, op, strategy, local) for strategy, local in ranked[:alternatives])
     rest = tuple(Alternative(str(strategy), local) for strategy, local in ranked[alternatives:])
     return Explanation(op, current.op_type, str(current.strategy), _origin(plan, op), chain, evaluated + rest,
-                       len(ranked), notes)
+                       len(ranked), notes, op not in searched_graph(plan.graph)[1])
 
 
 def _changed(plan: Plan) -> frozenset[str]:
@@ -243,8 +245,20 @@ def _redistribution_bytes(src, dst, dtype: str, model) -> int | None:
         return None
 
 
-def _candidates(plan: Plan, op: str) -> tuple:
-    """The search's candidates of `op` (see the module docstring), its own strategy left out."""
+def other_candidates(plan: Plan, op: str) -> tuple:
+    """The search's candidates of `op` (see the module docstring), its own strategy left out.
+
+    Example (the tutorial FFN's ReLU on 8 devices: every 2-d split, and the repeated ones):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> len(other_candidates(plan, "relu")), plan.ops["relu"].strategy in other_candidates(plan, "relu")
+        (9, False)
+    """
     graph, node, current = plan.graph, plan.graph.ops[op], plan.ops[op].strategy
     seeds = [plan.ops[name].strategy for name, seeded in graph.ops.items() if seeded.is_seeded]
     values, axes = candidate_values(seeds, plan.device_num), candidate_mesh(seeds, plan.device_num)
@@ -297,7 +311,7 @@ def _ranked(plan: Plan, op: str) -> list[tuple]:
         return []
     base = _local_bytes(plan, op, plan.ops[op].strategy)
     scored = []
-    for strategy in _candidates(plan, op):
+    for strategy in other_candidates(plan, op):
         local = _local_bytes(plan, op, strategy)
         scored.append((strategy, None if local is None or base is None else local - base))
     return sorted(scored, key=lambda pair: (pair[1] is None, pair[1] or 0))
@@ -316,8 +330,9 @@ def swapped_plan(plan: Plan, op: str, strategy) -> Plan:
         >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
         >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
         >>> from autostrat.layout import Strategy
-        >>> rows = Strategy.from_tuples(plan.graph.ops["dense2.bias_add"].rule, ((8, 1), (1,)), 8)
-        >>> swapped_plan(plan, "dense2.bias_add", rows).total_bytes
+        >>> columns = Strategy.from_tuples(plan.graph.ops["dense2.bias_add"].rule, ((1, 8), (8,)), 8)
+        >>> plan.total_bytes, swapped_plan(plan, "dense2.bias_add", columns).total_bytes
+        (6144, 7936)
     """
     strategies = {name: o.strategy for name, o in plan.ops.items()}
     origins = {name: o.origin for name, o in plan.ops.items()}
