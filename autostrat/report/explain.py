@@ -98,6 +98,7 @@ class Explanation:
     candidates: int
     notes: tuple[str, ...] = ()
     searched: bool = True  # False for an update op, which follows its parameter
+    rebuilt: str = ""  # what else a rebuilt plan changes (a training graph's update ops)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,7 +119,7 @@ class Explanation:
             lines.append(f"alternatives: none ({why})")
             return "\n".join(lines)
         lines.append(f"best alternatives ({len(evaluated)} of {self.candidates} other candidates, ranked by the local "
-                     "change in bytes, evaluated by rebuilding the plan with only this op changed):")
+                     f"change in bytes, evaluated by rebuilding the plan with only this op changed{self.rebuilt}):")
         rows = [[a.strategy, _signed(a.local_bytes), _signed(a.bytes) + _by_phase(a.phase_bytes),
                  _signed_time(a.step_time_ns), _signed(a.peak_bytes)] for a in evaluated]
         lines.append(format_table(["strategy", "local bytes", "bytes per step", "step time", "peak memory"], rows, indent="  "))
@@ -158,7 +159,8 @@ def explain(plan: Plan, op: str, alternatives: int = 3) -> Explanation:
     evaluated = tuple(_evaluated(plan, op, strategy, local) for strategy, local in ranked[:alternatives])
     rest = tuple(Alternative(str(strategy), local) for strategy, local in ranked[alternatives:])
     return Explanation(op, current.op_type, str(current.strategy), _origin(plan, op), chain, evaluated + rest,
-                       len(ranked), notes, op not in searched_graph(plan.graph)[1])
+                       len(ranked), notes, op not in searched_graph(plan.graph)[1],
+                       "; backward ops keep theirs, update ops follow their parameters" if plan.graph.updates else "")
 
 
 def _changed(plan: Plan) -> frozenset[str]:
