@@ -30,6 +30,16 @@ _LAYER = re.compile(r"^(.+?\.\d+)\.")
 OTHER = "(other)"
 
 
+def forward_name(name: str) -> str:
+    """The forward op or parameter a training op's name derives from.
+
+    Example:
+        >>> forward_name("bprop/blocks.3.ffn1.matmul/mat_mul"), forward_name("optimizer/moments.dense1.weight")
+        ('blocks.3.ffn1.matmul/mat_mul', 'dense1.weight')
+    """
+    return _PREFIXES.sub("", name)
+
+
 def layer_of(name: str) -> str:
     """The repeated layer an op or tensor belongs to, training prefixes aside.
 
@@ -37,7 +47,7 @@ def layer_of(name: str) -> str:
         >>> layer_of("bprop/blocks.3.ffn1.matmul/mat_mul"), layer_of("optimizer/blocks.0.ln1.gamma"), layer_of("lm_head.matmul")
         ('blocks.3', 'blocks.0', '(other)')
     """
-    match = _LAYER.match(_PREFIXES.sub("", name))
+    match = _LAYER.match(forward_name(name))
     return match.group(1) if match else OTHER
 
 
@@ -53,9 +63,6 @@ def _strategy_text(op: dict) -> str:
         text += " partial sums"
     if op.get("at_rest"):
         text += f" at rest sharded: input {', '.join(map(str, op['at_rest']))}"
-    if "in_layout" in op:
-        text += " on " + str(op["in_layout"][0]["device_matrix"]) + ": " + ", ".join(
-            str(layout["tensor_map"]) for layout in op["in_layout"])
     return text
 
 

@@ -38,6 +38,7 @@ class LiveBytes:
     def __init__(self):
         self.sizes: dict[str, int] = {}
         self.live = self.peak = 0
+        self.high = 0  # the most held during the last write
 
     def write(self, written: dict[str, int], over=(), released=()) -> None:
         """Count an instruction's results; `over` are (input, result) pairs whose buffer the
@@ -46,7 +47,8 @@ class LiveBytes:
         in_place = dict.fromkeys(read for read, result in over if read in released or read == result)
         # Any other buffer being overwritten is the instruction's input: live until the result is written.
         reused = sum(self.sizes[key] for key in in_place)
-        self.peak = max(self.peak, self.live + sum(written.values()) - reused)
+        self.high = self.live + sum(written.values()) - reused
+        self.peak = max(self.peak, self.high)
         for key, size in written.items():
             self.live += size - self.sizes.get(key, 0)
             self.sizes[key] = size

@@ -9,6 +9,7 @@ search may use repeated calculation. The scaling is printed, never silent.
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import time
@@ -27,6 +28,7 @@ from autostrat.runtime.job_file import save_job
 from autostrat.runtime.launcher import STARTUP_TIMEOUT, launch, resolve_hosts
 from autostrat.runtime.local import run_job_locally
 from autostrat.runtime.rank_table import load_rank_table
+from autostrat.runtime.report import MEASURED
 from autostrat.strategies import mesh_axes
 
 
@@ -134,6 +136,19 @@ def run_device_num(config, options: RunOptions, table) -> int:
 
 def prepare_run(config_path, options: RunOptions):
     """Load the config and the rank table, search the plan and make the job; nothing starts."""
+    return _prepare(config_path, options)[:3]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a run planned before it started: the plan, the config, the search's seconds."""
+
+    plan: object
+    config: object
+    search_seconds: float
+
+
+def _prepare(config_path, options: RunOptions):
     check_run_options(options)
     table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
     resolve_hosts(table.hosts() if table else ())  # a host with no address is refused before the search
@@ -141,10 +156,12 @@ def prepare_run(config_path, options: RunOptions):
                                         pipeline_stages=options.pipeline_stages, micro_size=options.micro_size),
                             options.recompute)
     device_num = run_device_num(config, options, table)
+    started = time.perf_counter()
     plan, notes = plan_config(with_table_servers(with_table_mesh(config, table, device_num), table), device_num)
+    planned = Planned(plan, config, time.perf_counter() - started)
     name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"
     job = make_job(plan, options.steps, options.seed, options.stall_timeout, options.fault, name)
-    return job, table, notes
+    return job, table, notes, planned
 
 
 def with_table_mesh(config, table, device_num: int):
@@ -193,10 +210,27 @@ def run_config(config_path, options: RunOptions) -> tuple[int, str]:
         >>> code, "ReduceScatter (forward) sent 6144, predicted 6144" in text
         (0, True)
     """
-    job, table, notes = prepare_run(config_path, options)
+    outcome = run_and_measure(config_path, options)
+    return outcome.code, outcome.text
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """A finished run: its exit status, the text to print last, what it planned, and what rank 0
+    measured (`runtime.report.RunCheck.measured`; None when the ranks did not finish)."""
+
+    code: int
+    text: str
+    planned: Planned
+    measured: dict | None
+
+
+def run_and_measure(config_path, options: RunOptions) -> RunOutcome:
+    """`run_config`, keeping the plan and the measured figures (for ``autostrat run --report``)."""
+    job, table, notes, planned = _prepare(config_path, options)
     if options.backend == "local":
         check = run_job_locally(job)
-        return (0 if check.ok else 4), "\n".join(notes + [check.text])
+        return RunOutcome(0 if check.ok else 4, "\n".join(notes + [check.text]), planned, check.measured)
     run_dir = Path(options.run_dir) if options.run_dir else _new_run_dir()
     digest = save_job(job, run_dir)
     for note in notes:
@@ -204,7 +238,9 @@ def run_config(config_path, options: RunOptions) -> tuple[int, str]:
     result = launch(run_dir, job.device_num, table.hosts() if table else None, options.timeout, options.stall_timeout,
                     startup_timeout=options.startup_timeout, digest=digest)
     footer = f"run directory: {run_dir} (rank logs in rank_<i>/log), {result.seconds:.1f} s"
-    return result.returncode, "\n".join([result.message, footer] if result.message else [footer])
+    measured = run_dir / MEASURED
+    return RunOutcome(result.returncode, "\n".join([result.message, footer] if result.message else [footer]), planned,
+                      json.loads(measured.read_text()) if result.returncode == 0 and measured.exists() else None)
 
 
 def _new_run_dir() -> Path:

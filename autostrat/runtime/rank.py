@@ -12,6 +12,7 @@ that ends on its own terms (done, or aborting the job) writes its status to ``ra
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ from autostrat.io import write_atomically
 from autostrat.runtime.job import run_steps
 from autostrat.runtime.job_file import load_job
 from autostrat.runtime.program import Communicate
-from autostrat.runtime.report import format_report
+from autostrat.runtime.report import MEASURED, format_report
 from autostrat.runtime.watchdog import Watchdog, say
 
 
@@ -86,6 +87,7 @@ def run_rank(run_dir: Path, digest: str, backend, watchdog: Watchdog, terminal_o
         return True
     check = format_report(job, summaries, "MPI")
     write_atomically(run_dir / "report.txt", check.text + "\n")
+    write_atomically(run_dir / MEASURED, json.dumps(check.measured) + "\n")
     print(check.text, flush=True)
     say(terminal_out, check.text, log_fd=None)
     return check.ok

@@ -23,6 +23,7 @@ PHASE_LEGEND = ("forward/backward = the plan's redistributions; sync = gradient 
                 "gradients sent between pipeline stages; output = assembling split or "
                 "partial graph outputs (a training step's loss) on every rank for the check, not part of the plan")
 TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-10}
+MEASURED = "measured.json"  # rank 0 saves `RunCheck.measured` there, in the run directory
 MEMORY_TOLERANCE = 0.05  # how far a rank's measured peak may be from the predicted one (issue #16)
 
 
@@ -33,6 +34,10 @@ class RunCheck:
     text: str
     bytes_match: bool
     results_match: bool
+    # Per phase the bytes each rank was predicted to send per step and sent, and each rank's
+    # predicted and measured peak: {"phases": {phase: {"predicted": [...], "measured": [...]}},
+    # "peak": {"predicted": [...], "measured": [...]}} (the plan report draws them).
+    measured: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -112,6 +117,8 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
     phases = [p for p in PHASES if any(c.phase == p for program in job.programs for c in program.communications())]
     phases = phases or ["forward"]
     rows, bytes_match = [], True
+    measured_figures = {"phases": {phase: {"predicted": [], "measured": []} for phase in phases},
+                "peak": {"predicted": list(_predicted_peaks(job)), "measured": [_peak(s) for s in summaries]}}
     for rank, summary in enumerate(summaries):
         communications = job.programs[rank].communications()
         sent = summary[: len(communications)]
@@ -121,6 +128,9 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
             measured = sum(int(s) for s, c in zip(sent, communications) if c.phase == phase)
             bytes_match &= measured == predicted * steps
             row += [str(predicted), _per_step(measured, steps)]
+            figures = measured_figures["phases"][phase]
+            figures["predicted"].append(predicted)
+            figures["measured"].append(measured / steps)
         rows.append(row + [str(_predicted_peaks(job)[rank]), str(_peak(summary))])
     absolute = max(float(s[-4]) for s in summaries)
     relative = max(float(s[-3]) for s in summaries)
@@ -146,7 +156,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         f"time per {kind} step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "
         f"{job.single_seconds * 1e3:.2f} ms single device",
     ]
-    return RunCheck("\n".join(lines), bytes_match, results_match)
+    return RunCheck("\n".join(lines), bytes_match, results_match, measured_figures)
 
 
 def _predicted_peaks(job) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ class _Event:
     reads: tuple[str, ...]
     writes: dict[str, int]
     over: tuple[tuple[str, str], ...] = ()  # (read key, written key) pairs that may share a buffer
+    op: str = ""  # the op whose input or kernel this is ("" for loads and writebacks)
 
 
 @dataclass
@@ -53,13 +54,32 @@ def plan_peak(plan) -> int:
         >>> plan_peak(plan), plan.prediction.model_peak_bytes
         (59904, 53824)
     """
+    return max((high for _, high in memory_over_step(plan)), default=0)
+
+
+def memory_over_step(plan) -> tuple[tuple[str, int], ...]:
+    """Per instruction of one rank's step, in order, the op it belongs to ("" for the loads
+    and the writebacks) and the most bytes the rank holds while it runs; `plan_peak` is their
+    maximum.
+
+    Example (the tutorial FFN's forward pass: the loads, then one instruction per op):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> steps = memory_over_step(search(trace(FFN(), Tensor(shape=(64, 64))), 8))
+        >>> [op for op, _ in steps][-2:], max(high for _, high in steps)
+        (['dense2.matmul', 'dense2.bias_add'], 66048)
+    """
     program = _program(plan)
     memory = LiveBytes()
     schedule = release_after(((*event.reads, *event.writes) for event in program.events), program.kept)
+    highs = []
     for event, released in zip(program.events, schedule):
         memory.write(event.writes, event.over, released)
+        highs.append((event.op, memory.high))
         memory.release(released)
-    return memory.peak
+    return tuple(highs)
 
 
 def _bytes(layout, dtype: str) -> int:
@@ -81,12 +101,12 @@ def _program(plan) -> _Program:
                 key = f"{tensor}>{edge.shares[0]}[{edge.shares[1]}]"
             elif edge is not None and edge.plan.steps:
                 key = f"{tensor}>{name}[{index}]"
-                _steps(program, edge.plan, tensor, key, graph.tensors[tensor].dtype)
+                _steps(program, edge.plan, tensor, key, graph.tensors[tensor].dtype, name)
             keys.append(key)
         layouts = plan.ops[name].strategy.output_layouts
         writes = {out: _bytes(layout, graph.tensors[out].dtype) for out, layout in zip(op.outputs, layouts)}
         over = tuple(zip(keys, op.outputs)) if op.op_type in UPDATE_OP_TYPES else ()
-        program.events.append(_Event(tuple(keys), writes, over))
+        program.events.append(_Event(tuple(keys), writes, over, name))
     program.kept |= set(graph.outputs)
     writebacks = {w.parameter: w for w in plan.writebacks}
     for parameter, value in graph.updates:
@@ -100,9 +120,9 @@ def _program(plan) -> _Program:
     return program
 
 
-def _steps(program: _Program, redistribution, source: str, target: str, dtype: str) -> None:
+def _steps(program: _Program, redistribution, source: str, target: str, dtype: str, op: str = "") -> None:
     """A redistribution's steps: the first reads `source`, every one writes `target`."""
     for step in redistribution.steps:
         over = ((source, target),) if step.kind == "AllReduce" else ()
-        program.events.append(_Event((source,), {target: _bytes(step.after, dtype)}, over))
+        program.events.append(_Event((source,), {target: _bytes(step.after, dtype)}, over, op))
         source = target
