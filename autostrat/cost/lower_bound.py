@@ -43,8 +43,11 @@ MATMUL_OP_TYPES = frozenset({"BatchMatMul", "MatMul"})
 # Where an optimum sits exactly on a case boundary, rounding may put it a hair outside both
 # cases; the cases agree there, so either may take it.
 _TOLERANCE = 1e-12
-# Regime names by how many of x, y, z sit at their lower bounds (the paper's cases).
-_REGIMES = {0: "3-D", 1: "2-D", 2: "1-D", 3: "none"}
+# Regime names by how many of x, y, z sit at their lower bounds (the paper's cases); with all
+# three there, the owned data alone satisfies the inequality and the bound is 0 ("none").
+_REGIMES = {0: "3-D", 1: "2-D", 2: "1-D"}
+# A factor's class by whether it appears in (A, B, C).
+_CLASSES = {(True, True, True): "b", (True, False, True): "m", (False, True, True): "n", (True, True, False): "k"}
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ def matmul_dims(rule) -> MatmulDims | None:
     classes = {"b": 1, "m": 1, "n": 1, "k": 1}
     for factor, size in zip(rule.factors, rule.factor_sizes):
         where = (factor in a, factor in b, factor in c)
-        kind = {(True, True, True): "b", (True, False, True): "m", (False, True, True): "n", (True, True, False): "k"}.get(where)
+        kind = _CLASSES.get(where)
         assert kind is not None, f"{rule.op_type} factor {factor!r} is in operands {where} of {rule}"
         classes[kind] *= size
     return MatmulDims(**classes)
@@ -132,7 +135,7 @@ def communication_bound(dims: MatmulDims, devices: int, itemsize: int) -> Bound:
     """The least words (and bytes) some device must communicate for the product `dims` on
     `devices` devices, each element `itemsize` bytes (see the module docstring).
 
-    Example (the three regimes of a 64 x 64 x 64 product, and a 1-D one gathering B):
+    Example (one device needs nothing; the paper's three regimes, the 1-D one a gather of B):
         >>> [communication_bound(MatmulDims(1, 64, 64, 64), p, 4).regime for p in (1, 8)]
         ['none', '3-D']
         >>> communication_bound(MatmulDims(1, 64, 16, 4), 8, 4).regime
