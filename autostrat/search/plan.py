@@ -13,6 +13,7 @@ from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
 from autostrat.layout.named import layout_entry
+from autostrat.search.bounds import plan_bounds
 from autostrat.search.checkpoint import checkpoint_bytes
 from autostrat.search.dump import write_dumps
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout
@@ -196,7 +197,8 @@ class Plan:
         text = format_table(["op", *stage, "type", "strategy", "origin", "output layout", "bytes in"], rows)
         steps = [f"  {edge.tensor} -> {edge.consumer}[{edge.input_index}]: {_described(edge)}" for edge in self.redistributions]
         steps += [f"  {w.value} -> {w.parameter} (writeback): {w.plan}" for w in self.writebacks]
-        lines = [text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}"]
+        lines = [text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}",
+                 plan_bounds(self).line]
         if self.pipeline is not None:
             lines.append("the lines below price one micro-batch's step of every stage's ops on one stage's devices")
         if self.graph.updates:
