@@ -8,22 +8,27 @@
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
                   [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
+    autostrat report PLAN.json -o plan.html [--png DIR]   the plan's HTML report (also --report on search and run)
+    autostrat explain PLAN.json OP [--alternatives N]   how OP got its strategy, and its best alternatives
+    autostrat diff A.json B.json                       how two plans of one model differ
     autostrat --version
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 import warnings
 from importlib import metadata
 from pathlib import Path
 
-from autostrat.errors import AutostratError
-from autostrat.io import write_files_atomically
+from autostrat.errors import AutostratError, ConfigError
+from autostrat.io import read_json, write_files_atomically
 from autostrat.frontend.config import load_config, with_recompute
-from autostrat.frontend.run import RunOptions, plan_config, run_config
+from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
 from autostrat.frontend.train import world_size
 from autostrat.runtime.job import FAULTS, Fault
 from autostrat.runtime.launcher import STARTUP_TIMEOUT
@@ -60,27 +65,100 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
     return "\n\n".join(sections)
 
 
-def search_command(args) -> str:
-    """Search the config's model and return the text to print; writes --out and --dump-ir.
-    Seeds follow `autostrat run`'s rule on another --device-num (scaled, with a note)."""
+# The `autostrat search` options a plan's JSON records under "source", so that `autostrat report`
+# and `autostrat explain` can plan it again (a plan's JSON holds strategies, not the model).
+SOURCE_OPTIONS = ("device_num", "refine", "time_limit", "max_device_memory", "coarsen", "phase", "mesh", "cost_model",
+                  "parallel_optimizer", "pipeline_stages", "micro_size", "recompute")
+
+
+def _search_config(args):
     overrides = {"refine": args.refine, "refine_time_limit": args.time_limit,
                  "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase,
                  "mesh": args.mesh, "cost_model": args.cost_model, "enable_parallel_optimizer": args.parallel_optimizer,
                  "pipeline_stages": args.pipeline_stages, "micro_size": args.micro_size}
-    config = with_recompute(load_config(args.config, **overrides), args.recompute)
+    return with_recompute(load_config(args.config, **overrides), args.recompute)
+
+
+def _timed_plan(config, device_num, progress=None) -> tuple:
+    started = time.perf_counter()
+    plan, notes = plan_config(config, device_num, progress=progress)
+    return plan, notes, time.perf_counter() - started
+
+
+def search_command(args) -> str:
+    """Search the config's model and return the text to print; writes --out, --dump-ir and
+    --report. Seeds follow `autostrat run`'s rule on another --device-num (scaled, with a note)."""
+    config = _search_config(args)
     status = StatusLine()  # quiet for a second: short searches print nothing
     try:
-        plan, notes = plan_config(config, args.device_num, progress=status)
+        plan, notes, seconds = _timed_plan(config, args.device_num, status)
     finally:
         status.end()
     devices = f"{world_size(plan)} devices" + (f" in {plan.pipeline.stages} stages" if plan.pipeline else "")
     lines = notes + [f"{config.path}: {type(config.net).__name__} on {devices}, {plan.mode}", plan.table()]
-    outputs = {Path(args.out): ("plan", plan.to_json())} if args.out else {}
+    outputs = {Path(args.out): ("plan", _plan_json(plan, args))} if args.out else {}
     if args.dump_ir:
         outputs |= {path: ("IR", text) for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
-    write_files_atomically({path: text for path, (_, text) in outputs.items()})  # --out and --dump-ir: all or nothing
+    if args.report:
+        outputs |= _report_outputs(plan, args, seconds, config.context.max_device_memory)
+    write_files_atomically({path: text for path, (_, text) in outputs.items()})  # all or nothing
     lines += [f"{what} written to {path}" for path, (what, _) in outputs.items()]
     return "\n".join(lines)
+
+
+def _plan_json(plan, args) -> str:
+    """The plan's JSON, with the config and options that made it ("source")."""
+    options = {key: getattr(args, key) for key in SOURCE_OPTIONS if getattr(args, key) is not None}
+    return json.dumps(plan.to_dict() | {"source": {"config": str(args.config), "options": options}}, indent=1) + "\n"
+
+
+def replan(path) -> tuple:
+    """The plan a JSON file (``autostrat search --out``) holds, made again from the config and
+    options it records; with the search's seconds and the config. A plan that comes out other
+    than the file's (the config or autostrat changed since, or a time-limited solver stopped
+    elsewhere) is refused: a report of another plan would mislead."""
+    recorded = read_json(Path(path), "plan")
+    source = recorded.get("source") if isinstance(recorded, dict) else None
+    if not isinstance(source, dict) or not isinstance(source.get("options"), dict) or "config" not in source:
+        raise ConfigError(f"{path}: expected a plan written by autostrat search --out, which records the config it "
+                          f"was planned from under \"source\"; this file has none")
+    unknown = sorted(set(source["options"]) - set(SOURCE_OPTIONS))
+    if unknown:
+        raise ConfigError(f"{path}: source.options has {', '.join(unknown)}; expected only {', '.join(SOURCE_OPTIONS)}")
+    config_path = Path(source["config"])
+    if not config_path.exists() and (Path(path).parent / config_path).exists():
+        config_path = Path(path).parent / config_path
+    options = {key: None for key in SOURCE_OPTIONS} | source["options"]
+    if isinstance(options["mesh"], list):
+        options["mesh"] = tuple(options["mesh"])
+    config = _search_config(argparse.Namespace(config=config_path, **options))
+    plan, _, seconds = _timed_plan(config, options["device_num"])
+    if json.loads(plan.to_json()) != {key: value for key, value in recorded.items() if key != "source"}:
+        raise ConfigError(f"{path}: planning {config_path} again with the recorded options gave another plan than the "
+                          f"file's (the config or autostrat changed since it was written, or a time-limited solver "
+                          f"stopped elsewhere); search again with autostrat search {config_path} --report FILE")
+    return plan, seconds, config
+
+
+def _report_outputs(plan, args, seconds, budget, measured=None) -> dict:
+    from autostrat.report.html import report_files  # drawing libraries: off the search's import path
+
+    files = report_files(plan, args.report, args.png, seconds, budget, measured)
+    return {path: ("report" if path == Path(args.report) else "chart", data) for path, data in files.items()}
+
+
+def report_command(args) -> str:
+    plan, seconds, config = replan(args.plan)
+    outputs = _report_outputs(plan, args, seconds, config.context.max_device_memory)
+    write_files_atomically({path: data for path, (_, data) in outputs.items()})
+    return "\n".join(f"{what} written to {path}" for path, (what, _) in outputs.items())
+
+
+def explain_command(args) -> str:
+    from autostrat.report.explain import explain  # reads plans: off the search's import path
+
+    plan, _, _ = replan(args.plan)
+    return explain(plan, args.op, args.alternatives).text
 
 
 def _positive(kind):
@@ -127,7 +205,14 @@ def run_command(args) -> tuple[int, str]:
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
                          args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer,
                          tuple(args.recompute or ()), args.pipeline_stages, args.micro_size, args.startup_timeout)
-    return run_config(args.config, options)
+    if not args.report:
+        return run_config(args.config, options)
+    outcome = run_and_measure(args.config, options)
+    planned = outcome.planned
+    outputs = _report_outputs(planned.plan, args, planned.search_seconds, planned.config.context.max_device_memory,
+                              outcome.measured)
+    write_files_atomically({path: data for path, (_, data) in outputs.items()})
+    return outcome.code, "\n".join([outcome.text, *(f"{what} written to {path}" for path, (what, _) in outputs.items())])
 
 
 def _add_run(commands) -> None:
@@ -153,9 +238,18 @@ def _add_run(commands) -> None:
                      help=f"seconds every rank has to start (default {STARTUP_TIMEOUT:g}; ssh to a slow host may need more)")
     run.add_argument("--stall-timeout", type=_positive(float), default=10.0,
                      help="seconds a rank may make no progress before its watchdog ends the job (default 10)")
+    _add_report(run)
     run.add_argument("--inject-fault", type=_fault, metavar="RANK:KIND[:AT]",
                      help=f"make one rank fail on purpose, to see how a job ends: KIND is {', '.join(FAULTS)}, "
                           "AT the program instruction it fails at (default: its first collective)")
+
+
+def _add_report(command, required: bool = False) -> None:
+    names = ("-o", "--report") if required else ("--report",)
+    command.add_argument(*names, dest="report", required=required, metavar="FILE",
+                         help="write the plan's report to this HTML file: summary, op graph, charts, lower bound "
+                              "(one self-contained file)")
+    command.add_argument("--png", metavar="DIR", help="also write the report's charts as PNG files into this folder")
 
 
 def _add_phase(command) -> None:
@@ -200,12 +294,22 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--cost-model", choices=["bytes", "time"],
                         help="what the search minimises: bytes sent per device (default) or the predicted step time")
     _add_phase(search)
+    _add_report(search)
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=_positive(int), default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")
     diff = commands.add_parser("diff", help="compare two plans of one model (JSON from search --out)")
     diff.add_argument("plan_a", help="plan A (JSON)")
     diff.add_argument("plan_b", help="plan B (JSON)")
+    report = commands.add_parser("report", help="write the HTML report of a plan (JSON from search --out)",
+                                 description="Plan the config the plan's JSON records again (it must give the same "
+                                             "plan) and write its report: summary, op graph, charts, lower bound.")
+    report.add_argument("plan", help="plan (JSON from autostrat search --out)")
+    _add_report(report, required=True)
+    explain = commands.add_parser("explain", help="how an op of a plan got its strategy, and its best alternatives")
+    explain.add_argument("plan", help="plan (JSON from autostrat search --out)")
+    explain.add_argument("op", help="the op's name (as in the plan's table)")
+    explain.add_argument("--alternatives", type=_positive(int), default=3, help="alternatives to weigh exactly (default 3)")
     _add_run(commands)
     return parser
 
@@ -254,6 +358,10 @@ def _dispatch(args) -> int:
         elif args.command == "diff":
             from autostrat.plan_diff import diff_plans  # reads plans: off the search's import path
             print(diff_plans(args.plan_a, args.plan_b).text)
+        elif args.command == "report":
+            print(report_command(args))
+        elif args.command == "explain":
+            print(explain_command(args))
         elif args.command == "run":
             code, text = run_command(args)
             print(text, file=sys.stderr if code else sys.stdout)

@@ -174,8 +174,9 @@ def test_a_row_split_products_partial_sum_is_charged_to_it():
     assert op_charges(plan)[out[0].consumer] == plan.bytes_into(out[0].consumer) - out[0].cost
 
 
-LINE = re.compile(r"communication: (\d+\.\d\d)× the lower bound \(matmul-family ops send ([\d,]+) of the plan's ([\d,]+) "
-                  r"bytes per device; their bounds sum to ([\d,]+): Al Daas et al\. 2022, per op alone\); (\d+) op\(s\) above 1\.5×")
+LINE = re.compile(r"communication: (\d+\.\d\d)× the per-op lower bounds \(matmul-family ops send ([\d,]+) of the plan's "
+                  r"([\d,]+) bytes per device; their bounds sum to ([\d,]+): Al Daas et al\. 2022, each for its op alone, "
+                  r"not a bound on the plan\); (\d+) op\(s\) above 1\.5× their own")
 
 
 def test_the_megatron_gpt_training_plan_against_its_bound():

@@ -23,6 +23,7 @@ from functools import cache
 
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.search.optimizer_shard import rest_layout
+from autostrat.search.bounds import CITATION, FLAG, op_bound
 from autostrat.search.plan import Plan, build_plan
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.search.problem import candidate_mesh, candidate_values, op_candidates, searched_graph
@@ -114,8 +115,13 @@ class Explanation:
                       format_table(["op", "strategy", "origin", "via tensors", "bytes"], rows, indent="  ")]
         lines += [f"note: {note}" for note in self.notes]
         evaluated = [a for a in self.alternatives if a.evaluated]
+        if not evaluated and self.alternatives:
+            rows = [[a.strategy, _signed(a.local_bytes)] for a in self.alternatives[:3]]
+            lines += [f"best alternatives by the local change in bytes ({len(rows)} of {self.candidates} other candidates):",
+                      format_table(["strategy", "local bytes"], rows, indent="  ")]
+            return "\n".join(lines)
         if not evaluated:
-            why = "none evaluated" if self.candidates else "no other candidate" if self.searched else "not searched"
+            why = "no other candidate" if self.searched else "not searched"
             lines.append(f"alternatives: none ({why})")
             return "\n".join(lines)
         lines.append(f"best alternatives ({len(evaluated)} of {self.candidates} other candidates, ranked by the local "
@@ -149,13 +155,15 @@ def explain(plan: Plan, op: str, alternatives: int = 3) -> Explanation:
         close = difflib.get_close_matches(op, list(plan.ops), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"the plan has no op named {op!r}{hint}")
-    if plan.pipeline is not None and alternatives:
-        raise ConfigError(f"explain of {op}: alternatives of a pipeline plan (pipeline_stages) are not supported; "
-                          "ask for alternatives=0 to see how the op got its strategy")
     current = plan.ops[op]
     chain = _chain(plan, op)
     notes = _notes(plan, op)
     ranked = _ranked(plan, op)
+    if plan.pipeline is not None and ranked:
+        # Rebuilding a stage's plan with one op changed would need its stage split searched again.
+        notes += ("a pipeline plan's alternatives are ranked by the local change in bytes only, not evaluated "
+                  "by rebuilding the plan",)
+        alternatives = 0
     evaluated = tuple(_evaluated(plan, op, strategy, local) for strategy, local in ranked[:alternatives])
     rest = tuple(Alternative(str(strategy), local) for strategy, local in ranked[alternatives:])
     return Explanation(op, current.op_type, str(current.strategy), _origin(plan, op), chain, evaluated + rest,
@@ -188,7 +196,20 @@ def _notes(plan: Plan, op: str) -> tuple[str, ...]:
                      f"{followers[op]}'s first reader, {reader}")
     elif plan.ops[op].origin == SEED:
         notes.append("a seed fixes this op: the search never changes it; alternatives are what it could have been")
+    bound = op_bound(plan, op)
+    if bound is not None:
+        notes.append(_bound_note(bound))
     return tuple(notes)
+
+
+def _bound_note(bound) -> str:
+    """The op's lower bound against what the plan charges it (`search.bounds`), flagged above FLAG."""
+    if bound.ratio is None:
+        return (f"lower bound 0 bytes per device ({bound.bound.regime}: {CITATION}); the plan charges this op "
+                f"{bound.charged:,} bytes")
+    flag = f": above {FLAG}×, flagged" if bound.ratio > FLAG else ""
+    return (f"the plan charges this op {bound.charged:,} bytes per device, {bound.ratio:.2f}× its lower bound of "
+            f"{bound.bound.bytes:,.0f} ({bound.bound.regime}; {CITATION}){flag}")
 
 
 def _source(plan: Plan, op: str) -> str | None:
@@ -247,7 +268,7 @@ def _redistribution_bytes(src, dst, dtype: str, model) -> int | None:
         return None
 
 
-def other_candidates(plan: Plan, op: str) -> tuple:
+def other_candidates(plan: Plan, op: str, space: CandidateSpace | None = None) -> tuple:
     """The search's candidates of `op` (see the module docstring), its own strategy left out.
 
     Example (the tutorial FFN's ReLU on 8 devices: every 2-d split, and the repeated ones):
@@ -262,12 +283,27 @@ def other_candidates(plan: Plan, op: str) -> tuple:
         (9, False)
     """
     graph, node, current = plan.graph, plan.graph.ops[op], plan.ops[op].strategy
-    seeds = [plan.ops[name].strategy for name, seeded in graph.ops.items() if seeded.is_seeded]
-    values, axes = candidate_values(seeds, plan.device_num), candidate_mesh(seeds, plan.device_num)
+    space = space or CandidateSpace.of(plan)
     repeated = plan.mode == "auto_parallel" or current.repeat > 1
     loaded = any(graph.tensors[tensor].producer is None for tensor in node.inputs)
-    return tuple(s for s in op_candidates(node, plan.device_num, repeated, values=values, mesh=axes)
+    return tuple(s for s in op_candidates(node, plan.device_num, repeated, values=space.values, mesh=space.axes)
                  if s != current and not (loaded and s.sums_partials))
+
+
+@dataclass(frozen=True)
+class CandidateSpace:
+    """What every op's candidates share, found once per plan: the splits and mesh the seeds
+    imply, and the ops that follow others (update ops) rather than being searched."""
+
+    values: object
+    axes: object
+    followers: dict
+
+    @classmethod
+    def of(cls, plan: Plan) -> CandidateSpace:
+        seeds = [plan.ops[name].strategy for name, seeded in plan.graph.ops.items() if seeded.is_seeded]
+        return cls(candidate_values(seeds, plan.device_num), candidate_mesh(seeds, plan.device_num),
+                   searched_graph(plan.graph)[1])
 
 
 def _local_bytes(plan: Plan, op: str, strategy) -> int | None:
@@ -305,15 +341,33 @@ def _wants(plan: Plan, op: str, index: int):
     return plan.ops[op].strategy.input_layouts[index].normalized()
 
 
-def _ranked(plan: Plan, op: str) -> list[tuple]:
+def local_alternatives(plan: Plan, ops, count: int = 3) -> dict[str, list[tuple[str, int | None]]]:
+    """Per op of `ops`, the `count` other candidates that change the plan's bytes least, each
+    with that local change (None: unreachable); the report lists them for the ops it can afford.
+
+    Example (the tutorial FFN's second matmul could send 3,072 bytes less):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> local_alternatives(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8), ["dense2.matmul"], 1)
+        {'dense2.matmul': [('((8, 1), (1, 1))', -3072)]}
+    """
+    space = CandidateSpace.of(plan)
+    return {op: [(str(strategy), change) for strategy, change in _ranked(plan, op, space)[:count]] for op in ops}
+
+
+def _ranked(plan: Plan, op: str, space: CandidateSpace | None = None) -> list[tuple]:
     """Every other candidate with its local change in bytes, smallest first (unreachable last;
     ties in candidate order)."""
-    _, followers = searched_graph(plan.graph)
-    if op in followers:
+    space = space or CandidateSpace.of(plan)
+    if op in space.followers:
         return []
     base = _local_bytes(plan, op, plan.ops[op].strategy)
     scored = []
-    for strategy in other_candidates(plan, op):
+    for strategy in other_candidates(plan, op, space):
         local = _local_bytes(plan, op, strategy)
         scored.append((strategy, None if local is None or base is None else local - base))
     return sorted(scored, key=lambda pair: (pair[1] is None, pair[1] or 0))

@@ -1,0 +1,278 @@
+"""What a plan's report shows, as plain data: the HTML page embeds it as JSON and draws the op
+graph from it; `charts` draws the charts from the same data.
+
+- `summary`: devices, the device matrices ops use, predicted step time, bytes and time per
+  phase, peak memory per device against the budget, search time, the solver's status and gap;
+- `groups` and `ops`: the op graph. Ops are grouped by layer (``blocks.3``, backward and update
+  ops with the forward op they derive from) or, outside repeated layers, by their top cell
+  (``embedding``); each op has a column (its depth among its group's ops) and a row, its
+  strategy, layouts, origin and the bytes of every redistribution into it;
+- `edges`: op-to-op data edges with the bytes their redistribution sends per device;
+- `layer_bytes`: bytes per device per group and phase; `memory`: the bytes a device holds over
+  one step; `device_traffic`: bytes per step between every pair of devices (drawn, not embedded);
+- `measured`: after a run, the bytes each rank sent and its peak, next to the prediction.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+
+from autostrat.autodiff import op_phase
+from autostrat.cost.lower_bound import MATMUL_OP_TYPES
+from autostrat.plan_diff import forward_name, layer_of, OTHER
+from autostrat.report.explain import local_alternatives
+from autostrat.search.buffers import memory_over_step
+from autostrat.search.prediction import format_nanoseconds
+
+# Strategies of the most ops get their own colour, the rest share grey (`PALETTE` order).
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#86bcb6", "#d37295", "#8cd17d")
+OTHER_COLOUR = "#bab0ac"
+
+
+def group_of(name: str) -> str:
+    """The group an op is drawn in: its repeated layer, else its forward op's top cell.
+
+    Example:
+        >>> group_of("bprop/blocks.3.ffn1.matmul/mat_mul"), group_of("lm_head.matmul"), group_of("relu")
+        ('blocks.3', 'lm_head', 'relu')
+    """
+    layer = layer_of(name)
+    if layer != OTHER:
+        return layer
+    return re.split(r"[./]", forward_name(name), maxsplit=1)[0]
+
+
+# Past this many ops the report ranks the alternatives of matmul-family ops only (the ranking
+# redistributes every candidate's layouts; `autostrat explain` ranks any op's).
+ALTERNATIVES_FOR_ALL = 4000
+
+
+def report_data(plan, search_seconds: float | None = None, budget: int | None = None, measured: dict | None = None,
+                bounds=None) -> dict:
+    """The report of `plan` as JSON-ready data (see the module docstring). `bounds`: the
+    plan's `search.bounds.PlanBounds`, when known; `measured`: a run's figures
+    (`runtime.report.RunCheck.measured`).
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> data = report_data(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8))
+        >>> [group["name"] for group in data["groups"]], data["summary"]["bytes"]
+        (['dense1', 'relu', 'dense2'], 6144)
+    """
+    ops, groups = _ops(plan, bounds)
+    return {
+        "summary": _summary(plan, search_seconds, budget, bounds),
+        "groups": groups,
+        "ops": ops,
+        "edges": _edges(plan),
+        "legend": _legend(ops),
+        "layer_bytes": _layer_bytes(plan),
+        "memory": _memory(plan, budget),
+        "measured": measured,
+    }
+
+
+def _summary(plan, search_seconds, budget, bounds) -> dict:
+    prediction = plan.prediction
+    matrices = Counter(str(op.strategy.device_matrix) for op in plan.ops.values())
+    refinement = plan.refinement
+    return {
+        "graph": plan.graph.name,
+        "mode": plan.mode,
+        "devices": plan.device_num,
+        "device_matrices": [[matrix, count] for matrix, count in matrices.most_common(4)],
+        "ops": len(plan.ops),
+        "step_time": format_nanoseconds(prediction.step_time_ns),
+        "compute": format_nanoseconds(prediction.compute_ns),
+        "communication": format_nanoseconds(prediction.communication_ns),
+        "phases": [[name, phase.bytes, format_nanoseconds(phase.communication_ns), format_nanoseconds(phase.compute_ns)]
+                   for name, phase in prediction.phases.items()],
+        "bytes": plan.total_bytes,
+        "peak": prediction.peak_bytes,
+        "budget": budget,
+        "search_seconds": None if search_seconds is None else round(search_seconds, 2),
+        "solver": None if refinement is None else {
+            "status": refinement.result.status, "gap": refinement.result.gap, "before": refinement.before,
+            "after": refinement.result.objective, "bound": refinement.result.bound, "unit": refinement.unit,
+            "changed": len(refinement.changed), "seconds": round(refinement.result.seconds, 2)},
+        "lower_bound": None if bounds is None else bounds.line,
+        "warnings": list(plan.warnings),
+        "cost_model": plan.cost_model,
+    }
+
+
+def _ops(plan, bounds) -> tuple[list[dict], list[dict]]:
+    graph = plan.graph
+    index = {name: number for number, name in enumerate(plan.ops)}
+    group_names = list(dict.fromkeys(group_of(name) for name in plan.ops))
+    group_index = {name: number for number, name in enumerate(group_names)}
+    edges = {(edge.consumer, edge.input_index): edge for edge in plan.redistributions}
+    ratio = {} if bounds is None else {bound.op: bound for bound in bounds.ops}
+    columns, rows = _grid(plan)
+    alternatives = local_alternatives(plan, [name for name in plan.ops if _ranks_alternatives(plan, name)])
+    ops = []
+    for name, op in plan.ops.items():
+        node = graph.ops[name]
+        ops.append({
+            "name": name, "type": op.op_type, "strategy": str(op.strategy), "origin": op.origin,
+            "group": group_index[group_of(name)], "column": columns[name], "row": rows[name], "phase": op_phase(name),
+            "inputs": [_input(plan, tensor, edges.get((name, i)), op.strategy.input_layouts[i])
+                       for i, tensor in enumerate(node.inputs)],
+            "outputs": [{"tensor": tensor, "layout": str(plan.layouts[tensor])} for tensor in node.outputs],
+            "bytes_in": plan.bytes_into(name),
+        } | _bound(ratio.get(name)) | _alternatives(alternatives.get(name)))
+    members: dict[int, list[int]] = {}
+    for op in ops:
+        members.setdefault(op["group"], []).append(index[op["name"]])
+    groups = [{"name": name, "ops": members[number], "bytes_in": sum(ops[i]["bytes_in"] for i in members[number])}
+              for number, name in enumerate(group_names)]
+    return ops, groups
+
+
+def _grid(plan) -> tuple[dict[str, int], dict[str, int]]:
+    """Each op's column and row inside its group's drawing: one band per phase (forward on top,
+    then backward, then the updates), and in a band the column is the op's depth among the
+    band's ops of its group, so data flows left to right; update ops, which read no update op,
+    stand in one row."""
+    graph = plan.graph
+    depth: dict[str, int] = {}
+    slot: Counter = Counter()  # (group, phase) -> ops placed so far, for the update row
+    cells: dict[str, tuple[str, int, int]] = {}  # op -> (phase, column, row in its band)
+    taken: Counter = Counter()  # (group, phase, column) -> rows used
+    for name in plan.ops:
+        group, phase = group_of(name), op_phase(name)
+        if phase == "update":
+            depth[name] = slot[(group, phase)]
+            slot[(group, phase)] += 1
+        else:
+            producers = (graph.tensors[t].producer for t in graph.ops[name].inputs)
+            depth[name] = 1 + max((depth[p] for p in producers if p and group_of(p) == group and op_phase(p) == phase),
+                                  default=-1)
+        cells[name] = (phase, depth[name], taken[(group, phase, depth[name])])
+        taken[(group, phase, depth[name])] += 1
+    height: Counter = Counter()  # (group, phase) -> rows of its band
+    for (group, phase, _), used in taken.items():
+        height[(group, phase)] = max(height[(group, phase)], used)
+    rows = {}
+    for name, (phase, _, row) in cells.items():
+        group = group_of(name)
+        above = sum(height[(group, earlier)] for earlier in ("forward", "backward", "update")[:("forward", "backward", "update").index(phase)])
+        rows[name] = above + row
+    return depth, rows
+
+
+def _input(plan, tensor: str, edge, wanted) -> dict:
+    info = plan.graph.tensors[tensor]
+    entry = {"tensor": tensor, "shape": list(info.shape), "dtype": info.dtype, "kind": info.kind, "wanted": str(wanted)}
+    if edge is None:
+        return entry
+    entry |= {"held": str(plan.layouts[tensor]), "bytes": edge.cost}
+    if edge.shares:
+        entry["shares"] = f"{edge.shares[0]}[{edge.shares[1]}]"
+    else:
+        entry["steps"] = [str(step) for step in edge.plan.steps]
+    return entry
+
+
+def _ranks_alternatives(plan, op: str) -> bool:
+    return plan.pipeline is None and (len(plan.ops) <= ALTERNATIVES_FOR_ALL or plan.ops[op].op_type in MATMUL_OP_TYPES)
+
+
+def _alternatives(ranked) -> dict:
+    if ranked is None:
+        return {}
+    return {"alternatives": [{"strategy": strategy, "delta_bytes": change} for strategy, change in ranked]}
+
+
+def _bound(bound) -> dict:
+    if bound is None:
+        return {}
+    return {"bound_bytes": bound.bound.bytes, "bound_ratio": bound.ratio, "charged": bound.charged}
+
+
+def _edges(plan) -> list[list]:
+    """``[producer, consumer, bytes, tensor]`` per op-to-op data edge, ops by their index."""
+    index = {name: number for number, name in enumerate(plan.ops)}
+    costs = {(edge.consumer, edge.input_index): edge.cost for edge in plan.redistributions}
+    found = []
+    for name, node in plan.graph.ops.items():
+        for number, tensor in enumerate(node.inputs):
+            producer = plan.graph.tensors[tensor].producer
+            if producer is not None:
+                found.append([index[producer], index[name], costs.get((name, number), 0), tensor])
+    return found
+
+
+def _legend(ops: list[dict]) -> list[list]:
+    """``[strategy, colour, ops using it]``, the most used first; strategies past the palette share grey."""
+    counts = Counter(op["strategy"] for op in ops)
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return [[strategy, PALETTE[n] if n < len(PALETTE) else OTHER_COLOUR, count]
+            for n, (strategy, count) in enumerate(ordered)]
+
+
+def _layer_bytes(plan) -> list[list]:
+    """``[group, {phase: bytes}]`` in graph order: redistributions by their consumer's group,
+    writebacks by their parameter's."""
+    found: dict[str, Counter] = {group_of(name): Counter() for name in plan.ops}
+    for edge in plan.redistributions:
+        if edge.cost:
+            found[group_of(edge.consumer)][plan.edge_phase(edge)] += edge.cost
+    for writeback in plan.writebacks:
+        found.setdefault(group_of(writeback.parameter), Counter())["update"] += writeback.plan.cost
+    return [[group, dict(phases)] for group, phases in found.items()]
+
+
+def _memory(plan, budget) -> dict:
+    steps = memory_over_step(plan)
+    return {"bytes": [high for _, high in steps], "phases": [op_phase(op) if op else "" for op, _ in steps],
+            "peak": plan.prediction.peak_bytes, "budget": budget}
+
+
+def device_traffic(plan) -> np.ndarray:
+    """Bytes per step device `i` sends device `j` (row `i`, column `j`), over every redistribution
+    and writeback of `plan`. A collective over a group of g devices is counted as each member
+    sending its bytes in equal parts to the g - 1 others (the volume of a direct exchange; a ring
+    moves the same bytes through neighbours); a CollectivePermute sends to the rank it names.
+    Each row sums to the bytes that device sends (`Plan.total_bytes`, up to rounding).
+
+    Example (the tutorial FFN: one ReduceScatter over the 4 devices of each model-parallel group):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search import search
+        >>> net = FFN()
+        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
+        >>> traffic = device_traffic(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8))
+        >>> traffic.sum(axis=1).tolist()[:2], traffic[0].tolist()
+        ([6144.0, 6144.0], [0.0, 2048.0, 2048.0, 2048.0, 0.0, 0.0, 0.0, 0.0])
+    """
+    weights: Counter = Counter()  # (groups, sources) -> bytes per member
+    for plan_steps in [edge.plan.steps for edge in plan.redistributions if not edge.shares] + [
+            writeback.plan.steps for writeback in plan.writebacks]:
+        for step in plan_steps:
+            if step.bytes:
+                weights[(step.groups, step.sources)] += step.bytes
+    traffic = np.zeros((plan.device_num, plan.device_num))
+    for (groups, sources), sent in weights.items():
+        if sources:
+            traffic[list(sources), range(len(sources))] += sent
+            continue
+        members = np.array(groups)
+        if members.shape[1] < 2:
+            continue
+        share = sent / (members.shape[1] - 1)
+        for column in range(members.shape[1]):
+            for other in range(members.shape[1]):
+                if other != column:
+                    traffic[members[:, column], members[:, other]] += share
+    return traffic
