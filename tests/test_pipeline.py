@@ -266,7 +266,7 @@ def test_pipelines_train_on_8_mpi_ranks_like_stand_alone():
     """The pipeline sample, one process per rank: the 2-layer GPT and a 4-block stack, each as
     2 stages x 4 devices and 4 x 2 (the stack's by hand, GPipe), in one launch."""
     sample = ROOT / "sample_code" / "pipeline"
-    command = [str(launcher.find_mpiexec()), "-n", "8", sys.executable, "-m", "mpi4py", "train.py", "all", "3"]
+    command = [str(launcher.find_mpiexec()), "-n", "8", sys.executable, "-m", "mpi4py", "train.py", "all", "2"]
     result = subprocess.run(command, cwd=sample, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     for case in ("gpt as 2 stages (1f1b)", "gpt as 4 stages (1f1b)", "stack as 2 stages (1f1b)", "stack as 4 stages (gpipe)"):

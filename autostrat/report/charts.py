@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: files and strings only
 
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator  # noqa: E402
 
 PHASE_COLOURS = {"forward": "#4e79a7", "backward": "#f28e2b", "sync": "#59a14f", "update": "#b07aa1", "gather": "#e15759"}
 STYLE = {"svg.hashsalt": "autostrat", "svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
@@ -33,6 +33,24 @@ def format_bytes(value: float, _position=None) -> str:
         if abs(value) >= size:
             return f"{value / size:.3g} {unit}"
     return f"{value:.0f} B"
+
+
+def byte_ticks(axis, largest: float) -> None:
+    """Ticks at whole binary units (0, 4 KiB, 8 KiB...), at most 8 of them, labelled by `format_bytes`.
+
+    Example:
+        >>> figure, axes = plt.subplots()
+        >>> byte_ticks(axes.yaxis, 18_000); axes.set_ylim(0, 18_000)
+        (0.0, 18000.0)
+        >>> [format_bytes(t) for t in axes.get_yticks() if 0 <= t <= 18_000]
+        ['0 B', '4 KiB', '8 KiB', '12 KiB', '16 KiB']
+        >>> plt.close(figure)
+    """
+    step = 1
+    while largest / step > 8:
+        step *= 2
+    axis.set_major_locator(MultipleLocator(step))
+    axis.set_major_formatter(FuncFormatter(format_bytes))
 
 
 def charts(data: dict, traffic) -> dict:
@@ -84,7 +102,7 @@ def _layer_bytes(layers: list) -> object:
         bottom = [b + h for b, h in zip(bottom, heights)]
     step = max(1, len(names) // 24)  # at most ~24 labels: a 96-block stack stays readable
     axes.set_xticks(range(0, len(names), step), names[::step], rotation=60, ha="right")
-    axes.yaxis.set_major_formatter(FuncFormatter(format_bytes))
+    byte_ticks(axes.yaxis, max(bottom, default=0))
     if phases:
         axes.legend(frameon=False, ncols=len(phases), loc="upper right")
     else:
@@ -112,7 +130,7 @@ def _memory(memory: dict) -> object:
         axes.axhline(memory["budget"], color="#e15759", linestyle="--", linewidth=1, label="budget")
         axes.legend(frameon=False, loc="lower right")
     axes.set_xlabel("instruction of the step (loads, then per op its redistributions and kernel)")
-    axes.yaxis.set_major_formatter(FuncFormatter(format_bytes))
+    byte_ticks(axes.yaxis, max(peak, memory.get("budget") or 0))
     axes.set_ylim(bottom=0)
     return figure
 
@@ -122,9 +140,10 @@ def _traffic(traffic) -> object:
     image = axes.imshow(traffic, cmap="viridis", interpolation="nearest")
     axes.set_xlabel("receiving device")
     axes.set_ylabel("sending device")
-    for axis in (axes.xaxis, axes.yaxis):
-        axis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-    figure.colorbar(image, ax=axes, format=FuncFormatter(format_bytes), shrink=0.85)
+    for axis in (axes.xaxis, axes.yaxis):  # device numbers at round binary steps (0, 256, 512...)
+        axis.set_major_locator(MaxNLocator(integer=True, nbins=8, steps=[1, 2, 4, 8, 10]))
+    bar = figure.colorbar(image, ax=axes, shrink=0.85)
+    byte_ticks(bar.ax.yaxis, float(traffic.max(initial=0)))
     return figure
 
 
@@ -139,6 +158,6 @@ def _measured(measured: dict) -> object:
     axes.bar([p - 0.2 for p in positions], predicted, width=0.4, color="#bab0ac", label="predicted (largest rank)")
     axes.bar([p + 0.2 for p in positions], sent, width=0.4, color="#4e79a7", label="measured (largest rank)")
     axes.set_xticks(list(positions), labels)
-    axes.yaxis.set_major_formatter(FuncFormatter(format_bytes))
+    byte_ticks(axes.yaxis, max(predicted + sent))
     axes.legend(frameon=False)
     return figure

@@ -46,9 +46,11 @@ def group_of(name: str) -> str:
     return re.split(r"[./]", forward_name(name), maxsplit=1)[0]
 
 
-# Past this many ops the report ranks the alternatives of matmul-family ops only (the ranking
-# redistributes every candidate's layouts; `autostrat explain` ranks any op's).
+# The report ranks every op's alternatives up to this many ops, then matmul-family ops' only, and
+# none past `ALTERNATIVES_DEVICES` devices: the ranking plans a redistribution per candidate and
+# edge, and on a thousand devices one such plan can take a second. `autostrat explain` ranks any op's.
 ALTERNATIVES_FOR_ALL = 4000
+ALTERNATIVES_DEVICES = 64
 
 
 def report_data(plan, search_seconds: float | None = None, budget: int | None = None, measured: dict | None = None,
@@ -184,7 +186,9 @@ def _input(plan, tensor: str, edge, wanted) -> dict:
 
 
 def _ranks_alternatives(plan, op: str) -> bool:
-    return plan.pipeline is None and (len(plan.ops) <= ALTERNATIVES_FOR_ALL or plan.ops[op].op_type in MATMUL_OP_TYPES)
+    if plan.pipeline is not None or plan.device_num > ALTERNATIVES_DEVICES:
+        return False
+    return len(plan.ops) <= ALTERNATIVES_FOR_ALL or plan.ops[op].op_type in MATMUL_OP_TYPES
 
 
 def _alternatives(ranked) -> dict:

@@ -99,8 +99,9 @@ def _card(label: str, value: str, extra: str = "") -> str:
 
 def _cards(summary: dict) -> str:
     matrices = ", ".join(f"{matrix} ({count} ops)" for matrix, count in summary["device_matrices"])
+    # A forward plan has no backward, sync or update phase to show (as `Prediction.lines`).
     phases = "".join(f"<tr><td>{html.escape(name)}</td><td>{size:,} B</td><td>{html.escape(comm)}</td></tr>"
-                     for name, size, comm, _ in summary["phases"])
+                     for name, size, comm, compute in summary["phases"] if (size, comm, compute) != (0, "0 ns", "0 ns"))
     cards = [
         _card("devices", f"{summary['devices']:,}", f'<div class="muted">device matrices: {html.escape(matrices)}</div>'),
         _card("predicted step time", html.escape(summary["step_time"]),

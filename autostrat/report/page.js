@@ -123,9 +123,10 @@
       `<p><span class="swatch" style="background:${colour.get(entry.strategy)}"></span><b>${escape(entry.strategy)}</b> ` +
       `<span class="muted">${escape(entry.type)}, ${escape(entry.phase)}</span></p>` +
       `<p>origin: ${linkOrigin(entry.origin)}</p>${bound}` +
-      `<table><tr><th>in</th><th>tensor</th><th>layout</th><th>redistribution</th></tr>${rows}</table>` +
+      `<table><tr><th>#</th><th>tensor</th><th>layout</th><th>redistribution</th></tr>${rows}</table>` +
       `<p>outputs:</p><ul>${outputs}</ul>` + (users ? `<p>read by:</p><ul>${users}</ul>` : "") +
-      (alternatives ? `<p>alternatives (bytes per device, this op alone changed):</p><table>${alternatives}</table>` : "") +
+      (alternatives ? `<p>alternatives (bytes per device, this op alone changed):</p><table>${alternatives}</table>` :
+        "<p class=\"muted\">alternatives: not ranked in this report (too many ops or devices); explain ranks them</p>") +
       `<p class="muted">autostrat explain PLAN.json ${escape(entry.name)}</p>`;
   }
   const index = new Map(data.ops.map((op, number) => [op.name, number]));
@@ -162,7 +163,13 @@
   document.getElementById("collapse").addEventListener("click", () => {
     for (const box of graph.querySelectorAll("details")) box.open = false;
   });
-  // Open the first group, so the page shows an op graph at once.
+  // Open the first group that moves bytes (a small plan: every group), so the page shows an op graph at once.
+  if (data.ops.length <= 60) {
+    for (const box of graph.querySelectorAll("details")) {
+      box.open = true;
+      box.querySelector(".body").innerHTML = groupSvg(Number(box.dataset.group));
+    }
+  }
   if (data.groups.length) {
     const first = data.ops.findIndex((op) => op.bytes_in > 0);
     reveal(first >= 0 ? first : 0);
