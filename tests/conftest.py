@@ -36,3 +36,18 @@ def golden(request):
         assert text == path.read_text(), f"{name} differs from its golden file (pytest --update-golden to accept)"
 
     return check
+
+
+# Test files whose tests start MPI ranks (8 processes each) or other Pythons by the dozen. With
+# pytest-xdist's two workers (setup.cfg: -n 2 --dist loadgroup) they run one at a time on one
+# worker, so that two jobs of 8 ranks never share the 2 cores and trip a rank's stall watchdog,
+# while the other worker runs the in-process tests.
+SPAWNING = frozenset({"test_faults.py", "test_memory_measured.py", "test_mindspore_names.py", "test_mpi.py",
+                      "test_optimizer_shard.py", "test_pipeline.py", "test_recompute.py", "test_recompute_choice.py",
+                      "test_world.py", "test_zero3.py"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SPAWNING:
+            item.add_marker(pytest.mark.xdist_group("ranks"))

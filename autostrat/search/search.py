@@ -14,7 +14,6 @@ from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
-from autostrat.search.refine import refine
 from autostrat.strategies import check_mesh
 
 MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
@@ -204,6 +203,8 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
 def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, starts, progress) -> Plan:
     """The plan of the CP-SAT refinement; under a budget, one whose buffers fit it, the solver
     asked again under a tighter budget for its per-op model while the plan's copies push it over."""
+    from autostrat.search.refine import refine  # OR-Tools (and the pandas it loads) only when a search refines
+
     budget, plan = options.max_device_memory, None
     for attempt in range(BUDGET_ROUNDS):
         try:
