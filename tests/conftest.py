@@ -39,15 +39,23 @@ def golden(request):
 
 
 # Test files whose tests start MPI ranks (8 processes each) or other Pythons by the dozen. With
-# pytest-xdist's two workers (setup.cfg: -n 2 --dist loadgroup) they run one at a time on one
-# worker, so that two jobs of 8 ranks never share the 2 cores and trip a rank's stall watchdog,
-# while the other worker runs the in-process tests.
+# pytest-xdist's two workers (setup.cfg: -n 2) they run one after another on one worker, so that
+# two jobs of 8 ranks never share the 2 cores and trip a rank's stall watchdog, while the other
+# worker runs the in-process tests. test_readme and test_samples run the tutorial sample
+# (bash run.sh N), which writes its run folder inside sample_code, as test_world's do.
 SPAWNING = frozenset({"test_faults.py", "test_memory_measured.py", "test_mindspore_names.py", "test_mpi.py",
-                      "test_optimizer_shard.py", "test_pipeline.py", "test_recompute.py", "test_recompute_choice.py",
-                      "test_world.py", "test_zero3.py"})
+                      "test_optimizer_shard.py", "test_pipeline.py", "test_readme.py", "test_recompute.py",
+                      "test_recompute_choice.py", "test_samples.py", "test_world.py", "test_zero3.py"})
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in SPAWNING:
-            item.add_marker(pytest.mark.xdist_group("ranks"))
+def pytest_xdist_make_scheduler(config, log):
+    """Every `SPAWNING` test in one unit of work, every other test in its own. (xdist's
+    --dist loadgroup would do it with markers, but pytest 9.2 no longer reads the node ids
+    xdist 3.8 rewrites for it.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SpawningTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "spawning" if Path(nodeid.split("::", 1)[0]).name in SPAWNING else nodeid
+
+    return SpawningTogether(config, log)

@@ -203,8 +203,6 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
 def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, starts, progress) -> Plan:
     """The plan of the CP-SAT refinement; under a budget, one whose buffers fit it, the solver
     asked again under a tighter budget for its per-op model while the plan's copies push it over."""
-    from autostrat.search.refine import refine  # OR-Tools (and the pandas it loads) only when a search refines
-
     budget, plan = options.max_device_memory, None
     for attempt in range(BUDGET_ROUNDS):
         try:
@@ -229,6 +227,14 @@ def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions
         # below: the next plan may write others).
         budget = min(budget, plan.prediction.model_peak_bytes) - max(over, options.max_device_memory * 2**attempt // 100)
     raise _copies_over_budget(plan, options.max_device_memory, BUDGET_ROUNDS, None)
+
+
+def refine(*args, **kwargs):
+    """`search.refine.refine`, imported on first use: OR-Tools loads pandas too, 0.4 s that a
+    search which does not refine (and `autostrat`'s start) need not spend."""
+    from autostrat.search.refine import refine as solve
+
+    return solve(*args, **kwargs)
 
 
 def _copies_over_budget(plan: Plan, budget: int, solves: int, error) -> InfeasibleError:
