@@ -58,6 +58,28 @@ class FFN(Cell):
         return x
 
 
+TUTORIAL_SEED = ((2, 1), (1, 4))  # the tutorial's strategy for dense1's MatMul
+
+
+def tutorial_plan(seed=TUTORIAL_SEED, device_num: int = 8):
+    """The tutorial's plan: the FFN on x[64, 64], dense1's MatMul seeded `seed` (None: no
+    seed), searched for `device_num` devices; the docstrings' common example.
+
+    Example:
+        >>> plan = tutorial_plan()
+        >>> str(plan.ops["dense2.matmul"].strategy), plan.total_bytes
+        ('((2, 4), (4, 1))', 6144)
+    """
+    from autostrat.frontend import trace
+    from autostrat.nn import Tensor
+    from autostrat.search import search
+
+    net = FFN()
+    if seed is not None:
+        net.dense1.matmul.shard(seed)
+    return search(trace(net, Tensor(shape=(64, 64)), device_num=device_num), device_num)
+
+
 class MLP(Cell):
     """`layers` Dense layers (`nn.Dense`, weight ``[out, in]``) of width `hidden`, ReLU between
     them (``layers.0.matmul`` ...)."""

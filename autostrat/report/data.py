@@ -60,13 +60,8 @@ def report_data(plan, search_seconds: float | None = None, budget: int | None = 
     (`runtime.report.RunCheck.measured`).
 
     Example:
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> data = report_data(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8))
+        >>> from autostrat.models import tutorial_plan
+        >>> data = report_data(tutorial_plan())
         >>> [group["name"] for group in data["groups"]], data["summary"]["bytes"]
         (['dense1', 'relu', 'dense2'], 6144)
     """
@@ -250,13 +245,8 @@ def device_traffic(plan) -> np.ndarray:
     Each row sums to the bytes that device sends (`Plan.total_bytes`, up to rounding).
 
     Example (the tutorial FFN: one ReduceScatter over the 4 devices of each model-parallel group):
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> traffic = device_traffic(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8))
+        >>> from autostrat.models import tutorial_plan
+        >>> traffic = device_traffic(tutorial_plan())
         >>> traffic.sum(axis=1).tolist()[:2], traffic[0].tolist()
         ([6144.0, 6144.0], [0.0, 2048.0, 2048.0, 2048.0, 0.0, 0.0, 0.0, 0.0])
     """

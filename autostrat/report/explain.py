@@ -138,13 +138,8 @@ def explain(plan: Plan, op: str, alternatives: int = 3) -> Explanation:
 
     Example (the tutorial FFN: its second matmul follows the seed through ReLU; splitting it
     otherwise sends more):
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan()
         >>> why = explain(plan, "dense2.matmul", alternatives=1)
         >>> why.origin, [hop.op for hop in why.chain][-1]
         ('propagated from relu', 'dense1.matmul')
@@ -272,13 +267,8 @@ def other_candidates(plan: Plan, op: str, space: CandidateSpace | None = None) -
     """The search's candidates of `op` (see the module docstring), its own strategy left out.
 
     Example (the tutorial FFN's ReLU on 8 devices: every 2-d split, and the repeated ones):
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan()
         >>> len(other_candidates(plan, "relu")), plan.ops["relu"].strategy in other_candidates(plan, "relu")
         (9, False)
     """
@@ -346,13 +336,8 @@ def local_alternatives(plan: Plan, ops, count: int = 3) -> dict[str, list[tuple[
     with that local change (None: unreachable); the report lists them for the ops it can afford.
 
     Example (the tutorial FFN's second matmul could send 3,072 bytes less):
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> local_alternatives(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8), ["dense2.matmul"], 1)
+        >>> from autostrat.models import tutorial_plan
+        >>> local_alternatives(tutorial_plan(), ["dense2.matmul"], 1)
         {'dense2.matmul': [('((8, 1), (1, 1))', -3072)]}
     """
     space = CandidateSpace.of(plan)
@@ -378,13 +363,8 @@ def swapped_plan(plan: Plan, op: str, strategy) -> Plan:
     ops, which follow their parameters' (possibly new) layouts as the search has them.
 
     Example:
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan()
         >>> from autostrat.layout import Strategy
         >>> columns = Strategy.from_tuples(plan.graph.ops["dense2.bias_add"].rule, ((1, 8), (8,)), 8)
         >>> plan.total_bytes, swapped_plan(plan, "dense2.bias_add", columns).total_bytes

@@ -33,13 +33,8 @@ def write_report(plan, path, png_dir=None, search_seconds: float | None = None, 
 
     Example:
         >>> import tempfile, pathlib
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan()
         >>> folder = pathlib.Path(tempfile.mkdtemp())
         >>> [p.name for p in write_report(plan, folder / "plan.html", png_dir=folder / "png")]
         ['plan.html', 'bytes_per_layer.png', 'memory.png', 'device_traffic.png']

@@ -83,13 +83,8 @@ def plan_bounds(plan) -> PlanBounds:
 
     Example (MindSpore's tutorial FFN: its first MatMul seeded ((2, 1), (1, 4)) on 8 devices; the
     first MatMul reads the input and its weight loaded already sliced its way, so sends nothing):
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> bounds = plan_bounds(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8))
+        >>> from autostrat.models import tutorial_plan
+        >>> bounds = plan_bounds(tutorial_plan())
         >>> [(op.op, op.bound.regime, round(op.bound.bytes, 6), op.charged, round(op.ratio, 6)) for op in bounds.ops]
         [('dense1.matmul', '3-D', 6144.0, 0, 0.0), ('dense2.matmul', '3-D', 6144.0, 6144, 1.0)]
         >>> bounds.line
@@ -129,13 +124,8 @@ def op_charges(plan) -> dict[str, int]:
     `plan.total_bytes` (see the module docstring for who pays what).
 
     Example:
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan()
         >>> {op: charged for op, charged in op_charges(plan).items() if charged}, plan.total_bytes
         ({'dense2.matmul': 6144}, 6144)
     """

@@ -63,11 +63,8 @@ def memory_over_step(plan) -> tuple[tuple[str, int], ...]:
     maximum.
 
     Example (the tutorial FFN's forward pass: the loads, then one instruction per op):
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> steps = memory_over_step(search(trace(FFN(), Tensor(shape=(64, 64))), 8))
+        >>> from autostrat.models import tutorial_plan
+        >>> steps = memory_over_step(tutorial_plan(seed=None))
         >>> [op for op, _ in steps][-2:], max(high for _, high in steps)
         (['dense2.matmul', 'dense2.bias_add'], 66048)
     """

@@ -109,13 +109,8 @@ def checkpoint_dict(plan) -> dict:
     """The JSON strategy checkpoint of `plan` as plain data: MindSpore's, plus ``autostrat``.
 
     Example (MindSpore's tutorial FFN, seeded as the tutorial does):
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> data = checkpoint_dict(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8))
+        >>> from autostrat.models import tutorial_plan
+        >>> data = checkpoint_dict(tutorial_plan())
         >>> data["parallel_strategy_item"]["MatMul_dense1.weight"]
         {'parallel_strategy': [[2, 1], [1, 4]], 'stage': 0}
         >>> data["parallel_layout_item"]["dense1.weight"]["tensor_map"], len(data["autostrat"]["parallel_strategy_item"])

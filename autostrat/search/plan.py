@@ -139,13 +139,8 @@ class Plan:
         that many gradients, as MindSpore sums over a parameter's mirror group.
 
         Example (the tutorial seed splits dense1.weight 4 ways on 8 devices):
-            >>> from autostrat.frontend import trace
-            >>> from autostrat.models import FFN
-            >>> from autostrat.nn import Tensor
-            >>> from autostrat.search import search
-            >>> net = FFN()
-            >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-            >>> search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8).replicas("dense1.weight")
+            >>> from autostrat.models import tutorial_plan
+            >>> tutorial_plan().replicas("dense1.weight")
             2
         """
         op, index = self.graph.consumers(parameter)[0]
@@ -168,11 +163,8 @@ class Plan:
         """Bytes per device per step, by `byte_phases` entry.
 
         Example:
-            >>> from autostrat.frontend import trace
-            >>> from autostrat.models import FFN
-            >>> from autostrat.nn import Tensor
-            >>> from autostrat.search import search
-            >>> search(trace(FFN(), Tensor(shape=(64, 64))), 8).phase_bytes()
+            >>> from autostrat.models import tutorial_plan
+            >>> tutorial_plan(seed=None).phase_bytes()
             {'forward': 0, 'backward': 0, 'sync': 0, 'update': 0}
         """
         totals = dict.fromkeys(self.byte_phases, 0)
@@ -329,13 +321,8 @@ def resting_parameters(graph: Graph, strategies) -> frozenset[str]:
 
     Example (the tutorial FFN's first matmul keeping its weight at rest):
         >>> from dataclasses import replace
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> plan = search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan()
         >>> strategies = {name: op.strategy for name, op in plan.ops.items()}
         >>> strategies["dense1.matmul"] = replace(strategies["dense1.matmul"], at_rest=(1,))
         >>> sorted(resting_parameters(plan.graph, strategies))

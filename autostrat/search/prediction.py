@@ -121,13 +121,8 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
 
     Example (the tutorial FFN on one 8-device server; its ReduceScatter of 6 144 bytes over 4
     devices sends 3 ring messages of 2 µs):
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> predicted = predict(search(trace(net, Tensor(shape=(64, 64)), device_num=8), 8), Hardware(), ("forward",))
+        >>> from autostrat.models import tutorial_plan
+        >>> predicted = predict(tutorial_plan(), Hardware(), ("forward",))
         >>> predicted.phases["forward"], predicted.peak_bytes
         (PhaseCost(compute_ns=21, communication_ns=6014, bytes=6144), 18560)
     """
