@@ -140,9 +140,16 @@ def _browser() -> str:
                 "(.ci/run installs it when missing: apt-get install chromium)")
 
 
+# Chromium's own background traffic (updates, pings, DNS prefetch) is switched off, and anything
+# left goes to a closed port on loopback: a test sends nothing off this machine.
+OFFLINE = ("--disable-background-networking", "--disable-component-update", "--disable-domain-reliability",
+           "--disable-sync", "--no-first-run", "--no-pings", "--dns-prefetch-disable", "--proxy-server=http://127.0.0.1:9")
+
+
 def _chromium(page: Path, *arguments: str) -> subprocess.CompletedProcess:
     command = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr",
-               "--v=0", f"--window-size={WIDTH},{HEIGHT}", "--virtual-time-budget=10000", *arguments, page.as_uri()]
+               "--v=0", *OFFLINE, f"--window-size={WIDTH},{HEIGHT}", "--virtual-time-budget=10000", *arguments,
+               page.as_uri()]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
