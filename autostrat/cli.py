@@ -109,7 +109,7 @@ def search_command(args) -> str:
 def _plan_json(plan, args) -> str:
     """The plan's JSON, with the config and options that made it ("source")."""
     options = {key: getattr(args, key) for key in SOURCE_OPTIONS if getattr(args, key) is not None}
-    return json.dumps(plan.to_dict() | {"source": {"config": str(args.config), "options": options}}, indent=1) + "\n"
+    return plan.to_json(source={"config": str(args.config), "options": options})
 
 
 def replan(path) -> tuple:

@@ -61,15 +61,17 @@ class FFN(Cell):
 TUTORIAL_SEED = ((2, 1), (1, 4))  # the tutorial's strategy for dense1's MatMul
 
 
-def tutorial_plan(seed=TUTORIAL_SEED, device_num: int = 8):
+def tutorial_plan(seed=TUTORIAL_SEED, device_num: int = 8, optimizer=None, gradients_mean: bool = True):
     """The tutorial's plan: the FFN on x[64, 64], dense1's MatMul seeded `seed` (None: no
-    seed), searched for `device_num` devices; the docstrings' common example.
+    seed), searched for `device_num` devices; with an `optimizer`, its training step
+    (`autodiff.build_training`); the docstrings' common example.
 
     Example:
         >>> plan = tutorial_plan()
         >>> str(plan.ops["dense2.matmul"].strategy), plan.total_bytes
         ('((2, 4), (4, 1))', 6144)
     """
+    from autostrat.autodiff import build_training
     from autostrat.frontend import trace
     from autostrat.nn import Tensor
     from autostrat.search import search
@@ -77,7 +79,10 @@ def tutorial_plan(seed=TUTORIAL_SEED, device_num: int = 8):
     net = FFN()
     if seed is not None:
         net.dense1.matmul.shard(seed)
-    return search(trace(net, Tensor(shape=(64, 64)), device_num=device_num), device_num)
+    graph = trace(net, Tensor(shape=(64, 64)), device_num=device_num)
+    if optimizer is not None:
+        graph = build_training(graph, optimizer, gradients_mean=gradients_mean)
+    return search(graph, device_num)
 
 
 class MLP(Cell):

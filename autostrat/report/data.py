@@ -107,63 +107,65 @@ def _summary(plan, search_seconds, budget, bounds) -> dict:
     }
 
 
+# The bands of a group's drawing, top to bottom (`autodiff.op_phase`).
+BANDS = ("forward", "backward", "update")
+
+
 def _ops(plan, bounds) -> tuple[list[dict], list[dict]]:
     graph = plan.graph
-    index = {name: number for number, name in enumerate(plan.ops)}
-    group_names = list(dict.fromkeys(group_of(name) for name in plan.ops))
-    group_index = {name: number for number, name in enumerate(group_names)}
+    group = {name: group_of(name) for name in plan.ops}
+    group_index = {name: number for number, name in enumerate(dict.fromkeys(group.values()))}
     edges = {(edge.consumer, edge.input_index): edge for edge in plan.redistributions}
+    bytes_in = Counter()
+    for (consumer, _), edge in edges.items():
+        bytes_in[consumer] += edge.cost
     ratio = {} if bounds is None else {bound.op: bound for bound in bounds.ops}
-    columns, rows = _grid(plan)
+    columns, rows = _grid(plan, group)
     alternatives = local_alternatives(plan, [name for name in plan.ops if _ranks_alternatives(plan, name)])
     ops = []
     for name, op in plan.ops.items():
         node = graph.ops[name]
         ops.append({
             "name": name, "type": op.op_type, "strategy": str(op.strategy), "origin": op.origin,
-            "group": group_index[group_of(name)], "column": columns[name], "row": rows[name], "phase": op_phase(name),
+            "group": group_index[group[name]], "column": columns[name], "row": rows[name], "phase": op_phase(name),
             "inputs": [_input(plan, tensor, edges.get((name, i)), op.strategy.input_layouts[i])
                        for i, tensor in enumerate(node.inputs)],
             "outputs": [{"tensor": tensor, "layout": str(plan.layouts[tensor])} for tensor in node.outputs],
-            "bytes_in": plan.bytes_into(name),
+            "bytes_in": bytes_in[name],
         } | _bound(ratio.get(name)) | _alternatives(alternatives.get(name)))
     members: dict[int, list[int]] = {}
-    for op in ops:
-        members.setdefault(op["group"], []).append(index[op["name"]])
+    for number, op in enumerate(ops):
+        members.setdefault(op["group"], []).append(number)
     groups = [{"name": name, "ops": members[number], "bytes_in": sum(ops[i]["bytes_in"] for i in members[number])}
-              for number, name in enumerate(group_names)]
+              for name, number in group_index.items()]
     return ops, groups
 
 
-def _grid(plan) -> tuple[dict[str, int], dict[str, int]]:
-    """Each op's column and row inside its group's drawing: one band per phase (forward on top,
-    then backward, then the updates), and in a band the column is the op's depth among the
-    band's ops of its group, so data flows left to right; update ops, which read no update op,
-    stand in one row."""
+def _grid(plan, group: dict[str, str]) -> tuple[dict[str, int], dict[str, int]]:
+    """Each op's column and row inside its group's drawing (`group`: op -> its group): one band
+    per phase (`BANDS`), and in a band the column is the op's depth among the band's ops of its
+    group, so data flows left to right; update ops, which read no update op, stand in one row."""
     graph = plan.graph
+    phase = {name: op_phase(name) for name in plan.ops}
     depth: dict[str, int] = {}
     slot: Counter = Counter()  # (group, phase) -> ops placed so far, for the update row
-    cells: dict[str, tuple[str, int, int]] = {}  # op -> (phase, column, row in its band)
+    row_in_band: dict[str, int] = {}
     taken: Counter = Counter()  # (group, phase, column) -> rows used
     for name in plan.ops:
-        group, phase = group_of(name), op_phase(name)
-        if phase == "update":
-            depth[name] = slot[(group, phase)]
-            slot[(group, phase)] += 1
+        band = (group[name], phase[name])
+        if phase[name] == "update":
+            depth[name] = slot[band]
+            slot[band] += 1
         else:
             producers = (graph.tensors[t].producer for t in graph.ops[name].inputs)
-            depth[name] = 1 + max((depth[p] for p in producers if p and group_of(p) == group and op_phase(p) == phase),
-                                  default=-1)
-        cells[name] = (phase, depth[name], taken[(group, phase, depth[name])])
-        taken[(group, phase, depth[name])] += 1
+            depth[name] = 1 + max((depth[p] for p in producers if p and (group[p], phase[p]) == band), default=-1)
+        row_in_band[name] = taken[(*band, depth[name])]
+        taken[(*band, depth[name])] += 1
     height: Counter = Counter()  # (group, phase) -> rows of its band
-    for (group, phase, _), used in taken.items():
-        height[(group, phase)] = max(height[(group, phase)], used)
-    rows = {}
-    for name, (phase, _, row) in cells.items():
-        group = group_of(name)
-        above = sum(height[(group, earlier)] for earlier in ("forward", "backward", "update")[:("forward", "backward", "update").index(phase)])
-        rows[name] = above + row
+    for (name, band_phase, _), used in taken.items():
+        height[(name, band_phase)] = max(height[(name, band_phase)], used)
+    rows = {name: row_in_band[name] + sum(height[(group[name], above)] for above in BANDS[:BANDS.index(phase[name])])
+            for name in plan.ops}
     return depth, rows
 
 

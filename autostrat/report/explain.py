@@ -150,10 +150,10 @@ def explain(plan: Plan, op: str, alternatives: int = 3) -> Explanation:
         close = difflib.get_close_matches(op, list(plan.ops), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"the plan has no op named {op!r}{hint}")
-    current = plan.ops[op]
+    current, space = plan.ops[op], CandidateSpace.of(plan)
     chain = _chain(plan, op)
-    notes = _notes(plan, op)
-    ranked = _ranked(plan, op)
+    notes = _notes(plan, op, space.followers)
+    ranked = _ranked(plan, op, space)
     if plan.pipeline is not None and ranked:
         # Rebuilding a stage's plan with one op changed would need its stage split searched again.
         notes += ("a pipeline plan's alternatives are ranked by the local change in bytes only, not evaluated "
@@ -162,7 +162,7 @@ def explain(plan: Plan, op: str, alternatives: int = 3) -> Explanation:
     evaluated = tuple(_evaluated(plan, op, strategy, local) for strategy, local in ranked[:alternatives])
     rest = tuple(Alternative(str(strategy), local) for strategy, local in ranked[alternatives:])
     return Explanation(op, current.op_type, str(current.strategy), _origin(plan, op), chain, evaluated + rest,
-                       len(ranked), notes, op not in searched_graph(plan.graph)[1],
+                       len(ranked), notes, op not in space.followers,
                        "; backward ops keep theirs, update ops follow their parameters" if plan.graph.updates else "")
 
 
@@ -180,11 +180,10 @@ def _origin(plan: Plan, op: str) -> str:
             f"{plan.refinement.unit} per device, {result.status}, gap {result.gap:.2%}); before it: {origin}")
 
 
-def _notes(plan: Plan, op: str) -> tuple[str, ...]:
+def _notes(plan: Plan, op: str, followers: dict[str, str]) -> tuple[str, ...]:
     notes = []
     if plan.refinement and op not in _changed(plan):
         notes.append("the plan was refined by CP-SAT, which kept this op's strategy")
-    _, followers = searched_graph(plan.graph)
     if op in followers:
         reader = plan.graph.consumers(followers[op])[0][0]
         notes.append(f"an update op runs in its parameter's layout and is not searched: it changes only with "

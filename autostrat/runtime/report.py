@@ -117,8 +117,8 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
     phases = [p for p in PHASES if any(c.phase == p for program in job.programs for c in program.communications())]
     phases = phases or ["forward"]
     rows, bytes_match = [], True
-    measured_figures = {"phases": {phase: {"predicted": [], "measured": []} for phase in phases},
-                "peak": {"predicted": list(_predicted_peaks(job)), "measured": [_peak(s) for s in summaries]}}
+    peaks = {"predicted": list(_predicted_peaks(job)), "measured": [_peak(summary) for summary in summaries]}
+    figures = {"phases": {phase: {"predicted": [], "measured": []} for phase in phases}, "peak": peaks}
     for rank, summary in enumerate(summaries):
         communications = job.programs[rank].communications()
         sent = summary[: len(communications)]
@@ -128,10 +128,9 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
             measured = sum(int(s) for s, c in zip(sent, communications) if c.phase == phase)
             bytes_match &= measured == predicted * steps
             row += [str(predicted), _per_step(measured, steps)]
-            figures = measured_figures["phases"][phase]
-            figures["predicted"].append(predicted)
-            figures["measured"].append(measured / steps)
-        rows.append(row + [str(_predicted_peaks(job)[rank]), str(_peak(summary))])
+            figures["phases"][phase]["predicted"].append(predicted)
+            figures["phases"][phase]["measured"].append(measured / steps)
+        rows.append(row + [str(peaks["predicted"][rank]), str(peaks["measured"][rank])])
     absolute = max(float(s[-4]) for s in summaries)
     relative = max(float(s[-3]) for s in summaries)
     tolerance = max(float(s[-2]) for s in summaries)
@@ -145,18 +144,18 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         job.plan_table,
         "",
         f"bytes each rank sent per {kind} step: predicted by the plan / counted on the buffers handed to the backend,",
-        f"and peak bytes each rank held: predicted by the plan's memory model / measured on the rank's live buffers",
+        "and peak bytes each rank held: predicted by the plan's memory model / measured on the rank's live buffers",
         f"({PHASE_LEGEND})",
         format_table(headers, rows),
         *_collective_lines(job, summaries),
         f"bytes: {'measured = predicted on every rank' if bytes_match else 'MISMATCH between measured and predicted'}",
-        memory_line(list(_predicted_peaks(job)), [_peak(summary) for summary in summaries]),
+        memory_line(peaks["predicted"], peaks["measured"]),
         f"max difference from the single-device result ({compared}): {absolute:.3g} (relative {relative:.3g}, "
         f"limit {tolerance:g}): {'OK' if results_match else 'FAILED'}",
         f"time per {kind} step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "
         f"{job.single_seconds * 1e3:.2f} ms single device",
     ]
-    return RunCheck("\n".join(lines), bytes_match, results_match, measured_figures)
+    return RunCheck("\n".join(lines), bytes_match, results_match, figures)
 
 
 def _predicted_peaks(job) -> tuple[int, ...]:

@@ -137,15 +137,9 @@ def reference_graph(plan):
     ranks run, with the same counts), as MindSpore sums a parameter's replicas' gradients.
 
     Example (the tutorial seed splits dense1.weight 4 ways: 2 of the 8 devices hold each slice):
-        >>> from autostrat.autodiff import SGD, build_training
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> training = build_training(trace(net, Tensor(shape=(64, 64)), device_num=8), SGD(), gradients_mean=False)
-        >>> plan = search(training, 8)
+        >>> from autostrat.autodiff import SGD
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan(optimizer=SGD(), gradients_mean=False)
         >>> reference_graph(plan).ops["optimizer/dense1.weight"].attrs
         (('gradients_mean', False), ('learning_rate', 0.01), ('replicas', 2))
     """

@@ -43,14 +43,9 @@ def plan_peak(plan) -> int:
 
     Example (the tutorial FFN's training step: the redistributed copies add 6 080 bytes to
     what the per-op model counts):
-        >>> from autostrat.autodiff import Momentum, build_training
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> from autostrat.search import search
-        >>> net = FFN()
-        >>> _ = net.dense1.matmul.shard(((2, 1), (1, 4)))
-        >>> plan = search(build_training(trace(net, Tensor(shape=(64, 64)), device_num=8), Momentum(0.01, 0.9)), 8)
+        >>> from autostrat.autodiff import Momentum
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan(optimizer=Momentum(0.01, 0.9))
         >>> plan_peak(plan), plan.prediction.model_peak_bytes
         (59904, 53824)
     """

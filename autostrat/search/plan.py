@@ -255,8 +255,9 @@ class Plan:
             {} if self.recompute is None else {"recompute": self.recompute.to_dict()}) | (
             {} if self.pipeline is None else {"pipeline": self.pipeline.to_dict()})
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1) + "\n"
+    def to_json(self, **extra) -> str:
+        """`to_dict` as JSON text, with `extra` keys after the plan's own (the CLI's "source")."""
+        return json.dumps(self.to_dict() | extra, indent=1) + "\n"
 
     def save(self, path) -> None:
         """Write the plan as JSON (written to a temporary file, then renamed)."""
