@@ -21,7 +21,7 @@ from importlib import import_module
 _LAZY = {
     "Callback": "autostrat.frontend.model",
     "GRAPH_MODE": "autostrat.frontend.ms_context",
-    "Layout": "autostrat.layout.named",
+    "Layout": "autostrat.parallel",
     "LossMonitor": "autostrat.frontend.model",
     "Model": "autostrat.frontend.model",
     "PYNATIVE_MODE": "autostrat.frontend.ms_context",

@@ -7,6 +7,6 @@ Example:
 """
 
 from autostrat.frontend.cell import shard
-from autostrat.layout.named import Layout
+from autostrat.layout.named import NamedLayout as Layout  # MindSpore's name, as mindspore.Layout
 
 __all__ = ["Layout", "shard"]

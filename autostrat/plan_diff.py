@@ -19,25 +19,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from autostrat.autodiff import forward_name
 from autostrat.errors import ConfigError
 from autostrat.io import read_json
 from autostrat.layout.strategy import format_tuples
 from autostrat.tables import format_table
 
 # The prefixes a training graph puts before a forward op's name (backward, sums, recompute, updates).
-_PREFIXES = re.compile(r"^(?:bprop/|accumulate/|identity/|recompute/|optimizer/|grad/|moments\.|moment[12]\.)+")
 _LAYER = re.compile(r"^(.+?\.\d+)\.")
 OTHER = "(other)"
-
-
-def forward_name(name: str) -> str:
-    """The forward op or parameter a training op's name derives from.
-
-    Example:
-        >>> forward_name("bprop/blocks.3.ffn1.matmul/mat_mul"), forward_name("optimizer/moments.dense1.weight")
-        ('blocks.3.ffn1.matmul/mat_mul', 'dense1.weight')
-    """
-    return _PREFIXES.sub("", name)
 
 
 def layer_of(name: str) -> str:

@@ -8,6 +8,7 @@ devices that split the batch) to its update op's layout.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from autostrat.autodiff.backward import build_backward
@@ -17,6 +18,11 @@ from autostrat.autodiff.recompute import RECOMPUTE_PREFIX, recompute_cells
 from autostrat.ir import Graph
 
 PHASES = ("forward", "backward", "update")
+# The prefixes of backward ops' names (a bprop's ops, gradient sums, recomputed forward ops).
+BACKWARD_PREFIXES = ("bprop/", "accumulate/", "identity/", RECOMPUTE_PREFIX)
+# Any run of them, of an update op's, and of a gradient's or an optimiser state's tensor name.
+_DERIVED = re.compile("^(?:" + "|".join(re.escape(p) for p in (*BACKWARD_PREFIXES, UPDATE_PREFIX, "grad/", "moments.",
+                                                                 "moment1.", "moment2.")) + ")+")
 
 
 def op_phase(name: str) -> str:
@@ -28,9 +34,19 @@ def op_phase(name: str) -> str:
     """
     if name.startswith(UPDATE_PREFIX):
         return "update"
-    if name.startswith(("bprop/", "accumulate/", "identity/", RECOMPUTE_PREFIX)):
+    if name.startswith(BACKWARD_PREFIXES):
         return "backward"
     return "forward"
+
+
+def forward_name(name: str) -> str:
+    """The forward op or parameter a training op's (or tensor's) name derives from.
+
+    Example:
+        >>> forward_name("bprop/blocks.3.ffn1.matmul/mat_mul"), forward_name("optimizer/moments.dense1.weight")
+        ('blocks.3.ffn1.matmul/mat_mul', 'dense1.weight')
+    """
+    return _DERIVED.sub("", name)
 
 
 def build_training(graph: Graph, optimizer, loss: str | None = None, gradients_mean: bool = True,

@@ -140,14 +140,14 @@ class Cell:
 
     def _unique(self, kind: type, parameter_names: bool = False) -> Iterator[tuple[str, object]]:
         """Every child of `kind` once, under the first path that reaches it (tied weights)."""
-        seen: dict[int, str] = {}
+        seen: set[int] = set()
         paths: set[str] = set()
         for path, child in self._walk(parameter_names=parameter_names):
             if isinstance(child, kind) and id(child) not in seen:
                 if path in paths:
                     raise ConfigError(f"{type(self).__name__}: two {kind.__name__}s are both named {path!r} (a cell with "
                                       f"auto_prefix=False holds sub-cells naming their children alike)")
-                seen[id(child)] = path
+                seen.add(id(child))
                 paths.add(path)
                 yield path, child
 

@@ -105,9 +105,6 @@ class NamedLayout:
         return text if self.names is None else f"{text}{self.names}"
 
 
-Layout = NamedLayout  # MindSpore's name: `autostrat.Layout`, as `mindspore.Layout`
-
-
 def is_layout_strategy(strategy) -> bool:
     """Whether `strategy` is a tuple of `NamedLayout` (rather than of parts tuples)."""
     return isinstance(strategy, (tuple, list)) and bool(strategy) and all(isinstance(s, NamedLayout) for s in strategy)

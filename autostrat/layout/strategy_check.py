@@ -130,9 +130,9 @@ def placement_from_layouts(rule, in_layouts, out_layouts, device_num: int, where
     for index, (dims, layout) in enumerate(zip(operands, layouts)):
         for dim, (factors, axes) in enumerate(zip(dims, layout.dim_axes())):
             for factor in factors:
-                count = _axes_for(split_of[factor], axes, matrix)
-                mine, axes = axes[:count], axes[count:]
                 place = f"operand {index} dim {dim}"
+                count = _axes_for(split_of[factor], axes, matrix, f"{where}: {place}, factor '{factor}'")
+                mine, axes = axes[:count], axes[count:]
                 if factor in found and found[factor][0] != mine:
                     raise LayoutError(f"{where}: factor '{factor}' is split by device axes {found[factor][0]} in "
                                       f"{found[factor][1]} but by {mine} in {place}; both must agree")
@@ -140,10 +140,10 @@ def placement_from_layouts(rule, in_layouts, out_layouts, device_num: int, where
     return splits, Placement(matrix, tuple(found.get(factor, ((), ""))[0] for factor in rule.factors))
 
 
-def _axes_for(split: int, axes: tuple[int, ...], matrix: tuple[int, ...]) -> int:
+def _axes_for(split: int, axes: tuple[int, ...], matrix: tuple[int, ...], where: str) -> int:
     """How many of `axes` (major first) make up `split` parts."""
     count = take_axes(split, axes, tuple(reversed(matrix)))
     if count is None:
-        raise LayoutError(f"device axes {axes} of sizes {[matrix[len(matrix) - 1 - a] for a in axes]} cannot make "
+        raise LayoutError(f"{where}: device axes {axes} of sizes {[matrix[len(matrix) - 1 - a] for a in axes]} cannot make "
                           f"{split} parts of one factor")
     return count

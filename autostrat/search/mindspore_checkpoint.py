@@ -162,7 +162,7 @@ def read_mindspore_plan(path) -> tuple[dict, dict] | None:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
         fields = decode(data, where=str(path))
-        return _from_protobuf(fields, path), _protobuf_layouts(fields)
+        return _from_protobuf(fields, path), _protobuf_layouts(fields, path)
     items = document.get("parallel_strategy_item") if isinstance(document, dict) else None
     if isinstance(items, list) or isinstance(document, dict) and "autostrat" in document:
         return None  # autostrat's own checkpoint: `checkpoint.load_checkpoint_seeds` reads every op of it
@@ -174,20 +174,33 @@ def read_mindspore_plan(path) -> tuple[dict, dict] | None:
         if not isinstance(strategy, list) or not all(isinstance(s, list) and all(isinstance(d, int) for d in s) for s in strategy):
             raise ConfigError(f"{path}: parallel_strategy_item.{name}: expected {{\"parallel_strategy\": [[...], ...]}}, got {item!r}")
         seeds[name] = (tuple(tuple(s) for s in strategy), None)
-    return seeds, _json_layouts(document.get("parallel_layout_item"))
+    return seeds, _json_layouts(document.get("parallel_layout_item"), path)
 
 
-def _protobuf_layouts(fields: dict) -> dict:
-    return {item["param_name"]: (tuple(item["parallel_layouts"][0]["dev_matrix"][0].get("dim", [])),
-                                 tuple(item["parallel_layouts"][0]["tensor_map"][0].get("dim", [])))
-            for item in fields.get("parallel_layout_item", []) if item.get("param_name") and item.get("parallel_layouts")}
+def _protobuf_layouts(fields: dict, path: Path) -> dict:
+    found = {}
+    for item in fields.get("parallel_layout_item", []):
+        if not (item.get("param_name") and item.get("parallel_layouts")):
+            continue
+        layout = item["parallel_layouts"][0]
+        matrix, tensor_map = (layout[key][0].get("dim", []) if layout.get(key) else None for key in ("dev_matrix", "tensor_map"))
+        found[item["param_name"]] = _layout_pair(matrix, tensor_map, path, item["param_name"], layout)
+    return found
 
 
-def _json_layouts(items) -> dict:
+def _json_layouts(items, path: Path) -> dict:
     if not isinstance(items, dict):
         return {}
-    return {name: (tuple(item["dev_matrix"]), tuple(item["tensor_map"])) for name, item in items.items()
+    return {name: _layout_pair(item["dev_matrix"], item["tensor_map"], path, name, item) for name, item in items.items()
             if isinstance(item, dict) and "dev_matrix" in item and "tensor_map" in item}
+
+
+def _layout_pair(matrix, tensor_map, path: Path, name: str, item) -> tuple:
+    """A parameter's layout item as ``(dev_matrix, tensor_map)``, or a `ConfigError` naming it."""
+    if not all(isinstance(values, list) and all(isinstance(v, int) for v in values) for values in (matrix, tensor_map)):
+        raise ConfigError(f"{path}: parallel_layout_item.{name}: expected dev_matrix and tensor_map lists of integers, "
+                          f"got {item!r}")
+    return tuple(matrix), tuple(tensor_map)
 
 
 def _from_protobuf(fields: dict, path: Path) -> dict:
@@ -224,7 +237,7 @@ def resolve_names(graph, seeds: dict, where: str, layouts: dict | None = None) -
             continue
         op_type, _, parameter = name.partition("_")
         kinds = _SAME_OP.get(op_type, (op_type,))
-        found = [op.name for op in graph.ops.values() if op.op_type in kinds and parameter in op.inputs]
+        found = [op for op, _ in graph.consumers(parameter) if graph.ops[op].op_type in kinds] if parameter in graph.tensors else []
         if not found:
             raise ConfigError(f"{where}: MindSpore op {name!r} ({op_type} reading parameter {parameter!r}) matches no op of "
                               f"{graph.name}; the Cell tree must name its parameters as the one that saved the checkpoint")
@@ -268,10 +281,12 @@ def mindspore_names(graph) -> dict[str, str]:
     """
     parameters = {tensor.name for tensor in graph.parameters()}
     names: dict[str, str] = {}
+    taken: set[str] = set()
     for op in graph.ops.values():
         read = [name for name in op.inputs if name in parameters]
         if read and op_phase(op.name) == "forward":
             name = f"{op.op_type}_{read[0]}"
-            if name not in names.values():
+            if name not in taken:
                 names[op.name] = name
+                taken.add(name)
     return names

@@ -29,7 +29,8 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-from autostrat.autodiff import op_phase
+from autostrat.autodiff import BACKWARD_PREFIXES, op_phase
+from autostrat.autodiff.optimizers import UPDATE_PREFIX
 from autostrat.cost import Hardware, dtype_size
 from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.search.prediction import op_times
@@ -170,7 +171,7 @@ def _min_max_split(units: int, stages: int, value) -> tuple[int, tuple[int, ...]
     return best[stages][units]
 
 
-_WRAPPERS = ("bprop/", "accumulate/", "identity/", "recompute/", "optimizer/")
+_WRAPPERS = (*BACKWARD_PREFIXES, UPDATE_PREFIX)
 
 
 def op_units(graph) -> dict[str, int]:
