@@ -10,6 +10,7 @@
                   [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
     autostrat report PLAN.json -o plan.html [--png DIR]   the plan's HTML report (also --report on search and run)
     autostrat explain PLAN.json OP [--alternatives N]   how OP got its strategy, and its best alternatives
+    search, run, report and explain take --import MODULE: register the Cell classes of your own module as models
     autostrat diff A.json B.json                       how two plans of one model differ
     autostrat --version
 """
@@ -28,8 +29,10 @@ from pathlib import Path
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.io import read_json, write_files_atomically
 from autostrat.frontend.config import load_config, with_recompute
+from autostrat.frontend.registry import import_models
 from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
 from autostrat.frontend.train import world_size
+from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, private_folder, source_config
 from autostrat.runtime.job import FAULTS, Fault
 from autostrat.runtime.launcher import STARTUP_TIMEOUT
 from autostrat.report import format_candidates
@@ -65,18 +68,9 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
     return "\n\n".join(sections)
 
 
-# The `autostrat search` options a plan's JSON records under "source", so that `autostrat report`
-# and `autostrat explain` can plan it again (a plan's JSON holds strategies, not the model).
-SOURCE_OPTIONS = ("device_num", "refine", "time_limit", "max_device_memory", "coarsen", "phase", "mesh", "cost_model",
-                  "parallel_optimizer", "pipeline_stages", "micro_size", "recompute")
-
-
 def _search_config(args):
-    overrides = {"refine": args.refine, "refine_time_limit": args.time_limit,
-                 "max_device_memory": args.max_device_memory, "coarsen": args.coarsen, "phase": args.phase,
-                 "mesh": args.mesh, "cost_model": args.cost_model, "enable_parallel_optimizer": args.parallel_optimizer,
-                 "pipeline_stages": args.pipeline_stages, "micro_size": args.micro_size}
-    return with_recompute(load_config(args.config, **overrides), args.recompute)
+    options = {key: getattr(args, key) for key in SOURCE_OPTIONS}
+    return with_recompute(load_config(args.config, args.micro_size, **context_overrides(options)), args.recompute)
 
 
 def _timed_plan(config, device_num, progress=None) -> tuple:
@@ -96,7 +90,7 @@ def search_command(args) -> str:
         status.end()
     devices = f"{world_size(plan)} devices" + (f" in {plan.pipeline.stages} stages" if plan.pipeline else "")
     lines = notes + [f"{config.path}: {type(config.net).__name__} on {devices}, {plan.mode}", plan.table()]
-    outputs = {Path(args.out): ("plan", _plan_json(plan, args))} if args.out else {}
+    outputs = {Path(args.out): ("plan", _plan_json(plan, args, config))} if args.out else {}
     if args.dump_ir:
         outputs |= {path: ("IR", text) for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
     if args.report:
@@ -106,37 +100,27 @@ def search_command(args) -> str:
     return "\n".join(lines)
 
 
-def _plan_json(plan, args) -> str:
-    """The plan's JSON, with the config and options that made it ("source")."""
-    options = {key: getattr(args, key) for key in SOURCE_OPTIONS if getattr(args, key) is not None}
-    return plan.to_json(source={"config": str(args.config), "options": options})
+def _plan_json(plan, args, config) -> str:
+    """The plan's JSON, with the config and options that made it ("source", see `plan_source`)."""
+    options = {key: getattr(args, key) for key in SOURCE_OPTIONS}
+    return plan.to_json(source=plan_source(config, options, args.imports or ()))
 
 
 def replan(path) -> tuple:
-    """The plan a JSON file (``autostrat search --out``) holds, made again from the config and
-    options it records; with the search's seconds and the config. A plan that comes out other
-    than the file's (the config or autostrat changed since, or a time-limited solver stopped
-    elsewhere) is refused: a report of another plan would mislead."""
+    """The plan a JSON file (``autostrat search --out``) holds, made again from the config text
+    and options it embeds (nothing it names is read or imported); with the search's seconds and
+    the config. A plan that comes out other than the file's (autostrat changed since, or a
+    time-limited solver stopped elsewhere) is refused: a report of another plan would mislead."""
     recorded = read_json(Path(path), "plan")
     source = recorded.get("source") if isinstance(recorded, dict) else None
-    if not isinstance(source, dict) or not isinstance(source.get("options"), dict) or "config" not in source:
-        raise ConfigError(f"{path}: expected a plan written by autostrat search --out, which records the config it "
-                          f"was planned from under \"source\"; this file has none")
-    unknown = sorted(set(source["options"]) - set(SOURCE_OPTIONS))
-    if unknown:
-        raise ConfigError(f"{path}: source.options has {', '.join(unknown)}; expected only {', '.join(SOURCE_OPTIONS)}")
-    config_path = Path(source["config"])
-    if not config_path.exists() and (Path(path).parent / config_path).exists():
-        config_path = Path(path).parent / config_path
-    options = {key: None for key in SOURCE_OPTIONS} | source["options"]
-    if isinstance(options["mesh"], list):
-        options["mesh"] = tuple(options["mesh"])
-    config = _search_config(argparse.Namespace(config=config_path, **options))
-    plan, _, seconds = _timed_plan(config, options["device_num"])
+    with private_folder() as work:
+        config, options = source_config(source, str(path), Path(work))
+        config = with_recompute(config, options["recompute"])
+        plan, _, seconds = _timed_plan(config, options["device_num"])
     if json.loads(plan.to_json()) != {key: value for key, value in recorded.items() if key != "source"}:
-        raise ConfigError(f"{path}: planning {config_path} again with the recorded options gave another plan than the "
-                          f"file's (the config or autostrat changed since it was written, or a time-limited solver "
-                          f"stopped elsewhere); search again with autostrat search {config_path} --report FILE")
+        raise ConfigError(f"{path}: planning its embedded config ({source['config']}) again with the recorded options gave "
+                          f"another plan than the file's (autostrat changed since it was written, or a time-limited "
+                          f"solver stopped elsewhere); search again with autostrat search CONFIG --report FILE")
     return plan, seconds, config
 
 
@@ -239,6 +223,7 @@ def _add_run(commands) -> None:
     run.add_argument("--stall-timeout", type=_positive(float), default=10.0,
                      help="seconds a rank may make no progress before its watchdog ends the job (default 10)")
     _add_report(run)
+    _add_import(run)
     run.add_argument("--inject-fault", type=_fault, metavar="RANK:KIND[:AT]",
                      help=f"make one rank fail on purpose, to see how a job ends: KIND is {', '.join(FAULTS)}, "
                           "AT the program instruction it fails at (default: its first collective)")
@@ -250,6 +235,20 @@ def _add_report(command, required: bool = False) -> None:
                          help="write the plan's report to this HTML file: summary, op graph, charts, lower bound "
                               "(one self-contained file)")
     command.add_argument("--png", metavar="DIR", help="also write the report's charts as PNG files into this folder")
+
+
+def _add_import(command) -> None:
+    command.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                         help="import MODULE (a module name, looked up in the current folder first, or a .py file) "
+                              "and register the Cell classes it defines as models a config may name; this runs its "
+                              "code, which autostrat never does for a name written in a file (repeatable)")
+
+
+def _import_models(args) -> None:
+    """The --import modules, imported and their models registered, each said on stderr."""
+    for spec in getattr(args, "imports", None) or ():
+        names = import_models(spec)
+        print(f"autostrat: imported {spec} (--import): model(s) {', '.join(names)} registered", file=sys.stderr)
 
 
 def _add_phase(command) -> None:
@@ -295,6 +294,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="what the search minimises: bytes sent per device (default) or the predicted step time")
     _add_phase(search)
     _add_report(search)
+    _add_import(search)
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=_positive(int), default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")
@@ -306,10 +306,12 @@ def _parser() -> argparse.ArgumentParser:
                                              "plan) and write its report: summary, op graph, charts, lower bound.")
     report.add_argument("plan", help="plan (JSON from autostrat search --out)")
     _add_report(report, required=True)
+    _add_import(report)
     explain = commands.add_parser("explain", help="how an op of a plan got its strategy, and its best alternatives")
     explain.add_argument("plan", help="plan (JSON from autostrat search --out)")
     explain.add_argument("op", help="the op's name (as in the plan's table)")
     explain.add_argument("--alternatives", type=_positive(int), default=3, help="alternatives to weigh exactly (default 3)")
+    _add_import(explain)
     _add_run(commands)
     return parser
 
@@ -351,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     try:
+        _import_models(args)
         if args.command == "candidates":
             print(candidates_text(args.device_num, args.repeated))
         elif args.command == "search":

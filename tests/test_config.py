@@ -52,9 +52,11 @@ CASES = {
     "bad context value": (GOOD.replace("device_num: 8", "device_num: eight"), r"bad.yaml: device_num must be a positive integer, got 'eight'"),
     "missing model": ("inputs: [{shape: [2]}]\n", r"bad.yaml: missing key 'model'"),
     "model not a mapping": (GOOD.replace("{name: FFN}", "FFN"), r"bad.yaml: model: expected a mapping with 'name' \(and optional 'params'\), got 'FFN'"),
-    "unknown model": (GOOD.replace("FFN", "FFNN"), r"bad.yaml: model.name: unknown model 'FFNN'; built-in models: FFN, GPT, MLP, ResNet"),
+    "unknown model": (GOOD.replace("FFN", "FFNN"), r"bad.yaml: model.name: unknown model 'FFNN'; registered models: FFN, GPT, MLP, ResNet"),
     "unknown model key": (GOOD.replace("{name: FFN}", "{name: FFN, size: 3}"), r"bad.yaml: model.size: unknown key; a model has 'name' and 'params'"),
-    "bad import": (GOOD.replace("FFN", "nowhere.module:Net"), r"bad.yaml: model.name: cannot import 'nowhere.module:Net'"),
+    "an import": (GOOD.replace("FFN", "nowhere.module:Net"), r"bad.yaml: model.name: 'nowhere.module:Net' is not a "
+                  r"registered model; a config names a model, it never imports code: register your Cell with autostrat "
+                  r"--import MODULE \(command line\) or register_model \(Python\); registered: FFN, GPT"),
     "bad params": (GOOD.replace("{name: FFN}", "{name: FFN, params: {width: 3}}"), r"bad.yaml: model.params: FFN rejects these arguments: .*width"),
     "inputs not a list": (GOOD.replace("inputs:\n  - {shape: [64, 64]}", "inputs: 3"), r"bad.yaml: inputs: expected a list of inputs"),
     "input without shape": (GOOD.replace("{shape: [64, 64]}", "{dims: [64, 64]}"), r"bad.yaml: inputs\[0\]: expected \{shape: \[...\], dtype: ...\}"),

@@ -78,7 +78,8 @@ def test_cli_report_from_plan_json_equals_search_report(tmp_path, capsys):
     searched, again = ((tmp_path / name).read_text() for name in ("search.html", "again.html"))
     assert _without_search_time(searched) == _without_search_time(again)
     recorded = json.loads((tmp_path / "plan.json").read_text())
-    assert recorded["source"] == {"config": str(config), "options": {"device_num": 4}}
+    assert recorded["source"] == {"config": "gpt_train.yaml", "config_text": config.read_text(),
+                                  "options": {"device_num": 4}, "imports": []}
 
 
 def _without_search_time(page: str) -> str:
@@ -102,10 +103,12 @@ def test_plan_json_without_source_or_changed_is_refused(tmp_path):
     plan.save(tmp_path / "bare.json")
     with pytest.raises(ConfigError, match=r"bare.json: expected a plan written by autostrat search --out.*has none"):
         replan(tmp_path / "bare.json")
-    recorded = json.loads(plan.to_json()) | {"source": {"config": str(ROOT / "configs" / "ffn.yaml"), "options": {}}}
+    text = (ROOT / "configs" / "ffn.yaml").read_text()
+    recorded = json.loads(plan.to_json()) | {"source": {"config": "ffn.yaml", "config_text": text, "options": {}}}
     recorded["ops"][0]["strategy"] = [[8, 1], [1, 1]]
     (tmp_path / "edited.json").write_text(json.dumps(recorded))
-    with pytest.raises(ConfigError, match=r"edited.json: planning .*ffn.yaml again with the recorded options gave another plan"):
+    with pytest.raises(ConfigError, match=r"edited.json: planning its embedded config \(ffn.yaml\) again with the recorded "
+                                          r"options gave another plan"):
         replan(tmp_path / "edited.json")
     recorded["source"]["options"] = {"device_count": 8}
     (tmp_path / "unknown.json").write_text(json.dumps(recorded))

@@ -4,7 +4,7 @@
     search_mode: sharding_propagation
     device_num: 8
     model:
-      name: FFN                 # a built-in of autostrat.models, or package.module:Class
+      name: FFN                 # a registered model: a built-in, or a Cell of --import MODULE
       params: {}                # constructor arguments
     inputs:
       - {shape: [64, 64], dtype: float32}
@@ -30,17 +30,16 @@ Every error names the file and the key path (``model.params.layers``).
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import yaml
 
-from autostrat import models
 from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError, LayoutError
 from autostrat.frontend.context import KEYS, ParallelContext
+from autostrat.frontend.registry import model_class
 from autostrat.frontend.tensor import Tensor
 from autostrat.io import read_text
 from autostrat.ir import Graph
@@ -64,6 +63,7 @@ class Config:
     recompute: tuple[str, ...] = ()  # cell paths recomputed in the backward (`Cell.recompute`)
     micro_size: int = 1  # micro-batches per step (`nn.PipelineCell`)
     seed_devices: int = 0  # the devices the seeds are written for: the file's device_num / pipeline_stages
+    text: str = ""  # the YAML it was read from (a plan's JSON embeds it: `autostrat report` plans it again)
 
     def network(self):
         """The net to plan: wrapped in `nn.PipelineCell` when the config asks for micro-batches."""
@@ -105,8 +105,7 @@ def _place(mark) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
-def _read(path: Path) -> dict:
-    text = read_text(path, "config")
+def _parse(text: str, path) -> dict:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except _DuplicateKey as error:
@@ -123,27 +122,13 @@ def _read(path: Path) -> dict:
     return data
 
 
-def _model_class(name, where: str):
-    if not isinstance(name, str):
-        raise _fail(where, f"expected a model name, got {name!r}")
-    if ":" in name:
-        module_name, _, attribute = name.partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as error:
-            raise _fail(where, f"cannot import {name!r}: {error}") from None
-    if name not in models.MODELS:
-        raise _fail(where, f"unknown model {name!r}; built-in models: {', '.join(models.MODELS)}, or package.module:Class")
-    return getattr(models, name)
-
-
 def _build_model(section, where: str):
     if not isinstance(section, dict) or "name" not in section:
         raise _fail(where, f"expected a mapping with 'name' (and optional 'params'), got {section!r}")
     unknown = sorted(set(section) - {"name", "params"})
     if unknown:
         raise _fail(f"{where}.{unknown[0]}", "unknown key; a model has 'name' and 'params'")
-    cls = _model_class(section["name"], f"{where}.name")
+    cls = model_class(section["name"], f"{where}.name")
     params = section.get("params") or {}
     if not isinstance(params, dict):
         raise _fail(f"{where}.params", f"expected a mapping of constructor arguments, got {params!r}")
@@ -242,7 +227,17 @@ def load_config(path, micro_size: int | None = None, **overrides) -> Config:
         (8, 'FFN', (((2, 1), (1, 4)), None))
     """
     path = Path(path)
-    data = _read(path)
+    return parse_config(read_text(path, "config"), path, micro_size, **overrides)
+
+
+def parse_config(text: str, path, micro_size: int | None = None, **overrides) -> Config:
+    """`load_config` of a config's YAML `text`; `path` names it in errors (and in `Config.path`).
+
+    Example:
+        >>> parse_config("model: {name: FFN}\\ninputs: [{shape: [64, 64]}]\\n", "inline.yaml").context.device_num
+        1
+    """
+    data = _parse(text, path)
     unknown = sorted(set(data) - set(KEYS) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(KEYS + SECTIONS))}")
@@ -267,7 +262,8 @@ def load_config(path, micro_size: int | None = None, **overrides) -> Config:
     _mark_stages(net, data.get("pipeline_stage"), f"{path}: pipeline_stage")
     file_context = ParallelContext(**{key: data[key] for key in KEYS if key in data})
     seed_devices = file_context.device_num // file_context.pipeline_stages
-    config = Config(str(path), context, net, inputs, strategies, optimizer, micro_size=micro_size, seed_devices=seed_devices)
+    config = Config(str(path), context, net, inputs, strategies, optimizer, micro_size=micro_size, seed_devices=seed_devices,
+                    text=text)
     return with_recompute(config, _recompute_list(data.get("recompute"), f"{path}: recompute"), f"{path}: recompute")
 
 
