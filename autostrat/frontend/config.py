@@ -24,6 +24,12 @@
 An `optimizer` (sgd, momentum or adam, with its settings) implies ``phase: train``; ``phase:
 train`` without one trains with Momentum(0.01, 0.9).
 
+File paths in a config (``strategy_ckpt_save_file``, ``strategy_ckpt_load_file``, and
+``strategy_ckpt_config``'s ``save_file`` and ``load_file``) are relative to the config's folder, and
+a path it writes must stay inside that folder (``../x``, ``/tmp/x`` or a linked folder leading out
+are refused): a config is data and does not choose what to overwrite. The command line
+(``--strategy-ckpt-save-file``) and Python calls may write anywhere.
+
 Every error names the file and the key path (``model.params.layers``).
 """
 
@@ -42,7 +48,7 @@ from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError, LayoutError
 from autostrat.frontend.context import KEYS, ParallelContext
 from autostrat.frontend.tensor import Tensor
-from autostrat.io import read_text
+from autostrat.io import OutputPath, check_outputs, read_text
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
 from autostrat.layout.named import NamedLayout
@@ -246,9 +252,11 @@ def load_config(path, micro_size: int | None = None, **overrides) -> Config:
     unknown = sorted(set(data) - set(KEYS) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(KEYS + SECTIONS))}")
-    context_keys = {key: data[key] for key in KEYS if key in data} | {k: v for k, v in overrides.items() if v is not None}
+    file_keys = _file_paths({key: data[key] for key in KEYS if key in data}, path)
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    from_file = bool(file_keys.get("strategy_ckpt_save_file")) and "strategy_ckpt_save_file" not in overrides
     try:
-        context = ParallelContext(**context_keys)
+        context = ParallelContext(**file_keys | overrides, output_paths_from=str(path) if from_file else "")
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
     for section in ("model", "inputs"):
@@ -268,7 +276,51 @@ def load_config(path, micro_size: int | None = None, **overrides) -> Config:
     file_context = ParallelContext(**{key: data[key] for key in KEYS if key in data})
     seed_devices = file_context.device_num // file_context.pipeline_stages
     config = Config(str(path), context, net, inputs, strategies, optimizer, micro_size=micro_size, seed_devices=seed_devices)
+    check_config_outputs(config)
     return with_recompute(config, _recompute_list(data.get("recompute"), f"{path}: recompute"), f"{path}: recompute")
+
+
+def _file_paths(keys: dict, path: Path) -> dict:
+    """The context `keys` a config file at `path` gives, with its file paths relative to the
+    file's folder, ``strategy_ckpt_config``'s paths moved onto the keys they set (so that a
+    command-line option replaces them), and a path it writes refused outside that folder: a
+    config is data, and data does not choose what to overwrite (see `autostrat.io`)."""
+    keys, given = dict(keys), {}
+    for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
+        if keys.get(key):
+            given[key] = (key, keys[key])
+    mindspore = keys.get("strategy_ckpt_config")
+    if isinstance(mindspore, dict) and set(mindspore) <= {"save_file", "load_file", "only_trainable_params"}:
+        keys["strategy_ckpt_config"] = {key: value for key, value in mindspore.items() if key == "only_trainable_params"}
+        for key in ("save_file", "load_file"):
+            if mindspore.get(key):  # over the plain key, as in `ParallelContext`
+                given[f"strategy_ckpt_{key}"] = (f"strategy_ckpt_config.{key}", mindspore[key])
+    for key, (name, value) in given.items():
+        if isinstance(value, str):  # anything else: refused by `ParallelContext`
+            value = str(path.parent / value)
+            if key == "strategy_ckpt_save_file":
+                OutputPath(value, name, str(path)).check()
+        keys[key] = value
+    return keys
+
+
+def check_config_outputs(config: Config, outputs=(), inputs: dict | None = None) -> None:
+    """Refuse, before anything is planned, outputs that would clobber (`io.check_outputs`): the
+    config's strategy checkpoint and `outputs` against each other and against the inputs (the
+    config, its strategy_ckpt_load_file, and `inputs`: role -> path).
+
+    Example:
+        >>> check_config_outputs(load_config("configs/ffn.yaml"), [OutputPath("configs/ffn.yaml", "--out")])
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: --out configs/ffn.yaml is the config configs/ffn.yaml: an output never replaces an input; ...
+    """
+    context = config.context
+    read = {"the config": config.path} | (inputs or {})
+    if context.strategy_ckpt_load_file:
+        read["strategy_ckpt_load_file"] = context.strategy_ckpt_load_file
+    own = [context.strategy_output()] if context.strategy_ckpt_save_file else []
+    check_outputs(own + list(outputs), read)
 
 
 def with_recompute(config: Config, paths, where: str = "--recompute") -> Config:

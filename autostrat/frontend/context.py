@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 
 from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
+from autostrat.io import OutputPath
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
@@ -109,6 +110,9 @@ class ParallelContext:
       `inter_server_latency` (seconds per message), `devices_per_server` (a rank table's servers
       replace it under `autostrat run`; rank tables carry no speeds, so those come from here).
       Numbers may be given as strings ("989.4e12": YAML reads ``989.4e12`` as a string).
+    - `output_paths_from` (no context key: set by the config loader, `frontend.config`): the
+      config file `strategy_ckpt_save_file` was read from, whose folder it must stay in (see
+      `autostrat.io`); "" when a Python call or the command line gave it: any path.
     """
 
     parallel_mode: str = "stand_alone"
@@ -143,6 +147,7 @@ class ParallelContext:
     intra_server_latency: float = _HARDWARE.intra_server_latency
     inter_server_latency: float = _HARDWARE.inter_server_latency
     devices_per_server: int = _HARDWARE.devices_per_server
+    output_paths_from: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel_mode, str):
@@ -185,6 +190,17 @@ class ParallelContext:
         for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
             if not isinstance(getattr(self, key), str):
                 raise ConfigError(f"{key} must be a file path string, got {getattr(self, key)!r}")
+
+    def strategy_output(self) -> OutputPath | None:
+        """Where the strategy checkpoint goes (None: nowhere), with the config that chose it.
+
+        Example:
+            >>> ParallelContext(strategy_ckpt_save_file="s.json").strategy_output()
+            OutputPath(path='s.json', role='strategy_ckpt_save_file', config='', stdout=False)
+        """
+        if not self.strategy_ckpt_save_file:
+            return None
+        return OutputPath(self.strategy_ckpt_save_file, "strategy_ckpt_save_file", self.output_paths_from)
 
     def search_options(self, workers: int = 0):
         """The options the search layer takes (it never reads the context itself)."""
@@ -299,7 +315,8 @@ def _mindspore_only(kwargs: dict) -> dict:
     return kwargs
 
 
-KEYS = tuple(f.name for f in fields(ParallelContext))
+# The context keys a user sets (Python or YAML); where a path came from is the loader's to say.
+KEYS = tuple(f.name for f in fields(ParallelContext) if f.name != "output_paths_from")
 _context = ParallelContext()
 
 
