@@ -33,7 +33,8 @@ from importlib import metadata
 from pathlib import Path
 
 from autostrat.errors import AutostratError, ConfigError
-from autostrat.io import OutputPath, check_outputs, read_json, write_files_atomically
+from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
+from autostrat.io import check_outputs, read_json
 from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
 from autostrat.frontend.train import world_size
@@ -42,7 +43,7 @@ from autostrat.runtime.launcher import STARTUP_TIMEOUT
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
 from autostrat.search.checkpoint import checkpoint_bytes
-from autostrat.search.dump import ANNOTATED, SLICED, dump_texts
+from autostrat.search.dump import dump_texts
 from autostrat.search.progress import StatusLine
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
 
@@ -103,7 +104,7 @@ def search_command(args) -> str:
     none clobbers another or an input. Seeds follow `autostrat run`'s rule on another
     --device-num (scaled, with a note)."""
     config = _search_config(args)
-    check_config_outputs(config, _planned_outputs(args))
+    check_config_outputs(config, planned_outputs(args))
     checkpoint = config.context.strategy_output()
     status = StatusLine()  # quiet for a second: short searches print nothing
     try:
@@ -112,50 +113,15 @@ def search_command(args) -> str:
         status.end()
     devices = f"{world_size(plan)} devices" + (f" in {plan.pipeline.stages} stages" if plan.pipeline else "")
     lines = notes + [f"{config.path}: {type(config.net).__name__} on {devices}, {plan.mode}", plan.table()]
-    outputs = {_output(args.out, "--out"): ("plan", _plan_json(plan, args))} if args.out else {}
+    outputs = {command_line_output(args.out, "--out"): ("plan", _plan_json(plan, args))} if args.out else {}
     if args.dump_ir:
-        outputs |= {_output(str(path), "--dump-ir"): ("IR", text) for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
+        outputs |= {command_line_output(str(path), "--dump-ir"): ("IR", text)
+                    for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
     if args.report:
-        outputs |= _report_outputs(plan, args, seconds, config.context.max_device_memory)
+        outputs |= report_outputs(plan, args, seconds, config.context.max_device_memory)
     if checkpoint:
         outputs[checkpoint] = ("strategy checkpoint", checkpoint_bytes(plan, checkpoint.path))
-    write_files_atomically({output: text for output, (_, text) in outputs.items()})  # all or nothing
-    lines += [output.written(what) for output, (what, _) in outputs.items()]
-    return "\n".join(lines)
-
-
-def _output(path: str, role: str) -> OutputPath:
-    """A path given on the command line: anywhere, and "-" is standard output."""
-    return OutputPath(path, role, stdout=path == "-")
-
-
-def _planned_outputs(args) -> list[OutputPath]:
-    """The files the command's output options name, known before anything is planned, so that
-    a clash is refused before the work (the report's charts: all it may draw)."""
-    outputs = [_output(args.out, "--out")] if getattr(args, "out", None) else []
-    for role, folder in (("--dump-ir", getattr(args, "dump_ir", None)), ("--png", args.png)):
-        if folder == "-":
-            raise ConfigError(f"{role} takes a folder; standard output (-) takes one file")
-    if getattr(args, "dump_ir", None):
-        outputs += [_output(str(Path(args.dump_ir) / name), "--dump-ir") for name in (ANNOTATED, SLICED)]
-    if args.png and not args.report:
-        raise ConfigError(f"--png {args.png} writes the report's charts: give --report FILE too")
-    if args.report:
-        from autostrat.report.html import CHART_TITLES  # drawing libraries: off the search's import path
-
-        stems = [stem for stem in CHART_TITLES if stem != "measured" or args.command == "run"]
-        outputs.append(_output(args.report, _report_role(args)))
-        outputs += [_output(str(Path(args.png) / f"{stem}.png"), "--png") for stem in stems if args.png]
-    return outputs
-
-
-def _report_role(args) -> str:
-    return "-o" if args.command == "report" else "--report"
-
-
-def _text_stream(args):
-    """Where the command's text goes: standard error when standard output carries an output (-)."""
-    return sys.stderr if "-" in (getattr(args, "out", None), getattr(args, "report", None)) else sys.stdout
+    return "\n".join(lines + write_outputs(outputs))  # all or nothing
 
 
 def _plan_json(plan, args) -> str:
@@ -192,23 +158,12 @@ def replan(path) -> tuple:
     return plan, seconds, config
 
 
-def _report_outputs(plan, args, seconds, budget, measured=None) -> dict:
-    from autostrat.report.html import report_files  # drawing libraries: off the search's import path
-
-    files = report_files(plan, args.report, args.png, seconds, budget, measured)
-    page = Path(args.report)
-    return {(_output(args.report, _report_role(args)) if path == page else _output(str(path), "--png")):
-            ("report" if path == page else "chart", data) for path, data in files.items()}
-
-
 def report_command(args) -> str:
-    planned = _planned_outputs(args)
+    planned = planned_outputs(args)
     check_outputs(planned, {"the plan": args.plan})  # before planning it again
     plan, seconds, config = replan(args.plan)
     check_outputs(planned, {"the plan": args.plan, "the config": config.path})
-    outputs = _report_outputs(plan, args, seconds, config.context.max_device_memory)
-    write_files_atomically({output: data for output, (_, data) in outputs.items()})
-    return "\n".join(output.written(what) for output, (what, _) in outputs.items())
+    return "\n".join(write_outputs(report_outputs(plan, args, seconds, config.context.max_device_memory)))
 
 
 def explain_command(args) -> str:
@@ -259,20 +214,17 @@ def _fault(text: str) -> Fault:
 
 
 def run_command(args) -> tuple[int, str]:
-    if args.report == "-":
-        raise ConfigError("run --report: standard output (-) carries the run's own lines; give a file")
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
                          args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer,
                          tuple(args.recompute or ()), args.pipeline_stages, args.micro_size, args.startup_timeout,
-                         args.strategy_ckpt_save_file, tuple(_planned_outputs(args)))
+                         args.strategy_ckpt_save_file, tuple(planned_outputs(args)))
     if not args.report:
         return run_config(args.config, options)
     outcome = run_and_measure(args.config, options)
     planned = outcome.planned
-    outputs = _report_outputs(planned.plan, args, planned.search_seconds, planned.config.context.max_device_memory,
-                              outcome.measured)
-    write_files_atomically({output: data for output, (_, data) in outputs.items()})
-    return outcome.code, "\n".join([outcome.text, *(output.written(what) for output, (what, _) in outputs.items())])
+    outputs = report_outputs(planned.plan, args, planned.search_seconds, planned.config.context.max_device_memory,
+                             outcome.measured)
+    return outcome.code, "\n".join([outcome.text, *write_outputs(outputs)])
 
 
 def _add_run(commands) -> None:
@@ -424,12 +376,12 @@ def _dispatch(args) -> int:
         if args.command == "candidates":
             print(candidates_text(args.device_num, args.repeated))
         elif args.command == "search":
-            print(search_command(args), file=_text_stream(args))
+            print(search_command(args), file=text_stream(args))
         elif args.command == "diff":
             from autostrat.plan_diff import diff_plans  # reads plans: off the search's import path
             print(diff_plans(args.plan_a, args.plan_b).text)
         elif args.command == "report":
-            print(report_command(args), file=_text_stream(args))
+            print(report_command(args), file=text_stream(args))
         elif args.command == "explain":
             print(explain_command(args))
         elif args.command == "run":

@@ -311,7 +311,8 @@ def test_a_config_strategy_load_file_is_relative_to_its_folder(tmp_path):
 
 
 def test_the_command_line_may_write_the_strategy_checkpoint_anywhere(tmp_path, capsys):
-    config = config_in(tmp_path / "config", "strategy_ckpt_save_file: s.json\n")
+    # It replaces the config's, also when given in MindSpore's strategy_ckpt_config.
+    config = config_in(tmp_path / "config", "strategy_ckpt_config: {save_file: s.json}\n")
     elsewhere = tmp_path / "elsewhere" / "s.json"
     assert main(["search", str(config), "--strategy-ckpt-save-file", str(elsewhere)]) == 0
     assert f"\nstrategy checkpoint written to {elsewhere}\n" in capsys.readouterr().out
