@@ -356,7 +356,7 @@ def command() -> None:
     Everything is written and flushed before the process ends.
     """
     code = main()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in filter(None, (sys.stdout, sys.stderr)):  # None: started with it closed
         try:
             stream.flush()
         except (BrokenPipeError, ValueError):  # a reader gone (`| head`), or the stream closed after it

@@ -221,6 +221,8 @@ def _write_stream(where: str, data: bytes) -> None:
     """Write `data` to standard output ("") or through to an existing device or FIFO (opening a
     FIFO waits for its reader, as a shell's ``>`` does)."""
     if not where:
+        if getattr(sys.stdout, "buffer", None) is None:  # started with standard output closed
+            raise OSError(errno.EBADF, "standard output is closed")
         sys.stdout.flush()  # what was printed before comes first
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()

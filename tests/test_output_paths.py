@@ -24,6 +24,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend.api import parallelize
 from autostrat.frontend.config import load_config
 from autostrat.models import FFN, tutorial_plan
+from autostrat.report.html import write_report
 from autostrat.runtime.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +119,7 @@ WRITERS = {
     "plan.save": lambda plan, path: plan.save(path),
     "plan.save_strategy": lambda plan, path: plan.save_strategy(path),
     "save_checkpoint": lambda plan, path: save_checkpoint({"w": np.ones(2, np.float32)}, path),
-    "write_report": lambda plan, path: __import__("autostrat.report.html", fromlist=["write_report"]).write_report(plan, path),
+    "write_report": lambda plan, path: write_report(plan, path),
 }
 
 
@@ -230,6 +231,19 @@ def test_run_report_onto_the_config_is_refused(tmp_path, no_search, capsys):
     assert error(capsys).startswith(f"--report {config} is the config {config}")
 
 
+def test_run_strategy_checkpoint_on_its_report_is_refused(tmp_path, no_search, capsys):
+    path = tmp_path / "x"
+    assert main(["run", CONFIG, "--backend", "local", "--report", str(path), "--strategy-ckpt-save-file", str(path)]) == 2
+    assert error(capsys) == f"strategy_ckpt_save_file {path} and --report {path} are the same file; give each output its own path\n"
+
+
+def test_standard_output_closed_is_a_one_line_error():
+    done = subprocess.run([sys.executable, "-m", "autostrat", "search", CONFIG, "--out", "-"], stderr=subprocess.PIPE,
+                          text=True, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, preexec_fn=lambda: os.close(1))
+    assert done.returncode == 2 and done.stderr.endswith(
+        "autostrat: error: cannot write standard output: standard output is closed (EBADF)\n")
+
+
 def test_a_config_strategy_checkpoint_on_out_is_refused(tmp_path, no_search, capsys):
     config = config_in(tmp_path, "strategy_ckpt_save_file: plan.json\n")
     out = tmp_path / "plan.json"
@@ -254,19 +268,18 @@ def test_a_config_strategy_checkpoint_on_its_load_file_is_refused(tmp_path):
 # --- a config's paths: relative to its folder, written only inside it ---
 
 
-@pytest.mark.parametrize("given", ["../x.json", "/ABSOLUTE/x.json", "out/x.json", "link.json"],
-                         ids=["parent", "absolute", "linked-folder", "linked-file"])
-def test_a_config_strategy_checkpoint_outside_its_folder_is_refused(tmp_path, capsys, given):
+@pytest.mark.parametrize("given,linked", [("../x.json", False), ("/ABSOLUTE/x.json", False), ("out/x.json", True),
+                                          ("link.json", True)], ids=["parent", "absolute", "linked-folder", "linked-file"])
+def test_a_config_strategy_checkpoint_outside_its_folder_is_refused(tmp_path, capsys, given, linked):
     outside = tmp_path / "outside"
     outside.mkdir()
-    (tmp_path / "config" / "out").mkdir(parents=True)
-    (tmp_path / "config" / "out").rmdir()
+    (tmp_path / "config").mkdir()
     (tmp_path / "config" / "out").symlink_to(outside)
     (tmp_path / "config" / "link.json").symlink_to(outside / "x.json")
     given = given.replace("/ABSOLUTE", str(outside))
     config = config_in(tmp_path / "config", f"strategy_ckpt_save_file: {given}\n")
     written = given if given.startswith("/") else f"{tmp_path / 'config'}/{given}"
-    really = f" (really {outside / 'x.json'})" if "link" in given or "out/" in given else ""
+    really = f" (really {outside / 'x.json'})" if linked else ""
     assert main(["search", str(config)]) == 2
     message = error(capsys)
     assert message.startswith(f"{config}: strategy_ckpt_save_file {written}{really} is outside") and message.count("\n") == 1
