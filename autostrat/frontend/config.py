@@ -46,7 +46,7 @@ import yaml
 from autostrat import models
 from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError, LayoutError
-from autostrat.frontend.context import KEYS, ParallelContext
+from autostrat.frontend.context import KEYS, ParallelContext, keys_from_file
 from autostrat.frontend.tensor import Tensor
 from autostrat.io import OutputPath, check_outputs, read_text
 from autostrat.ir import Graph
@@ -252,7 +252,7 @@ def load_config(path, micro_size: int | None = None, **overrides) -> Config:
     unknown = sorted(set(data) - set(KEYS) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(KEYS + SECTIONS))}")
-    file_keys = _file_paths({key: data[key] for key in KEYS if key in data}, path)
+    file_keys = keys_from_file({key: data[key] for key in KEYS if key in data}, path)
     overrides = {key: value for key, value in overrides.items() if value is not None}
     from_file = bool(file_keys.get("strategy_ckpt_save_file")) and "strategy_ckpt_save_file" not in overrides
     try:
@@ -278,30 +278,6 @@ def load_config(path, micro_size: int | None = None, **overrides) -> Config:
     config = Config(str(path), context, net, inputs, strategies, optimizer, micro_size=micro_size, seed_devices=seed_devices)
     check_config_outputs(config)
     return with_recompute(config, _recompute_list(data.get("recompute"), f"{path}: recompute"), f"{path}: recompute")
-
-
-def _file_paths(keys: dict, path: Path) -> dict:
-    """The context `keys` a config file at `path` gives, with its file paths relative to the
-    file's folder, ``strategy_ckpt_config``'s paths moved onto the keys they set (so that a
-    command-line option replaces them), and a path it writes refused outside that folder: a
-    config is data, and data does not choose what to overwrite (see `autostrat.io`)."""
-    keys, given = dict(keys), {}
-    for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
-        if keys.get(key):
-            given[key] = (key, keys[key])
-    mindspore = keys.get("strategy_ckpt_config")
-    if isinstance(mindspore, dict) and set(mindspore) <= {"save_file", "load_file", "only_trainable_params"}:
-        keys["strategy_ckpt_config"] = {key: value for key, value in mindspore.items() if key == "only_trainable_params"}
-        for key in ("save_file", "load_file"):
-            if mindspore.get(key):  # over the plain key, as in `ParallelContext`
-                given[f"strategy_ckpt_{key}"] = (f"strategy_ckpt_config.{key}", mindspore[key])
-    for key, (name, value) in given.items():
-        if isinstance(value, str):  # anything else: refused by `ParallelContext`
-            value = str(path.parent / value)
-            if key == "strategy_ckpt_save_file":
-                OutputPath(value, name, str(path)).check()
-        keys[key] = value
-    return keys
 
 
 def check_config_outputs(config: Config, outputs=(), inputs: dict | None = None) -> None:

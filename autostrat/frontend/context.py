@@ -2,6 +2,10 @@
 
 `set_auto_parallel_context` validates and stores keys; everything below the front end receives
 `current_context()`, a frozen snapshot, so a search never reads global state.
+
+A path set from Python may be anywhere; a path read from a config file (`keys_from_file`, for the
+config loader) is relative to the file's folder, and the checkpoint path it writes must stay in
+that folder: the context records the file (`output_paths_from`), and the writer checks again.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
@@ -349,3 +354,32 @@ def reset_auto_parallel_context() -> None:
 def current_context() -> ParallelContext:
     """The frozen context that searches and runs receive."""
     return _context
+
+
+def keys_from_file(keys: dict, path) -> dict:
+    """The context `keys` a config file at `path` gives, with its file paths relative to the
+    file's folder, ``strategy_ckpt_config``'s paths moved onto the keys they set (so that a
+    command-line option replaces them), and a path it writes refused outside that folder: a
+    config is data, and data does not choose what to overwrite (see `autostrat.io`).
+
+    Example:
+        >>> keys_from_file({"strategy_ckpt_config": {"load_file": "s.json"}}, "configs/ffn.yaml")
+        {'strategy_ckpt_config': {}, 'strategy_ckpt_load_file': 'configs/s.json'}
+    """
+    keys, given, path = dict(keys), {}, Path(path)
+    for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
+        if keys.get(key):
+            given[key] = (key, keys[key])
+    mindspore = keys.get("strategy_ckpt_config")
+    if isinstance(mindspore, dict) and set(mindspore) <= {"save_file", "load_file", "only_trainable_params"}:
+        keys["strategy_ckpt_config"] = {key: value for key, value in mindspore.items() if key == "only_trainable_params"}
+        for key in ("save_file", "load_file"):
+            if mindspore.get(key):  # over the plain key, as in `ParallelContext`
+                given[f"strategy_ckpt_{key}"] = (f"strategy_ckpt_config.{key}", mindspore[key])
+    for key, (name, value) in given.items():
+        if isinstance(value, str):  # anything else: refused by `ParallelContext`
+            value = str(path.parent / value)
+            if key == "strategy_ckpt_save_file":
+                OutputPath(value, name, str(path)).check()
+        keys[key] = value
+    return keys
