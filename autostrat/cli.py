@@ -1,18 +1,24 @@
 """The `autostrat` command (also `python -m autostrat`).
 
-    autostrat search CONFIG.yaml [--device-num N] [--out plan.json] [--dump-ir DIR]
-                     [--refine cpsat] [--time-limit S] [--max-device-memory M]
+    autostrat search CONFIG.yaml [--device-num N] [--out plan.json|-] [--dump-ir DIR]
+                     [--strategy-ckpt-save-file F] [--refine cpsat] [--time-limit S] [--max-device-memory M]
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
                      [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
                   [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
+                  [--strategy-ckpt-save-file F]
     autostrat report PLAN.json -o plan.html [--png DIR]   the plan's HTML report (also --report on search and run)
     autostrat explain PLAN.json OP [--alternatives N]   how OP got its strategy, and its best alternatives
     search, run, report and explain take --import MODULE: register the Cell classes of your own module as models
     autostrat diff A.json B.json                       how two plans of one model differ
     autostrat --version
+
+Outputs never clobber (`autostrat.io`): an output that is an input or another output is refused
+before any work, "-" is standard output (the text then goes to standard error), a symlink is
+written through to its target, a device or FIFO is written through, and a config's
+strategy_ckpt_save_file must stay in the config's folder (--strategy-ckpt-save-file may go anywhere).
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
 from autostrat.errors import AutostratError, ConfigError
-from autostrat.io import read_json, write_files_atomically
-from autostrat.frontend.config import load_config, with_recompute
+from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
+from autostrat.io import check_outputs, read_json
+from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.registry import import_models
 from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
 from autostrat.frontend.train import world_size
@@ -37,6 +45,7 @@ from autostrat.runtime.job import FAULTS, Fault
 from autostrat.runtime.launcher import STARTUP_TIMEOUT
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
+from autostrat.search.checkpoint import checkpoint_bytes
 from autostrat.search.dump import dump_texts
 from autostrat.search.progress import StatusLine
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
@@ -70,19 +79,27 @@ def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
 
 def _search_config(args):
     options = {key: getattr(args, key) for key in SOURCE_OPTIONS}
-    return with_recompute(load_config(args.config, args.micro_size, **context_overrides(options)), args.recompute)
+    overrides = context_overrides(options) | {"strategy_ckpt_save_file": args.strategy_ckpt_save_file}  # not recorded
+    return with_recompute(load_config(args.config, args.micro_size, **overrides), args.recompute)
 
 
 def _timed_plan(config, device_num, progress=None) -> tuple:
+    """The config's plan, its notes and the search's seconds. The strategy checkpoint is not
+    written here: search writes it with its other outputs, report and explain write none."""
+    config = replace(config, context=replace(config.context, strategy_ckpt_save_file=""))
     started = time.perf_counter()
     plan, notes = plan_config(config, device_num, progress=progress)
     return plan, notes, time.perf_counter() - started
 
 
 def search_command(args) -> str:
-    """Search the config's model and return the text to print; writes --out, --dump-ir and
-    --report. Seeds follow `autostrat run`'s rule on another --device-num (scaled, with a note)."""
+    """Search the config's model and return the text to print; writes --out, --dump-ir,
+    --report and the strategy checkpoint, all or nothing, after checking before the search that
+    none clobbers another or an input. Seeds follow `autostrat run`'s rule on another
+    --device-num (scaled, with a note)."""
     config = _search_config(args)
+    check_config_outputs(config, planned_outputs(args))
+    checkpoint = config.context.strategy_output()
     status = StatusLine()  # quiet for a second: short searches print nothing
     try:
         plan, notes, seconds = _timed_plan(config, args.device_num, status)
@@ -90,14 +107,15 @@ def search_command(args) -> str:
         status.end()
     devices = f"{world_size(plan)} devices" + (f" in {plan.pipeline.stages} stages" if plan.pipeline else "")
     lines = notes + [f"{config.path}: {type(config.net).__name__} on {devices}, {plan.mode}", plan.table()]
-    outputs = {Path(args.out): ("plan", _plan_json(plan, args, config))} if args.out else {}
+    outputs = {command_line_output(args.out, "--out"): ("plan", _plan_json(plan, args, config))} if args.out else {}
     if args.dump_ir:
-        outputs |= {path: ("IR", text) for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
+        outputs |= {command_line_output(str(path), "--dump-ir"): ("IR", text)
+                    for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
     if args.report:
-        outputs |= _report_outputs(plan, args, seconds, config.context.max_device_memory)
-    write_files_atomically({path: text for path, (_, text) in outputs.items()})  # all or nothing
-    lines += [f"{what} written to {path}" for path, (what, _) in outputs.items()]
-    return "\n".join(lines)
+        outputs |= report_outputs(plan, args, seconds, config.context.max_device_memory)
+    if checkpoint:
+        outputs[checkpoint] = ("strategy checkpoint", checkpoint_bytes(plan, checkpoint.path))
+    return "\n".join(lines + write_outputs(outputs))  # all or nothing
 
 
 def _plan_json(plan, args, config) -> str:
@@ -124,18 +142,11 @@ def replan(path) -> tuple:
     return plan, seconds, config
 
 
-def _report_outputs(plan, args, seconds, budget, measured=None) -> dict:
-    from autostrat.report.html import report_files  # drawing libraries: off the search's import path
-
-    files = report_files(plan, args.report, args.png, seconds, budget, measured)
-    return {path: ("report" if path == Path(args.report) else "chart", data) for path, data in files.items()}
-
-
 def report_command(args) -> str:
-    plan, seconds, config = replan(args.plan)
-    outputs = _report_outputs(plan, args, seconds, config.context.max_device_memory)
-    write_files_atomically({path: data for path, (_, data) in outputs.items()})
-    return "\n".join(f"{what} written to {path}" for path, (what, _) in outputs.items())
+    planned = planned_outputs(args)
+    check_outputs(planned, {"the plan": args.plan})  # before planning it again
+    plan, seconds, config = replan(args.plan)  # from the plan's embedded config: no other input
+    return "\n".join(write_outputs(report_outputs(plan, args, seconds, config.context.max_device_memory)))
 
 
 def explain_command(args) -> str:
@@ -188,15 +199,15 @@ def _fault(text: str) -> Fault:
 def run_command(args) -> tuple[int, str]:
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
                          args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer,
-                         tuple(args.recompute or ()), args.pipeline_stages, args.micro_size, args.startup_timeout)
+                         tuple(args.recompute or ()), args.pipeline_stages, args.micro_size, args.startup_timeout,
+                         args.strategy_ckpt_save_file, tuple(planned_outputs(args)))
     if not args.report:
         return run_config(args.config, options)
     outcome = run_and_measure(args.config, options)
     planned = outcome.planned
-    outputs = _report_outputs(planned.plan, args, planned.search_seconds, planned.config.context.max_device_memory,
-                              outcome.measured)
-    write_files_atomically({path: data for path, (_, data) in outputs.items()})
-    return outcome.code, "\n".join([outcome.text, *(f"{what} written to {path}" for path, (what, _) in outputs.items())])
+    outputs = report_outputs(planned.plan, args, planned.search_seconds, planned.config.context.max_device_memory,
+                             outcome.measured)
+    return outcome.code, "\n".join([outcome.text, *write_outputs(outputs)])
 
 
 def _add_run(commands) -> None:
@@ -224,16 +235,24 @@ def _add_run(commands) -> None:
                      help="seconds a rank may make no progress before its watchdog ends the job (default 10)")
     _add_report(run)
     _add_import(run)
+    _add_strategy_save(run)
     run.add_argument("--inject-fault", type=_fault, metavar="RANK:KIND[:AT]",
                      help=f"make one rank fail on purpose, to see how a job ends: KIND is {', '.join(FAULTS)}, "
                           "AT the program instruction it fails at (default: its first collective)")
+
+
+def _add_strategy_save(command) -> None:
+    command.add_argument("--strategy-ckpt-save-file", metavar="FILE",
+                         help="write the plan's strategy checkpoint to this file (MindSpore's format: protobuf for .ckpt, "
+                              "else JSON), instead of the config's strategy_ckpt_save_file, which must stay in the "
+                              "config's folder")
 
 
 def _add_report(command, required: bool = False) -> None:
     names = ("-o", "--report") if required else ("--report",)
     command.add_argument(*names, dest="report", required=required, metavar="FILE",
                          help="write the plan's report to this HTML file: summary, op graph, charts, lower bound "
-                              "(one self-contained file)")
+                              "(one self-contained file; on search and report, -: standard output)")
     command.add_argument("--png", metavar="DIR", help="also write the report's charts as PNG files into this folder")
 
 
@@ -279,8 +298,9 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--device-num", type=_positive(int),
                         help="plan for N devices instead of the config's device_num; its seeds are scaled to "
                              "gcd(devices they use, N), as autostrat run does")
-    search.add_argument("--out", help="write the plan as JSON to this file")
-    search.add_argument("--dump-ir", help="write the IR dumps into this folder")
+    search.add_argument("--out", metavar="FILE", help="write the plan as JSON to this file (-: standard output, and the "
+                                                     "table to standard error)")
+    search.add_argument("--dump-ir", metavar="DIR", help="write the IR dumps into this folder")
     search.add_argument("--refine", choices=["cpsat"], help="refine the BFS plan to the CP-SAT optimum")
     search.add_argument("--time-limit", type=_positive(float), help="seconds the solver may take (default 60)")
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
@@ -295,6 +315,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_phase(search)
     _add_report(search)
     _add_import(search)
+    _add_strategy_save(search)
     candidates = commands.add_parser("candidates", help="print the candidate strategies of the tutorial FFN")
     candidates.add_argument("--device-num", type=_positive(int), default=8, help="number of devices (default 8)")
     candidates.add_argument("--repeated", action="store_true", help="also list repeated-calculation strategies")
@@ -336,7 +357,7 @@ def command() -> None:
     Everything is written and flushed before the process ends.
     """
     code = main()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in filter(None, (sys.stdout, sys.stderr)):  # None: started with it closed
         try:
             stream.flush()
         except (BrokenPipeError, ValueError):  # a reader gone (`| head`), or the stream closed after it
@@ -357,12 +378,12 @@ def _dispatch(args) -> int:
         if args.command == "candidates":
             print(candidates_text(args.device_num, args.repeated))
         elif args.command == "search":
-            print(search_command(args))
+            print(search_command(args), file=text_stream(args))
         elif args.command == "diff":
             from autostrat.plan_diff import diff_plans  # reads plans: off the search's import path
             print(diff_plans(args.plan_a, args.plan_b).text)
         elif args.command == "report":
-            print(report_command(args))
+            print(report_command(args), file=text_stream(args))
         elif args.command == "explain":
             print(explain_command(args))
         elif args.command == "run":

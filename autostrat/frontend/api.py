@@ -83,8 +83,8 @@ def _finished(plan: Plan, context: ParallelContext) -> Plan:
     ``set_context(save_graphs=...)``) when the contexts ask."""
     for message in plan.warnings:
         warnings.warn(message, stacklevel=4)
-    if context.strategy_ckpt_save_file:
-        plan.save_strategy(context.strategy_ckpt_save_file)
+    if context.strategy_ckpt_save_file:  # a config's path is checked to stay in its folder (`io.OutputPath`)
+        plan.save_strategy(context.strategy_output())
     folder = graphs_folder(context.global_rank)
     if folder is not None:
         plan.dump_ir(folder, context.global_rank)  # rank_<r>/ holds rank r's sliced graph, as in MindSpore

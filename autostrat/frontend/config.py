@@ -24,6 +24,12 @@
 An `optimizer` (sgd, momentum or adam, with its settings) implies ``phase: train``; ``phase:
 train`` without one trains with Momentum(0.01, 0.9).
 
+File paths in a config (``strategy_ckpt_save_file``, ``strategy_ckpt_load_file``, and
+``strategy_ckpt_config``'s ``save_file`` and ``load_file``) are relative to the config's folder, and
+a path it writes must stay inside that folder (``../x``, ``/tmp/x`` or a linked folder leading out
+are refused): a config is data and does not choose what to overwrite. The command line
+(``--strategy-ckpt-save-file``) and Python calls may write anywhere.
+
 Every error names the file and the key path (``model.params.layers``).
 """
 
@@ -38,10 +44,10 @@ import yaml
 
 from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError, LayoutError
-from autostrat.frontend.context import KEYS, ParallelContext
+from autostrat.frontend.context import KEYS, ParallelContext, keys_from_file
 from autostrat.frontend.registry import model_class
 from autostrat.frontend.tensor import Tensor
-from autostrat.io import read_text
+from autostrat.io import OutputPath, check_outputs, read_text
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
 from autostrat.layout.named import NamedLayout
@@ -227,7 +233,9 @@ def load_config(path, micro_size: int | None = None, **overrides) -> Config:
         (8, 'FFN', (((2, 1), (1, 4)), None))
     """
     path = Path(path)
-    return parse_config(read_text(path, "config"), path, micro_size, **overrides)
+    config = parse_config(read_text(path, "config"), path, micro_size, **overrides)
+    check_config_outputs(config)
+    return config
 
 
 def parse_config(text: str, path, micro_size: int | None = None, **overrides) -> Config:
@@ -241,9 +249,11 @@ def parse_config(text: str, path, micro_size: int | None = None, **overrides) ->
     unknown = sorted(set(data) - set(KEYS) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(KEYS + SECTIONS))}")
-    context_keys = {key: data[key] for key in KEYS if key in data} | {k: v for k, v in overrides.items() if v is not None}
+    file_keys = keys_from_file({key: data[key] for key in KEYS if key in data}, path)
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    from_file = bool(file_keys.get("strategy_ckpt_save_file")) and "strategy_ckpt_save_file" not in overrides
     try:
-        context = ParallelContext(**context_keys)
+        context = ParallelContext(**file_keys | overrides, output_paths_from=str(path) if from_file else "")
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
     for section in ("model", "inputs"):
@@ -265,6 +275,25 @@ def parse_config(text: str, path, micro_size: int | None = None, **overrides) ->
     config = Config(str(path), context, net, inputs, strategies, optimizer, micro_size=micro_size, seed_devices=seed_devices,
                     text=text)
     return with_recompute(config, _recompute_list(data.get("recompute"), f"{path}: recompute"), f"{path}: recompute")
+
+
+def check_config_outputs(config: Config, outputs=(), inputs: dict | None = None) -> None:
+    """Refuse, before anything is planned, outputs that would clobber (`io.check_outputs`): the
+    config's strategy checkpoint and `outputs` against each other and against the inputs (the
+    config, its strategy_ckpt_load_file, and `inputs`: role -> path).
+
+    Example:
+        >>> check_config_outputs(load_config("configs/ffn.yaml"), [OutputPath("configs/ffn.yaml", "--out")])
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: --out configs/ffn.yaml is the config configs/ffn.yaml: an output never replaces an input; ...
+    """
+    context = config.context
+    read = {"the config": config.path} | (inputs or {})
+    if context.strategy_ckpt_load_file:
+        read["strategy_ckpt_load_file"] = context.strategy_ckpt_load_file
+    own = [context.strategy_output()] if context.strategy_ckpt_save_file else []
+    check_outputs(own + list(outputs), read)
 
 
 def with_recompute(config: Config, paths, where: str = "--recompute") -> Config:

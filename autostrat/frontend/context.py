@@ -2,6 +2,10 @@
 
 `set_auto_parallel_context` validates and stores keys; everything below the front end receives
 `current_context()`, a frozen snapshot, so a search never reads global state.
+
+A path set from Python may be anywhere; a path read from a config file (`keys_from_file`, for the
+config loader) is relative to the file's folder, and the checkpoint path it writes must stay in
+that folder: the context records the file (`output_paths_from`), and the writer checks again.
 """
 
 from __future__ import annotations
@@ -9,9 +13,11 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
+from autostrat.io import OutputPath
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
@@ -109,6 +115,9 @@ class ParallelContext:
       `inter_server_latency` (seconds per message), `devices_per_server` (a rank table's servers
       replace it under `autostrat run`; rank tables carry no speeds, so those come from here).
       Numbers may be given as strings ("989.4e12": YAML reads ``989.4e12`` as a string).
+    - `output_paths_from` (no context key: set by the config loader, `frontend.config`): the
+      config file `strategy_ckpt_save_file` was read from, whose folder it must stay in (see
+      `autostrat.io`); "" when a Python call or the command line gave it: any path.
     """
 
     parallel_mode: str = "stand_alone"
@@ -143,6 +152,7 @@ class ParallelContext:
     intra_server_latency: float = _HARDWARE.intra_server_latency
     inter_server_latency: float = _HARDWARE.inter_server_latency
     devices_per_server: int = _HARDWARE.devices_per_server
+    output_paths_from: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel_mode, str):
@@ -185,6 +195,17 @@ class ParallelContext:
         for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
             if not isinstance(getattr(self, key), str):
                 raise ConfigError(f"{key} must be a file path string, got {getattr(self, key)!r}")
+
+    def strategy_output(self) -> OutputPath | None:
+        """Where the strategy checkpoint goes (None: nowhere), with the config that chose it.
+
+        Example:
+            >>> ParallelContext(strategy_ckpt_save_file="s.json").strategy_output()
+            OutputPath(path='s.json', role='strategy_ckpt_save_file', config='', stdout=False)
+        """
+        if not self.strategy_ckpt_save_file:
+            return None
+        return OutputPath(self.strategy_ckpt_save_file, "strategy_ckpt_save_file", self.output_paths_from)
 
     def search_options(self, workers: int = 0):
         """The options the search layer takes (it never reads the context itself)."""
@@ -299,7 +320,8 @@ def _mindspore_only(kwargs: dict) -> dict:
     return kwargs
 
 
-KEYS = tuple(f.name for f in fields(ParallelContext))
+# The context keys a user sets (Python or YAML); where a path came from is the loader's to say.
+KEYS = tuple(f.name for f in fields(ParallelContext) if f.name != "output_paths_from")
 _context = ParallelContext()
 
 
@@ -332,3 +354,32 @@ def reset_auto_parallel_context() -> None:
 def current_context() -> ParallelContext:
     """The frozen context that searches and runs receive."""
     return _context
+
+
+def keys_from_file(keys: dict, path) -> dict:
+    """The context `keys` a config file at `path` gives, with its file paths relative to the
+    file's folder, ``strategy_ckpt_config``'s paths moved onto the keys they set (so that a
+    command-line option replaces them), and a path it writes refused outside that folder: a
+    config is data, and data does not choose what to overwrite (see `autostrat.io`).
+
+    Example:
+        >>> keys_from_file({"strategy_ckpt_config": {"load_file": "s.json"}}, "configs/ffn.yaml")
+        {'strategy_ckpt_config': {}, 'strategy_ckpt_load_file': 'configs/s.json'}
+    """
+    keys, given, path = dict(keys), {}, Path(path)
+    for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
+        if keys.get(key):
+            given[key] = (key, keys[key])
+    mindspore = keys.get("strategy_ckpt_config")
+    if isinstance(mindspore, dict) and set(mindspore) <= {"save_file", "load_file", "only_trainable_params"}:
+        keys["strategy_ckpt_config"] = {key: value for key, value in mindspore.items() if key == "only_trainable_params"}
+        for key in ("save_file", "load_file"):
+            if mindspore.get(key):  # over the plain key, as in `ParallelContext`
+                given[f"strategy_ckpt_{key}"] = (f"strategy_ckpt_config.{key}", mindspore[key])
+    for key, (name, value) in given.items():
+        if isinstance(value, str):  # anything else: refused by `ParallelContext`
+            value = str(path.parent / value)
+            if key == "strategy_ckpt_save_file":
+                OutputPath(value, name, str(path)).check()
+        keys[key] = value
+    return keys

@@ -4,7 +4,9 @@
 autostrat always plans the whole graph (MindSpore's graph mode) and runs it on CPU ranks, so
 most of MindSpore's execution context has nothing to act on: such a key is accepted with one
 warning naming it, the first time it is set. `save_graphs` is acted on: every plan made while
-it is set writes its IR dumps into ``save_graphs_path/rank_<global_rank>``.
+it is set writes its IR dumps into ``save_graphs_path/rank_<global_rank>``. The path comes from a
+Python call, so it may name any folder (only paths read from a config file are kept to the
+config's folder, see `autostrat.io`); the dumps are written as every file is.
 """
 
 from __future__ import annotations

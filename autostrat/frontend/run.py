@@ -18,7 +18,7 @@ from pathlib import Path
 
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.api import plan_for
-from autostrat.frontend.config import load_config, with_recompute
+from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.tracing import trace
 from autostrat.frontend.world import launched_by_mpiexec
 from autostrat.layout import Strategy
@@ -52,6 +52,8 @@ class RunOptions:
     pipeline_stages: int | None = None  # overrides the config's
     micro_size: int | None = None  # overrides the config's
     startup_timeout: float = STARTUP_TIMEOUT  # seconds for every rank to start (slow ssh: more)
+    strategy_ckpt_save_file: str | None = None  # overrides the config's (any path: the caller's, not the file's)
+    outputs: tuple = ()  # `io.OutputPath`s the caller writes after the run: checked with the config's first
 
 
 def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int, where: str = "seed") -> tuple:
@@ -112,11 +114,14 @@ def fit_seeds(config, device_num: int) -> tuple[object, dict, list[str]]:
 
 def plan_config(config, device_num: int | None = None, progress=None) -> tuple:
     """The plan of a loaded config on `device_num` devices (default: the config's), its seeds
-    scaled as the module docstring says, and a note per scaled seed. `autostrat search` and
+    scaled as the module docstring says, and a note per scaled seed (and one saying where the
+    strategy checkpoint was written, if the context asks for one). `autostrat search` and
     `autostrat run` both plan through here, so one rule holds for both."""
     context, seeds, notes = fit_seeds(config, device_num or config.context.device_num)
     plan = plan_for(config.network(), config.inputs, context, seeds, progress=progress, optimizer=config.optimizer,
                     recompute=config.recompute)
+    if context.strategy_ckpt_save_file:  # plan_for wrote it
+        notes.append(context.strategy_output().written("strategy checkpoint"))
     return plan, notes
 
 
@@ -153,8 +158,10 @@ def _prepare(config_path, options: RunOptions):
     table = load_rank_table(options.rank_table, options.device_num) if options.rank_table else None
     resolve_hosts(table.hosts() if table else ())  # a host with no address is refused before the search
     config = with_recompute(load_config(config_path, phase=options.phase, enable_parallel_optimizer=options.parallel_optimizer,
-                                        pipeline_stages=options.pipeline_stages, micro_size=options.micro_size),
+                                        pipeline_stages=options.pipeline_stages, micro_size=options.micro_size,
+                                        strategy_ckpt_save_file=options.strategy_ckpt_save_file),
                             options.recompute)
+    check_config_outputs(config, options.outputs, {"the rank table": options.rank_table} if options.rank_table else None)
     device_num = run_device_num(config, options, table)
     started = time.perf_counter()
     plan, notes = plan_config(with_table_servers(with_table_mesh(config, table, device_num), table), device_num)

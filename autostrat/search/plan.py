@@ -19,7 +19,7 @@ from autostrat.search.dump import write_dumps
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout
 from autostrat.search.prediction import Prediction, predict
 from autostrat.tables import format_table
-from autostrat.io import write_atomically
+from autostrat.io import as_output, write_atomically
 
 
 @dataclass(frozen=True)
@@ -260,13 +260,14 @@ class Plan:
         return json.dumps(self.to_dict() | extra, indent=1) + "\n"
 
     def save(self, path) -> None:
-        """Write the plan as JSON (written to a temporary file, then renamed)."""
-        write_atomically(Path(path), self.to_json())
+        """Write the plan as JSON to `path` (a path or an `io.OutputPath`), as `io` writes every file."""
+        write_atomically(path, self.to_json())
 
     def save_strategy(self, path) -> None:
-        """Write the strategy checkpoint in MindSpore's format: protobuf for ``.ckpt``, JSON
-        otherwise (see `search.checkpoint`)."""
-        write_atomically(Path(path), checkpoint_bytes(self, path))
+        """Write the strategy checkpoint in MindSpore's format to `path` (a path or an
+        `io.OutputPath`): protobuf for ``.ckpt``, JSON otherwise (see `search.checkpoint`)."""
+        output = as_output(path)
+        write_atomically(output, checkpoint_bytes(self, output.path))
 
     def dump_ir(self, directory, rank: int = 0) -> list[Path]:
         """Write the annotated graph and `rank`'s sliced graph (`search.dump`); returns their paths."""
