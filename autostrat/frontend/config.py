@@ -40,6 +40,7 @@ import yaml
 from autostrat import models
 from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError, LayoutError
+from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import KEYS, ParallelContext
 from autostrat.frontend.tensor import Tensor
 from autostrat.io import read_text
@@ -137,6 +138,13 @@ def _model_class(name, where: str):
     return getattr(models, name)
 
 
+def _check_cell(found, name: str, where: str) -> None:
+    """A model must be a Cell class: its instance is traced through `construct`."""
+    if not (isinstance(found, type) and issubclass(found, Cell)):
+        kind = f"the class {found.__name__}, not derived from Cell" if isinstance(found, type) else f"a {type(found).__name__}"
+        raise _fail(where, f"{name!r} is {kind}; a model must be a Cell class (with a construct method)")
+
+
 def _build_model(section, where: str):
     if not isinstance(section, dict) or "name" not in section:
         raise _fail(where, f"expected a mapping with 'name' (and optional 'params'), got {section!r}")
@@ -144,6 +152,7 @@ def _build_model(section, where: str):
     if unknown:
         raise _fail(f"{where}.{unknown[0]}", "unknown key; a model has 'name' and 'params'")
     cls = _model_class(section["name"], f"{where}.name")
+    _check_cell(cls, section["name"], f"{where}.name")
     params = section.get("params") or {}
     if not isinstance(params, dict):
         raise _fail(f"{where}.params", f"expected a mapping of constructor arguments, got {params!r}")
@@ -190,6 +199,8 @@ def _check_strategies(section, where: str) -> dict:
         raise _fail(where, f"expected a mapping from op name to strategy, got {section!r}")
     strategies = {}
     for name, value in section.items():
+        if not isinstance(name, str):
+            raise _fail(f"{where}.{name}", f"expected an op name (text) as the key, got {type(name).__name__} {name!r}")
         if isinstance(value, dict) and "layout" in value:
             strategies[name] = _layouts(value, f"{where}.{name}")
         elif isinstance(value, dict):
@@ -294,7 +305,11 @@ def _recompute_list(section, where: str) -> list:
     """A YAML ``recompute`` value as a list: cell paths, or "auto" alone."""
     if section is None:
         return []
-    return [section] if section == AUTO_RECOMPUTE else section
+    if section == AUTO_RECOMPUTE:
+        return [section]
+    if not isinstance(section, list):
+        raise ConfigError(f"{where}: expected a list of cell paths such as [blocks.0, blocks.1], or auto, got {section!r}")
+    return section
 
 
 def _check_recompute(net, section, where: str) -> tuple[str, ...]:

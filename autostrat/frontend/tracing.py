@@ -8,6 +8,7 @@ shapes, so a bad strategy is reported with the op's name before any search.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import re
 import sys
@@ -120,6 +121,19 @@ def _input_names(net, count: int) -> list[str]:
     return [named[i] if i < len(named) else f"input_{i}" for i in range(count)]
 
 
+def _recursing(error: RecursionError) -> str:
+    """The function (``Loop.construct``) outside the tracing machinery that appears most often
+    in `error`'s traceback: the one that recursed."""
+    counts = collections.Counter()
+    frames = error.__traceback__
+    while frames is not None:
+        code = frames.tb_frame.f_code
+        if code.co_filename not in _MACHINERY:
+            counts[code.co_qualname] += 1
+        frames = frames.tb_next
+    return counts.most_common(1)[0][0] if counts else "construct"
+
+
 def trace(net, *inputs: Tensor, device_num: int = 1) -> Graph:
     """Run `net.construct` on shape-only stand-ins of `inputs` and return the graph it builds.
 
@@ -142,6 +156,9 @@ def trace(net, *inputs: Tensor, device_num: int = 1) -> Graph:
             for name, t in zip(_input_names(net, len(inputs)), inputs)
         ]
         result = net(*symbolic)
+    except RecursionError as error:
+        raise ConfigError(f"{_recursing(error)} calls itself without end while {type(net).__name__} is traced "
+                          f"(recursion deeper than Python allows); a construct must end") from None
     finally:
         _active = None
     results = result if isinstance(result, (tuple, list)) else (result,)
