@@ -4,8 +4,10 @@ as a MindSpore user expects. One test per distinct message, matched."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -291,3 +293,27 @@ def test_a_config_device_num_above_the_local_cap_is_refused_for_runs(tmp_path, c
                        "device_num 300; give a rank table to spread more over hosts, or plan them with autostrat search")
     assert main(["search", str(path)]) == 0  # a search may still plan for them
     check_run_options(RunOptions(device_num=8, backend="local"))
+
+
+@pytest.fixture(scope="module")
+def plan_json(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    assert main(["search", str(ROOT / "configs" / "ffn.yaml"), "--out", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("graph", [1], "graph: expected text"),
+    ("device_num", "8", "device_num: expected an integer"),
+    ("ops", [[1]], r"ops: expected a list of ops with a name and strategy tuples \(and, if any, out_strategy tuples, "
+                   r"an in_layout list and an at_rest list\)"),
+    ("redistributions", [{"consumer": [1], "bytes": 1}], "redistributions: expected a list of objects with a consumer and bytes"),
+    ("writebacks", {"a": 1}, "writebacks: expected a list of objects with a parameter and bytes"),
+    ("predicted", {"phases": {"forward": {"bytes": [1]}}}, "predicted.phases: expected phases of numbers"),
+])
+def test_diff_names_the_part_of_a_plan_that_is_not_a_plan(tmp_path, capsys, plan_json, key, value, message):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(plan_json))
+    bad.write_text(json.dumps(plan_json | {key: value}))
+    line = fails(["diff", str(good), str(bad)], capsys)
+    assert re.fullmatch(rf"autostrat: error: plan B: {message}, as autostrat search --out writes it", line), line
