@@ -104,6 +104,9 @@ def load_checkpoint(ckpt_file_name) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{path}: a parameter checkpoint with no arrays; expected the parameters (and optimizer "
                               f"state) of a model, by name")
     for name, array in arrays.items():
+        if not isinstance(array, np.ndarray):  # numpy hands back the raw bytes of a member that is no .npy
+            raise CheckpointError(f"{path}: member {name!r} is not a numpy array (.npy); a parameter checkpoint holds "
+                                  f"only arrays")
         check_finite(name, array, str(path))
     return arrays
 
