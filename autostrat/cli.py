@@ -23,32 +23,51 @@ strategy_ckpt_save_file must stay in the config's folder (--strategy-ckpt-save-f
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-import time
-import warnings
-from dataclasses import replace
-from importlib import metadata
-from pathlib import Path
 
-from autostrat.errors import AutostratError, ConfigError
-from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
-from autostrat.io import check_outputs, read_json
-from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
-from autostrat.frontend.registry import import_models
-from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
-from autostrat.frontend.train import world_size
-from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, private_folder, source_config
-from autostrat.runtime.job import FAULTS, Fault
-from autostrat.runtime.launcher import STARTUP_TIMEOUT
-from autostrat.report import format_candidates
-from autostrat.rules import make_rule
-from autostrat.search.checkpoint import checkpoint_bytes
-from autostrat.search.dump import dump_texts
-from autostrat.search.progress import StatusLine
-from autostrat.strategies import generate_strategies, mesh_axes, split_values
+INTERRUPTED = "\nautostrat: interrupted, nothing written"  # Ctrl-C: outputs are written only once complete
+
+
+def _is_command() -> bool:
+    """Whether this process is the `autostrat` command (its script, or ``python -m autostrat``)
+    rather than a program importing this module."""
+    started = sys.argv[0] if sys.argv else ""
+    return os.path.basename(started) == "autostrat" or started.endswith(os.path.join("autostrat", "__main__.py"))
+
+
+try:  # these take a second to import: Ctrl-C meanwhile ends the command as it does later, in one line
+    import argparse
+    import json
+    import time
+    import warnings
+    from dataclasses import replace
+    from importlib import metadata
+    from pathlib import Path
+
+    from autostrat.errors import AutostratError, ConfigError
+    from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
+    from autostrat.io import check_outputs, read_json
+    from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
+    from autostrat.frontend.registry import import_models
+    from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
+    from autostrat.frontend.train import world_size
+    from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, private_folder, source_config
+    from autostrat.runtime.job import FAULTS, Fault
+    from autostrat.runtime.launcher import STARTUP_TIMEOUT
+    from autostrat.report import format_candidates
+    from autostrat.rules import make_rule
+    from autostrat.search.checkpoint import checkpoint_bytes
+    from autostrat.search.dump import dump_texts
+    from autostrat.search.progress import StatusLine
+    from autostrat.strategies import generate_strategies, mesh_axes, split_values
+except KeyboardInterrupt:
+    if not _is_command():
+        raise
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    # not sys.exit: an extension whose import ran Python code (PyRun_*) that Ctrl-C ended has
+    # marked the interpreter to kill itself with SIGINT (exit -2) on its way out
+    os._exit(130)
 
 # MindSpore's sharding-propagation tutorial FFN, x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64),
 # as the ops it traces to (the tutorial's own Dense: a MatMul with weight [in, out], and a BiasAdd).
@@ -356,7 +375,11 @@ def command() -> None:
     at interpreter exit, after a last garbage collection over all of them, took 6 of 20 s.
     Everything is written and flushed before the process ends.
     """
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # while the command line is parsed, before `_dispatch` catches it
+        print(INTERRUPTED, file=sys.stderr)
+        code = 130
     for stream in filter(None, (sys.stdout, sys.stderr)):  # None: started with it closed
         try:
             stream.flush()
@@ -396,6 +419,6 @@ def _dispatch(args) -> int:
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stderr.close()
     except KeyboardInterrupt:  # Ctrl-C: outputs are written only once complete, so none is half-written
-        print("\nautostrat: interrupted, nothing written", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     return 0

@@ -64,7 +64,47 @@ def _plan_dict(plan, which: str) -> dict:
     if not isinstance(plan, dict) or not all(key in plan for key in ("graph", "device_num", "ops", "redistributions")):
         raise ConfigError(f"plan {which}: expected a plan's JSON (autostrat search --out), with graph, device_num, ops and "
                           f"redistributions")
+    _check_parts(plan, which)
     return plan
+
+
+def _is_tuples(value) -> bool:
+    return isinstance(value, list) and all(isinstance(operand, list) and all(
+        isinstance(part, (int, str)) and not isinstance(part, bool) for part in operand) for operand in value)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_records(value, **kinds) -> bool:
+    """A list of objects, each with the keys of `kinds` holding values that pass their test."""
+    return isinstance(value, list) and all(isinstance(item, dict) and all(
+        key in item and test(item[key]) for key, test in kinds.items()) for item in value)
+
+
+def _check_parts(plan: dict, which: str) -> None:
+    """The parts of a plan's JSON a diff reads, each of its type; a `ConfigError` names the first
+    that is not (a plan edited by hand, or another file)."""
+    op_parts = {"strategy": _is_tuples, "out_strategy": _is_tuples, "at_rest": lambda v: isinstance(v, list),
+                "in_layout": lambda v: bool(v) and _is_records(v, device_matrix=lambda _: True, tensor_map=lambda _: True)}
+    phases = plan.get("predicted", {}).get("phases", {}) if isinstance(plan.get("predicted"), dict) else None
+    checks = {
+        "graph": (isinstance(plan["graph"], str), "text"),
+        "device_num": (isinstance(plan["device_num"], int), "an integer"),
+        "ops": (_is_records(plan["ops"], name=lambda v: isinstance(v, str), strategy=_is_tuples) and all(
+            test(op[key]) for op in plan["ops"] for key, test in op_parts.items() if key in op), "a list of ops with a name "
+            "and strategy tuples (and, if any, out_strategy tuples, an in_layout list and an at_rest list)"),
+        "redistributions": (_is_records(plan["redistributions"], consumer=lambda v: isinstance(v, str), bytes=_is_number),
+                            "a list of objects with a consumer and bytes"),
+        "writebacks": (_is_records(plan.get("writebacks", []), parameter=lambda v: isinstance(v, str), bytes=_is_number),
+                       "a list of objects with a parameter and bytes"),
+        "predicted.phases": (isinstance(phases, dict) and all(isinstance(phase, dict) and all(
+            _is_number(value) for value in phase.values()) for phase in phases.values()), "phases of numbers"),
+    }
+    for key, (passed, expected) in checks.items():
+        if not passed:
+            raise ConfigError(f"plan {which}: {key}: expected {expected}, as autostrat search --out writes it")
 
 
 def _layer_bytes(plan: dict) -> dict[str, int]:

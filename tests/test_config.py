@@ -132,7 +132,7 @@ def test_an_optimizer_section_makes_a_training_config():
     ("[adam]", r"optimizer: expected \{name: adam"),
     ("{name: [adam]}", r"optimizer: expected \{name: adam \| momentum \| sgd, <its settings>\}, got \{'name': \['adam'\]\}"),
     ("{name: adam, lr: 1}", "optimizer: adam accepts learning_rate, beta1, beta2, eps; got lr"),
-    ("{name: momentum, momentum: -1}", "optimizer: Momentum: momentum must be a non-negative number, got -1"),
+    ("{name: momentum, momentum: -1}", "optimizer: Momentum: momentum must be a finite non-negative number, got -1"),
 ])
 def test_a_bad_optimizer_section_names_what_it_expected(tmp_path, section, message):
     path = write(tmp_path, f"parallel_mode: auto_parallel\ndevice_num: 8\nmodel: {{name: FFN}}\ninputs: [{{shape: [64, 64]}}]\noptimizer: {section}\n")

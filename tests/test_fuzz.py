@@ -1,6 +1,8 @@
-"""Fuzz the inputs a user hands autostrat: YAML configs, rank tables, strategy checkpoints,
-parameter checkpoints and command lines. Whatever the input, autostrat either works or raises
-an `AutostratError` (argparse: exit code 2) within a few seconds, and leaves no file or folder
+"""Fuzz the inputs a user hands autostrat: YAML configs (and a wrong node type at every key),
+rank tables, strategy checkpoints (JSON and MindSpore's protobuf), parameter checkpoints,
+plans, command lines, deep nesting in every JSON input, and special files (devices, a FIFO, a
+folder) as inputs and outputs. Whatever the input, autostrat either works or raises an
+`AutostratError` (argparse: exit code 2) within a few seconds, and leaves no file or folder
 behind in the folder it was pointed at.
 
 The examples are derandomized (the same cases on every run); the number of cases run per target
@@ -14,8 +16,11 @@ import copy
 import io
 import json
 import os
+import shutil
 import signal
+import stat
 import tempfile
+import warnings
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -31,12 +36,15 @@ from autostrat.autodiff import Momentum, build_training
 from autostrat.cli import main
 from autostrat.errors import AutostratError
 from autostrat.frontend import trace
-from autostrat.frontend.config import apply_seeds, load_config
+from autostrat.frontend.config import SECTIONS, apply_seeds, load_config
+from autostrat.frontend.context import KEYS
+from autostrat.frontend.run import plan_config
 from autostrat.models import FFN
 from autostrat.nn import Tensor
 from autostrat.runtime.checkpoint import check_checkpoint, checkpoint_bytes, load_checkpoint
 from autostrat.runtime.rank_table import load_rank_table
 from autostrat.search import load_checkpoint_seeds
+from autostrat.search.mindspore_checkpoint import read_mindspore_plan, resolve_names
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {path.name: path.read_text() for path in sorted((ROOT / "configs").glob("*.yaml"))}
@@ -256,7 +264,14 @@ STRATEGY_CHECKPOINT = {
 
 
 def _seed_from_checkpoint(path: Path) -> None:
-    apply_seeds(FFN_GRAPH, load_checkpoint_seeds(path), 8, where=str(path))
+    """Seed the FFN from a strategy checkpoint as `plan_for` does: MindSpore's (protobuf or
+    JSON), else autostrat's own."""
+    found = read_mindspore_plan(path)
+    if found is None:
+        apply_seeds(FFN_GRAPH, load_checkpoint_seeds(path), 8, where=str(path))
+    else:
+        seeds, layouts = found
+        apply_seeds(FFN_GRAPH, resolve_names(FFN_GRAPH, seeds, str(path), layouts), 8, where=str(path))
 
 
 @fuzz(1000)
@@ -393,3 +408,337 @@ def test_fuzz_command_lines(argv, capsys):
         (folder / "table.json").write_text(json.dumps(rank_table(1, 8)))
         fails_cleanly("command line", folder, lambda: _run_main(argv, folder))
         capsys.readouterr()
+
+
+# --- MindSpore's protobuf strategy checkpoints (.ckpt) ------------------------------------------
+
+FIXTURES = ROOT / "tests" / "fixtures" / "mindspore"
+PROTOBUF_CHECKPOINTS = [path.read_bytes() for path in sorted(FIXTURES.glob("*.ckpt"))]
+
+
+def _varint_at(data: bytes, position: int) -> tuple[int, int] | None:
+    value = shift = 0
+    while position < len(data) and shift < 64:
+        byte = data[position]
+        value, position, shift = value | (byte & 0x7F) << shift, position + 1, shift + 7
+        if not byte & 0x80:
+            return value, position
+    return None
+
+
+def _fields(data: bytes, start: int = 0, end: int | None = None) -> list[tuple[int, int, int]]:
+    """``(key offset, payload offset, payload end)`` of every protobuf field in ``data[start:end]``
+    and, recursively, in the length-delimited payloads that parse as fields themselves."""
+    end = len(data) if end is None else end
+    found, position = [], start
+    while position < end:
+        key = _varint_at(data, position)
+        if key is None or key[0] & 7 not in (0, 2):
+            return found
+        offset, (value, position) = position, key
+        if value & 7 == 0:
+            number = _varint_at(data, position)
+            if number is None:
+                return found
+            found.append((offset, position, number[1]))
+            position = number[1]
+            continue
+        length = _varint_at(data, position)
+        if length is None or length[1] + length[0] > end:
+            return found
+        found.append((offset, length[1], length[1] + length[0]))
+        found += _fields(data, length[1], length[1] + length[0])
+        position = length[1] + length[0]
+    return found
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+@st.composite
+def protobuf_checkpoints(draw) -> bytes:
+    """One of MindSpore's own .ckpt files, truncated, with bits flipped, a field in another wire
+    type, a payload replaced by garbage or by deeply nested fields, or bytes spliced in."""
+    data = bytearray(draw(st.sampled_from(PROTOBUF_CHECKPOINTS)))
+    fields = _fields(bytes(data))
+    kind = draw(st.sampled_from(["truncate", "bits", "wire type", "garbage payload", "nested payload", "splice", "garbage"]))
+    if kind == "truncate":
+        return bytes(data[: draw(st.integers(0, len(data) - 1))])
+    if kind == "bits":
+        for _ in range(draw(st.integers(1, 8))):
+            data[draw(st.integers(0, len(data) - 1))] ^= 1 << draw(st.integers(0, 7))
+        return bytes(data)
+    if kind == "wire type":  # a known field's key with another wire type (0..7)
+        offset = draw(st.sampled_from(fields))[0]
+        data[offset] = data[offset] & ~7 | draw(st.integers(0, 7))
+        return bytes(data)
+    if kind in ("garbage payload", "nested payload"):
+        offset, start, end = draw(st.sampled_from(fields))
+        payload = draw(st.binary(max_size=40)) if kind == "garbage payload" else _nested_fields(draw(st.sampled_from([10, 60, 400])))
+        key = bytes(data[offset:start])
+        if key and key[0] & 7 == 2:
+            key = key[:1] + _varint_bytes(len(payload))
+        return bytes(data[:offset]) + key + payload + bytes(data[end:])
+    if kind == "splice":
+        position = draw(st.integers(0, len(data)))
+        return bytes(data[:position]) + draw(st.binary(min_size=1, max_size=16)) + bytes(data[position:])
+    return draw(st.binary(max_size=64))
+
+
+def _nested_fields(depth: int) -> bytes:
+    """Field 2 (a message in every message of the schema that has one) nested `depth` deep."""
+    payload = b"\x08\x02"
+    for _ in range(depth):
+        payload = bytes([2 << 3 | 2]) + _varint_bytes(len(payload)) + payload
+    return payload
+
+
+@fuzz(400)
+@given(data=protobuf_checkpoints())
+def test_fuzz_protobuf_strategy_checkpoints(data):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "strategy.ckpt"
+        path.write_bytes(data)
+        fails_cleanly("protobuf strategy checkpoint", Path(folder), lambda: _seed_from_checkpoint(path))
+
+
+# --- a wrong YAML node type at every key --------------------------------------------------------
+
+NODE_TYPES = {"list": [1], "mapping": {"a": 1}, "number": 7, "string": "x", "null": None, "bool": True}
+
+
+def _keys(value, path=()):
+    """The path of every mapping key inside a YAML value, through lists."""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield path + (key,)
+            yield from _keys(child, path + (key,))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _keys(child, path + (index,))
+
+
+def key_places() -> list[tuple[str, tuple]]:
+    """``(config, key path)``: every key of the shipped configs (a path met in several configs,
+    list indexes aside, once), then every context key and section the configs leave out, on
+    ffn.yaml."""
+    seen, places = set(), []
+    for name in sorted(CONFIGS):
+        for path in _keys(yaml.safe_load(CONFIGS[name])):
+            shape = tuple("[]" if isinstance(key, int) else key for key in path)
+            if shape not in seen:
+                seen.add(shape)
+                places.append((name, path))
+    places += [("ffn.yaml", (key,)) for key in sorted(set(KEYS) | set(SECTIONS)) if (key,) not in seen]
+    return places
+
+
+def _retyped(name: str, path: tuple, value) -> bytes:
+    data = yaml.safe_load(CONFIGS[name])
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = copy.deepcopy(value)
+    return yaml.safe_dump(data).encode()
+
+
+def _load_seed_and_plan(path: Path) -> None:
+    """`_load_and_seed`, then for the tutorial FFN (quick to search) the whole plan: a context
+    key is read by the search."""
+    _load_and_seed(path)
+    config = load_config(path)
+    if type(config.net).__name__ == "FFN":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ops no seed reaches: expected when the seeds were retyped away
+            plan_config(config)
+
+
+@pytest.mark.parametrize("node_type", sorted(NODE_TYPES))
+def test_fuzz_yaml_node_types_at_every_key(node_type, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a string where a file name goes (strategy_ckpt_save_file) is written here
+    folder = tmp_path / "case"
+    for name, path in key_places():
+        folder.mkdir()
+        config = folder / "config.yaml"
+        config.write_bytes(_retyped(name, path, NODE_TYPES[node_type]))
+        fails_cleanly("yaml node type", folder, lambda: _load_seed_and_plan(config))
+        shutil.rmtree(folder)
+
+
+# --- deep nesting in every JSON input ------------------------------------------------------------
+
+NEST = "\u0000nest\u0000"  # where the nesting goes in a document's JSON text
+
+
+@pytest.fixture(scope="module")
+def plan_text(tmp_path_factory) -> str:
+    """A plan JSON as ``autostrat search --out`` writes it, recording its config by absolute path."""
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    assert main(["search", str(ROOT / "configs" / "ffn.yaml"), "--out", str(path)]) == 0
+    return path.read_text()
+
+
+def json_inputs(plan: dict) -> dict:
+    """Every JSON document a user hands autostrat, valid, by what reads it."""
+    return {"strategy checkpoint": STRATEGY_CHECKPOINT, "rank table": rank_table(1, 8),
+            "MindSpore strategy checkpoint": json.loads((FIXTURES / "ffn_fwd_strategy.json").read_text()),
+            "plan (diff)": plan, "plan (report)": plan, "plan (explain)": plan}
+
+
+def _nesting(depth: int, opener: str, closed: bool) -> str:
+    inner = '{"a": ' * depth + "1" + "}" * depth if opener == "{" else "[" * depth + "1" + "]" * depth
+    return inner if closed else inner[: depth * len('{"a": ' if opener == "{" else "[")]
+
+
+@st.composite
+def nested_documents(draw, documents: dict) -> tuple[str, bytes]:
+    """A JSON input whose value at one place (or whole) is nested `depth` deep, closed or not."""
+    target = draw(st.sampled_from(sorted(documents)))
+    data = copy.deepcopy(documents[target])
+    places = [()] + list(_places(data))
+    path = draw(st.sampled_from(places))
+    nesting = _nesting(draw(st.sampled_from([50, 900, 5000, 100_000])), draw(st.sampled_from("[{")), draw(st.booleans()))
+    if not path:
+        return target, nesting.encode()
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = NEST
+    return target, json.dumps(data).replace(json.dumps(NEST), nesting).encode()
+
+
+def _read_json_input(target: str, path: Path, folder: Path, plan: Path) -> None:
+    if "strategy checkpoint" in target:
+        _seed_from_checkpoint(path)
+    elif target == "rank table":
+        load_rank_table(path, 8)
+    else:
+        argv = {"plan (diff)": ["diff", str(path), str(plan)], "plan (explain)": ["explain", str(path), "relu"],
+                "plan (report)": ["report", str(path), "-o", str(folder / "report.html")]}[target]
+        code = _main(argv)
+        if code:
+            raise _Failed(code)
+
+
+@fuzz(200)
+@given(data=st.data())
+def test_fuzz_deep_nesting_in_every_json_input(data, plan_text, capsys):
+    target, text = data.draw(nested_documents(json_inputs(json.loads(plan_text))))
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        (folder / "plan.json").write_text(plan_text)
+        path = folder / "input.json"
+        path.write_bytes(text)
+        fails_cleanly(f"nested JSON: {target}", folder, lambda: _read_json_input(target, path, folder, folder / "plan.json"))
+        capsys.readouterr()
+
+
+# --- special files as inputs and outputs --------------------------------------------------------
+
+SPECIAL_INPUTS = ("/dev/zero", "/dev/null", "/dev/urandom", "FIFO", "FOLDER", "LINK")
+
+
+def _special_input(name: str, folder: Path) -> str:
+    """A special file: a device, a FIFO no one writes to (opening it to read would block), a
+    folder, or a symbolic link to /dev/zero."""
+    if name == "FIFO":
+        os.mkfifo(folder / "fifo")
+        return str(folder / "fifo")
+    if name == "FOLDER":
+        (folder / "folder").mkdir()
+        return str(folder / "folder")
+    if name == "LINK":
+        (folder / "link").symlink_to("/dev/zero")
+        return str(folder / "link")
+    return name
+
+
+def _input_argv(role: str, special: str, folder: Path, plan: Path) -> list[str]:
+    """The command line that reads `special` as the input `role`."""
+    ffn = str(ROOT / "configs" / "ffn.yaml")
+    if role == "strategy checkpoint":
+        config = folder / "seeded.yaml"
+        config.write_text(CONFIGS["ffn.yaml"] + f"strategy_ckpt_load_file: {special}\n")
+        return ["search", str(config)]
+    return {"config (search)": ["search", special], "config (run)": ["run", special, "--backend", "local"],
+            "rank table": ["run", ffn, "--rank-table", special], "plan (diff)": ["diff", str(plan), special],
+            "plan (report)": ["report", special, "-o", str(folder / "report.html")],
+            "plan (explain)": ["explain", special, "relu"]}[role]
+
+
+INPUT_ROLES = ("config (run)", "config (search)", "parameter checkpoint", "plan (diff)", "plan (explain)", "plan (report)",
+               "rank table", "strategy checkpoint")
+
+
+@pytest.mark.parametrize("role", INPUT_ROLES)
+def test_fuzz_special_files_as_inputs_are_refused(role, plan_text, tmp_path, capsys):
+    for special in SPECIAL_INPUTS:
+        folder = tmp_path / special.strip("/").replace("/", "_")
+        folder.mkdir()
+        (folder / "plan.json").write_text(plan_text)
+        path = _special_input(special, folder)
+        argv = None if role == "parameter checkpoint" else _input_argv(role, path, folder, folder / "plan.json")
+        before = listing(folder)
+        CASES["special input"] += 1
+        with time_limit():
+            if argv is None:
+                with pytest.raises(AutostratError, match="not a regular file"):
+                    load_checkpoint(path)
+            else:
+                with mock.patch("autostrat.frontend.run.launch", _no_launch):
+                    assert _main(argv) == 2
+                assert "not a regular file" in capsys.readouterr().err
+        assert listing(folder) == before
+
+
+def _device(folder: Path, name: str, minor: int) -> Path:
+    """A character device node like /dev/null (minor 3) or /dev/full (7), made in `folder`: the
+    machine's own are never a test's target (a write that replaced one would break the machine)."""
+    path = folder / name
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    return path
+
+
+OUTPUT_OPTIONS = (("search", "--out"), ("search", "--dump-ir"), ("search", "--report"), ("search", "--png"),
+                  ("report", "-o"), ("report", "--png"))
+def _output_argv(command: str, option: str, target: Path, folder: Path) -> list[str]:
+    argv = [command, str(ROOT / "configs" / "ffn.yaml") if command == "search" else str(folder / "plan.json")]
+    if command == "report" and option == "--png":
+        argv += ["-o", str(folder / "report.html")]
+    elif command == "search" and option == "--png":
+        argv += ["--report", str(folder / "report.html")]
+    return [*argv, option, str(target)]
+
+
+@pytest.mark.parametrize("command,option", OUTPUT_OPTIONS)
+def test_fuzz_a_folder_as_an_output(command, option, plan_text, tmp_path, capsys):
+    """A folder where an output file goes (or a folder of outputs already there): the command
+    works or fails in one line (exit 0 or 2), and the folder is left as it was."""
+    (tmp_path / "plan.json").write_text(plan_text)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "kept").write_text("")
+    CASES["special output"] += 1
+    with time_limit():
+        code = _main(_output_argv(command, option, tmp_path / "folder", tmp_path))
+    assert code in (0, 2) and "Traceback" not in capsys.readouterr().err
+    assert (tmp_path / "folder").is_dir() and (tmp_path / "folder" / "kept").exists()
+
+
+@pytest.mark.parametrize("minor", [3, 7], ids=["null", "full"])
+@pytest.mark.parametrize("command,option", OUTPUT_OPTIONS)
+def test_fuzz_a_device_as_an_output(command, option, minor, plan_text, tmp_path, capsys):
+    """A null or a full device as an output: the command works or fails in one line (exit 0 or
+    2), and the device stays a device."""
+    (tmp_path / "plan.json").write_text(plan_text)
+    device = _device(tmp_path, "device", minor)
+    CASES["special output"] += 1
+    with time_limit():
+        code = _main(_output_argv(command, option, device, tmp_path))
+    assert code in (0, 2) and "Traceback" not in capsys.readouterr().err
+    assert stat.S_ISCHR(os.lstat(device).st_mode), f"{command} {option}: the device was replaced by a file"

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autostrat.errors import RuntimeBackendError
+from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.run import RunOptions, fit_seed, prepare_run
 from autostrat.layout import DeviceMatrix, Layout, TensorMap, assemble_tensor, split_tensor
 from autostrat.redistribution import plan_redistribution, simulate
@@ -135,7 +135,7 @@ def test_make_job_rejects_a_fault_outside_the_ranks():
 
     job, _, _ = prepare_run("configs/ffn.yaml", RunOptions(steps=1))
     assert job.fault is None
-    with pytest.raises(RuntimeBackendError, match="a fault is a rank below 8"):
+    with pytest.raises(ConfigError, match="a fault is a rank below 8"):
         make_job(job_plan(), fault=Fault(9, "kill", 0))
 
 

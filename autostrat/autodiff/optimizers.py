@@ -10,6 +10,7 @@ AllGather of the new parameter).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autostrat.autodiff.builder import GradBuilder
@@ -22,8 +23,8 @@ UPDATE_OP_TYPES = ("ApplyAdam", "ApplyGradientDescent", "ApplyMomentum")
 
 def _check_positive(owner: str, **values) -> None:
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"{owner}: {key} must be a non-negative number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:  # NaN fails too
+            raise ConfigError(f"{owner}: {key} must be a finite non-negative number, got {value!r}")
 
 
 class _Optimizer:

@@ -181,6 +181,8 @@ def _check_strategies(section, where: str) -> dict:
         raise _fail(where, f"expected a mapping from op name to strategy, got {section!r}")
     strategies = {}
     for name, value in section.items():
+        if not isinstance(name, str):
+            raise _fail(f"{where}.{name}", f"expected an op name (text) as the key, got {type(name).__name__} {name!r}")
         if isinstance(value, dict) and "layout" in value:
             strategies[name] = _layouts(value, f"{where}.{name}")
         elif isinstance(value, dict):
@@ -319,7 +321,11 @@ def _recompute_list(section, where: str) -> list:
     """A YAML ``recompute`` value as a list: cell paths, or "auto" alone."""
     if section is None:
         return []
-    return [section] if section == AUTO_RECOMPUTE else section
+    if section == AUTO_RECOMPUTE:
+        return [section]
+    if not isinstance(section, list):
+        raise ConfigError(f"{where}: expected a list of cell paths such as [blocks.0, blocks.1], or auto, got {section!r}")
+    return section
 
 
 def _check_recompute(net, section, where: str) -> tuple[str, ...]:

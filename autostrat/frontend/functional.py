@@ -40,6 +40,7 @@ from autostrat.frontend.tracing import trace
 from autostrat.frontend.world import checking, get_rank, world_backend
 from autostrat.ir import Graph, TensorInfo
 from autostrat.runtime.executor import graph_values, run_single_device, single_device_step
+from autostrat.runtime.job import check_indices
 from autostrat.runtime.kernels.optimizer import summed_gradient
 from autostrat.runtime.local import execute_on_ranks
 from autostrat.runtime.program import lower_programs
@@ -85,7 +86,9 @@ class GradFunction:
     def __call__(self, *inputs):
         arrays = [np.asarray(x.asnumpy() if isinstance(x, Tensor) else x) for x in inputs]
         plan, programs, outputs, grads, replicas = self._plan(arrays)
-        values = graph_values(plan.graph, {info.name: array for info, array in zip(plan.graph.inputs(), arrays)})
+        given = {info.name: array for info, array in zip(plan.graph.inputs(), arrays)}
+        check_indices(plan.graph, given, f"{plan.graph.name} inputs")
+        values = graph_values(plan.graph, given)
         result = execute_on_ranks(programs, values, world_backend()).outputs
         if checking():
             _check(plan.graph, values, result)

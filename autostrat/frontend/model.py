@@ -40,6 +40,7 @@ from autostrat.frontend.world import checking, world_backend
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.frontend.train import Progress, TrainOneStepCell, WithLossCell, compare, reference_graph
 from autostrat.runtime.executor import graph_values
+from autostrat.runtime.job import check_indices
 from autostrat.runtime.local import execute_on_ranks
 from autostrat.runtime.program import lower_programs
 from autostrat.runtime.training import loss_value, train_collective, train_locally, train_single_device
@@ -225,6 +226,8 @@ class Model:
         plan = self._training
         graph = reference_graph(plan)  # a pipeline plan's graph is one micro-batch's
         batches = [batch_values(element, graph.inputs(), index) for index, element in enumerate(elements)]
+        for index, batch in enumerate(batches):
+            check_indices(graph, batch, f"dataset element {index}")
         values = graph_values(graph, {}) | self._state
         backend = world_backend()
         notifier = _Notifier(callbacks if backend is None or backend.rank == 0 else (), epoch, len(batches))
@@ -266,6 +269,8 @@ class Model:
             plan = plan_for(network, stand_ins(arrays), replace(current_context(), phase="predict"))
             self._forward[key] = plan, lower_programs(plan)
         plan, programs = self._forward[key]
-        values = graph_values(plan.graph, {info.name: array for info, array in zip(plan.graph.inputs(), arrays)})
+        given = {info.name: array for info, array in zip(plan.graph.inputs(), arrays)}
+        check_indices(plan.graph, given, f"{type(network).__name__} inputs")
+        values = graph_values(plan.graph, given)
         result = execute_on_ranks(programs, values, world_backend())
         return [result.outputs[name] for name in plan.graph.outputs]

@@ -163,6 +163,7 @@ def _prepare(config_path, options: RunOptions):
                             options.recompute)
     check_config_outputs(config, options.outputs, {"the rank table": options.rank_table} if options.rank_table else None)
     device_num = run_device_num(config, options, table)
+    check_local_ranks(device_num, options)
     started = time.perf_counter()
     plan, notes = plan_config(with_table_servers(with_table_mesh(config, table, device_num), table), device_num)
     planned = Planned(plan, config, time.perf_counter() - started)
@@ -203,9 +204,21 @@ def check_run_options(options: RunOptions) -> None:
             raise ConfigError(f"run option {key} must be a positive number of seconds, got {value!r}")
     if options.backend not in ("local", "mpi"):
         raise ConfigError(f"run option backend must be 'local' or 'mpi', got {options.backend!r}")
-    if options.device_num is not None and options.device_num > MAX_LOCAL_RANKS and not options.rank_table:
+    if options.backend == "local" and (options.run_dir or options.rank_table or options.fault):
+        given = "--run-dir" if options.run_dir else "--rank-table" if options.rank_table else "--inject-fault"
+        raise ConfigError(f"run option {given} means nothing with --backend local (its ranks are threads of this process: "
+                          f"they write no run folder, start on no other host and are not made to fail); drop it, or use "
+                          f"--backend mpi")
+    if options.device_num is not None:
+        check_local_ranks(options.device_num, options)
+
+
+def check_local_ranks(device_num: int, options: RunOptions) -> None:
+    """A `ConfigError` for more ranks than one machine starts, unless a rank table spreads them
+    over hosts: --device-num, or the config's device_num (checked once it is loaded)."""
+    if device_num > MAX_LOCAL_RANKS and not options.rank_table:
         raise ConfigError(f"a run on this machine starts at most {MAX_LOCAL_RANKS} ranks (threads or MPI processes), "
-                          f"got device_num {options.device_num}; give a rank table to spread more over hosts, or plan "
+                          f"got device_num {device_num}; give a rank table to spread more over hosts, or plan "
                           f"them with autostrat search")
 
 
@@ -252,8 +265,12 @@ def run_and_measure(config_path, options: RunOptions) -> RunOutcome:
 
 def _new_run_dir() -> Path:
     root = Path("runs")
-    root.mkdir(exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root))
+    try:
+        root.mkdir(exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root))
+    except OSError as error:
+        raise ConfigError(f"cannot make a run folder under {root.resolve()}: {error.strerror or error}; "
+                          f"give one with --run-dir") from None
 
 
 def run_forward(net, *inputs, steps: int = 3, seed: int = 0, stall_timeout: float = 10.0):

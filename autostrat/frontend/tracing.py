@@ -8,10 +8,13 @@ shapes, so a bad strategy is reported with the op's name before any search.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import re
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.tensor import Parameter, Tensor
@@ -77,6 +80,7 @@ def record(primitive, tensors: list[Tensor], attrs: dict):
     name = tracer.op_name(primitive)
     inputs = tuple(tracer.tensor_name(t, name) for t in tensors)
     infos = [tracer.tensors[n] for n in inputs]
+    check_dtypes(primitive.op_type, infos, name)
     try:
         rule = make_rule(primitive.op_type, [info.shape for info in infos], **attrs)
         if primitive.in_strategy is not None:
@@ -92,6 +96,35 @@ def record(primitive, tensors: list[Tensor], attrs: dict):
     )
     symbolic = tuple(tracer.add_tensor(info) for info in outputs)
     return symbolic[0] if len(symbolic) == 1 else symbolic
+
+
+# Inputs read as indices (a table's rows, a class): integers, of any width.
+INDEX_INPUTS = {"Gather": 1, "GatherGrad": 1, "OneHot": 0}
+
+
+def check_dtypes(op_type: str, infos: list[TensorInfo], name: str) -> None:
+    """MindSpore's compile-time dtype check of one op: indices are integers, and the other
+    inputs share one dtype (no silent promotion of int32 or float16 data to float32 weights);
+    only Cast changes a dtype.
+
+    Example:
+        >>> x, w = TensorInfo("x", (2, 3), "int32", "input"), TensorInfo("w", (3, 4), "float32", "parameter")
+        >>> check_dtypes("MatMul", [x, w], "dense.matmul")
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: dense.matmul: MatMul takes inputs of one dtype, got x int32 and w float32; cast one with ops.Cast
+    """
+    if op_type == "Cast":
+        return
+    index = INDEX_INPUTS.get(op_type)
+    if index is not None and index < len(infos) and np.dtype(infos[index].dtype).kind not in "iu":
+        raise ConfigError(f"{name}: {op_type} reads input {index} ({infos[index].name}) as indices, which must be "
+                          f"integers, got {infos[index].dtype}")
+    others = [info for position, info in enumerate(infos) if position != index]
+    mismatched = [info for info in others if info.dtype != others[0].dtype]
+    if mismatched:
+        raise ConfigError(f"{name}: {op_type} takes inputs of one dtype, got {others[0].name} {others[0].dtype} and "
+                          f"{mismatched[0].name} {mismatched[0].dtype}; cast one with ops.Cast")
 
 
 _MACHINERY = tuple(str(Path(__file__).resolve().parent / name) for name in ("tracing.py", "primitive.py", "cell.py"))
@@ -120,6 +153,19 @@ def _input_names(net, count: int) -> list[str]:
     return [named[i] if i < len(named) else f"input_{i}" for i in range(count)]
 
 
+def _recursing(error: RecursionError) -> str:
+    """The function (``Loop.construct``) outside the tracing machinery that appears most often
+    in `error`'s traceback: the one that recursed."""
+    counts = collections.Counter()
+    frames = error.__traceback__
+    while frames is not None:
+        code = frames.tb_frame.f_code
+        if code.co_filename not in _MACHINERY:
+            counts[code.co_qualname] += 1
+        frames = frames.tb_next
+    return counts.most_common(1)[0][0] if counts else "construct"
+
+
 def trace(net, *inputs: Tensor, device_num: int = 1) -> Graph:
     """Run `net.construct` on shape-only stand-ins of `inputs` and return the graph it builds.
 
@@ -142,6 +188,9 @@ def trace(net, *inputs: Tensor, device_num: int = 1) -> Graph:
             for name, t in zip(_input_names(net, len(inputs)), inputs)
         ]
         result = net(*symbolic)
+    except RecursionError as error:
+        raise ConfigError(f"{_recursing(error)} calls itself without end while {type(net).__name__} is traced "
+                          f"(recursion deeper than Python allows); a construct must end") from None
     finally:
         _active = None
     results = result if isinstance(result, (tuple, list)) else (result,)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from autostrat.errors import CheckpointError
-from autostrat.io import write_atomically
+from autostrat.errors import CheckpointError, ConfigError
+from autostrat.io import read_bytes, write_atomically
 
 # What numpy and zipfile raise on a damaged archive: a bad array header is parsed by Python's
 # tokenizer (SyntaxError, TokenError); zipfile refuses compression methods it lacks
@@ -88,18 +88,44 @@ def load_checkpoint(ckpt_file_name) -> dict[str, np.ndarray]:
     """
     path = Path(ckpt_file_name)
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise CheckpointError(f"cannot read parameter checkpoint {path}: {error.strerror or error}") from None
+        data = read_bytes(path, "parameter checkpoint", limit=None)  # a large model's checkpoint is large
+    except ConfigError as error:
+        raise CheckpointError(str(error)) from None
     if not zipfile.is_zipfile(io.BytesIO(data)):  # np.load would also take a .npy or a pickle
         raise CheckpointError(f"{path}: not a parameter checkpoint (expected a numpy .npz archive)")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            return {name: archive[name] for name in sorted(archive.files)}
+            arrays = {name: archive[name] for name in sorted(archive.files)}
     except _UNREADABLE as error:
         raise CheckpointError(f"{path}: not a readable parameter checkpoint (.npz of numeric arrays): {error}") from None
     except MemoryError:
         raise CheckpointError(f"{path}: not a readable parameter checkpoint: an array header claims more memory than there is") from None
+    if not arrays:
+        raise CheckpointError(f"{path}: a parameter checkpoint with no arrays; expected the parameters (and optimizer "
+                              f"state) of a model, by name")
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray):  # numpy hands back the raw bytes of a member that is no .npy
+            raise CheckpointError(f"{path}: member {name!r} is not a numpy array (.npy); a parameter checkpoint holds "
+                                  f"only arrays")
+        check_finite(name, array, str(path))
+    return arrays
+
+
+def check_finite(name: str, array: np.ndarray, where: str) -> None:
+    """A `CheckpointError` when the floating-point `array` holds a NaN or an infinity: training
+    from it gives NaN losses.
+
+    Example:
+        >>> check_finite("w", np.array([1.0, np.nan]), "ckpt.npz")
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.CheckpointError: ckpt.npz: w holds 1 NaN and 0 infinite values (of 2); a parameter must be finite
+    """
+    if array.dtype.kind not in "fc" or np.isfinite(array).all():
+        return
+    nan = int(np.isnan(array).sum())
+    raise CheckpointError(f"{where}: {name} holds {nan} NaN and {int(np.isinf(array).sum())} infinite values (of {array.size}); "
+                          f"a parameter must be finite")
 
 
 def check_checkpoint(graph, parameters: dict, where: str = "checkpoint") -> dict[str, np.ndarray]:
@@ -121,6 +147,7 @@ def check_checkpoint(graph, parameters: dict, where: str = "checkpoint") -> dict
             raise CheckpointError(f"{where}: {name} has shape {list(array.shape)}, the plan expects {list(tensor.shape)}")
         if array.dtype != np.dtype(tensor.dtype):
             raise CheckpointError(f"{where}: {name} has dtype {array.dtype}, the plan expects {tensor.dtype}")
+        check_finite(name, array, where)
         arrays[name] = array
     return arrays
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autostrat.errors import RuntimeBackendError
+from autostrat.errors import ConfigError
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.pipeline import StageRunner, pipeline_values, predicted_peaks
@@ -71,6 +71,52 @@ def integer_bound(graph, tensor: str) -> int:
     return min(bounds, default=2)
 
 
+# Ops that move an index tensor's values unchanged: an index input read through them is still one.
+_MOVES_VALUES = ("BroadcastTo", "ExpandDims", "Identity", "Reshape", "Slice", "Squeeze", "Transpose")
+
+
+def _index_reader(graph, tensor: str) -> tuple[int, str] | None:
+    """The tightest ``(exclusive bound, op)`` of the Gathers (table rows) and OneHots (depth)
+    that read `tensor` as indices, directly or through ops that only move values; None if none."""
+    found = []
+    for op_name, index in graph.consumers(tensor):
+        op = graph.ops[op_name]
+        if op.op_type == "Gather" and index == 1:
+            found.append((graph.tensors[op.inputs[0]].shape[op.attr_dict.get("axis", 0)], op_name))
+        elif op.op_type == "OneHot":
+            found.append((op.attr_dict["depth"], op_name))
+        elif op.op_type in _MOVES_VALUES and index == 0:
+            found += [reader for output in op.outputs if (reader := _index_reader(graph, output))]
+    return min(found, default=None)
+
+
+def check_indices(graph, batch: dict, where: str) -> None:
+    """A `ConfigError` naming `where`, the input and the value, when an integer input of `batch`
+    holds an index its Gather or OneHot cannot take: MindSpore refuses those, where a OneHot
+    would give a row of zeros (a loss of 0) and a Gather would read past its table.
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import GPT
+        >>> from autostrat.nn import Tensor
+        >>> graph = trace(GPT(layers=1, hidden=16, heads=2, seq=4, batch=2, vocab=8),
+        ...               Tensor(shape=(2, 4), dtype="int32"), Tensor(shape=(8,), dtype="int32"))
+        >>> check_indices(graph, {"labels": np.full(8, 8, np.int32)}, "dataset element 0")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: dataset element 0: input labels holds 8, but ... reads it as an index in [0, 8)
+    """
+    for name, array in batch.items():
+        array = np.asarray(array)
+        if name not in graph.tensors or array.dtype.kind not in "iu" or not array.size:
+            continue
+        reader = _index_reader(graph, name)
+        low, high = int(array.min()), int(array.max())
+        if reader is not None and (low < 0 or high >= reader[0]):
+            raise ConfigError(f"{where}: input {name} holds {low if low < 0 else high}, but {reader[1]} "
+                              f"({graph.ops[reader[1]].op_type}) reads it as an index in [0, {reader[0]})")
+
+
 def random_batch(graph, rng: np.random.Generator) -> dict:
     """One batch of every graph input: standard normal floats, integers in their valid range."""
     batch = {}
@@ -82,19 +128,31 @@ def random_batch(graph, rng: np.random.Generator) -> dict:
     return batch
 
 
+def _checked_fault(fault: Fault, plan, programs) -> Fault:
+    """`fault` with its instruction (default: the rank's first collective, mid-run), after
+    checking that it can fire: a `ConfigError` otherwise, before anything starts."""
+    if plan.pipeline is not None:
+        raise ConfigError("fault injection runs plans without pipeline stages")
+    if not (0 <= fault.rank < plan.device_num and fault.kind in FAULTS):
+        raise ConfigError(f"a fault is a rank below {plan.device_num} and one of {FAULTS}, got {fault}")
+    count = len(programs[fault.rank].instructions)
+    if fault.at < 0:
+        collectives = [i for i, ins in enumerate(programs[fault.rank].instructions) if getattr(ins, "kind", "Slice") != "Slice"]
+        return Fault(fault.rank, fault.kind, collectives[0] if collectives else 0)
+    if fault.at >= count:
+        raise ConfigError(f"a fault at instruction {fault.at} of rank {fault.rank} never fires: its program has {count} "
+                          f"instructions (0 to {count - 1})")
+    return fault
+
+
 def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, fault: Fault | None = None, name: str = "") -> Job:
     """Lower `plan` and prepare `steps` random batches with their single-device results (a
     pipeline plan's: its stage programs, and the whole batch's reference; `reference_graph`)."""
     graph = reference_graph(plan)
     programs = lower_programs(plan) if plan.pipeline is None else lower_stage_programs(plan)
     device_num = len(programs)
-    if fault is not None and plan.pipeline is not None:
-        raise RuntimeBackendError("fault injection runs plans without pipeline stages")
-    if fault is not None and not (0 <= fault.rank < plan.device_num and fault.kind in FAULTS):
-        raise RuntimeBackendError(f"a fault is a rank below {plan.device_num} and one of {FAULTS}, got {fault}")
-    if fault is not None and fault.at < 0:  # default: the rank's first collective, mid-run
-        collectives = [i for i, ins in enumerate(programs[fault.rank].instructions) if getattr(ins, "kind", "Slice") != "Slice"]
-        fault = Fault(fault.rank, fault.kind, collectives[0] if collectives else 0)
+    if fault is not None:
+        fault = _checked_fault(fault, plan, programs)
     rng = np.random.default_rng(seed)
     values = graph_values(graph, {})
     batches = tuple(random_batch(graph, rng) for _ in range(steps))

@@ -253,6 +253,8 @@ def _parse(path: Path, text: bytes) -> dict:
         document = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RuntimeBackendError(f"job file {path}: not valid JSON: {error}") from None
+    except RecursionError:
+        raise RuntimeBackendError(f"job file {path}: not a job file: values nested too deeply") from None
     if not isinstance(document, dict) or set(document) != set(_HEADER) | set(JOB_FIELDS):
         got = sorted(document) if isinstance(document, dict) else type(document).__name__
         raise RuntimeBackendError(f"job file {path}: expected the keys {sorted(set(_HEADER) | set(JOB_FIELDS))}, got {got}")

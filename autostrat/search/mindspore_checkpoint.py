@@ -22,13 +22,12 @@ protobuf package: the search's import path stays lean.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from autostrat.autodiff import op_phase
 from autostrat.errors import AutostratError, ConfigError
-from autostrat.io import read_bytes
+from autostrat.io import parse_json, read_bytes
 from autostrat.layout import DeviceMatrix, Layout, Strategy, TensorMap
 from autostrat.layout.named import named_layouts
 from autostrat.layout.placement import aligned
@@ -91,6 +90,7 @@ def decode(data: bytes, message: str = "ParallelStrategyMap", where: str = "stra
         name, kind, nested = _SCHEMA[message].get(number, (None, None, None))
         if name is None:
             continue  # a field this reader does not know: skipped, as protobuf does
+        _check_wire(message, name, kind, wire, where)
         for value in values:
             if kind == "message":
                 fields.setdefault(name, []).append(decode(value, nested, where))
@@ -107,6 +107,15 @@ def decode(data: bytes, message: str = "ParallelStrategyMap", where: str = "stra
             else:
                 fields[name] = _signed(value)
     return fields
+
+
+def _check_wire(message: str, name: str, kind: str, wire: int, where: str) -> None:
+    """A field must come in the wire type of its kind: a message or a string length-delimited
+    (2), a number as a varint (0), or packed (2) when repeated (``dim``)."""
+    expected = (2,) if kind in ("message", "string") else (0, 2) if name == "dim" else (0,)
+    if wire not in expected:
+        raise ConfigError(f"{where}: not a MindSpore strategy checkpoint ({message}.{name} is a {kind} field, "
+                          f"but comes in protobuf wire type {wire})")
 
 
 def _encode_varint(value: int) -> bytes:
@@ -158,11 +167,10 @@ def read_mindspore_plan(path) -> tuple[dict, dict] | None:
     JSON one autostrat wrote."""
     path = Path(path)
     data = read_bytes(path, "strategy checkpoint")
-    try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    if not _looks_like_json(data):
         fields = decode(data, where=str(path))
         return _from_protobuf(fields, path), _protobuf_layouts(fields, path)
+    document = parse_json(data, path, "strategy checkpoint")
     items = document.get("parallel_strategy_item") if isinstance(document, dict) else None
     if isinstance(items, list) or isinstance(document, dict) and "autostrat" in document:
         return None  # autostrat's own checkpoint: `checkpoint.load_checkpoint_seeds` reads every op of it
@@ -175,6 +183,13 @@ def read_mindspore_plan(path) -> tuple[dict, dict] | None:
             raise ConfigError(f"{path}: parallel_strategy_item.{name}: expected {{\"parallel_strategy\": [[...], ...]}}, got {item!r}")
         seeds[name] = (tuple(tuple(s) for s in strategy), None)
     return seeds, _json_layouts(document.get("parallel_layout_item"), path)
+
+
+def _looks_like_json(data: bytes) -> bool:
+    """Whether `data` opens as JSON does (an object or a list, after a byte-order mark and
+    spaces). Protobuf cannot: ``{`` and ``[`` would be fields 15 and 11 of wire type 3 (a
+    group), which no strategy checkpoint has; so a JSON file's syntax error is reported as one."""
+    return data.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1] in (b"{", b"[")
 
 
 def _protobuf_layouts(fields: dict, path: Path) -> dict:
