@@ -32,6 +32,7 @@ from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run
 from autostrat.frontend.train import world_size
 from autostrat.runtime.job import FAULTS, Fault
 from autostrat.runtime.launcher import STARTUP_TIMEOUT
+from autostrat.runtime.processes import Terminated
 from autostrat.report import format_candidates
 from autostrat.rules import make_rule
 from autostrat.search.dump import dump_texts
@@ -371,7 +372,10 @@ def _dispatch(args) -> int:
         return 2
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stderr.close()
-    except KeyboardInterrupt:  # Ctrl-C: outputs are written only once complete, so none is half-written
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: outputs are written only once complete, so none is half-written
+        if isinstance(interrupt, Terminated):  # the launcher ended the job's processes first
+            print("\nautostrat: terminated by SIGTERM, the job ended, nothing written", file=sys.stderr)
+            return 128 + interrupt.signum
         print("\nautostrat: interrupted, nothing written", file=sys.stderr)
         return 130
     return 0
