@@ -235,12 +235,13 @@ def test_a_job_on_this_machine_listens_on_loopback_only(tmp_path):
 
 
 def limit_file_size(monkeypatch, tmp_path: Path, kilobytes: int) -> None:
-    """The launcher's mpiexec runs with RLIMIT_FSIZE at `kilobytes` (bash's ``ulimit -f``
-    counts KiB): every rank's write past it fails."""
-    wrapper = tmp_path / "mpiexec"
-    wrapper.write_text(f"#!/bin/bash\nulimit -f {kilobytes}\nexec {launcher.find_mpiexec()} \"$@\"\n")
+    """The launcher's process manager (on one machine, ``mpiexec.gforker``) runs with
+    RLIMIT_FSIZE at `kilobytes` (bash's ``ulimit -f`` counts KiB): every rank's write past it fails."""
+    forker = launcher.find_mpiexec().parent / "mpiexec.gforker"
+    wrapper = tmp_path / forker.name
+    wrapper.write_text(f"#!/bin/bash\nulimit -f {kilobytes}\nexec {forker} \"$@\"\n")
     wrapper.chmod(0o755)
-    monkeypatch.setattr(launcher, "find_mpiexec", lambda: wrapper)
+    monkeypatch.setattr(launcher, "find_mpiexec", lambda: tmp_path / "mpiexec")
 
 
 def test_a_rank_that_cannot_write_at_start_ends_the_job_at_once(saved, tmp_path, monkeypatch):

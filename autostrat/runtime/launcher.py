@@ -36,12 +36,12 @@ from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.runtime.diagnosis import Observed, diagnose
 from autostrat.runtime.processes import (LAUNCHER_VARIABLE, alive, become_subreaper, descendants, die_with_parent,
                                          ending_on_sigterm, kill_tree, launcher_identity, process_state, running)
-from autostrat.runtime.rank import STARTUP_FAILED
+from autostrat.runtime.rank import STARTUP_FAILED, TERMINAL_VARIABLE
 from autostrat.runtime.report import MEASURED
-from autostrat.runtime.run_folder import check_run_folder, create_file, read_record
+from autostrat.runtime.run_folder import check_run_folder, create_file, exit_status, rank_pids, read_record
 
-__all__ = ["LaunchResult", "alive", "end_leftovers", "find_mpiexec", "hostfile_text", "launch", "mpi_environment",
-           "mpiexec_command", "rank_pids", "resolve_hosts", "running"]
+__all__ = ["LaunchResult", "alive", "end_leftovers", "find_mpiexec", "hostfile_text", "launch", "missing_results",
+           "mpi_environment", "mpiexec_command", "rank_pids", "resolve_hosts", "running", "single_host"]
 
 STARTUP_TIMEOUT = 20.0  # seconds for every rank to record its pid: ssh to a silent host waits minutes
 
@@ -112,13 +112,20 @@ def mpiexec_command(mpiexec: Path, device_num: int, run_dir: Path, hostfile: Pat
     """The command line that starts every rank of the job in `run_dir`; `entry` replaces what
     each rank runs after ``python -m mpi4py`` (default: ``-m autostrat.runtime.rank RUN_DIR``,
     followed by ``--digest HEX`` when the job's `digest` is given, under ``python -P``).
-    On this machine alone, mpiexec does not kill the job runner's other ranks at once when one
-    dies (``-disable-auto-cleanup``): the launcher sees every rank, tells a killed rank from one
-    that ended on its own terms (``rank_<i>/exit``) and ends the job itself, so the dead rank is
-    seen first even on a loaded machine. Across hosts, ranks elsewhere are out of its sight."""
+    On this machine alone the job runner's ranks start under the wheel's ``mpiexec.gforker``
+    (beside `mpiexec`), which forks them and listens on no port (hydra's mpiexec listens on
+    every address of the machine, and no option binds it to loopback). Neither it nor hydra's
+    mpiexec (``-disable-auto-cleanup``, where gforker is missing) kills the other ranks at once
+    when one dies (the ranks ignore gforker's SIGINT): the launcher sees every rank, tells a
+    killed rank from one that ended on its own terms (``rank_<i>/exit``) and ends the job
+    itself, so the dead rank is seen first even on a loaded machine. Across hosts, ranks
+    elsewhere are out of its sight."""
+    runner = ("-P", "-m", "mpi4py", "-m", "autostrat.runtime.rank", str(run_dir), *(("--digest", digest) if digest else ()))
+    forker = Path(mpiexec).parent / "mpiexec.gforker"
+    if hostfile is None and entry is None and forker.exists():
+        return [str(forker), "-n", str(device_num), sys.executable, *runner]
     hosts = ["-f", str(hostfile)] if hostfile else []
     cleanup = ["-disable-auto-cleanup"] if hostfile is None and entry is None else []
-    runner = ("-P", "-m", "mpi4py", "-m", "autostrat.runtime.rank", str(run_dir), *(("--digest", digest) if digest else ()))
     # Another rank program is a script whose own folder belongs on its path (mpi4py puts it
     # first in place of sys.path[0], the first PYTHONPATH entry under -P).
     rank = [sys.executable, *(("-m", "mpi4py", *entry) if entry else runner)]
@@ -170,12 +177,15 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
     marked = entry is None and not hosts  # the launcher sees every rank, and each records how it ends
     was_reaper, before = become_subreaper(), set(descendants(os.getpid()))
     with ending_on_sigterm():
+        terminal, ends = _rank_terminal(env) if Path(command[0]).name == "mpiexec.gforker" else ([], ())
         # mpiexec ends its job when this thread ends, even by SIGKILL: SIGTERM lets it end its proxies.
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, pass_fds=ends,
                                    start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        for end in ends:
+            os.close(end)
         try:
             # On one machine nothing can be unreachable: only the global limit applies.
-            seen = _supervise(process, run_dir, device_num, (timeout, startup_timeout if hosts else timeout), marked)
+            seen = _supervise(process, terminal, run_dir, device_num, (timeout, startup_timeout if hosts else timeout), marked)
             leftovers = end_leftovers(run_dir, device_num, exclude=before)
             orphans = {pid: name for pid, name in kill_tree(os.getpid(), exclude=before).items() if pid not in leftovers}
         finally:
@@ -229,15 +239,27 @@ def _prepare(run_dir: Path, device_num: int, hosts, stall_timeout: float, entry,
     return command
 
 
-def _supervise(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tuple[float, float], marked: bool) -> dict:
-    """Relay mpiexec's output and watch its ranks until it ends, ending it past the time limits
+def _rank_terminal(env: dict) -> tuple[list, tuple[int, int]]:
+    """Pipes for the lines the ranks mean for the user, past the process manager (gforker
+    relays the ranks' output in pieces that mix the lines of several ranks); their write ends go
+    to the ranks through `env` (`rank.TERMINAL_VARIABLE`). Returns the read ends, as text
+    streams for stdout and stderr, and the write ends."""
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    env[TERMINAL_VARIABLE] = f"{out_write},{err_write}"
+    return [open(out_read, errors="replace"), open(err_read, errors="replace")], (out_write, err_write)
+
+
+def _supervise(process: subprocess.Popen, terminal: list, run_dir: Path, device_num: int, limits: tuple[float, float],
+               marked: bool) -> dict:
+    """Relay mpiexec's output and the ranks' `terminal` lines (stdout, stderr) and watch the ranks until it ends, ending it past the time limits
     (global, start-up), once a rank says it could not start, or, when the ranks mark how they
     end (`marked`), once one was killed. Returns the `Observed` fields seen: lines, ended,
     limit, deaths, stopped."""
     lines: list[str] = []
     unstarted: list[str] = []
     readers = [threading.Thread(target=_relay, args=(stream, out, lines, unstarted), daemon=True)
-               for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))]
+               for stream, out in zip((process.stdout, process.stderr, *terminal), (sys.stdout, sys.stderr) * 2)]
     deaths: list[int] = []
     stopped: dict[int, str] = {}
     monitor = threading.Thread(target=_watch_ranks, args=(process, run_dir, device_num, deaths, stopped, marked), daemon=True)
@@ -247,6 +269,9 @@ def _supervise(process: subprocess.Popen, run_dir: Path, device_num: int, limits
     monitor.join(timeout=1)
     for reader in readers:
         reader.join(timeout=5)
+    if not any(reader.is_alive() for reader in readers):
+        for stream in terminal:
+            stream.close()
     return {"lines": lines, "ended": ended, "limit": limit, "deaths": deaths, "stopped": stopped}
 
 
@@ -339,36 +364,12 @@ def _watch_ranks(process: subprocess.Popen, run_dir: Path, device_num: int, deat
         time.sleep(0.005)
 
 
-def exit_status(run_dir: Path, rank: int) -> int | None:
-    """The status a rank recorded when it ended on its own terms (``rank_<i>/exit``), or None."""
-    try:
-        return int(read_record(run_dir / f"rank_{rank}" / "exit") or "")
-    except ValueError:
-        return None
-
-
 def killed(run_dir: Path, device_num: int, rank: int) -> bool:
     """Whether `rank`, whose process ended, was killed (or crashed): it recorded no exit status,
     and no rank is aborting the job (whose other ranks mpiexec kills)."""
     if exit_status(run_dir, rank) is not None:
         return False
     return not any(exit_status(run_dir, other) not in (None, 0) for other in range(device_num))
-
-
-def rank_pids(run_dir: Path, device_num: int, anywhere: bool = False) -> dict[int, int]:
-    """The process id each rank recorded (``rank_<i>/pid``), of the ranks on this machine only
-    (``rank_<i>/host``; the run directory is shared across hosts), or on any host (`anywhere`)."""
-    pids, here = {}, socket.gethostname()
-    for rank in range(device_num):
-        folder = run_dir / f"rank_{rank}"
-        try:
-            pid = int(read_record(folder / "pid") or "")
-        except ValueError:
-            continue
-        host = (read_record(folder / "host") or here).strip()
-        if anywhere or host == here:
-            pids[rank] = pid
-    return pids
 
 
 def end_leftovers(run_dir: Path, device_num: int, grace: float = 3.0, exclude=()) -> list[int]:

@@ -5,13 +5,15 @@ the file it names) or a ``rank_3/pid`` holding another process's id (the launche
 it). So the launcher makes the folder itself, mode 0700 (`make_run_folder`); a folder given
 with ``--run-dir`` must not exist yet, or be empty, owned by the user and writable by no one
 else (`check_run_folder`). Files in it are created, never reused: `create_file` and `open_new`
-fail on a name that exists, and never follow a symlink, nor does `read_record`.
+fail on a name that exists, and never follow a symlink, nor does `read_record`, with which the
+launcher reads what the ranks recorded (`rank_pids`, `exit_status`).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import socket
 import stat
 import tempfile
 import time
@@ -56,9 +58,10 @@ def check_run_folder(path) -> None:
     else can write to.
 
     Example:
-        >>> check_run_folder("/")  # doctest: +ELLIPSIS
+        >>> shared = Path(tempfile.mkdtemp()); shared.chmod(0o777)
+        >>> check_run_folder(shared)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        autostrat.errors.ConfigError: run folder /: expected a folder owned by you (uid ...), got owner uid 0...
+        autostrat.errors.ConfigError: run folder ...: expected a folder only you can write to, got mode 0o777 (writable by its group and others)
     """
     try:
         status = os.lstat(path)
@@ -116,3 +119,27 @@ def read_record(path, limit: int = -1) -> str | None:
         return None
     with os.fdopen(handle, "rb") as file:
         return file.read(limit).decode(errors="replace")
+
+
+def exit_status(run_dir: Path, rank: int) -> int | None:
+    """The status a rank recorded when it ended on its own terms (``rank_<i>/exit``), or None."""
+    try:
+        return int(read_record(run_dir / f"rank_{rank}" / "exit") or "")
+    except ValueError:
+        return None
+
+
+def rank_pids(run_dir: Path, device_num: int, anywhere: bool = False) -> dict[int, int]:
+    """The process id each rank recorded (``rank_<i>/pid``), of the ranks on this machine only
+    (``rank_<i>/host``; the run directory is shared across hosts), or on any host (`anywhere`)."""
+    pids, here = {}, socket.gethostname()
+    for rank in range(device_num):
+        folder = run_dir / f"rank_{rank}"
+        try:
+            pid = int(read_record(folder / "pid") or "")
+        except ValueError:
+            continue
+        host = (read_record(folder / "host") or here).strip()
+        if anywhere or host == here:
+            pids[rank] = pid
+    return pids
