@@ -244,7 +244,7 @@ def limit_file_size(monkeypatch, tmp_path: Path, kilobytes: int) -> None:
     monkeypatch.setattr(launcher, "find_mpiexec", lambda: tmp_path / "mpiexec")
 
 
-def test_a_rank_that_cannot_write_at_start_ends_the_job_at_once(saved, tmp_path, monkeypatch):
+def test_a_rank_that_cannot_write_at_start_ends_the_job_at_once(saved, tmp_path, monkeypatch, capsys):
     run_dir, digest = saved
     limit_file_size(monkeypatch, tmp_path, 0)
     result = launcher.launch(run_dir, 8, timeout=120, digest=digest)
@@ -254,6 +254,7 @@ def test_a_rank_that_cannot_write_at_start_ends_the_job_at_once(saved, tmp_path,
     rank = first.split()[3].rstrip(":")
     assert first == f"job failed: rank {rank}: could not start: cannot write {run_dir}/rank_{rank}/host: File too large"
     assert result.seconds < 30
+    assert "Traceback" not in capsys.readouterr().err  # one line per rank, not eight tracebacks
     assert not subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
 
 
