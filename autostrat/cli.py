@@ -55,6 +55,7 @@ try:  # these take a second to import: Ctrl-C meanwhile ends the command as it d
     from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, private_folder, source_config
     from autostrat.runtime.job import FAULTS, Fault
     from autostrat.runtime.launcher import STARTUP_TIMEOUT
+    from autostrat.runtime.processes import Terminated
     from autostrat.report import format_candidates
     from autostrat.rules import make_rule
     from autostrat.search.checkpoint import checkpoint_bytes
@@ -418,7 +419,10 @@ def _dispatch(args) -> int:
         return 2
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stderr.close()
-    except KeyboardInterrupt:  # Ctrl-C: outputs are written only once complete, so none is half-written
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: outputs are written only once complete, so none is half-written
+        if isinstance(interrupt, Terminated):  # the launcher ended the job's processes first
+            print("\nautostrat: terminated by SIGTERM, the job ended, nothing written", file=sys.stderr)
+            return 128 + interrupt.signum
         print(INTERRUPTED, file=sys.stderr)
         return 130
     return 0

@@ -23,10 +23,11 @@ from autostrat.errors import CheckpointError, ConfigError
 from autostrat.frontend import trace
 from autostrat.frontend.config import load_config
 from autostrat.frontend.registry import model_names, register_model
-from autostrat.frontend.run import RunOptions, _new_run_dir, check_run_options
+from autostrat.frontend.run import RunOptions, check_run_options
 from autostrat.io import read_bytes, read_json
 from autostrat.models import FFN
 from autostrat.runtime.checkpoint import check_checkpoint, checkpoint_bytes, load_checkpoint
+from autostrat.runtime.run_folder import make_run_folder
 from autostrat.search.mindspore_checkpoint import encode, read_mindspore_plan
 from autostrat.train import Model
 
@@ -130,7 +131,7 @@ def test_run_where_runs_cannot_be_made_says_so_and_suggests_run_dir(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("")  # a file where the folder would go
     with pytest.raises(ConfigError, match=rf"cannot make a run folder under {tmp_path / 'runs'}: File exists; give one with --run-dir"):
-        _new_run_dir()
+        make_run_folder()
 
     def read_only(*_, **__):
         raise PermissionError(13, "Permission denied")

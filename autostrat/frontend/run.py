@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from autostrat.runtime.job_file import save_job
 from autostrat.runtime.launcher import STARTUP_TIMEOUT, launch, resolve_hosts
 from autostrat.runtime.local import run_job_locally
 from autostrat.runtime.rank_table import load_rank_table
+from autostrat.runtime.run_folder import make_run_folder
 from autostrat.runtime.report import MEASURED
 from autostrat.strategies import mesh_axes
 
@@ -251,7 +251,7 @@ def run_and_measure(config_path, options: RunOptions) -> RunOutcome:
     if options.backend == "local":
         check = run_job_locally(job)
         return RunOutcome(0 if check.ok else 4, "\n".join(notes + [check.text]), planned, check.measured)
-    run_dir = Path(options.run_dir) if options.run_dir else _new_run_dir()
+    run_dir = make_run_folder(options.run_dir)
     digest = save_job(job, run_dir)
     for note in notes:
         print(note, flush=True)
@@ -261,16 +261,6 @@ def run_and_measure(config_path, options: RunOptions) -> RunOutcome:
     measured = run_dir / MEASURED
     return RunOutcome(result.returncode, "\n".join([result.message, footer] if result.message else [footer]), planned,
                       json.loads(measured.read_text()) if result.returncode == 0 and measured.exists() else None)
-
-
-def _new_run_dir() -> Path:
-    root = Path("runs")
-    try:
-        root.mkdir(exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root))
-    except OSError as error:
-        raise ConfigError(f"cannot make a run folder under {root.resolve()}: {error.strerror or error}; "
-                          f"give one with --run-dir") from None
 
 
 def run_forward(net, *inputs, steps: int = 3, seed: int = 0, stall_timeout: float = 10.0):

@@ -9,8 +9,8 @@ The causes, most specific first:
    waiting for it in a collective time out and would otherwise be blamed;
 3. the first rank process seen to die without recording an exit status (the launcher then
    ended the job), or, across hosts, the one of mpiexec's "BAD TERMINATION" report;
-4. the ranks' own one-line messages: raised errors first, then the stalled ranks stuck where
-   the fewest ranks are;
+4. the ranks' own one-line messages (``rank i: could not start: <cause>`` among them): raised
+   errors first, then the stalled ranks stuck where the fewest ranks are;
 5. the launcher's global time limit.
 """
 
@@ -34,7 +34,7 @@ _STOPPED = {"T": "its process is stopped (state T: SIGSTOP, or SIGTSTP from a te
 @dataclass(frozen=True)
 class Observed:
     """What the launcher saw of a job: mpiexec's and the ranks' lines, how mpiexec ended, why the
-    launcher ended it (`ended`: "timeout", "startup", "died" or ""), after `limit` seconds, the ranks
+    launcher ended it (`ended`: "timeout", "startup", "died", "failed" (a rank could not start) or ""), after `limit` seconds, the ranks
     (on this machine) in the order their processes died, the ranks found stopped with their
     process state, and the rank table's ``(host, slots)`` (None: this machine only)."""
 
@@ -148,7 +148,9 @@ def _dead_rank(seen: Observed) -> str:
     """The rank whose process was killed: with ranks that mark how they end (`marked`), the first
     seen to end without an exit status; else mpiexec's report of a rank process that died, the
     rank being the first one seen to end (mpiexec names whichever pid it reaped first, often one
-    it killed itself)."""
+    it killed itself). None when a rank could not start: the launcher then ended the others."""
+    if seen.ended == "failed":
+        return ""
     if seen.marked and seen.deaths and seen.ended in ("", "died"):  # not the ranks a time limit ended
         # mpiexec's exit string is of whichever process it reaped first: no evidence of the cause.
         first, by = seen.deaths[0], "the launcher" if seen.ended == "died" else "mpiexec"

@@ -1,19 +1,27 @@
 """Start a job's ranks with the ``mpiexec`` of the `mpich` wheel, and make sure they all end.
 
-The launcher runs ``mpiexec -n N python -m mpi4py -m autostrat.runtime.rank RUN_DIR --digest HEX``
-(``python -m mpi4py`` aborts the job when a rank dies of an unhandled exception; HEX is the
-job's digest, which every rank checks the job's files against). It gives mpiexec a host file
+The launcher runs ``mpiexec -n N python -P -m mpi4py -m autostrat.runtime.rank RUN_DIR --digest HEX``
+(``-P`` and ``PYTHONSAFEPATH``: the current folder is on no rank's import path; ``python -m
+mpi4py`` aborts the job when a rank dies of an unhandled exception; HEX is the job's digest,
+which every rank checks the job's files against). It gives mpiexec a host file
 made from the rank table, when there is one, after checking that every host name resolves, and
 enforces two limits on top of the ranks' own watchdogs: a start-up limit for every rank to
 record its pid (a host that cannot be reached never starts its ranks) and a global time limit.
 Past either, mpiexec and every process it started are killed. A rank that ends on its own terms
 records its exit status; one whose process ends without it was killed, and the launcher ends
-the job itself (on one machine mpiexec leaves that to it). Afterwards `diagnosis.diagnose` names
-the failing host or rank, and any process of the job still alive is killed: the launcher is the
-subreaper of the job's orphans while it runs (see `processes`)."""
+the job itself (on one machine mpiexec leaves that to it), as it does at once when a rank says
+it could not start (`rank.STARTUP_FAILED`). Afterwards `diagnosis.diagnose` names the failing
+host or rank, and any process of the job still alive is killed: the launcher is the subreaper
+of the job's orphans while it runs (see `processes`), and kills only its own descendants, never
+a pid merely read from a file. The job succeeded only when rank 0 saved its result and every
+rank recorded exit status 0. SIGTERM ends the job like Ctrl-C (`processes.Terminated`); a
+launcher killed outright takes mpiexec with it (a parent-death signal) and the ranks end
+themselves (`watchdog`). The run folder must be the user's alone (`run_folder`). On one machine
+the ranks' MPI network layer listens on loopback only."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -25,12 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autostrat.errors import ConfigError, RuntimeBackendError
-from autostrat.io import write_atomically
 from autostrat.runtime.diagnosis import Observed, diagnose
-from autostrat.runtime.processes import alive, become_subreaper, descendants, kill_tree, process_state, running
+from autostrat.runtime.processes import (LAUNCHER_VARIABLE, alive, become_subreaper, descendants, die_with_parent,
+                                         ending_on_sigterm, kill_tree, launcher_identity, process_state, running)
+from autostrat.runtime.rank import STARTUP_FAILED, TERMINAL_VARIABLE
+from autostrat.runtime.report import MEASURED
+from autostrat.runtime.run_folder import check_run_folder, create_file, exit_status, rank_pids, read_record
 
-__all__ = ["LaunchResult", "alive", "end_leftovers", "find_mpiexec", "hostfile_text", "launch", "mpi_environment",
-           "mpiexec_command", "rank_pids", "resolve_hosts", "running"]
+__all__ = ["LaunchResult", "alive", "end_leftovers", "find_mpiexec", "hostfile_text", "launch", "missing_results",
+           "mpi_environment", "mpiexec_command", "rank_pids", "resolve_hosts", "running", "single_host"]
 
 STARTUP_TIMEOUT = 20.0  # seconds for every rank to record its pid: ssh to a silent host waits minutes
 
@@ -63,31 +74,61 @@ def hostfile_text(hosts) -> str:
 
 
 def mpi_environment(device_num: int, hosts=None) -> dict[str, str]:
-    """The environment for mpiexec. Across hosts the ofi network layer over TCP (the wheel's
-    default UCX layer fails to start over TCP). With more ranks than cores, ranks waiting in a
-    collective yield their core (measured 2-5x faster collectives on an oversubscribed machine)."""
+    """The environment for mpiexec. Across hosts the ofi network layer over TCP (the wheel's default UCX
+    layer fails to start over TCP). On one machine (`single_host`) the network layers use the
+    loopback interface only (UCX would listen on every address of the machine). With more ranks
+    than cores, ranks waiting in a collective yield their core (measured 2-5x faster
+    collectives on an oversubscribed machine)."""
     env = dict(os.environ)
     if hosts and len(hosts) > 1:
         env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
         env.setdefault("FI_PROVIDER", "tcp")
+    if single_host(hosts):
+        env |= {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo"}
     if device_num > (os.cpu_count() or 1):
         env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     return env
+
+
+def single_host(hosts) -> bool:
+    """Whether every rank runs on this machine: no rank table hosts, or only loopback ones.
+
+    Example:
+        >>> single_host(None), single_host([("localhost", 4), ("127.0.0.1", 4)]), single_host([("node1.invalid", 8)])
+        (True, True, False)
+    """
+    for host, _ in hosts or ():
+        try:
+            addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        except (socket.gaierror, UnicodeError):
+            return False
+        if not all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses):
+            return False
+    return True
 
 
 def mpiexec_command(mpiexec: Path, device_num: int, run_dir: Path, hostfile: Path | None = None, entry=None,
                     digest: str | None = None) -> list[str]:
     """The command line that starts every rank of the job in `run_dir`; `entry` replaces what
     each rank runs after ``python -m mpi4py`` (default: ``-m autostrat.runtime.rank RUN_DIR``,
-    followed by ``--digest HEX`` when the job's `digest` is given).
-    On this machine alone, mpiexec does not kill the job runner's other ranks at once when one
-    dies (``-disable-auto-cleanup``): the launcher sees every rank, tells a killed rank from one
-    that ended on its own terms (``rank_<i>/exit``) and ends the job itself, so the dead rank is
-    seen first even on a loaded machine. Across hosts, ranks elsewhere are out of its sight."""
+    followed by ``--digest HEX`` when the job's `digest` is given, under ``python -P``).
+    On this machine alone the job runner's ranks start under the wheel's ``mpiexec.gforker``
+    (beside `mpiexec`), which forks them and listens on no port (hydra's mpiexec listens on
+    every address of the machine, and no option binds it to loopback). Neither it nor hydra's
+    mpiexec (``-disable-auto-cleanup``, where gforker is missing) kills the other ranks at once
+    when one dies (the ranks ignore gforker's SIGINT): the launcher sees every rank, tells a
+    killed rank from one that ended on its own terms (``rank_<i>/exit``) and ends the job
+    itself, so the dead rank is seen first even on a loaded machine. Across hosts, ranks
+    elsewhere are out of its sight."""
+    runner = ("-P", "-m", "mpi4py", "-m", "autostrat.runtime.rank", str(run_dir), *(("--digest", digest) if digest else ()))
+    forker = Path(mpiexec).parent / "mpiexec.gforker"
+    if hostfile is None and entry is None and forker.exists():
+        return [str(forker), "-n", str(device_num), sys.executable, *runner]
     hosts = ["-f", str(hostfile)] if hostfile else []
     cleanup = ["-disable-auto-cleanup"] if hostfile is None and entry is None else []
-    runner = ("-m", "autostrat.runtime.rank", str(run_dir), *(("--digest", digest) if digest else ()))
-    rank = [sys.executable, "-m", "mpi4py", *(entry or runner)]
+    # Another rank program is a script whose own folder belongs on its path (mpi4py puts it
+    # first in place of sys.path[0], the first PYTHONPATH entry under -P).
+    rank = [sys.executable, *(("-m", "mpi4py", *entry) if entry else runner)]
     return [str(mpiexec), *cleanup, *hosts, "-n", str(device_num), *rank]
 
 
@@ -127,29 +168,57 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
         raise RuntimeBackendError("launch: expected the job's digest (the value save_job returned), got none")
     resolve_hosts(hosts)
     run_dir = Path(run_dir).resolve()
+    check_run_folder(run_dir)
     command = _prepare(run_dir, device_num, hosts, stall_timeout, entry, digest)
-    env = mpi_environment(device_num, hosts) | {"MPIEXEC_TIMEOUT": str(int(timeout) + 5)}
+    env = mpi_environment(device_num, hosts) | {"MPIEXEC_TIMEOUT": str(int(timeout) + 5), LAUNCHER_VARIABLE: launcher_identity()}
+    if entry is None:  # the job runner imports nothing from the current folder (python -P, for its children too)
+        env["PYTHONSAFEPATH"] = "1"
     started = time.monotonic()
     marked = entry is None and not hosts  # the launcher sees every rank, and each records how it ends
     was_reaper, before = become_subreaper(), set(descendants(os.getpid()))
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                               start_new_session=True, text=True)
-    try:
-        # On one machine nothing can be unreachable: only the global limit applies.
-        seen = _supervise(process, run_dir, device_num, (timeout, startup_timeout if hosts else timeout), marked)
-        leftovers = end_leftovers(run_dir, device_num)
-        orphans = {pid: name for pid, name in kill_tree(os.getpid(), exclude=before).items() if pid not in leftovers}
-    finally:
-        if process.poll() is None:  # interrupted (Ctrl-C): the job must not outlive the launcher
-            _end(process)
-            kill_tree(os.getpid(), exclude=before)
-        become_subreaper(was_reaper)
+    with ending_on_sigterm():
+        terminal, ends = _rank_terminal(env) if Path(command[0]).name == "mpiexec.gforker" else ([], ())
+        # mpiexec ends its job when this thread ends, even by SIGKILL: SIGTERM lets it end its proxies.
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, pass_fds=ends,
+                                   start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        for end in ends:
+            os.close(end)
+        try:
+            # On one machine nothing can be unreachable: only the global limit applies.
+            seen = _supervise(process, terminal, run_dir, device_num, (timeout, startup_timeout if hosts else timeout), marked)
+            leftovers = end_leftovers(run_dir, device_num, exclude=before)
+            orphans = {pid: name for pid, name in kill_tree(os.getpid(), exclude=before).items() if pid not in leftovers}
+        finally:
+            if process.poll() is None:  # interrupted (Ctrl-C, SIGTERM): the job must not outlive the launcher
+                _end(process)
+                kill_tree(os.getpid(), exclude=before)
+            become_subreaper(was_reaper)
     lines = seen.pop("lines") + _log_lines(run_dir, device_num)
     observed = Observed(lines, run_dir, device_num, process.returncode, rank_pids(run_dir, device_num, anywhere=True),
                         hosts=hosts, marked=marked, **seen)
-    message = diagnose(observed) + _leftovers_note(leftovers, orphans)
-    code = 124 if seen["ended"] == "timeout" else process.returncode if seen["ended"] != "startup" else 1
+    message = diagnose(observed) or (missing_results(run_dir, device_num) if entry is None else "")
+    message += _leftovers_note(leftovers, orphans)
+    code = {"timeout": 124, "startup": 1, "failed": 1}.get(seen["ended"], process.returncode)
     return LaunchResult(code or (1 if message else 0), message, run_dir, time.monotonic() - started)
+
+
+def missing_results(run_dir: Path, device_num: int) -> str:
+    """"" when rank 0 saved its result and every rank recorded exit status 0; else the
+    failure line saying what is missing (mpiexec's status 0 alone proves nothing: a rank
+    program replaced by a planted module exits 0 too).
+
+    Example:
+        >>> missing_results(Path("nowhere"), 2)
+        'job failed: mpiexec exited with status 0, but rank 0 saved no result (nowhere/measured.json) and ranks 0-1 recorded no exit status 0 (rank_<i>/exit)'
+    """
+    missing = [] if read_record(run_dir / MEASURED) is not None else [f"rank 0 saved no result ({run_dir / MEASURED})"]
+    failed = [rank for rank in range(device_num) if exit_status(run_dir, rank) != 0]
+    if failed:
+        ranks = f"rank {failed[0]}" if len(failed) == 1 else \
+            f"ranks {failed[0]}-{failed[-1]}" if failed == list(range(failed[0], failed[-1] + 1)) else \
+            f"ranks {', '.join(map(str, failed))}"
+        missing.append(f"{ranks} recorded no exit status 0 (rank_<i>/exit)")
+    return f"job failed: mpiexec exited with status 0, but {' and '.join(missing)}" if missing else ""
 
 
 def _leftovers_note(leftovers: list[int], orphans: dict[int, str]) -> str:
@@ -158,41 +227,61 @@ def _leftovers_note(leftovers: list[int], orphans: dict[int, str]) -> str:
 
 
 def _prepare(run_dir: Path, device_num: int, hosts, stall_timeout: float, entry, digest: str | None) -> list[str]:
-    """Write the stall limit, the host file and the command into `run_dir`; the command."""
+    """Write the stall limit, the host file and the command into new files of `run_dir`; the command."""
     mpiexec = find_mpiexec()
-    write_atomically(run_dir / "stall_timeout", f"{stall_timeout}\n", private=True)
+    create_file(run_dir / "stall_timeout", f"{stall_timeout}\n")
     hostfile = None
     if hosts:
         hostfile = run_dir / "hostfile"
-        write_atomically(hostfile, hostfile_text(hosts), private=True)
+        create_file(hostfile, hostfile_text(hosts))
     command = mpiexec_command(mpiexec, device_num, run_dir, hostfile, entry, digest)
-    write_atomically(run_dir / "command", " ".join(command) + "\n", private=True)
+    create_file(run_dir / "command", " ".join(command) + "\n")
     return command
 
 
-def _supervise(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tuple[float, float], marked: bool) -> dict:
-    """Relay mpiexec's output and watch its ranks until it ends, ending it past the time limits
-    (global, start-up) or, when the ranks mark how they end (`marked`), once one was killed.
-    Returns the `Observed` fields seen: lines, ended, limit, deaths, stopped."""
+def _rank_terminal(env: dict) -> tuple[list, tuple[int, int]]:
+    """Pipes for the lines the ranks mean for the user, past the process manager (gforker
+    relays the ranks' output in pieces that mix the lines of several ranks); their write ends go
+    to the ranks through `env` (`rank.TERMINAL_VARIABLE`). Returns the read ends, as text
+    streams for stdout and stderr, and the write ends."""
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    env[TERMINAL_VARIABLE] = f"{out_write},{err_write}"
+    return [open(out_read, errors="replace"), open(err_read, errors="replace")], (out_write, err_write)
+
+
+def _supervise(process: subprocess.Popen, terminal: list, run_dir: Path, device_num: int, limits: tuple[float, float],
+               marked: bool) -> dict:
+    """Relay mpiexec's output and the ranks' `terminal` lines (stdout, stderr) and watch the ranks until it ends, ending it past the time limits
+    (global, start-up), once a rank says it could not start, or, when the ranks mark how they
+    end (`marked`), once one was killed. Returns the `Observed` fields seen: lines, ended,
+    limit, deaths, stopped."""
     lines: list[str] = []
-    readers = [threading.Thread(target=_relay, args=(stream, out, lines), daemon=True)
-               for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))]
+    unstarted: list[str] = []
+    readers = [threading.Thread(target=_relay, args=(stream, out, lines, unstarted), daemon=True)
+               for stream, out in zip((process.stdout, process.stderr, *terminal), (sys.stdout, sys.stderr) * 2)]
     deaths: list[int] = []
     stopped: dict[int, str] = {}
     monitor = threading.Thread(target=_watch_ranks, args=(process, run_dir, device_num, deaths, stopped, marked), daemon=True)
     for thread in (*readers, monitor):
         thread.start()
-    ended, limit = _wait(process, run_dir, device_num, limits, deaths if marked else [])
+    ended, limit = _wait(process, run_dir, device_num, limits, deaths if marked else [], unstarted)
     monitor.join(timeout=1)
     for reader in readers:
         reader.join(timeout=5)
+    if not any(reader.is_alive() for reader in readers):
+        for stream in terminal:
+            stream.close()
     return {"lines": lines, "ended": ended, "limit": limit, "deaths": deaths, "stopped": stopped}
 
 
-def _relay(stream, out, lines: list[str]) -> None:
-    """Copy one of mpiexec's output streams to ours, keeping the lines for the diagnosis."""
+def _relay(stream, out, lines: list[str], unstarted: list[str]) -> None:
+    """Copy one of mpiexec's output streams to ours, keeping the lines for the diagnosis, and
+    those of ranks that could not start in `unstarted`."""
     for line in stream:
         lines.append(line.rstrip("\n"))
+        if f": {STARTUP_FAILED}: " in line and line.startswith("rank "):
+            unstarted.append(lines[-1])
         out.write(line)
         out.flush()
 
@@ -202,19 +291,20 @@ def _log_lines(run_dir: Path, device_num: int) -> list[str]:
     the terminal got through, never before the line reached its own log file."""
     found = []
     for rank in range(device_num):
-        try:
-            text = (run_dir / f"rank_{rank}" / "log").read_text(errors="replace")
-        except OSError:
+        text = read_record(run_dir / f"rank_{rank}" / "log")
+        if text is None:
             continue
         found += [line for line in text.splitlines() if line.startswith(f"rank {rank}: ") and " step(s), sent " not in line]
     return found
 
 
-def _wait(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tuple[float, float], deaths: list[int]) -> tuple[str, float]:
+def _wait(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tuple[float, float], deaths: list[int],
+          unstarted: list[str]) -> tuple[str, float]:
     """Wait for mpiexec; end it past the global limit, past the start-up limit while a rank has
     not recorded its pid (a host that never answers keeps mpiexec waiting for as long as ssh
-    does), or as soon as a rank is in `deaths`. Returns why the launcher ended it ("timeout",
-    "startup", "died" or "") and after which limit."""
+    does), as soon as a rank is in `deaths`, or in `unstarted` (the others would wait for it in
+    MPI's start-up). Returns why the launcher ended it ("timeout", "startup", "died", "failed"
+    or "") and after which limit."""
     (timeout, startup_timeout), started = limits, time.monotonic()
     while True:
         try:
@@ -223,6 +313,9 @@ def _wait(process: subprocess.Popen, run_dir: Path, device_num: int, limits: tup
         except subprocess.TimeoutExpired:
             pass
         elapsed = time.monotonic() - started
+        if unstarted:
+            _end(process)
+            return "failed", 0.0
         if deaths:
             _end(process)
             return "died", 0.0
@@ -271,14 +364,6 @@ def _watch_ranks(process: subprocess.Popen, run_dir: Path, device_num: int, deat
         time.sleep(0.005)
 
 
-def exit_status(run_dir: Path, rank: int) -> int | None:
-    """The status a rank recorded when it ended on its own terms (``rank_<i>/exit``), or None."""
-    try:
-        return int((run_dir / f"rank_{rank}" / "exit").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def killed(run_dir: Path, device_num: int, rank: int) -> bool:
     """Whether `rank`, whose process ended, was killed (or crashed): it recorded no exit status,
     and no rank is aborting the job (whose other ranks mpiexec kills)."""
@@ -287,28 +372,15 @@ def killed(run_dir: Path, device_num: int, rank: int) -> bool:
     return not any(exit_status(run_dir, other) not in (None, 0) for other in range(device_num))
 
 
-def rank_pids(run_dir: Path, device_num: int, anywhere: bool = False) -> dict[int, int]:
-    """The process id each rank recorded (``rank_<i>/pid``), of the ranks on this machine only
-    (``rank_<i>/host``; the run directory is shared across hosts), or on any host (`anywhere`)."""
-    pids, here = {}, socket.gethostname()
-    for rank in range(device_num):
-        folder = run_dir / f"rank_{rank}"
-        try:
-            pid = int((folder / "pid").read_text())
-            host = (folder / "host").read_text().strip() if (folder / "host").exists() else here
-        except (OSError, ValueError):
-            continue
-        if anywhere or host == here:
-            pids[rank] = pid
-    return pids
-
-
-def end_leftovers(run_dir: Path, device_num: int, grace: float = 3.0) -> list[int]:
+def end_leftovers(run_dir: Path, device_num: int, grace: float = 3.0, exclude=()) -> list[int]:
     """Kill rank processes that outlive mpiexec (after `grace` seconds); returns their pids.
+    Only the recorded pids that are processes this launcher started count: its descendants
+    (it is their subreaper) but the subtrees of `exclude`, never a pid merely read from a file.
     A zombie is not alive here: its parent (the launcher itself, once mpiexec's proxy is gone)
     has yet to reap it."""
     deadline = time.monotonic() + grace
-    pids = list(rank_pids(run_dir, device_num).values())
+    ours = set(descendants(os.getpid(), exclude))
+    pids = [pid for pid in rank_pids(run_dir, device_num).values() if pid in ours]
     while any(running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     killed = [pid for pid in pids if running(pid)]

@@ -6,6 +6,10 @@ fails, so neither its process group nor its session finds them afterwards. The l
 therefore becomes a child subreaper while a job runs: every orphan of the job is re-parented to
 the launcher instead of PID 1, and the job's processes are exactly the launcher's descendants
 that were not there before. Without ``/proc`` (not Linux) only the rank pids are known.
+
+A launcher killed outright (SIGKILL) cannot clean up: mpiexec gets a parent-death signal
+(`die_with_parent`), so do the ranks from their own parent, and every rank's watchdog ends its
+rank once the launcher it names (`launcher_identity`: pid and start time) is gone.
 """
 
 from __future__ import annotations
@@ -13,13 +17,24 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 _PF_EXITING = 0x4  # the kernel's per-process flag, set as soon as the process starts dying
 _PR_SET_CHILD_SUBREAPER = 36  # prctl options (linux/prctl.h)
 _PR_GET_CHILD_SUBREAPER = 37
+_PR_SET_PDEATHSIG = 1
+LAUNCHER_VARIABLE = "AUTOSTRAT_LAUNCHER"  # "PID:START": the launcher of this rank's job
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, SLURM, systemd) ends a launcher the way Ctrl-C does: every
+    ``finally`` runs and the job's processes are ended; `signum` names the signal."""
+
+    signum = signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -29,6 +44,7 @@ class ProcessState:
     state: str  # R running, S sleeping, T stopped, t traced, Z zombie, X dead...
     parent: int
     flags: int
+    started: int  # clock ticks after boot: with the pid, names one process for good
 
     @property
     def stopped(self) -> bool:
@@ -51,7 +67,7 @@ def process_state(pid: int) -> ProcessState | None:
             fields = stat.read().rsplit(")", 1)[1].split()  # the command name may hold spaces
     except (OSError, IndexError):
         return None
-    return ProcessState(fields[0], int(fields[1]), int(fields[6]))
+    return ProcessState(fields[0], int(fields[1]), int(fields[6]), int(fields[19]))
 
 
 def alive(pid: int) -> bool:
@@ -114,6 +130,59 @@ def become_subreaper(on: bool = True) -> bool:
         return bool(old.value)
     except (OSError, AttributeError):
         return False
+
+
+@contextmanager
+def ending_on_sigterm():
+    """Within this block SIGTERM raises `Terminated` in the main thread, as SIGINT raises
+    KeyboardInterrupt; a second SIGTERM is ignored while the first one's clean-up runs. Nothing
+    changes in another thread (Python runs signal handlers in the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Have the kernel send `signum` to this process when the thread that started it ends
+    (Linux; nothing elsewhere). For ``preexec_fn``, or a process's first lines."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def launcher_identity(pid: int | None = None) -> str:
+    """``PID:START`` of process `pid` (default: this one), what `LAUNCHER_VARIABLE` holds.
+
+    Example:
+        >>> launcher_identity().startswith(f"{os.getpid()}:")
+        True
+    """
+    pid = os.getpid() if pid is None else pid
+    state = process_state(pid)
+    return f"{pid}:{state.started if state else 0}"
+
+
+def launcher_gone(identity: str | None) -> bool:
+    """Whether the launcher `identity` names (``PID:START``) has ended: its pid is not running,
+    or now belongs to another process. False when there is no identity to check."""
+    pid, _, started = (identity or "").partition(":")
+    if not pid.isdigit() or not started.isdigit():
+        return False
+    state = process_state(int(pid))
+    if state is None:
+        return not alive(int(pid))
+    return not state.running or (int(started) != 0 and state.started != int(started))
 
 
 def process_name(pid: int) -> str:

@@ -5,9 +5,19 @@ against it before it uses any of them, and a changed job fails like any other ra
 
 Each rank writes everything it prints to ``RUN_DIR/rank_<i>/log`` (like MindSpore's
 ``device<i>/train.log<i>``) and its process id to ``rank_<i>/pid``; only rank 0's report and
-one line per failing rank go to the terminal. A rank that raises prints ``rank i: <error>``
+one line per failing rank go to the terminal (on one machine through the launcher's own pipes,
+`TERMINAL_VARIABLE`: gforker would mix the lines of several ranks). A rank that raises prints ``rank i: <error>``
 and aborts the whole job; a rank that stops making progress is ended by its `Watchdog`. A rank
 that ends on its own terms (done, or aborting the job) writes its status to ``rank_<i>/exit``.
+
+The launcher starts ranks with ``python -P`` (``PYTHONSAFEPATH``): the folder ``autostrat run``
+was started from is on no rank's import path, so a ``numpy.py`` there runs nowhere. Every file a
+rank writes in the run folder is new (`run_folder.create_file`, `run_folder.open_new`). A rank
+that cannot start (its folder or files cannot be written: a full disk) prints ``rank i: could
+not start: <cause>`` and exits at once, which the launcher takes for the end of the job. Rank 0
+prints the job's result before it writes it, so that a full disk loses no result: the failure
+then names the file that could not be written. A rank dies with its parent (mpiexec.gforker,
+or hydra's proxy), and its watchdog ends it once the job's launcher is gone.
 """
 
 from __future__ import annotations
@@ -20,36 +30,64 @@ import sys
 import traceback
 from pathlib import Path
 
-from autostrat.errors import RuntimeBackendError
-from autostrat.io import write_atomically
-from autostrat.runtime.job import run_steps
-from autostrat.runtime.job_file import load_job
-from autostrat.runtime.program import Communicate
-from autostrat.runtime.report import MEASURED, format_report
+# Only light modules here: a rank records its pid before it imports the job's machinery (numpy
+# and the runtime: seconds when eight ranks share two cores), so the launcher sees it start.
+from autostrat.errors import AutostratError, RuntimeBackendError
+from autostrat.runtime.processes import LAUNCHER_VARIABLE, die_with_parent
+from autostrat.runtime.run_folder import create_file, open_new, read_record
 from autostrat.runtime.watchdog import Watchdog, say
+
+STARTUP_FAILED = "could not start"  # rank i: could not start: <cause>; the launcher ends the job on it
+TERMINAL_VARIABLE = "AUTOSTRAT_TERMINAL"  # "OUT,ERR": the launcher's pipes for the lines meant for the user
+REPORT = "report.txt"
 
 
 def record_pid(run_dir: Path, rank: int) -> Path:
-    """Write this process's id to ``rank_<rank>/pid`` and its host to ``rank_<rank>/host`` (the
-    launcher's sign that the rank started, and how it finds the process: a pid means nothing on
-    another host); returns the rank's folder."""
+    """Create ``rank_<rank>/`` (0700, new) with this process's host in ``host`` and its id in
+    ``pid`` (the launcher's sign that the rank started, and how it finds the process: a pid
+    means nothing on another host); returns the rank's folder."""
     folder = run_dir / f"rank_{rank}"
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(folder / "host", f"{socket.gethostname()}\n", private=True)
-    write_atomically(folder / "pid", f"{os.getpid()}\n", private=True)
+    try:
+        folder.mkdir(mode=0o700)
+    except OSError as error:
+        raise RuntimeBackendError(f"cannot create {folder}: {error.strerror or error}") from None
+    create_file(folder / "host", f"{socket.gethostname()}\n")
+    create_file(folder / "pid", f"{os.getpid()}\n")
     return folder
 
 
-def redirect_output(run_dir: Path, rank: int) -> tuple[int, int]:
-    """Send this process's stdout and stderr to ``rank_<rank>/log``; return copies of the
-    original descriptors (the terminal, through mpiexec) for the lines meant for the user."""
-    folder = record_pid(run_dir, rank)
-    terminal_out, terminal_err = os.dup(1), os.dup(2)
-    log = os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def redirect_output(run_dir: Path, rank: int, record: bool = True, terminal: tuple[int, int] | None = None) -> tuple[int, int]:
+    """Send this process's stdout and stderr to a new ``rank_<rank>/log`` (after recording the
+    pid, unless `record` is False: done already); return the descriptors for the lines meant
+    for the user: `terminal`, or copies of the original stdout and stderr (through mpiexec)."""
+    folder = record_pid(run_dir, rank) if record else run_dir / f"rank_{rank}"
+    try:
+        log = open_new(folder / "log")
+    except OSError as error:
+        raise RuntimeBackendError(f"cannot write {folder / 'log'}: {error.strerror or error}") from None
+    terminal_out, terminal_err = terminal or (os.dup(1), os.dup(2))
     sys.stdout.flush(), sys.stderr.flush()
     os.dup2(log, 1), os.dup2(log, 2)
     os.close(log)
     return terminal_out, terminal_err
+
+
+def terminal_descriptors() -> tuple[int, int] | None:
+    """The launcher's pipes for this rank's lines meant for the user (`TERMINAL_VARIABLE`),
+    None when it gave none (then the process manager relays stdout and stderr)."""
+    out, _, err = os.environ.get(TERMINAL_VARIABLE, "").partition(",")
+    return (int(out), int(err)) if out.isdigit() and err.isdigit() else None
+
+
+def start_step(step, rank: int, fd: int):
+    """`step()`'s value; if it fails (a full disk, a folder that exists already), say so in
+    one line and end this process at once: the launcher ends the job on that line, while the
+    other ranks would wait for this one in MPI's start-up until the job's time limit."""
+    try:
+        return step()
+    except (OSError, AutostratError) as error:
+        say(fd, f"rank {rank}: {STARTUP_FAILED}: {getattr(error, 'strerror', None) or error}", log_fd=None)
+        os._exit(1)
 
 
 def inject(fault, backend) -> None:
@@ -67,6 +105,8 @@ def inject(fault, backend) -> None:
 
 
 def _hook(program, watchdog: Watchdog, fault, backend):
+    from autostrat.runtime.program import Communicate
+
     def on_instruction(index: int, instruction) -> None:
         collective = isinstance(instruction, Communicate) and instruction.kind != "Slice"
         name = getattr(instruction, "edge", None) or getattr(instruction, "op", None) or getattr(instruction, "tensor", "")
@@ -79,18 +119,33 @@ def _hook(program, watchdog: Watchdog, fault, backend):
 
 def run_rank(run_dir: Path, digest: str, backend, watchdog: Watchdog, terminal_out: int) -> bool:
     """Run every step of the job on this rank (once its files match `digest`); rank 0 prints
-    and saves the report."""
+    the report, then saves it (`save_result`)."""
+    from autostrat.runtime.job import run_steps
+    from autostrat.runtime.job_file import load_job
+    from autostrat.runtime.report import format_report
+
     job = load_job(run_dir, digest)
     hook = _hook(job.programs[backend.rank], watchdog, job.fault, backend) if backend.device_num == job.device_num else None
     summaries = run_steps(job, backend, hook, lambda: watchdog.progress("gathering the report", collective=True), _log)
     if summaries is None:
         return True
     check = format_report(job, summaries, "MPI")
-    write_atomically(run_dir / "report.txt", check.text + "\n")
-    write_atomically(run_dir / MEASURED, json.dumps(check.measured) + "\n")
+    say(terminal_out, check.text, log_fd=None)  # the result reaches the user before any file is written
+    save_result(run_dir, check)
     print(check.text, flush=True)
-    say(terminal_out, check.text, log_fd=None)
     return check.ok
+
+
+def save_result(run_dir: Path, check) -> None:
+    """Write rank 0's report and measured figures to new files in `run_dir`; a failure names
+    the file the result (printed already) could not be written to."""
+    from autostrat.runtime.report import MEASURED
+
+    try:
+        create_file(run_dir / REPORT, check.text + "\n")
+        create_file(run_dir / MEASURED, json.dumps(check.measured) + "\n")
+    except RuntimeBackendError as error:
+        raise RuntimeBackendError(f"the result printed above was not saved: {error}") from None
 
 
 def _log(line: str) -> None:
@@ -100,37 +155,60 @@ def _log(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir = Path(argv[0])
+    die_with_parent()  # mpiexec's proxy: a rank outlives no part of its job
     # Ranks busy-wait inside collectives. One step below the launcher's priority, its watcher
     # still sees which rank died first when ranks outnumber cores (measured: with two CPU hogs
     # running, the killed rank was misnamed in 3 of 5 runs at equal priority).
     os.nice(5)
-    if os.environ.get("PMI_RANK", "").isdigit():
+    # mpiexec.gforker interrupts every rank when one dies: the launcher ends the job itself, once
+    # it saw which rank died first (a rank has no terminal to be interrupted from).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    terminal = terminal_descriptors()
+    errors = terminal[1] if terminal else 2
+    recorded = os.environ.get("PMI_RANK", "").isdigit()
+    if recorded:
         # Before MPI starts: MPI_Init waits for every host, and the launcher tells the hosts that
         # never started their ranks from those that did by these files.
-        record_pid(run_dir, int(os.environ["PMI_RANK"]))
+        rank = int(os.environ["PMI_RANK"])
+        start_step(lambda: record_pid(run_dir, rank), rank, errors)
+    # The job's machinery, once the pid is recorded and before the watchdog counts the start-up.
+    from autostrat.runtime import job_file, report  # noqa: F401
     from autostrat.runtime.mpi import MpiBackend
 
     backend = MpiBackend()
-    terminal_out, terminal_err = redirect_output(run_dir, backend.rank)
+    terminal_out, terminal_err = start_step(lambda: redirect_output(run_dir, backend.rank, not recorded, terminal),
+                                            backend.rank, errors)
     print(f"rank {backend.rank} of {backend.device_num}: pid {os.getpid()}", flush=True)
     watchdog = Watchdog(backend.rank, _stall_limit(run_dir), lambda: end_rank(run_dir, backend.rank, 3, backend),
-                        fd=terminal_err)
+                        fd=terminal_err, launcher=os.environ.get(LAUNCHER_VARIABLE))
     try:
         ok = run_rank(run_dir, digest_argument(argv), backend, watchdog, terminal_out)
     except BaseException as error:  # noqa: BLE001  (any failure must end the whole job)
-        traceback.print_exc()
+        _print_traceback()
         say(terminal_err, f"rank {backend.rank}: {type(error).__name__}: {error}")
-        sys.stdout.flush(), sys.stderr.flush()
         return end_rank(run_dir, backend.rank, 1, backend)
     watchdog.stop()
     return end_rank(run_dir, backend.rank, 0 if ok else 4)
+
+
+def _print_traceback() -> None:
+    """The traceback to the rank's log, unless the log cannot be written (a full disk): the
+    one-line message still reaches the terminal."""
+    try:
+        traceback.print_exc()
+        sys.stdout.flush(), sys.stderr.flush()
+    except OSError:
+        pass
 
 
 def end_rank(run_dir: Path, rank: int, status: int, backend=None) -> int:
     """Record that this rank ends on its own terms (``rank_<rank>/exit`` holds `status`) and,
     given the `backend`, abort the whole job. The launcher takes a rank process that ends
     without this file for one that was killed or crashed, and ends the job itself."""
-    write_atomically(run_dir / f"rank_{rank}" / "exit", f"{status}\n", private=True)
+    try:
+        create_file(run_dir / f"rank_{rank}" / "exit", f"{status}\n")
+    except RuntimeBackendError:
+        pass  # a full disk: the launcher takes the rank for killed, and its own line says why
     if backend is not None:
         backend.abort(status)
     return status
@@ -151,8 +229,8 @@ def digest_argument(argv: list[str]) -> str:
 def _stall_limit(run_dir: Path) -> float:
     """The job's stall limit, read before the job itself so start-up is watched too."""
     try:
-        return float((run_dir / "stall_timeout").read_text())
-    except (OSError, ValueError):
+        return float(read_record(run_dir / "stall_timeout") or "")
+    except ValueError:
         return 10.0
 
 

@@ -5,6 +5,9 @@ deadline from its last progress. A rank inside a collective gets a few more seco
 computing, because it is usually waiting for the rank that is stuck, and the rank that is really
 stuck should be the first to speak. On expiry the watchdog prints one line naming the rank and
 what it was doing, gives the other ranks a moment to print theirs, and aborts the job.
+
+A watchdog given its job's `launcher` (``PID:START``, `processes.launcher_identity`) also ends
+its rank at once when that launcher is gone: killed outright, it could not end the job itself.
 """
 
 from __future__ import annotations
@@ -13,17 +16,23 @@ import os
 import threading
 import time
 
+from autostrat.runtime.processes import launcher_gone
+
 COLLECTIVE_GRACE = 3.0  # extra seconds for a rank waiting inside a collective
 SPEAK_PAUSE = 1.5  # seconds between the stall line and the abort, for the other ranks' lines
 
 
 def say(fd: int, line: str, log_fd: int | None = 2) -> None:
     """One line in one write to the terminal (`fd`), so lines of several ranks never
-    interleave, and the same line to the rank's log (`log_fd`, its redirected stderr)."""
+    interleave, and the same line to the rank's log (`log_fd`, its redirected stderr), if the
+    log can still be written (a full disk must not keep the line from the terminal)."""
     data = (line.rstrip("\n") + "\n").encode()
     os.write(fd, data)
     if log_fd is not None and log_fd != fd:
-        os.write(log_fd, data)
+        try:
+            os.write(log_fd, data)
+        except OSError:
+            pass
 
 
 class Watchdog:
@@ -37,8 +46,9 @@ class Watchdog:
         ([True], 'rank 3: no progress for 0.2 s in MatMul')
     """
 
-    def __init__(self, rank: int, limit: float, abort, fd: int | None = 2, grace: float = COLLECTIVE_GRACE, pause: float = SPEAK_PAUSE):
-        self.rank, self.limit, self.abort, self.fd = rank, limit, abort, fd
+    def __init__(self, rank: int, limit: float, abort, fd: int | None = 2, grace: float = COLLECTIVE_GRACE, pause: float = SPEAK_PAUSE,
+                 launcher: str | None = None):
+        self.rank, self.limit, self.abort, self.fd, self.launcher = rank, limit, abort, fd, launcher
         self.grace, self.pause = grace, pause
         self.message = ""
         self._doing, self._collective, self._since = "start-up", False, time.monotonic()
@@ -55,6 +65,8 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stopped.wait(min(0.1, self.limit / 4)):
+            if launcher_gone(self.launcher):
+                self._orphaned()
             limit = self.limit + (self.grace if self._collective else 0.0)
             if time.monotonic() - self._since < limit:
                 continue
@@ -65,3 +77,13 @@ class Watchdog:
             time.sleep(self.pause)
             self.abort()
             return
+
+    def _orphaned(self) -> None:
+        """End this rank now, its launcher gone: no MPI_Abort, whose process manager may be gone
+        too; the line goes to the rank's log (the terminal went with the launcher)."""
+        try:
+            say(2, f"rank {self.rank}: the job's launcher (pid {self.launcher.partition(':')[0]}) is gone; ending the rank",
+                log_fd=None)
+        except OSError:
+            pass
+        os._exit(5)
