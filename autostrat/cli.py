@@ -56,12 +56,10 @@ try:  # these take a second to import: Ctrl-C meanwhile ends the command as it d
     from autostrat.runtime.job import FAULTS, Fault
     from autostrat.runtime.launcher import STARTUP_TIMEOUT
     from autostrat.runtime.processes import Terminated
-    from autostrat.report import format_candidates
-    from autostrat.rules import make_rule
+    from autostrat.report import candidates_text
     from autostrat.search.checkpoint import checkpoint_bytes
     from autostrat.search.dump import dump_texts
     from autostrat.search.progress import StatusLine
-    from autostrat.strategies import generate_strategies, mesh_axes, split_values
 except KeyboardInterrupt:
     if not _is_command():
         raise
@@ -69,33 +67,6 @@ except KeyboardInterrupt:
     # not sys.exit: an extension whose import ran Python code (PyRun_*) that Ctrl-C ended has
     # marked the interpreter to kill itself with SIGINT (exit -2) on its way out
     os._exit(130)
-
-# MindSpore's sharding-propagation tutorial FFN, x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64),
-# as the ops it traces to (the tutorial's own Dense: a MatMul with weight [in, out], and a BiasAdd).
-TUTORIAL_FFN = (
-    ("dense1.matmul", "MatMul", [(64, 64), (64, 64)]),
-    ("dense1.bias_add", "BiasAdd", [(64, 64), (64,)]),
-    ("relu", "ReLU", [(64, 64)]),
-    ("dense2.matmul", "MatMul", [(64, 64), (64, 64)]),
-    ("dense2.bias_add", "BiasAdd", [(64, 64), (64,)]),
-)
-
-
-def candidates_text(device_num: int, allow_repeated: bool = False) -> str:
-    """Every op of the tutorial FFN with the candidate strategies a search on `device_num`
-    devices weighs (on the "auto" logical mesh beyond 16 devices)."""
-    axes = mesh_axes(device_num)
-    on = "every divisor a split" if axes is None else f"mesh {' x '.join(map(str, axes))}"
-    sections = [
-        f"Candidate strategies of the MindSpore tutorial FFN on {device_num} devices, {on} "
-        "(x[64, 64] -> Dense(64, 64) -> ReLU -> Dense(64, 64))"
-    ]
-    for name, op_type, shapes in TUTORIAL_FFN:
-        rule = make_rule(op_type, shapes)
-        options = generate_strategies(rule, device_num, allow_repeated, split_values(axes), axes)
-        sections.append(format_candidates(name, rule, options))
-    return "\n\n".join(sections)
-
 
 def _search_config(args):
     options = {key: getattr(args, key) for key in SOURCE_OPTIONS}
