@@ -55,7 +55,7 @@ try:  # these take a second to import: Ctrl-C meanwhile ends the command as it d
     from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, private_folder, source_config
     from autostrat.runtime.job import FAULTS, Fault
     from autostrat.runtime.launcher import STARTUP_TIMEOUT
-    from autostrat.runtime.processes import Terminated
+    from autostrat.runtime.processes import Terminated, ending_on_sigterm
     from autostrat.report import candidates_text
     from autostrat.search.checkpoint import checkpoint_bytes
     from autostrat.search.dump import dump_texts
@@ -362,7 +362,7 @@ def command() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), ending_on_sigterm():  # SIGTERM (kill, timeout, SLURM) ends it as Ctrl-C does
         warnings.showwarning = _show_warning
         return _dispatch(args)
 
@@ -391,8 +391,9 @@ def _dispatch(args) -> int:
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stderr.close()
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: outputs are written only once complete, so none is half-written
-        if isinstance(interrupt, Terminated):  # the launcher ended the job's processes first
-            print("\nautostrat: terminated by SIGTERM, the job ended, nothing written", file=sys.stderr)
+        if isinstance(interrupt, Terminated):  # a launcher ended the job's processes first
+            job = ", the job ended" if args.command == "run" else ""
+            print(f"\nautostrat: terminated by SIGTERM{job}, nothing written", file=sys.stderr)
             return 128 + interrupt.signum
         print(INTERRUPTED, file=sys.stderr)
         return 130

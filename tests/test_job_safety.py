@@ -192,6 +192,21 @@ def test_sigterm_ends_the_whole_job(tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_during_a_search_ends_it_in_one_line_and_writes_nothing(tmp_path):
+    command = [sys.executable, "-P", "-m", "autostrat", "search", str(ROOT / "configs" / "transformer_stack.yaml"),
+               "--device-num", "512", "--refine", "cpsat", "--out", str(tmp_path / "plan.json")]
+    search = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=os.environ | {"PYTHONPATH": str(ROOT)})
+    first = search.stderr.readline()  # a search of over a second says what it does: it is under way
+    assert first.startswith("autostrat: propagating"), first
+    search.send_signal(signal.SIGTERM)
+    out, err = search.communicate(timeout=60)
+    assert search.returncode == 143 and out == "", (search.returncode, err[-2000:])
+    assert err.endswith("autostrat: terminated by SIGTERM, nothing written\n") and "Traceback" not in err, err[-2000:]
+    assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.slow
 def test_sigkill_of_the_launcher_leaves_no_process_of_the_job(tmp_path):
     job, pids = started_job(tmp_path)
     job.kill()
