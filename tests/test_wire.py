@@ -103,3 +103,16 @@ def test_a_permute_sends_one_message_and_none_to_itself():
     runs = _messages(3, lambda b: b.sendrecv(np.full(5, b.rank, np.int64), partner[b.rank], partner[b.rank]))
     assert [int(received[0]) for received, _ in runs] == [0, 2, 1]
     assert [sent for _, sent in runs] == [[], [Message(2, 40)], [Message(1, 40)]]
+
+
+@pytest.mark.parametrize("config", ["ffn", "gpt_train"])
+def test_the_measured_device_traffic_is_the_predicted_one(config):
+    from autostrat.frontend.run import RunOptions, _prepare
+    from autostrat.report.data import device_traffic
+    from autostrat.runtime.local import run_job_locally
+
+    job, _, _, planned = _prepare(ROOT / f"configs/{config}.yaml", RunOptions(steps=2))
+    check = run_job_locally(job)
+    measured, predicted = np.array(check.measured["traffic"]), device_traffic(planned.plan)
+    assert check.bytes_match and predicted.any()
+    assert np.array_equal(measured, predicted)
