@@ -152,7 +152,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         f"{job.name} on {job.device_num} ranks ({backend}), {steps} {kind} step(s)",
         job.plan_table,
         "",
-        f"bytes each rank sent per {kind} step: predicted by the plan / counted on the buffers handed to the backend,",
+        f"bytes each rank sent per {kind} step: predicted by the plan / counted at the send call of every message,",
         "and peak bytes each rank held: predicted by the plan's memory model / measured on the rank's live buffers",
         f"({PHASE_LEGEND})",
         format_table(headers, rows),
