@@ -1,8 +1,9 @@
 """Run one rank's program on a backend, and the single-device reference run.
 
 The executor cuts and joins along tensor dims; the backend only moves and reduces buffers.
-Collective instructions are carried out exactly as `redistribution.simulate` defines them
-(chunk order, reduction order), so every backend agrees with the simulation.
+Collective instructions are carried out as `redistribution.simulate` defines them (chunk
+order); a backend reduces in its ring's order (`wire`), the same on every backend, which may
+differ from the simulation's group order in the last bits of a floating-point sum.
 
 Memory: a rank drops every buffer after the last instruction that reads it (`release_schedule`),
 except its graph outputs, the next values of its parameters and state, and the parameters and

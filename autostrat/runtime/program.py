@@ -226,7 +226,8 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
             elif edge is not None and edge.plan.steps:
                 key = _edge_key(tensor, name, index)
                 label = f"{tensor} -> {name}[{index}]"
-                instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge), _itemsize(plan, tensor))
+                instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge),
+                                            _itemsize(plan, tensor))
             keys.append(key)
         strategy = plan.ops[name].strategy
         instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, kernel_attrs(plan, op), strategy.slice_context(rank)))
