@@ -72,7 +72,7 @@ def run_layout_pair(backend, plan, pieces):
     rank = backend.rank
     partitions = tuple(dict.fromkeys(s.groups for s in plan.steps if s.kind not in ("Slice", "CollectivePermute")))
     load = Load("t", tuple((0, size) for size in pieces[rank].shape))  # the whole piece: it is the rank's slice
-    steps = tuple(lower_steps(plan, rank, "t", "u", "edge", "forward"))
+    steps = tuple(lower_steps(plan, rank, "t", "u", "edge", "forward", pieces[rank].itemsize))
     program = Program(rank, plan.src.device_num, partitions, (load, *steps), (), (("t", "u" if steps else "t"),))
     return execute(program, backend, {"t": pieces[rank]})
 

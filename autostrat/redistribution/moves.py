@@ -171,7 +171,7 @@ def _reductions(space: Space, state: State, s: int, rooms, unit: bool = False) -
     entries, partial = state
     found = []
     for block, g, rest in _blocks(space.sizes, partial):
-        found.append(Move("AllReduce", block, (), None, (entries, rest), collective_bytes("AllReduce", g, s)))
+        found.append(Move("AllReduce", block, (), None, (entries, rest), collective_bytes("AllReduce", g, s, space.itemsize)))
         if unit and len(block) > 1:
             continue
         sent = collective_bytes("ReduceScatter", g, s)

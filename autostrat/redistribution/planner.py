@@ -89,7 +89,7 @@ def _greedy_path(problem: Problem, start, target) -> list[tuple]:
     space = problem.spaces[0]
     entries, partial = start[1]
     if partial:
-        step("AllReduce", partial, (), (entries, ()), collective_bytes("AllReduce", len(problem.layout(start).partial_groups()[0]), space.local_bytes(start[1])))
+        step("AllReduce", partial, (), (entries, ()), collective_bytes("AllReduce", len(problem.layout(start).partial_groups()[0]), space.local_bytes(start[1]), space.itemsize))
     for dim, entry in enumerate(entries):
         if entry:
             gathered = node[1][0][:dim] + ((),) + node[1][0][dim + 1 :]

@@ -241,35 +241,36 @@ def _memory(plan, budget) -> dict:
 
 
 def device_traffic(plan) -> np.ndarray:
-    """Bytes per step device `i` sends device `j` (row `i`, column `j`), over every redistribution
-    and writeback of `plan`. A collective over a group of g devices is counted as each member
-    sending its bytes in equal parts to the g - 1 others (the volume of a direct exchange; a ring
-    moves the same bytes through neighbours); a CollectivePermute sends to the rank it names.
-    Each row sums to the bytes that device sends (`Plan.total_bytes`, up to rounding).
+    """Bytes per step device `i` is predicted to send device `j` (row `i`, column `j`), over every
+    redistribution and writeback of `plan`, as the runtime moves them (`runtime.wire`): in a ring
+    collective (AllGather, ReduceScatter, AllReduce) every member sends its bytes to the next
+    member of its group; in an AllToAll it sends them in equal parts to the g - 1 others; a
+    CollectivePermute sends to the rank that takes its piece. (An AllReduce whose group size
+    does not divide the piece is drawn at its busiest member's bytes.) After a run, the report
+    draws the bytes counted at the send calls instead (`RunCheck.measured["traffic"]`).
 
-    Example (the tutorial FFN: one ReduceScatter over the 4 devices of each model-parallel group):
+    Example (the tutorial FFN: one ring ReduceScatter over the 4 devices of each model-parallel group):
         >>> from autostrat.models import tutorial_plan
         >>> traffic = device_traffic(tutorial_plan())
         >>> traffic.sum(axis=1).tolist()[:2], traffic[0].tolist()
-        ([6144.0, 6144.0], [0.0, 2048.0, 2048.0, 2048.0, 0.0, 0.0, 0.0, 0.0])
+        ([6144.0, 6144.0], [0.0, 6144.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     """
-    weights: Counter = Counter()  # (groups, sources) -> bytes per member
+    traffic = np.zeros((plan.device_num, plan.device_num))
     for plan_steps in [edge.plan.steps for edge in plan.redistributions if not edge.shares] + [
             writeback.plan.steps for writeback in plan.writebacks]:
         for step in plan_steps:
-            if step.bytes:
-                weights[(step.groups, step.sources)] += step.bytes
-    traffic = np.zeros((plan.device_num, plan.device_num))
-    for (groups, sources), sent in weights.items():
-        if sources:
-            traffic[list(sources), range(len(sources))] += sent
-            continue
-        members = np.array(groups)
-        if members.shape[1] < 2:
-            continue
-        share = sent / (members.shape[1] - 1)
-        for column in range(members.shape[1]):
-            for other in range(members.shape[1]):
-                if other != column:
-                    traffic[members[:, column], members[:, other]] += share
+            if not step.bytes:
+                continue
+            if step.sources:
+                senders = np.array(step.sources)
+                moved = senders != np.arange(len(senders))
+                np.add.at(traffic, (senders[moved], np.flatnonzero(moved)), step.bytes)
+                continue
+            members = np.array(step.groups)
+            g = members.shape[1]
+            if step.kind == "AllToAll":
+                for shift in range(1, g):
+                    np.add.at(traffic, (members, np.roll(members, -shift, axis=1)), step.bytes / (g - 1))
+            elif g > 1:
+                np.add.at(traffic, (members, np.roll(members, -1, axis=1)), step.bytes)
     return traffic

@@ -13,6 +13,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from autostrat.io import write_files_atomically
 from autostrat.report import charts as drawing
 from autostrat.report.data import device_traffic, report_data
@@ -21,7 +23,8 @@ from autostrat.search.bounds import plan_bounds
 CHART_TITLES = {
     "bytes_per_layer": "Bytes per layer: the redistributions into each layer's ops (by phase) and its writebacks.",
     "memory": "Memory over the step: bytes one device holds after each instruction; the dotted line is the peak.",
-    "device_traffic": "Bytes between every pair of devices in one step.",
+    "device_traffic": "Bytes between every pair of devices in one step: predicted by the plan, or after autostrat run "
+                      "counted at each rank's send calls.",
     "measured": "After autostrat run: predicted next to measured, for the rank with the most.",
 }
 
@@ -47,7 +50,7 @@ def report_files(plan, path, png_dir=None, search_seconds: float | None = None, 
     """`write_report`'s files by path, not yet written (the CLI writes them with its other outputs)."""
     bounds = plan_bounds(plan)
     data = report_data(plan, search_seconds, budget, measured, bounds)
-    figures = drawing.charts(data, device_traffic(plan))
+    figures = drawing.charts(data, measured_traffic(measured) if measured and "traffic" in measured else device_traffic(plan))
     try:
         files = {Path(path): page(data, {stem: drawing.svg_text(figure) for stem, figure in figures.items()}, bounds)}
         if png_dir is not None:
@@ -55,6 +58,17 @@ def report_files(plan, path, png_dir=None, search_seconds: float | None = None, 
     finally:
         drawing.close(figures)
     return files
+
+
+def measured_traffic(measured: dict):
+    """The bytes per step each rank sent each rank in a run (`RunCheck.measured["traffic"]`),
+    as a matrix like `data.device_traffic`.
+
+    Example:
+        >>> measured_traffic({"traffic": [[0, 8], [4, 0]]}).tolist()
+        [[0.0, 8.0], [4.0, 0.0]]
+    """
+    return np.array(measured["traffic"], np.float64)
 
 
 def page(data: dict, svgs: dict[str, str], bounds) -> str:

@@ -5,32 +5,22 @@ MPI style, and every rank of a group makes the same call. Collectives take and r
 equally shaped blocks in group order; cutting and joining along tensor dims is the executor's
 job, so a backend only moves and reduces buffers.
 
-Every collective records what the rank sent (`Sent`). The count is made from the buffers the
-rank actually hands over and the size of the group it hands them to, with the ring formulas of
-DESIGN section 3 (`cost.collective_bytes`): it does not trust the plan. The MPI library may move
-the same data with another algorithm internally; mpi4py does not expose that.
+Every collective is moved as point-to-point messages (`wire.Wire`: ring AllGather and
+ReduceScatter, AllReduce as both, pairwise AllToAll, permutes), and every message is recorded at
+its send call, with its destination and bytes (`wire.Message`), in `sent`: the run's byte counts
+are what was handed to the transport, counted by code that never reads the cost model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from autostrat.cost import collective_bytes
 from autostrat.errors import ConfigError
+from autostrat.runtime.wire import Message
 
 REDUCE_OPS = ("max", "min", "sum")
-
-
-@dataclass(frozen=True)
-class Sent:
-    """One collective call of one rank: its kind, group size and the bytes the rank sent."""
-
-    kind: str
-    group_size: int
-    bytes: int
 
 
 class Backend(Protocol):
@@ -38,7 +28,7 @@ class Backend(Protocol):
 
     rank: int
     device_num: int
-    sent: list[Sent]
+    sent: list[Message]  # every message this rank sent, in order
 
     def prepare(self, partitions) -> None:
         """Make one communicator per group of every partition (all ranks call it once, in order)."""
@@ -72,25 +62,6 @@ class Backend(Protocol):
         For the run report only: not counted as sent bytes."""
 
 
-class CountingBackend:
-    """Byte counting shared by the backends: `count` appends one `Sent` per collective."""
-
-    rank: int
-    device_num: int
-
-    def __init__(self) -> None:
-        self.sent: list[Sent] = []
-
-    def count(self, kind: str, group_size: int, local_bytes: int) -> None:
-        self.sent.append(Sent(kind, group_size, collective_bytes(kind, group_size, local_bytes)))
-
-    def count_send(self, piece: np.ndarray) -> None:
-        self.sent.append(Sent("Send", 2, piece.nbytes))
-
-    def count_sendrecv(self, piece: np.ndarray, dest: int) -> None:
-        self.sent.append(Sent("CollectivePermute", 2, 0 if dest == self.rank else piece.nbytes))
-
-
 def check_world(device_num: int, backend, where: str = "the plan") -> None:
     """A `ConfigError` unless `backend` has exactly the `device_num` ranks `where` was made for.
 
@@ -112,7 +83,3 @@ plan for 4 devices (device_num=4) or start 8 ranks (mpiexec -n 8)
             f"(mpiexec -n {device_num})"
         )
 
-
-def stacked(blocks: list[np.ndarray]) -> np.ndarray:
-    """Equally shaped blocks as one contiguous buffer, block i first along a new axis 0."""
-    return np.ascontiguousarray(np.stack([np.asarray(block) for block in blocks]))

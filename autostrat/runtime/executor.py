@@ -1,8 +1,9 @@
 """Run one rank's program on a backend, and the single-device reference run.
 
 The executor cuts and joins along tensor dims; the backend only moves and reduces buffers.
-Collective instructions are carried out exactly as `redistribution.simulate` defines them
-(chunk order, reduction order), so every backend agrees with the simulation.
+Collective instructions are carried out as `redistribution.simulate` defines them (chunk
+order); a backend reduces in its ring's order (`wire`), the same on every backend, which may
+differ from the simulation's group order in the last bits of a floating-point sum.
 
 Memory: a rank drops every buffer after the last instruction that reads it (`release_schedule`),
 except its graph outputs, the next values of its parameters and state, and the parameters and
@@ -34,20 +35,22 @@ import numpy as np
 from autostrat.autodiff import UPDATE_OP_TYPES
 from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.errors import RuntimeBackendError
-from autostrat.runtime.backend import Backend, Sent
+from autostrat.runtime.backend import Backend
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, Send
 
 
 @dataclass(frozen=True)
 class Traffic:
-    """One collective instruction of one rank: what the plan predicted and what was sent."""
+    """One collective instruction of one rank: what the plan predicted and what was sent, in
+    all and (`peers`) as ``(dest, bytes)`` per destination rank, in rank order."""
 
     edge: str
     kind: str
     phase: str
     predicted: int
     sent: int
+    peers: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,35 @@ class RankResult:
         """The bytes sent by each communication instruction, as integers even when there are
         none (an empty list would make a float array, which an integer running sum rejects)."""
         return np.array([traffic.sent for traffic in self.traffic], np.int64)
+
+    def sent_to(self, device_num: int) -> np.ndarray:
+        """The bytes this rank sent each rank (index = destination) over the plan's phases
+        (every phase but "output", which assembles results for the check)."""
+        return peer_bytes(self.traffic, device_num)
+
+
+def peer_bytes(traffic, device_num: int) -> np.ndarray:
+    """The bytes sent to each rank by `traffic` (`Traffic` records), phase "output" left out.
+
+    Example:
+        >>> peer_bytes([Traffic("e", "AllGather", "forward", 8, 8, ((1, 8),))], 2).tolist()
+        [0, 8]
+    """
+    sent = np.zeros(device_num, np.int64)
+    for record in traffic:
+        if record.phase != "output":
+            for dest, size in record.peers:
+                sent[dest] += size
+    return sent
+
+
+def traffic_of(instruction, messages) -> Traffic:
+    """The `Traffic` of one communication instruction from the `wire.Message`s it sent."""
+    peers: dict[int, int] = {}
+    for message in messages:
+        peers[message.dest] = peers.get(message.dest, 0) + message.bytes
+    return Traffic(instruction.edge, instruction.kind, instruction.phase, instruction.predicted,
+                   sum(peers.values()), tuple(sorted(peers.items())))
 
 
 def execute(program: Program, backend: Backend, values: dict, on_instruction=None, resident: dict | None = None) -> RankResult:
@@ -108,8 +140,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
         else:
             before = len(backend.sent)
             written = {instruction.target: communicate(instruction, backend, store[instruction.source])}
-            sent = sum(record.bytes for record in backend.sent[before:])
-            traffic.append(Traffic(instruction.edge, instruction.kind, instruction.phase, instruction.predicted, sent))
+            traffic.append(traffic_of(instruction, backend.sent[before:]))
         memory.write(counted_bytes(instruction, written), written_over(instruction), released)
         store.update(written)
         memory.release(released)
@@ -252,5 +283,5 @@ def single_device_run(graph, values: dict, batches, on_step=None) -> tuple[tuple
     return tuple(outputs), {name: values[name] for name, _ in graph.updates}
 
 
-__all__ = ["RankResult", "Sent", "Traffic", "communicate", "execute", "graph_values", "release_schedule", "run_single_device",
+__all__ = ["RankResult", "Traffic", "communicate", "execute", "graph_values", "release_schedule", "run_single_device",
            "single_device_run", "single_device_step"]

@@ -193,6 +193,7 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     if isinstance(program, StageProgram):
         return _run_stage_steps(job, program, backend, on_gather, log)
     sums = np.zeros(len(program.communications()), np.int64)
+    sent_to = np.zeros(job.device_num, np.int64)
     errors, peak = (0.0, 0.0, 0.0), 0
     resident = {} if job.training else None
     started = time.perf_counter()
@@ -200,6 +201,7 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
         result = execute(program, backend, job.values | batch, on_instruction, resident)
         resident = result.updated if job.training else None
         sums += result.sent()
+        sent_to += result.sent_to(job.device_num)
         peak = max(peak, result.peak_bytes)
         errors = _worst(errors, output_errors(result.outputs, expected))
     seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
@@ -209,7 +211,7 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
         on_gather()
     if log is not None:
         log(f"rank {backend.rank}: {len(job.batches)} step(s), sent {sums.tolist()} bytes, peak {peak} bytes, errors {errors}")
-    return backend.gather_report(rank_summary(sums.tolist(), peak, errors, seconds))
+    return backend.gather_report(rank_summary(sums.tolist(), peak, errors, seconds, sent_to.tolist()))
 
 
 def _run_stage_steps(job: Job, program: StageProgram, backend, on_gather, log) -> list | None:
@@ -233,4 +235,4 @@ def _run_stage_steps(job: Job, program: StageProgram, backend, on_gather, log) -
     # all summaries have one length (the report reads each rank's own first ones).
     longest = max(len(p.communications()) for p in job.programs)
     sent = runner.sent.tolist() + [0] * (longest - len(runner.sent))
-    return backend.gather_report(rank_summary(sent, runner.memory.peak, errors, seconds))
+    return backend.gather_report(rank_summary(sent, runner.memory.peak, errors, seconds, runner.sent_to.tolist()))

@@ -1,9 +1,10 @@
 """LocalBackend: every rank in one process, one thread per rank, numpy only (for tests).
 
-Ranks meet in a collective through a shared slot per group member and a barrier: each member
-posts its contribution, waits for the others, reads every slot, and waits again before the slots
-can be reused. Reductions combine the members in group order, as `redistribution.simulate` does,
-so a LocalBackend run and a simulated plan give bitwise the same numbers.
+Collectives are messages (`wire.Wire`): a rank posts a copy of each buffer it sends in the
+cluster's mailbox under (source, dest, tag) and takes what it receives from there, oldest first,
+so messages between a pair arrive in order. The run report's gathering (`gather_report`) meets
+instead: each member posts its value in a shared slot, waits for the others at a barrier, reads
+every slot and waits again before the slots can be reused; it is not traffic of the plan.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from autostrat.errors import RuntimeBackendError
-from autostrat.runtime.backend import CountingBackend, stacked
+from autostrat.runtime.wire import Message, Wire
 
-_COMBINE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+WIRE_TAG = -1  # the mailbox tag of collective messages (pipeline sends use tags >= 0)
 
 
 class _Meeting:
@@ -108,7 +109,7 @@ class LocalCluster:
             raise
 
 
-class LocalBackend(CountingBackend):
+class LocalBackend(Wire):
     """One rank of a `LocalCluster` (see `backend.Backend`)."""
 
     def __init__(self, cluster: LocalCluster, rank: int):
@@ -123,31 +124,12 @@ class LocalBackend(CountingBackend):
     def _exchange(self, group, value) -> list:
         return self.cluster.meeting(tuple(group)).exchange(self.rank, value)
 
-    def allgather(self, piece, group):
-        self.count("AllGather", len(group), piece.nbytes)
-        return [np.array(value) for value in self._exchange(group, piece)]
-
-    def alltoall(self, blocks, group):
-        self.count("AllToAll", len(group), stacked(blocks).nbytes)
-        position = group.index(self.rank)
-        return [np.array(value[position]) for value in self._exchange(group, list(blocks))]
-
-    def allreduce(self, piece, group, op):
-        self.count("AllReduce", len(group), piece.nbytes)
-        return _reduce(self._exchange(group, piece), op)
-
-    def reduce_scatter(self, blocks, group, op):
-        self.count("ReduceScatter", len(group), stacked(blocks).nbytes)
-        position = group.index(self.rank)
-        return _reduce([value[position] for value in self._exchange(group, list(blocks))], op)
-
-    def sendrecv(self, piece, dest, source):
-        self.count_sendrecv(piece, dest)
-        # A permute is one instruction on every rank, so the whole world meets once.
-        return np.array(self._exchange(tuple(range(self.device_num)), piece)[source])
+    def transfer(self, piece, dest, source, shape):
+        self.cluster.post(self.rank, dest, WIRE_TAG, np.array(piece))
+        return self.cluster.take(source, self.rank, WIRE_TAG)
 
     def send(self, piece, dest, tag):
-        self.count_send(piece)
+        self.sent.append(Message(dest, np.asarray(piece).nbytes))
         self.cluster.post(self.rank, dest, tag, np.array(piece))
 
     def recv(self, shape, dtype, source, tag):
@@ -159,14 +141,6 @@ class LocalBackend(CountingBackend):
     def gather_report(self, values):
         gathered = self._exchange(tuple(range(self.device_num)), np.asarray(values, np.float64))
         return [np.array(v) for v in gathered] if self.rank == 0 else None
-
-
-def _reduce(values: list, op: str) -> np.ndarray:
-    combine = _COMBINE[op]
-    total = np.array(values[0])
-    for value in values[1:]:
-        total = combine(total, value)
-    return total
 
 
 def execute_on_ranks(programs, values: dict, backend=None):

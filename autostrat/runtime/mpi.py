@@ -1,7 +1,9 @@
-"""MpiBackend: one real process per rank, collectives through mpi4py on numpy buffers.
+"""MpiBackend: one real process per rank, collectives as point-to-point messages through mpi4py.
 
-Only the buffer (upper-case) methods are used: Allgather, Alltoall, Allreduce,
-Reduce_scatter_block, Sendrecv, and Isend/Recv between pipeline stages, on contiguous numpy arrays, so nothing is pickled. mpi4py is
+Every collective is a sequence of ``Sendrecv`` calls on the world communicator with a tag of its
+own, `WIRE_TAG` (`wire.Wire` says which calls), so the bytes each rank counts at its send calls are the bytes MPI
+moves; pipeline stages use Isend/Recv on the world communicator, and the run report a Gather.
+Only the buffer (upper-case) methods are used, on contiguous numpy arrays, so nothing is pickled. mpi4py is
 imported on first use, so `autostrat` imports without it; a missing MPI becomes a
 `RuntimeBackendError` before any collective.
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from autostrat.errors import RuntimeBackendError
-from autostrat.runtime.backend import CountingBackend, stacked
+from autostrat.runtime.wire import Message, Wire
+
+WIRE_TAG = 32767  # the largest tag every MPI allows (MPI_TAG_UB >= 32767); pipeline tags count from 0
 
 
 def import_mpi():
@@ -25,11 +29,11 @@ def import_mpi():
     return MPI
 
 
-class MpiBackend(CountingBackend):
+class MpiBackend(Wire):
     """This process's rank of ``MPI.COMM_WORLD`` (see `backend.Backend`).
 
-    Sub-communicators are made once per rank-group set (`prepare`) by ``Comm.Split`` with the
-    member's position as key, so rank order inside a communicator is the group's chunk order.
+    Collective messages carry `WIRE_TAG`, above every pipeline tag, so they never match a
+    pipeline stage's message; between a pair of ranks MPI delivers messages of one tag in order.
     """
 
     def __init__(self, comm=None):
@@ -37,65 +41,20 @@ class MpiBackend(CountingBackend):
         self.MPI = import_mpi()
         self.comm = comm if comm is not None else self.MPI.COMM_WORLD
         self.rank, self.device_num = self.comm.Get_rank(), self.comm.Get_size()
-        self._communicators: dict[tuple[int, ...], object] = {}
-        self._prepared: set = set()
-        self._ops = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN}
         self._posted: list = []  # pipeline sends not known to be received yet, with their buffers
 
     def prepare(self, partitions) -> None:
         if not hasattr(self, "_spare"):
             self._spare = self.comm.Dup()  # for `barrier_on_copy`; made by every rank together
-        for partition in partitions:
-            if partition in self._prepared:
-                continue  # every rank skips the same partitions, so Splits stay matched
-            color = next(index for index, group in enumerate(partition) if self.rank in group)
-            group = partition[color]
-            self._communicators[group] = self.comm.Split(color, group.index(self.rank))
-            self._prepared.add(partition)
 
-    def _communicator(self, group: tuple[int, ...]):
-        if group not in self._communicators:
-            raise RuntimeBackendError(f"rank {self.rank}: no communicator for group {group}; prepare() was not given it")
-        return self._communicators[group]
-
-    def allgather(self, piece, group):
-        self.count("AllGather", len(group), piece.nbytes)
-        received = np.empty((len(group),) + piece.shape, piece.dtype)
-        self._communicator(group).Allgather(np.ascontiguousarray(piece), received)
-        return list(received)
-
-    def alltoall(self, blocks, group):
-        send = stacked(blocks)
-        self.count("AllToAll", len(group), send.nbytes)
-        received = np.empty_like(send)
-        self._communicator(group).Alltoall(send, received)
-        return list(received)
-
-    def allreduce(self, piece, group, op):
-        self.count("AllReduce", len(group), piece.nbytes)
-        result = np.empty_like(piece)
-        self._communicator(group).Allreduce(np.ascontiguousarray(piece), result, op=self._ops[op])
-        return result
-
-    def reduce_scatter(self, blocks, group, op):
-        send = stacked(blocks)
-        self.count("ReduceScatter", len(group), send.nbytes)
-        result = np.empty_like(send[0])
-        self._communicator(group).Reduce_scatter_block(send, result, op=self._ops[op])
-        return result
-
-    def sendrecv(self, piece, dest, source):
-        self.count_sendrecv(piece, dest)
-        piece = np.ascontiguousarray(piece)
-        if dest == self.rank and source == self.rank:
-            return piece.copy()
-        result = np.empty_like(piece)
-        self.comm.Sendrecv(piece, dest, recvbuf=result, source=source)
+    def transfer(self, piece, dest, source, shape):
+        result = np.empty(shape, piece.dtype)
+        self.comm.Sendrecv(piece, dest, WIRE_TAG, recvbuf=result, source=source, recvtag=WIRE_TAG)
         return result
 
     def send(self, piece, dest, tag):
-        self.count_send(piece)
         piece = np.ascontiguousarray(piece)
+        self.sent.append(Message(dest, piece.nbytes))
         self._posted.append((self.comm.Isend(piece, dest, tag=tag), piece))  # the buffer lives until completed
 
     def recv(self, shape, dtype, source, tag):

@@ -24,7 +24,7 @@ from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.errors import ConfigError
 from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
-from autostrat.runtime.executor import communicate, counted_bytes, load_slice, touched, written_over
+from autostrat.runtime.executor import communicate, counted_bytes, load_slice, peer_bytes, touched, traffic_of, written_over
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
@@ -98,6 +98,7 @@ class StageRunner:
         weights = {i.tensor for i in program.loads} - {name for name, _ in program.updates}
         self.update_release = release_after((touched(i) for i in program.update), updated | weights)
         self.sent = np.zeros(len(program.communications()), np.int64)  # per communication instruction, all steps
+        self.sent_to = np.zeros(program.device_num, np.int64)  # per destination rank, all steps (`executor.peer_bytes`)
         self.position = {}  # (slot, index in the slot) -> index among the communications
         for slot in ("forward", "backward", "update"):
             for index, instruction in enumerate(getattr(program, slot)):
@@ -178,7 +179,9 @@ class StageRunner:
                 written = {}
             else:
                 written = {instruction.target: communicate(instruction, self.backend, read(instruction.source))}
-            self.sent[self.position[where]] += sum(record.bytes for record in self.backend.sent[before:])
+            traffic = traffic_of(instruction, self.backend.sent[before:])
+            self.sent[self.position[where]] += traffic.sent
+            self.sent_to += peer_bytes((traffic,), len(self.sent_to))
         over = tuple((named(source), (space, target)) for source, target in written_over(instruction))
         # Dropped: what this rank's own store holds, a result nothing reads included (an input's gradient).
         dropped = tuple((space, key) if key in written else named(key) for key in released if key in store or key in written)

@@ -21,9 +21,11 @@ state, the store key of its next value, already in that layout: the next step lo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from autostrat.cost import collective_bytes, dtype_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
@@ -224,7 +226,8 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
             elif edge is not None and edge.plan.steps:
                 key = _edge_key(tensor, name, index)
                 label = f"{tensor} -> {name}[{index}]"
-                instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge))
+                instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge),
+                                            _itemsize(plan, tensor))
             keys.append(key)
         strategy = plan.ops[name].strategy
         instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, kernel_attrs(plan, op), strategy.slice_context(rank)))
@@ -233,7 +236,8 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
         key = tensor
         if tensor in output_plans:
             key = f"{tensor}>output"
-            instructions += lower_steps(output_plans[tensor], rank, tensor, key, f"{tensor} -> output", "output")
+            instructions += lower_steps(output_plans[tensor], rank, tensor, key, f"{tensor} -> output", "output",
+                                        _itemsize(plan, tensor))
         outputs.append((tensor, key))
     updates = []
     writebacks = {w.parameter: w for w in plan.writebacks}
@@ -241,7 +245,8 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
         key = value
         if parameter in writebacks:
             key = f"{value}>{parameter}"
-            instructions += lower_steps(writebacks[parameter].plan, rank, value, key, f"{value} -> {parameter}", "update")
+            instructions += lower_steps(writebacks[parameter].plan, rank, value, key, f"{value} -> {parameter}", "update",
+                                        _itemsize(plan, value))
         updates.append((parameter, key))
     inputs = tuple(info.name for info in graph.inputs())
     return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
@@ -257,12 +262,17 @@ def kernel_attrs(plan, op) -> tuple:
     return tuple(sorted(op.attrs + (("replicas", plan.replicas(op.inputs[0])),)))
 
 
-def lower_steps(redistribution: RedistributionPlan, rank: int, source: str, target: str, edge: str, phase: str) -> list[Communicate]:
-    """The rank's instructions for one redistribution: the first step reads `source`, every
-    step writes `target`."""
+def _itemsize(plan, tensor: str) -> int:
+    return dtype_size(plan.graph.tensors[tensor].dtype)
+
+
+def lower_steps(redistribution: RedistributionPlan, rank: int, source: str, target: str, edge: str, phase: str,
+                itemsize: int) -> list[Communicate]:
+    """The rank's instructions for one redistribution of a tensor of `itemsize`-byte elements:
+    the first step reads `source`, every step writes `target`."""
     lowered = []
     for step in redistribution.steps:
-        lowered.append(_lower_step(step, rank, source, target, edge, phase))
+        lowered.append(_lower_step(step, rank, source, target, edge, phase, itemsize))
         source = target
     return lowered
 
@@ -272,7 +282,7 @@ def _chunk(step, rank: int, dim: int) -> int:
     return step.after.shard_index(rank)[dim] % step.group_size
 
 
-def _lower_step(step, rank: int, source: str, target: str, edge: str, phase: str) -> Communicate:
+def _lower_step(step, rank: int, source: str, target: str, edge: str, phase: str, itemsize: int) -> Communicate:
     # Cases: a permute pairs ranks (send to whoever takes our piece, receive from our source);
     # every other kind acts inside the rank's group, whose member order is the chunk order.
     op = step.before.partial_op
@@ -290,4 +300,15 @@ def _lower_step(step, rank: int, source: str, target: str, edge: str, phase: str
         chunks = ()
     else:
         raise RuntimeBackendError(f"edge {edge}: cannot run a {step.kind} step (rank {rank})")
-    return Communicate(step.kind, source, target, group, step.dims, chunks, op, (rank, rank), step.bytes, edge, phase)
+    return Communicate(step.kind, source, target, group, step.dims, chunks, op, (rank, rank),
+                       _predicted(step, group.index(rank), itemsize), edge, phase)
+
+
+def _predicted(step, position: int, itemsize: int) -> int:
+    """What the member at `position` of its group sends: the step's bytes, except for an
+    AllReduce of a piece its group size does not divide, whose members send unequal amounts
+    (`cost.collective_bytes`)."""
+    if step.kind != "AllReduce":
+        return step.bytes
+    local_bytes = math.prod(step.before.slice_shape) * itemsize
+    return collective_bytes("AllReduce", step.group_size, local_bytes, itemsize, position)

@@ -1,8 +1,9 @@
 """The run report: per-rank bytes and peak memory predicted by the plan next to what was counted
 while running, and the distance of the distributed result from the single-device one.
 
-Each rank condenses its run into one vector (`rank_summary`): the bytes it sent in every
-collective instruction, summed over steps, its peak memory (`executor.RankResult.peak_bytes`,
+Each rank condenses its run into one vector (`rank_summary`): the bytes it sent each rank (as
+counted at its send calls, phase "output" left out), the bytes it sent in every collective
+instruction, both summed over steps, its peak memory (`executor.RankResult.peak_bytes`,
 the largest over steps), then its largest absolute and relative output errors and its seconds
 per step. Rank 0 gathers the vectors and formats them with the programs, which carry the
 byte predictions, and the job, which carries the predicted peak.
@@ -35,8 +36,10 @@ class RunCheck:
     bytes_match: bool
     results_match: bool
     # Per phase the bytes each rank was predicted to send per step and sent, and each rank's
-    # predicted and measured peak: {"phases": {phase: {"predicted": [...], "measured": [...]}},
-    # "peak": {"predicted": [...], "measured": [...]}} (the plan report draws them).
+    # predicted and measured peak, and the bytes per step each rank sent each rank as counted at
+    # its send calls (phase "output" left out): {"phases": {phase: {"predicted": [...], "measured":
+    # [...]}}, "peak": {"predicted": [...], "measured": [...]}, "traffic": [[...] per rank]} (the
+    # plan report draws them).
     measured: dict | None = None
 
     @property
@@ -63,8 +66,13 @@ def output_errors(outputs: dict, expected: dict) -> tuple[float, float, float]:
     return absolute, relative, tolerance
 
 
-def rank_summary(traffic_sums: list[int], peak: int, errors: tuple[float, float, float], seconds: float) -> np.ndarray:
-    return np.array([*traffic_sums, peak, *errors, seconds], np.float64)
+def rank_summary(traffic_sums: list[int], peak: int, errors: tuple[float, float, float], seconds: float,
+                 sent_to: list[int]) -> np.ndarray:
+    return np.array([*sent_to, *traffic_sums, peak, *errors, seconds], np.float64)
+
+
+def _instruction_sent(summary: np.ndarray, device_num: int) -> np.ndarray:
+    return summary[device_num:]  # a `rank_summary` starts with the bytes sent to each rank
 
 
 def _peak(summary: np.ndarray) -> int:
@@ -118,10 +126,11 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
     phases = phases or ["forward"]
     rows, bytes_match = [], True
     peaks = {"predicted": list(_predicted_peaks(job)), "measured": [_peak(summary) for summary in summaries]}
-    figures = {"phases": {phase: {"predicted": [], "measured": []} for phase in phases}, "peak": peaks}
+    figures = {"phases": {phase: {"predicted": [], "measured": []} for phase in phases}, "peak": peaks,
+               "traffic": [[value / steps for value in summary[: job.device_num]] for summary in summaries]}
     for rank, summary in enumerate(summaries):
         communications = job.programs[rank].communications()
-        sent = summary[: len(communications)]
+        sent = _instruction_sent(summary, job.device_num)[: len(communications)]
         row = [str(rank)]
         for phase in phases:
             predicted = sum(c.predicted for c in communications if c.phase == phase)
@@ -143,7 +152,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         f"{job.name} on {job.device_num} ranks ({backend}), {steps} {kind} step(s)",
         job.plan_table,
         "",
-        f"bytes each rank sent per {kind} step: predicted by the plan / counted on the buffers handed to the backend,",
+        f"bytes each rank sent per {kind} step: predicted by the plan / counted at the send call of every message,",
         "and peak bytes each rank held: predicted by the plan's memory model / measured on the rank's live buffers",
         f"({PHASE_LEGEND})",
         format_table(headers, rows),
@@ -177,7 +186,7 @@ def _collective_lines(job, summaries) -> list[str]:
         if len(groups) > 1:
             lines.append(f" ranks {_span(ranks[0], ranks[-1]) if ranks == list(range(ranks[0], ranks[-1] + 1)) else ranks}:")
         for index, step in enumerate(job.programs[ranks[0]].communications()):
-            sent = sorted({int(summaries[rank][index]) // steps for rank in ranks})
+            sent = sorted({int(_instruction_sent(summaries[rank], job.device_num)[index]) // steps for rank in ranks})
             predicted = sorted({job.programs[rank].communications()[index].predicted for rank in ranks})
             lines.append(f"  {step.edge}: {step.kind} ({step.phase}) sent {_values(sent)}, predicted {_values(predicted)}")
     return lines if len(lines) > 1 else ["collectives: none"]
