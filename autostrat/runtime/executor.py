@@ -32,9 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.autodiff import UPDATE_OP_TYPES
-from autostrat.cost.live_bytes import LiveBytes, release_after
+from autostrat.cost.live_bytes import release_after
 from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend, Sent
+from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, Send
 
@@ -95,24 +96,26 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     backend.prepare(program.partitions)
     store: dict[str, np.ndarray] = {}
     traffic = []
-    memory = LiveBytes()
+    memory, uncounted = HeldMemory(), set()
     for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
         if on_instruction is not None:
             on_instruction(index, instruction)
         if isinstance(instruction, Load):
-            written = {instruction.tensor: load_slice(instruction, values, resident)}
+            inputs, written = (), {instruction.tensor: load_slice(instruction, values, resident)}
         elif isinstance(instruction, Compute):
-            arrays = [store[key] for key in instruction.inputs]
-            outputs = run_kernel(instruction.op_type, arrays, dict(instruction.attrs), instruction.context)
-            written = dict(zip(instruction.outputs, outputs))
+            inputs = [store[key] for key in instruction.inputs]
+            written = dict(zip(instruction.outputs, run_kernel(instruction.op_type, inputs, dict(instruction.attrs), instruction.context)))
         else:
-            before = len(backend.sent)
-            written = {instruction.target: communicate(instruction, backend, store[instruction.source])}
+            before, inputs = len(backend.sent), [store[instruction.source]]
+            written = {instruction.target: communicate(instruction, backend, inputs[0])}
             sent = sum(record.bytes for record in backend.sent[before:])
             traffic.append(Traffic(instruction.edge, instruction.kind, instruction.phase, instruction.predicted, sent))
-        memory.write(counted_bytes(instruction, written), written_over(instruction), released)
+        written = materialised(instruction, written, store, released)
+        if not counted(instruction):
+            uncounted.update(written)
+        memory.sample([a for key, a in store.items() if key not in uncounted], [a for key, a in written.items() if key not in uncounted],
+                      inputs, (resident or {}).values())
         store.update(written)
-        memory.release(released)
         for key in released:
             del store[key]
     outputs = {tensor: store[key] for tensor, key in program.outputs}
@@ -120,21 +123,39 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
 
 
+def counted(instruction) -> bool:
+    """Whether the instruction's results are the plan's memory: not when it assembles graph
+    outputs for the check (phase "output", not part of the plan, as its bytes are reported apart)."""
+    return not (isinstance(instruction, Communicate) and instruction.phase == "output")
+
+
 def counted_bytes(instruction, written: dict) -> dict[str, int]:
-    """The bytes of the instruction's results that count: none for assembling graph outputs
-    for the check (phase "output", not part of the plan, as its bytes are reported apart)."""
-    if isinstance(instruction, Communicate) and instruction.phase == "output":
-        return dict.fromkeys(written, 0)
-    return {key: array.nbytes for key, array in written.items()}
+    """The bytes of the instruction's results that count (see `counted`)."""
+    return {key: array.nbytes if counted(instruction) else 0 for key, array in written.items()}
+
+
+def materialised(instruction, written: dict, store: dict, released) -> dict:
+    """The results as a device holds them: every result in a buffer of its own (a numpy view of
+    an input, or an input itself, is copied), except a result written over an input read for the
+    last time here (`written_over`), which takes that input's buffer."""
+    own = {}
+    for key, array in written.items():
+        array = np.asarray(array)
+        own[key] = array if array.flags.owndata and not any(array is held for held in store.values()) else array.copy()
+    for source, target in written_over(instruction):
+        old, new = store.get(source), own[target]
+        if source in released and old is not None and old.shape == new.shape and old.dtype == new.dtype and old.flags.owndata:
+            np.copyto(old, new)
+            own[target] = old
+    return own
 
 
 def written_over(instruction) -> tuple[tuple[str, str], ...]:
     """The (input, result) pairs whose buffer a result may take (see the module docstring):
-    an update's next parameter and state over the old ones, an AllReduce's sum over its operand."""
+    an update's next parameter and state over the old ones. (An AllReduce's sum takes a buffer
+    of its own: other ranks may still read the operand, and numpy cannot reduce in place.)"""
     if isinstance(instruction, Compute) and instruction.op_type in UPDATE_OP_TYPES:
         return tuple(zip(instruction.inputs, instruction.outputs))
-    if isinstance(instruction, Communicate) and instruction.kind == "AllReduce":
-        return ((instruction.source, instruction.target),)
     return ()
 
 

@@ -115,6 +115,5 @@ def _program(plan) -> _Program:
 def _steps(program: _Program, redistribution, source: str, target: str, dtype: str, op: str = "") -> None:
     """A redistribution's steps: the first reads `source`, every one writes `target`."""
     for step in redistribution.steps:
-        over = ((source, target),) if step.kind == "AllReduce" else ()
-        program.events.append(_Event((source,), {target: _bytes(step.after, dtype)}, over, op))
+        program.events.append(_Event((source,), {target: _bytes(step.after, dtype)}, (), op))
         source = target
