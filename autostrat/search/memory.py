@@ -79,6 +79,22 @@ def _gathered_copy(problem: SearchProblem, parameter: str, owner: str, index: in
     return [TensorBytes(parameter, owner, tuple(whole), at=owner)] if any(whole) else []
 
 
+def resident_floor(problem: SearchProblem) -> int:
+    """The fewest bytes a device needs for the parameters, constants and optimiser state alone,
+    over every choice: no budget below it can fit, so the search never asks for one.
+
+    Example (the tutorial FFN's two weights and two biases, split at most 8 ways):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> resident_floor(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8))
+        4160
+    """
+    resident, _ = tensor_bytes(problem)
+    return sum(min(item.bytes) for item in resident)
+
+
 def spans(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[int, int]]:
     """Per activation, the first and last step (op index) it is live at, both included (a graph
     input from the first step: a rank loads it before it runs any op)."""
