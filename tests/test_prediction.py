@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 from dataclasses import replace
@@ -10,6 +11,7 @@ import pytest
 
 from autostrat.autodiff import Adam, Momentum, build_training
 from autostrat.cost import Hardware
+from autostrat.errors import InfeasibleError
 from autostrat.frontend import trace
 from autostrat.frontend.train import synthetic_batches
 from autostrat.models import FFN
@@ -99,3 +101,27 @@ def test_the_table_and_the_json_carry_the_prediction():
     assert data["predicted"]["step_time_ns"] == plan.prediction.step_time_ns
     assert data["predicted"]["phases"]["forward"]["bytes"] == 6144
     assert data["hardware"]["devices_per_server"] == 8
+
+
+def test_the_budget_retry_never_asks_below_what_the_parameters_need(monkeypatch):
+    """Plans made to peak far over the budget (their copies, say): the retry tightens the
+    solver's budget, down to the bytes the parameters and state alone need and never below,
+    then says no plan fits."""
+    search_module = importlib.import_module("autostrat.search.search")
+    from autostrat.search.memory import resident_floor
+
+    graph = training_graph(Momentum())
+    floor = resident_floor(build_problem(graph, 8))
+    prediction_module = importlib.import_module("autostrat.search.prediction")
+    asked, solve, plan_peak = [], search_module.refine, prediction_module.plan_peak
+
+    def recorded(problem, choice, time_limit, workers, budget, *args, **kwargs):
+        asked.append(budget)
+        return solve(problem, choice, time_limit, workers, budget, *args, **kwargs)
+
+    monkeypatch.setattr(search_module, "refine", recorded)
+    monkeypatch.setattr(prediction_module, "plan_peak", lambda plan: 100 * plan_peak(plan))
+    budget = 200_000
+    with pytest.raises(InfeasibleError, match=f"no plan found whose run fits max_device_memory = {budget:,} bytes per device"):
+        search(graph, 8, SearchOptions(max_device_memory=budget, refine_time_limit=5))
+    assert asked[0] == budget and min(asked) == floor and len(asked) >= 2, (asked, floor)
