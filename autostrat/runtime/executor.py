@@ -7,22 +7,22 @@ Collective instructions are carried out exactly as `redistribution.simulate` def
 Memory: a rank drops every buffer after the last instruction that reads it (`release_schedule`),
 except its graph outputs, the next values of its parameters and state, and the parameters and
 constants nothing updates (a device keeps its weights from step to step); a graph input (the
-batch) goes after its last use. While an instruction runs, its inputs and the buffers it writes
-are all live, except where a device writes the result over an input read for the last time: an
-update op's new parameter and state over the old ones (`autodiff.UPDATE_OP_TYPES`), an
-AllReduce's sum over its operand (NCCL's in-place AllReduce). The peak of the live bytes
-(`nbytes` of every buffer the rank holds: loaded and carried slices, activations, gradients,
-every redistribution's result) over the program is the rank's `RankResult.peak_bytes`, what
-`search.memory.peak_bytes` predicts. A kernel's output that is a numpy view of its input counts
-as a buffer of its own, as a framework materialising every tensor holds it; temporaries inside
-a kernel or a collective (numpy's, a backend's receive lists) are not the rank's buffers.
+batch) goes after its last use. Every result is held as a device holds it (`materialised`): in
+a buffer of its own (a kernel's output that is a numpy view of its input is copied), except an
+update op's new parameter and state, written into the old ones' buffers when read for the last
+time there (`autodiff.UPDATE_OP_TYPES`). The rank's `RankResult.peak_bytes` is measured from
+the arrays themselves (`held_memory`, which never reads the plan): the most the distinct
+blocks behind its store, its carried slices and the running instruction's inputs and results
+held at once. Temporaries inside a kernel or a collective are not the rank's. The plan predicts
+it (`search.buffers.plan_peak`); tests check the two agree.
 
 The assembling of split graph outputs for the check against one device (phase "output") is not
 part of the plan, as its bytes are reported apart: its buffers are not counted. Where the run
-and the model differ: the model holds every tensor in its producer's layout until its last
-consumer, while a run holds a redistributed copy in its consumer's layout too, and may drop the
-original early when later consumers share the copy (a copy exists only for some pairs of
-producer and consumer strategies, which a per-op model cannot price).
+and the solver's per-op model (`search.memory.peak_bytes`) differ: the model holds every tensor
+in its producer's layout until its last consumer, while a run holds a redistributed copy in its
+consumer's layout too, and may drop the original early when later consumers share the copy (a
+copy exists only for some pairs of producer and consumer strategies, which a per-op model
+cannot price).
 """
 
 from __future__ import annotations

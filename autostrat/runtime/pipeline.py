@@ -9,7 +9,8 @@ gradients of a mean loss are the whole batch's, and the step's loss is the mean 
 micro-batches' losses: the stand-alone run of the whole batch is the reference.
 
 Measured per rank: the bytes every instruction sent (a `Send` in phase "pipeline"), the peak
-of the live bytes (every micro-batch's buffers, the summed gradients, the weights), and the
+of the arrays it holds (`runtime.held_memory`: every micro-batch's buffers, the summed
+gradients, the weights; the replay on sizes by `cost.live_bytes` predicts it), and the
 bubble: the share of the micro-batch slots' time the rank spent waiting for another stage.
 """
 

@@ -11,7 +11,7 @@ throughout; an update's result takes its parameter's place; a parameter at rest 
 held shard-sized, and gathered for its first reader while that runs. The peak is reached at a
 step where a tensor is produced, so those steps are the only ones to bound.
 
-What a run measures (`runtime.executor`, `RankResult.peak_bytes`) is what `buffers.plan_peak`
+What a run measures (`runtime.held_memory`, `RankResult.peak_bytes`) is what `buffers.plan_peak`
 predicts from the plan: this, less the originals a run drops once a copy has been made, plus
 the copies a redistribution writes in its consumer's layout (and its steps' intermediates).
 Whether a copy exists depends on the strategies of both ends of an edge, which a form over one
