@@ -5,6 +5,9 @@ and on the small GPT; buffers are dropped after their last use."""
 
 from __future__ import annotations
 
+import ast
+import math
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +19,9 @@ from autostrat.frontend.config import load_config
 from autostrat.frontend.run import plan_config
 from autostrat.frontend.train import TrainOneStepCell, WithLossCell, reference_graph, synthetic_batches, training_plan, world_size
 from autostrat.layout import SliceContext
-from autostrat.models import FFN, GPT, megatron_seeds
-from autostrat.runtime import executor
+from autostrat.models import FFN, GPT, megatron_seeds, tutorial_plan
+from autostrat.autodiff import Adam, Momentum
+from autostrat.runtime import executor, held_memory
 from autostrat.runtime.executor import execute, graph_values, release_schedule
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import Compute, Load, Program, lower_programs
@@ -26,7 +30,7 @@ from autostrat.runtime.training import train_locally
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING_CONFIGS = sorted(path.name for path in (ROOT / "configs").glob("*.yaml")
-                          if "optimizer" in yaml.safe_load(path.read_text()))
+                          if "optimizer" in yaml.safe_load(path.read_text()) or yaml.safe_load(path.read_text()).get("phase") == "train")
 TOLERANCE = 0.05
 
 
@@ -51,15 +55,59 @@ def test_every_training_config_is_found():
     assert {"gpt_train.yaml", "transformer_stack.yaml"} <= set(TRAINING_CONFIGS)
 
 
+def updated_bytes(plan) -> int:
+    """Per device, the bytes of the parameters and optimiser state a step updates, each in the
+    layout it is stored in: what every rank holds all along, so a floor of its peak."""
+    return sum(math.prod(plan.layouts[name].slice_shape) * np.dtype(plan.graph.tensors[name].dtype).itemsize
+               for name, _ in plan.graph.updates)
+
+
 @pytest.mark.parametrize("config", TRAINING_CONFIGS)
 def test_measured_peak_of_a_training_config_is_within_5_percent(config):
     plan, _ = plan_config(load_config(ROOT / "configs" / config))
     graph = reference_graph(plan)
     result = train_locally(plan, graph_values(graph, {}), synthetic_batches(graph, 2))
-    if plan.pipeline is None:
-        assert result.predicted_peak == plan.prediction.peak_bytes
     assert len(result.measured_peaks) == world_size(plan)
     assert_peaks_match(result, config)
+    # Every rank holds at least its parameters and state; and, pipelines aside (their stages
+    # hold several micro-batches, which the per-op model does not see), the search's own
+    # per-op model (what max_device_memory bounds) is within 10 % of what was measured.
+    assert min(result.measured_peaks) > updated_bytes(plan) / (1 if plan.pipeline is None else plan.pipeline.split.stages)
+    if plan.pipeline is None:
+        ratio = plan.prediction.model_peak_bytes / max(result.measured_peaks)
+        assert abs(ratio - 1) <= 0.10, f"{config}: the search's memory model is {ratio:.3f} x the measured peak"
+
+
+def test_the_measuring_module_reads_nothing_of_the_prediction():
+    """The measurement (`runtime.held_memory`) imports numpy and the standard library only: no
+    bookkeeping (`cost.live_bytes`), no plan, no search."""
+    tree = ast.parse((ROOT / "autostrat" / "runtime" / "held_memory.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"__future__", "tracemalloc", "numpy"}, imported
+
+
+def test_held_memory_is_what_tracemalloc_traces_in_numpys_domain(monkeypatch):
+    """On one rank alone in the process, the arrays the rank holds at each sample are exactly
+    numpy's allocations tracemalloc traces beyond those alive before the step (the whole
+    arrays the run slices from)."""
+    plan = tutorial_plan(seed=None, device_num=1, optimizer=Adam())
+    program = lower_programs(plan)[0]
+    values = graph_values(plan.graph, {}) | synthetic_batches(plan.graph, 1)[0]
+    traced, sample = [], held_memory.HeldMemory.sample
+
+    def both(memory, *groups):
+        sample(memory, *groups)
+        traced.append(held_memory.numpy_traced_bytes())
+
+    monkeypatch.setattr(held_memory.HeldMemory, "sample", both)
+    tracemalloc.start()
+    try:
+        before = held_memory.numpy_traced_bytes()
+        [result] = LocalCluster(1).run(lambda backend: execute(program, backend, values))
+    finally:
+        tracemalloc.stop()
+    assert result.peak_bytes > 0 and max(traced) - before == result.peak_bytes, (max(traced) - before, result.peak_bytes)
 
 
 def _seed(net, seeds: dict) -> None:
@@ -160,3 +208,13 @@ def test_the_report_line_groups_ranks_and_flags_a_difference():
                                                  "rank 2 103; measured/predicted 1.000..1.030: within 5 %")
     assert memory_line(100, [94]).endswith("0.940..0.940: differs by more than 5 %")
     assert memory_line(100, [100, 100]).endswith("measured rank 0-1 100; measured/predicted 1.000..1.000: equal")
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_measured_peak_of_the_tutorial_is_within_5_percent(optimizer):
+    plan = tutorial_plan(optimizer=Momentum(0.01, 0.9) if optimizer == "momentum" else Adam())
+    result = train_locally(plan, graph_values(plan.graph, {}), synthetic_batches(plan.graph, 2))
+    assert_peaks_match(result, f"the tutorial FFN with {optimizer}")
+    # The search's per-op model leaves the redistributed copies out (0.90 of the measured peak
+    # with Momentum, 0.92 with Adam): never above the run; a budget is checked on the exact peak.
+    assert 0.85 < plan.prediction.model_peak_bytes / max(result.measured_peaks) <= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 from dataclasses import replace
@@ -10,13 +11,16 @@ import pytest
 
 from autostrat.autodiff import Adam, Momentum, build_training
 from autostrat.cost import Hardware
+from autostrat.errors import InfeasibleError
 from autostrat.frontend import trace
+from autostrat.frontend.train import synthetic_batches
 from autostrat.models import FFN
 from autostrat.nn import Tensor
+from autostrat.runtime.executor import graph_values
+from autostrat.runtime.training import train_locally
 from autostrat.search import SearchOptions, search
 from autostrat.search.memory import peak_bytes
 from autostrat.search.plan import build_plan
-from autostrat.search.prediction import plan_peak_bytes
 from autostrat.search.problem import build_problem
 from autostrat.search.search import follow_parameters
 
@@ -58,7 +62,10 @@ def training_graph(optimizer):
 
 
 @pytest.mark.parametrize("optimizer", [Momentum(), Adam()], ids=["momentum", "adam"])
-def test_the_predicted_peak_is_the_solvers_peak(optimizer):
+def test_the_predicted_peak_is_what_every_rank_measures_on_random_choices(optimizer):
+    """Random strategies of the FFN's training step: every rank's peak, measured from the arrays
+    it holds (`runtime.held_memory`), equals the plan's prediction; the solver's per-op model,
+    which leaves the redistributed copies out, is never above it."""
     graph = training_graph(optimizer)
     problem = build_problem(graph, 8)
     rng = random.Random(7)
@@ -69,7 +76,9 @@ def test_the_predicted_peak_is_the_solvers_peak(optimizer):
         for name, (strategy, _) in follow_parameters(graph, strategies, 8).items():
             strategies[name] = strategy
         plan = build_plan(graph, 8, "auto_parallel", strategies, origins, ())
-        assert plan_peak_bytes(plan) == peak_bytes(problem, choice)
+        measured = train_locally(plan, graph_values(plan.graph, {}), synthetic_batches(plan.graph, 1)).measured_peaks
+        assert set(measured) == {plan.prediction.peak_bytes}, (choice, measured, plan.prediction.peak_bytes)
+        assert 0 < peak_bytes(problem, choice) <= min(measured), (choice, peak_bytes(problem, choice), measured)
 
 
 def test_every_phase_is_predicted_and_bytes_agree_with_phase_bytes():
@@ -92,3 +101,27 @@ def test_the_table_and_the_json_carry_the_prediction():
     assert data["predicted"]["step_time_ns"] == plan.prediction.step_time_ns
     assert data["predicted"]["phases"]["forward"]["bytes"] == 6144
     assert data["hardware"]["devices_per_server"] == 8
+
+
+def test_the_budget_retry_never_asks_below_what_the_parameters_need(monkeypatch):
+    """Plans made to peak far over the budget (their copies, say): the retry tightens the
+    solver's budget, down to the bytes the parameters and state alone need and never below,
+    then says no plan fits."""
+    search_module = importlib.import_module("autostrat.search.search")
+    from autostrat.search.memory import resident_floor
+
+    graph = training_graph(Momentum())
+    floor = resident_floor(build_problem(graph, 8))
+    prediction_module = importlib.import_module("autostrat.search.prediction")
+    asked, solve, plan_peak = [], search_module.refine, prediction_module.plan_peak
+
+    def recorded(problem, choice, time_limit, workers, budget, *args, **kwargs):
+        asked.append(budget)
+        return solve(problem, choice, time_limit, workers, budget, *args, **kwargs)
+
+    monkeypatch.setattr(search_module, "refine", recorded)
+    monkeypatch.setattr(prediction_module, "plan_peak", lambda plan: 100 * plan_peak(plan))
+    budget = 200_000
+    with pytest.raises(InfeasibleError, match=f"no plan found whose run fits max_device_memory = {budget:,} bytes per device"):
+        search(graph, 8, SearchOptions(max_device_memory=budget, refine_time_limit=5))
+    assert asked[0] == budget and min(asked) == floor and len(asked) >= 2, (asked, floor)

@@ -1,8 +1,8 @@
-"""The memory rule a rank's buffers follow, shared by the run that measures it
-(`runtime.executor`) and the plan that predicts it (`search.buffers`): a buffer lives from the
-instruction writing it to the last one touching it (unless kept), and an instruction's results
-may take the place of an input read for the last time there (an update over its parameter, an
-AllReduce over its operand) or of the buffer they overwrite."""
+"""The memory rule by which the plan predicts a rank's buffers (`search.buffers`, and the
+pipeline's replay on sizes): a buffer lives from the instruction writing it to the last one
+touching it (unless kept), and an instruction's results may take the place of an input read for
+the last time there (an update over its parameter) or of the buffer they overwrite. A run is
+measured apart, from its arrays (`runtime.held_memory`), never through this module."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ def release_after(touched, kept) -> tuple[tuple[str, ...], ...]:
 class LiveBytes:
     """The counted bytes of every buffer a rank holds, their sum and its peak.
 
-    Example (an AllReduce written over its operand, read for the last time: no new room):
+    Example (an update written over its parameter, read for the last time: no new room):
         >>> live = LiveBytes()
-        >>> live.write({"g": 100})
-        >>> live.write({"g>sum": 100}, over=(("g", "g>sum"),), released=("g",))
-        >>> live.release(("g",)); live.peak, live.live
+        >>> live.write({"w": 100})
+        >>> live.write({"w_new": 100}, over=(("w", "w_new"),), released=("w",))
+        >>> live.release(("w",)); live.peak, live.live
         (100, 100)
     """
 

@@ -8,22 +8,22 @@ differ from the simulation's group order in the last bits of a floating-point su
 Memory: a rank drops every buffer after the last instruction that reads it (`release_schedule`),
 except its graph outputs, the next values of its parameters and state, and the parameters and
 constants nothing updates (a device keeps its weights from step to step); a graph input (the
-batch) goes after its last use. While an instruction runs, its inputs and the buffers it writes
-are all live, except where a device writes the result over an input read for the last time: an
-update op's new parameter and state over the old ones (`autodiff.UPDATE_OP_TYPES`), an
-AllReduce's sum over its operand (NCCL's in-place AllReduce). The peak of the live bytes
-(`nbytes` of every buffer the rank holds: loaded and carried slices, activations, gradients,
-every redistribution's result) over the program is the rank's `RankResult.peak_bytes`, what
-`search.memory.peak_bytes` predicts. A kernel's output that is a numpy view of its input counts
-as a buffer of its own, as a framework materialising every tensor holds it; temporaries inside
-a kernel or a collective (numpy's, a backend's receive lists) are not the rank's buffers.
+batch) goes after its last use. Every result is held as a device holds it (`materialised`): in
+a buffer of its own (a kernel's output that is a numpy view of its input is copied), except an
+update op's new parameter and state, written into the old ones' buffers when read for the last
+time there (`autodiff.UPDATE_OP_TYPES`). The rank's `RankResult.peak_bytes` is measured from
+the arrays themselves (`held_memory`, which never reads the plan): the most the distinct
+blocks behind its store, its carried slices and the running instruction's inputs and results
+held at once. Temporaries inside a kernel or a collective are not the rank's. The plan predicts
+it (`search.buffers.plan_peak`); tests check the two agree.
 
 The assembling of split graph outputs for the check against one device (phase "output") is not
 part of the plan, as its bytes are reported apart: its buffers are not counted. Where the run
-and the model differ: the model holds every tensor in its producer's layout until its last
-consumer, while a run holds a redistributed copy in its consumer's layout too, and may drop the
-original early when later consumers share the copy (a copy exists only for some pairs of
-producer and consumer strategies, which a per-op model cannot price).
+and the solver's per-op model (`search.memory.peak_bytes`) differ: the model holds every tensor
+in its producer's layout until its last consumer, while a run holds a redistributed copy in its
+consumer's layout too, and may drop the original early when later consumers share the copy (a
+copy exists only for some pairs of producer and consumer strategies, which a per-op model
+cannot price).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.autodiff import UPDATE_OP_TYPES
-from autostrat.cost.live_bytes import LiveBytes, release_after
+from autostrat.cost.live_bytes import release_after
 from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend
+from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, Send
 
@@ -127,23 +128,25 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     backend.prepare(program.partitions)
     store: dict[str, np.ndarray] = {}
     traffic = []
-    memory = LiveBytes()
+    memory, uncounted = HeldMemory(), set()
     for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
         if on_instruction is not None:
             on_instruction(index, instruction)
         if isinstance(instruction, Load):
-            written = {instruction.tensor: load_slice(instruction, values, resident)}
+            inputs, written = (), {instruction.tensor: load_slice(instruction, values, resident)}
         elif isinstance(instruction, Compute):
-            arrays = [store[key] for key in instruction.inputs]
-            outputs = run_kernel(instruction.op_type, arrays, dict(instruction.attrs), instruction.context)
-            written = dict(zip(instruction.outputs, outputs))
+            inputs = [store[key] for key in instruction.inputs]
+            written = dict(zip(instruction.outputs, run_kernel(instruction.op_type, inputs, dict(instruction.attrs), instruction.context)))
         else:
-            before = len(backend.sent)
-            written = {instruction.target: communicate(instruction, backend, store[instruction.source])}
+            before, inputs = len(backend.sent), [store[instruction.source]]
+            written = {instruction.target: communicate(instruction, backend, inputs[0])}
             traffic.append(traffic_of(instruction, backend.sent[before:]))
-        memory.write(counted_bytes(instruction, written), written_over(instruction), released)
+        written = materialised(instruction, written, store, released)
+        if not counted(instruction):
+            uncounted.update(written)
+        memory.sample([a for key, a in store.items() if key not in uncounted], [a for key, a in written.items() if key not in uncounted],
+                      inputs, (resident or {}).values())
         store.update(written)
-        memory.release(released)
         for key in released:
             del store[key]
     outputs = {tensor: store[key] for tensor, key in program.outputs}
@@ -151,21 +154,39 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
 
 
+def counted(instruction) -> bool:
+    """Whether the instruction's results are the plan's memory: not when it assembles graph
+    outputs for the check (phase "output", not part of the plan, as its bytes are reported apart)."""
+    return not (isinstance(instruction, Communicate) and instruction.phase == "output")
+
+
 def counted_bytes(instruction, written: dict) -> dict[str, int]:
-    """The bytes of the instruction's results that count: none for assembling graph outputs
-    for the check (phase "output", not part of the plan, as its bytes are reported apart)."""
-    if isinstance(instruction, Communicate) and instruction.phase == "output":
-        return dict.fromkeys(written, 0)
-    return {key: array.nbytes for key, array in written.items()}
+    """The bytes of the instruction's results that count (see `counted`)."""
+    return {key: array.nbytes if counted(instruction) else 0 for key, array in written.items()}
+
+
+def materialised(instruction, written: dict, store: dict, released) -> dict:
+    """The results as a device holds them: every result in a buffer of its own (a numpy view of
+    an input, or an input itself, is copied), except a result written over an input read for the
+    last time here (`written_over`), which takes that input's buffer."""
+    own = {}
+    for key, array in written.items():
+        array = np.asarray(array)
+        own[key] = array if array.flags.owndata and not any(array is held for held in store.values()) else array.copy()
+    for source, target in written_over(instruction):
+        old, new = store.get(source), own[target]
+        if source in released and old is not None and old.shape == new.shape and old.dtype == new.dtype and old.flags.owndata:
+            np.copyto(old, new)
+            own[target] = old
+    return own
 
 
 def written_over(instruction) -> tuple[tuple[str, str], ...]:
     """The (input, result) pairs whose buffer a result may take (see the module docstring):
-    an update's next parameter and state over the old ones, an AllReduce's sum over its operand."""
+    an update's next parameter and state over the old ones. (An AllReduce's sum takes a buffer
+    of its own: other ranks may still read the operand, and numpy cannot reduce in place.)"""
     if isinstance(instruction, Compute) and instruction.op_type in UPDATE_OP_TYPES:
         return tuple(zip(instruction.inputs, instruction.outputs))
-    if isinstance(instruction, Communicate) and instruction.kind == "AllReduce":
-        return ((instruction.source, instruction.target),)
     return ()
 
 

@@ -9,7 +9,8 @@ gradients of a mean loss are the whole batch's, and the step's loss is the mean 
 micro-batches' losses: the stand-alone run of the whole batch is the reference.
 
 Measured per rank: the bytes every instruction sent (a `Send` in phase "pipeline"), the peak
-of the live bytes (every micro-batch's buffers, the summed gradients, the weights), and the
+of the arrays it holds (`runtime.held_memory`: every micro-batch's buffers, the summed
+gradients, the weights; the replay on sizes by `cost.live_bytes` predicts it), and the
 bubble: the share of the micro-batch slots' time the rank spent waiting for another stage.
 """
 
@@ -24,7 +25,9 @@ from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.errors import ConfigError
 from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
-from autostrat.runtime.executor import communicate, counted_bytes, load_slice, peer_bytes, touched, traffic_of, written_over
+from autostrat.runtime.executor import (communicate, counted, counted_bytes, load_slice, materialised, peer_bytes, touched,
+                                         traffic_of, written_over)
+from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
@@ -104,16 +107,19 @@ class StageRunner:
             for index, instruction in enumerate(getattr(program, slot)):
                 if isinstance(instruction, (Communicate, Send)):
                     self.position[(slot, index)] = len(self.position)
-        self.memory = LiveBytes()
+        self.memory = LiveBytes()  # the dry replay's count
+        self.held, self.stores, self.resident = HeldMemory(), {}, {}  # a run's measurement: the arrays themselves
         self.waited = self.busy = 0.0
 
     def step(self, values: dict, batch: dict, resident: dict) -> tuple[list[float], dict]:
         program = self.program
+        self.resident = resident
         shared = {i.tensor: self._load(i, values, resident) for i in program.loads}
+        self.shared = shared
         self.memory.write({("", key): array.nbytes for key, array in shared.items()})
         dry = self.dtypes is not None
         micro_values = [{}] * program.micro_batches if dry else micro_batches_of(batch, program.inputs, program.micro_batches)
-        stores: dict[int, dict] = {}
+        stores = self.stores = {}
         losses = [0.0] * program.micro_batches
         started = time.perf_counter()
         waited = self.waited
@@ -147,7 +153,10 @@ class StageRunner:
                 continue
             piece = store.pop(key)
             if key in shared:
-                shared[key] = shared[key] + piece
+                if self.dtypes is None:
+                    np.add(shared[key], piece, out=shared[key])  # the rank's own sum (a received piece is a copy)
+                else:
+                    shared[key] = shared[key] + piece
                 self.memory.release(((index, key),))
             else:
                 shared[key] = piece  # the micro-batch's buffer becomes the sum's
@@ -166,8 +175,8 @@ class StageRunner:
         elif isinstance(instruction, Load):
             written = {instruction.tensor: load_slice(instruction, values, None)}
         elif isinstance(instruction, Compute):
-            arrays = [read(key) for key in instruction.inputs]
-            written = dict(zip(instruction.outputs, run_kernel(instruction.op_type, arrays, dict(instruction.attrs), instruction.context)))
+            written = dict(zip(instruction.outputs, run_kernel(instruction.op_type, [read(key) for key in instruction.inputs],
+                                                               dict(instruction.attrs), instruction.context)))
         elif isinstance(instruction, Recv):
             began = time.perf_counter()
             written = {instruction.key: self.backend.recv(instruction.shape, instruction.dtype, instruction.source, instruction.tag)}
@@ -182,6 +191,9 @@ class StageRunner:
             traffic = traffic_of(instruction, self.backend.sent[before:])
             self.sent[self.position[where]] += traffic.sent
             self.sent_to += peer_bytes((traffic,), len(self.sent_to))
+        if self.dtypes is None:
+            written = materialised(instruction, written, store, released)
+            self._sample(instruction, written, [read(key) for key in touched(instruction) if key not in written])
         over = tuple((named(source), (space, target)) for source, target in written_over(instruction))
         # Dropped: what this rank's own store holds, a result nothing reads included (an input's gradient).
         dropped = tuple((space, key) if key in written else named(key) for key in released if key in store or key in written)
@@ -191,6 +203,13 @@ class StageRunner:
         for key in released:
             store.pop(key, None)
 
+
+    def _sample(self, instruction, written: dict, inputs: list) -> None:
+        """Measure what the rank holds now: its weights and sums, every micro-batch's buffers,
+        the slices it has yet to load, this instruction's inputs and its counted results."""
+        results = written.values() if counted(instruction) else ()
+        self.held.sample(self.shared.values(), *(store.values() for store in self.stores.values()), results, inputs,
+                         self.resident.values())
 
     def _load(self, instruction: Load, values: dict, resident: dict):
         if self.dtypes is None:
@@ -244,7 +263,7 @@ def train_stage(program: StageProgram, backend, values: dict, batches, on_step=N
             on_step(step, loss)
     measured = phase_bytes(program, tuple(runner.sent), len(batches))
     wall = runner.busy + runner.waited
-    return StageRun(program.rank, tuple(losses), resident, measured, runner.memory.peak, runner.waited / wall if wall else 0.0)
+    return StageRun(program.rank, tuple(losses), resident, measured, runner.held.peak, runner.waited / wall if wall else 0.0)
 
 
 def pipeline_values(plan, values: dict) -> dict:

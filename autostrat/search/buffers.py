@@ -5,7 +5,8 @@ every redistribution writes a copy of its tensor in the consumer's layout (and e
 an intermediate one), which exists only for some pairs of producer and consumer strategies. This
 module follows the order a rank's program runs in (`runtime.program`: every load first, then
 per op the redistributions of its inputs and its kernel, then the writebacks) and counts its
-buffers by the rule the executor (`runtime.executor`) measures them by (`cost.live_bytes`). Ranks hold slices of equal sizes, so rank 0 stands for all.
+buffers by the rule of `cost.live_bytes`, which the executor's runs follow and measure apart
+(`runtime.held_memory`). Ranks hold slices of equal sizes, so rank 0 stands for all.
 
 The plan's predicted peak (`prediction.Prediction.peak_bytes`) is this; the search checks a
 budgeted plan against it too (`search.search`).
@@ -115,6 +116,5 @@ def _program(plan) -> _Program:
 def _steps(program: _Program, redistribution, source: str, target: str, dtype: str, op: str = "") -> None:
     """A redistribution's steps: the first reads `source`, every one writes `target`."""
     for step in redistribution.steps:
-        over = ((source, target),) if step.kind == "AllReduce" else ()
-        program.events.append(_Event((source,), {target: _bytes(step.after, dtype)}, over, op))
+        program.events.append(_Event((source,), {target: _bytes(step.after, dtype)}, (), op))
         source = target

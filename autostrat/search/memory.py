@@ -11,7 +11,7 @@ throughout; an update's result takes its parameter's place; a parameter at rest 
 held shard-sized, and gathered for its first reader while that runs. The peak is reached at a
 step where a tensor is produced, so those steps are the only ones to bound.
 
-What a run measures (`runtime.executor`, `RankResult.peak_bytes`) is what `buffers.plan_peak`
+What a run measures (`runtime.held_memory`, `RankResult.peak_bytes`) is what `buffers.plan_peak`
 predicts from the plan: this, less the originals a run drops once a copy has been made, plus
 the copies a redistribution writes in its consumer's layout (and its steps' intermediates).
 Whether a copy exists depends on the strategies of both ends of an edge, which a form over one
@@ -77,6 +77,22 @@ def _gathered_copy(problem: SearchProblem, parameter: str, owner: str, index: in
     reader's copy is a redistribution like any other, which the forms leave out: see the module.)"""
     whole = [math.prod(s.input_layouts[index].slice_shape) * size if index in s.at_rest else 0 for s in problem.candidates[owner]]
     return [TensorBytes(parameter, owner, tuple(whole), at=owner)] if any(whole) else []
+
+
+def resident_floor(problem: SearchProblem) -> int:
+    """The fewest bytes a device needs for the parameters, constants and optimiser state alone,
+    over every choice: no budget below it can fit, so the search never asks for one.
+
+    Example (the tutorial FFN's two weights and two biases, split at most 8 ways):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> resident_floor(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8))
+        4160
+    """
+    resident, _ = tensor_bytes(problem)
+    return sum(min(item.bytes) for item in resident)
 
 
 def spans(problem: SearchProblem, activations: list[TensorBytes]) -> list[tuple[int, int]]:

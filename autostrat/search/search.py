@@ -13,6 +13,7 @@ from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
+from autostrat.search.memory import resident_floor
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.strategies import check_mesh
 
@@ -225,7 +226,12 @@ def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions
         # The solver's per-op model missed copies the plan's redistributions write: ask for a
         # plan its model puts that much below this one (at least 1 %, 2 %, 4 % of the budget
         # below: the next plan may write others).
-        budget = min(budget, plan.prediction.model_peak_bytes) - max(over, options.max_device_memory * 2**attempt // 100)
+        # Never below what the parameters and optimiser state alone need: no plan fits that.
+        tighter = max(resident_floor(problem),
+                      min(budget, plan.prediction.model_peak_bytes) - max(over, options.max_device_memory * 2**attempt // 100))
+        if tighter >= budget:  # at the floor already: asking again would return the same plan
+            raise _copies_over_budget(plan, options.max_device_memory, attempt + 1, None)
+        budget = tighter
     raise _copies_over_budget(plan, options.max_device_memory, BUDGET_ROUNDS, None)
 
 
