@@ -37,7 +37,8 @@ from autostrat.runtime import checkpoint
 from autostrat.runtime.executor import graph_values
 from autostrat.runtime.job import random_batch
 from autostrat.runtime.report import PHASE_LEGEND, memory_line
-from autostrat.runtime.training import TrainingResult, reference_graph, train_collective, train_locally, train_single_device
+from autostrat.runtime.training import (TrainingResult, reference_graph, train_collective, train_locally, train_reference,
+                                        train_single_device)
 
 
 # The optimisers with MindSpore's functional half (``optimizer.parameters``, ``optimizer(grads)``).
@@ -224,7 +225,7 @@ def train(cell, inputs, steps: int = 20, seed: int = 0, log=print, context=None,
         result = train_locally(plan, values, batches, Progress(steps, log))
     if save_checkpoint is not None:
         checkpoint.save_checkpoint(result, save_checkpoint)
-    return compare(plan, result, train_single_device(reference_graph(plan), values, batches))
+    return compare(plan, result, train_reference(reference_graph(plan), values, batches))
 
 
 def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: float = 1e-5) -> TrainReport:
@@ -246,6 +247,7 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
         *([memory_line(list(result.predicted_peaks) or result.predicted_peak, list(result.measured_peaks))]
           if result.measured_peaks else []),
         *result.notes,
+        *reference.notes,
         f"loss curve vs stand-alone: max relative error {loss_error:.3g}; final parameters: {parameter_error:.3g} "
         f"(limit {tolerance:g}): {'OK' if max(loss_error, parameter_error) <= tolerance else 'FAILED'}",
     ]
