@@ -148,3 +148,20 @@ def test_zero_gradient_parameters_are_pooled_and_named():
     exact = {"moment1.blocks.0.attention.key.bias": np.float32([0, 0]), "moment1.w": np.float32([1e-3, 0])}
     assert tensor_errors(noise, exact, reference.noise_driven)[1] == pytest.approx(1e-9, rel=1e-3)
     assert tensor_errors(noise, exact)[3] == "moment1.blocks.0.attention.key.bias"
+
+
+def test_a_training_report_checks_every_tensor_against_jax():
+    """`train`'s report (bash run.sh N): the loss curve and final values against JAX's, each
+    parameter and state on its own scale, the worst one named; a moment 15 % off fails it."""
+    from autostrat.frontend.train import compare
+    from autostrat.runtime.training import reference_graph, train_locally, train_reference
+
+    plan = tutorial_plan(optimizer=Momentum(0.01, 0.9))
+    values, batches = graph_values(plan.graph, {}), synthetic_batches(plan.graph, 2)
+    run, reference = train_locally(plan, values, batches), train_reference(reference_graph(plan), values, batches)
+    report = compare(plan, run, reference)
+    assert report.ok, report.text
+    assert f"reference: {LIBRARY}; worst tensor " in report.text
+    wrong = dict(reference.parameters) | {"moments.dense2.bias": reference.parameters["moments.dense2.bias"] * np.float32(1.15)}
+    report = compare(plan, run, replace(reference, parameters=wrong))
+    assert not report.ok and "worst tensor moments.dense2.bias 0.13 (limit 0.0001)" in report.text

@@ -48,6 +48,8 @@ class TrainingResult:
     measured_peaks: tuple[int, ...] = ()
     predicted_peaks: tuple[int, ...] = ()  # per rank, when ranks differ (a pipeline's stages)
     notes: tuple[str, ...] = ()  # more lines for the report (a pipeline's bubble)
+    reference: str = ""  # a stand-alone reference's library (`train_reference`)
+    pooled: tuple[str, ...] = ()  # its parameters compared on their kind's scale (`reference.Reference.noise_driven`)
 
     @property
     def bytes_match(self) -> bool:
@@ -161,7 +163,7 @@ def train_single_device(graph, values: dict, batches, on_step=None) -> TrainingR
 
 def train_reference(graph, values: dict, batches) -> TrainingResult:
     """The stand-alone reference of a training run, by JAX where installed
-    (`reference.reference_run`); its note names the library.
+    (`reference.reference_run`), naming its library.
 
     Example (two SGD steps of the tutorial FFN):
         >>> from autostrat.autodiff import SGD
@@ -170,12 +172,12 @@ def train_reference(graph, values: dict, batches) -> TrainingResult:
         >>> from autostrat.runtime.executor import graph_values
         >>> graph = reference_graph(tutorial_plan(optimizer=SGD()))
         >>> reference = train_reference(graph, graph_values(graph, {}), synthetic_batches(graph, 2))
-        >>> len(reference.losses), reference.notes
-        (2, ('stand-alone reference: JAX 0.10.2 on CPU',))
+        >>> len(reference.losses), reference.reference
+        (2, 'JAX 0.10.2 on CPU')
     """
     reference = reference_run(graph, values, batches)
     losses = tuple(loss_value(step[graph.outputs[0]]) for step in reference.outputs)
-    return TrainingResult(losses, reference.final, notes=(f"stand-alone reference: {reference.library}",))
+    return TrainingResult(losses, reference.final, reference=reference.library, pooled=reference.noise_driven)
 
 
 def train_collective(plan, backend, values: dict, batches, on_step=None, every_rank: bool = False) -> TrainingResult | None:
