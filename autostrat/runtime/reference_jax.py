@@ -117,7 +117,7 @@ FORWARD = {
     "Maximum": jnp.maximum, "Minimum": jnp.minimum,
     "Exp": jnp.exp, "Log": jnp.log, "Neg": jnp.negative, "Sqrt": jnp.sqrt, "Tanh": jnp.tanh,
     "ReLU": jax.nn.relu, "Sigmoid": jax.nn.sigmoid, "GeLU": _gelu, "Identity": lambda x: x,
-    "Cast": lambda x, dtype="float32": x if np.dtype(dtype).kind == "f" else x.astype(dtype),
+    "Cast": lambda x, dtype="float32": x if np.dtype(dtype).kind == "f" else x.astype(dtype),  # floats stay float64
     "MatMul": _matmul, "BatchMatMul": _matmul, "BiasAdd": _bias_add,
     "LayerNorm": _layer_norm, "Conv2D": _conv2d,
     "Gather": lambda params, indices, axis=0: jnp.take(params, indices, axis=axis),
