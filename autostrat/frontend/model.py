@@ -43,7 +43,7 @@ from autostrat.runtime.executor import graph_values
 from autostrat.runtime.job import check_indices
 from autostrat.runtime.local import execute_on_ranks
 from autostrat.runtime.program import lower_programs
-from autostrat.runtime.training import loss_value, train_collective, train_locally, train_single_device
+from autostrat.runtime.training import loss_value, train_collective, train_locally, train_reference
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def check_against_one_device(plan, result, values: dict, batches) -> None:
     """Print the comparison of a run with the stand-alone run of the same steps (`train.compare`);
     a run that differs raises `RuntimeBackendError` (``AUTOSTRAT_CHECK=1``: a MindSpore
     script, unchanged, checked by its launcher)."""
-    report = compare(plan, result, train_single_device(reference_graph(plan), values, batches))
+    report = compare(plan, result, train_reference(reference_graph(plan), values, batches))
     print(report.text, flush=True)
     if not report.ok:
         raise RuntimeBackendError("the distributed run differs from the stand-alone run (see the report above)")

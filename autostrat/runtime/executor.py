@@ -275,14 +275,15 @@ def graph_values(graph, inputs: dict) -> dict:
     return values
 
 
-def single_device_step(graph, values: dict) -> tuple[dict, dict]:
-    """One pass of the graph on whole tensors, op by op (the reference of every check): its
-    outputs, and the next value of every tensor it updates (a training graph)."""
+def single_device_step(graph, values: dict, keep: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """One pass of the graph on whole tensors, op by op, with autostrat's kernels (the fallback
+    reference, `runtime.reference`): its outputs (and the tensors named in `keep`), and the
+    next value of every tensor it updates (a training graph)."""
     store = dict(values)
     for op in graph.ops.values():
         outputs = run_kernel(op.op_type, [store[name] for name in op.inputs], op.attr_dict, None)
         store.update(zip(op.outputs, outputs))
-    return {name: store[name] for name in graph.outputs}, {name: store[value] for name, value in graph.updates}
+    return {name: store[name] for name in graph.outputs + keep}, {name: store[value] for name, value in graph.updates}
 
 
 def run_single_device(graph, values: dict) -> dict:
@@ -290,13 +291,13 @@ def run_single_device(graph, values: dict) -> dict:
     return single_device_step(graph, values)[0]
 
 
-def single_device_run(graph, values: dict, batches, on_step=None) -> tuple[tuple[dict, ...], dict]:
-    """Every batch's outputs on one device, the updated tensors carried from step to step, and
-    their whole values after the last step (empty for a graph that updates nothing);
-    `on_step(step, outputs)` is called after each step."""
+def single_device_run(graph, values: dict, batches, on_step=None, keep: tuple[str, ...] = ()) -> tuple[tuple[dict, ...], dict]:
+    """Every batch's outputs (and `keep`'s tensors) on one device, the updated tensors carried
+    from step to step, and their whole values after the last step (empty for a graph that
+    updates nothing); `on_step(step, outputs)` is called after each step."""
     values, outputs = dict(values), []
     for step, batch in enumerate(batches):
-        step_outputs, updated = single_device_step(graph, values | batch)
+        step_outputs, updated = single_device_step(graph, values | batch, keep)
         values.update(updated)
         outputs.append(step_outputs)
         if on_step is not None:

@@ -21,7 +21,8 @@ from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.pipeline import StageRunner, pipeline_values, predicted_peaks
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
-from autostrat.runtime.report import output_errors, rank_summary
+from autostrat.runtime.reference import reference_run, tensor_errors
+from autostrat.runtime.report import rank_summary
 from autostrat.runtime.training import reference_graph
 
 FAULTS = ("hang", "kill", "loop", "raise", "stop")
@@ -52,6 +53,19 @@ class Job:
     fault: Fault | None = None
     final: dict | None = None  # a training job: the whole parameters and state after the last step
     predicted_peaks: tuple[int, ...] = ()  # per rank, when ranks differ (a pipeline's stages); else predicted_peak
+    reference: str = ""  # the library that computed `expected` and `final` (`reference.Reference.library`)
+    pooled: tuple[str, ...] = ()  # parameters compared on their kind's scale (`reference.Reference.noise_driven`)
+    gradient_worst: str = ""  # the gradient of autostrat's stand-alone run furthest from the reference's
+    gradient_error: float = 0.0  # its relative error (each gradient on its own scale)
+
+    def checked_names(self) -> tuple[str, ...]:
+        """The tensors a rank compares, in the order `rank_summary` indexes its worst one by."""
+        return tuple(sorted(self.expected[0] if self.expected else ())) + tuple(sorted(self.final or ()))
+
+    def worst_index(self, errors: tuple) -> tuple:
+        """`reference.tensor_errors` with the worst tensor's name as its index in `checked_names`."""
+        names = self.checked_names()
+        return (*errors[:3], names.index(errors[3]) if errors[3] in names else -1)
 
     @property
     def training(self) -> bool:
@@ -156,14 +170,27 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     rng = np.random.default_rng(seed)
     values = graph_values(graph, {})
     batches = tuple(random_batch(graph, rng) for _ in range(steps))
-    expected, final = single_device_run(graph, values, batches)
-    started = time.perf_counter()  # timed after a first pass, as the ranks' steps are after warm-up imports
-    single_device_run(graph, values, batches)
+    reference = reference_run(graph, values, batches)
+    started = time.perf_counter()
+    gradient_names = tuple(f"grad/{name}" for name in (reference.gradients[0] if reference.gradients else ()))
+    own, _ = single_device_run(graph, values, batches, keep=gradient_names)
     single = (time.perf_counter() - started) / max(steps, 1)
+    gradients = _gradient_errors(reference, own)
     peaks = () if plan.pipeline is None else predicted_peaks(plan, programs)
     values = values if plan.pipeline is None else pipeline_values(plan, values)
-    return Job(name or plan.graph.name, device_num, programs, values, batches, expected, plan.table(), plan.total_bytes,
-               max(peaks, default=plan.prediction.peak_bytes), single, stall_timeout, fault, final or None, peaks)
+    return Job(name or plan.graph.name, device_num, programs, values, batches, reference.outputs, plan.table(), plan.total_bytes,
+               max(peaks, default=plan.prediction.peak_bytes), single, stall_timeout, fault, reference.final or None, peaks,
+               reference.library, reference.noise_driven, gradients[3], gradients[1])
+
+
+def _gradient_errors(reference, own: tuple[dict, ...]) -> tuple:
+    """`tensor_errors` of autostrat's stand-alone gradients (``grad/<parameter>``) against the
+    reference's, over every step; nothing to compare with the fallback reference."""
+    errors = (0.0, 0.0, 0.0, "")
+    for expected, outputs in zip(reference.gradients, own):
+        expected = {f"grad/{name}": array for name, array in expected.items()}
+        errors = _worst(errors, tensor_errors(outputs, expected, reference.noise_driven))
+    return errors
 
 
 def own_slices(program: Program, whole: dict) -> dict:
@@ -172,15 +199,10 @@ def own_slices(program: Program, whole: dict) -> dict:
     return {name: array[tuple(slice(a, b) for a, b in ranges[name])] for name, array in whole.items()}
 
 
-def _joined(arrays: dict) -> dict:
-    # One vector of every parameter and state value, so that errors are relative to the largest
-    # of them: a parameter whose exact gradient is zero (an attention key's bias) drifts by
-    # rounding noise that no summation order reproduces, and is tiny on its own scale.
-    return {"parameters and state": np.concatenate([np.ravel(arrays[name]) for name in sorted(arrays)])}
-
-
 def _worst(errors: tuple, more: tuple) -> tuple:
-    return tuple(max(a, b) for a, b in zip(errors, more))
+    """The larger absolute error and tolerance, and the larger relative error with its tensor."""
+    worse = more if more[1] > errors[1] or not errors[3] else errors
+    return max(errors[0], more[0]), worse[1], max(errors[2], more[2]), worse[3]
 
 
 def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) -> list | None:
@@ -194,7 +216,7 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
         return _run_stage_steps(job, program, backend, on_gather, log)
     sums = np.zeros(len(program.communications()), np.int64)
     sent_to = np.zeros(job.device_num, np.int64)
-    errors, peak = (0.0, 0.0, 0.0), 0
+    errors, peak = (0.0, 0.0, 0.0, ""), 0
     resident = {} if job.training else None
     started = time.perf_counter()
     for batch, expected in zip(job.batches, job.expected):
@@ -203,29 +225,29 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
         sums += result.sent()
         sent_to += result.sent_to(job.device_num)
         peak = max(peak, result.peak_bytes)
-        errors = _worst(errors, output_errors(result.outputs, expected))
+        errors = _worst(errors, tensor_errors(result.outputs, expected))
     seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
     if job.training:
-        errors = _worst(errors, output_errors(_joined(resident), _joined(own_slices(program, job.final))))
+        errors = _worst(errors, tensor_errors(resident, own_slices(program, job.final), job.pooled))
     if on_gather is not None:
         on_gather()
     if log is not None:
         log(f"rank {backend.rank}: {len(job.batches)} step(s), sent {sums.tolist()} bytes, peak {peak} bytes, errors {errors}")
-    return backend.gather_report(rank_summary(sums.tolist(), peak, errors, seconds, sent_to.tolist()))
+    return backend.gather_report(rank_summary(sums.tolist(), peak, job.worst_index(errors), seconds, sent_to.tolist()))
 
 
 def _run_stage_steps(job: Job, program: StageProgram, backend, on_gather, log) -> list | None:
     """`run_steps` for a pipeline rank: the loss (the last stage's) and the final parameters
     and state of the stage are compared with the single-device run of the whole batch."""
-    runner, resident, errors = StageRunner(program, backend), {}, (0.0, 0.0, 0.0)
+    runner, resident, errors = StageRunner(program, backend), {}, (0.0, 0.0, 0.0, "")
     started = time.perf_counter()
     for batch, expected in zip(job.batches, job.expected):
         losses, resident = runner.step(job.values, batch, resident)
         outputs = {tensor: np.float32(np.mean(losses)) for tensor, _ in program.outputs}
-        errors = _worst(errors, output_errors(outputs, {name: expected[name] for name in outputs}))
+        errors = _worst(errors, tensor_errors(outputs, {name: expected[name] for name in outputs}))
     seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
     if resident:
-        errors = _worst(errors, output_errors(_joined(resident), _joined(program.own_slices(job.final))))
+        errors = _worst(errors, tensor_errors(resident, program.own_slices(job.final), job.pooled))
     if on_gather is not None:
         on_gather()
     if log is not None:
@@ -235,4 +257,4 @@ def _run_stage_steps(job: Job, program: StageProgram, backend, on_gather, log) -
     # all summaries have one length (the report reads each rank's own first ones).
     longest = max(len(p.communications()) for p in job.programs)
     sent = runner.sent.tolist() + [0] * (longest - len(runner.sent))
-    return backend.gather_report(rank_summary(sent, runner.memory.peak, errors, seconds, runner.sent_to.tolist()))
+    return backend.gather_report(rank_summary(sent, runner.memory.peak, job.worst_index(errors), seconds, runner.sent_to.tolist()))

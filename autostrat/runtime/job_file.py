@@ -11,7 +11,8 @@ can at worst make a job fail, never run code on the ranks' hosts:
   ``arrays.npz``), ``arrays`` (per section the names in order: ``values``, ``batches`` and
   ``expected`` one list per step, ``final`` or null), and the job's other fields: ``name``,
   ``device_num``, ``plan_table``, ``plan_bytes``, ``predicted_peak``, ``single_seconds``, ``stall_timeout``,
-  ``fault`` and ``programs``. A record (a program, an instruction, a slice context, a fault) is
+  ``fault``, ``programs``, and the reference's ``reference`` (library), ``pooled``,
+  ``gradient_worst`` and ``gradient_error`` (`job.Job`). A record (a program, an instruction, a slice context, a fault) is
   an object ``{"type": NAME, FIELD: VALUE...}``; tuples are lists. Records are rebuilt only
   from `RECORDS`, the allow-list of types with the form of every field, so nothing in the file
   names code, and every value is checked before a constructor sees it.
@@ -124,7 +125,7 @@ ARRAY_SECTIONS = {"values": _NAMES, "batches": Many(_NAMES), "expected": Many(_N
 JOB_FIELDS = {
     "name": str, "device_num": int, "programs": Many(Record(("Program", "StageProgram"))), "plan_table": str, "plan_bytes": int,
     "predicted_peak": int, "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
-    "predicted_peaks": Many(int),
+    "predicted_peaks": Many(int), "reference": str, "pooled": Many(str), "gradient_worst": str, "gradient_error": float,
 }
 _HEADER = {"format": OneOf((FORMAT,)), "version": int, "files": Fixed((str, str)), "arrays": None}
 

@@ -17,13 +17,13 @@ import numpy as np
 
 from autostrat.tables import format_table
 from autostrat.runtime.program import PHASES
+from autostrat.runtime.reference import OWN_KERNELS, reference_line
 
 # What each byte phase counts, in one line for the reports.
 PHASE_LEGEND = ("forward/backward = the plan's redistributions; sync = gradient synchronisation; "
                 "update = writing new parameters and state back to their layouts; pipeline = activations and their "
                 "gradients sent between pipeline stages; output = assembling split or "
                 "partial graph outputs (a training step's loss) on every rank for the check, not part of the plan")
-TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-10}
 MEASURED = "measured.json"  # rank 0 saves `RunCheck.measured` there, in the run directory
 MEMORY_TOLERANCE = 0.05  # how far a rank's measured peak may be from the predicted one (issue #16)
 
@@ -47,25 +47,6 @@ class RunCheck:
         return self.bytes_match and self.results_match
 
 
-def output_errors(outputs: dict, expected: dict) -> tuple[float, float, float]:
-    """Largest absolute error, largest error relative to the reference's largest magnitude,
-    and the tolerance of the coarsest output dtype.
-
-    Example:
-        >>> output_errors({"y": np.float32([1, 2.5])}, {"y": np.float32([1, 2])})
-        (0.5, 0.25, 1e-05)
-    """
-    absolute = relative = 0.0
-    tolerance = 1e-10
-    for name, reference in expected.items():
-        reference, got = np.asarray(reference), np.asarray(outputs[name])
-        difference = float(np.max(np.abs(got.astype(np.float64) - reference), initial=0.0))
-        scale = float(np.max(np.abs(reference), initial=0.0)) or 1.0
-        absolute, relative = max(absolute, difference), max(relative, difference / scale)
-        tolerance = max(tolerance, TOLERANCE.get(reference.dtype.name, 0.0))
-    return absolute, relative, tolerance
-
-
 def rank_summary(traffic_sums: list[int], peak: int, errors: tuple[float, float, float], seconds: float,
                  sent_to: list[int]) -> np.ndarray:
     return np.array([*sent_to, *traffic_sums, peak, *errors, seconds], np.float64)
@@ -76,7 +57,9 @@ def _instruction_sent(summary: np.ndarray, device_num: int) -> np.ndarray:
 
 
 def _peak(summary: np.ndarray) -> int:
-    return int(summary[-5])  # a `rank_summary` ends with the peak, three errors and the seconds
+    # A `rank_summary` ends with the peak, the errors (absolute, relative, tolerance, the worst
+    # tensor's index in `Job.checked_names`: `Job.worst_index`) and the seconds.
+    return int(summary[-6])
 
 
 def memory_line(predicted: int | list[int], measured: list[int]) -> str:
@@ -140,14 +123,18 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
             figures["phases"][phase]["predicted"].append(predicted)
             figures["phases"][phase]["measured"].append(measured / steps)
         rows.append(row + [str(peaks["predicted"][rank]), str(peaks["measured"][rank])])
-    absolute = max(float(s[-4]) for s in summaries)
-    relative = max(float(s[-3]) for s in summaries)
-    tolerance = max(float(s[-2]) for s in summaries)
+    absolute = max(float(s[-5]) for s in summaries)
+    worst = max(summaries, key=lambda s: float(s[-4]))
+    relative, worst_name = float(worst[-4]), job.checked_names()[int(worst[-2])] if worst[-2] >= 0 else ""
+    if job.gradient_error > relative:  # the launcher's check of autostrat's stand-alone gradients
+        relative, worst_name = job.gradient_error, job.gradient_worst
+    tolerance = max(float(s[-3]) for s in summaries)
     seconds = max(float(s[-1]) for s in summaries)
     results_match = relative <= tolerance
     headers = ["rank"] + [f"{phase} {what}" for phase in phases for what in ("predicted", "sent")]
     headers += ["peak predicted", "peak measured"]
-    compared = "every step's outputs and the final parameters and optimiser state" if job.training else "every step's outputs"
+    compared = ("every step's outputs and the final parameters and optimiser state, each tensor on its own scale; the "
+                "stand-alone run's gradients" if job.training else "every step's outputs, each tensor on its own scale")
     lines = [
         f"{job.name} on {job.device_num} ranks ({backend}), {steps} {kind} step(s)",
         job.plan_table,
@@ -161,10 +148,17 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         memory_line(peaks["predicted"], peaks["measured"]),
         f"max difference from the single-device result ({compared}): {absolute:.3g} (relative {relative:.3g}, "
         f"limit {tolerance:g}): {'OK' if results_match else 'FAILED'}",
+        reference_line(job.reference or OWN_KERNELS, worst_name, relative, tolerance) + _pooled_note(job),
         f"time per {kind} step: {seconds * 1e3:.2f} ms on {job.device_num} ranks, "
         f"{job.single_seconds * 1e3:.2f} ms single device",
     ]
     return RunCheck("\n".join(lines), bytes_match, results_match, figures)
+
+
+def _pooled_note(job) -> str:
+    if not job.pooled:
+        return ""
+    return f" ({', '.join(job.pooled)}: zero exact gradient, compared on the scale of their kind)"
 
 
 def _predicted_peaks(job) -> tuple[int, ...]:

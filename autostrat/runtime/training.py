@@ -18,6 +18,7 @@ from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, single_device_run
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, kernel_attrs, lower_programs
+from autostrat.runtime.reference import reference_run
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class TrainingResult:
     measured_peaks: tuple[int, ...] = ()
     predicted_peaks: tuple[int, ...] = ()  # per rank, when ranks differ (a pipeline's stages)
     notes: tuple[str, ...] = ()  # more lines for the report (a pipeline's bubble)
+    reference: str = ""  # a stand-alone reference's library (`train_reference`)
+    pooled: tuple[str, ...] = ()  # its parameters compared on their kind's scale (`reference.Reference.noise_driven`)
 
     @property
     def bytes_match(self) -> bool:
@@ -149,12 +152,32 @@ def reference_graph(plan):
 
 
 def train_single_device(graph, values: dict, batches, on_step=None) -> TrainingResult:
-    """The stand-alone reference: the same training graph, step by step on one device;
-    `on_step(step, loss)` is called after each step."""
+    """The same training graph step by step on one device with autostrat's own kernels (what
+    a distributed run must equal bit for bit where it computes alike: recomputation, the
+    fallback reference); `on_step(step, loss)` is called after each step."""
     loss = graph.outputs[0]
     report = None if on_step is None else lambda step, outputs: on_step(step, loss_value(outputs[loss]))
     outputs, final = single_device_run(graph, values, batches, report)
     return TrainingResult(tuple(loss_value(step[loss]) for step in outputs), final)
+
+
+def train_reference(graph, values: dict, batches) -> TrainingResult:
+    """The stand-alone reference of a training run, by JAX where installed
+    (`reference.reference_run`), naming its library.
+
+    Example (two SGD steps of the tutorial FFN):
+        >>> from autostrat.autodiff import SGD
+        >>> from autostrat.frontend.train import synthetic_batches
+        >>> from autostrat.models import tutorial_plan
+        >>> from autostrat.runtime.executor import graph_values
+        >>> graph = reference_graph(tutorial_plan(optimizer=SGD()))
+        >>> reference = train_reference(graph, graph_values(graph, {}), synthetic_batches(graph, 2))
+        >>> len(reference.losses), reference.reference
+        (2, 'JAX 0.10.2 on CPU')
+    """
+    reference = reference_run(graph, values, batches)
+    losses = tuple(loss_value(step[graph.outputs[0]]) for step in reference.outputs)
+    return TrainingResult(losses, reference.final, reference=reference.library, pooled=reference.noise_driven)
 
 
 def train_collective(plan, backend, values: dict, batches, on_step=None, every_rank: bool = False) -> TrainingResult | None:

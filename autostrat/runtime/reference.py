@@ -1,0 +1,142 @@
+"""The stand-alone reference of every checked run, and the per-tensor comparison with it.
+
+The reference is computed by JAX (`runtime.reference_jax`: forward ops translated from
+MindSpore's semantics, gradients by JAX's autodiff, the optimisers written out), so that a
+wrong kernel, bprop or update of autostrat's cannot agree with it. Where JAX is not installed,
+or the graph has an op it has no translation of, the reference falls back to autostrat's own
+kernels (`executor.single_device_run`) and its label says so and why: such a check only shows
+that the ranks agree with one device running the same kernels.
+
+A parameter whose exact gradient is zero (an attention key's bias: softmax ignores what it adds
+to every score of a row) gets a gradient of rounding noise in float32, which Adam scales up to
+a step of the learning rate's size: two correct implementations disagree on it completely.
+Such a parameter (its reference gradient at most `NOISE` times the step's largest) and its
+optimiser state are compared on the scale of all tensors of their kind (all parameters, all
+first moments, ...), and the report names them.
+
+JAX is imported here only when a reference is computed (once per process, about a second),
+never when this module is imported: the search never pays for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from autostrat.autodiff import forward_name
+from autostrat.runtime.executor import single_device_run
+
+OWN_KERNELS = "autostrat's own kernels"
+# The largest relative error of a tensor on its own scale. A float32 run against the float64
+# reference: each gradient of a 2-layer GPT is off by up to 1e-5 of its largest element
+# (cancellation in float32 sums), which Adam turns into parameters off by 3.3e-5 after two steps
+# (gpt_train.yaml); a wrong kernel or update is off by 1e-3 or more.
+TOLERANCE = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-10}
+# The floor of a tensor's scale: a tensor the reference holds at exact zeros is compared absolutely.
+TINY = 1e-30
+NOISE = 2.0**-20  # a gradient this small next to the step's largest is float32 rounding noise
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Every step's outputs and gradients (by parameter; none from the fallback), the updated
+    tensors after the last step, and which library computed them (`library`: "JAX 0.x on
+    CPU", or `OWN_KERNELS` and why)."""
+
+    outputs: tuple[dict, ...]
+    gradients: tuple[dict, ...]
+    final: dict
+    library: str
+
+    @property
+    def noise_driven(self) -> tuple[str, ...]:
+        """The parameters whose every reference gradient is rounding noise (see the module docstring)."""
+        largest = [max((float(np.max(np.abs(g), initial=0.0)) for g in step.values()), default=0.0) for step in self.gradients]
+        return tuple(sorted(name for name in (self.gradients[0] if self.gradients else ()) if all(
+            float(np.max(np.abs(step[name]), initial=0.0)) <= NOISE * top for step, top in zip(self.gradients, largest))))
+
+    @property
+    def independent(self) -> bool:
+        return not self.library.startswith(OWN_KERNELS)
+
+
+def reference_run(graph, values: dict, batches) -> Reference:
+    """The reference of a run of `graph` from `values` (initial parameters, state, constants)
+    on `batches`: JAX where it is installed and translates every op, else autostrat's kernels.
+
+    Example (the tutorial FFN's training graph, one step):
+        >>> from autostrat.autodiff import SGD
+        >>> from autostrat.frontend.train import synthetic_batches
+        >>> from autostrat.models import tutorial_plan
+        >>> from autostrat.runtime.executor import graph_values
+        >>> graph = tutorial_plan(optimizer=SGD()).graph
+        >>> reference = reference_run(graph, graph_values(graph, {}), synthetic_batches(graph, 1))
+        >>> reference.library.startswith("JAX"), sorted(reference.gradients[0])[:1]
+        (True, ['dense1.bias'])
+    """
+    try:
+        reference_jax = importlib.import_module("autostrat.runtime.reference_jax")
+    except ImportError:
+        return _own_kernels(graph, values, batches, "JAX not installed")
+    try:
+        outputs, gradients, final = reference_jax.jax_run(graph, values, batches)
+    except reference_jax.Untranslatable as missing:
+        return _own_kernels(graph, values, batches, f"JAX has no translation of {missing}")
+    return Reference(outputs, gradients, final, reference_jax.LIBRARY)
+
+
+def _own_kernels(graph, values: dict, batches, why: str) -> Reference:
+    outputs, final = single_device_run(graph, values, batches)
+    return Reference(outputs, (), final, f"{OWN_KERNELS} ({why})")
+
+
+def _kind(name: str) -> str:
+    """A tensor's kind by its prefix: "" for a parameter or output, "moment1." for a first moment, ..."""
+    return name[: len(name) - len(forward_name(name))]
+
+
+def _scales(expected: dict, pooled: tuple[str, ...]) -> dict[str, float]:
+    own = {name: float(np.max(np.abs(np.asarray(array)), initial=0.0)) for name, array in expected.items()}
+    kinds: dict[str, float] = {}
+    for name, scale in own.items():
+        kinds[_kind(name)] = max(kinds.get(_kind(name), 0.0), scale)
+    return {name: max(kinds[_kind(name)] if forward_name(name) in pooled else scale, TINY) for name, scale in own.items()}
+
+
+def tensor_errors(got: dict, expected: dict, pooled: tuple[str, ...] = ()) -> tuple[float, float, float, str]:
+    """The worst tensor of `got` against `expected`, each on its own scale: the largest
+    absolute error, the largest relative error max|a - b| / max(max|b|, TINY), the tolerance
+    of the coarsest dtype, and the name of the tensor with that relative error ("" if none).
+    The tensors of the parameters in `pooled` (and their state) are on their kind's scale.
+
+    Example:
+        >>> tensor_errors({"w": np.float32([1, 2]), "v": np.float32([1e-6, 0])}, {"w": np.float32([1, 2]), "v": np.float32([1.15e-6, 0])})
+        (1.500000053056283e-07, 0.13043478690687477, 0.0001, 'v')
+    """
+    absolute = relative = 0.0
+    tolerance, worst = 1e-10, ""
+    scales = _scales(expected, pooled)
+    for name, reference in expected.items():
+        reference = np.asarray(reference)
+        difference = float(np.max(np.abs(np.asarray(got[name], np.float64) - reference), initial=0.0))
+        scale = scales[name]
+        absolute = max(absolute, difference)
+        if difference / scale > relative or not worst:
+            relative, worst = max(relative, difference / scale), name
+        tolerance = max(tolerance, TOLERANCE.get(reference.dtype.name, 0.0))
+    return absolute, relative, tolerance, worst
+
+
+def reference_line(library: str, worst: str, relative: float, tolerance: float) -> str:
+    """The report's line on the reference.
+
+    Example:
+        >>> reference_line("JAX 0.4 on CPU", "dense1.weight", 3.1e-07, 1e-05)
+        'reference: JAX 0.4 on CPU; worst tensor dense1.weight 3.1e-07 (limit 1e-05)'
+    """
+    return f"reference: {library}; worst tensor {worst or '(none)'} {relative:.2g} (limit {tolerance:g})"
+
+
+__all__ = ["OWN_KERNELS", "Reference", "reference_line", "reference_run", "tensor_errors"]
