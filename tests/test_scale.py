@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autostrat.autodiff import Adam, build_training
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
 from autostrat.frontend.config import apply_seeds, load_config
@@ -27,7 +28,7 @@ from autostrat.models import GPT, megatron_seeds
 from autostrat.redistribution import LazyCostTable, plan_redistribution, redistribution_cost, simulate
 from autostrat.redistribution.memo import clear_memos
 from autostrat.rules import make_rule
-from autostrat.search import SearchOptions
+from autostrat.search import SearchOptions, search
 from autostrat.search.problem import build_problem
 from autostrat.search.progress import StatusLine
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
@@ -140,13 +141,24 @@ def test_mesh_candidates_do_not_grow_with_the_device_count():
 
 def test_auto_mesh_keeps_every_divisor_in_small_worlds_and_checks_explicit_meshes():
     assert [mesh_axes(n) for n in (1, 8, 16)] == [None, None, None]
-    assert mesh_axes(32) == (4, 8) and mesh_axes(24) == (3, 8) and mesh_axes(20) == (5, 4) and mesh_axes(17) == (17,)
+    assert mesh_axes(32) == (4, 2, 2, 2) and mesh_axes(24) == (3, 2, 2, 2) and mesh_axes(20) == (5, 2, 2)
+    assert mesh_axes(64) == (8, 8) and mesh_axes(17) == (17,)
     assert mesh_axes(64, "full") is None and mesh_axes(64, [4, 16]) == (4, 16)
     with pytest.raises(ConfigError, match=r"mesh \[4, 8\] has 32 devices but device_num is 64"):
         mesh_axes(64, (4, 8))
     for bad in ("8x8", [0, 64], [], [8.0, 8], "servers"):
         with pytest.raises(ConfigError, match="mesh must be 'auto', 'full' or a list of positive axis sizes"):
             SearchOptions(mesh=bad)
+
+
+@pytest.mark.parametrize("device_num", [16, 24, 32])
+def test_the_auto_mesh_loses_at_most_5_percent_against_every_divisor(device_num):
+    # An unseeded GPT training step; measured: auto sends as much as every divisor on 16 and 24
+    # devices, 1.6 % more on 32 (249 396 against 245 508 bytes per device).
+    net = GPT(layers=1, hidden=48, heads=8, seq=8, batch=24, vocab=96)
+    graph = build_training(trace(net, *net.example_inputs(), device_num=device_num), Adam())
+    auto, full = (search(graph, device_num, SearchOptions(mesh=mesh)).total_bytes for mesh in ("auto", "full"))
+    assert auto <= 1.05 * full
 
 
 def test_a_seed_off_the_mesh_lends_its_splits_to_every_op():
