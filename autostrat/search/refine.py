@@ -59,6 +59,7 @@ class RefineResult:
     coarsening: str = ""
     exact: bool = True  # False: the bound holds for plans whose repeated layers agree
     merged: tuple[str, ...] = ()  # ops the coarsening folded into their neighbours
+    space: str = ""  # the candidates the status and bound are over (`candidate_space`)
 
     @property
     def gap(self) -> float:
@@ -73,6 +74,28 @@ class _Start:
     choice: dict[str, int]
     bytes: int
     peak: int
+
+
+def candidate_space(problem: SearchProblem) -> str:
+    """What a refinement's optimum is optimal among: the splits candidates may use, on which
+    mesh, and whether they may repeat work (the coarsening and shared layers say the rest).
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> candidate_space(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=32), 32))
+        'candidates with splits 1, 2, 4, 8, 16, 32 on mesh 4 x 2 x 2 x 2'
+        >>> candidate_space(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8, allow_repeated=True))
+        'candidates with every divisor as a split, repeated calculation allowed'
+    """
+    if problem.split_values is None:
+        splits = "every divisor as a split"
+    else:
+        splits = "splits " + ", ".join(map(str, sorted(problem.split_values)))
+    mesh = "" if problem.mesh is None else " on mesh " + " x ".join(map(str, problem.mesh))
+    return f"candidates with {splits}{mesh}{', repeated calculation allowed' if problem.allow_repeated else ''}"
 
 
 def _starts(problem: SearchProblem, choices, budget: int | None) -> list[_Start]:
@@ -365,5 +388,5 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     best = min(candidates, key=lambda s: s.bytes)  # the solver's plan on ties: its flops are ordered
     bound = min(bound, best.bytes)
     return RefineResult(best.choice, best.bytes, bound, "OPTIMAL" if bound == best.bytes else "FEASIBLE",
-                        time.perf_counter() - begin, known[0].bytes, coarsening=coarse.summary(),
+                        time.perf_counter() - begin, known[0].bytes, coarsening=coarse.summary(), space=candidate_space(problem),
                         exact=not coarse.shared_layers, merged=tuple(e.owner for e in coarse.eliminated))
