@@ -11,12 +11,7 @@ Beyond a few devices the candidates come from a logical mesh (as in Alpa and XLA
 auto-sharding): the devices seen as a few axes, servers x devices per server by default, and
 every factor split by the product of some of them. The number of candidates of an op then no
 longer grows with the device count (an attention BatchMatMul has 917 candidates on 1024 devices,
-20 on a 128 x 8 mesh), and the redistributions between them are few collectives over few axes.
-Up to `FINE_MESH_UP_TO` devices the devices per server are prime axes (8 = 2 x 2 x 2), so that
-2- and 4-way splits inside a server (Megatron's TP 2 and TP 4) are candidates too: on a GPT
-training step (configs/gpt_train.yaml) servers x 8 sent 1.5 % more bytes than every divisor on
-32 devices and 2.9 % on 64, the prime axes 0 % and 0.7 %; beyond, they made a 1024-device
-search 9 times slower (`benchmarks/optimal.py`). The
+20 on a 128 x 8 mesh), and the redistributions between them are few collectives over few axes. The
 device matrix stays in factor order, so a candidate is still a MindSpore strategy; a split a
 seed uses is always a candidate split too, so the seed's neighbours can follow it.
 """
@@ -33,7 +28,6 @@ from autostrat.rules import Rule
 
 
 EVERY_DIVISOR_UP_TO = 16  # "auto" keeps every divisor as a split up to this many devices
-FINE_MESH_UP_TO = 32  # and splits the devices per server into prime axes up to this many
 # Ops linear in every input: with repeated calculation they may also add partial sums
 # (`Strategy.sums_partials`), so that gradients accumulate before they are reduced.
 LINEAR_OP_TYPES = frozenset({"Add", "Sub"})
@@ -42,23 +36,20 @@ LINEAR_OP_TYPES = frozenset({"Add", "Sub"})
 def mesh_axes(device_num: int, mesh="auto") -> tuple[int, ...] | None:
     """The logical mesh's axis sizes, outer first, or None when every divisor is a split.
 
-    `mesh` is "auto" (every divisor up to `EVERY_DIVISOR_UP_TO` devices; servers x the devices
-    per server as prime axes up to `FINE_MESH_UP_TO`, so that 2- and 4-way splits inside a
-    server are products of them; servers x devices per server beyond), "full" (every divisor),
-    or the axis sizes, whose product must be `device_num`.
+    `mesh` is "auto" (every divisor up to `EVERY_DIVISOR_UP_TO` devices, else servers x
+    devices per server), "full" (every divisor), or the axis sizes, whose product must be
+    `device_num`.
 
     Example:
-        >>> mesh_axes(1024), mesh_axes(8), mesh_axes(32), mesh_axes(96), mesh_axes(64, (4, 16)), mesh_axes(64, "full")
-        ((128, 8), None, (4, 2, 2, 2), (12, 8), (4, 16), None)
+        >>> mesh_axes(1024), mesh_axes(8), mesh_axes(96), mesh_axes(64, (4, 16)), mesh_axes(64, "full")
+        ((128, 8), None, (12, 8), (4, 16), None)
     """
     mesh = check_mesh(mesh)
     if mesh == "full" or (mesh == "auto" and device_num <= EVERY_DIVISOR_UP_TO):
         return None
     if mesh == "auto":
         inner = math.gcd(DEVICES_PER_SERVER, device_num)
-        if not 1 < inner < device_num:
-            return (device_num,)
-        return (device_num // inner, *(_prime_factors(inner) if device_num <= FINE_MESH_UP_TO else [inner]))
+        return (device_num // inner, inner) if 1 < inner < device_num else (device_num,)
     if math.prod(mesh) != device_num:
         raise ConfigError(f"mesh {list(mesh)} has {math.prod(mesh)} devices but device_num is {device_num}")
     return mesh
@@ -114,17 +105,6 @@ def on_mesh(splits, repeat: int, axes: tuple[int, ...]) -> bool:
         if product != size:
             return False
     return index == len(axes)
-
-
-def _prime_factors(number: int) -> list[int]:
-    """`number`'s prime factors, smallest first, with repeats: 8 -> [2, 2, 2]."""
-    factors, divisor = [], 2
-    while number > 1:
-        while number % divisor == 0:
-            factors.append(divisor)
-            number //= divisor
-        divisor += 1
-    return factors
 
 
 def _divisors(number: int) -> list[int]:

@@ -137,7 +137,7 @@ class SolverModel:
             for i in np.flatnonzero(fanout.resting) if priced else ():  # gathered per reader
                 for j in np.flatnonzero(np.isfinite(table[i]) & (table[i] > 0)):
                     paid = self._implied([held[i], self._literal(owner, j)], f"{owner}@rest#{i},{j}",
-                                         lambda c, o=owner, i=i, j=j: self._chosen(c, fanout.producer, i) and self._chosen(c, o, j))
+                                         self._hint_of([(fanout.producer, i)], [(owner, int(j))]))
                     self.byte_terms.append((int(table[i, j]), paid))
         for target in range(fanout.costs.shape[1]) if priced else ():
             rows = [i for i in range(len(held)) if not fanout.resting[i] and np.isfinite(fanout.costs[i, target])
@@ -150,12 +150,17 @@ class SolverModel:
             for literal in literals:
                 self.model.AddImplication(literal, wanted)
             self.model.AddBoolOr([wanted.Not(), *literals])  # and no higher: every solution's bytes are exact
-            self.derived.append((wanted, lambda c, r=readers: any(self._chosen(c, o, j) for o, j in r)))
+            self.derived.append((wanted, self._hint_of([], readers)))
             for i in rows:
                 paid = self._implied([held[i], wanted], f"{fanout.producer}>{target}#{i}",
-                                     lambda c, i=i, r=readers: self._chosen(c, fanout.producer, i) and any(
-                                         self._chosen(c, o, j) for o, j in r))
+                                     self._hint_of([(fanout.producer, i)], readers))
                 self.byte_terms.append((int(fanout.costs[i, target]), paid))
+
+    def _hint_of(self, every: list[tuple[str, int]], some: list[tuple[str, int]]):
+        """A boolean's value under a coarse choice: every (owner, index) of `every` chosen and
+        some of `some`."""
+        return lambda coarse: (all(self._chosen(coarse, o, j) for o, j in every)
+                               and any(self._chosen(coarse, o, j) for o, j in some))
 
     def _implied(self, literals: list, name: str, value) -> object:
         """A boolean equal to the conjunction of `literals` (`value(coarse)` for hints): equal,

@@ -86,7 +86,7 @@ def candidate_space(problem: SearchProblem) -> str:
         >>> from autostrat.nn import Tensor
         >>> from autostrat.search.problem import build_problem
         >>> candidate_space(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=32), 32))
-        'candidates with splits 1, 2, 4, 8, 16, 32 on mesh 4 x 2 x 2 x 2'
+        'candidates with splits 1, 4, 8, 32 on mesh 4 x 8'
         >>> candidate_space(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8, allow_repeated=True))
         'candidates with every divisor as a split, repeated calculation allowed'
     """

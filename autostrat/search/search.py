@@ -46,7 +46,8 @@ class SearchOptions:
     - `allow_repeated`: whether candidates may use fewer devices (repeated calculation); None
       allows it in sharding_propagation (a propagated layout may be replicated) only.
     - `follow_layers`: sharding_propagation copies a seeded layer's strategies to the unseeded
-      layers repeating it (`propagate.seeded_layers`).
+      layers repeating it (`propagate.seeded_layers`) when that plan is cheaper than
+      propagating them (`propagate.propagate`).
     - `mesh`: the logical mesh candidates are split over (`strategies.mesh_axes`): "auto"
       (every divisor up to 16 devices, servers x 8 devices beyond), "full" (every divisor), or
       its axis sizes, outer first, e.g. ``(128, 8)``.
