@@ -69,7 +69,8 @@ def test_search_with_refinement_and_a_memory_budget(capsys):
     captured = capsys.readouterr()
     # The per-op model's optimum (28 672 bytes) writes copies that peak at 206 368 bytes: the
     # search asks again for a plan its model puts lower, and that one fits.
-    assert ("refined by CP-SAT: 28672 -> 32768 bytes per device, OPTIMAL (under 175,648 bytes for the per-op memory "
+    assert ("refined by CP-SAT: 28672 -> 32768 bytes per device, OPTIMAL among candidates with every divisor as a "
+            "split, repeated calculation allowed (under 175,648 bytes for the per-op memory "
             "model, so that the plan's copies fit the budget)") in captured.out
     assert "peak memory per device: 185632 bytes" in captured.out
     assert "; coarsened (exact): " in captured.out

@@ -76,8 +76,18 @@ def stack(layers: int, hidden: int = 1024, seeds: str = "first", device_num: int
     return build_training(apply_seeds(graph, seeded, device_num), Adam())
 
 
+def followed_plan(graph):
+    """The plan propagated following the seeded layer (which the default keeps only when it is
+    the cheaper start: on this stack it is not)."""
+    from autostrat.search.search import _plan_of
+
+    problem = build_problem(graph, 8, allow_repeated=True)
+    assignment = min((_propagate(problem, None, True, tie) for tie in TIE_BREAKS), key=lambda a: problem.cost(a.choice))
+    return _plan_of(problem, graph, 8, SearchOptions(), assignment, assignment.choice, None)
+
+
 def test_unseeded_layers_follow_the_seeded_layer():
-    plan = search(stack(3, hidden=64), 8)
+    plan = followed_plan(stack(3, hidden=64))
     follows = {name: op.origin for name, op in plan.ops.items() if op.origin.startswith("follows blocks.0.")
                and not name.startswith("optimizer/")}  # an update op follows its parameter
     assert follows["blocks.2.ln1.layer_norm"] == "follows blocks.0.ln1.layer_norm"
@@ -91,6 +101,20 @@ def test_unseeded_layers_follow_the_seeded_layer():
     unfollowed = search(stack(3, hidden=64), 8, SearchOptions(follow_layers=False))
     assert not any(op.origin.startswith("follows blocks.") for name, op in unfollowed.ops.items()
                    if not name.startswith("optimizer/"))
+
+
+@pytest.mark.parametrize("model_parallel", [4, 8])
+def test_following_a_seeded_layer_is_a_start_the_propagation_leaves_when_it_costs_more(model_parallel):
+    # Forward only, block 0 seeded: copying its strategies into blocks 1 and 2 cost more than
+    # propagating them (a default must never lose to turning it off).
+    net = TransformerStack(layers=3, hidden=64, heads=8, seq=16, batch=4)
+    seeds = megatron_seeds(3, model_parallel, first_layer_only=True, data_parallel=8 // model_parallel)
+    problem = build_problem(apply_seeds(trace(net, *net.example_inputs(), device_num=8), seeds, 8), 8)
+    each = {follow: min(problem.cost(_propagate(problem, None, follow, tie).choice) for tie in TIE_BREAKS)
+            for follow in (True, False)}
+    assert each[False] < each[True]
+    assert problem.cost(propagate(problem).choice) == min(each.values())
+    assert problem.cost(propagate(problem, follow_layers=False).choice) == each[False]
 
 
 def test_a_layer_with_other_shapes_does_not_follow():
@@ -112,8 +136,8 @@ def test_seeding_one_block_costs_what_seeding_every_block_does():
 
 def test_propagation_keeps_the_cheaper_tie_break():
     problem = build_problem(stack(2, hidden=64), 8, allow_repeated=True)
-    each = [problem.cost(_propagate(problem, None, True, tie).choice, shared=True) for tie in TIE_BREAKS]
-    assert problem.cost(propagate(problem).choice, shared=True) == min(each)
+    each = [problem.cost(_propagate(problem, None, follow, tie).choice) for follow in (True, False) for tie in TIE_BREAKS]
+    assert problem.cost(propagate(problem).choice) == min(each)
 
 
 def test_gradients_of_one_activation_are_added_before_one_reduction():
@@ -187,7 +211,7 @@ def test_an_op_loading_a_parameter_never_sums_partial_inputs():
 def test_a_time_refinement_under_a_byte_plans_peak_starts_from_that_plan():
     """The plan propagated for time holds more than the one propagated for bytes here; with
     the byte plan's peak as budget and no time to search, the byte plan is the known fit."""
-    graph = stack(4, hidden=256)
+    graph = stack(4, hidden=64)
     budget = search(graph, 8).prediction.peak_bytes
     assert search(graph, 8, SearchOptions(cost_model="time")).prediction.peak_bytes > budget
     options = SearchOptions(cost_model="time", refine="cpsat", coarsen="layers", max_device_memory=budget,

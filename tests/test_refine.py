@@ -59,7 +59,7 @@ def small_problem(device_num: int, seed: int):
 def brute_force(problem) -> int:
     names = list(problem.candidates)
     ranges = [range(len(problem.candidates[name])) for name in names]
-    return min(problem.cost(dict(zip(names, combo))) for combo in itertools.product(*ranges))
+    return min(problem.cost(dict(zip(names, combo)), shared=True) for combo in itertools.product(*ranges))
 
 
 CASES = [(device_num, seed) for device_num in (4, 8) for seed in range(20)]

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autostrat.autodiff import Adam, build_training
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
 from autostrat.frontend.config import apply_seeds, load_config
@@ -27,7 +28,7 @@ from autostrat.models import GPT, megatron_seeds
 from autostrat.redistribution import LazyCostTable, plan_redistribution, redistribution_cost, simulate
 from autostrat.redistribution.memo import clear_memos
 from autostrat.rules import make_rule
-from autostrat.search import SearchOptions
+from autostrat.search import SearchOptions, search
 from autostrat.search.problem import build_problem
 from autostrat.search.progress import StatusLine
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
@@ -149,6 +150,18 @@ def test_auto_mesh_keeps_every_divisor_in_small_worlds_and_checks_explicit_meshe
             SearchOptions(mesh=bad)
 
 
+@pytest.mark.parametrize("device_num", [16, 24, 32])
+def test_the_auto_mesh_loses_at_most_5_percent_against_every_divisor(device_num):
+    # An unseeded GPT training step; measured: auto (servers x 8) sends as much as every divisor
+    # on 16 and 24 devices, and less on 32 (239 196 against 245 508 bytes per device: the
+    # propagation is greedy; a mesh of 4 x 2 x 2 x 2, 2- and 4-way splits inside a server, sent
+    # 249 396).
+    net = GPT(layers=1, hidden=48, heads=8, seq=8, batch=24, vocab=96)
+    graph = build_training(trace(net, *net.example_inputs(), device_num=device_num), Adam())
+    auto, full = (search(graph, device_num, SearchOptions(mesh=mesh)).total_bytes for mesh in ("auto", "full"))
+    assert auto <= 1.05 * full
+
+
 def test_a_seed_off_the_mesh_lends_its_splits_to_every_op():
     # Megatron TP 4 x DP 16 on 64 devices: 4 and 16 are not products of the 8 x 8 mesh, yet the
     # seed's neighbours must be able to follow it without a redistribution.
@@ -187,6 +200,9 @@ def test_a_seed_off_the_mesh_keeps_every_device_matrix():
     assert build_problem(graph, 64).mesh is None  # TP 4 x DP 16 is not made of 8 x 8
 
 
+GOLDEN_HEADER = "# config phase device_num bytes_per_device predicted_step_ns plan_json_sha256\n"
+
+
 def plan_digests() -> str:
     lines = []
     for path, phase, device_num in itertools.product(sorted((ROOT / "configs").glob("*.yaml")), ("predict", "train"), (8, 16)):
@@ -194,17 +210,19 @@ def plan_digests() -> str:
         # The plan's own keys: the prediction keys appended after them came later than the digests.
         own = {key: value for key, value in plan.to_dict().items() if key not in ("cost_model", "hardware", "predicted")}
         text = json.dumps(own, indent=1) + "\n"
-        lines.append(f"{path.name} {phase} {device_num} {hashlib.sha256(text.encode()).hexdigest()}")
-    return "\n".join(lines) + "\n"
+        lines.append(f"{path.name} {phase} {device_num} {plan.total_bytes} {plan.prediction.step_time_ns} "
+                     f"{hashlib.sha256(text.encode()).hexdigest()}")
+    return GOLDEN_HEADER + "\n".join(lines) + "\n"
 
 
 @pytest.mark.slow
 def test_shipped_configs_plan_at_8_and_16_devices_as_recorded():
-    # The digests of the plan JSONs since issue #15's propagation (backward follows forward,
-    # layers follow seeds, repeated candidates, shared redistributions): every config at 8 and
-    # 16 devices then sent as many bytes as under eef7c9d's digests, or fewer. A change here
-    # must be meant: compare the plans' bytes before regenerating (tests/golden/).
-    assert plan_digests() == GOLDEN.read_text()
+    # The bytes, predicted step time and digest of every shipped config's plan at 8 and 16
+    # devices. A change here must be meant: the message shows the recorded and the new figures;
+    # regenerate (tests/golden/) only with a commit saying why they moved.
+    recorded, now = GOLDEN.read_text().splitlines(), plan_digests().splitlines()
+    changed = [f"{old!r} -> {new!r}" for old, new in zip(recorded, now) if old != new]
+    assert len(recorded) == len(now) and not changed, "plans changed:\n" + "\n".join(changed)
 
 
 class Recorder:

@@ -32,6 +32,7 @@ import numpy as np
 from autostrat.errors import ConfigError
 from autostrat.search.memory import tensor_bytes
 from autostrat.search.problem import SearchProblem, layers_of
+from autostrat.search.sharing import CoarseFanout, Fanout, coarse_fanout, fanouts, reader_columns
 
 LEVELS = ("none", "exact", "layers")
 
@@ -74,6 +75,7 @@ class Coarsening:
     eliminated: tuple[Elimination, ...]
     constant: float
     shared_layers: tuple[str, ...]
+    fanouts: tuple[CoarseFanout, ...] = ()  # tensors whose readers share redistributions (`sharing`)
 
     @property
     def variables(self) -> dict[str, int]:
@@ -134,17 +136,22 @@ def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False) 
     """
     if level not in LEVELS:
         raise ConfigError(f"coarsen must be one of {', '.join(LEVELS)}; got {level!r}")
-    owned = _owned_bytes(problem)
-    kept, dominator = _prune(problem, owned) if level != "none" else _keep_all(problem)
+    owned, groups = _owned_bytes(problem), fanouts(problem)
+    kept, dominator = _prune(problem, owned, groups) if level != "none" else _keep_all(problem)
     owner, shared = share_layers(problem) if level == "layers" else ({op: op for op in problem.candidates}, ())
     if shared:
         kept = _union_kept(kept, owner)
-    unary, flops, tables, constant = _coarse_graph(problem, kept, owner)
+    apart = {id(edge) for group in groups for edge in group.edges}  # priced by the fanouts, not pairwise
+    unary, flops, tables, constant = _coarse_graph(problem, kept, owner, apart)
     eliminated: list[Elimination] = []
     if level != "none":
-        constant += _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated)
+        # A fanout's ops keep their variables: its cost is not a sum of pairwise tables.
+        fixed = {owner[op] for group in groups for op in (group.producer, *(e.consumer for e in group.edges))}
+        constant += _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated, fixed)
     edges = tuple(CoarseEdge(a, b, table) for (a, b), table in tables.items())
-    return Coarsening(level, kept, dominator, owner, unary, flops, edges, tuple(eliminated), constant, shared)
+    coarse_fanouts = tuple(coarse_fanout(group, kept, owner) for group in groups)
+    return Coarsening(level, kept, dominator, owner, unary, flops, edges, tuple(eliminated), constant, shared,
+                      coarse_fanouts)
 
 
 def _owned_bytes(problem: SearchProblem) -> dict[str, list[np.ndarray]]:
@@ -160,23 +167,23 @@ def _keep_all(problem: SearchProblem):
     return {op: tuple(range(len(c))) for op, c in problem.candidates.items()}, {op: {} for op in problem.candidates}
 
 
-def _profile(problem: SearchProblem, op: str, owned) -> np.ndarray:
+def _profile(problem: SearchProblem, op: str, owned, groups: tuple[Fanout, ...]) -> np.ndarray:
     """One row per candidate: everything a dominating candidate must not exceed."""
     costs = problem.costs[op]
-    columns = [costs.comm[:, None], costs.flops[:, None], *(b[:, None] for b in owned[op])]
+    columns = [costs.comm[:, None], costs.flops[:, None], *(b[:, None] for b in owned[op]), *reader_columns(groups, op)]
     for edge in problem.incident[op]:
         table = edge.table.full()  # the solver's model prices every pair
         columns.append(table.T if edge.consumer == op else table)
     return np.hstack(columns)
 
 
-def _prune(problem: SearchProblem, owned):
+def _prune(problem: SearchProblem, owned, groups: tuple[Fanout, ...]):
     kept, dominator = {}, {}
     for op, candidates in problem.candidates.items():
         if len(candidates) == 1:
             kept[op], dominator[op] = (0,), {}
             continue
-        profile = _profile(problem, op, owned)
+        profile = _profile(problem, op, owned, groups)
         no_worse = (profile[:, None, :] <= profile[None, :, :]).all(axis=2)  # [a, b]: a no worse than b
         equal = no_worse & no_worse.T
         order = np.arange(len(candidates))
@@ -240,8 +247,9 @@ def _union_kept(kept, owner):
     return {op: tuple(sorted(union[owner[op]])) for op in owner}
 
 
-def _coarse_graph(problem: SearchProblem, kept, owner):
-    """Unary bytes and flops per owner, summed tables per owner pair, and the constant bytes."""
+def _coarse_graph(problem: SearchProblem, kept, owner, apart: set[int]):
+    """Unary bytes and flops per owner, summed tables per owner pair (but those of the edges
+    whose ids are in `apart`), and the constant bytes."""
     # In graph order, not a set's: the owners' order is the solver's variable order, and a set of
     # strings iterates in a per-process order (hash randomisation), which made the search, its
     # time and the plan among equal ones differ from run to run.
@@ -253,6 +261,8 @@ def _coarse_graph(problem: SearchProblem, kept, owner):
     tables: dict[tuple[str, str], np.ndarray] = {}
     constant = 0.0
     for edge in problem.edges:
+        if id(edge) in apart:
+            continue
         a, b = owner[edge.producer], owner[edge.consumer]
         table = edge.table.full()[np.ix_(kept[edge.producer], kept[edge.consumer])]
         if a == b:
@@ -284,11 +294,13 @@ def _best(total: np.ndarray, flops: np.ndarray, axis: int) -> tuple[np.ndarray, 
     return np.squeeze(low, axis=axis), np.argmin(tied, axis=axis)
 
 
-def _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated) -> float:
-    """Eliminate owners of degree 0, 1 or 2 until none is left; returns the constant bytes."""
+def _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated, fixed: set[str]) -> float:
+    """Eliminate owners of degree 0, 1 or 2 (not those `fixed`) until none is left; returns the
+    constant bytes."""
     constant = 0.0
     order = {o: problem.graph.op_index(o) for o in unary}
-    eligible = {o for o in unary if len(unary[o]) > 1 and (not budget or _constant_memory(o, owner, kept, owned))}
+    eligible = {o for o in unary if len(unary[o]) > 1 and o not in fixed
+                and (not budget or _constant_memory(o, owner, kept, owned))}
     rank = {key: index for index, key in enumerate(tables)}  # the tables' order, new keys last
     incident: dict[str, set] = {o: set() for o in unary}
     for key in tables:

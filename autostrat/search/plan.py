@@ -84,8 +84,9 @@ class Refinement:
         result = self.result
         tightened = "" if self.model_budget is None else (
             f" (under {self.model_budget:,} bytes for the per-op memory model, so that the plan's copies fit the budget)")
+        space = f" among {result.space}" if result.space else ""
         return (
-            f"refined by CP-SAT: {self.before} -> {result.objective} {self.unit} per device, {result.status}{tightened}, "
+            f"refined by CP-SAT: {self.before} -> {result.objective} {self.unit} per device, {result.status}{space}{tightened}, "
             f"bound {result.bound}{'' if result.exact else ' (over plans whose repeated layers agree)'}, "
             f"gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed; {result.coarsening}"
         )
@@ -245,6 +246,7 @@ class Plan:
                 "coarsening": self.refinement.result.coarsening,
                 "merged": list(self.refinement.result.merged),
                 "exact": self.refinement.result.exact,
+                "space": self.refinement.result.space,
             },
             # Appended after the plan's own keys, which stay as they were before predictions
             # (and optimizer sharding, only when on, so plans without it keep their digests).

@@ -119,11 +119,12 @@ class SearchProblem:
         """What the costs count: "bytes" (per device), or "ns" under a time model."""
         return "bytes" if self.model is None else "ns"
 
-    def cost(self, choice: dict[str, int], shared: bool = False) -> int:
+    def cost(self, choice: dict[str, int], shared: bool = True) -> int:
         """The cost per device (in `unit`) of a choice: the ops' own costs and every edge's
-        entry. With `shared`, as its plan pays it: readers of one tensor that want it in one
-        layout share one redistribution (`plan.EdgeRedistribution.shares`); without, each edge
-        pays its own, as the solver's pairwise model counts.
+        entry, as its plan pays it: readers of one tensor that want it in one layout share one
+        redistribution (`plan.EdgeRedistribution.shares`), except a parameter kept sharded at
+        rest (gathered per reader). With `shared` False, each edge pays its own (a pairwise
+        model, an upper bound).
 
         Example:
             >>> from autostrat.frontend import trace
@@ -136,7 +137,7 @@ class SearchProblem:
         total = sum(self.costs[op].comm[index] for op, index in choice.items())
         paid = set()
         for edge in self.edges:
-            if shared and not edge.sync:
+            if shared and not edge.sync and not self._resting(edge, choice):
                 wanted = self.candidates[edge.consumer][choice[edge.consumer]].input_layouts[edge.input_index]
                 key = (edge.tensor, edge.producer, wanted.normalized())
                 if key in paid:
@@ -144,6 +145,10 @@ class SearchProblem:
                 paid.add(key)
             total += edge.table[choice[edge.producer], choice[edge.consumer]]
         return int(total)
+
+    def _resting(self, edge: SearchEdge, choice: dict[str, int]) -> bool:
+        """Whether `edge` reads a parameter its first reader keeps sharded at rest (ZeRO-3)."""
+        return edge.from_input and edge.output_index in self.candidates[edge.producer][choice[edge.producer]].at_rest
 
     def least_edge_cost(self, edge: SearchEdge, producer_choice: int) -> float:
         """The cheapest redistribution from the producer's chosen layout to any candidate the

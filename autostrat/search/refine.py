@@ -59,6 +59,7 @@ class RefineResult:
     coarsening: str = ""
     exact: bool = True  # False: the bound holds for plans whose repeated layers agree
     merged: tuple[str, ...] = ()  # ops the coarsening folded into their neighbours
+    space: str = ""  # the candidates the status and bound are over (`candidate_space`)
 
     @property
     def gap(self) -> float:
@@ -75,8 +76,30 @@ class _Start:
     peak: int
 
 
+def candidate_space(problem: SearchProblem) -> str:
+    """What a refinement's optimum is optimal among: the splits candidates may use, on which
+    mesh, and whether they may repeat work (the coarsening and shared layers say the rest).
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> candidate_space(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=32), 32))
+        'candidates with splits 1, 4, 8, 32 on mesh 4 x 8'
+        >>> candidate_space(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8, allow_repeated=True))
+        'candidates with every divisor as a split, repeated calculation allowed'
+    """
+    if problem.split_values is None:
+        splits = "every divisor as a split"
+    else:
+        splits = "splits " + ", ".join(map(str, sorted(problem.split_values)))
+    mesh = "" if problem.mesh is None else " on mesh " + " x ".join(map(str, problem.mesh))
+    return f"candidates with {splits}{mesh}{', repeated calculation allowed' if problem.allow_repeated else ''}"
+
+
 def _starts(problem: SearchProblem, choices, budget: int | None) -> list[_Start]:
-    return [_Start(dict(c), problem.cost(c), peak_bytes(problem, c) if budget is not None else 0) for c in choices]
+    return [_Start(dict(c), problem.cost(c, shared=True), peak_bytes(problem, c) if budget is not None else 0) for c in choices]
 
 
 def _fitting(starts: list[_Start], budget: int | None) -> list[_Start]:
@@ -236,13 +259,14 @@ def _infeasible_error(budget: int, layered: bool, peak: int | None, proven: bool
     return InfeasibleError(f"{plans} fits max_device_memory = {int(budget):,} bytes per device: {smallest}")
 
 
-def _no_plan(problem: SearchProblem, status: int, starts: list[_Start], budget: int, time_limit: float, workers: int,
-             layered: bool, explain: bool) -> AutostratError:
-    """Why no plan is returned: proven infeasible, or the time limit struck before anything fit."""
+def _no_plan(problem: SearchProblem, status: int, starts: list[_Start], budget: int, time_limit: float, left: float,
+             workers: int, layered: bool, explain: bool) -> AutostratError:
+    """Why no plan is returned: proven infeasible (explained within the `left` seconds of the
+    time limit), or the time limit struck before anything fit."""
     if status == cp_model.INFEASIBLE:
         if not explain:
             return InfeasibleError(f"no plan fits max_device_memory = {int(budget):,} bytes per device")
-        return _infeasible(problem, budget, time_limit, workers, layered)
+        return _infeasible(problem, budget, left, workers, layered)
     smallest = min(start.peak for start in starts)
     return SolverError(
         f"CP-SAT found no plan within the time limit ({time_limit:g} s) and did not prove that none fits "
@@ -252,9 +276,10 @@ def _no_plan(problem: SearchProblem, status: int, starts: list[_Start], budget: 
 
 
 def _checked_start(problem: SearchProblem, built: SolverModel, solver: cp_model.CpSolver, objective: Objective) -> _Start:
-    """The solver's plan and its cost, which must be what the coarse model counted."""
+    """The solver's plan and its cost as the plan pays it (shared redistributions once), which
+    must be what the coarse model counted."""
     choice = built.choice(solver)
-    found = problem.cost(choice)
+    found = problem.cost(choice, shared=True)
     modelled = solver.Value(objective.byte_sum) * objective.unit + objective.constant
     if found != modelled:
         raise SolverError(f"the coarse model's bytes ({modelled}) disagree with the plan's ({found})")
@@ -323,8 +348,9 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
     The solver sees the problem coarsened at `coarsen_level` (see `coarsen`): "exact" keeps the
     optimum, "layers" finds the best plan whose repeated layers agree. With `max_device_memory`,
     the per-device peak (parameters plus live activations) must fit; `explain=False` skips the
-    extra solve for the smallest achievable peak when none does. `progress(objective, bound,
-    seconds)` is called at every improving solution.
+    extra solve for the smallest achievable peak when none does. `time_limit` bounds all of it
+    together: the extra starts' solves, the solve and the explanation. `progress(objective,
+    bound, seconds)` is called at every improving solution.
 
     Example:
         >>> from autostrat.frontend import trace
@@ -340,23 +366,27 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
         ('OPTIMAL', 16384, 16384)
     """
     begin, budget = time.perf_counter(), max_device_memory
+    deadline = begin + time_limit  # every solve below, and an explanation, within it
+
+    def left(share: float = 1.0) -> float:
+        return max(min(time_limit * share, deadline - time.perf_counter()), 0.0)
+
     known = _starts(problem, [hint, *starts], budget)
     if coarsen_level == "exact" and budget is not None:
-        known += _layered_start(problem, known, time_limit / 2, workers, budget)
+        known += _layered_start(problem, known, left(0.5), workers, budget)
     if budget is not None and not _fitting(known, budget):
-        known += _smallest_start(problem, time_limit * SMALLEST_SHARE, workers, budget, coarsen_level)
+        known += _smallest_start(problem, left(SMALLEST_SHARE), workers, budget, coarsen_level)
     coarse = coarsen(problem, coarsen_level, budget=budget is not None)
     built = SolverModel(problem, coarse)
     built.limit_memory(budget)
     objective = built.minimize_bytes()
     built.hint(coarse.coarse_hint(_hint_start(known, budget).choice))
-    left = time_limit - (time.perf_counter() - begin)
-    status, found, bound = _solve(problem, built, objective, left, workers, progress)
+    status, found, bound = _solve(problem, built, objective, left(), workers, progress)
     candidates = ([found] if found is not None else []) + _fitting(known, budget)
     if not candidates:
-        raise _no_plan(problem, status, known, budget, time_limit, workers, bool(coarse.shared_layers), explain)
+        raise _no_plan(problem, status, known, budget, time_limit, left(), workers, bool(coarse.shared_layers), explain)
     best = min(candidates, key=lambda s: s.bytes)  # the solver's plan on ties: its flops are ordered
     bound = min(bound, best.bytes)
     return RefineResult(best.choice, best.bytes, bound, "OPTIMAL" if bound == best.bytes else "FEASIBLE",
-                        time.perf_counter() - begin, known[0].bytes, coarsening=coarse.summary(),
+                        time.perf_counter() - begin, known[0].bytes, coarsening=coarse.summary(), space=candidate_space(problem),
                         exact=not coarse.shared_layers, merged=tuple(e.owner for e in coarse.eliminated))

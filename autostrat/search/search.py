@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from autostrat.cost import Hardware
@@ -46,7 +47,8 @@ class SearchOptions:
     - `allow_repeated`: whether candidates may use fewer devices (repeated calculation); None
       allows it in sharding_propagation (a propagated layout may be replicated) only.
     - `follow_layers`: sharding_propagation copies a seeded layer's strategies to the unseeded
-      layers repeating it (`propagate.seeded_layers`).
+      layers repeating it (`propagate.seeded_layers`) when that plan is cheaper than
+      propagating them (`propagate.propagate`).
     - `mesh`: the logical mesh candidates are split over (`strategies.mesh_axes`): "auto"
       (every divisor up to 16 devices, servers x 8 devices beyond), "full" (every divisor), or
       its axis sizes, outer first, e.g. ``(128, 8)``.
@@ -203,11 +205,16 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
 
 def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, starts, progress) -> Plan:
     """The plan of the CP-SAT refinement; under a budget, one whose buffers fit it, the solver
-    asked again under a tighter budget for its per-op model while the plan's copies push it over."""
+    asked again under a tighter budget for its per-op model while the plan's copies push it over.
+    `refine_time_limit` bounds all the solves together: each gets the time the earlier left."""
     budget, plan = options.max_device_memory, None
+    deadline = time.perf_counter() + options.refine_time_limit
     for attempt in range(BUDGET_ROUNDS):
+        left = deadline - time.perf_counter()
+        if plan is not None and left <= 0:
+            raise _copies_over_budget(plan, options.max_device_memory, attempt, None)
         try:
-            result = refine(problem, assignment.choice, options.refine_time_limit, options.workers, budget,
+            result = refine(problem, assignment.choice, left, options.workers, budget,
                             progress.solution if progress is not None else None, options.coarsening, starts=starts)
         except (InfeasibleError, SolverError) as error:
             if plan is None:
@@ -215,7 +222,7 @@ def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions
             raise _copies_over_budget(plan, options.max_device_memory, attempt, error) from None
         changed = tuple(op for op in assignment.choice if result.choice[op] != assignment.choice[op])
         plan = _plan_of(problem, graph, device_num, options, assignment, result.choice, progress)
-        refinement = Refinement(problem.cost(assignment.choice), result, changed, problem.unit,
+        refinement = Refinement(problem.cost(assignment.choice, shared=True), result, changed, problem.unit,
                                 None if budget == options.max_device_memory else budget)
         plan = replace(plan, refinement=refinement)
         if budget is None:
