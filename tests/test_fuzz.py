@@ -119,6 +119,14 @@ VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.di
                       max_leaves=8)
 
 
+def fails_cleanly_as_file(target: str, name: str, data: bytes, load) -> None:
+    """`fails_cleanly` of `load` on a file `name` holding `data`, in a folder of its own."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / name
+        path.write_bytes(data)
+        fails_cleanly(target, Path(folder), lambda: load(path))
+
+
 def deeply_nested(depth: int):
     value = 1
     for _ in range(depth):
@@ -198,10 +206,7 @@ def _load_and_seed(path: Path) -> None:
 @fuzz(600)
 @given(text=configs())
 def test_fuzz_yaml_configs(text):
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "config.yaml"
-        path.write_bytes(text)
-        fails_cleanly("yaml config", Path(folder), lambda: _load_and_seed(path))
+    fails_cleanly_as_file("yaml config", "config.yaml", text, _load_and_seed)
 
 
 # --- rank tables ----------------------------------------------------------------------------
@@ -243,10 +248,7 @@ def json_documents(draw, base: dict) -> bytes:
 @fuzz(1000)
 @given(text=json_documents(rank_table()), device_num=st.none() | st.integers(-2, 16))
 def test_fuzz_rank_tables(text, device_num):
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "rank_table.json"
-        path.write_bytes(text)
-        fails_cleanly("rank table", Path(folder), lambda: load_rank_table(path, device_num))
+    fails_cleanly_as_file("rank table", "rank_table.json", text, lambda path: load_rank_table(path, device_num))
 
 
 # --- strategy checkpoints (strategy_ckpt_load_file) -----------------------------------------
@@ -277,10 +279,7 @@ def _seed_from_checkpoint(path: Path) -> None:
 @fuzz(1000)
 @given(text=json_documents(STRATEGY_CHECKPOINT))
 def test_fuzz_strategy_checkpoints(text):
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "strategy.json"
-        path.write_bytes(text)
-        fails_cleanly("strategy checkpoint", Path(folder), lambda: _seed_from_checkpoint(path))
+    fails_cleanly_as_file("strategy checkpoint", "strategy.json", text, _seed_from_checkpoint)
 
 
 # --- parameter checkpoints (.npz) -----------------------------------------------------------
@@ -329,10 +328,7 @@ def _load_parameters(path: Path) -> None:
 @fuzz(800)
 @given(data=npz_files())
 def test_fuzz_parameter_checkpoints(data):
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "params.npz"
-        path.write_bytes(data)
-        fails_cleanly("parameter checkpoint", Path(folder), lambda: _load_parameters(path))
+    fails_cleanly_as_file("parameter checkpoint", "params.npz", data, _load_parameters)
 
 
 # --- command lines ----------------------------------------------------------------------------
@@ -502,10 +498,7 @@ def _nested_fields(depth: int) -> bytes:
 @fuzz(400)
 @given(data=protobuf_checkpoints())
 def test_fuzz_protobuf_strategy_checkpoints(data):
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "strategy.ckpt"
-        path.write_bytes(data)
-        fails_cleanly("protobuf strategy checkpoint", Path(folder), lambda: _seed_from_checkpoint(path))
+    fails_cleanly_as_file("protobuf strategy checkpoint", "strategy.ckpt", data, _seed_from_checkpoint)
 
 
 # --- a wrong YAML node type at every key --------------------------------------------------------
