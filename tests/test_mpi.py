@@ -199,6 +199,7 @@ def test_a_training_config_trains_on_8_mpi_ranks(tmp_path):
     code, out, err, run_dir, _ = run(tmp_path, "configs/gpt_train.yaml", "--steps", "2", timeout=180)
     assert code == 0, err
     assert "2 training step(s)" in out and "bytes: measured = predicted on every rank" in out
-    assert "(every step's outputs and the final parameters and optimiser state)" in out and ": OK" in out
+    assert "(every step's outputs and the final parameters and optimiser state, each tensor on its own scale" in out
+    assert ": OK" in out and "reference: JAX" in out
     assert_nothing_left(run_dir, 8)
     assert_peaks_within(out, 8)
