@@ -204,10 +204,10 @@ def test_measured_peak_is_below_the_sum_of_every_buffer(monkeypatch):
 
 
 def test_the_report_line_groups_ranks_and_flags_a_difference():
-    assert memory_line(100, [100, 100, 103]) == ("peak memory per device (bytes): predicted 100; measured rank 0-1 100, "
+    assert memory_line(100, [100, 100, 103]) == ("peak memory per device (bytes): predicted 100; measured (arrays held) rank 0-1 100, "
                                                  "rank 2 103; measured/predicted 1.000..1.030: within 5 %")
     assert memory_line(100, [94]).endswith("0.940..0.940: differs by more than 5 %")
-    assert memory_line(100, [100, 100]).endswith("measured rank 0-1 100; measured/predicted 1.000..1.000: equal")
+    assert memory_line(100, [100, 100]).endswith("measured (arrays held) rank 0-1 100; measured/predicted 1.000..1.000: equal")
 
 
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])

@@ -246,7 +246,7 @@ def compare(plan, result: TrainingResult, reference: TrainingResult, tolerance: 
     measured = result.measured[0] if result.measured else {}
     phases = ", ".join(f"{k} {v}" for k, v in measured.items() if k not in ("gather", "pipeline") or v)  # ZeRO-3, pipelines only
     lines += [
-        f"bytes per step on rank 0 (measured): {phases}; "
+        f"bytes per step on rank 0 (counted on the wire, at every send): {phases}; "
         f"{'measured = predicted on every rank' if result.bytes_match else 'MISMATCH between measured and predicted'}",
         f"  ({PHASE_LEGEND})",
         *([memory_line(list(result.predicted_peaks) or result.predicted_peak, list(result.measured_peaks))]

@@ -69,16 +69,16 @@ def memory_line(predicted: int | list[int], measured: list[int]) -> str:
 
     Example:
         >>> memory_line(1000, [990, 990, 1080, 990])
-        'peak memory per device (bytes): predicted 1000; measured rank 0-1 990, rank 2 1080, rank 3 990; measured/predicted 0.990..1.080: differs by more than 5 %'
+        'peak memory per device (bytes): predicted 1000; measured (arrays held) rank 0-1 990, rank 2 1080, rank 3 990; measured/predicted 0.990..1.080: differs by more than 5 %'
         >>> memory_line([10, 10, 20, 20], [10, 10, 20, 20])
-        'peak memory per device (bytes): predicted rank 0-1 10, rank 2-3 20; measured rank 0-1 10, rank 2-3 20; measured/predicted 1.000..1.000: equal'
+        'peak memory per device (bytes): predicted rank 0-1 10, rank 2-3 20; measured (arrays held) rank 0-1 10, rank 2-3 20; measured/predicted 1.000..1.000: equal'
     """
     per_rank = list(predicted) if isinstance(predicted, (list, tuple)) else [predicted] * len(measured)
     ratios = [value / expected if expected else float("inf") for value, expected in zip(measured, per_rank)]
     within = max(abs(ratio - 1) for ratio in ratios) <= MEMORY_TOLERANCE
     verdict = f"{'within' if within else 'differs by more than'} {MEMORY_TOLERANCE * 100:g} %"
     shown = _grouped(per_rank) if len(set(per_rank)) > 1 else str(per_rank[0])
-    return (f"peak memory per device (bytes): predicted {shown}; measured {_grouped(measured)}; measured/predicted "
+    return (f"peak memory per device (bytes): predicted {shown}; measured (arrays held) {_grouped(measured)}; measured/predicted "
             f"{min(ratios):.3f}..{max(ratios):.3f}: {'equal' if list(measured) == per_rank else verdict}")
 
 
