@@ -174,6 +174,9 @@ def test_a_parameter_read_on_two_stages_is_updated_once_and_sent_on():
     assert relative_error(run.losses, alone.losses) <= 1e-5
     assert relative_error(run.parameters, alone.parameters) <= 1e-5
     assert run.bytes_match
+    # The last stage's buffer for the parameter's next value, received, is in its predicted peak.
+    group = plan.pipeline.group_size
+    assert run.measured_peaks == tuple(plan.pipeline.peak_bytes[rank // group] for rank in range(plan.pipeline.device_num))
 
 
 def test_a_pipeline_sums_replicas_as_its_whole_batch_reference_does():

@@ -1,0 +1,117 @@
+"""Pipeline memory (issue #30, part 2): a pipeline plan predicts every stage's peak from the plan
+(`search.stage_buffers`, kept in `Pipeline.peak_bytes`), and every rank measures its own from
+the arrays it holds (`runtime.held_memory`, which reads nothing of the prediction); the two are
+equal. A budget (max_device_memory) is checked on that exact peak: just under it, the search
+either refuses or returns a split whose run fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
+from autostrat.errors import InfeasibleError
+from autostrat.frontend.config import load_config
+from autostrat.frontend.run import plan_config
+from autostrat.frontend.train import training_plan
+from autostrat.models import GPT, TransformerStack, megatron_seeds
+from autostrat.runtime.stage_program import schedule_slots
+from autostrat.runtime.training import train_locally
+from autostrat.search.stages import held_moments, in_flight, slot_order
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_context():
+    reset_auto_parallel_context()
+    yield
+    reset_auto_parallel_context()
+
+
+def _stack(layers: int, batch: int = 12):
+    return TransformerStack(layers=layers, hidden=32, heads=4, seq=8, batch=batch)
+
+
+def _trained(net, layers: int, stages: int, micro: int, schedule: str, seeded: bool, optimizer, budget: int | None = None):
+    """(plan, per-rank peaks measured over 2 steps on 8 local ranks) of `net` as a pipeline."""
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, pipeline_stages=stages,
+                              pipeline_config={"pipeline_scheduler": schedule}, max_device_memory=budget)
+    if seeded:
+        primitives = dict(net.primitives_and_names())
+        for name, (strategy, _) in megatron_seeds(layers, 8 // stages).items():
+            primitives[name].shard(strategy)
+    cell = nn.TrainOneStepCell(nn.PipelineCell(net, micro_size=micro), optimizer(net.trainable_params()))
+    plan, values, batches = training_plan(cell, None, net.example_inputs(), steps=2)
+    return plan, train_locally(plan, values, batches).measured_peaks
+
+
+def _stage_of_each_rank(plan, figures) -> tuple[int, ...]:
+    return tuple(figures[rank // plan.pipeline.group_size] for rank in range(plan.pipeline.device_num))
+
+
+def _momentum(params):
+    return nn.Momentum(params, 0.1, 0.9)
+
+
+CASES = {  # name: (model, layers, stages, micro-batches, schedule, seeded, optimizer)
+    "4 stages, 3 micro-batches, 1F1B, Momentum": (lambda: _stack(4), 4, 4, 3, "1f1b", True, _momentum),
+    "2 stages, 3 micro-batches, GPipe, Adam": (lambda: _stack(4), 4, 2, 3, "gpipe", True, lambda params: nn.Adam(params, 1e-3)),
+    "GPT unseeded, 2 stages, 2 micro-batches, 1F1B, SGD": (lambda: GPT(layers=2, hidden=32, heads=4, seq=8, batch=8, vocab=64),
+                                                           2, 2, 2, "1f1b", False, lambda params: nn.SGD(params, 0.1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_ranks_measured_peak_is_its_stages_peak_in_the_plan(case):
+    model, layers, stages, micro, schedule, seeded, optimizer = CASES[case]
+    plan, measured = _trained(model(), layers, stages, micro, schedule, seeded, optimizer)
+    assert len(plan.pipeline.peak_bytes) == stages and len(set(plan.pipeline.peak_bytes)) > 1
+    assert measured == _stage_of_each_rank(plan, plan.pipeline.peak_bytes), (case, measured, plan.pipeline.peak_bytes)
+
+
+def test_the_pipeline_configs_split_model_and_exact_peak_are_dumped_and_shown():
+    plan, _ = plan_config(load_config(ROOT / "configs" / "gpt_pipeline.yaml"))
+    dumped = plan.pipeline.to_dict()
+    assert dumped["peak_bytes"] == list(plan.pipeline.peak_bytes)
+    assert dumped["model_peak_bytes"] == list(plan.pipeline.split.peak_bytes)
+    assert f"peak per device per stage (bytes) {plan.pipeline.peak_bytes[0]:,}, {plan.pipeline.peak_bytes[1]:,} " in plan.pipeline.summary()
+
+
+def test_a_budget_just_under_the_pipeline_configs_exact_peak_is_refused(tmp_path):
+    """The split's model puts the config's split under the budget; its exact peak is 1 byte over,
+    and no other split's model fits: refused, the message giving the exact peaks."""
+    text = (ROOT / "configs" / "gpt_pipeline.yaml").read_text()
+    free, _ = plan_config(load_config(ROOT / "configs" / "gpt_pipeline.yaml"))
+    peaks, budget = free.pipeline.peak_bytes, max(free.pipeline.peak_bytes) - 1
+    assert max(free.pipeline.split.peak_bytes) <= budget
+    (tmp_path / "tight.yaml").write_text(text + f"max_device_memory: {budget}\n")
+    expected = (f"no split into 2 pipeline stages found that fits max_device_memory = {budget:,} bytes per device: the last "
+                f"split's stages peak at {peaks[0]:,}, {peaks[1]:,} bytes")
+    with pytest.raises(InfeasibleError, match=expected):
+        plan_config(load_config(tmp_path / "tight.yaml"))
+
+
+def test_a_budget_just_under_a_splits_exact_peak_gives_a_split_whose_run_fits():
+    """A 6-block stack on 2 stages: under its free split's exact peak less 1 byte, which the
+    split's model says the free split fits, the search moves a block to the last stage; every
+    rank of that plan, run, peaks within the budget (and at its stage's predicted peak)."""
+    free, _ = _trained(_stack(6, 8), 6, 2, 4, "1f1b", False, _momentum)
+    budget = max(free.pipeline.peak_bytes) - 1
+    assert max(free.pipeline.split.peak_bytes) <= budget
+    reset_auto_parallel_context()
+    plan, measured = _trained(_stack(6, 8), 6, 2, 4, "1f1b", False, _momentum, budget)
+    assert plan.pipeline.split.bounds != free.pipeline.split.bounds
+    assert max(measured) <= budget, (measured, budget)
+    assert measured == _stage_of_each_rank(plan, plan.pipeline.peak_bytes)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stages, micro", [(1, 3), (2, 1), (2, 4), (4, 2), (4, 8)])
+def test_the_plans_schedule_is_the_one_the_ranks_run_and_its_moments_hold_the_micro_batches_in_flight(schedule, stages, micro):
+    for stage in range(stages):
+        assert slot_order(stage, stages, micro, schedule) == schedule_slots(stage, stages, micro, schedule)
+        moments = held_moments(stage, stages, micro, schedule)
+        assert max(kept for _, kept in moments) == in_flight(stage, stages, micro, schedule)
+        assert max(sums for sums, _ in moments) == (2 if micro > 1 else 1)  # the sums and one micro-batch's gradients
