@@ -33,6 +33,7 @@ from autostrat.search.stage_buffers import stage_peaks
 from autostrat.search.stages import SCHEDULES, StageSplit, op_units, priced_split, split_stages, unit_costs
 
 BUDGET_ROUNDS = 8  # splits tried under a budget before the search gives up (`_fitting`)
+MODEL_MARGIN = 10  # percent: how far the split's model may miss a stage's exact peak, either way (tested)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
     """The pipeline plan of `graph` (the training graph of one micro-batch) on `device_num`
     devices in `stages` equal groups: the search (`options`, seeds included) on one group's
     devices, then the stage split, searched under ``options.max_device_memory`` (a budget for
-    a stage's share) or given by `marks` (see `stage_bounds`).
+    a stage's share, checked on every stage's exact peak: `_fitting`) or given by `marks` (see
+    `stage_bounds`).
 
     Example (a 4-block stack on 8 devices as 2 stages of 4, 4 micro-batches):
         >>> from autostrat.autodiff import Adam, build_training
@@ -221,15 +223,19 @@ class _Staging:
 
 
 def _fitting(staging: _Staging, costs, budget: int | None):
-    """The searched split's pipeline plan whose stages' exact peaks fit `budget`: the split's
-    model leaves some buffers out (a backward's activation gradients, redistributed copies), so
-    while a split's exact peak is over, the split is searched again with the model's budget
-    scaled down by how much the model missed on the stage furthest over (each round excludes
-    the last split; `BUDGET_ROUNDS` at most)."""
-    model_budget, staged = budget, None
+    """The searched split's pipeline plan whose stages' exact peaks fit `budget`.
+
+    The split is searched with its model (`stages.stage_cost`), which misses a stage's exact
+    peak by up to `MODEL_MARGIN` either way (it counts whole micro-batches' activations and
+    gradients, not each buffer): the model's first budget is that much above `budget`, so that
+    no split that fits is left out, and the exact peak decides. While the split found is over,
+    the split is searched again with the model's budget scaled down by how much the model
+    missed on the stage furthest over (each round excludes the last split; `BUDGET_ROUNDS` at
+    most)."""
+    allowed, staged = None if budget is None else budget * (100 + MODEL_MARGIN) // 100, None
     for _ in range(BUDGET_ROUNDS):
         try:
-            split = split_stages(costs, staging.stages, staging.micro_batches, model_budget, staging.schedule)
+            split = split_stages(costs, staging.stages, staging.micro_batches, budget, staging.schedule, allowed)
         except InfeasibleError:
             if staged is None:
                 raise
@@ -239,7 +245,7 @@ def _fitting(staging: _Staging, costs, budget: int | None):
         if budget is None or max(peaks) <= budget:
             return staged
         over = [stage for stage, peak in enumerate(peaks) if peak > budget]
-        model_budget = min(model_budget, max(split.peak_bytes[stage] * budget // peaks[stage] for stage in over))
+        allowed = min(allowed, max(split.peak_bytes[stage] * budget // peaks[stage] for stage in over))
     pipeline = staged.pipeline
     raise InfeasibleError(
         f"no split into {staging.stages} pipeline stages found that fits max_device_memory = {budget:,} bytes per device: "

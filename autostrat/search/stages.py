@@ -57,14 +57,15 @@ class UnitCosts:
     send_ns: int = 0
     gradient_bytes: tuple[int, ...] = ()  # per unit, its parameters' gradients (none given: zeros)
     send_bytes: int = 0  # the activation a stage receives per micro-batch (`send_ns`'s)
+    transient_bytes: tuple[int, ...] = ()  # per unit, the largest activation gradient its backward writes
 
     def __post_init__(self) -> None:
         if not self.time_ns or not len(self.time_ns) == len(self.activation_bytes) == len(self.weight_bytes):
             raise ConfigError(f"unit costs need one time, activation and weight figure per unit, got "
                               f"{len(self.time_ns)}, {len(self.activation_bytes)} and {len(self.weight_bytes)}")
-        if self.gradient_bytes and len(self.gradient_bytes) != len(self.time_ns):
-            raise ConfigError(f"unit costs need one gradient figure per unit, got {len(self.gradient_bytes)} "
-                              f"for {len(self.time_ns)} units")
+        for name, figures in (("gradient", self.gradient_bytes), ("transient", self.transient_bytes)):
+            if figures and len(figures) != len(self.time_ns):
+                raise ConfigError(f"unit costs need one {name} figure per unit, got {len(figures)} for {len(self.time_ns)} units")
 
 
 @dataclass(frozen=True)
@@ -123,27 +124,29 @@ def slot_order(stage: int, stages: int, micro_batches: int, schedule: str) -> tu
 
 
 @functools.lru_cache(maxsize=4096)
-def held_moments(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[int, int], ...]:
-    """What stage `stage` holds at the end of each forward and backward slot of its schedule,
-    as (gradient sets, micro-batches' activations): a forward adds its micro-batch's
-    activations; a backward has written its gradients next to the sums (there once the first
-    backward made them) and freed its activations; only the moments no other one covers.
+def held_moments(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[int, int, int], ...]:
+    """What stage `stage` holds at the moments its memory peaks as its schedule runs, as
+    (gradient sets, micro-batches' activations, whether a backward's first activation gradient
+    is there): where a backward starts, after a forward, the activations of the micro-batches in
+    flight, the sums (there once the first backward made them) and the gradient the backward
+    writes first; at the end of a backward, its gradients next to the sums, its micro-batch's
+    activations freed. Only the moments no other one covers.
 
-    Example (the first of 2 stages, 3 micro-batches, 1F1B: two micro-batches in flight once the
-    sums exist; a backward's gradients next to the sums and the other micro-batch):
+    Example (the first of 2 stages, 3 micro-batches, 1F1B: two micro-batches in flight next to
+    the sums; a backward's gradients next to the sums and the other micro-batch):
         >>> held_moments(0, 2, 3, "1f1b")
-        ((1, 2), (2, 1))
+        ((1, 2, 1), (2, 1, 0))
     """
     moments, sums, activations = set(), 0, 0
     for slot, _ in slot_order(stage, stages, micro_batches, schedule):
         if slot == "forward":
             activations += 1
-            moments.add((sums, activations))
+            moments.add((sums, activations, 1))
         else:
             activations -= 1
-            moments.add((sums + 1, activations))
+            moments.add((sums + 1, activations, 0))
             sums = 1
-    covered = {m for m in moments for n in moments if n != m and n[0] >= m[0] and n[1] >= m[1]}
+    covered = {m for m in moments for n in moments if n != m and all(a >= b for a, b in zip(n, m))}
     return tuple(sorted(moments - covered))
 
 
@@ -154,15 +157,19 @@ def stage_cost(costs: UnitCosts, first: int, end: int, stage: int, stages: int, 
     slot = sum(costs.time_ns[first:end]) + sends
     activations = sum(costs.activation_bytes[first:end]) + costs.send_bytes * (stage > 0)
     gradients = sum(costs.gradient_bytes[first:end])
-    held = max(count * gradients + kept * activations for count, kept in held_moments(stage, stages, micro_batches, schedule))
+    first_gradient = costs.transient_bytes[end - 1] if costs.transient_bytes else 0  # the backward starts at the last unit
+    held = max(count * gradients + kept * activations + starting * first_gradient
+               for count, kept, starting in held_moments(stage, stages, micro_batches, schedule))
     return slot, sum(costs.weight_bytes[first:end]) + held
 
 
 def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int | None = None,
-                 schedule: str = "1f1b") -> StageSplit:
+                 schedule: str = "1f1b", allowed: int | None = None) -> StageSplit:
     """The split of the units into `stages` contiguous non-empty stages with the smallest slowest
-    slot whose every stage fits `budget` bytes per device (among equally slow splits, the first
-    the DP keeps: at every prefix the least slow, then the earliest boundaries; deterministic).
+    slot whose every stage's model fits `allowed` bytes per device (default `budget`; a caller
+    checking the exact peaks against `budget` allows more or less: `pipeline.plan_pipeline`);
+    among equally slow splits, the first the DP keeps: at every prefix the least slow, then the
+    earliest boundaries (deterministic).
 
     Example (four equal layers after a heavy embedding: the embedding's stage takes one layer):
         >>> costs = UnitCosts((30, 10, 10, 10, 10), (1, 1, 1, 1, 1), (5, 1, 1, 1, 1))
@@ -178,9 +185,11 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
     if micro_batches < 1:
         raise ConfigError(f"micro_batches must be a positive integer, got {micro_batches!r}")
 
+    allowed = budget if allowed is None else allowed
+
     def slot(stage: int, first: int, end: int) -> int | None:
         time_ns, peak = stage_cost(costs, first, end, stage, stages, micro_batches, schedule)
-        return None if budget is not None and peak > budget else time_ns
+        return None if allowed is not None and peak > allowed else time_ns
 
     def peak(stage: int, first: int, end: int) -> int:
         return stage_cost(costs, first, end, stage, stages, micro_batches, schedule)[1]
@@ -188,8 +197,9 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
     found = _min_max_split(units, stages, slot)
     if found is None:
         smallest = _min_max_split(units, stages, peak)[0]
+        over = f" (the model allows {allowed:,})" if allowed != budget else ""
         raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
-                              f"device: the least stage peak the split's memory model gives any split is {smallest:,} bytes")
+                              f"device: the least stage peak the split's memory model gives any split is {smallest:,} bytes{over}")
     ends = found[1]
     return priced_split(costs, tuple(zip((0,) + ends[:-1], ends)), micro_batches, schedule)
 
@@ -300,19 +310,24 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None) ->
     graph = plan.graph
     units = op_units(graph) if units is None else units
     count = max(units.values()) + 1
-    time, activations, weights, gradients = [0] * count, [0] * count, [0] * count, [0] * count
+    time, activations, weights, gradients, transients = ([0] * count for _ in range(5))
     for name, time_ns in op_times(plan, hardware, ("forward", "backward")).items():
         time[units[name]] += time_ns
+    parameter_gradients = set()
     for name, info in graph.tensors.items():
         readers = [reader for reader, _ in graph.consumers(name)]
         if info.kind == "parameter" and readers:
             weights[units[readers[0]]] += _slice_bytes(plan, name)
             gradients[units[readers[0]]] += _slice_bytes(plan, f"grad/{name}")
+            parameter_gradients.add(f"grad/{name}")
         elif info.producer in graph.ops and op_phase(info.producer) == "forward" and any(op_phase(r) == "backward" for r in readers):
             activations[units[info.producer]] += _slice_bytes(plan, name)
+    for name, info in graph.tensors.items():
+        if info.producer in graph.ops and op_phase(info.producer) == "backward" and name not in parameter_gradients:
+            transients[units[info.producer]] = max(transients[units[info.producer]], _slice_bytes(plan, name))
     sent = _sent_bytes(plan, units)
     send_ns = round(hardware.inter_server_latency * 1e9 + sent / hardware.inter_server_bandwidth * 1e9)
-    return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent)
+    return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients))
 
 
 def _slice_bytes(plan, tensor: str) -> int:
