@@ -126,7 +126,7 @@ def test_pipeline_training_equals_the_stand_alone_run(model, stages, schedule):
     assert report.loss_error <= 1e-5 and report.parameter_error <= 1e-5
     measured = report.result.measured
     assert all(phases["pipeline"] > 0 for phases in measured)
-    # Every rank's peak memory is what the replay of its stage program on sizes predicts.
+    # Every rank's peak memory, measured from the arrays it holds, is its stage's in the plan (`Pipeline.peak_bytes`).
     assert report.result.measured_peaks == report.result.predicted_peaks and len(set(report.result.predicted_peaks)) > 1
     assert "pipeline bubble: predicted" in report.text and "measured" in report.text
 

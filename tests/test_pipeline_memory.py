@@ -6,6 +6,8 @@ either refuses or returns a split whose run fits."""
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,8 @@ from autostrat.models import GPT, TransformerStack, megatron_seeds
 from autostrat.runtime.stage_program import schedule_slots
 from autostrat.runtime.training import train_locally
 from autostrat.search import SearchOptions
-from autostrat.search.pipeline import plan_pipeline
-from autostrat.search.stages import held_moments, in_flight, slot_order
+from autostrat.search.pipeline import _Staging, plan_pipeline
+from autostrat.search.stages import held_moments, in_flight, op_units, priced_split, slot_order, unit_costs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,7 +82,8 @@ def test_the_pipeline_configs_split_model_and_exact_peak_are_dumped_and_shown():
     dumped = plan.pipeline.to_dict()
     assert dumped["peak_bytes"] == list(plan.pipeline.peak_bytes)
     assert dumped["model_peak_bytes"] == list(plan.pipeline.split.peak_bytes)
-    assert f"peak per device per stage (bytes) {plan.pipeline.peak_bytes[0]:,}, {plan.pipeline.peak_bytes[1]:,} " in plan.pipeline.summary()
+    first, last = plan.pipeline.peak_bytes
+    assert f"peak per device per stage (bytes) {first:,}, {last:,} (the split's model: " in plan.pipeline.summary()
 
 
 def test_a_budget_just_under_the_pipeline_configs_exact_peak_is_refused(tmp_path):
@@ -133,3 +136,23 @@ def test_the_plans_schedule_is_the_one_the_ranks_run_and_its_moments_hold_the_mi
         assert max(sums for sums, _, _ in moments) == (2 if micro > 1 else 1)  # the sums and one micro-batch's gradients
         # A backward starts while every micro-batch in flight is held.
         assert any(starting and kept == in_flight(stage, stages, micro, schedule) for _, kept, starting in moments)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_under_any_budget_the_split_is_the_fastest_of_every_split_whose_exact_peaks_fit(stages):
+    """Brute force over every split of a 6-block stack's units: under each split's own exact
+    peak as the budget, the searched split is as fast as the fastest split whose every stage's
+    exact peak fits, and fits."""
+    graph = build_training(trace(_stack(6, 8), *_stack(6, 8).example_inputs()), Adam())
+    device_num, options = 2 * stages, SearchOptions()
+    free = plan_pipeline(graph, device_num, stages, 4, options)
+    units = op_units(graph)
+    staging = _Staging(replace(free, pipeline=None), units, stages, 2, 4, "1f1b", options.hardware)
+    costs = unit_costs(staging.plan, options.hardware, units)
+    count = len(costs.time_ns)
+    splits = [staging.staged(priced_split(costs, tuple(zip((0, *cuts), (*cuts, count))), 4), "every split").pipeline
+              for cuts in itertools.combinations(range(1, count), stages - 1)]
+    for budget in sorted({max(split.peak_bytes) for split in splits}):
+        fastest = min(max(split.split.slot_ns) for split in splits if max(split.peak_bytes) <= budget)
+        plan = plan_pipeline(graph, device_num, stages, 4, replace(options, max_device_memory=budget))
+        assert max(plan.pipeline.peak_bytes) <= budget and max(plan.pipeline.split.slot_ns) == fastest, budget

@@ -157,7 +157,8 @@ def _assembled(program: DeviceProgram, plan, tensor: str) -> str:
     return key
 
 
-def _steps(program: DeviceProgram, redistribution, source: str, target: str, dtype: str, op: str = "", owner: str | None = None) -> None:
+def _steps(program: DeviceProgram, redistribution, source: str, target: str, dtype: str, op: str = "",
+           owner: str | None = None) -> None:
     """A redistribution's steps: the first reads `source`, every one writes `target`."""
     for step in redistribution.steps:
         program.events.append(Event((source,), {target: _bytes(step.after, dtype)}, (), op, owner))

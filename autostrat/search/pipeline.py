@@ -32,7 +32,7 @@ from autostrat.search.search import search
 from autostrat.search.stage_buffers import stage_peaks
 from autostrat.search.stages import SCHEDULES, StageSplit, op_units, priced_split, split_stages, unit_costs
 
-BUDGET_ROUNDS = 8  # splits tried under a budget before the search gives up (`_fitting`)
+BUDGET_ROUNDS = 16  # splits tried under a budget before the search gives up (`_fitting`)
 MODEL_MARGIN = 10  # percent: how far the split's model may miss a stage's exact peak, either way (tested)
 
 
@@ -186,7 +186,8 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
     staging = _Staging(plan, units, stages, group, micro_batches, schedule, options.hardware)
     if not marks:
         return _fitting(staging, costs, budget)
-    staged = staging.staged(priced_split(costs, stage_bounds(graph, marks, stages), micro_batches, schedule), "pipeline_stage of cells")
+    marked = priced_split(costs, stage_bounds(graph, marks, stages), micro_batches, schedule)
+    staged = staging.staged(marked, "pipeline_stage of cells")
     peak = max(staged.pipeline.peak_bytes)
     if budget is not None and peak > budget:
         raise InfeasibleError(f"the stages the cells' pipeline_stage gives peak at {peak:,} bytes per device, over "
@@ -227,30 +228,32 @@ def _fitting(staging: _Staging, costs, budget: int | None):
 
     The split is searched with its model (`stages.stage_cost`), which misses a stage's exact
     peak by up to `MODEL_MARGIN` either way (it counts whole micro-batches' activations and
-    gradients, not each buffer): the model's first budget is that much above `budget`, so that
-    no split that fits is left out, and the exact peak decides. While the split found is over,
-    the split is searched again with the model's budget scaled down by how much the model
-    missed on the stage furthest over (each round excludes the last split; `BUDGET_ROUNDS` at
-    most)."""
-    allowed, staged = None if budget is None else budget * (100 + MODEL_MARGIN) // 100, None
+    gradients, not each buffer): it allows stages whose model is that much over `budget`, so
+    that no split that fits is left out, and the exact peak decides. A stage's exact peak
+    depends only on its units and its position, so a stage found over is excluded and the
+    split searched again (`BUDGET_ROUNDS` at most)."""
+    allowed, excluded, staged = None if budget is None else budget * (100 + MODEL_MARGIN) // 100, set(), None
     for _ in range(BUDGET_ROUNDS):
         try:
-            split = split_stages(costs, staging.stages, staging.micro_batches, budget, staging.schedule, allowed)
+            split = split_stages(costs, staging.stages, staging.micro_batches, budget, staging.schedule, allowed,
+                                 frozenset(excluded))
         except InfeasibleError:
             if staged is None:
                 raise
+            others = f"every other split has a stage over by its buffers or over {MODEL_MARGIN} % by its model"
             break
         staged = staging.staged(split, "searched")
         peaks = staged.pipeline.peak_bytes
         if budget is None or max(peaks) <= budget:
             return staged
-        over = [stage for stage, peak in enumerate(peaks) if peak > budget]
-        allowed = min(allowed, max(split.peak_bytes[stage] * budget // peaks[stage] for stage in over))
+        excluded |= {(stage, *split.bounds[stage]) for stage, peak in enumerate(peaks) if peak > budget}
+    else:
+        others = f"the search stopped after {BUDGET_ROUNDS} splits"
     pipeline = staged.pipeline
     raise InfeasibleError(
         f"no split into {staging.stages} pipeline stages found that fits max_device_memory = {budget:,} bytes per device: "
         f"the last split's stages peak at {', '.join(f'{p:,}' for p in pipeline.peak_bytes)} bytes (their buffers; the "
-        f"split's model put them at {', '.join(f'{p:,}' for p in pipeline.split.peak_bytes)})")
+        f"split's model put them at {', '.join(f'{p:,}' for p in pipeline.split.peak_bytes)}); {others}")
 
 
 def _once_ns(plan, op_stages: dict, shared: frozenset, stages: int, hardware) -> tuple[int, ...]:

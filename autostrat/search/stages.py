@@ -164,12 +164,13 @@ def stage_cost(costs: UnitCosts, first: int, end: int, stage: int, stages: int, 
 
 
 def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int | None = None,
-                 schedule: str = "1f1b", allowed: int | None = None) -> StageSplit:
+                 schedule: str = "1f1b", allowed: int | None = None, excluded: frozenset = frozenset()) -> StageSplit:
     """The split of the units into `stages` contiguous non-empty stages with the smallest slowest
-    slot whose every stage's model fits `allowed` bytes per device (default `budget`; a caller
-    checking the exact peaks against `budget` allows more or less: `pipeline.plan_pipeline`);
-    among equally slow splits, the first the DP keeps: at every prefix the least slow, then the
-    earliest boundaries (deterministic).
+    slot whose every stage's model fits `allowed` bytes per device (default `budget`) and none
+    of whose stages, as ``(stage, first, end)``, is `excluded` (a caller checking the exact
+    peaks against `budget` allows more and excludes the stages found over:
+    `pipeline.plan_pipeline`); among equally slow splits, the first the DP keeps: at every
+    prefix the least slow, then the earliest boundaries (deterministic).
 
     Example (four equal layers after a heavy embedding: the embedding's stage takes one layer):
         >>> costs = UnitCosts((30, 10, 10, 10, 10), (1, 1, 1, 1, 1), (5, 1, 1, 1, 1))
@@ -189,7 +190,7 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
 
     def slot(stage: int, first: int, end: int) -> int | None:
         time_ns, peak = stage_cost(costs, first, end, stage, stages, micro_batches, schedule)
-        return None if allowed is not None and peak > allowed else time_ns
+        return None if (allowed is not None and peak > allowed) or (stage, first, end) in excluded else time_ns
 
     def peak(stage: int, first: int, end: int) -> int:
         return stage_cost(costs, first, end, stage, stages, micro_batches, schedule)[1]
@@ -199,7 +200,8 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
         smallest = _min_max_split(units, stages, peak)[0]
         over = f" (the model allows {allowed:,})" if allowed != budget else ""
         raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
-                              f"device: the least stage peak the split's memory model gives any split is {smallest:,} bytes{over}")
+                              f"device: the least stage peak the split's memory model gives any split is "
+                              f"{smallest:,} bytes{over}")
     ends = found[1]
     return priced_split(costs, tuple(zip((0,) + ends[:-1], ends)), micro_batches, schedule)
 
