@@ -89,15 +89,13 @@ def test_the_pipeline_configs_split_model_and_exact_peak_are_dumped_and_shown():
 def test_a_budget_just_under_the_pipeline_configs_exact_peak_is_refused(tmp_path):
     """The split's model puts the config's split under the budget; its exact peak is 1 byte over,
     and no other split's model fits: refused, the message giving the exact peaks."""
-    text = (ROOT / "configs" / "gpt_pipeline.yaml").read_text()
     free, _ = plan_config(load_config(ROOT / "configs" / "gpt_pipeline.yaml"))
     peaks, budget = free.pipeline.peak_bytes, max(free.pipeline.peak_bytes) - 1
     assert max(free.pipeline.split.peak_bytes) <= budget
-    (tmp_path / "tight.yaml").write_text(text + f"max_device_memory: {budget}\n")
     expected = (f"no split into 2 pipeline stages found that fits max_device_memory = {budget:,} bytes per device: the last "
                 f"split's stages peak at {peaks[0]:,}, {peaks[1]:,} bytes")
     with pytest.raises(InfeasibleError, match=expected):
-        plan_config(load_config(tmp_path / "tight.yaml"))
+        plan_config(_config_with(tmp_path, f"max_device_memory: {budget}\n"))
 
 
 def test_a_budget_just_under_a_splits_exact_peak_gives_a_split_whose_run_fits():
@@ -156,3 +154,28 @@ def test_under_any_budget_the_split_is_the_fastest_of_every_split_whose_exact_pe
         fastest = min(max(split.split.slot_ns) for split in splits if max(split.peak_bytes) <= budget)
         plan = plan_pipeline(graph, device_num, stages, 4, replace(options, max_device_memory=budget))
         assert max(plan.pipeline.peak_bytes) <= budget and max(plan.pipeline.split.slot_ns) == fastest, budget
+
+
+def _config_with(tmp_path, extra: str):
+    (tmp_path / "pipeline.yaml").write_text((ROOT / "configs" / "gpt_pipeline.yaml").read_text() + extra)
+    return load_config(tmp_path / "pipeline.yaml")
+
+
+def test_marked_stages_are_held_to_the_budget_by_their_exact_peak(tmp_path):
+    """The cells' pipeline_stage gives the config's searched split: its exact peak is the
+    budget it needs, and a byte less is refused with that peak."""
+    free, _ = plan_config(load_config(ROOT / "configs" / "gpt_pipeline.yaml"))
+    peak, marks = max(free.pipeline.peak_bytes), "pipeline_stage: {blocks.0: 0, blocks.1: 1}\n"
+    marked, _ = plan_config(_config_with(tmp_path, marks + f"max_device_memory: {peak}\n"))
+    assert marked.pipeline.origin == "pipeline_stage of cells" and marked.pipeline.peak_bytes == free.pipeline.peak_bytes
+    expected = (f"the stages the cells' pipeline_stage gives peak at {peak:,} bytes per device, over max_device_memory = "
+                f"{peak - 1:,}; mark other stages or let the split be searched")
+    with pytest.raises(InfeasibleError, match=expected):
+        plan_config(_config_with(tmp_path, marks + f"max_device_memory: {peak - 1}\n"))
+
+
+def test_a_budget_no_splits_model_comes_near_is_refused_with_the_least_the_model_gives(tmp_path):
+    expected = (r"no split into 2 pipeline stages fits max_device_memory = 300,000 bytes per device: the least stage peak "
+                r"the split's memory model gives any split is [0-9,]+ bytes \(the model allows 330,000\)")
+    with pytest.raises(InfeasibleError, match=expected):
+        plan_config(_config_with(tmp_path, "max_device_memory: 300000\n"))
