@@ -1,5 +1,5 @@
-"""The memory rule by which the plan predicts a rank's buffers (`search.buffers`, and the
-pipeline's replay on sizes): a buffer lives from the instruction writing it to the last one
+"""The memory rule by which the plan predicts a rank's buffers (`search.buffers`, and a pipeline
+stage's, `search.stage_buffers`): a buffer lives from the instruction writing it to the last one
 touching it (unless kept), and an instruction's results may take the place of an input read for
 the last time there (an update over its parameter) or of the buffer they overwrite. A run is
 measured apart, from its arrays (`runtime.held_memory`), never through this module."""

@@ -18,7 +18,7 @@ import numpy as np
 from autostrat.errors import ConfigError
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
-from autostrat.runtime.pipeline import StageRunner, pipeline_values, predicted_peaks
+from autostrat.runtime.pipeline import StageRunner, pipeline_values, stage_peaks_per_rank
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 from autostrat.runtime.reference import reference_run, tensor_errors
@@ -176,7 +176,7 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     own, _ = single_device_run(graph, values, batches, keep=gradient_names)
     single = (time.perf_counter() - started) / max(steps, 1)
     gradients = _gradient_errors(reference, own)
-    peaks = () if plan.pipeline is None else predicted_peaks(plan, programs)
+    peaks = () if plan.pipeline is None else stage_peaks_per_rank(plan)
     values = values if plan.pipeline is None else pipeline_values(plan, values)
     return Job(name or plan.graph.name, device_num, programs, values, batches, reference.outputs, plan.table(), plan.total_bytes,
                max(peaks, default=plan.prediction.peak_bytes), single, stall_timeout, fault, reference.final or None, peaks,
@@ -252,9 +252,9 @@ def _run_stage_steps(job: Job, program: StageProgram, backend, on_gather, log) -
         on_gather()
     if log is not None:
         log(f"rank {backend.rank}: {len(job.batches)} step(s), stage {program.stage}, sent {runner.sent.tolist()} bytes, "
-            f"peak {runner.memory.peak} bytes, errors {errors}")
+            f"peak {runner.held.peak} bytes, errors {errors}")
     # Stages run different instructions: every rank's counts padded to the longest, so that
     # all summaries have one length (the report reads each rank's own first ones).
     longest = max(len(p.communications()) for p in job.programs)
     sent = runner.sent.tolist() + [0] * (longest - len(runner.sent))
-    return backend.gather_report(rank_summary(sent, runner.memory.peak, job.worst_index(errors), seconds, runner.sent_to.tolist()))
+    return backend.gather_report(rank_summary(sent, runner.held.peak, job.worst_index(errors), seconds, runner.sent_to.tolist()))

@@ -10,7 +10,7 @@ micro-batches' losses: the stand-alone run of the whole batch is the reference.
 
 Measured per rank: the bytes every instruction sent (a `Send` in phase "pipeline"), the peak
 of the arrays it holds (`runtime.held_memory`: every micro-batch's buffers, the summed
-gradients, the weights; the replay on sizes by `cost.live_bytes` predicts it), and the
+gradients, the weights; the plan predicts it per stage, `Pipeline.peak_bytes`), and the
 bubble: the share of the micro-batch slots' time the rank spent waiting for another stage.
 """
 
@@ -21,12 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autostrat.cost.live_bytes import LiveBytes, release_after
+from autostrat.cost.live_bytes import release_after
 from autostrat.errors import ConfigError
 from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
-from autostrat.runtime.executor import (communicate, counted, counted_bytes, load_slice, materialised, peer_bytes, touched,
-                                         traffic_of, written_over)
+from autostrat.runtime.executor import communicate, counted, load_slice, materialised, peer_bytes, touched, traffic_of
 from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
@@ -66,34 +65,12 @@ def micro_batches_of(batch: dict, inputs: tuple[str, ...], count: int) -> list[d
     return pieces
 
 
-class _Bytes:
-    """A buffer's size, standing for the buffer when a step is replayed without data."""
-
-    __slots__ = ("nbytes",)
-
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-
-    def __add__(self, other: _Bytes) -> _Bytes:
-        return self  # a sum of gradients: one buffer of the same size
-
-
-_SIZE_AFTER = {  # a communication step's result, from its source's bytes (see `executor.communicate`)
-    "AllGather": lambda size, step: size * len(step.group),
-    "ReduceScatter": lambda size, step: size // len(step.group),
-    "Slice": lambda size, step: size // step.chunks[0],
-}
-
-
 class StageRunner:
-    """Runs a stage program's steps on one rank, keeping its measurements. Without a backend
-    and with the graph's `dtypes` it replays a step on sizes alone, by the same rules: the
-    prediction of the rank's peak (`predicted_peaks`)."""
+    """Runs a stage program's steps on one rank, keeping its measurements."""
 
-    def __init__(self, program: StageProgram, backend, dtypes: dict | None = None):
-        self.program, self.backend, self.dtypes = program, backend, dtypes
-        if backend is not None:
-            backend.prepare(program.partitions)
+    def __init__(self, program: StageProgram, backend):
+        self.program, self.backend = program, backend
+        backend.prepare(program.partitions)
         kept = set(program.accumulated) | {key for _, key in program.outputs}
         micro = program.forward + program.backward
         self.micro_release = release_after((touched(i) for i in micro), kept)
@@ -107,18 +84,15 @@ class StageRunner:
             for index, instruction in enumerate(getattr(program, slot)):
                 if isinstance(instruction, (Communicate, Send)):
                     self.position[(slot, index)] = len(self.position)
-        self.memory = LiveBytes()  # the dry replay's count
         self.held, self.stores, self.resident = HeldMemory(), {}, {}  # a run's measurement: the arrays themselves
         self.waited = self.busy = 0.0
 
     def step(self, values: dict, batch: dict, resident: dict) -> tuple[list[float], dict]:
         program = self.program
         self.resident = resident
-        shared = {i.tensor: self._load(i, values, resident) for i in program.loads}
+        shared = {i.tensor: load_slice(i, values, resident) for i in program.loads}
         self.shared = shared
-        self.memory.write({("", key): array.nbytes for key, array in shared.items()})
-        dry = self.dtypes is not None
-        micro_values = [{}] * program.micro_batches if dry else micro_batches_of(batch, program.inputs, program.micro_batches)
+        micro_values = micro_batches_of(batch, program.inputs, program.micro_batches)
         stores = self.stores = {}
         losses = [0.0] * program.micro_batches
         started = time.perf_counter()
@@ -127,52 +101,35 @@ class StageRunner:
             store, slot_values = stores.setdefault(index, {}), values | micro_values[index]
             instructions, offset = (program.forward, 0) if slot == "forward" else (program.backward, len(program.forward))
             for position, instruction in enumerate(instructions):
-                self._run(instruction, store, shared, slot_values, index, self.micro_release[offset + position], (slot, position))
+                self._run(instruction, store, shared, slot_values, self.micro_release[offset + position], (slot, position))
             if slot == "forward":
                 for tensor, key in program.outputs:
-                    loss = store.pop(key)
-                    losses[index] = 0.0 if dry else float(np.mean(np.asarray(loss, np.float64)))
-                    self.memory.release(((index, key),))
+                    losses[index] = float(np.mean(np.asarray(store.pop(key), np.float64)))
             else:
-                self._accumulate(store, shared, index)
+                self._accumulate(store, shared)
                 del stores[index]
         self.busy += time.perf_counter() - started - (self.waited - waited)
         for position, (instruction, released) in enumerate(zip(program.update, self.update_release)):
-            self._run(instruction, shared, shared, values, "", released, ("update", position))
-        if not dry:
-            self.backend.complete_sends()
-        updated = {name: shared.pop(key) for name, key in program.updates}
-        held = [("", key) for key in list(shared) + [key for _, key in program.updates]]
-        self.memory.release(key for key in held if key in self.memory.sizes)  # the next step loads them again
-        return losses, updated
+            self._run(instruction, shared, shared, values, released, ("update", position))
+        self.backend.complete_sends()
+        return losses, {name: shared.pop(key) for name, key in program.updates}
 
-    def _accumulate(self, store: dict, shared: dict, index: int) -> None:
+    def _accumulate(self, store: dict, shared: dict) -> None:
         """Add the micro-batch's gradients (what the update reads) into the step's sums."""
         for key in self.program.accumulated:
             if key not in store:
                 continue
             piece = store.pop(key)
             if key in shared:
-                if self.dtypes is None:
-                    np.add(shared[key], piece, out=shared[key])  # the rank's own sum (a received piece is a copy)
-                else:
-                    shared[key] = shared[key] + piece
-                self.memory.release(((index, key),))
+                np.add(shared[key], piece, out=shared[key])  # the rank's own sum (a received piece is a copy)
             else:
                 shared[key] = piece  # the micro-batch's buffer becomes the sum's
-                self.memory.write({("", key): piece.nbytes}, (((index, key), ("", key)),), ((index, key),))
-                self.memory.release(((index, key),))
 
-    def _run(self, instruction, store: dict, shared: dict, values: dict, space, released, where) -> None:
+    def _run(self, instruction, store: dict, shared: dict, values: dict, released, where) -> None:
         def read(key: str):
             return store[key] if key in store else shared[key]
 
-        def named(key: str):
-            return (space, key) if key in store or space == "" else ("", key)
-
-        if self.dtypes is not None:
-            written = self._sizes(instruction, read)
-        elif isinstance(instruction, Load):
+        if isinstance(instruction, Load):
             written = {instruction.tensor: load_slice(instruction, values, None)}
         elif isinstance(instruction, Compute):
             written = dict(zip(instruction.outputs, run_kernel(instruction.op_type, [read(key) for key in instruction.inputs],
@@ -191,18 +148,11 @@ class StageRunner:
             traffic = traffic_of(instruction, self.backend.sent[before:])
             self.sent[self.position[where]] += traffic.sent
             self.sent_to += peer_bytes((traffic,), len(self.sent_to))
-        if self.dtypes is None:
-            written = materialised(instruction, written, store, released)
-            self._sample(instruction, written, [read(key) for key in touched(instruction) if key not in written])
-        over = tuple((named(source), (space, target)) for source, target in written_over(instruction))
-        # Dropped: what this rank's own store holds, a result nothing reads included (an input's gradient).
-        dropped = tuple((space, key) if key in written else named(key) for key in released if key in store or key in written)
-        self.memory.write({(space, key): size for key, size in counted_bytes(instruction, written).items()}, over, dropped)
+        written = materialised(instruction, written, store, released)
+        self._sample(instruction, written, [read(key) for key in touched(instruction) if key not in written])
         store.update(written)
-        self.memory.release(dropped)
         for key in released:
             store.pop(key, None)
-
 
     def _sample(self, instruction, written: dict, inputs: list) -> None:
         """Measure what the rank holds now: its weights and sums, every micro-batch's buffers,
@@ -211,41 +161,12 @@ class StageRunner:
         self.held.sample(self.shared.values(), *(store.values() for store in self.stores.values()), results, inputs,
                          self.resident.values())
 
-    def _load(self, instruction: Load, values: dict, resident: dict):
-        if self.dtypes is None:
-            return load_slice(instruction, values, resident)
-        return self._sizes(instruction, None)[instruction.tensor]
 
-    def _sizes(self, instruction, read) -> dict:
-        """What `instruction` writes, as sizes (a replay without data)."""
-        def sized(ranges_or_shape, dtype: str) -> _Bytes:
-            shape = [b - a for a, b in ranges_or_shape] if ranges_or_shape and isinstance(ranges_or_shape[0], tuple) else ranges_or_shape
-            return _Bytes(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-
-        if isinstance(instruction, Load):
-            return {instruction.tensor: sized(instruction.ranges, self.dtypes[instruction.tensor])}
-        if isinstance(instruction, Compute):
-            ranges = instruction.context.output_ranges
-            return {out: sized(r, self.dtypes[out]) for out, r in zip(instruction.outputs, ranges)}
-        if isinstance(instruction, Recv):
-            return {instruction.key: sized(instruction.shape, instruction.dtype)}
-        if isinstance(instruction, Send):
-            return {}
-        size = read(instruction.source).nbytes
-        return {instruction.target: _Bytes(_SIZE_AFTER.get(instruction.kind, lambda n, _: n)(size, instruction))}
-
-
-def predicted_peaks(plan, programs) -> tuple[int, ...]:
-    """Per rank, the peak of its live bytes over a step, from the plan alone: its stage
-    program replayed on sizes by `StageRunner`'s rules (a stage's devices hold equal slices)."""
-    dtypes = {name: info.dtype for name, info in plan.graph.tensors.items()}
-    by_stage: dict[int, int] = {}
-    for program in programs:
-        if program.stage not in by_stage:
-            runner = StageRunner(program, None, dtypes)
-            runner.step({}, {}, {})
-            by_stage[program.stage] = runner.memory.peak
-    return tuple(by_stage[program.stage] for program in programs)
+def stage_peaks_per_rank(plan) -> tuple[int, ...]:
+    """Per rank of the pipeline plan `plan`, its stage's predicted peak (`Pipeline.peak_bytes`,
+    from the plan: every device of a stage holds slices of equal sizes)."""
+    pipeline = plan.pipeline
+    return tuple(pipeline.peak_bytes[rank // pipeline.group_size] for rank in range(pipeline.device_num))
 
 
 def train_stage(program: StageProgram, backend, values: dict, batches, on_step=None, share_loss: bool = False) -> StageRun:
@@ -339,11 +260,11 @@ def _result(plan, programs, runs, losses, slices_by_rank):
         parameters[name] = assemble_tensor([slices_by_rank[rank][name] for rank in range(first, first + group)], plan.layouts[name])
     if runs is None:
         return TrainingResult(losses, parameters)
-    split, peaks = plan.pipeline.split, predicted_peaks(plan, programs)
+    split, peaks = plan.pipeline.split, stage_peaks_per_rank(plan)
     lines = (
         f"pipeline bubble: predicted {split.bubble:.1%}, measured {np.mean([run.bubble for run in runs]):.1%} "
         f"(the share of the micro-batch slots a rank waits for another stage, mean over ranks)",
-        f"the stage split's memory model (weights and state, saved activations of the micro-batches in flight) "
+        f"the stage split's memory model (weights, state and gradients, activations of the micro-batches in flight) "
         f"per stage: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
     )
     return TrainingResult(losses, parameters, tuple(phase_bytes(p) for p in programs), tuple(run.measured for run in runs),

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from autostrat.autodiff import UPDATE_OP_TYPES
 from autostrat.cost import dtype_size
 from autostrat.cost.live_bytes import LiveBytes, release_after
+from autostrat.layout import Layout, TensorMap
+from autostrat.redistribution import plan_redistribution
 
 
 @dataclass
-class _Event:
+class Event:
     """One instruction: the keys it reads, the bytes of each key it writes, and the (read key,
     written key) pairs whose buffer a result may take (`LiveBytes.write`)."""
 
@@ -31,12 +33,25 @@ class _Event:
     writes: dict[str, int]
     over: tuple[tuple[str, str], ...] = ()  # (read key, written key) pairs that may share a buffer
     op: str = ""  # the op whose input or kernel this is ("" for loads and writebacks)
+    owner: str | None = None  # the op whose part of a training step it runs in (None for loads)
+    output: bool = False  # assembles a graph output for the check: not the plan's memory (no bytes)
+
+    @property
+    def touched(self) -> tuple[str, ...]:
+        return (*self.reads, *self.writes)
 
 
 @dataclass
-class _Program:
-    events: list[_Event] = field(default_factory=list)
+class DeviceProgram:
+    """One device's step of a plan as `Event`s, in the order `runtime.program` lowers it: the
+    loads, per op its input redistributions and its kernel, the outputs assembled, the
+    writebacks; the keys kept from step to step, and the (graph output, key) and (parameter or
+    state, key of its next value) pairs."""
+
+    events: list[Event] = field(default_factory=list)
     kept: set[str] = field(default_factory=set)
+    outputs: list[tuple[str, str]] = field(default_factory=list)
+    updates: list[tuple[str, str]] = field(default_factory=list)
 
 
 def plan_peak(plan) -> int:
@@ -64,11 +79,12 @@ def memory_over_step(plan) -> tuple[tuple[str, int], ...]:
         >>> [op for op, _ in steps][-2:], max(high for _, high in steps)
         (['dense2.matmul', 'dense2.bias_add'], 66048)
     """
-    program = _program(plan)
+    program = device_program(plan)
+    events = [event for event in program.events if not event.output]
     memory = LiveBytes()
-    schedule = release_after(((*event.reads, *event.writes) for event in program.events), program.kept)
+    schedule = release_after((event.touched for event in events), program.kept)
     highs = []
-    for event, released in zip(program.events, schedule):
+    for event, released in zip(events, schedule):
         memory.write(event.writes, event.over, released)
         highs.append((event.op, memory.high))
         memory.release(released)
@@ -79,12 +95,22 @@ def _bytes(layout, dtype: str) -> int:
     return math.prod(layout.slice_shape) * dtype_size(dtype)
 
 
-def _program(plan) -> _Program:
+def device_program(plan) -> DeviceProgram:
+    """Device 0's step of `plan` as events (ranks hold slices of equal sizes).
+
+    Example (the tutorial FFN's training step: its loads first; its output gathered last for
+    the check, which the plan's memory does not count):
+        >>> from autostrat.autodiff import Momentum
+        >>> from autostrat.models import tutorial_plan
+        >>> program = device_program(tutorial_plan(optimizer=Momentum(0.01, 0.9)))
+        >>> program.events[0].writes, program.events[-1].writes, program.outputs
+        ({'x': 8192}, {'dense2.bias_add:0>output': 0}, [('dense2.bias_add:0', 'dense2.bias_add:0>output')])
+    """
     graph = plan.graph
-    program = _Program()
+    program = DeviceProgram()
     loaded = [name for name, info in graph.tensors.items() if info.kind != "output" and graph.consumers(name)]
     for name in loaded:
-        program.events.append(_Event((), {name: _bytes(plan.layouts[name], graph.tensors[name].dtype)}))
+        program.events.append(Event((), {name: _bytes(plan.layouts[name], graph.tensors[name].dtype)}))
     edges = {(edge.consumer, edge.input_index): edge for edge in plan.redistributions}
     for name, op in graph.ops.items():
         keys = []
@@ -94,27 +120,46 @@ def _program(plan) -> _Program:
                 key = f"{tensor}>{edge.shares[0]}[{edge.shares[1]}]"
             elif edge is not None and edge.plan.steps:
                 key = f"{tensor}>{name}[{index}]"
-                _steps(program, edge.plan, tensor, key, graph.tensors[tensor].dtype, name)
+                _steps(program, edge.plan, tensor, key, graph.tensors[tensor].dtype, name, name)
             keys.append(key)
         layouts = plan.ops[name].strategy.output_layouts
         writes = {out: _bytes(layout, graph.tensors[out].dtype) for out, layout in zip(op.outputs, layouts)}
         over = tuple(zip(keys, op.outputs)) if op.op_type in UPDATE_OP_TYPES else ()
-        program.events.append(_Event(tuple(keys), writes, over, name))
-    program.kept |= set(graph.outputs)
+        program.events.append(Event(tuple(keys), writes, over, name, name))
+    for tensor in graph.outputs:
+        program.outputs.append((tensor, _assembled(program, plan, tensor)))
+    program.kept |= {key for output in program.outputs for key in output}
     writebacks = {w.parameter: w for w in plan.writebacks}
     for parameter, value in graph.updates:
         key = value
         if parameter in writebacks:
             key = f"{value}>{parameter}"
-            _steps(program, writebacks[parameter].plan, value, key, graph.tensors[value].dtype)
-        program.kept.add(key)
+            _steps(program, writebacks[parameter].plan, value, key, graph.tensors[value].dtype, "", graph.tensors[value].producer)
+        program.updates.append((parameter, key))
+    program.kept |= {key for _, key in program.updates}
     updated = {parameter for parameter, _ in graph.updates}
     program.kept |= {name for name in loaded if graph.tensors[name].kind != "input" and name not in updated}
     return program
 
 
-def _steps(program: _Program, redistribution, source: str, target: str, dtype: str, op: str = "") -> None:
+def _assembled(program: DeviceProgram, plan, tensor: str) -> str:
+    """The key of graph output `tensor` made whole on every device for the check (its own
+    when its layout is whole already); the steps write no bytes the plan counts."""
+    layout = plan.layouts[tensor]
+    whole = Layout(layout.device_matrix, TensorMap((-1,) * len(layout.shape)), layout.shape)
+    if layout.equivalent(whole):
+        return tensor
+    key, info = f"{tensor}>output", plan.graph.tensors[tensor]
+    start = len(program.events)
+    _steps(program, plan_redistribution(layout, whole, info.dtype), tensor, key, info.dtype, "", info.producer)
+    for event in program.events[start:]:
+        event.writes, event.output = dict.fromkeys(event.writes, 0), True
+    return key
+
+
+def _steps(program: DeviceProgram, redistribution, source: str, target: str, dtype: str, op: str = "",
+           owner: str | None = None) -> None:
     """A redistribution's steps: the first reads `source`, every one writes `target`."""
     for step in redistribution.steps:
-        program.events.append(_Event((source,), {target: _bytes(step.after, dtype)}, (), op))
+        program.events.append(Event((source,), {target: _bytes(step.after, dtype)}, (), op, owner))
         source = target

@@ -29,7 +29,11 @@ from autostrat.autodiff import op_phase
 from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.search.prediction import op_times
 from autostrat.search.search import search
+from autostrat.search.stage_buffers import stage_peaks
 from autostrat.search.stages import SCHEDULES, StageSplit, op_units, priced_split, split_stages, unit_costs
+
+BUDGET_ROUNDS = 16  # splits tried under a budget before the search gives up (`_fitting`)
+MODEL_MARGIN = 10  # percent: how far the split's model may miss a stage's exact peak, either way (tested)
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,10 @@ class Pipeline:
     """The pipeline dimension of a training plan: `stages` groups of `group_size` devices run
     `micro_batches` micro-batches per step with `schedule` ("1f1b" or "gpipe"); `op_stages`
     gives the stage of every op but the `shared` ones, which every stage runs; `split` is the
-    stage split over the model's units with its predicted slots, step time, bubble and peaks;
-    `origin` says who chose it."""
+    stage split over the model's units with its predicted slots, step time, bubble and the
+    peaks of the model it was searched with; `peak_bytes` the exact peak per device of every
+    stage's buffers (`stage_buffers.stage_peaks`), what a run measures; `origin` says who
+    chose it."""
 
     stages: int
     group_size: int
@@ -50,6 +56,7 @@ class Pipeline:
     origin: str = "searched"
 
     once_ns: tuple[int, ...] = ()  # per stage: its gradient synchronisation and updates, once per step
+    peak_bytes: tuple[int, ...] = ()  # per stage, per device: the exact peak of its buffers
     batch_graph: object = field(default=None, compare=False, repr=False)  # the whole batch's training graph (the reference)
 
     @property
@@ -78,13 +85,15 @@ class Pipeline:
                 f"{self.schedule} ({self.origin}; {units})\n"
                 f"pipeline predicted: step {self.step_time_ns / 1e6:,.3f} ms, bubble {self.split.bubble:.1%}, "
                 f"slot per stage (ms) {', '.join(f'{t / 1e6:,.3f}' for t in self.split.slot_ns)}, "
-                f"peak per device per stage (bytes) {', '.join(f'{p:,}' for p in self.split.peak_bytes)}")
+                f"peak per device per stage (bytes) {', '.join(f'{p:,}' for p in self.peak_bytes)} "
+                f"(the split's model: {', '.join(f'{p:,}' for p in self.split.peak_bytes)})")
 
     def to_dict(self) -> dict:
         return {
             "stages": self.stages, "group_size": self.group_size, "micro_batches": self.micro_batches,
             "schedule": self.schedule, "origin": self.origin, "bounds": [list(b) for b in self.split.bounds],
-            "slot_ns": list(self.split.slot_ns), "peak_bytes": list(self.split.peak_bytes),
+            "slot_ns": list(self.split.slot_ns), "peak_bytes": list(self.peak_bytes),
+            "model_peak_bytes": list(self.split.peak_bytes),
             "once_ns": list(self.once_ns), "step_time_ns": self.step_time_ns, "bubble": self.split.bubble,
         }
 
@@ -150,7 +159,8 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
     """The pipeline plan of `graph` (the training graph of one micro-batch) on `device_num`
     devices in `stages` equal groups: the search (`options`, seeds included) on one group's
     devices, then the stage split, searched under ``options.max_device_memory`` (a budget for
-    a stage's share) or given by `marks` (see `stage_bounds`).
+    a stage's share, checked on every stage's exact peak: `_fitting`) or given by `marks` (see
+    `stage_bounds`).
 
     Example (a 4-block stack on 8 devices as 2 stages of 4, 4 micro-batches):
         >>> from autostrat.autodiff import Adam, build_training
@@ -173,22 +183,77 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
     units = op_units(graph) if stages > 1 else dict.fromkeys(graph.ops, 0)  # micro-batches alone: one unit
     costs = unit_costs(plan, options.hardware, units)
     budget = options.max_device_memory
-    if marks:
-        split, origin = priced_split(costs, stage_bounds(graph, marks, stages), micro_batches, schedule), "pipeline_stage of cells"
-        if budget is not None and max(split.peak_bytes) > budget:
-            raise InfeasibleError(f"the stages the cells' pipeline_stage gives peak at {max(split.peak_bytes):,} bytes per "
-                                  f"device, over max_device_memory = {budget:,}; mark other stages or let the split be searched")
+    staging = _Staging(plan, units, stages, group, micro_batches, schedule, options.hardware)
+    if not marks:
+        return _fitting(staging, costs, budget)
+    marked = priced_split(costs, stage_bounds(graph, marks, stages), micro_batches, schedule)
+    staged = staging.staged(marked, "pipeline_stage of cells")
+    peak = max(staged.pipeline.peak_bytes)
+    if budget is not None and peak > budget:
+        raise InfeasibleError(f"the stages the cells' pipeline_stage gives peak at {peak:,} bytes per device, over "
+                              f"max_device_memory = {budget:,}; mark other stages or let the split be searched")
+    return staged
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """The plan of one stage's devices and how its ops make stages: turns a split into the
+    pipeline plan."""
+
+    plan: object
+    units: dict
+    stages: int
+    group: int
+    micro_batches: int
+    schedule: str
+    hardware: object
+
+    def staged(self, split, origin: str):
+        """The pipeline plan of `split`, with the exact peak of every stage's buffers."""
+        graph, shared = self.plan.graph, shared_update_ops(self.plan.graph)
+        unit_stage = {unit: stage for stage, (first, end) in enumerate(split.bounds) for unit in range(first, end)}
+        op_stages = {name: unit_stage[self.units[name]] for name in graph.ops if name not in shared}
+        for name, op in graph.ops.items():  # in topological order: an accumulate's inputs are placed first
+            producers = {op_stages.get(graph.tensors[t].producer) for t in op.inputs}
+            if name.startswith("accumulate/") and len(producers) == 1 and None not in producers:
+                op_stages[name] = producers.pop()
+        once = _once_ns(self.plan, op_stages, shared, self.stages, self.hardware)
+        pipeline = Pipeline(self.stages, self.group, self.micro_batches, self.schedule, split, op_stages, shared, origin, once)
+        staged = replace(self.plan, pipeline=pipeline)
+        return replace(staged, pipeline=replace(pipeline, peak_bytes=stage_peaks(staged)))
+
+
+def _fitting(staging: _Staging, costs, budget: int | None):
+    """The searched split's pipeline plan whose stages' exact peaks fit `budget`.
+
+    The split is searched with its model (`stages.stage_cost`), which misses a stage's exact
+    peak by up to `MODEL_MARGIN` either way (it counts whole micro-batches' activations and
+    gradients, not each buffer): it allows stages whose model is that much over `budget`, so
+    that no split that fits is left out, and the exact peak decides. A stage's exact peak
+    depends only on its units and its position, so a stage found over is excluded and the
+    split searched again (`BUDGET_ROUNDS` at most)."""
+    allowed, excluded, staged = None if budget is None else budget * (100 + MODEL_MARGIN) // 100, set(), None
+    for _ in range(BUDGET_ROUNDS):
+        try:
+            split = split_stages(costs, staging.stages, staging.micro_batches, budget, staging.schedule, allowed,
+                                 frozenset(excluded))
+        except InfeasibleError:
+            if staged is None:
+                raise
+            others = f"every other split has a stage over by its buffers or over {MODEL_MARGIN} % by its model"
+            break
+        staged = staging.staged(split, "searched")
+        peaks = staged.pipeline.peak_bytes
+        if budget is None or max(peaks) <= budget:
+            return staged
+        excluded |= {(stage, *split.bounds[stage]) for stage, peak in enumerate(peaks) if peak > budget}
     else:
-        split, origin = split_stages(costs, stages, micro_batches, budget, schedule), "searched"
-    shared = shared_update_ops(graph)
-    unit_stage = {unit: stage for stage, (first, end) in enumerate(split.bounds) for unit in range(first, end)}
-    op_stages = {name: unit_stage[units[name]] for name in graph.ops if name not in shared}
-    for name, op in graph.ops.items():  # in topological order: an accumulate's inputs are placed first
-        producers = {op_stages.get(graph.tensors[t].producer) for t in op.inputs}
-        if name.startswith("accumulate/") and len(producers) == 1 and None not in producers:
-            op_stages[name] = producers.pop()
-    once = _once_ns(plan, op_stages, shared, stages, options.hardware)
-    return replace(plan, pipeline=Pipeline(stages, group, micro_batches, schedule, split, op_stages, shared, origin, once))
+        others = f"the search stopped after {BUDGET_ROUNDS} splits"
+    pipeline = staged.pipeline
+    raise InfeasibleError(
+        f"no split into {staging.stages} pipeline stages found that fits max_device_memory = {budget:,} bytes per device: "
+        f"the last split's stages peak at {', '.join(f'{p:,}' for p in pipeline.peak_bytes)} bytes (their buffers; the "
+        f"split's model put them at {', '.join(f'{p:,}' for p in pipeline.split.peak_bytes)}); {others}")
 
 
 def _once_ns(plan, op_stages: dict, shared: frozenset, stages: int, hardware) -> tuple[int, ...]:

@@ -10,10 +10,15 @@ before has left it, so a step takes ``(m + S - 1)`` slots of the slowest stage (
 fill-and-drain bound, the same for GPipe and 1F1B); the bubble is the idle share
 ``(S - 1) / (m + S - 1)`` of it.
 
-Memory of stage ``s`` (from 0): its units' parameters and optimiser state, plus the saved
-activations of the micro-batches in flight: 1F1B starts the backward of micro-batch 0 after
-``S - s`` forwards, so it holds ``min(S - s, m)`` micro-batches; GPipe runs every forward
-first and holds all ``m``.
+Memory of stage ``s`` (from 0), the model the split is searched with: its units' parameters
+and optimiser state, plus the most it holds at the end of a micro-batch's forward or backward
+as its schedule runs them (`held_moments`): the saved activations of the micro-batches in
+flight (1F1B starts the backward of micro-batch 0 after ``S - s`` forwards, so it holds
+``min(S - s, m)`` micro-batches; GPipe runs every forward first and holds all ``m``), each with
+the activation the stage received (on every stage but the first), the gradient sums once the
+first backward has made them, and the gradients a backward writes next to them. The exact
+peak of the plan's buffers (`stage_buffers.stage_peaks`) is what a budget is checked against
+(`pipeline.plan_pipeline`).
 
 `split_stages` minimises the slowest slot by dynamic programming over (units, stages), exact
 (tested against every split on small models): the best last stage ``[j, n)`` of a split of
@@ -24,6 +29,7 @@ depends only on its own units and its position.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -49,11 +55,17 @@ class UnitCosts:
     activation_bytes: tuple[int, ...]
     weight_bytes: tuple[int, ...]
     send_ns: int = 0
+    gradient_bytes: tuple[int, ...] = ()  # per unit, its parameters' gradients (none given: zeros)
+    send_bytes: int = 0  # the activation a stage receives per micro-batch (`send_ns`'s)
+    transient_bytes: tuple[int, ...] = ()  # per unit, the largest activation gradient its backward writes
 
     def __post_init__(self) -> None:
         if not self.time_ns or not len(self.time_ns) == len(self.activation_bytes) == len(self.weight_bytes):
             raise ConfigError(f"unit costs need one time, activation and weight figure per unit, got "
                               f"{len(self.time_ns)}, {len(self.activation_bytes)} and {len(self.weight_bytes)}")
+        for name, figures in (("gradient", self.gradient_bytes), ("transient", self.transient_bytes)):
+            if figures and len(figures) != len(self.time_ns):
+                raise ConfigError(f"unit costs need one {name} figure per unit, got {len(figures)} for {len(self.time_ns)} units")
 
 
 @dataclass(frozen=True)
@@ -91,20 +103,74 @@ def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int
     return micro_batches if schedule == "gpipe" else min(stages - stage, micro_batches)
 
 
+def slot_order(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[str, int], ...]:
+    """The order stage `stage` runs its micro-batches' forward and backward slots in, as the
+    plan's schedule says: 1F1B (Megatron's non-interleaved) fills the pipeline with
+    ``stages - stage - 1`` forwards, then alternates one forward and one backward, then drains;
+    GPipe runs every forward, then every backward. (`runtime.stage_program.schedule_slots`
+    runs it; the runtime does not import the search.)
+
+    Example (the first of 2 stages, 3 micro-batches):
+        >>> slot_order(0, 2, 3, "1f1b")
+        (('forward', 0), ('forward', 1), ('backward', 0), ('forward', 2), ('backward', 1), ('backward', 2))
+    """
+    if schedule == "gpipe":
+        return tuple(("forward", i) for i in range(micro_batches)) + tuple(("backward", i) for i in range(micro_batches))
+    warmup = min(stages - stage - 1, micro_batches)
+    slots = [("forward", i) for i in range(warmup)]
+    for i in range(micro_batches - warmup):
+        slots += [("forward", warmup + i), ("backward", i)]
+    return tuple(slots + [("backward", i) for i in range(micro_batches - warmup, micro_batches)])
+
+
+@functools.lru_cache(maxsize=4096)
+def held_moments(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[int, int, int], ...]:
+    """What stage `stage` holds at the moments its memory peaks as its schedule runs, as
+    (gradient sets, micro-batches' activations, whether a backward's first activation gradient
+    is there): where a backward starts, after a forward, the activations of the micro-batches in
+    flight, the sums (there once the first backward made them) and the gradient the backward
+    writes first; at the end of a backward, its gradients next to the sums, its micro-batch's
+    activations freed. Only the moments no other one covers.
+
+    Example (the first of 2 stages, 3 micro-batches, 1F1B: two micro-batches in flight next to
+    the sums; a backward's gradients next to the sums and the other micro-batch):
+        >>> held_moments(0, 2, 3, "1f1b")
+        ((1, 2, 1), (2, 1, 0))
+    """
+    moments, sums, activations = set(), 0, 0
+    for slot, _ in slot_order(stage, stages, micro_batches, schedule):
+        if slot == "forward":
+            activations += 1
+            moments.add((sums, activations, 1))
+        else:
+            activations -= 1
+            moments.add((sums + 1, activations, 0))
+            sums = 1
+    covered = {m for m in moments for n in moments if n != m and all(a >= b for a, b in zip(n, m))}
+    return tuple(sorted(moments - covered))
+
+
 def stage_cost(costs: UnitCosts, first: int, end: int, stage: int, stages: int, micro_batches: int,
                schedule: str) -> tuple[int, int]:
     """(slot nanoseconds, peak bytes per device) of units ``[first, end)`` as stage `stage`."""
     sends = costs.send_ns * ((stage < stages - 1) + (stage > 0))  # output on, input's gradient back
     slot = sum(costs.time_ns[first:end]) + sends
-    peak = sum(costs.weight_bytes[first:end]) + sum(costs.activation_bytes[first:end]) * in_flight(stage, stages, micro_batches, schedule)
-    return slot, peak
+    activations = sum(costs.activation_bytes[first:end]) + costs.send_bytes * (stage > 0)
+    gradients = sum(costs.gradient_bytes[first:end])
+    first_gradient = costs.transient_bytes[end - 1] if costs.transient_bytes else 0  # the backward starts at the last unit
+    held = max(count * gradients + kept * activations + starting * first_gradient
+               for count, kept, starting in held_moments(stage, stages, micro_batches, schedule))
+    return slot, sum(costs.weight_bytes[first:end]) + held
 
 
 def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int | None = None,
-                 schedule: str = "1f1b") -> StageSplit:
+                 schedule: str = "1f1b", allowed: int | None = None, excluded: frozenset = frozenset()) -> StageSplit:
     """The split of the units into `stages` contiguous non-empty stages with the smallest slowest
-    slot whose every stage fits `budget` bytes per device (among equally slow splits, the first
-    the DP keeps: at every prefix the least slow, then the earliest boundaries; deterministic).
+    slot whose every stage's model fits `allowed` bytes per device (default `budget`) and none
+    of whose stages, as ``(stage, first, end)``, is `excluded` (a caller checking the exact
+    peaks against `budget` allows more and excludes the stages found over:
+    `pipeline.plan_pipeline`); among equally slow splits, the first the DP keeps: at every
+    prefix the least slow, then the earliest boundaries (deterministic).
 
     Example (four equal layers after a heavy embedding: the embedding's stage takes one layer):
         >>> costs = UnitCosts((30, 10, 10, 10, 10), (1, 1, 1, 1, 1), (5, 1, 1, 1, 1))
@@ -120,9 +186,11 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
     if micro_batches < 1:
         raise ConfigError(f"micro_batches must be a positive integer, got {micro_batches!r}")
 
+    allowed = budget if allowed is None else allowed
+
     def slot(stage: int, first: int, end: int) -> int | None:
         time_ns, peak = stage_cost(costs, first, end, stage, stages, micro_batches, schedule)
-        return None if budget is not None and peak > budget else time_ns
+        return None if (allowed is not None and peak > allowed) or (stage, first, end) in excluded else time_ns
 
     def peak(stage: int, first: int, end: int) -> int:
         return stage_cost(costs, first, end, stage, stages, micro_batches, schedule)[1]
@@ -130,8 +198,10 @@ def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int 
     found = _min_max_split(units, stages, slot)
     if found is None:
         smallest = _min_max_split(units, stages, peak)[0]
+        over = f" (the model allows {allowed:,})" if allowed != budget else ""
         raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
-                              f"device: the smallest stage peak any split reaches is {smallest:,} bytes")
+                              f"device: the least stage peak the split's memory model gives any split is "
+                              f"{smallest:,} bytes{over}")
     ends = found[1]
     return priced_split(costs, tuple(zip((0,) + ends[:-1], ends)), micro_batches, schedule)
 
@@ -221,8 +291,9 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None) ->
     """`UnitCosts` of a training plan (one micro-batch on one stage's devices), on `hardware`:
     per unit (`units`, default `op_units`) the compute of its forward and backward ops and the redistributions
     into them, the activations its forward ops produce that a backward op reads, and its
-    parameters with their optimiser state (each in the plan's layouts); a send moves the largest
-    activation passed from one repeated layer to the next, each device its slice, across servers.
+    parameters with their optimiser state and their parameters' gradients (each in the plan's
+    layouts); a send moves the largest activation passed from one repeated layer to the next,
+    each device its slice, across servers (`send_bytes`, which a stage also holds per micro-batch).
     Gradient synchronisation and the update run once per step, outside the micro-batch slots.
 
     Example (a 2-block stack, Megatron's TP 4 on 4 devices: no embedding, the blocks, the loss
@@ -235,31 +306,45 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None) ->
         >>> net = TransformerStack(layers=2, hidden=64, heads=8, seq=16, batch=2)
         >>> graph = apply_seeds(trace(net, *net.example_inputs(), device_num=4), megatron_seeds(2, 4), 4)
         >>> costs = unit_costs(search(build_training(graph, Adam()), 4), Hardware())
-        >>> costs.weight_bytes, costs.activation_bytes
-        ((0, 153408, 153408, 8), (0, 49152, 47104, 2048))
+        >>> costs.weight_bytes, costs.activation_bytes, costs.gradient_bytes
+        ((0, 153408, 153408, 8), (0, 49152, 47104, 2048), (0, 51136, 51136, 0))
     """
     graph = plan.graph
     units = op_units(graph) if units is None else units
     count = max(units.values()) + 1
-    time, activations, weights = [0] * count, [0] * count, [0] * count
+    time, activations, weights, gradients, transients = ([0] * count for _ in range(5))
     for name, time_ns in op_times(plan, hardware, ("forward", "backward")).items():
         time[units[name]] += time_ns
+    parameter_gradients = set()
     for name, info in graph.tensors.items():
-        size = math.prod(plan.layouts[name].slice_shape) * dtype_size(info.dtype) if name in plan.layouts else 0
         readers = [reader for reader, _ in graph.consumers(name)]
         if info.kind == "parameter" and readers:
-            weights[units[readers[0]]] += size
+            weights[units[readers[0]]] += _slice_bytes(plan, name)
+            gradients[units[readers[0]]] += _slice_bytes(plan, f"grad/{name}")
+            parameter_gradients.add(f"grad/{name}")
         elif info.producer in graph.ops and op_phase(info.producer) == "forward" and any(op_phase(r) == "backward" for r in readers):
-            activations[units[info.producer]] += size
-    return UnitCosts(tuple(time), tuple(activations), tuple(weights), _send_ns(plan, units, hardware))
+            activations[units[info.producer]] += _slice_bytes(plan, name)
+    for name, info in graph.tensors.items():
+        if info.producer in graph.ops and op_phase(info.producer) == "backward" and name not in parameter_gradients:
+            transients[units[info.producer]] = max(transients[units[info.producer]], _slice_bytes(plan, name))
+    sent = _sent_bytes(plan, units)
+    send_ns = round(hardware.inter_server_latency * 1e9 + sent / hardware.inter_server_bandwidth * 1e9)
+    return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients))
 
 
-def _send_ns(plan, units: dict[str, int], hardware: Hardware) -> int:
-    """One device's slice of the largest forward activation from layer 1 to layer 2, sent once
-    across servers (α + bytes / β)."""
+def _slice_bytes(plan, tensor: str) -> int:
+    """One device's bytes of `tensor` in the plan's layout (0 for a tensor the graph lacks)."""
+    if tensor not in plan.layouts:
+        return 0
+    return math.prod(plan.layouts[tensor].slice_shape) * dtype_size(plan.graph.tensors[tensor].dtype)
+
+
+def _sent_bytes(plan, units: dict[str, int]) -> int:
+    """One device's slice of the largest forward activation from layer 1 to layer 2: what a
+    stage sends on per micro-batch (and its gradient back), sent once across servers."""
     graph, largest = plan.graph, 0
     for name, info in graph.tensors.items():
         if info.producer in graph.ops and units[info.producer] == 1 and op_phase(info.producer) == "forward":
             if any(units[reader] == 2 and op_phase(reader) == "forward" for reader, _ in graph.consumers(name)):
-                largest = max(largest, math.prod(plan.layouts[name].slice_shape) * dtype_size(info.dtype))
-    return round(hardware.inter_server_latency * 1e9 + largest / hardware.inter_server_bandwidth * 1e9)
+                largest = max(largest, _slice_bytes(plan, name))
+    return largest

@@ -1,0 +1,181 @@
+"""Pipeline memory (issue #30, part 2): a pipeline plan predicts every stage's peak from the plan
+(`search.stage_buffers`, kept in `Pipeline.peak_bytes`), and every rank measures its own from
+the arrays it holds (`runtime.held_memory`, which reads nothing of the prediction); the two are
+equal. A budget (max_device_memory) is checked on that exact peak: just under it, the search
+either refuses or returns a split whose run fits."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
+from autostrat.autodiff import Adam, build_training
+from autostrat.errors import InfeasibleError
+from autostrat.frontend import trace
+from autostrat.frontend.config import load_config
+from autostrat.frontend.run import plan_config
+from autostrat.frontend.train import training_plan
+from autostrat.models import GPT, TransformerStack, megatron_seeds
+from autostrat.runtime.stage_program import schedule_slots
+from autostrat.runtime.training import train_locally
+from autostrat.search import SearchOptions
+from autostrat.search.pipeline import _Staging, plan_pipeline
+from autostrat.search.stages import held_moments, in_flight, op_units, priced_split, slot_order, unit_costs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_context():
+    reset_auto_parallel_context()
+    yield
+    reset_auto_parallel_context()
+
+
+def _stack(layers: int, batch: int = 12):
+    return TransformerStack(layers=layers, hidden=32, heads=4, seq=8, batch=batch)
+
+
+def _trained(net, layers: int, stages: int, micro: int, schedule: str, seeded: bool, optimizer, budget: int | None = None):
+    """(plan, per-rank peaks measured over 2 steps on 8 local ranks) of `net` as a pipeline."""
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, pipeline_stages=stages,
+                              pipeline_config={"pipeline_scheduler": schedule}, max_device_memory=budget)
+    if seeded:
+        primitives = dict(net.primitives_and_names())
+        for name, (strategy, _) in megatron_seeds(layers, 8 // stages).items():
+            primitives[name].shard(strategy)
+    cell = nn.TrainOneStepCell(nn.PipelineCell(net, micro_size=micro), optimizer(net.trainable_params()))
+    plan, values, batches = training_plan(cell, None, net.example_inputs(), steps=2)
+    return plan, train_locally(plan, values, batches).measured_peaks
+
+
+def _stage_of_each_rank(plan, figures) -> tuple[int, ...]:
+    return tuple(figures[rank // plan.pipeline.group_size] for rank in range(plan.pipeline.device_num))
+
+
+def _momentum(params):
+    return nn.Momentum(params, 0.1, 0.9)
+
+
+CASES = {  # name: (model, layers, stages, micro-batches, schedule, seeded, optimizer)
+    "4 stages, 3 micro-batches, 1F1B, Momentum": (lambda: _stack(4), 4, 4, 3, "1f1b", True, _momentum),
+    "2 stages, 3 micro-batches, GPipe, Adam": (lambda: _stack(4), 4, 2, 3, "gpipe", True, lambda params: nn.Adam(params, 1e-3)),
+    "GPT unseeded, 2 stages, 2 micro-batches, 1F1B, SGD": (lambda: GPT(layers=2, hidden=32, heads=4, seq=8, batch=8, vocab=64),
+                                                           2, 2, 2, "1f1b", False, lambda params: nn.SGD(params, 0.1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_ranks_measured_peak_is_its_stages_peak_in_the_plan(case):
+    model, layers, stages, micro, schedule, seeded, optimizer = CASES[case]
+    plan, measured = _trained(model(), layers, stages, micro, schedule, seeded, optimizer)
+    assert len(plan.pipeline.peak_bytes) == stages and len(set(plan.pipeline.peak_bytes)) > 1
+    assert measured == _stage_of_each_rank(plan, plan.pipeline.peak_bytes), (case, measured, plan.pipeline.peak_bytes)
+
+
+def test_the_pipeline_configs_split_model_and_exact_peak_are_dumped_and_shown():
+    plan, _ = plan_config(load_config(ROOT / "configs" / "gpt_pipeline.yaml"))
+    dumped = plan.pipeline.to_dict()
+    assert dumped["peak_bytes"] == list(plan.pipeline.peak_bytes)
+    assert dumped["model_peak_bytes"] == list(plan.pipeline.split.peak_bytes)
+    first, last = plan.pipeline.peak_bytes
+    assert f"peak per device per stage (bytes) {first:,}, {last:,} (the split's model: " in plan.pipeline.summary()
+
+
+def test_a_budget_just_under_the_pipeline_configs_exact_peak_is_refused(tmp_path):
+    """The split's model puts the config's split under the budget; its exact peak is 1 byte over,
+    and no other split's model fits: refused, the message giving the exact peaks."""
+    free, _ = plan_config(load_config(ROOT / "configs" / "gpt_pipeline.yaml"))
+    peaks, budget = free.pipeline.peak_bytes, max(free.pipeline.peak_bytes) - 1
+    assert max(free.pipeline.split.peak_bytes) <= budget
+    expected = (f"no split into 2 pipeline stages found that fits max_device_memory = {budget:,} bytes per device: the last "
+                f"split's stages peak at {peaks[0]:,}, {peaks[1]:,} bytes")
+    with pytest.raises(InfeasibleError, match=expected):
+        plan_config(_config_with(tmp_path, f"max_device_memory: {budget}\n"))
+
+
+def test_a_budget_just_under_a_splits_exact_peak_gives_a_split_whose_run_fits():
+    """A 6-block stack on 2 stages: under its free split's exact peak less 1 byte, which the
+    split's model says the free split fits, the search moves a block to the last stage; every
+    rank of that plan, run, peaks within the budget (and at its stage's predicted peak)."""
+    free, _ = _trained(_stack(6, 8), 6, 2, 4, "1f1b", False, _momentum)
+    budget = max(free.pipeline.peak_bytes) - 1
+    assert max(free.pipeline.split.peak_bytes) <= budget
+    reset_auto_parallel_context()
+    plan, measured = _trained(_stack(6, 8), 6, 2, 4, "1f1b", False, _momentum, budget)
+    assert plan.pipeline.split.bounds != free.pipeline.split.bounds
+    assert max(measured) <= budget, (measured, budget)
+    assert measured == _stage_of_each_rank(plan, plan.pipeline.peak_bytes)
+
+
+def test_a_budget_the_fastest_splits_exact_peak_fits_keeps_it_though_its_model_is_over():
+    """4 blocks on 4 stages: the split's model puts a middle stage a little over its exact peak;
+    a budget of the exact peak keeps the fastest split (the model may miss either way, so it
+    only narrows the search: the exact peak decides)."""
+    graph = build_training(trace(_stack(4, 8), *_stack(4, 8).example_inputs()), Adam())
+    free = plan_pipeline(graph, 8, 4, 2, SearchOptions())
+    budget = max(free.pipeline.peak_bytes)
+    assert max(free.pipeline.split.peak_bytes) > budget
+    kept = plan_pipeline(graph, 8, 4, 2, SearchOptions(max_device_memory=budget))
+    assert kept.pipeline.split.bounds == free.pipeline.split.bounds and kept.pipeline.peak_bytes == free.pipeline.peak_bytes
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stages, micro", [(1, 3), (2, 1), (2, 4), (4, 2), (4, 8)])
+def test_the_plans_schedule_is_the_one_the_ranks_run_and_its_moments_hold_the_micro_batches_in_flight(schedule, stages, micro):
+    for stage in range(stages):
+        assert slot_order(stage, stages, micro, schedule) == schedule_slots(stage, stages, micro, schedule)
+        moments = held_moments(stage, stages, micro, schedule)
+        assert max(kept for _, kept, _ in moments) == in_flight(stage, stages, micro, schedule)
+        assert max(sums for sums, _, _ in moments) == (2 if micro > 1 else 1)  # the sums and one micro-batch's gradients
+        # A backward starts while every micro-batch in flight is held.
+        assert any(starting and kept == in_flight(stage, stages, micro, schedule) for _, kept, starting in moments)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_under_any_budget_the_split_is_the_fastest_of_every_split_whose_exact_peaks_fit(stages):
+    """Brute force over every split of a 6-block stack's units: under each split's own exact
+    peak as the budget, the searched split is as fast as the fastest split whose every stage's
+    exact peak fits, and fits."""
+    graph = build_training(trace(_stack(6, 8), *_stack(6, 8).example_inputs()), Adam())
+    device_num, options = 2 * stages, SearchOptions()
+    free = plan_pipeline(graph, device_num, stages, 4, options)
+    units = op_units(graph)
+    staging = _Staging(replace(free, pipeline=None), units, stages, 2, 4, "1f1b", options.hardware)
+    costs = unit_costs(staging.plan, options.hardware, units)
+    count = len(costs.time_ns)
+    splits = [staging.staged(priced_split(costs, tuple(zip((0, *cuts), (*cuts, count))), 4), "every split").pipeline
+              for cuts in itertools.combinations(range(1, count), stages - 1)]
+    for budget in sorted({max(split.peak_bytes) for split in splits}):
+        fastest = min(max(split.split.slot_ns) for split in splits if max(split.peak_bytes) <= budget)
+        plan = plan_pipeline(graph, device_num, stages, 4, replace(options, max_device_memory=budget))
+        assert max(plan.pipeline.peak_bytes) <= budget and max(plan.pipeline.split.slot_ns) == fastest, budget
+
+
+def _config_with(tmp_path, extra: str):
+    (tmp_path / "pipeline.yaml").write_text((ROOT / "configs" / "gpt_pipeline.yaml").read_text() + extra)
+    return load_config(tmp_path / "pipeline.yaml")
+
+
+def test_marked_stages_are_held_to_the_budget_by_their_exact_peak(tmp_path):
+    """The cells' pipeline_stage gives the config's searched split: its exact peak is the
+    budget it needs, and a byte less is refused with that peak."""
+    free, _ = plan_config(load_config(ROOT / "configs" / "gpt_pipeline.yaml"))
+    peak, marks = max(free.pipeline.peak_bytes), "pipeline_stage: {blocks.0: 0, blocks.1: 1}\n"
+    marked, _ = plan_config(_config_with(tmp_path, marks + f"max_device_memory: {peak}\n"))
+    assert marked.pipeline.origin == "pipeline_stage of cells" and marked.pipeline.peak_bytes == free.pipeline.peak_bytes
+    expected = (f"the stages the cells' pipeline_stage gives peak at {peak:,} bytes per device, over max_device_memory = "
+                f"{peak - 1:,}; mark other stages or let the split be searched")
+    with pytest.raises(InfeasibleError, match=expected):
+        plan_config(_config_with(tmp_path, marks + f"max_device_memory: {peak - 1}\n"))
+
+
+def test_a_budget_no_splits_model_comes_near_is_refused_with_the_least_the_model_gives(tmp_path):
+    expected = (r"no split into 2 pipeline stages fits max_device_memory = 300,000 bytes per device: the least stage peak "
+                r"the split's memory model gives any split is [0-9,]+ bytes \(the model allows 330,000\)")
+    with pytest.raises(InfeasibleError, match=expected):
+        plan_config(_config_with(tmp_path, "max_device_memory: 300000\n"))
