@@ -192,16 +192,15 @@ class Plan:
         steps += [f"  {w.value} -> {w.parameter} (writeback): {w.plan}" for w in self.writebacks]
         lines = [text, "redistributions:", *(steps or ["  none"]), f"total bytes per device: {self.total_bytes}",
                  plan_bounds(self).line]
-        if self.pipeline is not None:
-            lines.append("the lines below price one micro-batch's step of every stage's ops on one stage's devices")
-        if self.graph.updates:
-            lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
         if self.refinement:
             lines.append(self.refinement.summary())
         if self.recompute is not None:
             lines.append(self.recompute.summary())
-        if self.pipeline is not None:
-            lines.append(self.pipeline.summary())
+        if self.pipeline is not None:  # its stages' figures first: the lines after it are not a stage's
+            lines += [self.pipeline.summary(), "the lines below price one micro-batch's step of every stage's ops "
+                      "on one stage's devices (not a pipeline stage's step or peak: those are above)"]
+        if self.graph.updates:
+            lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
         lines += [f"cost model: {self.cost_model}; hardware: {describe(self.hardware)}", *self.prediction.lines()]
         return "\n".join(lines)
 
