@@ -124,10 +124,12 @@ MUTATIONS = (
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one pytest run of a mutation's tests reported."""
+    """What one pytest run reported: how many tests ran, the node ids of those that failed or
+    errored, and per failed test the first line of its message."""
 
     ran: int
     failed: tuple[str, ...]
+    reasons: tuple[str, ...] = ()
 
 
 def mutated(text: str, mutation: Mutation) -> str:
@@ -155,25 +157,47 @@ def mutate(root: Path, mutation: Mutation) -> None:
 
 
 def failed_tests(junit_xml: str) -> Outcome:
-    """The number of tests a pytest junit XML report ran and the short ids (``file::name``) of
-    those that failed or errored.
+    """What a pytest junit XML report says (`Outcome`); skipped tests are not counted. Node ids
+    are rebuilt from the report's dotted class names, whose trailing ``Test...`` parts are
+    classes.
 
     Example:
-        >>> report = ('<testsuites><testsuite><testcase classname="tests.test_a" name="test_x[1]"><failure/></testcase>'
+        >>> report = ('<testsuites><testsuite><testcase classname="tests.test_a" name="test_x[1]">'
+        ...           '<failure message="assert 1 == 2&#10;more"/></testcase>'
         ...           '<testcase classname="tests.test_a" name="test_y"/></testsuite></testsuites>')
         >>> failed_tests(report)
-        Outcome(ran=2, failed=('test_a::test_x[1]',))
+        Outcome(ran=2, failed=('tests/test_a.py::test_x[1]',), reasons=('assert 1 == 2',))
     """
     root = ElementTree.fromstring(junit_xml)
-    ran, failed = 0, []
+    ran, failed, reasons = 0, [], []
     for case in root.iter("testcase"):
         if case.find("skipped") is not None:
             continue
         ran += 1
-        if case.find("failure") is not None or case.find("error") is not None:
-            module = case.get("classname", "").removeprefix("tests.").replace(".", "::")
-            failed.append(f"{module}::{case.get('name')}")
-    return Outcome(ran, tuple(failed))
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if problem is not None:
+            failed.append(_node_id(case.get("classname", ""), case.get("name", "")))
+            reasons.append((problem.get("message") or "").strip().split("\n")[0][:160])
+    return Outcome(ran, tuple(failed), tuple(reasons))
+
+
+def _node_id(classname: str, name: str) -> str:
+    parts = classname.split(".")
+    module = len(parts)
+    while module > 1 and parts[module - 1].startswith("Test"):  # pytest's classes are named Test...
+        module -= 1
+    return "::".join(["/".join(parts[:module]) + ".py", *parts[module:], name])
+
+
+def short(node_id: str) -> str:
+    """A node id without the tests folder and the file suffix.
+
+    Example:
+        >>> short("tests/test_wire.py::test_traffic[ffn]")
+        'test_wire::test_traffic[ffn]'
+    """
+    path, _, rest = node_id.partition("::")
+    return f"{Path(path).stem}::{rest}"
 
 
 def scratch_copy(destination: Path) -> None:
@@ -210,7 +234,7 @@ def run_tests(root: Path, tests: tuple[str, ...]) -> Outcome:
     try:
         done = subprocess.run(command, cwd=root, env=scratch_environment(root), capture_output=True, text=True, timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return Outcome(0, (f"(pytest ran past {RUN_TIMEOUT} s)",))
+        raise ConfigError(f"pytest ran {' '.join(tests)} past {RUN_TIMEOUT} s: no verdict") from None
     # pytest's exit status: 0 all passed, 1 some failed; anything else means the tests did not run as listed.
     if done.returncode not in (0, 1) or not report.exists():
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
@@ -233,7 +257,7 @@ def table_row(mutation: Mutation, outcome: Outcome) -> list[str]:
     """mutation | file | tests run | failed | caught by | caught?"""
     caught = bool(outcome.failed)
     return [mutation.name, mutation.path.removeprefix("autostrat/"), str(outcome.ran), str(len(outcome.failed)),
-            ", ".join(outcome.failed) or "-", "yes" if caught else "NO"]
+            ", ".join(map(short, outcome.failed)) or "-", "yes" if caught else "NO"]
 
 
 def selected(names: list[str] | None) -> tuple[Mutation, ...]:
@@ -243,6 +267,28 @@ def selected(names: list[str] | None) -> tuple[Mutation, ...]:
     if unknown:
         raise ConfigError(f"--only: expected one of {', '.join(known)}, got {', '.join(unknown)}")
     return tuple(known[name] for name in names) if names else MUTATIONS
+
+
+def checked_baseline(tests: tuple[str, ...]) -> str:
+    """Run `tests` on the unmutated copy; the tests that fail run once more (a loaded machine can
+    trip an MPI rank's stall watchdog), and fail the baseline if they fail again. Returns the
+    line that says how the baseline went.
+    """
+    baseline = run_mutation(None, tests)
+    if not baseline.failed:
+        return f"baseline: {baseline.ran} tests pass unmutated"
+    again = run_mutation(None, baseline.failed)
+    if again.failed:
+        raise ConfigError("the unmutated tree fails its own checks: "
+                          + "; ".join(f"{short(test)}: {reason}" for test, reason in zip(again.failed, again.reasons)))
+    return (f"baseline: {baseline.ran} tests pass unmutated ({', '.join(map(short, baseline.failed))} failed once and "
+            f"passed when run again; it said: {'; '.join(baseline.reasons)})")
+
+
+def reasons(outcomes: dict[str, Outcome]) -> str:
+    """One line per caught test: the mutation, the test and the first line of its failure."""
+    return "\n".join(f"  {name} / {short(test)}: {reason}"
+                     for name, outcome in outcomes.items() for test, reason in zip(outcome.failed, outcome.reasons))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,18 +303,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for mutation in mutations:  # every snippet checked before anything runs
             mutated((ROOT / mutation.path).read_text(), mutation)
-        baseline = run_mutation(None, tuple(dict.fromkeys(test for m in mutations for test in m.tests)))
-        if baseline.failed:
-            raise ConfigError(f"the unmutated tree fails its own checks: {', '.join(baseline.failed)}")
-        print(f"baseline: {baseline.ran} tests pass unmutated", flush=True)
-        rows = []
+        print(checked_baseline(tuple(dict.fromkeys(test for m in mutations for test in m.tests))), flush=True)
+        outcomes = {}
         for mutation in mutations:
-            rows.append(table_row(mutation, run_mutation(mutation, mutation.tests)))
-            print(f"{mutation.name}: {rows[-1][-1]}", file=sys.stderr, flush=True)
+            outcomes[mutation.name] = run_mutation(mutation, mutation.tests)
+            print(f"{mutation.name}: {len(outcomes[mutation.name].failed)} failed", file=sys.stderr, flush=True)
     except ConfigError as error:
         print(f"mutations: error: {error}", file=sys.stderr)
         return 2
+    rows = [table_row(mutation, outcomes[mutation.name]) for mutation in mutations]
     print(format_table(["mutation", "file", "tests run", "failed", "caught by", "caught?"], rows))
+    print("what each failing test said:\n" + reasons(outcomes))
     return 0 if all(row[-1] == "yes" for row in rows) else 1
 
 

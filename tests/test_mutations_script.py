@@ -47,18 +47,21 @@ def test_every_mutation_matches_this_tree_once_and_changes_it():
 
 def test_failures_and_errors_are_read_from_the_junit_report_and_skips_not_counted():
     report = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4">
-      <testcase classname="tests.test_wire" name="test_traffic[ffn]"><failure message="assert False"/></testcase>
+      <testcase classname="tests.test_wire" name="test_traffic[ffn]"><failure message="AssertionError: sent 0&#10;  more"/></testcase>
       <testcase classname="tests.test_wire" name="test_traffic[gpt_train]"/>
-      <testcase classname="tests.test_mpi.TestRanks" name="test_run"><error message="fixture"/></testcase>
+      <testcase classname="tests.test_mpi.TestRanks" name="test_run"><error message="failed on setup"/></testcase>
       <testcase classname="tests.test_mpi" name="test_slow"><skipped message="no mpi"/></testcase>
     </testsuite></testsuites>"""
-    assert mutations.failed_tests(report) == mutations.Outcome(3, ("test_wire::test_traffic[ffn]", "test_mpi::TestRanks::test_run"))
+    outcome = mutations.failed_tests(report)
+    assert outcome == mutations.Outcome(3, ("tests/test_wire.py::test_traffic[ffn]", "tests/test_mpi.py::TestRanks::test_run"),
+                                        ("AssertionError: sent 0", "failed on setup"))
+    assert [mutations.short(test) for test in outcome.failed] == ["test_wire::test_traffic[ffn]", "test_mpi::TestRanks::test_run"]
 
 
 def test_a_row_says_no_when_nothing_failed():
     mutation = mutations.MUTATIONS[0]
     assert mutations.table_row(mutation, mutations.Outcome(4, ()))[2:] == ["4", "0", "-", "NO"]
-    assert mutations.table_row(mutation, mutations.Outcome(4, ("test_a::b",)))[3:] == ["1", "test_a::b", "yes"]
+    assert mutations.table_row(mutation, mutations.Outcome(4, ("tests/test_a.py::b",), ("x",)))[3:] == ["1", "test_a::b", "yes"]
 
 
 def test_the_scratch_copy_is_what_a_rank_imports(tmp_path):
@@ -79,3 +82,23 @@ def test_unknown_mutation_names_are_refused_and_list_runs_nothing(capsys):
     assert mutations.main(["--list", "--only", "relu-leaky"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[1].startswith("relu-leaky  ") and "autostrat/runtime/kernels/elementwise.py" in lines[1]
+
+
+def test_a_baseline_failure_runs_again_and_fails_the_table_only_if_it_fails_twice(monkeypatch):
+    flaky = mutations.Outcome(5, ("tests/test_mpi.py::test_run[ffn]",), ("AssertionError: rank 3 stalled",))
+    runs = []
+
+    def run(mutation, tests):
+        runs.append(tests)
+        return flaky if len(runs) == 1 else second
+
+    monkeypatch.setattr(mutations, "run_mutation", run)
+    second = mutations.Outcome(1, ())
+    assert mutations.checked_baseline(("tests/test_mpi.py",)) == (
+        "baseline: 5 tests pass unmutated (test_mpi::test_run[ffn] failed once and passed when run again; "
+        "it said: AssertionError: rank 3 stalled)")
+    assert runs == [("tests/test_mpi.py",), ("tests/test_mpi.py::test_run[ffn]",)]
+    runs.clear()
+    second = flaky
+    with pytest.raises(ConfigError, match=r"^the unmutated tree fails its own checks: test_mpi::test_run\[ffn\]: AssertionError: rank 3 stalled$"):
+        mutations.checked_baseline(("tests/test_mpi.py",))
