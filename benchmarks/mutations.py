@@ -3,19 +3,20 @@
 Each mutation (`MUTATIONS`) is data: a file, an exact snippet of it, its replacement and the
 end-to-end tests that must catch it (runs checked against the JAX reference, bytes counted at
 the send against the prediction, peaks measured from the arrays a rank holds against the
-prediction, the search's plan against brute force and its golden figures, the pipeline split
-against every split). For each, the tracked files of this repository are copied into a scratch
+prediction, the search's plan against brute force, the pipeline split against every split). For each, the tracked files of this repository are copied into a scratch
 folder, the snippet (which must occur exactly once, or the script refuses: the table must never
 test an unmutated tree) is replaced there, and pytest runs the mutation's tests with the scratch
 copy first on ``PYTHONPATH`` and as the current folder. MPI ranks inherit that path (the
 launcher starts them with ``python -P`` and ``PYTHONSAFEPATH``, which keep the current folder
 off the path but not ``PYTHONPATH``), and the script checks that a Python started that way
 imports autostrat from the scratch copy. The unmutated copy runs every listed test first and
-must pass, or the table means nothing.
+must pass, or the table means nothing (a test failing there runs once more, and the line saying
+so shows what it said the first time).
 
 Run from the repository root: ``python benchmarks/mutations.py [--only NAME]... [--list]``.
-Prints a table mutation | file | tests run | failed | caught by | caught?; exits 1 when a
-mutation survives its tests, 2 on a refused mutation or a failing baseline.
+Prints a table mutation | file | tests run | failed | caught by | caught?, then the first line
+of what each failing test said; exits 1 when a mutation survives its tests, 2 on a refused
+mutation, a failing baseline or a pytest run that found no verdict.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))  # autostrat.tables and autostrat.errors of this c
 from autostrat.errors import ConfigError  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
-RUN_TIMEOUT = 1800  # seconds for one pytest run; a mutation that hangs a run is reported, not waited for
+RUN_TIMEOUT = 1800  # seconds for one pytest run; past it the table has no verdict and the script stops
 
 
 @dataclass(frozen=True)
