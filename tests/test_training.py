@@ -14,7 +14,7 @@ from autostrat.frontend.context import current_context
 from autostrat.frontend.train import TrainOneStepCell, WithLossCell, compare, train, training_plan
 from autostrat.models import FFN, GPT, megatron_seeds
 from autostrat.runtime.local import LocalCluster
-from autostrat.runtime.training import reference_graph, train_collective, train_locally, train_single_device
+from autostrat.runtime.training import reference_graph, train_collective, train_locally, train_reference, train_single_device
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def test_gpt_two_layers_trains_with_adam_like_stand_alone(mode):
     else:
         set_auto_parallel_context(parallel_mode="data_parallel", device_num=8, gradients_mean=True)
     plan, values, batches = training_plan(TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3)), None, net.example_inputs(), 8)
-    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
+    run, alone = train_locally(plan, values, batches), train_reference(reference_graph(plan), values, batches)
     report = compare(plan, run, alone)
     assert report.ok, report.text
     assert run.measured == run.predicted and all(m["sync"] == plan.phase_bytes()["sync"] for m in run.measured)
@@ -137,15 +137,15 @@ def _gpt_momentum_cell():
 
 @pytest.mark.parametrize("model", ["ffn", "gpt"])
 def test_the_default_context_sums_replicas_and_the_reference_sums_them_too(model):
-    """MindSpore's default, gradients_mean=False, on 8 threads: the run equals the stand-alone
-    run of `reference_graph` (each update summing its parameter's replica count of gradients)
-    within 1e-5, and that reference is not the plain stand-alone run (the check can fail)."""
+    """MindSpore's default, gradients_mean=False, on 8 threads: the run equals the JAX reference
+    of `reference_graph` (each update summing its parameter's replica count of gradients)
+    within 1e-5, and that is not the plain stand-alone run (the check can fail)."""
     set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
     assert not current_context().gradients_mean
     cell, inputs = (_ffn_cell(), FFN_INPUTS) if model == "ffn" else _gpt_momentum_cell()
     plan, values, batches = training_plan(cell, None, inputs, 3)
     run = train_locally(plan, values, batches)
-    summed, plain = train_single_device(reference_graph(plan), values, batches), train_single_device(plan.graph, values, batches)
+    summed, plain = train_reference(reference_graph(plan), values, batches), train_single_device(plan.graph, values, batches)
     report = compare(plan, run, summed)
     assert report.ok and report.loss_error <= 1e-5 and report.parameter_error <= 1e-5, report.text
     assert "the stand-alone run sums as many copies" in report.text
