@@ -157,13 +157,30 @@ def test_search_returns_a_plan_when_refinement_has_no_time():
     assert plan.refinement.result.status == "FEASIBLE" and plan.refinement.result.bound < plan.total_bytes
 
 
-def test_no_fitting_start_and_nothing_proven_is_an_error_saying_what_to_try():
+def test_no_fitting_start_and_nothing_proven_is_an_error_saying_what_to_try(monkeypatch):
+    import autostrat.search.refine as refine_module
+    from ortools.sat.python import cp_model
+
+    # The memory-only model and the solve both run out of time without a plan.
+    monkeypatch.setattr(refine_module, "_smallest_peak_plan", lambda *args: (None, False, None))
+    monkeypatch.setattr(refine_module, "_solve", lambda *args: (cp_model.UNKNOWN, None, 0))
     problem = gpt_training(2)
     bfs, around_seeds = starts(problem)
     smallest = min(peak_bytes(problem, bfs), peak_bytes(problem, around_seeds))
-    message = (rf"CP-SAT found no plan within the time limit \(0 s\) and did not prove that none fits max_device_memory = "
+    message = (rf"CP-SAT found no plan within the time limit \(30 s\) and did not prove that none fits max_device_memory = "
                rf"{smallest - 1:,} bytes per device; the smallest peak of the starts is {smallest:,} bytes. Try a longer "
                rf"refine_time_limit, or coarsen 'layers' \(repeated layers share variables: a smaller model\)")
+    with pytest.raises(SolverError, match=message):
+        refine(problem, bfs, time_limit=30, max_device_memory=smallest - 1, starts=[around_seeds])
+
+
+def test_no_time_and_no_fitting_start_is_an_error_saying_where_the_time_ran_out():
+    problem = gpt_training(2)
+    bfs, around_seeds = starts(problem)
+    smallest = min(peak_bytes(problem, bfs), peak_bytes(problem, around_seeds))
+    message = (rf"the time limit \(0 s\) ran out while pricing the starts: no plan was found, nor proven impossible, that "
+               rf"fits max_device_memory = {smallest - 1:,} bytes per device; the smallest peak of the starts is "
+               rf"{smallest:,} bytes. Try a longer refine_time_limit, or coarsen 'layers'")
     with pytest.raises(SolverError, match=message):
         refine(problem, bfs, time_limit=0, max_device_memory=smallest - 1, starts=[around_seeds])
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 from autostrat.cost import Hardware
@@ -14,6 +13,7 @@ from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
+from autostrat.search.deadline import Deadline, TimeRanOut
 from autostrat.search.memory import resident_floor
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.strategies import check_mesh
@@ -125,17 +125,35 @@ def _check_shared_parameters(graph: Graph, problem) -> None:
                 )
 
 
-def _extra_starts(problem, graph: Graph, device_num: int, options: SearchOptions) -> list[dict[str, int]]:
+def _extra_starts(problem, graph: Graph, device_num: int, options: SearchOptions, deadline: Deadline) -> list[dict[str, int]]:
     """Plans CP-SAT may start from besides the propagated one: the data-parallel plan around the
     seeds, which chooses alike in alike layers (a propagated plan may differ from layer to layer,
     which a solver whose repeated layers share variables cannot take up); under the time model,
     also the plan propagated by bytes (candidates do not depend on the cost model, so its
-    choice is one of this problem's): it is the one a byte-minded budget was taken from."""
+    choice is one of this problem's): it is the one a byte-minded budget was taken from. A start
+    the `deadline` cuts short is left out (the refinement then stops at its first check)."""
     starts = [data_parallel(problem, keep_seeds=True).choice]
     if problem.model is not None and options.mode == "auto_parallel":
         by_bytes = build_problem(graph, device_num, options.repeated, mesh=options.mesh, optimizer_shard=options.optimizer_shard)
-        starts.append(propagate(by_bytes, None, options.follow_layers).choice)
+        try:
+            starts.append(propagate(by_bytes, _CheckingDeadline(deadline), options.follow_layers).choice)
+        except TimeRanOut:
+            pass
     return starts
+
+
+class _CheckingDeadline:
+    """A propagation's progress (`progress.SearchProgress`) that checks the refinement's
+    deadline at every op it reaches."""
+
+    def __init__(self, deadline: Deadline):
+        self.deadline = deadline
+
+    def step(self, what: str, done: int, total: int) -> None:
+        self.deadline.check("propagating the start that minimises bytes")
+
+    def solution(self, objective: int, bound: int, seconds: float) -> None:
+        """Propagation reports no solutions."""
 
 
 def follow_parameters(graph: Graph, strategies: dict, device_num: int,
@@ -198,24 +216,25 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
                                    seeds_from_one_plan=options.seeds_from_one_plan)
     if not (options.refine == "cpsat" or options.automatic or options.max_device_memory is not None):
         return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
-    # integer_programming starts from the data-parallel plan around the seeds already.
-    starts = _extra_starts(problem, graph, device_num, options) if not options.automatic else []
-    return _refined_plan(problem, graph, device_num, options, assignment, starts, progress)
+    return _refined_plan(problem, graph, device_num, options, assignment, progress)
 
 
-def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, starts, progress) -> Plan:
+def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, progress) -> Plan:
     """The plan of the CP-SAT refinement; under a budget, one whose buffers fit it, the solver
     asked again under a tighter budget for its per-op model while the plan's copies push it over.
-    `refine_time_limit` bounds all the solves together: each gets the time the earlier left."""
+    `refine_time_limit` bounds the whole refinement, from here: the extra starts, and each
+    solve's pricing, coarsening and model building, which get the time the earlier left."""
+    deadline = Deadline(options.refine_time_limit)
     budget, plan = options.max_device_memory, None
-    deadline = time.perf_counter() + options.refine_time_limit
+    # integer_programming starts from the data-parallel plan around the seeds already.
+    starts = _extra_starts(problem, graph, device_num, options, deadline) if not options.automatic else []
     for attempt in range(BUDGET_ROUNDS):
-        left = deadline - time.perf_counter()
-        if plan is not None and left <= 0:
+        if plan is not None and deadline.passed():
             raise _copies_over_budget(plan, options.max_device_memory, attempt, None)
         try:
-            result = refine(problem, assignment.choice, left, options.workers, budget,
-                            progress.solution if progress is not None else None, options.coarsening, starts=starts)
+            result = refine(problem, assignment.choice, options.refine_time_limit, options.workers, budget,
+                            progress.solution if progress is not None else None, options.coarsening, starts=starts,
+                            deadline=deadline)
         except (InfeasibleError, SolverError) as error:
             if plan is None:
                 raise
