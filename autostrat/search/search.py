@@ -38,6 +38,9 @@ class SearchOptions:
       fully automatic: it needs no seeds, every op uses every device (no all-ones or repeated
       candidates where a full split exists), and CP-SAT finds the optimum (it implies `refine`).
     - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model.
+    - `refine_time_limit`: seconds the whole refinement may take, from the BFS plan on (extra
+      starts, cost tables, coarsening, model building, solves, retries: `deadline`); when they
+      run out before the solve, the plan is the best start and its summary says so.
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
     - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
       optimum, "layers" also shares the variables of identical repeated layers (the optimum
