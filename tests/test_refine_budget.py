@@ -195,3 +195,32 @@ def test_a_budget_no_layered_plan_fits_is_infeasible_with_the_smallest_layered_p
                rf"the smallest achievable peak is {peak:,} bytes \(parameters plus live activations\)")
     with pytest.raises(InfeasibleError, match=message):
         refine(problem, propagate(problem).choice, time_limit=30, max_device_memory=peak - 1, coarsen_level="layers")
+
+
+def test_when_the_refined_plans_copies_keep_it_over_the_budget_the_best_fitting_start_is_returned(monkeypatch):
+    import importlib
+
+    from autostrat.search import SearchOptions, search
+    from autostrat.search.refine import RefineResult
+
+    search_module = importlib.import_module("autostrat.search.search")
+    graph = gpt_training(2).graph
+    bfs_plan = search(graph, 8)
+    budget = bfs_plan.prediction.peak_bytes  # the propagated plan fits, copies included
+    answers = []
+
+    def refine_fake(problem, hint, time_limit, workers, budget, progress, level, starts, deadline):
+        # The solver's answer: the data-parallel start, which peaks over the budget.
+        answers.append(starts[0])
+        return RefineResult(dict(starts[0]), problem.cost(starts[0]), 0, "FEASIBLE", 1.0, problem.cost(hint))
+
+    monkeypatch.setattr(search_module, "refine", refine_fake)
+    plan = search(graph, 8, SearchOptions(refine="cpsat", max_device_memory=budget))
+    over = search(graph, 8, SearchOptions(mode="semi_auto_parallel")).prediction.peak_bytes
+    assert over > budget and len(answers) >= 2  # asked again under a tighter budget, to no avail
+    result = plan.refinement.result
+    assert all(str(plan.ops[op].strategy) == str(bfs_plan.ops[op].strategy) for op in bfs_plan.ops)  # the start
+    assert plan.prediction.peak_bytes <= budget
+    assert plan.total_bytes == bfs_plan.total_bytes and result.bound == 0 and result.status == "FEASIBLE"
+    assert result.stopped == (f"after {len(answers)} solve(s) the refined plan still peaked over max_device_memory with "
+                              f"its redistributions' copies ({over:,} bytes): the plan is the best start that fits")
