@@ -224,7 +224,8 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
 
 def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, progress) -> Plan:
     """The plan of the CP-SAT refinement; under a budget, one whose buffers fit it, the solver
-    asked again under a tighter budget for its per-op model while the plan's copies push it over.
+    asked again under a tighter budget for its per-op model while the plan's copies push it over,
+    and the cheapest start whose plan fits when they keep doing so (`_StartPlan`).
     `refine_time_limit` bounds the whole refinement, from here: the extra starts, and each
     solve's pricing, coarsening and model building, which get the time the earlier left."""
     deadline = Deadline(options.refine_time_limit)
