@@ -293,7 +293,7 @@ def _parser() -> argparse.ArgumentParser:
                                                      "table to standard error)")
     search.add_argument("--dump-ir", metavar="DIR", help="write the IR dumps into this folder")
     search.add_argument("--refine", choices=["cpsat"], help="refine the BFS plan to the CP-SAT optimum")
-    search.add_argument("--time-limit", type=_positive(float), help="seconds the solver may take (default 60)")
+    search.add_argument("--time-limit", type=_positive(float), help="seconds the whole refinement may take (default 60)")
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
     search.add_argument("--coarsen", choices=["none", "exact", "layers"],
                         help="reduce the solver's model first: exact (same optimum) or layers (repeated layers share one "

@@ -157,13 +157,30 @@ def test_search_returns_a_plan_when_refinement_has_no_time():
     assert plan.refinement.result.status == "FEASIBLE" and plan.refinement.result.bound < plan.total_bytes
 
 
-def test_no_fitting_start_and_nothing_proven_is_an_error_saying_what_to_try():
+def test_no_fitting_start_and_nothing_proven_is_an_error_saying_what_to_try(monkeypatch):
+    import autostrat.search.refine as refine_module
+    from ortools.sat.python import cp_model
+
+    # The memory-only model and the solve both run out of time without a plan.
+    monkeypatch.setattr(refine_module, "_smallest_peak_plan", lambda *args: (None, False, None))
+    monkeypatch.setattr(refine_module, "_solve", lambda *args: (cp_model.UNKNOWN, None, 0))
     problem = gpt_training(2)
     bfs, around_seeds = starts(problem)
     smallest = min(peak_bytes(problem, bfs), peak_bytes(problem, around_seeds))
-    message = (rf"CP-SAT found no plan within the time limit \(0 s\) and did not prove that none fits max_device_memory = "
+    message = (rf"CP-SAT found no plan within the time limit \(30 s\) and did not prove that none fits max_device_memory = "
                rf"{smallest - 1:,} bytes per device; the smallest peak of the starts is {smallest:,} bytes. Try a longer "
                rf"refine_time_limit, or coarsen 'layers' \(repeated layers share variables: a smaller model\)")
+    with pytest.raises(SolverError, match=message):
+        refine(problem, bfs, time_limit=30, max_device_memory=smallest - 1, starts=[around_seeds])
+
+
+def test_no_time_and_no_fitting_start_is_an_error_saying_where_the_time_ran_out():
+    problem = gpt_training(2)
+    bfs, around_seeds = starts(problem)
+    smallest = min(peak_bytes(problem, bfs), peak_bytes(problem, around_seeds))
+    message = (rf"the time limit \(0 s\) ran out while pricing the starts: no plan was found, nor proven impossible, that "
+               rf"fits max_device_memory = {smallest - 1:,} bytes per device; the smallest peak of the starts is "
+               rf"{smallest:,} bytes. Try a longer refine_time_limit, or coarsen 'layers'")
     with pytest.raises(SolverError, match=message):
         refine(problem, bfs, time_limit=0, max_device_memory=smallest - 1, starts=[around_seeds])
 
@@ -178,3 +195,32 @@ def test_a_budget_no_layered_plan_fits_is_infeasible_with_the_smallest_layered_p
                rf"the smallest achievable peak is {peak:,} bytes \(parameters plus live activations\)")
     with pytest.raises(InfeasibleError, match=message):
         refine(problem, propagate(problem).choice, time_limit=30, max_device_memory=peak - 1, coarsen_level="layers")
+
+
+def test_when_the_refined_plans_copies_keep_it_over_the_budget_the_best_fitting_start_is_returned(monkeypatch):
+    import importlib
+
+    from autostrat.search import SearchOptions, search
+    from autostrat.search.refine import RefineResult
+
+    search_module = importlib.import_module("autostrat.search.search")
+    graph = gpt_training(2).graph
+    bfs_plan = search(graph, 8)
+    budget = bfs_plan.prediction.peak_bytes  # the propagated plan fits, copies included
+    answers = []
+
+    def refine_fake(problem, hint, time_limit, workers, budget, progress, level, starts, deadline):
+        # The solver's answer: the data-parallel start, which peaks over the budget.
+        answers.append(starts[0])
+        return RefineResult(dict(starts[0]), problem.cost(starts[0]), 0, "FEASIBLE", 1.0, problem.cost(hint))
+
+    monkeypatch.setattr(search_module, "refine", refine_fake)
+    plan = search(graph, 8, SearchOptions(refine="cpsat", max_device_memory=budget))
+    over = search(graph, 8, SearchOptions(mode="semi_auto_parallel")).prediction.peak_bytes
+    assert over > budget and len(answers) >= 2  # asked again under a tighter budget, to no avail
+    result = plan.refinement.result
+    assert all(str(plan.ops[op].strategy) == str(bfs_plan.ops[op].strategy) for op in bfs_plan.ops)  # the start
+    assert plan.prediction.peak_bytes <= budget
+    assert plan.total_bytes == bfs_plan.total_bytes and result.bound == 0 and result.status == "FEASIBLE"
+    assert result.stopped == (f"after {len(answers)} solve(s) the refined plan still peaked over max_device_memory with "
+                              f"its redistributions' copies ({over:,} bytes): the plan is the best start that fits")

@@ -265,19 +265,19 @@ def test_a_search_reports_every_phase_and_a_status_line_shows_it():
 CTRL_C_SOLVE = """
 import time
 from ortools.sat.python import cp_model
-from autostrat.search.refine import _ctrl_c_stops, _solver
+from autostrat.search.solver_run import ctrl_c_stops, new_solver
 model = cp_model.CpModel()
 x = [model.NewIntVar(0, 60, f"x{i}") for i in range(60)]
 model.AddAllDifferent(x)
 model.Minimize(sum((i * 7919 % 97) * v for i, v in enumerate(x)))
 for a, b in zip(x, x[1:]):
     model.Add(a + b != 10)
-solver = _solver(60, 0)
+solver = new_solver(60, 0)
 solver.parameters.linearization_level = 1  # at 2 the LP solves this assignment problem at once
 print("solving", flush=True)
 start = time.perf_counter()
 try:
-    with _ctrl_c_stops(solver):
+    with ctrl_c_stops(solver):
         solver.Solve(model)
     print("returned", flush=True)
 except KeyboardInterrupt:

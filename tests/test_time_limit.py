@@ -1,6 +1,8 @@
-"""The refinement's time limit bounds all its solves together (the starts', the solve, the
-explanation of an infeasible budget, the retries under a tighter budget). A fake clock that each
-faked solve advances by all the time it is given stands in for the solver: no timed test."""
+"""The refinement's time limit bounds all of it together: the extra starts, pricing the cost
+tables, coarsening, building the model, the solves, the explanation of an infeasible budget and
+the retries under a tighter budget. A fake clock stands in for the machine's: faked solves
+advance it by all the time they are given, and a phase "takes" the time when the clock jumps at
+its first look at the deadline. No timed test."""
 
 from __future__ import annotations
 
@@ -9,20 +11,29 @@ import importlib
 import pytest
 from ortools.sat.python import cp_model
 
+import autostrat.search.deadline as deadline_module
 import autostrat.search.refine as refine_module
-from autostrat.errors import InfeasibleError
+from autostrat.errors import InfeasibleError, SolverError
 from autostrat.search import SearchOptions, search
+from autostrat.search.cpsat import SolverModel
+from autostrat.search.memory import peak_bytes
 from autostrat.search.refine import RefineResult, refine
+from autostrat.search.problem import build_problem
+from autostrat.search.propagate import data_parallel, propagate
 from tests.test_refine import small_problem
+from tests.test_refine_budget import gpt_training, starts
 
 search_module = importlib.import_module("autostrat.search.search")  # the package names its function `search`
 
 
 class FakeClock:
-    """`time` as the module under test sees it: `perf_counter` reads `now`, which solves advance."""
+    """`time` as the deadline sees it: `perf_counter` reads `now`, which solves advance; with
+    `jump_at` set, the first look at the deadline in that phase moves `now` past any limit."""
 
     def __init__(self):
         self.now, self.given = 1000.0, []
+        self.phases: list[str] = []  # every phase that looked at the deadline, a new entry when it changes
+        self.jump_at: str | int | None = None  # a phase's name (its first look), or an index into `phases`
 
     def perf_counter(self) -> float:
         return self.now
@@ -32,13 +43,33 @@ class FakeClock:
         self.given.append(seconds)
         self.now += seconds
 
+    def looked(self, phase: str) -> None:
+        if self.phases and self.phases[-1] == phase:
+            return
+        first = phase not in self.phases
+        self.phases.append(phase)
+        if (first and phase == self.jump_at) or len(self.phases) - 1 == self.jump_at:
+            self.now += 10_000.0
 
-def test_an_infeasible_budget_is_explained_within_the_time_limit(monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(refine_module, "time", clock)
 
-    def smallest_peak_plan(problem, time_limit, workers, level):
-        clock.spend(time_limit)
+@pytest.fixture
+def clock(monkeypatch):
+    """A `FakeClock` every deadline reads, told of each phase that checks one."""
+    fake = FakeClock()
+    monkeypatch.setattr(deadline_module, "time", fake)
+    check = deadline_module.Deadline.check
+
+    def checked(self, phase: str) -> None:
+        fake.looked(phase)
+        check(self, phase)
+
+    monkeypatch.setattr(deadline_module.Deadline, "check", checked)
+    return fake
+
+
+def test_an_infeasible_budget_is_explained_within_the_time_limit(monkeypatch, clock):
+    def smallest_peak_plan(problem, deadline, workers, level):
+        clock.spend(deadline.left())
         return None, False, None
 
     def solve(problem, built, objective, time_limit, workers, progress):
@@ -54,12 +85,9 @@ def test_an_infeasible_budget_is_explained_within_the_time_limit(monkeypatch):
     assert clock.given == [15.0, 45.0, 0.0]
 
 
-def test_the_retries_under_a_tighter_budget_share_the_time_limit(monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(search_module, "time", clock)
-
-    def refine_fake(problem, hint, time_limit, workers, budget, progress, level, starts):
-        clock.spend(time_limit)  # its plan's copies never fit the 1-byte budget: a retry is wanted
+def test_the_retries_under_a_tighter_budget_share_the_time_limit(monkeypatch, clock):
+    def refine_fake(problem, hint, time_limit, workers, budget, progress, level, starts, deadline):
+        clock.spend(deadline.left())  # its plan's copies never fit the 1-byte budget: a retry is wanted
         cost = problem.cost(hint)
         return RefineResult(dict(hint), cost, 0, "FEASIBLE", time_limit, cost)
 
@@ -69,3 +97,62 @@ def test_the_retries_under_a_tighter_budget_share_the_time_limit(monkeypatch):
     with pytest.raises(InfeasibleError, match=r"after 1 solve\(s\) the last plan peaks at"):
         search(problem.graph, 8, options)
     assert clock.given == [60.0]
+
+
+def test_a_slow_model_build_returns_the_start_saying_where_the_time_ran_out(monkeypatch, clock):
+    # Each edge's pair variables take 1 s of the 3 s limit: the model is never finished, nothing
+    # is solved, and the plan is the start, not a solver's plan called OPTIMAL.
+    add_edge = SolverModel._edge
+
+    def slow_edge(self, edge, priced):
+        clock.now += 1.0
+        add_edge(self, edge, priced)
+
+    monkeypatch.setattr(SolverModel, "_edge", slow_edge)
+    graph = gpt_training(2).graph
+    searched = build_problem(graph, 8, allow_repeated=True)  # the problem search builds
+    known = [propagate(searched).choice, data_parallel(searched, keep_seeds=True).choice]
+    plan = search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=3))
+    result = plan.refinement.result
+    assert result.stopped == ("the time limit (3 s) ran out while building the CP-SAT model (pair variables and "
+                              "shared redistributions): the plan is the best start, not refined")
+    assert result.status == "FEASIBLE" and result.bound == 0
+    best = min(known, key=lambda choice: searched.cost(choice, shared=True))
+    assert result.choice == best and result.objective == searched.cost(best, shared=True) == plan.total_bytes
+    assert plan.refinement.summary().endswith(result.stopped)
+
+
+def test_every_phase_of_a_refinement_looks_at_the_deadline(monkeypatch, clock):
+    # Under a budget no start fits, with a repeated layer: every phase of refine runs (the
+    # layered start's, the smallest peak's, the exact model's), the solves faked away (they find
+    # nothing: the smallest peak's plan is the one that fits). For each phase in turn, the clock
+    # jumps past the deadline at its first look: the result, or the error when no start fits
+    # yet, names that phase, and no later phase looks at the clock.
+    monkeypatch.setattr(refine_module, "_solve", lambda *args: (cp_model.UNKNOWN, None, 0))
+    problem = gpt_training(2)
+    bfs, around_seeds = starts(problem)
+    budget = min(peak_bytes(problem, bfs), peak_bytes(problem, around_seeds)) - 1
+    assert refine(problem, bfs, time_limit=60, max_device_memory=budget, starts=[around_seeds]).stopped == ""
+    phases = list(clock.phases)
+    assert len(phases) >= 10 and len(set(phases)) >= 6
+    for index, phase in enumerate(phases):
+        clock.now, clock.phases, clock.jump_at = 1000.0, [], index
+        try:
+            result = refine(problem, bfs, time_limit=60, max_device_memory=budget, starts=[around_seeds])
+        except SolverError as error:  # no start fits, and the time ran out before one was found
+            assert f"the time limit (60 s) ran out while {phase}" in str(error) and "no plan was found" in str(error)
+        else:
+            assert f"the time limit (60 s) ran out while {phase}" in result.stopped and "the best start" in result.stopped
+            assert peak_bytes(problem, result.choice) <= budget and result.bound == 0
+        assert clock.phases[:index + 1] == phases[:index + 1]
+        assert all(later.startswith(phase) for later in clock.phases[index:])  # or "... for the layered start"
+
+
+def test_the_propagated_start_by_bytes_looks_at_the_deadline(clock):
+    # Under the time cost model the refinement also propagates a start by bytes: when its
+    # propagation runs out of time, the refinement stops saying so.
+    problem = gpt_training(2)
+    clock.jump_at = "propagating the start that minimises bytes"
+    plan = search(problem.graph, 8, SearchOptions(refine="cpsat", refine_time_limit=60, cost_model="time"))
+    assert plan.refinement.result.stopped.startswith(
+        "the time limit (60 s) ran out while propagating the start that minimises bytes: the plan is the best start")

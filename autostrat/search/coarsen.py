@@ -30,11 +30,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.errors import ConfigError
+from autostrat.search.deadline import Deadline
 from autostrat.search.memory import tensor_bytes
 from autostrat.search.problem import SearchProblem, layers_of
 from autostrat.search.sharing import CoarseFanout, Fanout, coarse_fanout, fanouts, reader_columns
 
 LEVELS = ("none", "exact", "layers")
+# Cost-table entries priced between two looks at the deadline: an entry may take a
+# redistribution search of tens of milliseconds, so a whole row of a 32-device table could take
+# seconds (measured: 80,000 entries in 700 s when a 32-device stack was coarsened).
+PRICED_AT_ONCE = 16
+PRICING = "pricing the cost tables (every pair of candidates)"
 
 
 @dataclass(frozen=True)
@@ -117,10 +123,11 @@ class Coarsening:
         return text
 
 
-def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False) -> Coarsening:
+def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False, deadline: Deadline | None = None) -> Coarsening:
     """The coarse model of `problem` (see the module docstring for the reductions).
 
     `budget`: a memory budget will be imposed, so eliminated ops must have constant memory.
+    `deadline`: checked between steps (`deadline.TimeRanOut` when it passes); none by default.
 
     Example:
         >>> from autostrat.frontend import trace
@@ -136,8 +143,10 @@ def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False) 
     """
     if level not in LEVELS:
         raise ConfigError(f"coarsen must be one of {', '.join(LEVELS)}; got {level!r}")
+    deadline = deadline or Deadline(float("inf"))
+    price_tables(problem, deadline)
     owned, groups = _owned_bytes(problem), fanouts(problem)
-    kept, dominator = _prune(problem, owned, groups) if level != "none" else _keep_all(problem)
+    kept, dominator = _prune(problem, owned, groups, deadline) if level != "none" else _keep_all(problem)
     owner, shared = share_layers(problem) if level == "layers" else ({op: op for op in problem.candidates}, ())
     if shared:
         kept = _union_kept(kept, owner)
@@ -147,11 +156,37 @@ def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False) 
     if level != "none":
         # A fanout's ops keep their variables: its cost is not a sum of pairwise tables.
         fixed = {owner[op] for group in groups for op in (group.producer, *(e.consumer for e in group.edges))}
-        constant += _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated, fixed)
+        constant += _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated, fixed, deadline)
     edges = tuple(CoarseEdge(a, b, table) for (a, b), table in tables.items())
     coarse_fanouts = tuple(coarse_fanout(group, kept, owner) for group in groups)
     return Coarsening(level, kept, dominator, owner, unary, flops, edges, tuple(eliminated), constant, shared,
                       coarse_fanouts)
+
+
+def price_tables(problem: SearchProblem, deadline: Deadline) -> None:
+    """Price every entry of every cost table (the model prices every pair), `PRICED_AT_ONCE`
+    entries at a time, checking `deadline` in between.
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> problem = build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> price_tables(problem, Deadline(60.0))
+        >>> all(edge.table.computed == edge.table.size for edge in problem.edges)
+        True
+    """
+    deadline.check(PRICING)
+    for edge in problem.edges:
+        table = edge.table
+        if table.computed == table.size:
+            continue
+        rows, columns = table.shape
+        for row in range(rows):
+            for column in range(0, columns, PRICED_AT_ONCE):
+                table[row, column:column + PRICED_AT_ONCE]
+                deadline.check(PRICING)
 
 
 def _owned_bytes(problem: SearchProblem) -> dict[str, list[np.ndarray]]:
@@ -177,9 +212,10 @@ def _profile(problem: SearchProblem, op: str, owned, groups: tuple[Fanout, ...])
     return np.hstack(columns)
 
 
-def _prune(problem: SearchProblem, owned, groups: tuple[Fanout, ...]):
+def _prune(problem: SearchProblem, owned, groups: tuple[Fanout, ...], deadline: Deadline):
     kept, dominator = {}, {}
     for op, candidates in problem.candidates.items():
+        deadline.check("pruning dominated candidates")
         if len(candidates) == 1:
             kept[op], dominator[op] = (0,), {}
             continue
@@ -294,7 +330,8 @@ def _best(total: np.ndarray, flops: np.ndarray, axis: int) -> tuple[np.ndarray, 
     return np.squeeze(low, axis=axis), np.argmin(tied, axis=axis)
 
 
-def _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated, fixed: set[str]) -> float:
+def _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated, fixed: set[str],
+               deadline: Deadline) -> float:
     """Eliminate owners of degree 0, 1 or 2 (not those `fixed`) until none is left; returns the
     constant bytes."""
     constant = 0.0
@@ -312,6 +349,7 @@ def _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, elimin
         for node in sorted(eligible, key=order.get):
             if len(incident[node]) > 2:
                 continue
+            deadline.check("merging ops into their neighbours")
             touching = sorted(incident[node], key=rank.get)  # as the tables list them
             for key in touching:
                 incident[key[0]].discard(key)

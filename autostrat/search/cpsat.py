@@ -34,12 +34,14 @@ from ortools.sat.python import cp_model
 
 from autostrat.errors import SolverError
 from autostrat.search.coarsen import CoarseEdge, Coarsening
+from autostrat.search.deadline import Deadline
 from autostrat.search.peaks import peak_forms
 from autostrat.search.problem import SearchProblem
 from autostrat.search.sharing import CoarseFanout
 
 TIE_LEVELS = 64
 OBJECTIVE_LIMIT = 2**62  # CP-SAT checks that every sum the objective can reach fits in 64 bits
+BUILDING = "building the CP-SAT model (pair variables and shared redistributions)"
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,13 @@ class Objective:
 class SolverModel:
     """One-hot booleans per decided owner, unary bytes, pair variables per coarse edge, and
     linear memory expressions over the booleans; with `priced` False the edges only forbid their
-    unreachable pairs (a model that bounds memory and prices nothing needs no pair variables)."""
+    unreachable pairs (a model that bounds memory and prices nothing needs no pair variables).
+    Building checks `deadline` before each edge and each wanted layout of a shared tensor
+    (`deadline.TimeRanOut` when it has passed)."""
 
-    def __init__(self, problem: SearchProblem, coarse: Coarsening, priced: bool = True):
+    def __init__(self, problem: SearchProblem, coarse: Coarsening, priced: bool = True, deadline: Deadline | None = None):
         self.problem, self.coarse = problem, coarse
+        self.deadline = deadline or Deadline(float("inf"))
         self.model = cp_model.CpModel()
         self.x = {o: [self.model.NewBoolVar(f"{o}#{i}") for i in range(n)] for o, n in coarse.variables.items()}
         for variables in self.x.values():
@@ -79,8 +84,10 @@ class SolverModel:
         if not np.isfinite(self.constant_bytes):
             raise SolverError("the seeds cannot be connected: some edge between seeded ops has no redistribution")
         for edge in coarse.edges:
+            self.deadline.check(BUILDING)
             self._edge(edge, priced)
         for fanout in coarse.fanouts:
+            self.deadline.check(BUILDING)
             self._fanout(fanout, priced)
 
     def _unary(self, owner: str, values: np.ndarray) -> None:
@@ -140,6 +147,7 @@ class SolverModel:
                                          self._hint_of([(fanout.producer, i)], [(owner, int(j))]))
                     self.byte_terms.append((int(table[i, j]), paid))
         for target in range(fanout.costs.shape[1]) if priced else ():
+            self.deadline.check(BUILDING)
             rows = [i for i in range(len(held)) if not fanout.resting[i] and np.isfinite(fanout.costs[i, target])
                     and fanout.costs[i, target] > 0]
             readers = [(owner, int(j)) for owner, wants, _ in fanout.readers for j in np.flatnonzero(wants == target)]

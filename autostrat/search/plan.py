@@ -88,7 +88,7 @@ class Refinement:
         return (
             f"refined by CP-SAT: {self.before} -> {result.objective} {self.unit} per device, {result.status}{space}{tightened}, "
             f"bound {result.bound}{'' if result.exact else ' (over plans whose repeated layers agree)'}, "
-            f"gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed; {result.coarsening}"
+            f"gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed; {result.stopped or result.coarsening}"
         )
 
 

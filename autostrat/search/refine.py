@@ -10,7 +10,10 @@ best plan known when it stops, with a proven bound on the bytes:
   FEASIBLE, with the solver's best bound and the gap to it; also when the solver found nothing
   itself: a start that fits is a plan, never an error;
 - no known plan fits: `InfeasibleError` when CP-SAT proved that no plan fits (with the smallest
-  achievable peak), else `SolverError` saying that the time limit struck first and what to try.
+  achievable peak), else `SolverError` saying that the time limit struck first and what to try;
+- the time limit struck before the solve (`deadline`: pricing the cost tables, coarsening and
+  building the model check it as they go): the best start that fits, FEASIBLE with bound 0 and
+  a `stopped` line naming the phase; `SolverError` as above when none fits.
 
 The model is `cpsat.SolverModel` over the coarsened problem (`coarsen`), solved for bytes; once
 they are proven, plans of those bytes are ordered by flops within a bounded share of the work
@@ -20,11 +23,7 @@ is expanded back to every op and its bytes are checked against the plan's.
 
 from __future__ import annotations
 
-import signal
-import socket
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -32,8 +31,10 @@ from ortools.sat.python import cp_model
 from autostrat.errors import AutostratError, InfeasibleError, SolverError
 from autostrat.search.coarsen import coarsen, share_layers
 from autostrat.search.cpsat import Objective, SolverModel
+from autostrat.search.deadline import Deadline, TimeRanOut
 from autostrat.search.memory import peak_bytes, tensor_bytes
 from autostrat.search.problem import SearchProblem
+from autostrat.search.solver_run import new_solver, run
 
 SOLVED = (cp_model.OPTIMAL, cp_model.FEASIBLE)
 # Ordering plans of the proven bytes by flops gets this share of the work proving the bytes took,
@@ -44,6 +45,7 @@ FLOPS_SHARE, FLOPS_WORK = 0.25, 1.0
 # When no start fits the budget, the memory-only model may take this share of the time limit to
 # find one that does (or prove that none can).
 SMALLEST_SHARE = 0.25
+SMALLEST = "the plan of the smallest peak (a start that fits the budget)"
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class RefineResult:
     exact: bool = True  # False: the bound holds for plans whose repeated layers agree
     merged: tuple[str, ...] = ()  # ops the coarsening folded into their neighbours
     space: str = ""  # the candidates the status and bound are over (`candidate_space`)
+    stopped: str = ""  # when the time ran out before the solve: in which phase (the plan is then a start)
 
     @property
     def gap(self) -> float:
@@ -122,72 +125,6 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.report(found, bound, time.perf_counter() - self.start)
 
 
-@contextmanager
-def _ctrl_c_stops(solver: cp_model.CpSolver):
-    """Ctrl-C while CP-SAT runs stops its search at once and raises KeyboardInterrupt when it
-    has returned.
-
-    CP-SAT would otherwise catch SIGINT itself and return its best solution as if the time limit
-    had struck; and Python runs its own handler only between bytecodes of the main thread, which
-    waits inside the solver. Python's C-level handler still writes the signal number to the
-    wakeup socket at once, so a watcher thread reading it can stop the search.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals are delivered to the main thread only; nothing to watch here
-        return
-    solver.parameters.catch_sigint_signal = False
-    reader, writer = socket.socketpair()
-    writer.setblocking(False)
-    interrupted = threading.Event()
-
-    def watch() -> None:
-        if reader.recv(1) and not interrupted.is_set():  # set before the socket closes at the end
-            interrupted.set()
-            solver.stop_search()
-
-    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    previous_fd = signal.set_wakeup_fd(writer.fileno())
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        signal.set_wakeup_fd(previous_fd)
-        signal.signal(signal.SIGINT, previous_handler)
-        woken = interrupted.is_set()
-        interrupted.set()  # the watcher, if still waiting, must not stop anything now
-        writer.close()  # wakes the watcher with an empty read
-        watcher.join()
-        reader.close()
-        if woken:
-            raise KeyboardInterrupt
-
-
-def _solver(time_limit: float, workers: int) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(float(time_limit), 0.0)
-    # One worker with a fixed seed is deterministic: the same problem gives the same choice, so
-    # plans stay byte-identical (measured here, it also beat 8 interleaved workers on 2 cores).
-    # More workers race: the optimum is the same, but which of several equal plans wins may vary.
-    solver.parameters.num_workers = workers or 1
-    solver.parameters.random_seed = 0
-    # The pair variables' marginals are at-most-one constraints after presolve, which level 1
-    # leaves out of the LP: its bound then never left the trivial one (an 8-layer training step
-    # without a budget: no proof in 30 s at level 1, proven optimal in 8 s at level 2).
-    solver.parameters.linearization_level = 2
-    # Probing fixes each literal in turn and propagates: on these models it found 9 to 69 binary
-    # clauses among 27,000 literals, and without it a training step under a budget was proven
-    # with less work at 32 and 96 layers (47 -> 32 and 16 -> 8.5 units), a little more at 8
-    # (15 -> 18).
-    solver.parameters.cp_model_probing_level = 0
-    return solver
-
-
-def _run(solver: cp_model.CpSolver, built: SolverModel, callback=None) -> int:
-    with _ctrl_c_stops(solver):
-        return solver.Solve(built.model, callback)
-
-
 def smallest_peak(problem: SearchProblem, time_limit: float = 60.0, workers: int = 0, level: str = "exact") -> tuple[int | None, bool]:
     """The smallest per-device peak memory of any choice (at coarsening `level`: "layers" only
     weighs plans whose repeated layers agree), and whether CP-SAT proved it smallest (None:
@@ -202,22 +139,27 @@ def smallest_peak(problem: SearchProblem, time_limit: float = 60.0, workers: int
         >>> smallest_peak(problem)
         (14400, True)
     """
-    peak, proven, _ = _smallest_peak_plan(problem, time_limit, workers, level)
+    try:
+        peak, proven, _ = _smallest_peak_plan(problem, Deadline(time_limit), workers, level)
+    except TimeRanOut:
+        return None, False
     return peak, proven
 
 
-def _smallest_peak_plan(problem: SearchProblem, time_limit: float, workers: int, level: str):
-    """(smallest peak found, whether proven, its choice), or (None, False, None)."""
+def _smallest_peak_plan(problem: SearchProblem, deadline: Deadline, workers: int, level: str):
+    """(smallest peak found, whether proven, its choice), or (None, False, None) when the
+    solve found none; `TimeRanOut` when `deadline` passes while the model is built."""
     # Pruning keeps a candidate no smaller in any tensor, and merging only ops of constant
     # memory: the smallest peak of the coarse model is the problem's.
-    built = SolverModel(problem, coarsen(problem, level, budget=True), priced=False)
+    built = SolverModel(problem, coarsen(problem, level, budget=True, deadline=deadline), priced=False, deadline=deadline)
     resident, activations = tensor_bytes(problem)
     peak = built.model.NewIntVar(0, sum(max(item.bytes) for item in resident + activations), "peak")
     for expression in built.memory():
         built.model.Add(peak >= expression)
     built.model.Minimize(peak)
-    solver = _solver(time_limit, workers)
-    status = _run(solver, built)
+    deadline.check("bounding the peak in the memory-only model")
+    solver = new_solver(deadline.left(), workers)
+    status = run(solver, built)
     if status not in SOLVED:
         return None, False, None
     return int(solver.Value(peak)), status == cp_model.OPTIMAL, built.choice(solver)
@@ -241,8 +183,12 @@ def model_size(problem: SearchProblem, level: str = "exact", budget: int | None 
     return len(proto.variables), len(proto.constraints)
 
 
-def _infeasible(problem: SearchProblem, budget: int, time_limit: float, workers: int, layered: bool) -> InfeasibleError:
-    peak, proven = smallest_peak(problem, time_limit, workers, "layers" if layered else "exact")
+def _infeasible(problem: SearchProblem, budget: int, deadline: Deadline, workers: int, layered: bool) -> InfeasibleError:
+    """Why nothing fits `budget`: the smallest peak, if found before `deadline`."""
+    try:
+        peak, proven, _ = _smallest_peak_plan(problem, deadline, workers, "layers" if layered else "exact")
+    except TimeRanOut:
+        peak, proven = None, False
     return _infeasible_error(budget, layered, peak, proven)
 
 
@@ -259,18 +205,23 @@ def _infeasible_error(budget: int, layered: bool, peak: int | None, proven: bool
     return InfeasibleError(f"{plans} fits max_device_memory = {int(budget):,} bytes per device: {smallest}")
 
 
-def _no_plan(problem: SearchProblem, status: int, starts: list[_Start], budget: int, time_limit: float, left: float,
-             workers: int, layered: bool, explain: bool) -> AutostratError:
-    """Why no plan is returned: proven infeasible (explained within the `left` seconds of the
-    time limit), or the time limit struck before anything fit."""
+def _no_plan(problem: SearchProblem, status: int, starts: list[_Start], budget: int, deadline: Deadline, workers: int,
+             layered: bool, explain: bool) -> AutostratError:
+    """Why no plan is returned: proven infeasible (explained before `deadline`), or the time
+    limit struck before anything fit."""
     if status == cp_model.INFEASIBLE:
         if not explain:
             return InfeasibleError(f"no plan fits max_device_memory = {int(budget):,} bytes per device")
-        return _infeasible(problem, budget, left, workers, layered)
+        return _infeasible(problem, budget, deadline, workers, layered)
+    return _time_ran_out(starts, budget, f"CP-SAT found no plan within the time limit ({deadline.limit:g} s) and did not "
+                                         f"prove that none fits")
+
+
+def _time_ran_out(starts: list[_Start], budget: int, what: str) -> SolverError:
+    """No known plan fits `budget` when the time limit struck (`what` happened), and what to try."""
     smallest = min(start.peak for start in starts)
     return SolverError(
-        f"CP-SAT found no plan within the time limit ({time_limit:g} s) and did not prove that none fits "
-        f"max_device_memory = {int(budget):,} bytes per device; the smallest peak of the starts is {smallest:,} bytes. "
+        f"{what} max_device_memory = {int(budget):,} bytes per device; the smallest peak of the starts is {smallest:,} bytes. "
         f"Try a longer refine_time_limit, or coarsen 'layers' (repeated layers share variables: a smaller model)"
     )
 
@@ -292,8 +243,8 @@ def _solve(problem: SearchProblem, built: SolverModel, objective: Objective, tim
     the bytes are proven, plans of those bytes are ordered by flops within `FLOPS_SHARE` of the
     work left."""
     begin = time.perf_counter()
-    solver = _solver(time_limit, workers)
-    status = _run(solver, built, _Progress(progress, objective, begin) if progress else None)
+    solver = new_solver(time_limit, workers)
+    status = run(solver, built, _Progress(progress, objective, begin) if progress else None)
     if status == cp_model.MODEL_INVALID:
         raise SolverError(f"CP-SAT rejected the model: {built.model.Validate()}")
     if status == cp_model.INFEASIBLE:
@@ -306,51 +257,63 @@ def _solve(problem: SearchProblem, built: SolverModel, objective: Objective, tim
     if status == cp_model.OPTIMAL and left > 0 and built.minimize_flops(objective, solver.Value(objective.byte_sum)):
         built.hint(built.solution(solver))
         work = max(FLOPS_WORK, FLOPS_SHARE * solver.deterministic_time)
-        solver = _solver(left, workers)
+        solver = new_solver(left, workers)
         solver.parameters.max_deterministic_time = work
-        if _run(solver, built) in SOLVED:
+        if run(solver, built) in SOLVED:
             found = _checked_start(problem, built, solver, objective)
     return status, found, bound
 
 
-def _smallest_start(problem: SearchProblem, time_limit: float, workers: int, budget: int, level: str) -> list[_Start]:
+def _smallest_start(problem: SearchProblem, deadline: Deadline, workers: int, budget: int, level: str) -> list[_Start]:
     """When no known plan fits: the plan of the smallest peak, found by the memory-only model
-    (no pair variables: it solves in a fraction of the priced model's time), as a start that
-    fits; an `InfeasibleError` at once when that model proves nothing fits. (Measured: a 2-block
-    stack on 8 devices under a budget below every plan's peak ran the priced model's whole
-    60 s without a verdict; the memory-only model proved the smallest peak in 0.5 s.)"""
-    peak, proven, choice = _smallest_peak_plan(problem, time_limit, workers, level)
+    (no pair variables: it solves in a fraction of the priced model's time) within
+    `SMALLEST_SHARE` of the time limit, as a start that fits; an `InfeasibleError` at once when
+    that model proves nothing fits. (Measured: a 2-block stack on 8 devices under a budget below
+    every plan's peak ran the priced model's whole 60 s without a verdict; the memory-only model
+    proved the smallest peak in 0.5 s.)"""
+    share = deadline.within(SMALLEST_SHARE)
+    try:
+        peak, proven, choice = _smallest_peak_plan(problem, share, workers, level)
+    except TimeRanOut as stop:
+        deadline.check(f"{stop.phase} for {SMALLEST}")  # or only its share ran out: the priced model may find one
+        return []
     if peak is not None and peak > budget and proven:
         raise _infeasible_error(budget, level == "layers" and bool(share_layers(problem)[1]), peak, proven)
     return _starts(problem, [choice], budget) if peak is not None and peak <= budget else []
 
 
-def _layered_start(problem: SearchProblem, starts: list[_Start], time_limit: float, workers: int, budget: int) -> list[_Start]:
-    """The best plan whose repeated layers agree, as one more start for the exact model under a
-    budget (measured on an 8-layer GPT: the exact model alone ends its time limit 60 % above what
-    the layered one proves in 2 s); none when the graph repeats no layer or that solve fails."""
+def _layered_start(problem: SearchProblem, starts: list[_Start], deadline: Deadline, workers: int, budget: int) -> list[_Start]:
+    """The best plan whose repeated layers agree, found within half the time limit, as one more
+    start for the exact model under a budget (measured on an 8-layer GPT: the exact model alone
+    ends its time limit 60 % above what the layered one proves in 2 s); none when the graph
+    repeats no layer or that solve fails."""
     if not share_layers(problem)[1]:
         return []
     try:
-        layered = refine(problem, starts[0].choice, time_limit, workers, budget, coarsen_level="layers", explain=False,
-                         starts=[start.choice for start in starts[1:]])
+        layered = _refine(problem, list(starts), deadline.within(0.5), workers, budget, None, "layers", False)
     except (InfeasibleError, SolverError):
         return []  # the exact model decides (and reports) infeasibility itself
+    except TimeRanOut as stop:
+        deadline.check(f"{stop.phase} for the start whose repeated layers agree")  # only its half ran out?
+        return []
     return _starts(problem, [layered.choice], budget)
 
 
 def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.0, workers: int = 0,
            max_device_memory: int | None = None, progress=None, coarsen_level: str = "exact",
-           explain: bool = True, starts=()) -> RefineResult:
+           explain: bool = True, starts=(), deadline: Deadline | None = None) -> RefineResult:
     """The CP-SAT optimum of `problem`, started from `hint` (the BFS choice) and the choices in
     `starts`; never worse than any of them that fits the budget (see the module docstring).
 
     The solver sees the problem coarsened at `coarsen_level` (see `coarsen`): "exact" keeps the
     optimum, "layers" finds the best plan whose repeated layers agree. With `max_device_memory`,
     the per-device peak (parameters plus live activations) must fit; `explain=False` skips the
-    extra solve for the smallest achievable peak when none does. `time_limit` bounds all of it
-    together: the extra starts' solves, the solve and the explanation. `progress(objective,
-    bound, seconds)` is called at every improving solution.
+    extra solve for the smallest achievable peak when none does. `time_limit` (or `deadline`,
+    a clock the caller started: `search` shares one among its solves) bounds all of it together:
+    pricing the cost tables, coarsening, building the model, the extra starts' solves, the
+    solve and the explanation. When it passes before the solve, the result is the best start
+    that fits, FEASIBLE with bound 0, and `stopped` says in which phase the time ran out.
+    `progress(objective, bound, seconds)` is called at every improving solution.
 
     Example:
         >>> from autostrat.frontend import trace
@@ -364,29 +327,52 @@ def refine(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.
         >>> result = refine(problem, bfs, max_device_memory=200_000, starts=[around_seeds])
         >>> result.status, result.objective, result.bound
         ('OPTIMAL', 16384, 16384)
+        >>> stopped = refine(problem, bfs, time_limit=0)  # no time at all: the BFS plan, not refined
+        >>> stopped.choice == bfs, stopped.status, stopped.stopped
+        (True, 'FEASIBLE', 'the time limit (0 s) ran out while pricing the starts: the plan is the best start, not refined')
     """
-    begin, budget = time.perf_counter(), max_device_memory
-    deadline = begin + time_limit  # every solve below, and an explanation, within it
+    deadline = deadline or Deadline(time_limit)
+    known = _starts(problem, [hint, *starts], max_device_memory)
+    try:
+        deadline.check("pricing the starts")
+        return _refine(problem, known, deadline, workers, max_device_memory, progress, coarsen_level, explain)
+    except TimeRanOut as stop:
+        return _stopped(problem, known, max_device_memory, deadline, stop.phase)
 
-    def left(share: float = 1.0) -> float:
-        return max(min(time_limit * share, deadline - time.perf_counter()), 0.0)
 
-    known = _starts(problem, [hint, *starts], budget)
+def _stopped(problem: SearchProblem, known: list[_Start], budget: int | None, deadline: Deadline, phase: str) -> RefineResult:
+    """The best known start that fits `budget` when the time ran out during `phase`, before any
+    solve: nothing is proven (bound 0); a `SolverError` when no start fits."""
+    fitting = _fitting(known, budget)
+    if not fitting:
+        raise _time_ran_out(known, budget, f"the time limit ({deadline.limit:g} s) ran out while {phase}: no plan was "
+                                           f"found, nor proven impossible, that fits")
+    best = min(fitting, key=lambda s: s.bytes)
+    note = f"the time limit ({deadline.limit:g} s) ran out while {phase}: the plan is the best start, not refined"
+    return RefineResult(best.choice, best.bytes, 0, "FEASIBLE", deadline.elapsed(), known[0].bytes,
+                        space=candidate_space(problem), stopped=note)
+
+
+def _refine(problem: SearchProblem, known: list[_Start], deadline: Deadline, workers: int, budget: int | None, progress,
+            coarsen_level: str, explain: bool) -> RefineResult:
+    """`refine` from the `known` starts (which the extra starts join, for `_stopped` to choose
+    from should the time run out); `TimeRanOut` when `deadline` passes before the solve."""
     if coarsen_level == "exact" and budget is not None:
-        known += _layered_start(problem, known, left(0.5), workers, budget)
+        known += _layered_start(problem, known, deadline, workers, budget)
     if budget is not None and not _fitting(known, budget):
-        known += _smallest_start(problem, left(SMALLEST_SHARE), workers, budget, coarsen_level)
-    coarse = coarsen(problem, coarsen_level, budget=budget is not None)
-    built = SolverModel(problem, coarse)
+        known += _smallest_start(problem, deadline, workers, budget, coarsen_level)
+    coarse = coarsen(problem, coarsen_level, budget=budget is not None, deadline=deadline)
+    built = SolverModel(problem, coarse, deadline=deadline)
     built.limit_memory(budget)
     objective = built.minimize_bytes()
     built.hint(coarse.coarse_hint(_hint_start(known, budget).choice))
-    status, found, bound = _solve(problem, built, objective, left(), workers, progress)
+    deadline.check("adding the memory budget and the hint to the CP-SAT model")
+    status, found, bound = _solve(problem, built, objective, deadline.left(), workers, progress)
     candidates = ([found] if found is not None else []) + _fitting(known, budget)
     if not candidates:
-        raise _no_plan(problem, status, known, budget, time_limit, left(), workers, bool(coarse.shared_layers), explain)
+        raise _no_plan(problem, status, known, budget, deadline, workers, bool(coarse.shared_layers), explain)
     best = min(candidates, key=lambda s: s.bytes)  # the solver's plan on ties: its flops are ordered
     bound = min(bound, best.bytes)
     return RefineResult(best.choice, best.bytes, bound, "OPTIMAL" if bound == best.bytes else "FEASIBLE",
-                        time.perf_counter() - begin, known[0].bytes, coarsening=coarse.summary(), space=candidate_space(problem),
+                        deadline.elapsed(), known[0].bytes, coarsening=coarse.summary(), space=candidate_space(problem),
                         exact=not coarse.shared_layers, merged=tuple(e.owner for e in coarse.eliminated))
