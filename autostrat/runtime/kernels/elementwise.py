@@ -5,17 +5,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import special
 
-from autostrat.runtime.kernels.registry import kernel, special
+from autostrat.runtime.kernels.registry import kernel
 
 _UNARY = {
     "Exp": np.exp,
-    "GeLU": lambda x: 0.5 * x * (1 + special().erf(x / math.sqrt(2))),
+    "GeLU": lambda x: 0.5 * x * (1 + special.erf(x / math.sqrt(2))),
     "Identity": np.copy,
     "Log": np.log,
     "Neg": np.negative,
     "ReLU": lambda x: np.maximum(x, 0),
-    "Sigmoid": lambda x: special().expit(x),
+    "Sigmoid": special.expit,
     "Sqrt": np.sqrt,
     "Tanh": np.tanh,
 }

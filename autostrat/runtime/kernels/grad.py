@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import special
 
 from autostrat.rules.common import normalize_axes
 from autostrat.rules.nn import conv2d_geometry
 from autostrat.runtime.kernels.nn import conv2d_windows
-from autostrat.runtime.kernels.registry import kernel, special
+from autostrat.runtime.kernels.registry import kernel
 
 
 @kernel("ReluGrad")
@@ -19,7 +20,7 @@ def relu_grad(dy, y):
 
 @kernel("GeLUGrad")
 def gelu_grad(dy, x):
-    cdf = 0.5 * (1 + special().erf(x / math.sqrt(2)))
+    cdf = 0.5 * (1 + special.erf(x / math.sqrt(2)))
     pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
     return (dy * (cdf + x * pdf)).astype(dy.dtype)
 
@@ -90,7 +91,7 @@ def layer_norm_grad(x, dy, gamma, begin_norm_axis=-1, begin_params_axis=-1, epsi
 @kernel("SoftmaxCrossEntropyWithLogitsGrad")
 def softmax_cross_entropy_grad(logits, labels, dloss):
     # Labels need not sum to one (any distribution-like tensor): keep their sum.
-    probabilities = special().softmax(logits, axis=-1) * labels.sum(axis=-1, keepdims=True)
+    probabilities = special.softmax(logits, axis=-1) * labels.sum(axis=-1, keepdims=True)
     return ((probabilities - labels) * dloss[..., None]).astype(logits.dtype)
 
 

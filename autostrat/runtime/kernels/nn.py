@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy import special
 
 from autostrat.rules.common import normalize_axes
 from autostrat.rules.nn import conv2d_geometry
-from autostrat.runtime.kernels.registry import kernel, special
+from autostrat.runtime.kernels.registry import kernel
 
 
 @kernel("LayerNorm")
@@ -41,7 +42,7 @@ def one_hot(indices, depth=2, on_value=1.0, off_value=0.0, axis=-1, context=None
 
 @kernel("SoftmaxCrossEntropyWithLogits")
 def softmax_cross_entropy(logits, labels):
-    return -(labels * special().log_softmax(logits, axis=-1)).sum(axis=-1).astype(logits.dtype)
+    return -(labels * special.log_softmax(logits, axis=-1)).sum(axis=-1).astype(logits.dtype)
 
 
 def conv2d_windows(x, w_shape, geometry):

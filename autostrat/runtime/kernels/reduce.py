@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import special
 
 from autostrat.rules.common import normalize_axes
-from autostrat.runtime.kernels.registry import kernel, special
+from autostrat.runtime.kernels.registry import kernel
 
 
 def _axes(x, axis) -> tuple[int, ...]:
@@ -36,9 +37,9 @@ def reduce_mean(x, axis=(), keep_dims=False, context=None):
 
 @kernel("Softmax")
 def softmax(x, axis=-1):
-    return special().softmax(x, axis=axis).astype(x.dtype)
+    return special.softmax(x, axis=axis).astype(x.dtype)
 
 
 @kernel("LogSoftmax")
 def log_softmax(x, axis=-1):
-    return special().log_softmax(x, axis=axis).astype(x.dtype)
+    return special.log_softmax(x, axis=axis).astype(x.dtype)

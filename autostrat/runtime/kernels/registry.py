@@ -27,20 +27,6 @@ class Kernel:
 _KERNELS: dict[str, Kernel] = {}
 
 
-def special():
-    """``scipy.special``, imported by the first kernel that calls it: a rank whose program has
-    none of those kernels (the FFN and MLP jobs) starts without scipy, 0.35 s of CPU less for
-    each of a job's ranks.
-
-    Example:
-        >>> float(special().erf(0.0))
-        0.0
-    """
-    from scipy import special as module
-
-    return module
-
-
 def kernel(op_type: str):
     """Decorator registering `fn` as the numpy kernel of `op_type`."""
 
