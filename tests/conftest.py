@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,31 @@ def fresh_parameter_seeds():
     no longer depend on which tests ran before. Adding tests once moved a draw of the Adam
     checks in test_training past that limit (1.1e-05 and 1.5e-05)."""
     nn.set_seed(0)
+
+
+def pytest_configure(config):
+    """One JAX compilation cache on disk for the processes the tests start, in a new folder
+    removed at the session's end. Every `autostrat run` computes its JAX reference in a new
+    process, which compiled the same step of the same model again for each of the suite's
+    dozens of runs (measured: the tutorial's first reference 3.6 s, 0.85 s from the cache).
+    Set in the process that starts pytest-xdist's workers, so that they and every process they
+    start inherit it. The tests' own process keeps its compiled steps in memory
+    (`reference_jax.STEPS`) and reads no cache files: tests that make file operations fail
+    would see JAX's warnings about its cache."""
+    if not hasattr(config, "workerinput") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        config.jax_cache = tempfile.mkdtemp(prefix="autostrat-jax-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = config.jax_cache
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # a small model compiles in under a second
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):  # this process runs tests
+        import jax
+
+        jax.config.update("jax_enable_compilation_cache", False)
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "jax_cache", None):
+        shutil.rmtree(config.jax_cache, ignore_errors=True)
+        del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
 
 
 def pytest_addoption(parser):
@@ -48,14 +76,43 @@ SPAWNING = frozenset({"test_faults.py", "test_job_safety.py", "test_memory_measu
                       "test_recompute_choice.py", "test_samples.py", "test_world.py", "test_zero3.py"})
 
 
+# The long tests of those files that start no process and write nothing there (read, each
+# of them: local ranks, brute force, hypothesis): they run on either worker, beside the
+# spawning ones, instead of in a row with them on one worker.
+IN_PROCESS = frozenset({
+    "test_memory_measured.py::test_measured_peak_of_a_small_gpt_is_within_5_percent",
+    "test_memory_measured.py::test_measured_peak_of_a_training_config_is_within_5_percent",
+    "test_memory_measured.py::test_measured_peak_of_the_tutorial_is_within_5_percent",
+    "test_optimizer_shard.py::test_sharded_training_equals_one_device_with_the_predicted_bytes",
+    "test_pipeline.py::test_every_schedule_runs_each_micro_batch_once_and_holds_what_the_split_model_says",
+    "test_recompute_choice.py::test_auto_recompute_chooses_the_cheapest_count_that_fits",
+    "test_recompute_choice.py::test_the_count_search_finds_the_brute_force_best",
+    "test_world.py::test_every_config_runs_on_every_device_count_locally",
+    "test_zero3.py::test_a_budget_makes_parameters_rest_sharded_and_training_still_equals_one_device",
+    "test_zero3.py::test_the_budgeted_optimum_is_the_brute_force_one_over_every_storage_choice",
+})
+
+
+def spawning(nodeid: str) -> bool:
+    """Whether the test `nodeid` belongs to the one unit of work that starts processes.
+
+    Example:
+        >>> spawning("tests/test_mpi.py::test_config_on_8_mpi_ranks[ffn]"), spawning("tests/test_world.py::test_every_config_runs_on_every_device_count_locally[1-ffn]")
+        (True, False)
+    """
+    path, _, test = nodeid.partition("::")
+    name = Path(path).name
+    return name in SPAWNING and f"{name}::{test.split('[', 1)[0]}" not in IN_PROCESS
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """Every `SPAWNING` test in one unit of work, every other test in its own. (xdist's
+    """Every `spawning` test in one unit of work, every other test in its own. (xdist's
     --dist loadgroup would do it with markers, but pytest 9.2 no longer reads the node ids
     xdist 3.8 rewrites for it.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SpawningTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "spawning" if Path(nodeid.split("::", 1)[0]).name in SPAWNING else nodeid
+            return "spawning" if spawning(nodeid) else nodeid
 
     return SpawningTogether(config, log)

@@ -89,13 +89,15 @@ FAULTS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,message", FAULTS, ids=[kind for kind, _ in FAULTS])
 def test_a_failing_rank_ends_the_job(tmp_path, kind, message):
-    code, out, err, run_dir, seconds = run(
+    # How long the job takes depends on the machine's load (a bound of 30 s failed at load
+    # average 20), so the global limit is only a generous outer bound: the job must end by the
+    # failing rank's doing, which the message and an exit status other than the limit's (124) show.
+    code, out, err, run_dir, _ = run(
         tmp_path, "configs/ffn.yaml", "--device-num", "4", "--inject-fault", f"2:{kind}", "--stall-timeout", "3",
-        "--timeout", "60",
+        "--timeout", "300", timeout=400,
     )
-    assert code != 0
+    assert code not in (0, 124), err
     assert message in err, err
-    assert seconds < 30
     assert_nothing_left(run_dir, 4)
 
 

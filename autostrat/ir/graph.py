@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from autostrat.errors import ConfigError
 from autostrat.rules import Rule
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 TENSOR_KINDS = ("constant", "input", "output", "parameter")
 
@@ -113,6 +114,8 @@ class Graph:
     @cached_property
     def digraph(self) -> nx.MultiDiGraph:
         """Op-to-op data edges; each edge carries the tensor name and the consumer's input index."""
+        import networkx as nx  # here only: nothing on a rank's or the search's path needs it (0.3 s to import)
+
         graph = nx.MultiDiGraph()
         graph.add_nodes_from(self.ops)
         for op in self.ops.values():

@@ -11,7 +11,9 @@ Everything runs in float64 (JAX's x64 mode, set on import: this module is import
 check a run), so that the reference's own rounding is far below the float32 run it checks;
 results are cast back to each tensor's dtype. A run's step is jit-compiled once (one XLA
 compilation per graph): op-by-op dispatch compiles every primitive of the forward and its
-gradient apart, which took longer than the whole step's compilation on the GPT configs.
+gradient apart, which took longer than the whole step's compilation on the GPT configs. The
+compiled step is kept for the next run of a graph with the same ops (`STEPS`): a process that
+checks many runs of one model (the test suite) compiles it once.
 
 Importing this module imports JAX (about a second): `runtime.reference` imports it only when a
 check needs it, never on the search's path.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +38,8 @@ jax.config.update("jax_platforms", "cpu")
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
 LIBRARY = f"JAX {jax.__version__} on CPU"
+STEPS = 32  # compiled steps kept, the most recently used (each holds its XLA executables)
+_compiled: OrderedDict = OrderedDict()
 
 
 class Untranslatable(Exception):
@@ -263,13 +268,46 @@ def jax_run(graph, values: dict, batches) -> tuple[tuple[dict, ...], tuple[dict,
     check_translatable(graph)
     state = {name: _as_jax(array) for name, array in values.items()}
     outputs, gradients = [], []
-    step = jax.jit(lambda arrays: jax_step(graph, arrays))
+    step = _compiled_step(graph)
     for batch in batches:
         step_outputs, step_gradients, updated = step(state | {k: _as_jax(v) for k, v in batch.items()})
         state.update(updated)
         outputs.append(_numpy(graph, step_outputs))
         gradients.append(_numpy(graph, step_gradients))
     return tuple(outputs), tuple(gradients), _numpy(graph, {name: state[name] for name, _ in graph.updates})
+
+
+def _step_key(graph):
+    """What `jax_step` reads of `graph`: every op's name (its phase), type, attributes and
+    tensors, the outputs and the updates; None when an attribute cannot be a key (unhashable)."""
+    key = (tuple((op.name, op.op_type, op.attrs, op.inputs, op.outputs) for op in graph.ops.values()),
+           graph.outputs, graph.updates)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _compiled_step(graph):
+    """`jax_step` of `graph` under `jax.jit`, the one compiled for an equal graph before if
+    kept (jit compiles again for other shapes or dtypes of the arrays).
+
+    Example:
+        >>> from autostrat.autodiff import SGD
+        >>> from autostrat.models import tutorial_plan
+        >>> _compiled_step(tutorial_plan(optimizer=SGD()).graph) is _compiled_step(tutorial_plan(optimizer=SGD()).graph)
+        True
+    """
+    key = _step_key(graph)
+    if key is None:
+        return jax.jit(lambda arrays: jax_step(graph, arrays))
+    if key not in _compiled:
+        _compiled[key] = jax.jit(lambda arrays: jax_step(graph, arrays))
+        while len(_compiled) > STEPS:
+            _compiled.popitem(last=False)
+    _compiled.move_to_end(key)
+    return _compiled[key]
 
 
 def _numpy(graph, arrays: dict) -> dict:
