@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -84,8 +83,8 @@ def source_config(source, where: str, work: Path):
 
 
 def _check_shape(source, where: str) -> None:
-    expected = (f"expected a plan written by autostrat search --out, which records the config it was planned from under "
-                f"\"source\" (config, config_text, options)")
+    expected = ("expected a plan written by autostrat search --out, which records the config it was planned from under "
+                "\"source\" (config, config_text, options)")
     if not isinstance(source, dict) or not isinstance(source.get("options"), dict) or not isinstance(
             source.get("config_text"), str) or not isinstance(source.get("config"), str):
         raise ConfigError(f"{where}: {expected}; this file has {'none' if source is None else 'another shape'}")
@@ -118,8 +117,3 @@ def _embedded_checkpoint(record, where: str, work: Path) -> Path:
     path = work / name
     write_atomically(path, data, private=True)
     return path
-
-
-def private_folder() -> tempfile.TemporaryDirectory:
-    """A folder only this user reads (0700), removed when done: for an embedded checkpoint."""
-    return tempfile.TemporaryDirectory(prefix="autostrat-source-")
