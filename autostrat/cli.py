@@ -37,7 +37,8 @@ from pathlib import Path
 from autostrat.entry import INTERRUPTED
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
-from autostrat.io import check_outputs, read_json
+from autostrat.io import check_outputs
+from autostrat.reading import read_json
 from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.registry import import_models
 from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config

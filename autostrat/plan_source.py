@@ -22,7 +22,10 @@ from pathlib import Path
 
 from autostrat.errors import ConfigError
 from autostrat.frontend.config import parse_config
-from autostrat.io import read_bytes, write_atomically
+from autostrat.io import write_atomically
+
+# The `autostrat search` options a plan's JSON records, and the context keys they override.
+from autostrat.reading import read_bytes
 
 # The `autostrat search` options a plan's JSON records, and the context keys they override.
 SOURCE_OPTIONS = {"device_num": None, "refine": "refine", "time_limit": "refine_time_limit",
