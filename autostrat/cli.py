@@ -23,50 +23,35 @@ strategy_ckpt_save_file must stay in the config's folder (--strategy-ckpt-save-f
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+import tempfile
+import time
+import warnings
+from dataclasses import replace
+from importlib import metadata
+from pathlib import Path
 
-INTERRUPTED = "\nautostrat: interrupted, nothing written"  # Ctrl-C: outputs are written only once complete
+from autostrat.entry import INTERRUPTED
+from autostrat.errors import AutostratError, ConfigError
+from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
+from autostrat.io import check_outputs
+from autostrat.reading import read_json
+from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
+from autostrat.frontend.registry import import_models
+from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
+from autostrat.frontend.train import world_size
+from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, source_config
+from autostrat.runtime.job import FAULTS, Fault
+from autostrat.runtime.launcher import STARTUP_TIMEOUT
+from autostrat.runtime.processes import Terminated, ending_on_sigterm
+from autostrat.report import candidates_text
+from autostrat.search.checkpoint import checkpoint_bytes
+from autostrat.search.dump import dump_texts
+from autostrat.search.progress import StatusLine
 
-
-def _is_command() -> bool:
-    """Whether this process is the `autostrat` command (its script, or ``python -m autostrat``)
-    rather than a program importing this module."""
-    started = sys.argv[0] if sys.argv else ""
-    return os.path.basename(started) == "autostrat" or started.endswith(os.path.join("autostrat", "__main__.py"))
-
-
-try:  # these take a second to import: Ctrl-C meanwhile ends the command as it does later, in one line
-    import argparse
-    import json
-    import time
-    import warnings
-    from dataclasses import replace
-    from importlib import metadata
-    from pathlib import Path
-
-    from autostrat.errors import AutostratError, ConfigError
-    from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
-    from autostrat.io import check_outputs, read_json
-    from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
-    from autostrat.frontend.registry import import_models
-    from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
-    from autostrat.frontend.train import world_size
-    from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, private_folder, source_config
-    from autostrat.runtime.job import FAULTS, Fault
-    from autostrat.runtime.launcher import STARTUP_TIMEOUT
-    from autostrat.runtime.processes import Terminated, ending_on_sigterm
-    from autostrat.report import candidates_text
-    from autostrat.search.checkpoint import checkpoint_bytes
-    from autostrat.search.dump import dump_texts
-    from autostrat.search.progress import StatusLine
-except KeyboardInterrupt:
-    if not _is_command():
-        raise
-    print(INTERRUPTED, file=sys.stderr, flush=True)
-    # not sys.exit: an extension whose import ran Python code (PyRun_*) that Ctrl-C ended has
-    # marked the interpreter to kill itself with SIGINT (exit -2) on its way out
-    os._exit(130)
 
 def _search_config(args):
     options = {key: getattr(args, key) for key in SOURCE_OPTIONS}
@@ -122,7 +107,7 @@ def replan(path) -> tuple:
     time-limited solver stopped elsewhere) is refused: a report of another plan would mislead."""
     recorded = read_json(Path(path), "plan")
     source = recorded.get("source") if isinstance(recorded, dict) else None
-    with private_folder() as work:
+    with tempfile.TemporaryDirectory(prefix="autostrat-source-") as work:  # 0700: for an embedded checkpoint
         config, options = source_config(source, str(path), Path(work))
         config = with_recompute(config, options["recompute"])
         plan, _, seconds = _timed_plan(config, options["device_num"])
@@ -338,26 +323,6 @@ def _version() -> str:
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one line for a person at a terminal, not a source location."""
     print(f"autostrat: warning: {message}", file=sys.stderr)
-
-
-def command() -> None:
-    """The `autostrat` executable: `main`, then exit without freeing the search's memos.
-
-    A 1024-device search leaves millions of small objects in its memos; freeing them one by one
-    at interpreter exit, after a last garbage collection over all of them, took 6 of 20 s.
-    Everything is written and flushed before the process ends.
-    """
-    try:
-        code = main()
-    except KeyboardInterrupt:  # while the command line is parsed, before `_dispatch` catches it
-        print(INTERRUPTED, file=sys.stderr)
-        code = 130
-    for stream in filter(None, (sys.stdout, sys.stderr)):  # None: started with it closed
-        try:
-            stream.flush()
-        except (BrokenPipeError, ValueError):  # a reader gone (`| head`), or the stream closed after it
-            pass
-    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

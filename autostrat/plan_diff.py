@@ -21,7 +21,7 @@ from pathlib import Path
 
 from autostrat.autodiff import forward_name
 from autostrat.errors import ConfigError
-from autostrat.io import read_json
+from autostrat.reading import read_json
 from autostrat.layout.strategy import format_tuples
 from autostrat.tables import format_table
 

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from autostrat.errors import ConfigError
 from autostrat.frontend.config import parse_config
-from autostrat.io import read_bytes, write_atomically
+from autostrat.io import write_atomically
+
+# The `autostrat search` options a plan's JSON records, and the context keys they override.
+from autostrat.reading import read_bytes
 
 # The `autostrat search` options a plan's JSON records, and the context keys they override.
 SOURCE_OPTIONS = {"device_num": None, "refine": "refine", "time_limit": "refine_time_limit",
@@ -84,8 +86,8 @@ def source_config(source, where: str, work: Path):
 
 
 def _check_shape(source, where: str) -> None:
-    expected = (f"expected a plan written by autostrat search --out, which records the config it was planned from under "
-                f"\"source\" (config, config_text, options)")
+    expected = ("expected a plan written by autostrat search --out, which records the config it was planned from under "
+                "\"source\" (config, config_text, options)")
     if not isinstance(source, dict) or not isinstance(source.get("options"), dict) or not isinstance(
             source.get("config_text"), str) or not isinstance(source.get("config"), str):
         raise ConfigError(f"{where}: {expected}; this file has {'none' if source is None else 'another shape'}")
@@ -118,8 +120,3 @@ def _embedded_checkpoint(record, where: str, work: Path) -> Path:
     path = work / name
     write_atomically(path, data, private=True)
     return path
-
-
-def private_folder() -> tempfile.TemporaryDirectory:
-    """A folder only this user reads (0700), removed when done: for an embedded checkpoint."""
-    return tempfile.TemporaryDirectory(prefix="autostrat-source-")

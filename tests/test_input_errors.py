@@ -24,7 +24,7 @@ from autostrat.frontend import trace
 from autostrat.frontend.config import load_config
 from autostrat.frontend.registry import model_names, register_model
 from autostrat.frontend.run import RunOptions, check_run_options
-from autostrat.io import read_bytes, read_json
+from autostrat.reading import read_bytes, read_json
 from autostrat.models import FFN
 from autostrat.runtime.checkpoint import check_checkpoint, checkpoint_bytes, load_checkpoint
 from autostrat.runtime.run_folder import make_run_folder

@@ -12,7 +12,8 @@ import pytest
 from autostrat.cli import main
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
-from autostrat.io import read_json, read_text, write_atomically, write_files_atomically
+from autostrat.io import write_atomically, write_files_atomically
+from autostrat.reading import read_json, read_text
 from autostrat.models import FFN
 from autostrat.nn import Tensor
 from autostrat.runtime.checkpoint import save_checkpoint

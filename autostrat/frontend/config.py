@@ -47,7 +47,8 @@ from autostrat.errors import AutostratError, ConfigError, LayoutError
 from autostrat.frontend.context import KEYS, ParallelContext, keys_from_file
 from autostrat.frontend.registry import model_class
 from autostrat.frontend.tensor import Tensor
-from autostrat.io import OutputPath, check_outputs, read_text
+from autostrat.io import OutputPath, check_outputs
+from autostrat.reading import read_text
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
 from autostrat.layout.named import NamedLayout

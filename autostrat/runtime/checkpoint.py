@@ -24,7 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from autostrat.errors import CheckpointError, ConfigError
-from autostrat.io import read_bytes, write_atomically
+from autostrat.io import write_atomically
+
+# What numpy and zipfile raise on a damaged archive: a bad array header is parsed by Python's
+from autostrat.reading import read_bytes
 
 # What numpy and zipfile raise on a damaged archive: a bad array header is parsed by Python's
 # tokenizer (SyntaxError, TokenError); zipfile refuses compression methods it lacks

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autostrat.errors import ConfigError
-from autostrat.io import read_json
+from autostrat.reading import read_json
 
 TOP_KEYS = ("server_count", "server_list", "status", "version")
 DEVICE_KEYS = ("device_id", "device_ip", "rank_id")

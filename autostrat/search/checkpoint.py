@@ -19,7 +19,7 @@ from pathlib import Path
 
 from autostrat.autodiff import PHASES, op_phase
 from autostrat.errors import AutostratError, ConfigError
-from autostrat.io import read_json
+from autostrat.reading import read_json
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.layout.named import as_named, layout_entry
 from autostrat.search.mindspore_checkpoint import encode, mindspore_names

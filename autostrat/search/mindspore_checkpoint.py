@@ -27,7 +27,7 @@ from pathlib import Path
 
 from autostrat.autodiff import op_phase
 from autostrat.errors import AutostratError, ConfigError
-from autostrat.io import parse_json, read_bytes
+from autostrat.reading import parse_json, read_bytes
 from autostrat.layout import DeviceMatrix, Layout, Strategy, TensorMap
 from autostrat.layout.named import named_layouts
 from autostrat.layout.placement import aligned
