@@ -302,6 +302,26 @@ def test_stage_programs_survive_the_job_file(tmp_path):
     assert load_job(tmp_path, save_job(job, tmp_path)).programs == job.programs
 
 
+def test_every_pipeline_rank_reports_each_instruction_it_runs():
+    """A rank's watchdog sees progress through `on_instruction`: a pipeline rank that never
+    called it counted its whole run as start-up and was ended as stalled on a busy machine."""
+    from autostrat.frontend.run import RunOptions, prepare_run
+    from autostrat.runtime.job import run_steps
+    from autostrat.runtime.local import LocalCluster
+
+    job, _, _ = prepare_run("configs/gpt_pipeline.yaml", RunOptions(steps=2))
+    seen = {rank: [] for rank in range(job.device_num)}
+
+    def run(backend):
+        return run_steps(job, backend, lambda index, instruction: seen[backend.rank].append((index, type(instruction).__name__)))
+
+    LocalCluster(job.device_num).run(run)
+    for rank, program in enumerate(job.programs):
+        per_step = sum(len(program.forward) + len(program.backward) for _ in range(program.micro_batches)) + len(program.update)
+        assert [index for index, _ in seen[rank]] == list(range(2 * per_step)), rank
+        assert {"Recv", "Send"} <= {kind for _, kind in seen[rank]}, rank  # waits on other stages are reported too
+
+
 @pytest.mark.slow
 def test_the_pipeline_config_runs_on_8_mpi_ranks_from_run_sh():
     result = subprocess.run(["bash", "run.sh", "8", "configs/gpt_pipeline.yaml", "--steps", "2"], cwd=ROOT,

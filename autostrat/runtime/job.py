@@ -213,7 +213,7 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     check_world(job.device_num, backend, f"the job {job.name!r}")
     program = job.programs[backend.rank]
     if isinstance(program, StageProgram):
-        return _run_stage_steps(job, program, backend, on_gather, log)
+        return _run_stage_steps(job, program, backend, on_instruction, on_gather, log)
     sums = np.zeros(len(program.communications()), np.int64)
     sent_to = np.zeros(job.device_num, np.int64)
     errors, peak = (0.0, 0.0, 0.0, ""), 0
@@ -236,10 +236,10 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     return backend.gather_report(rank_summary(sums.tolist(), peak, job.worst_index(errors), seconds, sent_to.tolist()))
 
 
-def _run_stage_steps(job: Job, program: StageProgram, backend, on_gather, log) -> list | None:
+def _run_stage_steps(job: Job, program: StageProgram, backend, on_instruction, on_gather, log) -> list | None:
     """`run_steps` for a pipeline rank: the loss (the last stage's) and the final parameters
     and state of the stage are compared with the single-device run of the whole batch."""
-    runner, resident, errors = StageRunner(program, backend), {}, (0.0, 0.0, 0.0, "")
+    runner, resident, errors = StageRunner(program, backend, on_instruction), {}, (0.0, 0.0, 0.0, "")
     started = time.perf_counter()
     for batch, expected in zip(job.batches, job.expected):
         losses, resident = runner.step(job.values, batch, resident)

@@ -66,10 +66,12 @@ def micro_batches_of(batch: dict, inputs: tuple[str, ...], count: int) -> list[d
 
 
 class StageRunner:
-    """Runs a stage program's steps on one rank, keeping its measurements."""
+    """Runs a stage program's steps on one rank, keeping its measurements; `on_instruction(index,
+    instruction)` before each instruction (index: the instructions run so far), as `execute` calls
+    it: a rank's watchdog sees the stage make progress."""
 
-    def __init__(self, program: StageProgram, backend):
-        self.program, self.backend = program, backend
+    def __init__(self, program: StageProgram, backend, on_instruction=None):
+        self.program, self.backend, self.on_instruction, self.ran = program, backend, on_instruction, 0
         backend.prepare(program.partitions)
         kept = set(program.accumulated) | {key for _, key in program.outputs}
         micro = program.forward + program.backward
@@ -129,6 +131,9 @@ class StageRunner:
         def read(key: str):
             return store[key] if key in store else shared[key]
 
+        if self.on_instruction is not None:
+            self.on_instruction(self.ran, instruction)
+        self.ran += 1
         if isinstance(instruction, Load):
             written = {instruction.tensor: load_slice(instruction, values, None)}
         elif isinstance(instruction, Compute):
