@@ -70,6 +70,7 @@ def diagnose(seen: Observed) -> str:
     # A rank that never started or was stopped explains the others' stalls: those go below.
     blamed += ([died] if died else []) + ([] if blamed else _blame(errors))
     if seen.ended == "timeout":
+        blamed += _never_started(seen)
         blamed.append(f"the job did not finish within {seen.limit:g} s and was killed")
     if not blamed:
         blamed.append(f"mpiexec exited with status {seen.returncode}; see the rank logs in {seen.run_dir}")
@@ -94,6 +95,22 @@ def host_ranks(hosts) -> list[tuple[str, range]]:
 
 def _ranks_text(ranks: range) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+
+
+def _never_started(seen: Observed) -> list[str]:
+    """This machine's ranks that recorded no pid before the job's time limit: a job that never
+    got going says so, not only that it ran out of time (a rank table's hosts have
+    `_unstarted_hosts` and their own start-up limit).
+
+    Example:
+        >>> _never_started(Observed([], Path("run"), 4, -9, {0: 11, 2: 13}, ended="timeout", limit=60.0))
+        ['ranks 1, 3 never started on this machine (recorded no pid within 60 s)']
+    """
+    never = [rank for rank in range(seen.device_num) if rank not in seen.pids]
+    if seen.hosts or not never:
+        return []
+    return [f"rank{'s' if len(never) > 1 else ''} {', '.join(map(str, never))} never started on this machine "
+            f"(recorded no pid within {seen.limit:g} s)"]
 
 
 def _unstarted_hosts(seen: Observed) -> list[str]:
