@@ -203,7 +203,7 @@ def test_marked_stages_are_kept_and_shown(tmp_path):
     set_auto_parallel_context(strategy_ckpt_save_file=str(tmp_path / "strategy.json"))
     cell = _pipeline_cell(net, 4, 2)
     plan = training_plan(cell, None, net.example_inputs())[0]
-    assert plan.pipeline.origin == "pipeline_stage of cells" and plan.pipeline.split.bounds == ((0, 2), (2, 6))
+    assert plan.pipeline.origin == "pipeline_stage of cells" and plan.pipeline.split.bounds == ((0, 1), (1, 2))
     assert plan.pipeline.op_stages["blocks.0.ffn1.matmul"] == 0 and plan.pipeline.op_stages["blocks.1.ffn1.matmul"] == 1
     table = plan.table()
     assert table.splitlines()[0].split()[:3] == ["op", "stage", "type"]
@@ -255,7 +255,7 @@ def test_a_batch_that_micro_batches_cannot_cut_is_refused():
 def test_marks_against_the_models_order_are_refused():
     net = _stack()
     net.blocks[0].pipeline_stage, net.blocks[1].pipeline_stage = 1, 0
-    with pytest.raises(ConfigError, match="must follow the model's order"):
+    with pytest.raises(ConfigError, match=r"cell blocks.1 \(stage 0\) reads the output of cell blocks.0 \(stage 1\); stages must follow"):
         train(_pipeline_cell(net, 4, 2, seeded=False), net.example_inputs(), steps=1, log=None)
 
 

@@ -1,6 +1,8 @@
 """Pipeline parallelism, MindSpore's way: ``set_auto_parallel_context(pipeline_stages=S)``,
-``cell.pipeline_stage = i`` on sub-cells (optional: the split is searched otherwise) and
-`PipelineCell` (``nn.PipelineCell(net, micro_size)``) for the micro-batches.
+``cell.pipeline_stage = i`` on any sub-cells (optional: the split of a network's repeated
+layers is searched otherwise; `search.cell_stages` says where unmarked ops go), `PipelineCell`
+(``nn.PipelineCell(net, micro_size)``) for the micro-batches and, in the functional loop,
+`PipelineGradReducer` for the gradients.
 
 Planning traces the network twice: on the whole batch (the stand-alone reference, the values
 and the batches a run draws) and on one micro-batch (``batch / micro_size`` along dim 0 of
@@ -11,11 +13,15 @@ devices. So a network's shapes must follow its inputs' batch (``x.shape[0]``), a
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+
+import numpy as np
 
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.cell import Cell
-from autostrat.frontend.tensor import Tensor
+from autostrat.frontend.context import current_context
+from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.frontend.tracing import trace
 from autostrat.search.pipeline import plan_pipeline
 
@@ -41,6 +47,58 @@ class PipelineCell(Cell):
 
     def construct(self, *inputs):
         return self.network(*inputs)
+
+
+class PipelineGradReducer(Cell):
+    """MindSpore's ``nn.PipelineGradReducer(parameters, scale_sense=1.0, opt_shard=None)`` of
+    the functional loop (``grads = reducer(grads)`` between ``grad_fn`` and ``optimizer``).
+
+    In MindSpore, a pipeline step adds every micro-batch's gradients into a buffer per
+    parameter and the compiler inserts their reduction over a stage's replicas; the reducer
+    returns the buffers divided by `scale_sense` (the loss scale) and zeroes them. A planned
+    autostrat step does that summing and reduction itself, as its gradient synchronisation (the
+    plan's sync phase, averaged or summed as ``gradients_mean`` says), so the reducer has one
+    thing left to do: a call returns the gradients it is given, one per parameter, each divided
+    by `scale_sense` (unchanged at 1.0). The functional loop recognises a reducer by
+    `is_pipeline_grad_reducer` and leaves the reduction to its plan. `opt_shard` None follows
+    the context's ``enable_parallel_optimizer`` as MindSpore does; given, it must agree with it.
+
+    Example:
+        >>> import numpy as np
+        >>> from autostrat import nn
+        >>> weight = nn.Parameter(nn.Tensor(np.ones((2, 2), np.float32)), name="weight")
+        >>> reducer = PipelineGradReducer([weight], scale_sense=4.0)
+        >>> reducer.is_pipeline_grad_reducer, reducer((nn.Tensor(np.full((2, 2), 2.0, np.float32)),))[0].asnumpy()[0]
+        (True, array([0.5, 0.5], dtype=float32))
+    """
+
+    is_pipeline_grad_reducer = True
+
+    def __init__(self, parameters, scale_sense=1.0, opt_shard=None):
+        super().__init__(auto_prefix=False)
+        parameters = tuple(parameters)
+        strangers = [type(p).__name__ for p in parameters if not isinstance(p, Parameter)]
+        if strangers:
+            raise ConfigError(f"PipelineGradReducer: parameters must be Parameters (optimizer.parameters), got {strangers[0]}")
+        if isinstance(scale_sense, bool) or not isinstance(scale_sense, (int, float)) or not 0 < scale_sense < math.inf:
+            raise ConfigError(f"PipelineGradReducer: scale_sense must be a positive finite number, got {scale_sense!r}")
+        if opt_shard not in (None, True, False):
+            raise ConfigError(f"PipelineGradReducer: opt_shard must be None, True or False, got {opt_shard!r}")
+        object.__setattr__(self, "parameters", parameters)  # not the reducer's own: the optimiser's
+        self.scale_sense, self.opt_shard = float(scale_sense), opt_shard
+
+    def construct(self, grads):
+        sharded = current_context().enable_parallel_optimizer
+        if self.opt_shard is not None and self.opt_shard != sharded:
+            raise ConfigError(f"PipelineGradReducer: opt_shard={self.opt_shard} disagrees with the context's "
+                              f"enable_parallel_optimizer={sharded}; leave opt_shard None to follow the context")
+        grads = tuple(grads)
+        if len(grads) != len(self.parameters):
+            raise ConfigError(f"PipelineGradReducer: {len(grads)} gradients for {len(self.parameters)} parameters")
+        if self.scale_sense == 1.0:
+            return grads
+        return tuple(Tensor((array / self.scale_sense).astype(array.dtype))
+                     for array in (np.asarray(g.asnumpy() if isinstance(g, Tensor) else g) for g in grads))
 
 
 def pipeline_parts(net) -> tuple:

@@ -267,6 +267,7 @@ def _result(plan, programs, runs, losses, slices_by_rank):
         return TrainingResult(losses, parameters)
     split, peaks = plan.pipeline.split, stage_peaks_per_rank(plan)
     lines = (
+        plan.pipeline.summary().splitlines()[0],  # the stages (which cells run where), micro-batches and schedule
         f"pipeline bubble: predicted {split.bubble:.1%}, measured {np.mean([run.bubble for run in runs]):.1%} "
         f"(the share of the micro-batch slots a rank waits for another stage, mean over ranks)",
         f"the stage split's memory model (weights, state and gradients, activations of the micro-batches in flight) "

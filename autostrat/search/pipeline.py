@@ -10,9 +10,10 @@ redistributes it like any edge (the sender's layout to the consumer's), so the p
 redistributions stay the ones on every stage.
 
 Which stage runs what (cases):
-1. The stages split the model's units (`stages.op_units`: what precedes the repeated layers,
-   each repeated layer, what follows) into contiguous ranges: searched (`stages.split_stages`)
-   or given by the cells' ``pipeline_stage`` (`stage_bounds`).
+1. Searched: the stages split the model's units (`stages.op_units`: what precedes the
+   repeated layers, each repeated layer, what follows) into contiguous ranges
+   (`stages.split_stages`). Given by the cells' ``pipeline_stage`` (any cells, as MindSpore
+   marks them): every op takes its stage by MindSpore's rule (`cell_stages`), each stage one unit.
 2. A backward op runs where its forward op runs, a parameter's update where the parameter is
    first read; the sum of a tensor's gradients from several readers (``accumulate/``) runs on
    their stage when they all run on one, so that the sum, not each part, travels back.
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from autostrat.autodiff import op_phase
 from autostrat.errors import ConfigError, InfeasibleError
+from autostrat.search.cell_stages import marked_units, stage_cells
 from autostrat.search.prediction import op_times
 from autostrat.search.search import search
 from autostrat.search.stage_buffers import stage_peaks
@@ -57,6 +59,7 @@ class Pipeline:
 
     once_ns: tuple[int, ...] = ()  # per stage: its gradient synchronisation and updates, once per step
     peak_bytes: tuple[int, ...] = ()  # per stage, per device: the exact peak of its buffers
+    cells: tuple[str, ...] = ()  # per stage, its marked cells and unmarked ops (`cell_stages.stage_cells`), when marked
     batch_graph: object = field(default=None, compare=False, repr=False)  # the whole batch's training graph (the reference)
 
     @property
@@ -81,6 +84,8 @@ class Pipeline:
         Example: see `plan_pipeline`.
         """
         units = ", ".join(f"{s}: units {first}-{end - 1}" for s, (first, end) in enumerate(self.split.bounds))
+        if self.cells:
+            units = "; ".join(f"stage {s}: {cells}" for s, cells in enumerate(self.cells))
         return (f"pipeline: {self.stages} stages x {self.group_size} devices, {self.micro_batches} micro-batches, "
                 f"{self.schedule} ({self.origin}; {units})\n"
                 f"pipeline predicted: step {self.step_time_ns / 1e6:,.3f} ms, bubble {self.split.bubble:.1%}, "
@@ -95,6 +100,7 @@ class Pipeline:
             "slot_ns": list(self.split.slot_ns), "peak_bytes": list(self.peak_bytes),
             "model_peak_bytes": list(self.split.peak_bytes),
             "once_ns": list(self.once_ns), "step_time_ns": self.step_time_ns, "bubble": self.split.bubble,
+            **({"cells": list(self.cells)} if self.cells else {}),
         }
 
 
@@ -119,48 +125,13 @@ def shared_update_ops(graph) -> frozenset[str]:
     return frozenset(shared)
 
 
-def stage_bounds(graph, marks: dict[str, int], stages: int) -> tuple[tuple[int, int], ...]:
-    """The units of each stage from the cells' ``pipeline_stage`` (`marks`: cell path ->
-    stage): a forward op takes the stage of the innermost marked cell holding it, a unit the
-    stage of its forward ops (a unit unmarked the stage of the unit before, the first 0); the
-    stages must follow the model's order, each with one unit at least.
-
-    Example (a 4-block stack: blocks 0-1 on stage 0, blocks 2-3 on stage 1):
-        >>> from autostrat.autodiff import SGD, build_training
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import TransformerStack
-        >>> net = TransformerStack(layers=4, hidden=16, heads=2, seq=4, batch=2)
-        >>> graph = build_training(trace(net, *net.example_inputs()), SGD())
-        >>> stage_bounds(graph, {"blocks.2": 1, "blocks.3": 1}, 2)
-        ((0, 3), (3, 6))
-    """
-    units = op_units(graph)
-    by_unit: dict[int, set[int]] = {}
-    for name in graph.ops:
-        if op_phase(name) == "forward":
-            marked = [(len(path), stage) for path, stage in marks.items() if name.startswith(path + ".") or not path]
-            by_unit.setdefault(units[name], set()).update([max(marked)[1]] if marked else [])
-    unit_stages, stage = [], 0
-    for unit in range(max(units.values()) + 1):
-        found = by_unit.get(unit, set())
-        if len(found) > 1:
-            raise ConfigError(f"pipeline_stage: unit {unit} of {graph.name} (a layer or what surrounds the layers) has ops "
-                              f"marked for stages {sorted(found)}; a stage holds whole layers")
-        stage = found.pop() if found else stage
-        unit_stages.append(stage)
-    if unit_stages != sorted(unit_stages) or sorted(set(unit_stages)) != list(range(stages)):
-        raise ConfigError(f"pipeline_stage: the stages must follow the model's order and each of the {stages} stages "
-                          f"(0 to {stages - 1}) hold one layer at least; the units got stages {unit_stages}")
-    return tuple((unit_stages.index(s), len(unit_stages) - unit_stages[::-1].index(s)) for s in range(stages))
-
-
 def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, options, schedule: str = "1f1b",
                   marks: dict[str, int] | None = None, progress=None):
     """The pipeline plan of `graph` (the training graph of one micro-batch) on `device_num`
     devices in `stages` equal groups: the search (`options`, seeds included) on one group's
     devices, then the stage split, searched under ``options.max_device_memory`` (a budget for
-    a stage's share, checked on every stage's exact peak: `_fitting`) or given by `marks` (see
-    `stage_bounds`).
+    a stage's share, checked on every stage's exact peak: `_fitting`) or given by `marks` (cell
+    path -> ``pipeline_stage``: `cell_stages`, checked before the search).
 
     Example (a 4-block stack on 8 devices as 2 stages of 4, 4 micro-batches):
         >>> from autostrat.autodiff import Adam, build_training
@@ -179,16 +150,18 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
     if stages < 1 or device_num % stages:
         raise ConfigError(f"pipeline_stages must divide device_num: {stages} stages on {device_num} devices")
     group = device_num // stages
+    marked = marked_units(graph, marks, stages) if marks else None
     plan = search(graph, group, replace(options, max_device_memory=None), progress)
-    units = op_units(graph) if stages > 1 else dict.fromkeys(graph.ops, 0)  # micro-batches alone: one unit
-    costs = unit_costs(plan, options.hardware, units)
-    budget = options.max_device_memory
-    staging = _Staging(plan, units, stages, group, micro_batches, schedule, options.hardware)
-    if not marks:
-        return _fitting(staging, costs, budget)
-    marked = priced_split(costs, stage_bounds(graph, marks, stages), micro_batches, schedule)
-    staged = staging.staged(marked, "pipeline_stage of cells")
-    peak = max(staged.pipeline.peak_bytes)
+    if marked is None:
+        units = op_units(graph) if stages > 1 else dict.fromkeys(graph.ops, 0)  # micro-batches alone: one unit
+        staging = _Staging(plan, units, stages, group, micro_batches, schedule, options.hardware)
+        return _fitting(staging, unit_costs(plan, options.hardware, units), options.max_device_memory)
+    staging = _Staging(plan, marked, stages, group, micro_batches, schedule, options.hardware)
+    split = priced_split(unit_costs(plan, options.hardware, marked, stage_units=True),
+                         tuple((stage, stage + 1) for stage in range(stages)), micro_batches, schedule)
+    staged = staging.staged(split, "pipeline_stage of cells")
+    staged = replace(staged, pipeline=replace(staged.pipeline, cells=stage_cells(graph, marks, marked, stages)))
+    peak, budget = max(staged.pipeline.peak_bytes), options.max_device_memory
     if budget is not None and peak > budget:
         raise InfeasibleError(f"the stages the cells' pipeline_stage gives peak at {peak:,} bytes per device, over "
                               f"max_device_memory = {budget:,}; mark other stages or let the split be searched")

@@ -268,32 +268,56 @@ def op_units(graph) -> dict[str, int]:
     first = min(forward.index(op) for ops in by_index.values() for op in ops.values())
     last_unit = len(by_index) + 1
     pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.")
-    order = {name: index for index, name in enumerate(forward)}
+
+    def unit(index: int, name: str) -> int:
+        match = pattern.match(name + ".")
+        if match:
+            return int(match[1]) + 1
+        return 0 if index < first else last_unit
+
+    return spread_units(graph, {name: unit(index, name) for index, name in enumerate(forward)}, last_unit)
+
+
+def spread_units(graph, forward_units: dict[str, int], rest: int) -> dict[str, int]:
+    """Per op of a training graph, its unit from its forward op's (`forward_units`): a
+    backward, recomputed or update op takes its forward op's (or its parameter's: the unit of
+    the op reading it first), an op of no forward op and no parameter (an optimiser's shared
+    step counters) `rest`.
+
+    Example:
+        >>> from autostrat.autodiff import SGD, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> graph = build_training(trace(FFN(), Tensor(shape=(8, 64))), SGD())
+        >>> units = spread_units(graph, {"dense1.matmul": 0, "dense1.bias_add": 0, "relu": 0, "dense2.matmul": 1, "dense2.bias_add": 1}, 1)
+        >>> units["bprop/dense2.matmul/mat_mul"], units["optimizer/dense1.weight"], units["optimizer/dense2.bias"]
+        (1, 0, 1)
+    """
 
     def unit(name: str) -> int:
         core = name
         for wrapper in _WRAPPERS:
             core = core.removeprefix(wrapper)
         core = core.split("/")[0].split(":")[0]
-        match = pattern.match(core + ".")
-        if match:
-            return int(match[1]) + 1
-        if core in order:
-            return 0 if order[core] < first else last_unit
+        if core in forward_units:
+            return forward_units[core]
         for reader, _ in graph.consumers(core) if core in graph.tensors else ():
             return unit(reader)  # a parameter (its update): where it is read
-        return last_unit
+        return rest
 
     return {name: unit(name) for name in graph.ops}
 
 
-def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None) -> UnitCosts:
+def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, stage_units: bool = False) -> UnitCosts:
     """`UnitCosts` of a training plan (one micro-batch on one stage's devices), on `hardware`:
     per unit (`units`, default `op_units`) the compute of its forward and backward ops and the redistributions
     into them, the activations its forward ops produce that a backward op reads, and its
     parameters with their optimiser state and their parameters' gradients (each in the plan's
     layouts); a send moves the largest activation passed from one repeated layer to the next,
-    each device its slice, across servers (`send_bytes`, which a stage also holds per micro-batch).
+    each device its slice, across servers (`send_bytes`, which a stage also holds per micro-batch);
+    with `stage_units` (each unit a stage of its own, as the cells' ``pipeline_stage`` gives
+    them), the largest passed from any unit to a later one.
     Gradient synchronisation and the update run once per step, outside the micro-batch slots.
 
     Example (a 2-block stack, Megatron's TP 4 on 4 devices: no embedding, the blocks, the loss
@@ -327,7 +351,7 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None) ->
     for name, info in graph.tensors.items():
         if info.producer in graph.ops and op_phase(info.producer) == "backward" and name not in parameter_gradients:
             transients[units[info.producer]] = max(transients[units[info.producer]], _slice_bytes(plan, name))
-    sent = _sent_bytes(plan, units)
+    sent = _sent_bytes(plan, units, (lambda a, b: a < b) if stage_units else (lambda a, b: (a, b) == (1, 2)))
     send_ns = round(hardware.inter_server_latency * 1e9 + sent / hardware.inter_server_bandwidth * 1e9)
     return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients))
 
@@ -339,12 +363,14 @@ def _slice_bytes(plan, tensor: str) -> int:
     return math.prod(plan.layouts[tensor].slice_shape) * dtype_size(plan.graph.tensors[tensor].dtype)
 
 
-def _sent_bytes(plan, units: dict[str, int]) -> int:
-    """One device's slice of the largest forward activation from layer 1 to layer 2: what a
-    stage sends on per micro-batch (and its gradient back), sent once across servers."""
+def _sent_bytes(plan, units: dict[str, int], crossing) -> int:
+    """One device's slice of the largest forward activation from a unit ``a`` to a unit ``b``
+    where ``crossing(a, b)`` (layer 1 to layer 2, or any stage to a later one): what a stage
+    sends on per micro-batch (and its gradient back), sent once across servers."""
     graph, largest = plan.graph, 0
     for name, info in graph.tensors.items():
-        if info.producer in graph.ops and units[info.producer] == 1 and op_phase(info.producer) == "forward":
-            if any(units[reader] == 2 and op_phase(reader) == "forward" for reader, _ in graph.consumers(name)):
+        if info.producer in graph.ops and op_phase(info.producer) == "forward":
+            if any(crossing(units[info.producer], units[reader]) and op_phase(reader) == "forward"
+                   for reader, _ in graph.consumers(name)):
                 largest = max(largest, _slice_bytes(plan, name))
     return largest
