@@ -7,9 +7,10 @@ graph from the marked cells and passes the colours on to the ops they feed; case
 2. An unmarked op that reads what staged ops produce runs on the latest of their stages: the
    loss after the last marked cell runs on the last stage, as in MindSpore.
 3. An unmarked op no staged op feeds (a flatten before the first marked cell, a label's
-   one-hot in the loss) runs on the earliest stage that reads its output: MindSpore leaves it
-   unstaged and every stage keeps what it uses of it; here it runs once and is sent on. One
-   whose output no staged op reads runs on the last stage, with the network's outputs.
+   one-hot in the loss) runs on the earliest stage that reads its output, once, and is sent
+   on to later stages that read it too (MindSpore's colouring leaves such an op without a
+   stage, and its pipeline split keeps it for the stages that use it). One whose output no
+   staged op reads runs on the last stage, with the network's outputs.
 4. A backward or recomputed op runs on its forward op's stage, an update on the stage of its
    parameter's first reader (`stages.spread_units`); the optimiser's step counters are then
    shared by every stage (`pipeline.shared_update_ops`).
@@ -138,11 +139,11 @@ def _check_order(graph, forward: list[str], found: dict[str, int], marks: dict[s
     for name in forward:
         for producer in _producers(graph, name):
             if found[producer] > found[name]:
-                before = holder(producer, marks)
-                source = f"cell {before}" if before is not None else f"op {producer} (unmarked: the stage of what it reads)"
-                raise ConfigError(f"pipeline_stage: cell {holder(name, marks)} (stage {found[name]}) reads the output of "
-                                  f"{source} (stage {found[producer]}); stages must follow the network's order, a cell's "
-                                  f"stage at least the stage of every cell it reads from")
+                before, reader = holder(producer, marks), holder(name, marks) or graph.name
+                source = f"cell {before or graph.name}" if before is not None else f"op {producer} (unmarked: the stage of what it reads)"
+                raise ConfigError(f"pipeline_stage: cell {reader} (stage {found[name]}) reads the output of {source} "
+                                  f"(stage {found[producer]}); stages must follow the network's order, a cell's stage at "
+                                  f"least the stage of every cell it reads from")
     empty = sorted(set(range(stages)) - set(found.values()))
     if empty:
         raise ConfigError(f"pipeline_stage: no op runs on stage {', '.join(map(str, empty))} of {stages} "
