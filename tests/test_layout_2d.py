@@ -1,0 +1,187 @@
+"""2-D tensor-parallel Layouts (issue #31): the shard calls of MindSpore's samples
+high_dimension_tensor_parallel.py (``enable_nd_tp``) and advanced_distributed_operator_parallel.py
+(a dim split over two device axes), on networks of the samples' shapes, run on 8 ranks (threads)
+equal to one device; the collectives are those MindSpore 2.10's IR shows for the same calls
+(tests/fixtures/mindspore/README.md, "2-D tensor parallel")."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import autostrat as ms
+from autostrat import nn, ops
+from autostrat.common.initializer import initializer
+from autostrat.errors import ConfigError, LayoutError
+from autostrat.frontend.train import TrainOneStepCell, WithLossCell
+from autostrat.parallel import Layout
+from autostrat.runtime.job import make_job
+from autostrat.runtime.local import run_job_locally
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=8)
+    yield
+    ms.reset_auto_parallel_context()
+
+
+class HighDimension(nn.Cell):
+    """high_dimension_tensor_parallel.py's Network."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1_weight = ms.Parameter(initializer("normal", [256, 512], ms.float32))
+        self.fc2_weight = ms.Parameter(initializer("normal", [512, 256], ms.float32))
+        self.matmul1 = ops.MatMul()
+        self.relu = ops.ReLU()
+        self.matmul2 = ops.MatMul()
+
+    def construct(self, x):
+        x = self.matmul1(x, self.fc1_weight)
+        x = self.relu(x)
+        return self.matmul2(x, self.fc2_weight)
+
+
+def high_dimension_net() -> HighDimension:
+    """The sample's shard calls, as it writes them (keyword in_strategy)."""
+    net = HighDimension()
+    in_layout = Layout((2, 4), ("x", "y"))
+    net.matmul1.add_prim_attr("enable_nd_tp", True)
+    net.matmul1.shard(in_strategy=(in_layout("None", ("x", "y")), in_layout("x", "y")))
+    net.relu.shard(in_strategy=(in_layout("None", ("y", "x")),))
+    net.matmul2.add_prim_attr("enable_nd_tp", True)
+    net.matmul2.shard(in_strategy=(in_layout("None", ("y", "x")), in_layout("y", "x")))
+    return net
+
+
+class Advanced(nn.Cell):
+    """advanced_distributed_operator_parallel.py's Network, its Flatten left to the input
+    (a batch of 32 images of 28 x 28 arrives as [32, 784])."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1_weight = ms.Parameter(initializer("normal", [28 * 28, 512], ms.float32))
+        self.fc2_weight = ms.Parameter(initializer("normal", [512, 512], ms.float32))
+        self.fc3_weight = ms.Parameter(initializer("normal", [512, 10], ms.float32))
+        self.matmul1 = ops.MatMul()
+        self.relu1 = ops.ReLU()
+        self.matmul2 = ops.MatMul()
+        self.relu2 = ops.ReLU()
+        self.matmul3 = ops.MatMul()
+
+    def construct(self, x):
+        x = self.matmul1(x, self.fc1_weight)
+        x = self.relu1(x)
+        x = self.matmul2(x, self.fc2_weight)
+        x = self.relu2(x)
+        return self.matmul3(x, self.fc3_weight)
+
+
+def advanced_net() -> Advanced:
+    """The sample's shard calls, as it writes them (positional)."""
+    net = Advanced()
+    layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
+    net.matmul1.shard((layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None")))
+    net.relu1.shard(((4, 1),))
+    layout2 = Layout((8,), ("tp",))
+    net.matmul2.shard((layout2("None", "tp"), layout2("tp", "None")))
+    net.relu2.shard(((8, 1),))
+    return net
+
+
+def _collectives(plan) -> list[tuple[str, str, int]]:
+    return [(f"{edge.tensor}->{edge.consumer}", step.kind, step.bytes)
+            for edge in plan.redistributions for step in edge.plan.steps if step.bytes]
+
+
+def test_the_high_dimension_sample_runs_as_one_device_with_mindspores_gathers_and_scatters():
+    """MindSpore's IR for these calls: per MatMul an AllGather of the activation (over y, 4
+    ranks; then over x, 2), the product, and a ReduceScatter of its partial sum (over x, 2; then
+    over y, 4). The same four collectives here, as redistributions between the three seeds of
+    each MatMul (`layout.nd_tp`); a [1024, 32] float32 piece gathered over 4 ranks sends
+    3 x 131 072 bytes."""
+    plan = ms.parallelize(high_dimension_net(), nn.Tensor(shape=(1024, 256)))
+    assert str(plan.ops["matmul1"].strategy) == "((1, 2), (2, 4))"
+    assert str(plan.ops["matmul2"].strategy) == "((1, 4), (4, 2)) on [2, 4]: (-1, 0), (0, 1)"
+    assert _collectives(plan) == [
+        ("matmul1.nd_tp_input:0->matmul1", "AllGather", 393216),
+        ("matmul1:0->matmul1.nd_tp_output", "ReduceScatter", 262144),
+        ("matmul2.nd_tp_input:0->matmul2", "AllGather", 262144),
+        ("matmul2:0->matmul2.nd_tp_output", "ReduceScatter", 393216),
+    ]
+    check = run_job_locally(make_job(plan, steps=1))
+    assert check.bytes_match and check.results_match, check.text
+
+
+def test_the_3d_form_scatters_the_rows_as_mindspore_does():
+    """The page's 3-D form, ``(layout(("z", "y"), "x"), layout(("x", "z"), "y"))``: MindSpore's IR
+    reduce-scatters the product's rows (no transpose around the ReduceScatter), so the output's
+    rows lie on (z, x); here too, and the result is one device's."""
+    net = HighDimension()
+    layout = Layout((2, 2, 2), ("z", "y", "x"))
+    net.matmul1.add_prim_attr("enable_nd_tp", True)
+    net.matmul1.shard(in_strategy=(layout(("z", "y"), "x"), layout(("x", "z"), "y")))
+    plan = ms.parallelize(net, nn.Tensor(shape=(1024, 256)))
+    out = plan.ops["matmul1.nd_tp_output"].strategy
+    assert str(out.input_layouts[0].tensor_map) == "((2, 0), 1)"
+    assert str(plan.ops["matmul1"].strategy) == "((2, 2), (2, 2)) on [2, 2, 2]: (2, 0), (0, 1)"
+    check = run_job_locally(make_job(plan, steps=1))
+    assert check.bytes_match and check.results_match, check.text
+
+
+def test_the_advanced_sample_trains_as_one_device():
+    """A dim over two axes in another order than the device matrix's (("sp", "dp") on
+    (dp, sp, mp)), a Layout over one axis, tuples: a training step (SGD) equal to one device's."""
+    net = advanced_net()
+    loss = WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    cell = TrainOneStepCell(loss, nn.SGD(net.trainable_params(), 1e-2))
+    plan = ms.parallelize(cell, nn.Tensor(shape=(32, 784)), nn.Tensor(shape=(32,), dtype=ms.int32))
+    assert str(plan.ops["backbone.matmul1"].strategy) == "((2, 4), (4, 1)) on [2, 2, 2]: (0, (1, 2)), ((1, 2), -1)"
+    check = run_job_locally(make_job(plan, steps=2))
+    assert check.bytes_match and check.results_match, check.text
+
+
+def test_a_weight_on_y_then_x_holds_the_numpy_slice_its_axes_name():
+    """fc2_weight [512, 256] on ``layout("y", "x")`` over (2, 4) named (x, y): rank r sits at
+    x = r // 4, y = r % 4 and holds rows y * 128 ... and columns x * 128 ...; the activation
+    ``("None", ("y", "x"))`` holds columns block y * 2 + x of 8, y the major axis."""
+    plan = ms.parallelize(high_dimension_net(), nn.Tensor(shape=(1024, 256)))
+    weight = np.arange(512 * 256).reshape(512, 256)
+    layout = plan.layouts["fc2_weight"]
+    activation = plan.ops["relu"].strategy.input_layouts[0]
+    for rank in range(8):
+        x, y = divmod(rank, 4)
+        (r0, r1), (c0, c1) = layout.slice_range(rank)
+        np.testing.assert_array_equal(weight[r0:r1, c0:c1], weight[y * 128:(y + 1) * 128, x * 128:(x + 1) * 128])
+        assert activation.slice_range(rank) == ((0, 1024), ((y * 2 + x) * 64, (y * 2 + x + 1) * 64))
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: ops.ReLU().add_prim_attr("enable_nd_tp", True), ConfigError,
+     "ReLU.add_prim_attr: autostrat acts on 'enable_nd_tp' of a MatMul or BatchMatMul only, got 'enable_nd_tp' on ReLU"),
+    (lambda: ops.MatMul().add_prim_attr("primitive_target", "CPU"), ConfigError,
+     "MatMul.add_prim_attr: autostrat acts on 'enable_nd_tp' of a MatMul or BatchMatMul only, got 'primitive_target'"),
+    (lambda: ops.MatMul().add_prim_attr("enable_nd_tp", 1), ConfigError,
+     "MatMul.add_prim_attr: enable_nd_tp is True or False, got 1"),
+])
+def test_prim_attrs_autostrat_does_not_act_on_are_refused(make, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        make()
+
+
+@pytest.mark.parametrize("shard, error, message", [
+    (lambda m, l: m.shard(((1, 8), (8, 1))), LayoutError, "matmul1: enable_nd_tp needs two Layouts (activation, weight)"),
+    (lambda m, l: m.shard((l("None", ("x", "y")), l("x", "y")), out_strategy=(l("None", "y"),)), ConfigError,
+     "matmul1: with enable_nd_tp the output's layout follows from the inputs'"),
+    (lambda m, l: m.shard((l("None", ("x", "y")), Layout((8,), ("t",))("t", "None"))), LayoutError,
+     "matmul1: enable_nd_tp: both Layouts must name one device matrix"),
+])
+def test_nd_tp_shards_it_cannot_run_are_refused_by_name(shard, error, message):
+    net = HighDimension()
+    net.matmul1.add_prim_attr("enable_nd_tp", True)
+    shard(net.matmul1, Layout((2, 4), ("x", "y")))
+    with pytest.raises(error, match=re.escape(message)):
+        ms.parallelize(net, nn.Tensor(shape=(1024, 256)))
