@@ -7,6 +7,7 @@ equal to one device; the collectives are those MindSpore 2.10's IR shows for the
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from autostrat.frontend.train import TrainOneStepCell, WithLossCell
 from autostrat.parallel import Layout
 from autostrat.runtime.job import make_job
 from autostrat.runtime.local import run_job_locally
+
+FIXTURES = Path(__file__).parent / "fixtures" / "mindspore"
 
 
 @pytest.fixture(autouse=True)
@@ -112,6 +115,12 @@ def test_the_high_dimension_sample_runs_as_one_device_with_mindspores_gathers_an
         ("matmul2.nd_tp_input:0->matmul2", "AllGather", 262144),
         ("matmul2:0->matmul2.nd_tp_output", "ReduceScatter", 393216),
     ]
+    ir = (FIXTURES / "layout2d_hd_step_parallel_end.txt").read_text()
+    mindspore = re.findall(r"= (AllGather|ReduceScatter)\(.*instance name: forward_op.*?rank_size: I64\((\d+)\)", ir)
+    steps = [step for edge in plan.redistributions for step in edge.plan.steps if step.bytes]
+    assert [(step.kind, str(step.group_size)) for step in steps] == mindspore == [
+        ("AllGather", "4"), ("ReduceScatter", "2"), ("AllGather", "2"), ("ReduceScatter", "4")]
+    assert [step.groups[0] for step in steps] == [(0, 1, 2, 3), (0, 4), (0, 4), (0, 1, 2, 3)]  # rank 0's: y, x, x, y
     check = run_job_locally(make_job(plan, steps=1))
     assert check.bytes_match and check.results_match, check.text
 
@@ -119,7 +128,12 @@ def test_the_high_dimension_sample_runs_as_one_device_with_mindspores_gathers_an
 def test_the_3d_form_scatters_the_rows_as_mindspore_does():
     """The page's 3-D form, ``(layout(("z", "y"), "x"), layout(("x", "z"), "y"))``: MindSpore's IR
     reduce-scatters the product's rows (no transpose around the ReduceScatter), so the output's
-    rows lie on (z, x); here too, and the result is one device's."""
+    rows lie on (z, x); here too, and the result is one device's. (MindSpore keeps the weight
+    split over z as given and gathers it before the product; autostrat keeps it in the product's
+    layout, z repeated: the same result, more parameter memory.)"""
+    ir = (FIXTURES / "layout2d_hd3_step_parallel_end.txt").read_text()
+    two_d = (FIXTURES / "layout2d_hd_step_parallel_end.txt").read_text()
+    assert "ReduceScatter" in ir and "PrimFunc_Transpose" not in ir and "PrimFunc_Transpose" in two_d
     net = HighDimension()
     layout = Layout((2, 2, 2), ("z", "y", "x"))
     net.matmul1.add_prim_attr("enable_nd_tp", True)
@@ -185,3 +199,21 @@ def test_nd_tp_shards_it_cannot_run_are_refused_by_name(shard, error, message):
     shard(net.matmul1, Layout((2, 4), ("x", "y")))
     with pytest.raises(error, match=re.escape(message)):
         ms.parallelize(net, nn.Tensor(shape=(1024, 256)))
+
+
+def test_keyword_and_positional_shards_of_layouts_plan_alike_and_run_as_one_device():
+    """``shard(in_strategy=..., out_strategy=...)`` with Layouts (out: the output's layout the
+    inputs imply, here on (y, x)) plans as the positional form does, and runs as one device."""
+    layout = Layout((2, 4), ("x", "y"))
+    plans = []
+    for keyword in (True, False):
+        net = HighDimension()
+        matmul = ((layout("None", "None"), layout("None", ("y", "x"))), (layout("None", ("y", "x")),))
+        relu = ((layout("None", ("y", "x")),), (layout("None", ("y", "x")),))
+        for primitive, (ins, outs) in ((net.matmul1, matmul), (net.relu, relu)):
+            primitive.shard(in_strategy=ins, out_strategy=outs) if keyword else primitive.shard(ins, outs)
+        plans.append(ms.parallelize(net, nn.Tensor(shape=(1024, 256))))
+    assert {n: str(o.strategy) for n, o in plans[0].ops.items()} == {n: str(o.strategy) for n, o in plans[1].ops.items()}
+    assert str(plans[0].ops["matmul1"].strategy) == "((1, 1), (1, 8)) on [2, 4]: (-1, -1), (-1, (0, 1))"
+    check = run_job_locally(make_job(plans[0], steps=1))
+    assert check.bytes_match and check.results_match, check.text
