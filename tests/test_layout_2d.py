@@ -217,3 +217,25 @@ def test_keyword_and_positional_shards_of_layouts_plan_alike_and_run_as_one_devi
     assert str(plans[0].ops["matmul1"].strategy) == "((1, 1), (1, 8)) on [2, 4]: (-1, -1), (-1, (0, 1))"
     check = run_job_locally(make_job(plans[0], steps=1))
     assert check.bytes_match and check.results_match, check.text
+
+
+def test_the_high_dimension_sample_trains_as_one_device():
+    """The gathers and scatters of ``enable_nd_tp`` have their backward (Identity's): a training
+    step (SGD) of the sample's net equals one device's, with the bytes it predicted."""
+    net = high_dimension_net()
+    loss = WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    cell = TrainOneStepCell(loss, nn.SGD(net.trainable_params(), 1e-2))
+    plan = ms.parallelize(cell, nn.Tensor(shape=(1024, 256)), nn.Tensor(shape=(1024,), dtype=ms.int32))
+    check = run_job_locally(make_job(plan, steps=2))
+    assert check.bytes_match and check.results_match, check.text
+
+
+def test_without_enable_nd_tp_the_samples_layouts_are_refused_as_mindspore_refuses_them():
+    """MindSpore 2.10 refuses the same shard calls without the attribute ("The shard size of
+    reduce_dim is not equal for input0 and input1"); autostrat names the factor."""
+    net = HighDimension()
+    in_layout = Layout((2, 4), ("x", "y"))
+    net.matmul1.shard(in_strategy=(in_layout("None", ("x", "y")), in_layout("x", "y")))
+    with pytest.raises(LayoutError, match=re.escape("matmul1: factor 'k' is split into 8 parts by input 0 dim 1 but "
+                                                    "into 2 parts by input 1 dim 0; both must agree")):
+        ms.parallelize(net, nn.Tensor(shape=(1024, 256)))
