@@ -92,6 +92,7 @@ def nd_tp_layouts(rule, in_strategy, where: str) -> tuple[NamedLayout, tuple[Nam
     rows = [factor for factor in rule.factors if factor in given and factor not in held and product[factor]]
     scattered = rows[0] if rows else next(factor for factor in rule.factors if factor in held and factor not in given)
     out = {factor: product[factor] + (reduced if factor == scattered else ()) for factor in rule.factors}
+
     def layout_of(dims, axes_of):
         return activation(*(_names(axes_of[factors[0]]) for factors in dims))
     return (activation, (layout_of(rule.inputs[0], product), layout_of(rule.inputs[1], product)),
