@@ -239,3 +239,31 @@ def test_without_enable_nd_tp_the_samples_layouts_are_refused_as_mindspore_refus
     with pytest.raises(LayoutError, match=re.escape("matmul1: factor 'k' is split into 8 parts by input 0 dim 1 but "
                                                     "into 2 parts by input 1 dim 0; both must agree")):
         ms.parallelize(net, nn.Tensor(shape=(1024, 256)))
+
+
+class OneProduct(nn.Cell):
+    """One MatMul or BatchMatMul of an activation and a weight."""
+
+    def __init__(self, primitive, weight_shape):
+        super().__init__()
+        self.weight = ms.Parameter(initializer("normal", list(weight_shape), ms.float32))
+        self.product = primitive
+
+    def construct(self, x):
+        return self.product(x, self.weight)
+
+
+@pytest.mark.parametrize("primitive, weight_shape, input_shape, layouts", [
+    # transpose_b: the weight is [n, k], so its Layout names (y, x) where the sample's names (x, y)
+    (ops.MatMul(transpose_b=True), (512, 256), (64, 256), lambda l: (l("None", ("x", "y")), l("y", "x"))),
+    (ops.BatchMatMul(), (4, 256, 512), (4, 64, 256), lambda l: (l("None", "None", ("x", "y")), l("None", "x", "y"))),
+])
+def test_nd_tp_with_a_transposed_weight_or_a_batch_runs_as_one_device(primitive, weight_shape, input_shape, layouts):
+    net = OneProduct(primitive, weight_shape)
+    net.product.add_prim_attr("enable_nd_tp", True)
+    net.product.shard(in_strategy=layouts(Layout((2, 4), ("x", "y"))))
+    plan = ms.parallelize(net, nn.Tensor(shape=input_shape))
+    assert [step.kind for edge in plan.redistributions for step in edge.plan.steps if step.bytes][:2] == [
+        "AllGather", "ReduceScatter"]
+    check = run_job_locally(make_job(plan, steps=1))
+    assert check.bytes_match and check.results_match, check.text
