@@ -19,8 +19,7 @@ import numpy as np
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.ir import Graph, OpNode, TensorInfo, output_dtype
-from autostrat.layout import Strategy
-from autostrat.layout import nd_tp
+from autostrat.layout import Strategy, nd_tp
 from autostrat.rules import make_rule
 
 _active: _Tracer | None = None

@@ -5,7 +5,9 @@
 `search.mindspore_checkpoint`): ``parallel_strategy_item`` names each forward op reading a
 parameter MindSpore's way (``MatMul_dense1.weight``) with its strategy and pipeline stage, and
 ``parallel_layout_item`` gives each parameter's (and optimiser state's) layout: ``dev_matrix``,
-``tensor_map``, ``tensor_shape`` and the optimiser-shard group. The JSON adds, under
+``tensor_map``, ``tensor_shape`` and the optimiser-shard group (a dim over several device axes
+as MindSpore writes it, `search.mindspore_layouts`; an op sharded by Layouts keeps the tuples
+they imply, where MindSpore writes an empty item it cannot load back). The JSON adds, under
 ``autostrat``, every op of the plan by its own name with its out-strategy and stage (backward
 and update ops too: ``bprop/...``, ``optimizer/...``), which MindSpore ignores and autostrat reads
 first, so a plan reloads exactly; `seeds_by_phase` sorts them so that the forward ones seed the

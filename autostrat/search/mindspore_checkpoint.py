@@ -12,6 +12,9 @@ MindSpore (``strategy_ckpt_config={"save_file": ...}``) writes one of two files:
 - ``.json``: the same as objects keyed by name: ``{"current_stage": 2, "parallel_strategy_item":
   {"MatMul_dense1.weight": {"parallel_strategy": [[2, 1], [1, 4]], "stage": 0}}, ...}``.
 
+A dim split over several device axes (a ``Layout``), and the empty strategy item MindSpore writes
+for an op sharded by Layouts, are read as `search.mindspore_layouts` describes.
+
 Both name an op by its type and the parameter it reads (``MatMul_dense1.weight``), and a
 parameter by its path in the Cell tree (``dense1.weight``), as autostrat names parameters; so a
 MindSpore op name resolves to the op of that type reading that parameter in the traced graph
