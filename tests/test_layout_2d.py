@@ -6,7 +6,10 @@ equal to one device; the collectives are those MindSpore 2.10's IR shows for the
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +21,12 @@ from autostrat.common.initializer import initializer
 from autostrat.errors import ConfigError, LayoutError
 from autostrat.frontend.train import TrainOneStepCell, WithLossCell
 from autostrat.parallel import Layout
+from autostrat.runtime import launcher
 from autostrat.runtime.job import make_job
 from autostrat.runtime.local import run_job_locally
 
-FIXTURES = Path(__file__).parent / "fixtures" / "mindspore"
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "mindspore"
 
 
 @pytest.fixture(autouse=True)
@@ -267,3 +272,15 @@ def test_nd_tp_with_a_transposed_weight_or_a_batch_runs_as_one_device(primitive,
         "AllGather", "ReduceScatter"]
     check = run_job_locally(make_job(plan, steps=1))
     assert check.bytes_match and check.results_match, check.text
+
+
+@pytest.mark.slow
+def test_both_samples_train_on_8_mpi_ranks_as_one_device():
+    """tests/mpi_layout_2d.py: one process per rank (mpiexec), each sample's net trained 2 steps."""
+    command = [str(launcher.find_mpiexec()), "-n", "8", sys.executable, "-m", "mpi4py", "tests/mpi_layout_2d.py"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    for sample in ("high_dimension_net", "advanced_net"):
+        text = result.stdout.split(f"{sample}:")[1]
+        assert "measured = predicted on every rank" in text and "(limit 1e-05): OK" in text, result.stdout
