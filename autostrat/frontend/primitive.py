@@ -60,6 +60,25 @@ class Primitive:
         self.attrs = {name: freeze(value) for name, value in zip(self.init_attrs, args)} | {k: freeze(v) for k, v in kwargs.items()}
         self.in_strategy = None
         self.out_strategy = None
+        self.prim_attrs: dict = {}
+
+    def add_prim_attr(self, name: str, value) -> Primitive:
+        """MindSpore's ``add_prim_attr``: of its attributes, autostrat acts on ``enable_nd_tp``
+        (a MatMul's or BatchMatMul's high-dimension tensor parallel, `layout.nd_tp`); any other
+        is refused rather than ignored. Returns the primitive, as MindSpore does.
+
+        Example:
+            >>> from autostrat import ops
+            >>> ops.MatMul().add_prim_attr("enable_nd_tp", True).prim_attrs
+            {'enable_nd_tp': True}
+        """
+        if name != "enable_nd_tp" or self.op_type not in ("BatchMatMul", "MatMul"):
+            raise ConfigError(f"{self.op_type}.add_prim_attr: autostrat acts on 'enable_nd_tp' of a MatMul or BatchMatMul "
+                              f"only, got {name!r} on {self.op_type}")
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.op_type}.add_prim_attr: enable_nd_tp is True or False, got {value!r}")
+        self.prim_attrs[name] = value
+        return self
 
     def shard(self, in_strategy, out_strategy=None) -> Primitive:
         """Configure this op's strategy (a seed); returns the primitive, as MindSpore does.

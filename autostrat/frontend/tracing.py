@@ -19,7 +19,7 @@ import numpy as np
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.ir import Graph, OpNode, TensorInfo, output_dtype
-from autostrat.layout import Strategy
+from autostrat.layout import Strategy, nd_tp
 from autostrat.rules import make_rule
 
 _active: _Tracer | None = None
@@ -78,24 +78,59 @@ def record(primitive, tensors: list[Tensor], attrs: dict):
     """Add one op application to the active trace; returns its symbolic output(s)."""
     tracer = _active
     name = tracer.op_name(primitive)
+    seeds = (primitive.in_strategy, primitive.out_strategy)
+    if getattr(primitive, "prim_attrs", {}).get("enable_nd_tp") and primitive.in_strategy is not None:
+        if primitive.out_strategy is not None:
+            raise ConfigError(f"{name}: with enable_nd_tp the output's layout follows from the inputs' "
+                              f"(`layout.nd_tp`); shard it without out_strategy")
+        return _record_nd_tp(tracer, name, primitive.op_type, tensors, attrs, primitive.in_strategy)
+    return _add_op(tracer, name, primitive.op_type, tensors, attrs, seeds)
+
+
+def _add_op(tracer: _Tracer, name: str, op_type: str, tensors: list[Tensor], attrs: dict, seeds: tuple):
+    """Add op `name` applying `op_type` to `tensors`, seeded with ``(in_strategy, out_strategy)``."""
     inputs = tuple(tracer.tensor_name(t, name) for t in tensors)
     infos = [tracer.tensors[n] for n in inputs]
-    check_dtypes(primitive.op_type, infos, name)
-    try:
-        rule = make_rule(primitive.op_type, [info.shape for info in infos], **attrs)
-        if primitive.in_strategy is not None:
-            Strategy.from_tuples(rule, primitive.in_strategy, tracer.device_num, primitive.out_strategy, where=name)
-    except AutostratError as error:
-        message = str(error) if str(error).startswith(name) else f"{name}: {error}"
-        raise type(error)(message) from None
-    dtype = output_dtype(primitive.op_type, [info.dtype for info in infos], attrs)
+    check_dtypes(op_type, infos, name)
+    rule = _checked_rule(tracer, name, op_type, infos, attrs, seeds)
+    dtype = output_dtype(op_type, [info.dtype for info in infos], attrs)
     outputs = [TensorInfo(f"{name}:{i}", shape, dtype, "output", name) for i, shape in enumerate(rule.output_shapes)]
     tracer.ops[name] = OpNode(
-        name, primitive.op_type, tuple(sorted(attrs.items())), inputs, tuple(o.name for o in outputs),
-        rule, primitive.in_strategy, primitive.out_strategy, _source(),
+        name, op_type, tuple(sorted(attrs.items())), inputs, tuple(o.name for o in outputs),
+        rule, seeds[0], seeds[1], _source(),
     )
     symbolic = tuple(tracer.add_tensor(info) for info in outputs)
     return symbolic[0] if len(symbolic) == 1 else symbolic
+
+
+def _checked_rule(tracer: _Tracer, name: str, op_type: str, infos: list[TensorInfo], attrs: dict, seeds: tuple):
+    """The op's rule, its seed checked against it; errors name the op."""
+    try:
+        rule = make_rule(op_type, [info.shape for info in infos], **attrs)
+        if seeds[0] is not None:
+            Strategy.from_tuples(rule, seeds[0], tracer.device_num, seeds[1], where=name)
+    except AutostratError as error:
+        message = str(error) if str(error).startswith(name) else f"{name}: {error}"
+        raise type(error)(message) from None
+    return rule
+
+
+def _record_nd_tp(tracer: _Tracer, name: str, op_type: str, tensors: list[Tensor], attrs: dict, in_strategy):
+    """A MatMul with ``enable_nd_tp`` as three seeded ops (`layout.nd_tp`): ``<name>.nd_tp_input``
+    (an Identity holding the activation in the layout it arrives in), the product in its own
+    layouts, and ``<name>.nd_tp_output`` (an Identity holding the output in the layout it leaves
+    in); the gathers and the scatter between them are redistributions."""
+    infos = [tracer.tensors[tracer.tensor_name(t, name)] for t in tensors]
+    if len(infos) != 2:
+        raise ConfigError(f"{name}: {op_type} takes two tensors, got {len(infos)}")
+    rule = _checked_rule(tracer, name, op_type, infos, attrs, (None, None))
+    try:
+        given, product, leaving = nd_tp.nd_tp_layouts(rule, in_strategy, name)
+    except AutostratError as error:
+        raise type(error)(str(error) if str(error).startswith(name) else f"{name}: {error}") from None
+    activation = _add_op(tracer, name + nd_tp.INPUT, "Identity", tensors[:1], {}, ((given,), None))
+    output = _add_op(tracer, name, op_type, [activation, tensors[1]], attrs, (product, None))
+    return _add_op(tracer, name + nd_tp.OUTPUT, "Identity", [output], {}, ((leaving,), None))
 
 
 # Inputs read as indices (a table's rows, a class): integers, of any width.

@@ -5,7 +5,9 @@
 `search.mindspore_checkpoint`): ``parallel_strategy_item`` names each forward op reading a
 parameter MindSpore's way (``MatMul_dense1.weight``) with its strategy and pipeline stage, and
 ``parallel_layout_item`` gives each parameter's (and optimiser state's) layout: ``dev_matrix``,
-``tensor_map``, ``tensor_shape`` and the optimiser-shard group. The JSON adds, under
+``tensor_map``, ``tensor_shape`` and the optimiser-shard group (a dim over several device axes
+as MindSpore writes it, `search.mindspore_layouts`; an op sharded by Layouts keeps the tuples
+they imply, where MindSpore writes an empty item it cannot load back). The JSON adds, under
 ``autostrat``, every op of the plan by its own name with its out-strategy and stage (backward
 and update ops too: ``bprop/...``, ``optimizer/...``), which MindSpore ignores and autostrat reads
 first, so a plan reloads exactly; `seeds_by_phase` sorts them so that the forward ones seed the
@@ -23,6 +25,7 @@ from autostrat.reading import read_json
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.layout.named import as_named, layout_entry
 from autostrat.search.mindspore_checkpoint import encode, mindspore_names
+from autostrat.search.mindspore_layouts import expanded, protobuf_tensor_maps
 from autostrat.search.optimizer_shard import update_layout
 
 
@@ -71,17 +74,25 @@ def op_stage(plan, name: str) -> int:
     return plan.pipeline.op_stages.get(name, 0) if plan.pipeline else 0  # an op every stage runs: 0
 
 
-def layout_items(plan) -> dict[str, dict]:
-    """MindSpore's ``parallel_layout_item`` of every parameter and optimiser state, by name
-    (plus ``slice_shape``, one device's piece, for re-slicing tools)."""
-    layouts = {}
+def _parameter_layouts(plan):
+    """Per parameter and optimiser state, by name: its layout as MindSpore writes it
+    (`_mindspore_layout`), its `Layout`, and its optimiser-shard ``(step, size)``."""
     for tensor in sorted(plan.graph.parameters(), key=lambda t: t.name):
         layout = plan.layouts[tensor.name]
-        step, size = optimizer_shard_group(layout, update_layout(plan.optimizer_shard, layout, tensor.dtype))
-        mindspore = _mindspore_layout(layout)
-        layouts[tensor.name] = {"dev_matrix": mindspore["device_matrix"], "field": 0, "opt_weight_shard_size": size,
-                                "opt_weight_shard_step": step, "tensor_map": mindspore["tensor_map"],
-                                "tensor_shape": list(layout.shape), "slice_shape": list(layout.slice_shape)}
+        group = optimizer_shard_group(layout, update_layout(plan.optimizer_shard, layout, tensor.dtype))
+        yield tensor.name, _mindspore_layout(layout), layout, group
+
+
+def layout_items(plan) -> dict[str, dict]:
+    """MindSpore's ``parallel_layout_item`` of every parameter and optimiser state, by name
+    (plus ``slice_shape``, one device's piece, for re-slicing tools); a dim over several axes
+    is cut into sub-dims, as MindSpore writes it (`mindspore_layouts.expanded`)."""
+    layouts = {}
+    for name, mindspore, layout, (step, size) in _parameter_layouts(plan):
+        tensor_map, tensor_shape = expanded(mindspore["device_matrix"], mindspore["tensor_map"], layout.shape)
+        layouts[name] = {"dev_matrix": mindspore["device_matrix"], "field": 0, "opt_weight_shard_size": size,
+                         "opt_weight_shard_step": step, "tensor_map": tensor_map,
+                         "tensor_shape": tensor_shape, "slice_shape": list(layout.slice_shape)}
     return layouts
 
 
@@ -98,10 +109,10 @@ def protobuf_fields(plan) -> dict:
     strategies = [{"node_name": name, "parallel_strategys": [{"stage": item["stage"], "parallel_strategy": [
         {"dim": part} for part in item["parallel_strategy"]]}]} for name, item in sorted(mindspore_items(plan).items())]
     layouts = [{"param_name": name, "parallel_layouts": [{
-        "dev_matrix": [{"dim": item["dev_matrix"]}], "tensor_map": [{"dim": item["tensor_map"]}],
-        "param_split_shape": [{}], "indices_offset": [{}], "field": item["field"],
-        "opt_weight_shard_step": item["opt_weight_shard_step"], "opt_weight_shard_size": item["opt_weight_shard_size"]}]}
-        for name, item in layout_items(plan).items()]
+        "dev_matrix": [{"dim": mindspore["device_matrix"]}], "tensor_map": protobuf_tensor_maps(mindspore["tensor_map"]),
+        "param_split_shape": [{}], "indices_offset": [{}], "field": 0,
+        "opt_weight_shard_step": step, "opt_weight_shard_size": size}]}
+        for name, mindspore, _, (step, size) in _parameter_layouts(plan)]
     return {"current_stage": 1, "parallel_strategy_item": strategies, "parallel_layout_item": layouts}
 
 

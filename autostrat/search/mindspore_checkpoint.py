@@ -12,6 +12,9 @@ MindSpore (``strategy_ckpt_config={"save_file": ...}``) writes one of two files:
 - ``.json``: the same as objects keyed by name: ``{"current_stage": 2, "parallel_strategy_item":
   {"MatMul_dense1.weight": {"parallel_strategy": [[2, 1], [1, 4]], "stage": 0}}, ...}``.
 
+A dim split over several device axes (a ``Layout``), and the empty strategy item MindSpore writes
+for an op sharded by Layouts, are read as `search.mindspore_layouts` describes.
+
 Both name an op by its type and the parameter it reads (``MatMul_dense1.weight``), and a
 parameter by its path in the Cell tree (``dense1.weight``), as autostrat names parameters; so a
 MindSpore op name resolves to the op of that type reading that parameter in the traced graph
@@ -22,15 +25,15 @@ protobuf package: the search's import path stays lean.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from autostrat.autodiff import op_phase
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.reading import parse_json, read_bytes
-from autostrat.layout import DeviceMatrix, Layout, Strategy, TensorMap
+from autostrat.layout import Strategy
 from autostrat.layout.named import named_layouts
 from autostrat.layout.placement import aligned
+from autostrat.search.mindspore_layouts import protobuf_entries, seed_from_parameter, stored_layout
 
 # Message -> field number -> (name, kind, message of a nested field); kinds: "uint", "int", "string", "message".
 _SCHEMA = {
@@ -162,7 +165,7 @@ def read_mindspore_checkpoint(path) -> dict | None:
 
 def read_mindspore_plan(path) -> tuple[dict, dict] | None:
     """The file at `path`, read once: MindSpore's seeds (as `read_mindspore_checkpoint` gives
-    them) and its parameters' ``{name: (dev_matrix, tensor_map)}`` (``parallel_layout_item``:
+    them) and its parameters' ``{name: (dev_matrix, tensor_map, tensor_shape)}`` (``parallel_layout_item``:
     the axis order of a Layout-sharded op, which its strategy tuples do not keep); None for a
     JSON one autostrat wrote."""
     path = Path(path)
@@ -198,24 +201,32 @@ def _protobuf_layouts(fields: dict, path: Path) -> dict:
         if not (item.get("param_name") and item.get("parallel_layouts")):
             continue
         layout = item["parallel_layouts"][0]
-        matrix, tensor_map = (layout[key][0].get("dim", []) if layout.get(key) else None for key in ("dev_matrix", "tensor_map"))
-        found[item["param_name"]] = _layout_pair(matrix, tensor_map, path, item["param_name"], layout)
+        matrix = layout["dev_matrix"][0].get("dim", []) if layout.get("dev_matrix") else None
+        tensor_map = protobuf_entries(layout["tensor_map"]) if layout.get("tensor_map") else None
+        found[item["param_name"]] = _layout_item(matrix, tensor_map, None, path, item["param_name"], layout)
     return found
 
 
 def _json_layouts(items, path: Path) -> dict:
     if not isinstance(items, dict):
         return {}
-    return {name: _layout_pair(item["dev_matrix"], item["tensor_map"], path, name, item) for name, item in items.items()
-            if isinstance(item, dict) and "dev_matrix" in item and "tensor_map" in item}
+    return {name: _layout_item(item["dev_matrix"], item["tensor_map"], item.get("tensor_shape"), path, name, item)
+            for name, item in items.items() if isinstance(item, dict) and "dev_matrix" in item and "tensor_map" in item}
 
 
-def _layout_pair(matrix, tensor_map, path: Path, name: str, item) -> tuple:
-    """A parameter's layout item as ``(dev_matrix, tensor_map)``, or a `ConfigError` naming it."""
-    if not all(isinstance(values, list) and all(isinstance(v, int) for v in values) for values in (matrix, tensor_map)):
+def _integers(values, nested: bool = False) -> bool:
+    return isinstance(values, list) and all(
+        isinstance(v, int) or nested and isinstance(v, list) and _integers(v) for v in values)
+
+
+def _layout_item(matrix, tensor_map, tensor_shape, path: Path, name: str, item) -> tuple:
+    """A parameter's layout item as ``(dev_matrix, tensor_map, tensor_shape)`` (tensor map
+    entries -1, an axis or a list of axes; `tensor_shape` MindSpore's JSON one, cut into
+    sub-dims, or None), or a `ConfigError` naming it."""
+    if not (_integers(matrix) and _integers(tensor_map, nested=True) and (tensor_shape is None or _integers(tensor_shape))):
         raise ConfigError(f"{path}: parallel_layout_item.{name}: expected dev_matrix and tensor_map lists of integers, "
                           f"got {item!r}")
-    return tuple(matrix), tuple(tensor_map)
+    return tuple(matrix), tuple(tensor_map), None if tensor_shape is None else tuple(tensor_shape)
 
 
 def _from_protobuf(fields: dict, path: Path) -> dict:
@@ -233,9 +244,9 @@ def _from_protobuf(fields: dict, path: Path) -> dict:
 def resolve_names(graph, seeds: dict, where: str, layouts: dict | None = None) -> dict:
     """MindSpore node names (``MatMul_dense1.weight``) -> the graph's op names; a name already an
     op of the graph stays. A name no op answers is a `ConfigError` naming it. With `layouts`
-    (``{parameter: (dev_matrix, tensor_map)}``), an op whose parameter lies in another axis order than its
+    (``{parameter: (dev_matrix, tensor_map, tensor_shape)}``), an op whose parameter lies in another axis order than its
     tuples imply (MindSpore sharded it with a Layout) is seeded with that order (`_placed`);
-    `read_mindspore_plan` reads both.
+    `read_mindspore_plan` reads both (``{parameter: (dev_matrix, tensor_map, tensor_shape)}``).
 
     Example:
         >>> from autostrat.frontend import trace
@@ -256,21 +267,31 @@ def resolve_names(graph, seeds: dict, where: str, layouts: dict | None = None) -
         if not found:
             raise ConfigError(f"{where}: MindSpore op {name!r} ({op_type} reading parameter {parameter!r}) matches no op of "
                               f"{graph.name}; the Cell tree must name its parameters as the one that saved the checkpoint")
-        resolved[found[0]] = _placed(graph.ops[found[0]], seed, parameter, (layouts or {}).get(parameter))
+        resolved[found[0]] = _placed(graph.ops[found[0]], seed, parameter, (layouts or {}).get(parameter), where)
     return resolved
 
 
-def _placed(op, seed: tuple, parameter: str, stored) -> tuple:
+def _placed(op, seed: tuple, parameter: str, stored, where: str) -> tuple:
     """`seed` as Layouts when `parameter`, which `op` reads, is `stored` ``(dev_matrix,
-    tensor_map)`` in another axis order than the seed's tuples put it; else `seed`."""
+    tensor_map, tensor_shape)`` in another axis order than the seed's tuples put it, or when
+    the seed is MindSpore's empty strategy of an op it sharded by Layouts
+    (`mindspore_layouts.seed_from_parameter`); else `seed`."""
+    empty = seed == ((), None)
+    if stored is None and empty:
+        raise ConfigError(f"{where}: {op.op_type}_{parameter} has an empty strategy (MindSpore writes one for an op "
+                          f"sharded by Layouts) and the file holds no layout of {parameter} to seed it from")
     if stored is None or seed[1] is not None:
         return seed
-    matrix, tensor_map = stored
-    device_num = math.prod(matrix)
+    index = op.inputs.index(parameter)
+    wanted = stored_layout(stored, op.rule.input_shapes[index], f"{where}: parallel_layout_item.{parameter}")
+    if empty:
+        found = seed_from_parameter(op, index, wanted)
+        if found is None:
+            raise ConfigError(f"{where}: {op.op_type}_{parameter} has an empty strategy and {parameter}'s layout "
+                              f"{wanted} does not fit {op.name}")
+        return found, None
     try:
-        strategy = Strategy.from_tuples(op.rule, seed[0], device_num)
-        index = op.inputs.index(parameter)
-        wanted = Layout(DeviceMatrix(matrix), TensorMap(tensor_map), strategy.input_layouts[index].shape)
+        strategy = Strategy.from_tuples(op.rule, seed[0], wanted.device_num)
     except AutostratError:
         return seed  # the strategy check reports what is wrong with the tuples
     if strategy.input_layouts[index].with_partial().equivalent(wanted):
@@ -278,7 +299,7 @@ def _placed(op, seed: tuple, parameter: str, stored) -> tuple:
     placement = aligned(op.rule.factors, strategy.splits, op.rule.inputs[index], wanted)
     if placement is None:
         return seed
-    return named_layouts(Strategy(op.rule, strategy.splits, device_num, placement=placement)), None
+    return named_layouts(Strategy(op.rule, strategy.splits, wanted.device_num, placement=placement)), None
 
 
 def mindspore_names(graph) -> dict[str, str]:

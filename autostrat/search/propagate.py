@@ -42,6 +42,7 @@ import numpy as np
 from autostrat.autodiff import gradient_name, op_phase
 from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
 from autostrat.layout import Strategy
+from autostrat.layout.nd_tp import gathers_by_design
 from autostrat.redistribution import cost_table
 from autostrat.search.problem import SearchProblem, layers_of
 
@@ -342,7 +343,7 @@ def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, st
     if unreached:
         warnings.append(f"{len(unreached)} op(s) reached by no seed keep the all-ones strategy: {', '.join(unreached)}")
     for edge in () if seeds_from_one_plan else problem.edges:
-        if origin[edge.producer] == SEED and origin[edge.consumer] == SEED:
+        if origin[edge.producer] == SEED and origin[edge.consumer] == SEED and not gathers_by_design(edge.producer, edge.consumer):
             cost = edge.table[choice[edge.producer], choice[edge.consumer]]
             if cost > problem.least_edge_cost(edge, choice[edge.producer]):
                 warnings.append(
