@@ -16,7 +16,7 @@ reads the same files, as it would in MindSpore).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,6 +40,30 @@ class BatchSplit:
         if self.full_batch:
             return f"global batch {local_rows} (every rank reads the whole batch, full_batch=True)"
         return f"global batch {local_rows * self.ranks} ({local_rows} rows per rank x {self.ranks} data-parallel ranks, full_batch=False)"
+
+
+    def global_arrays(self, arrays: list) -> list:
+        """Stand-ins for the global batch of one rank's `arrays`: each batch dim times `ranks`.
+
+        Example:
+            >>> [a.shape for a in BatchSplit(4, False).global_arrays([np.zeros((8, 3))])]
+            [(32, 3)]
+        """
+        if self.full_batch:
+            return list(arrays)
+        for array in arrays:
+            if np.ndim(array) == 0:
+                raise ConfigError("Model.train: a dataset array without a batch dim cannot be a rank's share of a global batch "
+                                  "(full_batch=False); give it a batch dim or set full_batch=True")
+        return [np.broadcast_to(np.zeros((), array.dtype), (len(array) * self.ranks,) + array.shape[1:]) for array in arrays]
+
+    def local_inputs(self, inputs) -> tuple[tuple, str]:
+        """The plan's `inputs` (TensorInfos) as one rank reads them, and how to name them in an
+        error: the whole inputs with ``full_batch``, else each batch dim divided by `ranks`."""
+        if self.full_batch:
+            return tuple(inputs), "the plan's inputs are"
+        local = tuple(replace(info, shape=(info.shape[0] // self.ranks,) + tuple(info.shape[1:])) for info in inputs)
+        return local, f"a rank's share of the plan's inputs, 1/{self.ranks} of the batch, is"
 
 
 def batch_split(context) -> BatchSplit:

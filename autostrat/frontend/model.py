@@ -157,9 +157,10 @@ def element_arrays(element, index: int) -> list[np.ndarray]:
     raise ConfigError(f"dataset element {index}: expected a tuple of arrays such as (data, label), got {_describe(element)}")
 
 
-def batch_values(element, inputs, index: int) -> dict:
+def batch_values(element, inputs, index: int, label: str = "the plan's inputs are") -> dict:
     """Dataset element `index` as arrays by graph input name, checked against `inputs` (the
-    planned graph inputs) so that a bad element fails here, naming itself, not inside a rank.
+    planned graph inputs, or a rank's share of them, as `label` says) so that a bad element
+    fails here, naming itself, not inside a rank.
 
     Example:
         >>> from autostrat.ir import TensorInfo
@@ -182,7 +183,7 @@ def batch_values(element, inputs, index: int) -> dict:
         array = _array(value)
         if array.shape != tuple(info.shape) or array.dtype.name != info.dtype:
             raise ConfigError(f"dataset element {index}: input {info.name} must be {list(info.shape)} {info.dtype} "
-                              f"(the plan's inputs are {expected}), got {_describe(array)}")
+                              f"({label} {expected}), got {_describe(array)}")
         batch[info.name] = array
     return batch
 
@@ -229,23 +230,8 @@ class Model:
             raise ConfigError("Model.train needs an optimizer: Model(network, loss_fn, optimizer)")
         if not isinstance(epoch, int) or epoch < 1:
             raise ConfigError(f"Model.train: epoch must be a positive integer, got {epoch!r}")
-        elements = list(train_dataset)
-        if not elements:
-            raise ConfigError("Model.train: the dataset has no elements")
-        backend, context = world_backend(), current_context()
-        split = batch_split(context)
-        local_rows = len(element_arrays(elements[0], 0)[0])
-        elements = global_elements(train_dataset, [element_arrays(e, i) for i, e in enumerate(elements)], split, backend)
-        if self._training is None:
-            if backend is None or backend.rank == 0:
-                print(f"Model.train: plan for {split.describe(local_rows)}", flush=True)
-            cell = TrainOneStepCell(self.loss_network, self.optimizer)
-            self._training = plan_for(cell, stand_ins(elements[0]), context)
-        plan = self._training
-        graph = reference_graph(plan)  # a pipeline plan's graph is one micro-batch's
-        batches = [batch_values(element, graph.inputs(), index) for index, element in enumerate(elements)]
-        for index, batch in enumerate(batches):
-            check_indices(graph, batch, f"dataset element {index}")
+        backend = world_backend()
+        plan, graph, batches = self._plan_and_batches(train_dataset, backend)
         values = graph_values(graph, {}) | self._state
         rank = 0 if backend is None else backend.rank
         # Callbacks run on rank 0 (one log), those that write per-rank files (`every_rank`) on every rank.
@@ -260,6 +246,31 @@ class Model:
         notifier.tell("on_train_end", epoch * len(batches), result.losses[-1])
         if checking() and (backend is None or backend.rank == 0):
             check_against_one_device(plan, result, values, batches * epoch)
+
+    def _plan_and_batches(self, train_dataset, backend) -> tuple:
+        """The training plan (made by the first call, for the global batch), its reference graph
+        and the global batches: this rank's elements checked against its share of the plan's
+        inputs, so that a bad one is named in the terms the script wrote it, then joined with the
+        other ranks' (`frontend.batches`)."""
+        elements = list(train_dataset)
+        if not elements:
+            raise ConfigError("Model.train: the dataset has no elements")
+        context = current_context()
+        split = batch_split(context)
+        first = element_arrays(elements[0], 0)
+        if self._training is None:
+            if backend is None or backend.rank == 0:
+                print(f"Model.train: plan for {split.describe(len(first[0]) if first and first[0].ndim else 1)}", flush=True)
+            cell = TrainOneStepCell(self.loss_network, self.optimizer)
+            self._training = plan_for(cell, stand_ins(split.global_arrays(first)), context)
+        graph = reference_graph(self._training)  # a pipeline plan's graph is one micro-batch's
+        inputs, label = split.local_inputs(graph.inputs())
+        local = [batch_values(element, inputs, index, label) for index, element in enumerate(elements)]
+        for index, batch in enumerate(local):
+            check_indices(graph, batch, f"dataset element {index}")
+        names = [info.name for info in inputs]
+        joined = global_elements(train_dataset, [[batch[name] for name in names] for batch in local], split, backend)
+        return self._training, graph, [dict(zip(names, element)) for element in joined]
 
     def _keep(self, trained: dict) -> None:
         """Trained parameters into the network's Parameters, the optimiser state into the model."""
