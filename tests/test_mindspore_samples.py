@@ -349,3 +349,19 @@ def test_the_model_train_sample_runs_on_8_mpi_ranks_like_one_device(tmp_path):
     assert np.array_equal(slices[0]["layer1.weight"], slices[2]["layer1.weight"]) != np.array_equal(
         slices[0]["layer1.weight"], slices[1]["layer1.weight"])
     assert MNIST_COUNT == 64
+
+
+# The samples that run to the end with this piece's names alone; the pipeline sample also needs
+# nn.PipelineGradReducer and per-cell pipeline_stage, the high-dimension one add_prim_attr and 2-D layouts.
+RUNNING_ALONE = ["operator_parallel", "operator_parallel_layout", "optimizer_parallel", "recompute", "sharding_propagation",
+                 "strategy_saving"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RUNNING_ALONE)
+def test_a_sample_runs_unchanged_as_one_process_and_checks_itself(tmp_path, name):
+    """One process, the 8 ranks as threads (``python sample.py``, RANK_SIZE=8), AUTOSTRAT_CHECK=1."""
+    run = run_sample(name, tmp_path, ranks=None)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "(limit 1e-05): OK" in run.stdout
+    assert "Traceback" not in run.stderr

@@ -1,10 +1,11 @@
 """MindSpore's high-level loop: ``Model(net, loss_fn, optimizer).train(epoch, dataset, callbacks)``,
 with `LossMonitor` (or any `Callback`) seeing the loss of every step, and `eval` / `predict`.
 
-The training step is planned once, from the first dataset element's shapes and dtypes, under
-the parallel context of that moment; every later element must match them. All epochs run in
-one go on LocalCluster threads, or under mpiexec one process per rank (callbacks then run on
-rank 0). Afterwards the trained values are written into the network's Parameters and the
+The training step is planned once, for the global batch the first dataset element makes
+(MindSpore's ``full_batch`` semantics, `frontend.batches`), under the parallel context of that
+moment; every later element must match it. All epochs run in one go on LocalCluster threads,
+or under mpiexec one process per rank (callbacks then run on rank 0, except those that write a
+file per rank, such as `ModelCheckpoint`). Afterwards the trained values are written into the network's Parameters and the
 optimiser state is kept, so `predict`, `eval` or another `train` continue from them.
 
 Example (two epochs of two batches on 8 threads, a loss printed per step; every rank reads the
