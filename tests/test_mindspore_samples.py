@@ -220,12 +220,18 @@ def test_the_sample_import_paths_exist():
 # --- Model.train: step counting, batch semantics, checkpoints -----------------------------------
 
 
-def _mnist_model(device_num: int, **settings):
-    """The samples' network (Flatten, two Dense) and a Model training it with SGD."""
+def _mnist_model(device_num: int, model_parallel: bool = False, **settings):
+    """The samples' network (Flatten, two Dense) and a Model training it with SGD: data parallel,
+    or `model_parallel` (the first Dense's weight split by rows over every device: every rank
+    computes on the whole global batch, so it needs the other ranks' rows)."""
     ms.reset_auto_parallel_context()
-    ms.set_auto_parallel_context(parallel_mode="data_parallel", device_num=device_num, **settings)
+    mode = "semi_auto_parallel" if model_parallel else "data_parallel"
+    ms.set_auto_parallel_context(parallel_mode=mode, device_num=device_num, **settings)
     ms.set_seed(1)
     net = nn.SequentialCell([nn.Flatten(), nn.Dense(28 * 28, 16), nn.ReLU(), nn.Dense(16, 10)])
+    if model_parallel:
+        net[0].reshape.shard(((1, 1, 1, 1),))  # every rank loads the whole input, not its rows to gather later
+        net[1].matmul.shard(((1, 1), (device_num, 1)))
     return net, ms.Model(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.05))
 
 
@@ -244,23 +250,54 @@ def test_loss_monitor_counts_steps_over_the_whole_run(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("epoch: 10 step: 2, loss is ")
 
 
-def test_sharded_ranks_train_as_one_device_on_their_rows_together(tmp_path, capsys):
-    """full_batch=False: each of 4 ranks reads its shard (4 rows a step); the step is the global
-    batch of 16 rows, rank r's rows at r*4.. -- as one device training on those rows stacked."""
-    write_mnist(tmp_path, count=32)
-    net, model = _mnist_model(4, gradients_mean=True)
-    model.train(2, _sample_pipeline(ds.MnistDataset(str(tmp_path), num_shards=4, shard_id=0, shuffle=False), 4))
-    assert "Model.train: plan for global batch 16 (4 rows per rank x 4 data-parallel ranks, full_batch=False)" in capsys.readouterr().out
-    images = np.frombuffer((tmp_path / "train-images-idx3-ubyte").read_bytes()[16:], np.uint8).reshape(32, 1, 28, 28)
-    labels = np.frombuffer((tmp_path / "train-labels-idx1-ubyte").read_bytes()[8:], np.uint8).astype(np.int32)
+def _trained_alone_on_the_shards_together(folder) -> dict:
+    """One device trained as 4 ranks reading shards of the 32 images in `folder` train together
+    (see the test below), by parameter name."""
+    images = np.frombuffer((folder / "train-images-idx3-ubyte").read_bytes()[16:], np.uint8).reshape(32, 1, 28, 28)
+    labels = np.frombuffer((folder / "train-labels-idx1-ubyte").read_bytes()[8:], np.uint8).astype(np.int32)
     images = ((images / 255.0 - 0.1307) / 0.3081).astype(np.float32)
     # Shard r reads rows r, r+4, ...: its step s takes the 4 of them from position 4s.
     order = [[r + 4 * (4 * step + k) for r in range(4) for k in range(4)] for step in range(2)]
     assert sorted(order[0] + order[1]) == list(range(32))
     alone, alone_model = _mnist_model(1, full_batch=True)
     alone_model.train(2, [(images[rows], labels[rows]) for rows in order])
-    for (name, trained), (_, expected) in zip(net.parameters_and_names(), alone.parameters_and_names()):
-        np.testing.assert_allclose(trained.asnumpy(), expected.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    return {name: parameter.asnumpy() for name, parameter in alone.parameters_and_names()}
+
+
+def test_sharded_ranks_train_as_one_device_on_their_rows_together(tmp_path, capsys):
+    """full_batch=False: each of 4 ranks reads its shard (4 rows a step); the step is the global
+    batch of 16 rows, rank r's rows at r*4.. -- as one device training on those rows stacked."""
+    write_mnist(tmp_path, count=32)
+    net, model = _mnist_model(4, model_parallel=True, gradients_mean=True)
+    model.train(2, _sample_pipeline(ds.MnistDataset(str(tmp_path), num_shards=4, shard_id=0, shuffle=False), 4))
+    assert "Model.train: plan for global batch 16 (4 rows per rank x 4 data-parallel ranks, full_batch=False)" in capsys.readouterr().out
+    expected = _trained_alone_on_the_shards_together(tmp_path)
+    for name, trained in net.parameters_and_names():
+        np.testing.assert_allclose(trained.asnumpy(), expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.slow
+def test_sharded_mpi_ranks_train_as_one_device_on_their_rows_together(tmp_path):
+    """The same under mpiexec: each of 4 processes reads only its own shard, and the first
+    layer, split by its weight's rows, needs every rank's rows on every rank."""
+    import subprocess
+    import sys
+
+    from autostrat.runtime import launcher
+    from tests.mindspore_samples import ROOT
+
+    write_mnist(tmp_path, count=32)
+    command = [str(launcher.find_mpiexec()), "-n", "4", sys.executable, "-m", "mpi4py", "tests/mpi_sharded_training.py",
+               str(tmp_path), str(tmp_path / "trained.npz")]
+    env = launcher.mpi_environment(4) | {"PYTHONPATH": str(ROOT), "MPIEXEC_TIMEOUT": "240"}
+    env.pop("RANK_SIZE", None)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("Model.train: plan for global batch 16 (4 rows per rank x 4 data-parallel ranks") == 1
+    trained, expected = np.load(tmp_path / "trained.npz"), _trained_alone_on_the_shards_together(tmp_path)
+    assert sorted(trained.files) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(trained[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_full_batch_means_every_rank_reads_the_whole_batch(tmp_path, capsys):
