@@ -8,8 +8,9 @@ Example:
     ({'transpose_b': True}, ('axis',))
 """
 
-from autostrat.frontend.primitive import Primitive, functional_ops, primitive_classes
+from autostrat.frontend.functional import grad, value_and_grad  # MindSpore: mindspore.ops.value_and_grad as well
+from autostrat.frontend.primitive import Flatten, Primitive, Print, functional_ops, primitive_classes
 
 globals().update(primitive_classes())
 globals().update(functional_ops())  # MindSpore 2.x's functional forms: ops.matmul(x, w), ops.relu(x)...
-__all__ = ["Primitive", *primitive_classes(), *functional_ops()]
+__all__ = ["Flatten", "Primitive", "Print", "grad", "value_and_grad", *primitive_classes(), *functional_ops()]

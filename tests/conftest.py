@@ -71,7 +71,7 @@ def golden(request):
 # two jobs of 8 ranks never share the 2 cores and trip a rank's stall watchdog, while the other
 # worker runs the in-process tests. test_readme and test_samples run the tutorial sample
 # (bash run.sh N), which writes its run folder inside sample_code, as test_world's do.
-SPAWNING = frozenset({"test_faults.py", "test_job_safety.py", "test_memory_measured.py", "test_mindspore_names.py", "test_mpi.py",
+SPAWNING = frozenset({"test_faults.py", "test_job_safety.py", "test_memory_measured.py", "test_mindspore_names.py", "test_mindspore_samples.py", "test_mpi.py",
                       "test_optimizer_shard.py", "test_pipeline.py", "test_readme.py", "test_recompute.py",
                       "test_recompute_choice.py", "test_samples.py", "test_world.py", "test_zero3.py"})
 

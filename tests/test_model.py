@@ -133,8 +133,8 @@ def _good():
 
 BAD_ELEMENTS = {
     "shape": ((np.zeros((32, 64), np.float32), _good()[1]),
-              (r"dataset element 1: input data must be \[64, 64\] float32 \(the plan's inputs are data \[64, 64\] float32, "
-               r"label \[64\] int32\), got \[32, 64\] float32")),
+              (r"dataset element 1: input data must be \[64, 64\] float32 \(a rank's share of the plan's inputs, 1/8 of the batch, "
+               r"is data \[64, 64\] float32, label \[64\] int32\), got \[32, 64\] float32")),
     "dtype": ((_good()[0], _good()[1].astype(np.int64)), r"dataset element 1: input label must be \[64\] int32 .*, got \[64\] int64"),
     "count": ((_good()[0],), r"dataset element 1: expected 2 arrays \(data \[64, 64\] float32, label \[64\] int32\), got a tuple of 1: \[64, 64\] float32"),
     "not a tuple": (np.zeros((64, 64), np.float32), r"dataset element 1: expected a tuple of arrays such as \(data, label\), got \[64, 64\] float32"),

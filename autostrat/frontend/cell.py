@@ -8,6 +8,7 @@ from typing import Iterator
 
 from autostrat.errors import ConfigError
 from autostrat.frontend import tracing
+from autostrat.frontend.context import warn_once
 from autostrat.frontend.primitive import Primitive, primitive_classes
 from autostrat.frontend.tensor import Parameter
 
@@ -126,6 +127,15 @@ class Cell:
         object.__setattr__(self, "_recompute", True)
         return self
 
+    def set_comm_fusion(self, fusion_type: int, recurse: bool = True) -> Cell:
+        """MindSpore's gradient-fusion buckets: accepted with one warning, no effect (autostrat
+        sends each gradient's collective on its own)."""
+        if not isinstance(fusion_type, int) or isinstance(fusion_type, bool) or fusion_type < 0:
+            raise ConfigError(f"{type(self).__name__}.set_comm_fusion: fusion_type must be a non-negative integer, got {fusion_type!r}")
+        warn_once("set_comm_fusion", "Cell.set_comm_fusion is accepted and has no effect in autostrat (each gradient's "
+                  "collective is sent on its own, unfused)", stacklevel=2)
+        return self
+
     def _walk(self, prefix: str = "", parameter_names: bool = False) -> Iterator[tuple[str, object]]:
         for name, child in self._children.items():
             path = f"{prefix}{name}"
@@ -238,5 +248,7 @@ def shard(fn, in_strategy, out_strategy=None, parameter_plan=None, device=None, 
 
 
 def recomputed_cells(net: Cell) -> tuple[str, ...]:
-    """The paths of `net`'s cells marked with `Cell.recompute` ("" is `net` itself)."""
-    return tuple(path for path, cell in net.cells_and_names() if cell.__dict__.get("_recompute", False))
+    """The paths of `net`'s cells marked with `Cell.recompute` ("" is `net` itself) and of its
+    primitives marked with `Primitive.recompute` (an op's name is its primitive's path)."""
+    cells = tuple(path for path, cell in net.cells_and_names() if cell.__dict__.get("_recompute", False))
+    return cells + tuple(path for path, primitive in net.primitives_and_names() if primitive.recomputed)

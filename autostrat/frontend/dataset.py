@@ -2,9 +2,8 @@
 `NumpySlicesDataset` and ``.batch``. A dataset yields tuples of numpy arrays, one per column;
 `Model.train` reads it once per call and iterates the steps from those batches.
 
-Every rank reads the whole dataset (each takes its slices of the batch, as MindSpore's
-``full_batch``): the data is small next to what a plan moves, and ranks agree without sharding
-the files.
+What a rank reads is its share of the global batch unless ``full_batch`` (MindSpore's
+semantics; `frontend.batches` joins the ranks' elements into global batches).
 """
 
 from __future__ import annotations
@@ -16,10 +15,22 @@ from autostrat.frontend.tensor import Tensor
 
 
 class Dataset:
-    """Rows of columns, batched or not; iterate it for tuples of arrays."""
+    """Rows of columns, batched or not; iterate it for tuples of arrays. A sharded dataset (read
+    as one of `num_shards` shards) can be read again as another shard (`for_shard`), which is
+    how one process running every rank as a thread finds each rank's rows."""
 
-    def __init__(self, rows, column_names):
+    def __init__(self, rows, column_names, num_shards: int | None = None, remake=None):
         self._rows, self.column_names = rows, list(column_names) if column_names else None
+        self.num_shards, self._remake = num_shards, remake  # remake: shard id -> this dataset read as that shard
+
+    def for_shard(self, shard_id: int) -> Dataset:
+        """This dataset, every step of it, read as shard `shard_id` (itself when unsharded)."""
+        return self if self._remake is None else self._remake(shard_id)
+
+    def _derived(self, rows, make) -> Dataset:
+        """A dataset of `rows` made from this one by `make`, which remakes it from another shard."""
+        remake = None if self._remake is None else (lambda shard_id: make(self.for_shard(shard_id)))
+        return Dataset(rows, self.column_names, self.num_shards, remake)
 
     def __iter__(self):
         for row in self._rows():
@@ -46,7 +57,40 @@ class Dataset:
             if pending and not drop_remainder:
                 yield tuple(np.stack(column) for column in zip(*pending))
 
-        return Dataset(rows, self.column_names)
+        return self._derived(rows, lambda dataset: dataset.batch(batch_size, drop_remainder))
+
+    def map(self, operations, input_columns=None, output_columns=None, num_parallel_workers=None, **kwargs) -> Dataset:
+        """MindSpore's ``map``: each row's `input_columns` (a name or a list; default the first
+        column) passed through `operations` (one callable or a list, applied in order), the
+        results in their place. Other MindSpore options (`output_columns`, ...) are refused by name.
+
+        Example:
+            >>> data = NumpySlicesDataset({"x": np.arange(3), "y": np.arange(3)}).map([lambda x: x * 10, lambda x: x + 1], "y")
+            >>> [row[1].tolist() for row in data]
+            [1, 11, 21]
+        """
+        refused = sorted(set(kwargs) | ({"output_columns"} if output_columns is not None else set()))
+        if refused:
+            raise ConfigError(f"Dataset.map: {refused[0]!r} is not supported (operations and input_columns are)")
+        names = [input_columns] if isinstance(input_columns, str) else list(input_columns or (self.column_names or [])[:1])
+        unknown = [name for name in names if name not in (self.column_names or ())]
+        if unknown or not names:
+            raise ConfigError(f"Dataset.map: input_columns must name columns of {self.column_names}, got {input_columns!r}")
+        steps = list(operations) if isinstance(operations, (list, tuple)) else [operations]
+        positions = [self.column_names.index(name) for name in names]
+
+        def rows():
+            for row in self:
+                values = [row[position] for position in positions]
+                for step in steps:
+                    values = step(*values)
+                    values = list(values) if isinstance(values, tuple) else [values]
+                changed = list(row)
+                for position, value in zip(positions, values):
+                    changed[position] = value
+                yield tuple(changed)
+
+        return self._derived(rows, lambda dataset: dataset.map(operations, input_columns))
 
     def get_dataset_size(self) -> int:
         return sum(1 for _ in self)

@@ -175,3 +175,71 @@ class MSELoss(Cell):
         if self.reduction == "mean":
             return self.reduce_mean(loss, ())
         return self.reduce_sum(loss, ()) if self.reduction == "sum" else loss
+
+
+class Flatten(Cell):
+    """MindSpore's ``nn.Flatten(start_dim=1, end_dim=-1)``: dims `start_dim`..`end_dim` merged
+    into one (a Reshape).
+
+    Example:
+        >>> import numpy as np
+        >>> from autostrat.frontend.tensor import Tensor
+        >>> Flatten()(Tensor(np.zeros((2, 1, 3, 4), np.float32))).shape, Flatten(0, 1)(Tensor(np.zeros((2, 3, 4)))).shape
+        ((2, 12), (6, 4))
+    """
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+        self.reshape = ops.Reshape()
+
+    def construct(self, x):
+        dims = list(x.shape)
+        start, end = (axis + len(dims) if axis < 0 else axis for axis in (self.start_dim, self.end_dim))
+        if not 0 <= start <= end < len(dims):
+            raise ConfigError(f"Flatten: start_dim {self.start_dim} and end_dim {self.end_dim} do not name dims "
+                              f"in order of an input of shape {dims}")
+        merged = 1
+        for size in dims[start:end + 1]:
+            merged *= size
+        return self.reshape(x, tuple(dims[:start] + [merged] + dims[end + 1:]))
+
+
+class CrossEntropyLoss(Cell):
+    """MindSpore's ``nn.CrossEntropyLoss``: the cross entropy of logits ``[batch, classes]``
+    against class indices ``[batch]`` (integers in 0..classes-1) or class probabilities
+    ``[batch, classes]``; with `label_smoothing` s the target is ``(1 - s) * one_hot + s /
+    classes``; `reduction` 'mean' (over the batch), 'sum' or 'none'. `weight` and an
+    `ignore_index` other than MindSpore's default -100 are refused.
+
+    Example:
+        >>> CrossEntropyLoss(label_smoothing=0.1).reduction
+        'mean'
+    """
+
+    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__()
+        if weight is not None:
+            raise ConfigError("CrossEntropyLoss: weight is not supported (every class weighs 1), got a weight")
+        if ignore_index != -100:
+            raise ConfigError(f"CrossEntropyLoss: ignore_index is not supported (labels must be class indices), got {ignore_index!r}")
+        if reduction not in ("none", "mean", "sum"):
+            raise ConfigError(f"CrossEntropyLoss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ConfigError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+        self.reduction, self.label_smoothing = reduction, float(label_smoothing)
+        self.one_hot = ops.OneHot()
+        self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits()
+        self.reduce_mean, self.reduce_sum = ops.ReduceMean(), ops.ReduceSum()
+
+    def construct(self, logits, labels):
+        classes = logits.shape[-1]
+        smoothing = self.label_smoothing
+        if len(labels.shape) == len(logits.shape) - 1:
+            labels = self.one_hot(labels, classes, 1.0 - smoothing + smoothing / classes, smoothing / classes)
+        elif smoothing:
+            raise ConfigError("CrossEntropyLoss: label_smoothing applies to class indices, got class probabilities")
+        loss = self.softmax_cross_entropy(logits, labels)
+        if self.reduction == "mean":
+            return self.reduce_mean(loss, ())
+        return self.reduce_sum(loss, ()) if self.reduction == "sum" else loss

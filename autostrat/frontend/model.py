@@ -1,14 +1,16 @@
 """MindSpore's high-level loop: ``Model(net, loss_fn, optimizer).train(epoch, dataset, callbacks)``,
 with `LossMonitor` (or any `Callback`) seeing the loss of every step, and `eval` / `predict`.
 
-The training step is planned once, from the first dataset element's shapes and dtypes, under
-the parallel context of that moment; every later element must match them. All epochs run in
-one go on LocalCluster threads, or under mpiexec one process per rank (callbacks then run on
-rank 0). Afterwards the trained values are written into the network's Parameters and the
+The training step is planned once, for the global batch the first dataset element makes
+(MindSpore's ``full_batch`` semantics, `frontend.batches`), under the parallel context of that
+moment; every later element must match it. All epochs run in one go on LocalCluster threads,
+or under mpiexec one process per rank (callbacks then run on rank 0, except those that write a
+file per rank, such as `ModelCheckpoint`). Afterwards the trained values are written into the network's Parameters and the
 optimiser state is kept, so `predict`, `eval` or another `train` continue from them.
 
-Example (two epochs of two batches on 8 threads, a loss printed per step; gradients summed over
-their replicas, MindSpore's default ``gradients_mean=False``):
+Example (two epochs of two batches on 8 threads, a loss printed per step; every rank reads the
+same 64 rows, its share of a global batch of 512 (MindSpore's ``full_batch=False``); gradients
+summed over their replicas, MindSpore's default ``gradients_mean=False``):
     >>> import numpy as np
     >>> from autostrat import nn, set_auto_parallel_context, reset_auto_parallel_context
     >>> from autostrat.models import FFN
@@ -18,6 +20,7 @@ their replicas, MindSpore's default ``gradients_mean=False``):
     >>> dataset = [(rng.standard_normal((64, 64)).astype(np.float32), rng.integers(0, 64, 64).astype(np.int32)) for _ in range(2)]
     >>> model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.Momentum(net.trainable_params(), 0.1, 0.9))
     >>> model.train(2, dataset, callbacks=[LossMonitor(per_print_times=2)])  # doctest: +ELLIPSIS
+    Model.train: plan for global batch 512 (64 rows per rank x 8 data-parallel ranks, full_batch=False)
     epoch: 1 step: 2, loss is 4.157...
     epoch: 2 step: 2, loss is 4.121...
     >>> model.predict(dataset[0][0]).shape
@@ -35,6 +38,7 @@ import numpy as np
 
 from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.api import plan_for
+from autostrat.frontend.batches import batch_split, global_elements
 from autostrat.frontend.context import current_context
 from autostrat.frontend.world import checking, world_backend
 from autostrat.frontend.tensor import Parameter, Tensor
@@ -49,13 +53,18 @@ from autostrat.runtime.training import loss_value, train_collective, train_local
 @dataclass(frozen=True)
 class CallbackParams:
     """What a callback sees: `cur_step_num` counts steps over all epochs from 1 (0 before the
-    first), `net_outputs` is the step's loss (None before the first step)."""
+    first), `net_outputs` is the step's loss (None before the first step); `train_network` the
+    network (its Parameters hold the trained values at the train's end), `plan` the training
+    plan and `rank` this process's rank (0 when the ranks are threads)."""
 
     epoch_num: int
     batch_num: int
     cur_epoch_num: int
     cur_step_num: int
     net_outputs: float | None
+    train_network: object = None
+    plan: object = None
+    rank: int = 0
 
     @property
     def step_in_epoch(self) -> int:
@@ -89,8 +98,10 @@ class Callback:
 
 
 class LossMonitor(Callback):
-    """Logs the loss every `per_print_times` steps of an epoch, in MindSpore's `LossMonitor`
-    format (``epoch: 1 step: 2, loss is 0.6931472``)."""
+    """Logs the loss at every step whose number, counted over the whole run from 1, is a
+    multiple of `per_print_times` (MindSpore's ``cur_step_num % per_print_times == 0``: with
+    2 steps an epoch, ``LossMonitor(20)`` prints at the 10th epoch's end), in MindSpore's
+    format, the step counted within its epoch (``epoch: 1 step: 2, loss is 0.6931472``)."""
 
     def __init__(self, per_print_times: int = 1, log=print):
         if not isinstance(per_print_times, int) or per_print_times < 1:
@@ -99,19 +110,20 @@ class LossMonitor(Callback):
 
     def on_train_step_end(self, run_context: RunContext) -> None:
         params = run_context.original_args()
-        if params.step_in_epoch % self.per_print_times == 0:
+        if params.cur_step_num % self.per_print_times == 0:
             self.log(f"epoch: {params.cur_epoch_num} step: {params.step_in_epoch}, loss is {params.net_outputs:.7f}")
 
 
 class _Notifier:
     """The `on_step(step, loss)` of a run, turned into the callbacks' moments and a progress bar."""
 
-    def __init__(self, callbacks, epoch_num: int, batch_num: int):
+    def __init__(self, callbacks, epoch_num: int, batch_num: int, about: tuple = (None, None, 0)):
         self.callbacks, self.epoch_num, self.batch_num = list(callbacks or ()), epoch_num, batch_num
+        self.about = about  # (network, plan, rank) for CallbackParams
         self.progress = Progress(epoch_num * batch_num, log=None)  # a bar on a terminal, for long runs
 
     def tell(self, moment: str, step: int, loss: float | None) -> None:
-        params = CallbackParams(self.epoch_num, self.batch_num, max(step - 1, 0) // self.batch_num + 1, step, loss)
+        params = CallbackParams(self.epoch_num, self.batch_num, max(step - 1, 0) // self.batch_num + 1, step, loss, *self.about)
         for callback in self.callbacks:
             getattr(callback, moment)(RunContext(params))
 
@@ -146,9 +158,10 @@ def element_arrays(element, index: int) -> list[np.ndarray]:
     raise ConfigError(f"dataset element {index}: expected a tuple of arrays such as (data, label), got {_describe(element)}")
 
 
-def batch_values(element, inputs, index: int) -> dict:
+def batch_values(element, inputs, index: int, label: str = "the plan's inputs are") -> dict:
     """Dataset element `index` as arrays by graph input name, checked against `inputs` (the
-    planned graph inputs) so that a bad element fails here, naming itself, not inside a rank.
+    planned graph inputs, or a rank's share of them, as `label` says) so that a bad element
+    fails here, naming itself, not inside a rank.
 
     Example:
         >>> from autostrat.ir import TensorInfo
@@ -171,7 +184,7 @@ def batch_values(element, inputs, index: int) -> dict:
         array = _array(value)
         if array.shape != tuple(info.shape) or array.dtype.name != info.dtype:
             raise ConfigError(f"dataset element {index}: input {info.name} must be {list(info.shape)} {info.dtype} "
-                              f"(the plan's inputs are {expected}), got {_describe(array)}")
+                              f"({label} {expected}), got {_describe(array)}")
         batch[info.name] = array
     return batch
 
@@ -207,7 +220,8 @@ class Model:
 
     def train(self, epoch: int, train_dataset, callbacks=None, dataset_sink_mode: bool = False, sink_size: int = -1) -> None:
         """Train `epoch` passes over `train_dataset` (an iterable of (data, label) arrays, read
-        once); `callbacks` see every step's loss and every epoch's end. MindSpore's
+        once; what a rank reads is its share of the global batch unless ``full_batch``, see
+        `frontend.batches`); `callbacks` see every step's loss and every epoch's end. MindSpore's
         `dataset_sink_mode` and `sink_size` are accepted (a warning when set: there is no
         device queue to sink into)."""
         if dataset_sink_mode or sink_size != -1:
@@ -217,20 +231,13 @@ class Model:
             raise ConfigError("Model.train needs an optimizer: Model(network, loss_fn, optimizer)")
         if not isinstance(epoch, int) or epoch < 1:
             raise ConfigError(f"Model.train: epoch must be a positive integer, got {epoch!r}")
-        elements = list(train_dataset)
-        if not elements:
-            raise ConfigError("Model.train: the dataset has no elements")
-        if self._training is None:
-            cell = TrainOneStepCell(self.loss_network, self.optimizer)
-            self._training = plan_for(cell, stand_ins(element_arrays(elements[0], 0)), current_context())
-        plan = self._training
-        graph = reference_graph(plan)  # a pipeline plan's graph is one micro-batch's
-        batches = [batch_values(element, graph.inputs(), index) for index, element in enumerate(elements)]
-        for index, batch in enumerate(batches):
-            check_indices(graph, batch, f"dataset element {index}")
-        values = graph_values(graph, {}) | self._state
         backend = world_backend()
-        notifier = _Notifier(callbacks if backend is None or backend.rank == 0 else (), epoch, len(batches))
+        plan, graph, batches = self._plan_and_batches(train_dataset, backend)
+        values = graph_values(graph, {}) | self._state
+        rank = 0 if backend is None else backend.rank
+        # Callbacks run on rank 0 (one log), those that write per-rank files (`every_rank`) on every rank.
+        chosen = [callback for callback in callbacks or () if rank == 0 or getattr(callback, "every_rank", False)]
+        notifier = _Notifier(chosen, epoch, len(batches), (self.network, plan, rank))
         notifier.tell("on_train_begin", 0, None)
         if backend is None:
             result = train_locally(plan, values, batches * epoch, notifier)
@@ -240,6 +247,31 @@ class Model:
         notifier.tell("on_train_end", epoch * len(batches), result.losses[-1])
         if checking() and (backend is None or backend.rank == 0):
             check_against_one_device(plan, result, values, batches * epoch)
+
+    def _plan_and_batches(self, train_dataset, backend) -> tuple:
+        """The training plan (made by the first call, for the global batch), its reference graph
+        and the global batches: this rank's elements checked against its share of the plan's
+        inputs, so that a bad one is named in the terms the script wrote it, then joined with the
+        other ranks' (`frontend.batches`)."""
+        elements = list(train_dataset)
+        if not elements:
+            raise ConfigError("Model.train: the dataset has no elements")
+        context = current_context()
+        split = batch_split(context)
+        first = element_arrays(elements[0], 0)
+        if self._training is None:
+            if backend is None or backend.rank == 0:
+                print(f"Model.train: plan for {split.describe(len(first[0]) if first and first[0].ndim else 1)}", flush=True)
+            cell = TrainOneStepCell(self.loss_network, self.optimizer)
+            self._training = plan_for(cell, stand_ins(split.global_arrays(first)), context)
+        graph = reference_graph(self._training)  # a pipeline plan's graph is one micro-batch's
+        inputs, label = split.local_inputs(graph.inputs())
+        local = [batch_values(element, inputs, index, label) for index, element in enumerate(elements)]
+        for index, batch in enumerate(local):
+            check_indices(graph, batch, f"dataset element {index}")
+        names = [info.name for info in inputs]
+        joined = global_elements(train_dataset, [[batch[name] for name in names] for batch in local], split, backend)
+        return self._training, graph, [dict(zip(names, element)) for element in joined]
 
     def _keep(self, trained: dict) -> None:
         """Trained parameters into the network's Parameters, the optimiser state into the model."""

@@ -7,12 +7,14 @@ single-device reference). Inside a trace it records an op node instead.
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import numpy as np
 
 from autostrat.errors import ConfigError
 from autostrat.frontend import tracing
 from autostrat.frontend.tensor import Tensor
+from autostrat.frontend.world import get_rank
 from autostrat.ir import dtype_name
 from autostrat.layout.named import is_layout_strategy
 from autostrat.rules import get_op, op_types
@@ -61,6 +63,7 @@ class Primitive:
         self.in_strategy = None
         self.out_strategy = None
         self.prim_attrs: dict = {}
+        self.recomputed = False
 
     def add_prim_attr(self, name: str, value) -> Primitive:
         """MindSpore's ``add_prim_attr``: of its attributes, autostrat acts on ``enable_nd_tp``
@@ -90,6 +93,18 @@ class Primitive:
         """
         self.in_strategy = _check_strategy_form(in_strategy, f"{self.op_type}.shard in_strategy")
         self.out_strategy = _check_strategy_form(out_strategy, f"{self.op_type}.shard out_strategy")
+        return self
+
+    def recompute(self, mode: bool = True) -> Primitive:
+        """MindSpore's ``Primitive.recompute``: the op's output is not kept for the backward but
+        computed again there from its inputs (as `Cell.recompute` does for a cell).
+
+        Example:
+            >>> from autostrat import ops
+            >>> ops.ReLU().recompute().recomputed
+            True
+        """
+        self.recomputed = bool(mode)
         return self
 
     def _split_arguments(self, args) -> tuple[list[Tensor], dict]:
@@ -192,3 +207,42 @@ def functional_ops() -> dict:
             function.__doc__ = f"MindSpore's functional ``ops.{name}``: ``ops.{op_type}`` applied once."
             found[name] = function
     return dict(sorted(found.items()))
+
+
+class Flatten(Primitive):
+    """MindSpore's ``ops.Flatten()``: ``[b, d1, d2 ...] -> [b, d1 * d2 * ...]``, a Reshape that
+    keeps dim 0 (its rule, kernel, backward and strategies are Reshape's).
+
+    Example:
+        >>> Flatten()(Tensor(np.zeros((2, 1, 3, 4), np.float32))).shape
+        (2, 12)
+    """
+
+    op_type = "Reshape"
+    call_attrs = ("shape",)
+
+    def __call__(self, x):
+        if not isinstance(x, Tensor) or len(x.shape) < 1:
+            raise ConfigError(f"Flatten: expected a tensor of at least one dim, got {getattr(x, 'shape', type(x).__name__)}")
+        return super().__call__(x, (x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64))))
+
+
+class Print:
+    """MindSpore's ``ops.Print()``: prints its arguments (tensors as their values) on rank 0 when
+    run eagerly. Traced into a plan it has no values to print and no op: it returns None and
+    warns once that nothing is printed per step.
+
+    Example:
+        >>> Print()("x is:", Tensor(np.ones(2, np.float32)))
+        x is: [1. 1.]
+    """
+
+    def __call__(self, *args):
+        if tracing.is_tracing():
+            if get_rank() == 0:
+                warnings.warn("ops.Print in a cell run under a parallel plan prints nothing (autostrat plans have no "
+                              "print op; print the values a step returns instead)", stacklevel=2)
+            return None
+        if get_rank() == 0:
+            print(*(arg.asnumpy() if isinstance(arg, Tensor) else arg for arg in args), flush=True)
+        return None

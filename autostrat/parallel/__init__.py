@@ -1,4 +1,5 @@
-"""MindSpore's ``mindspore.parallel``: `Layout` and the functional `shard`.
+"""MindSpore's ``mindspore.parallel``: `Layout` and the functional `shard` (also from
+``mindspore.parallel.shard``, as MindSpore's samples import them).
 
 Example:
     >>> from autostrat.parallel import Layout
@@ -6,7 +7,8 @@ Example:
     (1, -1)
 """
 
-from autostrat.frontend.cell import shard
-from autostrat.layout.named import NamedLayout as Layout  # MindSpore's name, as mindspore.Layout
+# Importing the submodule first and binding the function after it leaves `parallel.shard` the
+# function, as in MindSpore, while ``import autostrat.parallel.shard`` still finds the module.
+from autostrat.parallel.shard import Layout, shard
 
 __all__ = ["Layout", "shard"]

@@ -1,5 +1,6 @@
-"""MindSpore's ``mindspore.train``: `Model` and the callbacks (thin face)."""
+"""MindSpore's ``mindspore.train``: `Model`, the callbacks and the checkpoint callback (thin face)."""
 
+from autostrat.frontend.checkpoint_callback import CheckpointConfig, ModelCheckpoint
 from autostrat.frontend.model import Callback, LossMonitor, Model, RunContext
 
-__all__ = ["Callback", "LossMonitor", "Model", "RunContext"]
+__all__ = ["Callback", "CheckpointConfig", "LossMonitor", "Model", "ModelCheckpoint", "RunContext"]

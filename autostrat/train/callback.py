@@ -1,5 +1,6 @@
 """MindSpore's ``mindspore.train.callback`` (thin face)."""
 
+from autostrat.frontend.checkpoint_callback import CheckpointConfig, ModelCheckpoint
 from autostrat.frontend.model import Callback, LossMonitor, RunContext
 
-__all__ = ["Callback", "LossMonitor", "RunContext"]
+__all__ = ["Callback", "CheckpointConfig", "LossMonitor", "ModelCheckpoint", "RunContext"]

@@ -1,0 +1,5 @@
+"""MindSpore's ``mindspore.dataset.transforms``: `TypeCast` (thin face)."""
+
+from autostrat.frontend.transforms import TypeCast
+
+__all__ = ["TypeCast"]
