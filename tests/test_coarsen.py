@@ -3,35 +3,23 @@ budget); sharing repeated layers keeps the model's size flat in the number of la
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 from autostrat.search.coarsen import coarsen
-from autostrat.search.memory import live_sets, tensor_bytes
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import propagate
 from autostrat.search.refine import refine
+from tests.brute_force import costs, every_choice, peaks
 from tests.test_refine import CASES, small_problem
 
 
 def brute_force_under(problem, budget: int | None) -> int | None:
     """The fewest bytes of any choice whose peak fits `budget` (None: no choice fits)."""
-    resident, activations = tensor_bytes(problem)
-    steps = live_sets(problem, activations)
-    names = list(problem.candidates)
-    best = None
-    for combo in itertools.product(*(range(len(problem.candidates[n])) for n in names)):
-        choice = dict(zip(names, combo))
-        if budget is not None:
-            base = sum(item.bytes[choice[item.owner]] for item in resident)
-            live = max((sum(activations[i].bytes[choice[activations[i].owner]] for i in step) for step in steps), default=0)
-            if base + live > budget:
-                continue
-        cost = problem.cost(choice)
-        best = cost if best is None or cost < best else best
-    return best
+    choices = every_choice(problem)
+    if budget is not None:
+        choices = choices[peaks(problem, choices) <= budget]
+    return int(costs(problem, choices).min()) if len(choices) else None
 
 
 @pytest.mark.parametrize("level", ["none", "exact"])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,7 @@ from autostrat.search.problem import build_problem
 from autostrat.search.propagate import propagate
 from autostrat.search.refine import refine
 from autostrat.strategies import generate_strategies
+from tests.brute_force import costs, every_choice
 
 SHAPE = (16, 16)
 
@@ -57,9 +56,8 @@ def small_problem(device_num: int, seed: int):
 
 
 def brute_force(problem) -> int:
-    names = list(problem.candidates)
-    ranges = [range(len(problem.candidates[name])) for name in names]
-    return min(problem.cost(dict(zip(names, combo)), shared=True) for combo in itertools.product(*ranges))
+    """The least cost of any choice (every combination of candidates, tests/brute_force.py)."""
+    return int(costs(problem, every_choice(problem)).min())
 
 
 CASES = [(device_num, seed) for device_num in (4, 8) for seed in range(20)]
@@ -193,28 +191,29 @@ def test_the_bytes_objective_needs_no_room_for_the_tie_break(monkeypatch):
     assert result.objective == brute_force(problem) and result.status == "OPTIMAL"
 
 
-def quantised_flops(problem, choice) -> int:
-    """The tie-break's value of a choice at coarsening "none": per op, its flops quantised to
-    `TIE_LEVELS` levels between the op's least and most."""
+def quantised_flops(problem, choices: np.ndarray) -> np.ndarray:
+    """The tie-break's value of every row of `choices` (`every_choice`) at coarsening "none":
+    per op, its flops quantised to `TIE_LEVELS` levels between the op's least and most."""
     from autostrat.search.cpsat import TIE_LEVELS
 
-    total = 0
-    for op, index in choice.items():
-        flops = problem.costs[op].flops
+    total = np.zeros(len(choices), dtype=np.int64)
+    for column, op in enumerate(problem.candidates):
+        flops = np.asarray(problem.costs[op].flops, dtype=float)
         if flops.max() > flops.min():
-            total += int(np.floor((flops[index] - flops.min()) / (flops.max() - flops.min()) * (TIE_LEVELS - 1)))
+            total += np.floor((flops - flops.min()) / (flops.max() - flops.min()) * (TIE_LEVELS - 1)).astype(np.int64)[choices[:, column]]
     return total
 
 
 @pytest.mark.parametrize("device_num, seed", CASES[::4])
 def test_among_plans_of_the_optimal_bytes_the_fewest_flops_win(device_num, seed):
     problem = small_problem(device_num, seed)
-    names = list(problem.candidates)
-    plans = [dict(zip(names, combo)) for combo in itertools.product(*(range(len(problem.candidates[n])) for n in names))]
-    least = min(problem.cost(plan) for plan in plans)
-    fewest = min(quantised_flops(problem, plan) for plan in plans if problem.cost(plan) == least)
+    choices = every_choice(problem)
+    paid = costs(problem, choices)
+    least = paid.min()
+    fewest = quantised_flops(problem, choices[paid == least]).min()
     result = refine(problem, propagate(problem).choice, time_limit=30, coarsen_level="none")
-    assert result.objective == least and quantised_flops(problem, result.choice) == fewest
+    chosen = np.array([[result.choice[op] for op in problem.candidates]])
+    assert result.objective == least and quantised_flops(problem, chosen)[0] == fewest
 
 
 def test_bytes_beyond_cp_sats_objective_are_refused_by_name(monkeypatch):
