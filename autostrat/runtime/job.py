@@ -18,6 +18,7 @@ import numpy as np
 from autostrat.errors import ConfigError
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
+from autostrat.runtime.kernels import prepare_kernels
 from autostrat.runtime.pipeline import StageRunner, pipeline_values, stage_peaks_per_rank
 from autostrat.runtime.program import Load, Program, lower_programs
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
@@ -183,6 +184,12 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
                reference.library, reference.noise_driven, gradients[3], gradients[1])
 
 
+def op_types(program: Program | StageProgram) -> set[str]:
+    """The op types whose kernels `program` runs."""
+    slots = (program.instructions,) if isinstance(program, Program) else (program.forward, program.backward, program.update)
+    return {i.op_type for instructions in slots for i in instructions if hasattr(i, "op_type")}
+
+
 def _gradient_errors(reference, own: tuple[dict, ...]) -> tuple:
     """`tensor_errors` of autostrat's stand-alone gradients (``grad/<parameter>``) against the
     reference's, over every step; nothing to compare with the fallback reference."""
@@ -212,6 +219,7 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     the rank's peak memory over all steps), the others None."""
     check_world(job.device_num, backend, f"the job {job.name!r}")
     program = job.programs[backend.rank]
+    prepare_kernels(op_types(program))
     if isinstance(program, StageProgram):
         return _run_stage_steps(job, program, backend, on_instruction, on_gather, log)
     sums = np.zeros(len(program.communications()), np.int64)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import special
 
 from autostrat.runtime.kernels.registry import kernel
+from autostrat.runtime.kernels.special import special
 
 _UNARY = {
     "Exp": np.exp,
@@ -16,10 +16,11 @@ _UNARY = {
     "Log": np.log,
     "Neg": np.negative,
     "ReLU": lambda x: np.maximum(x, 0),
-    "Sigmoid": special.expit,
+    "Sigmoid": lambda x: special.expit(x),
     "Sqrt": np.sqrt,
     "Tanh": np.tanh,
 }
+_SCIPY = frozenset({"GeLU", "Sigmoid"})  # the unary kernels reading scipy.special
 _BINARY = {
     "Add": np.add,
     "Maximum": np.maximum,
@@ -31,7 +32,7 @@ _BINARY = {
 
 
 def _register_unary(op_type: str, fn) -> None:
-    kernel(op_type)(lambda x: np.asarray(fn(x), dtype=np.asarray(x).dtype))
+    kernel(op_type, scipy=op_type in _SCIPY)(lambda x: np.asarray(fn(x), dtype=np.asarray(x).dtype))
 
 
 def _register_binary(op_type: str, fn) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import special
 
 from autostrat.rules.common import normalize_axes
 from autostrat.runtime.kernels.registry import kernel
+from autostrat.runtime.kernels.special import special
 
 
 def _axes(x, axis) -> tuple[int, ...]:
@@ -35,11 +35,11 @@ def reduce_mean(x, axis=(), keep_dims=False, context=None):
     return (np.sum(x, axis=axes, keepdims=keep_dims) / count).astype(x.dtype)
 
 
-@kernel("Softmax")
+@kernel("Softmax", scipy=True)
 def softmax(x, axis=-1):
     return special.softmax(x, axis=axis).astype(x.dtype)
 
 
-@kernel("LogSoftmax")
+@kernel("LogSoftmax", scipy=True)
 def log_softmax(x, axis=-1):
     return special.log_softmax(x, axis=axis).astype(x.dtype)
