@@ -84,12 +84,28 @@ IN_PROCESS = frozenset({
     "test_memory_measured.py::test_measured_peak_of_a_training_config_is_within_5_percent",
     "test_memory_measured.py::test_measured_peak_of_the_tutorial_is_within_5_percent",
     "test_optimizer_shard.py::test_sharded_training_equals_one_device_with_the_predicted_bytes",
+    "test_pipeline.py::test_a_checkpoint_of_two_stages_continues_on_four",
+    "test_pipeline.py::test_a_parameter_read_on_two_stages_is_updated_once_and_sent_on",
+    "test_pipeline.py::test_a_pipeline_sums_replicas_as_its_whole_batch_reference_does",
     "test_pipeline.py::test_every_schedule_runs_each_micro_batch_once_and_holds_what_the_split_model_says",
+    "test_pipeline.py::test_micro_batches_alone_accumulate_gradients_like_one_big_batch",
+    "test_pipeline.py::test_pipeline_training_equals_the_stand_alone_run",
+    "test_pipeline.py::test_the_searched_split_of_a_real_model_is_the_best_of_every_split",
+    "test_recompute.py::test_recompute_trades_time_for_activation_memory",
+    "test_recompute.py::test_recomputed_training_equals_one_device",
     "test_recompute_choice.py::test_auto_recompute_chooses_the_cheapest_count_that_fits",
     "test_recompute_choice.py::test_the_count_search_finds_the_brute_force_best",
     "test_world.py::test_every_config_runs_on_every_device_count_locally",
     "test_zero3.py::test_a_budget_makes_parameters_rest_sharded_and_training_still_equals_one_device",
     "test_zero3.py::test_the_budgeted_optimum_is_the_brute_force_one_over_every_storage_choice",
+})
+
+
+# The tests of other files that start MPI ranks: they join the one unit of work too.
+SPAWNING_TESTS = frozenset({
+    "test_cell_stages.py::test_model_train_of_the_marked_sample_on_8_mpi_ranks_checks_itself",
+    "test_job_file.py::test_mpi_ranks_refuse_a_changed_job",
+    "test_layout_2d.py::test_both_samples_train_on_8_mpi_ranks_as_one_device",
 })
 
 
@@ -102,7 +118,8 @@ def spawning(nodeid: str) -> bool:
     """
     path, _, test = nodeid.partition("::")
     name = Path(path).name
-    return name in SPAWNING and f"{name}::{test.split('[', 1)[0]}" not in IN_PROCESS
+    test = f"{name}::{test.split('[', 1)[0]}"
+    return test in SPAWNING_TESTS or (name in SPAWNING and test not in IN_PROCESS)
 
 
 def pytest_xdist_make_scheduler(config, log):

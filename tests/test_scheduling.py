@@ -1,0 +1,26 @@
+"""The suite's scheduling lists (conftest.py) name tests and files that exist: a renamed test
+would otherwise leave the list and silently run two MPI jobs at once, or serialise a long one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import IN_PROCESS, SPAWNING, SPAWNING_TESTS
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _functions(name: str) -> set[str]:
+    tree = ast.parse((TESTS / name).read_text())
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_every_listed_file_and_test_exists():
+    for name in SPAWNING:
+        assert (TESTS / name).is_file(), name
+    for entry in IN_PROCESS | SPAWNING_TESTS:
+        name, test = entry.split("::")
+        assert test in _functions(name), entry
+    assert all(entry.split("::")[0] in SPAWNING for entry in IN_PROCESS)
+    assert not any(entry.split("::")[0] in SPAWNING for entry in SPAWNING_TESTS)
