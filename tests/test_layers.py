@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autostrat"
 
 # Lower index = lower layer. A module may import its own layer and any lower one.
 LAYERS = [
-    ["errors", "io", "reading", "tables"],
+    ["errors", "io", "protobuf", "reading", "tables"],
     ["layout"],
     ["rules"],
     ["cost"],

@@ -17,26 +17,12 @@ import numpy as np
 
 from autostrat.errors import CheckpointError
 from autostrat.io import write_atomically
+from autostrat.protobuf import field, number_field
 
 # numpy dtype -> MindSpore's name of it in a checkpoint (``str(mindspore.float32)``).
 MINDSPORE_TYPES = {"bool": "Bool", "float16": "Float16", "float32": "Float32", "float64": "Float64", "int8": "Int8",
                    "int16": "Int16", "int32": "Int32", "int64": "Int64", "uint8": "UInt8", "uint16": "UInt16",
                    "uint32": "UInt32", "uint64": "UInt64"}
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # a negative int64 is its two's complement, ten bytes long
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def encode_checkpoint(parameters: dict) -> bytes:
@@ -51,10 +37,10 @@ def encode_checkpoint(parameters: dict) -> bytes:
         array = np.asarray(value)
         if array.dtype.name not in MINDSPORE_TYPES:
             raise CheckpointError(f"{name}: a MindSpore checkpoint holds {', '.join(sorted(MINDSPORE_TYPES))} arrays, got {array.dtype}")
-        dims = b"".join(_varint(1 << 3) + _varint(size) for size in array.shape)
+        dims = b"".join(number_field(1, size) for size in array.shape)
         content = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
-        tensor = dims + _field(2, MINDSPORE_TYPES[array.dtype.name].encode()) + _field(3, content)
-        out += _field(1, _field(1, name.encode()) + _field(2, tensor))
+        tensor = dims + field(2, MINDSPORE_TYPES[array.dtype.name].encode()) + field(3, content)
+        out += field(1, field(1, name.encode()) + field(2, tensor))
     return bytes(out)
 
 

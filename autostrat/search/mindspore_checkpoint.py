@@ -29,6 +29,7 @@ from pathlib import Path
 
 from autostrat.autodiff import op_phase
 from autostrat.errors import AutostratError, ConfigError
+from autostrat.protobuf import field, number_field
 from autostrat.reading import parse_json, read_bytes
 from autostrat.layout import Strategy
 from autostrat.layout.named import named_layouts
@@ -121,16 +122,6 @@ def _check_wire(message: str, name: str, kind: str, wire: int, where: str) -> No
                           f"but comes in protobuf wire type {wire})")
 
 
-def _encode_varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # a negative int32 is written as its 64-bit two's complement
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def encode(fields: dict, message: str = "ParallelStrategyMap") -> bytes:
     """The protobuf bytes of one message given as `decode` returns it: fields in number order,
     repeated numbers unpacked (proto2, as MindSpore writes them).
@@ -146,13 +137,11 @@ def encode(fields: dict, message: str = "ParallelStrategyMap") -> bytes:
         values = fields[name] if isinstance(fields[name], list) else [fields[name]]
         for value in values:
             if kind == "message":
-                payload = encode(value, nested)
-                out += _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+                out += field(number, encode(value, nested))
             elif kind == "string":
-                payload = value.encode("utf-8")
-                out += _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+                out += field(number, value.encode("utf-8"))
             else:
-                out += _encode_varint(number << 3) + _encode_varint(value)
+                out += number_field(number, value)
     return bytes(out)
 
 
