@@ -76,9 +76,10 @@ SPAWNING = frozenset({"test_faults.py", "test_job_safety.py", "test_memory_measu
                       "test_recompute_choice.py", "test_samples.py", "test_world.py", "test_zero3.py"})
 
 
-# The long tests of those files that start no process and write nothing there (read, each
-# of them: local ranks, brute force, hypothesis): they run on either worker, beside the
-# spawning ones, instead of in a row with them on one worker.
+# The long tests of those files that start no MPI rank and write nothing there (read, each
+# of them: local ranks, brute force, hypothesis; the README's blocks that search or run
+# threads in their own folder), by function or by case: they run on either worker, beside
+# the spawning ones, instead of in a row with them on one worker.
 IN_PROCESS = frozenset({
     "test_memory_measured.py::test_measured_peak_of_a_small_gpt_is_within_5_percent",
     "test_memory_measured.py::test_measured_peak_of_a_training_config_is_within_5_percent",
@@ -95,6 +96,14 @@ IN_PROCESS = frozenset({
     "test_pipeline.py::test_the_searched_split_of_a_real_model_is_the_best_of_every_split",
     "test_recompute.py::test_recompute_trades_time_for_activation_memory",
     "test_recompute.py::test_recomputed_training_equals_one_device",
+    "test_readme.py::test_readme_block_runs_as_written[1-python]",
+    "test_readme.py::test_readme_block_runs_as_written[2-bash]",
+    "test_readme.py::test_readme_block_runs_as_written[3-bash]",
+    "test_readme.py::test_readme_block_runs_as_written[4-bash]",
+    "test_readme.py::test_readme_block_runs_as_written[5-bash]",
+    "test_readme.py::test_readme_block_runs_as_written[6-bash]",
+    "test_readme.py::test_readme_block_runs_as_written[10-python]",
+    "test_readme.py::test_readme_block_runs_as_written[11-python]",
     "test_recompute_choice.py::test_auto_recompute_chooses_the_cheapest_count_that_fits",
     "test_recompute_choice.py::test_the_count_search_finds_the_brute_force_best",
     "test_recompute_choice.py::test_yaml_and_the_command_line_turn_auto_recompute_on",
@@ -121,8 +130,8 @@ def spawning(nodeid: str) -> bool:
     """
     path, _, test = nodeid.partition("::")
     name = Path(path).name
-    test = f"{name}::{test.split('[', 1)[0]}"
-    return test in SPAWNING_TESTS or (name in SPAWNING and test not in IN_PROCESS)
+    function, case = f"{name}::{test.split('[', 1)[0]}", f"{name}::{test}"
+    return function in SPAWNING_TESTS or (name in SPAWNING and function not in IN_PROCESS and case not in IN_PROCESS)
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -16,11 +16,21 @@ def _functions(name: str) -> set[str]:
     return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
 
 
+def test_the_readme_cases_named_are_its_blocks():
+    from tests.test_readme import BLOCKS, block_ids
+
+    named = [entry.split("[")[1].rstrip("]") for entry in IN_PROCESS if entry.startswith("test_readme.py::")]
+    assert named and set(named) <= set(block_ids())
+    for case in named:  # none of them starts MPI ranks: no `autostrat run` without --backend local, no run.sh
+        text = BLOCKS[int(case.split("-")[0])][1]
+        assert "run.sh" not in text and all("--backend local" in line for line in text.splitlines() if "autostrat run" in line), case
+
+
 def test_every_listed_file_and_test_exists():
     for name in SPAWNING:
         assert (TESTS / name).is_file(), name
     for entry in IN_PROCESS | SPAWNING_TESTS:
         name, test = entry.split("::")
-        assert test in _functions(name), entry
+        assert test.split("[")[0] in _functions(name), entry
     assert all(entry.split("::")[0] in SPAWNING for entry in IN_PROCESS)
     assert not any(entry.split("::")[0] in SPAWNING for entry in SPAWNING_TESTS)
