@@ -19,6 +19,11 @@ import time
 from autostrat.runtime.processes import launcher_gone
 
 COLLECTIVE_GRACE = 3.0  # extra seconds for a rank waiting inside a collective
+# Seconds a rank may take to start (load and check its job) before its first instruction: all
+# ranks load at once and share the cores with the rest of the machine. The stall limit alone
+# ended a whole job of 8 ranks "in start-up" at load average ~15 (the suite's
+# test_config_on_8_mpi_ranks[transformer_stack], 10 s): a busy machine is no stalled rank.
+START_UP_LIMIT = 60.0
 SPEAK_PAUSE = 1.5  # seconds between the stall line and the abort, for the other ranks' lines
 
 
@@ -47,8 +52,9 @@ class Watchdog:
     """
 
     def __init__(self, rank: int, limit: float, abort, fd: int | None = 2, grace: float = COLLECTIVE_GRACE, pause: float = SPEAK_PAUSE,
-                 launcher: str | None = None):
+                 launcher: str | None = None, start_up: float = START_UP_LIMIT):
         self.rank, self.limit, self.abort, self.fd, self.launcher = rank, limit, abort, fd, launcher
+        self.start_up = max(start_up, limit)  # the limit before the first `progress`
         self.grace, self.pause = grace, pause
         self.message = ""
         self._doing, self._collective, self._since = "start-up", False, time.monotonic()
@@ -67,11 +73,11 @@ class Watchdog:
         while not self._stopped.wait(min(0.1, self.limit / 4)):
             if launcher_gone(self.launcher):
                 self._orphaned()
-            limit = self.limit + (self.grace if self._collective else 0.0)
+            limit = self.start_up if self._doing == "start-up" else self.limit + (self.grace if self._collective else 0.0)
             if time.monotonic() - self._since < limit:
                 continue
             where = "waiting inside" if self._collective else "in"
-            self.message = f"rank {self.rank}: no progress for {self.limit + (self.grace if self._collective else 0):.1f} s {where} {self._doing}"
+            self.message = f"rank {self.rank}: no progress for {limit:.1f} s {where} {self._doing}"
             if self.fd is not None:
                 say(self.fd, self.message)
             time.sleep(self.pause)
