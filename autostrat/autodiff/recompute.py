@@ -23,13 +23,14 @@ RECOMPUTE_PREFIX = "recompute/"
 
 
 def in_cell(name: str, cell: str) -> bool:
-    """Whether the op `name` belongs to the cell at path `cell` ("" is the whole network).
+    """Whether the op `name` belongs to the cell at path `cell` ("" is the whole network), or is
+    the primitive at that path (`Primitive.recompute`).
 
     Example:
-        >>> in_cell("blocks.0.ffn1.matmul", "blocks.0"), in_cell("blocks.01.ffn1.matmul", "blocks.0")
-        (True, False)
+        >>> in_cell("blocks.0.ffn1.matmul", "blocks.0"), in_cell("blocks.01.ffn1.matmul", "blocks.0"), in_cell("relu1", "relu1")
+        (True, False, True)
     """
-    return not cell or name.startswith(cell + ".")
+    return not cell or name == cell or name.startswith(cell + ".")
 
 
 def recompute_cells(graph: Graph, cells: tuple[str, ...], forward: set[str]) -> Graph:

@@ -73,6 +73,18 @@ class Primitive:
         self.out_strategy = _check_strategy_form(out_strategy, f"{self.op_type}.shard out_strategy")
         return self
 
+    def recompute(self, mode: bool = True) -> Primitive:
+        """Run this op again in the backward instead of keeping its output (MindSpore's
+        ``Primitive.recompute()``; see `Cell.recompute`).
+
+        Example:
+            >>> from autostrat import ops
+            >>> ops.ReLU().recompute().__dict__["_recompute"]
+            True
+        """
+        self._recompute = bool(mode)
+        return self
+
     def _split_arguments(self, args) -> tuple[list[Tensor], dict]:
         if self.op_type == "Concat" and len(args) == 1 and isinstance(args[0], (tuple, list)):
             args = tuple(args[0])
