@@ -1,4 +1,5 @@
-"""A bare ``net(x)`` call under semi_auto_parallel or auto_parallel: planned and run on the ranks.
+"""A bare ``net(x)`` call under a parallel mode (data, semi-auto or auto parallel): planned and
+run on the ranks.
 
 MindSpore compiles such a call as a parallel graph; so does autostrat, rather than running it
 unsplit on every rank: the call is planned as a forward pass (`api.plan_for` under
@@ -30,9 +31,9 @@ from autostrat.runtime.job import check_indices
 from autostrat.runtime.local import execute_on_ranks
 from autostrat.runtime.program import lower_programs
 
-PLANNED_MODES = ("auto_parallel", "semi_auto_parallel")
+PLANNED_MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel")
 # Context keys that shape only a training step (its backward, sync, update or micro-batches).
-TRAINING_KEYS = ("auto_recompute", "enable_parallel_optimizer", "gradients_mean", "parallel_optimizer_config",
+TRAINING_KEYS = ("auto_recompute", "enable_parallel_optimizer", "gradients_mean", "parallel_optimizer_config", "phase",
                  "pipeline_config", "pipeline_stages")
 
 
