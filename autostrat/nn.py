@@ -1,7 +1,7 @@
 """MindSpore-style model building: Cell, Parameter, Tensor and layers."""
 
 from autostrat.frontend.cell import Cell, CellList, SequentialCell
-from autostrat.frontend.deferred import DistributedGradReducer, PipelineGradReducer
+from autostrat.frontend.grad_reducer import DistributedGradReducer, PipelineGradReducer
 from autostrat.frontend.pipeline import PipelineCell
 from autostrat.frontend.layers import (GELU, Conv2d, Dense, Dropout, Embedding, LayerNorm, MSELoss, ReLU, Softmax,
                                        SoftmaxCrossEntropyWithLogits)

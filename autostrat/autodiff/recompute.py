@@ -24,7 +24,7 @@ RECOMPUTE_PREFIX = "recompute/"
 
 def in_cell(name: str, cell: str) -> bool:
     """Whether the op `name` belongs to the cell at path `cell` ("" is the whole network), or is
-    the primitive at that path (`Primitive.recompute`).
+    the op at that path (a primitive marked by ``Primitive.recompute``).
 
     Example:
         >>> in_cell("blocks.0.ffn1.matmul", "blocks.0"), in_cell("blocks.01.ffn1.matmul", "blocks.0"), in_cell("relu1", "relu1")

@@ -244,7 +244,7 @@ def shard(fn, in_strategy, out_strategy=None, parameter_plan=None, device=None, 
 
 
 def recomputed_cells(net: Cell) -> tuple[str, ...]:
-    """The paths of `net`'s cells marked with `Cell.recompute` ("" is `net` itself), then of its
-    primitives marked with `Primitive.recompute` (an op is its own one-op cell)."""
+    """The paths of `net`'s cells marked with `Cell.recompute` ("" is `net` itself) and of its
+    primitives marked with `Primitive.recompute` (an op's name is its primitive's path)."""
     cells = tuple(path for path, cell in net.cells_and_names() if cell.__dict__.get("_recompute", False))
-    return cells + tuple(path for path, op in net.primitives_and_names() if op.__dict__.get("_recompute", False))
+    return cells + tuple(path for path, primitive in net.primitives_and_names() if primitive.recomputed)

@@ -60,6 +60,7 @@ class Primitive:
         self.attrs = {name: freeze(value) for name, value in zip(self.init_attrs, args)} | {k: freeze(v) for k, v in kwargs.items()}
         self.in_strategy = None
         self.out_strategy = None
+        self.recomputed = False
 
     def shard(self, in_strategy, out_strategy=None) -> Primitive:
         """Configure this op's strategy (a seed); returns the primitive, as MindSpore does.
@@ -74,15 +75,15 @@ class Primitive:
         return self
 
     def recompute(self, mode: bool = True) -> Primitive:
-        """Run this op again in the backward instead of keeping its output (MindSpore's
-        ``Primitive.recompute()``; see `Cell.recompute`).
+        """MindSpore's ``Primitive.recompute``: the op's output is not kept for the backward but
+        computed again there from its inputs (as `Cell.recompute` does for a cell).
 
         Example:
             >>> from autostrat import ops
-            >>> ops.ReLU().recompute().__dict__["_recompute"]
+            >>> ops.ReLU().recompute().recomputed
             True
         """
-        self._recompute = bool(mode)
+        self.recomputed = bool(mode)
         return self
 
     def _split_arguments(self, args) -> tuple[list[Tensor], dict]:
