@@ -1,7 +1,7 @@
 """MindSpore-style model building: Cell, Parameter, Tensor and layers."""
 
 from autostrat.frontend.cell import Cell, CellList, SequentialCell
-from autostrat.frontend.grad_reducer import DistributedGradReducer, PipelineGradReducer
+from autostrat.frontend.grad_reducer import DistributedGradReducer
 from autostrat.frontend.pipeline import PipelineCell
 from autostrat.frontend.layers import (GELU, Conv2d, Dense, Dropout, Embedding, LayerNorm, MSELoss, ReLU, Softmax,
                                        SoftmaxCrossEntropyWithLogits)
@@ -10,5 +10,5 @@ from autostrat.frontend.train import SGD, Adam, Momentum, TrainOneStepCell, With
 
 __all__ = [
     "SGD", "Adam", "GELU", "Cell", "MSELoss", "Momentum", "TrainOneStepCell", "WithLossCell", "CellList", "Conv2d", "Dense", "Dropout", "Embedding", "LayerNorm", "Parameter", "PipelineCell", "ReLU",
-    "SequentialCell", "Softmax", "DistributedGradReducer", "PipelineGradReducer", "SoftmaxCrossEntropyWithLogits", "Tensor", "set_seed",
+    "SequentialCell", "Softmax", "DistributedGradReducer", "SoftmaxCrossEntropyWithLogits", "Tensor", "set_seed",
 ]

@@ -20,9 +20,10 @@ class DeferredTensor(Tensor):
     """A tensor whose data is made when first read (`resolve()`); its shape is known at once
     when given, else it is read too."""
 
-    def __init__(self, resolve, shape=None, dtype=None):
+    def __init__(self, resolve, shape=None, dtype=None, call=None, index: int = 0):
         self._symbol, self._resolve, self._value = None, resolve, None
         self._known = (tuple(shape), dtype) if shape is not None else None
+        self.call, self.index = call, index  # a gradient's: its `DeferredCall` and weight index
 
     @property
     def _data(self) -> np.ndarray:
@@ -59,7 +60,8 @@ class DeferredCall:
         self.grads: tuple | None = None  # the gradients, once computed by the call itself
         self.stepped = False  # the whole step ran: its gradients were consumed inside the plan
         self.gradients = PendingGradients(
-            [DeferredTensor(lambda i=i: self.gradient(i), w.shape, w.dtype) for i, w in enumerate(grad_fn.weights)], self)
+            [DeferredTensor(lambda i=i: self.gradient(i), w.shape, w.dtype, self, i) for i, w in enumerate(grad_fn.weights)],
+            self)
 
     def value_tensors(self) -> list[DeferredTensor]:
         """The call's outputs (with has_aux: the loss, then the auxiliary outputs), deferred."""
@@ -98,3 +100,20 @@ class DeferredCall:
 
     def stepped_with(self, loss: np.ndarray) -> None:
         self.values, self.stepped = [loss], True
+
+
+def pending_call(grads) -> tuple:
+    """(the `DeferredCall`, how a reducer combines replicas) when `grads` are a pending call's
+    gradients, all of them in order and not computed, in any container; else (None, None).
+
+    Example:
+        >>> pending_call((np.zeros(2),))
+        (None, None)
+    """
+    items = list(grads)
+    call = getattr(items[0], "call", None) if items else None
+    if call is None or not call.pending() or len(items) != len(call.gradients):
+        return None, None
+    if any(item is not mine for item, mine in zip(items, call.gradients)):
+        return None, None
+    return call, (grads.mean if isinstance(grads, PendingGradients) else None)

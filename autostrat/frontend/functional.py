@@ -12,8 +12,8 @@ A call of `value_and_grad`'s function computes nothing yet: it returns its value
 as deferred tensors (`frontend.deferred`). When ``optimizer(grads)`` receives those gradients,
 untouched or through a grad reducer, the whole training step is planned as `Model.train` plans
 it (forward, loss, backward, gradient synchronisation, the optimiser update split over the
-devices, pipeline stages refused, recompute, the parallel optimizer, the strategy checkpoint
-and ``save_graphs`` honoured) and run (`frontend.functional_step`); the loss then holds the
+devices; pipeline stages, recompute, the parallel optimizer, the strategy checkpoint and
+``save_graphs`` honoured) and run (`frontend.functional_step`); the loss then holds the
 step's loss. `jit` is therefore the identity: deferring the gradients already joins the three
 calls into one planned step, with or without it.
 

@@ -4,7 +4,8 @@ When the gradients of a `value_and_grad` call reach the optimiser deferred (`fro
 and differentiate exactly the optimiser's parameters, `PlannedStep` plans the training step as
 `Model.train` does (`api.plan_for` with the optimiser: forward, loss, backward, gradient
 synchronisation, the update split over the devices; the context's recompute, parallel
-optimizer, strategy checkpoint and ``save_graphs`` honoured) and runs it on the ranks: threads,
+optimizer, strategy checkpoint and ``save_graphs`` honoured; pipeline stages when the loss
+function only calls an `nn.PipelineCell`) and runs it on the ranks: threads,
 or the MPI ranks under mpiexec. Between steps the trained parameters are written back into the
 network's Parameters (a loop may read or change them) and the optimiser state is kept on the
 optimiser. With ``AUTOSTRAT_CHECK=1`` every step is checked against the stand-alone run of the
@@ -24,12 +25,12 @@ import numpy as np
 
 from autostrat.autodiff import gradient_name
 from autostrat.autodiff.builder import GradBuilder
-from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
+from autostrat.autodiff.recompute import RECOMPUTE_PREFIX, in_cell
 from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.cell import recomputed_cells
 from autostrat.frontend.context import current_context
-from autostrat.frontend.deferred import PendingGradients
+from autostrat.frontend.deferred import pending_call
 from autostrat.frontend.global_batch import global_arrays
 from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.tensor import Parameter, Tensor
@@ -81,21 +82,24 @@ class FunctionalStep:
         if len(grads) != len(parameters):
             raise ConfigError(f"{type(self).__name__}(grads): expected {len(parameters)} gradients (one per parameter), "
                               f"got {len(grads)}")
-        if isinstance(grads, PendingGradients) and grads.call.pending():
-            if [id(w) for w in grads.call.grad_fn.weights] == [id(p) for p in parameters]:
-                return _run_whole_step(self, grads)
-            grads.call.compute("optimizer(grads) updates other parameters than value_and_grad differentiates")
+        call, mean = pending_call(grads)
+        if call is not None:
+            if [id(w) for w in call.grad_fn.weights] == [id(p) for p in parameters]:
+                return _run_whole_step(self, call, mean, getattr(grads, "reducer", ""))
+            call.compute("optimizer(grads) updates other parameters than value_and_grad differentiates")
         refuse_partial_step(f"{type(self).__name__}(grads) updates with gradients computed before it")
         _update_unsplit(self, parameters, grads)
 
 
-def _run_whole_step(optimizer, grads: PendingGradients) -> None:
-    call, context = grads.call, current_context()
-    mean = context.gradients_mean if grads.mean is None else grads.mean
+def _run_whole_step(optimizer, call, mean: bool | None, reducer: str) -> None:
+    """Run `call`'s training step with `optimizer`, its replicas' gradients combined as `mean`
+    says (None: as the context's `gradients_mean`)."""
+    context = current_context()
+    mean = context.gradients_mean if mean is None else mean
     whole = global_arrays(call.arrays, context.full_batch, context.device_num)
     key = (id(optimizer), mean, tuple((array.shape, array.dtype.name) for array in whole))
     if key not in call.grad_fn.steps:
-        call.grad_fn.steps[key] = PlannedStep(call.grad_fn, optimizer, mean, whole, grads.reducer, call.arrays)
+        call.grad_fn.steps[key] = PlannedStep(call.grad_fn, optimizer, mean, whole, reducer, call.arrays)
     call.stepped_with(call.grad_fn.steps[key].run(whole))
 
 
@@ -106,13 +110,10 @@ class PlannedStep:
         from autostrat.frontend.functional import FunctionCell  # it imports this module's users
         from autostrat.frontend.model import stand_ins
 
-        context = current_context()
-        if context.pipeline_stages > 1:
-            raise ConfigError(f"pipeline_stages={context.pipeline_stages} is not planned on the functional loop "
-                              f"(value_and_grad + optimizer(grads)) yet; use Model.train with nn.PipelineCell")
-        context = replace(context, gradients_mean=mean, phase="train")
+        context = replace(current_context(), gradients_mean=mean, phase="train")
         self.optimizer, self.context = optimizer, context
-        self.plan = plan_for(FunctionCell(grad_fn.fn, loss_only=True), stand_ins(whole), context, optimizer=optimizer)
+        network = planned_network(FunctionCell(grad_fn.fn, loss_only=True), stand_ins(whole), context.device_num)
+        self.plan = plan_for(network, stand_ins(whole), context, optimizer=optimizer)
         self.graph = reference_graph(self.plan)
         trained = {id(value) for name, value in self.graph.values.items() if gradient_name(name) in self.graph.tensors}
         if trained != {id(p) for p in optimizer.parameters}:
@@ -143,20 +144,42 @@ class PlannedStep:
                 state[name] = array
         self.steps += 1
         if checking() and (backend is None or backend.rank == 0):
-            _check_step(self.plan, result, values, batch)
+            _check_step(self.plan, result, values, batch, self.steps)
         return np.asarray(result.losses[0], np.float32)
+
+
+def planned_network(function, inputs, device_num: int):
+    """The cell a functional step plans: the `nn.PipelineCell` that `function` (a
+    `FunctionCell` returning the loss) does nothing but call, so that its stages and
+    micro-batches are planned as `Model.train` plans them; else `function` itself."""
+    from autostrat.frontend.pipeline import PipelineCell
+    from autostrat.frontend.tracing import trace
+
+    pipelines = [(path, cell) for path, cell in function.cells_and_names() if isinstance(cell, PipelineCell)]
+    if len(pipelines) != 1:
+        return function
+    path, cell = pipelines[0]
+    graph = trace(function, *inputs, device_num=device_num)
+    inside = all(in_cell(name, path) for name in graph.ops) and graph.outputs[0] in graph.tensors
+    return cell if inside and graph.tensors[graph.outputs[0]].producer in graph.ops else function
 
 
 def describe_step(plan, context, optimizer, reducer: str, whole: list, given: list) -> list[str]:
     """What the settings did to a functional loop's planned step, one line each."""
+    from autostrat.frontend.train import world_size  # train imports this module: read at call time
+
     rows = whole[0].shape[0] if whole and whole[0].ndim else 0
     shares = ("every rank given the whole batch (full_batch=True)" if context.full_batch or context.device_num == 1
               else f"{context.device_num} ranks' shares of {given[0].shape[0]} rows (full_batch=False)")
     lines = [f"functional loop: one training step planned whole (forward, loss, backward, gradient synchronisation, "
-             f"{type(optimizer).__name__} update) on {plan.device_num} devices, {plan.mode}; global batch {rows} rows: "
+             f"{type(optimizer).__name__} update) on {world_size(plan)} devices, {plan.mode}; global batch {rows} rows: "
              f"{shares}",
              f"  gradients: the {'mean' if context.gradients_mean else 'sum'} over each parameter's replicas "
              f"({reducer + ', ' if reducer else ''}gradients_mean={context.gradients_mean})"]
+    if plan.pipeline is not None:
+        pipeline = plan.pipeline
+        lines.append(f"  pipeline: {pipeline.stages} stages of {pipeline.group_size} devices, {pipeline.micro_batches} "
+                     f"micro-batches, {pipeline.schedule} schedule")
     if plan.optimizer_shard is not None:
         lines.append(f"  optimizer sharded (enable_parallel_optimizer): {_sharded_updates(plan)}")
     recomputed = [name.removeprefix(RECOMPUTE_PREFIX) for name in plan.graph.ops if name.startswith(RECOMPUTE_PREFIX)]
@@ -192,14 +215,15 @@ def _sharded_updates(plan) -> str:
 _checked = {"steps": 0, "error": 0.0, "reference": ""}
 
 
-def _check_step(plan, result, values: dict, batch: dict, tolerance: float = 1e-5) -> None:
-    """Compare one planned step with the stand-alone run of it; the first step's full report
-    is printed, a difference raises, and the process reports the checks when it exits."""
+def _check_step(plan, result, values: dict, batch: dict, step: int, tolerance: float = 1e-5) -> None:
+    """Compare step `step` (from 1) of a plan with the stand-alone run of it; a plan's first
+    step's full report is printed, a difference raises, and the process reports the checks
+    when it exits."""
     from autostrat.frontend.train import compare  # train imports this module: read at call time
 
     report = compare(plan, result, train_reference(reference_graph(plan), values, [batch]), tolerance)
-    if _checked["steps"] == 0 or not report.ok:
-        print(f"functional loop, step {_checked['steps'] + 1} against one device:\n{report.text}", flush=True)
+    if step == 1 or not report.ok:
+        print(f"functional loop, step {step} against one device:\n{report.text}", flush=True)
     if not report.ok:
         raise RuntimeBackendError("the functional loop's planned step differs from the stand-alone run (see the report above)")
     if _checked["steps"] == 0:

@@ -1,5 +1,4 @@
-"""MindSpore's explicit gradient synchronisation: ``nn.DistributedGradReducer`` and
-``nn.PipelineGradReducer``.
+"""MindSpore's explicit gradient synchronisation of data parallelism: ``nn.DistributedGradReducer``.
 
 In MindSpore's data-parallel functional loop the gradients `value_and_grad` returns are each
 rank's own and the reducer AllReduces them. In autostrat's planned step (`functional_step`) the
@@ -7,7 +6,8 @@ plan synchronises every gradient over the replicas of its parameter anyway, so w
 decides is how those replicas' gradients combine: ``DistributedGradReducer(parameters,
 mean=True)`` averages them (as ``gradients_mean=True``: one device's whole-batch gradient),
 ``mean=False`` sums them, ``mean=None`` (MindSpore's default) follows the context's
-`gradients_mean`; `PipelineGradReducer` follows the context. Gradients computed before the
+`gradients_mean`. Any other pass-through of the gradients (a tuple of them, a reducer that
+returns them as they are) keeps the context's. Gradients computed before the
 reducer (the loop read them) were synchronised as the context says; a reducer asking otherwise
 is refused.
 """
@@ -53,17 +53,6 @@ class DistributedGradReducer:
 
     def __call__(self, grads):
         return reduce_gradients(grads, self.mean, type(self).__name__, self.parameters)
-
-
-class PipelineGradReducer(DistributedGradReducer):
-    """MindSpore's ``nn.PipelineGradReducer(parameters, scale_sense=1.0, opt_shard=None)``:
-    the gradients' synchronisation of a pipeline's step, combining replicas as the context's
-    `gradients_mean` says."""
-
-    def __init__(self, parameters, scale_sense: float = 1.0, opt_shard=None):
-        super().__init__(parameters)
-        if scale_sense != 1.0:
-            raise ConfigError(f"PipelineGradReducer: scale_sense={scale_sense!r} is not supported (only 1.0)")
 
 
 def reduce_gradients(grads, mean, reducer: str, parameters: tuple):
