@@ -52,7 +52,7 @@ class PendingGradients(tuple):
 
 class DeferredCall:
     """One call of a `GradFunction` on this rank's `arrays`: computed by itself when read,
-    or run as a whole training step by the optimiser (`step`)."""
+    or run as a whole training step by the optimiser (`functional_step`)."""
 
     def __init__(self, grad_fn, arrays: list):
         self.grad_fn, self.arrays = grad_fn, arrays
