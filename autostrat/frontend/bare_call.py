@@ -85,8 +85,9 @@ def _plan(net, whole: list, context: ParallelContext) -> tuple:
         plans[key] = plan, lower_programs(plan)
         if get_rank() == 0:
             rows = whole[0].shape[0] if whole[0].ndim else 0
+            source = "full_batch" if context.full_batch else "the ranks' shares"
             print(f"{type(net).__name__}(x) planned as a forward pass on {plan.device_num} devices, {plan.mode}, for a "
-                  f"global batch of {rows} rows ({'full_batch' if context.full_batch else 'the ranks shares'})", flush=True)
+                  f"global batch of {rows} rows ({source})", flush=True)
     return plans[key]
 
 
