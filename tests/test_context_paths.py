@@ -100,6 +100,14 @@ ALREADY = {("phase", path): "a training path plans the training step (phase='tra
 PENDING = {("full_batch", "Model.train"), ("dataset_strategy", "Model.train")}
 
 
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    ms.reset_auto_parallel_context()
+    ms_context.reset_context()  # save_graphs left set would dump every later test's plans
+    context._warned.clear()
+
+
 def context_keys() -> set:
     """Every key the two contexts accept or refuse by name, from their own lists."""
     auto = set(context.KEYS) | set(context.NO_EFFECT) | set(context.UNSUPPORTED) | {"auto_parallel_search_mode"}
