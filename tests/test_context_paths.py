@@ -95,7 +95,6 @@ ALREADY = {("phase", path): "a training path plans the training step (phase='tra
            for path in TRAINING_PATHS}
 
 
-
 @pytest.fixture(autouse=True)
 def _clean():
     yield
