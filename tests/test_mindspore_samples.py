@@ -200,7 +200,7 @@ def test_comm_fusion_and_the_grad_reducer_say_what_they_do():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
         dense.set_comm_fusion(1)
-    grads = (Tensor(np.ones(2, np.float32)),)
+    grads = tuple(Tensor(np.ones(p.shape, np.float32)) for p in dense.trainable_params())
     assert nn.DistributedGradReducer(dense.trainable_params())(grads) is grads
     with pytest.raises(ConfigError, match=r"DistributedGradReducer\(mean=True\): gradients computed before the reducer were "
                                           r"synchronised with gradients_mean=False"):
