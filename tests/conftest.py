@@ -90,7 +90,6 @@ IN_PROCESS = frozenset({
     "test_pipeline.py::test_a_pipeline_sums_replicas_as_its_whole_batch_reference_does",
     "test_pipeline.py::test_every_schedule_runs_each_micro_batch_once_and_holds_what_the_split_model_says",
     "test_pipeline.py::test_micro_batches_alone_accumulate_gradients_like_one_big_batch",
-    "test_mindspore_samples.py::test_a_sample_runs_unchanged_as_one_process_and_checks_itself",
     "test_pipeline.py::test_pipeline_training_equals_the_stand_alone_run",
     "test_pipeline.py::test_the_pipeline_config_runs_on_local_ranks_from_the_cli",
     "test_pipeline.py::test_the_searched_split_of_a_real_model_is_the_best_of_every_split",

@@ -179,8 +179,8 @@ def _functional_run(steps: int, batches):
 
 
 def test_the_functional_loop_trains_as_model_train_does():
-    """value_and_grad + optimizer(grads) (the update on whole values) against Model.train (the
-    update planned and split): the same losses and parameters after three steps on 8 devices."""
+    """value_and_grad + optimizer(grads) (the whole step planned, as Model.train plans it) against
+    Model.train: the same losses and parameters after three steps on 8 devices."""
     ms.set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
     rng = np.random.default_rng(2)
     batches = [(rng.standard_normal((64, 64)).astype(np.float32), rng.integers(0, 64, 64).astype(np.int32)) for _ in range(3)]
@@ -233,14 +233,14 @@ def test_the_functional_script_checks_every_step_against_one_device(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "epoch: 2 step: 4, loss is" in done.stdout
-    assert "value_and_grad: 8 call(s) checked against one device" in done.stdout and "(limit 1e-05): OK" in done.stdout
+    assert "functional loop: 8 planned training step(s) checked against one device" in done.stdout and "(limit 1e-05): OK" in done.stdout
 
 
 @pytest.mark.slow
 def test_the_functional_script_runs_on_8_mpi_ranks():
     done = subprocess.run(["bash", str(TUTORIAL / "run.sh"), "8", "functional"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "value_and_grad: 8 call(s) checked against one device" in done.stdout
+    assert "functional loop: 8 planned training step(s) checked against one device" in done.stdout
 
 
 def test_functional_ops_trace_and_run_like_their_primitives():

@@ -5,6 +5,7 @@ Model.train, and the Model.train sample end to end on 8 MPI ranks."""
 
 from __future__ import annotations
 
+import re
 import struct
 import warnings
 
@@ -200,11 +201,12 @@ def test_comm_fusion_and_the_grad_reducer_say_what_they_do():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
         dense.set_comm_fusion(1)
-    grads = (Tensor(np.ones(2, np.float32)),)
+    grads = tuple(Tensor(np.ones(p.shape, np.float32)) for p in dense.trainable_params())
     assert nn.DistributedGradReducer(dense.trainable_params())(grads) is grads
-    with pytest.raises(ConfigError, match=r"DistributedGradReducer: mean=True but the context's gradients_mean is False"):
-        nn.DistributedGradReducer(dense.trainable_params(), mean=True)
-    with pytest.raises(ConfigError, match="DistributedGradReducer: degree must be the world size 8 \\(or None\\), got 4"):
+    with pytest.raises(ConfigError, match=r"DistributedGradReducer\(mean=True\): gradients computed before the reducer were "
+                                          r"synchronised with gradients_mean=False"):
+        nn.DistributedGradReducer(dense.trainable_params(), mean=True)(grads)
+    with pytest.raises(ConfigError, match="DistributedGradReducer: degree=4 is not supported"):
         nn.DistributedGradReducer(dense.trainable_params(), degree=4)
 
 
@@ -389,17 +391,34 @@ def test_the_model_train_sample_runs_on_8_mpi_ranks_like_one_device(tmp_path):
     assert MNIST_COUNT == 64
 
 
-# The samples that run to the end with this piece's names alone; the pipeline sample also needs
-# nn.PipelineGradReducer and per-cell pipeline_stage, the high-dimension one add_prim_attr and 2-D layouts.
-RUNNING_ALONE = ["operator_parallel", "operator_parallel_layout", "optimizer_parallel", "recompute", "sharding_propagation",
-                 "strategy_saving"]
+# What each functional-loop sample's settings make the run print on rank 0 (beyond its check):
+# the path and mode planned, and what its settings did (stages staged, optimizer sharded,
+# cells recomputed, IR dumped). train_saving.py (Model.train) has its own test above.
+SAYS = {
+    "sharding_propagation": ("Momentum update) on 8 devices, auto_parallel; global batch 256 rows", "IR dumped to ./rank_0 (save_graphs)"),
+    "operator_parallel": ("SGD update) on 8 devices, semi_auto_parallel; global batch 256 rows",),
+    "operator_parallel_layout": ("SGD update) on 8 devices, semi_auto_parallel; global batch 256 rows",),
+    "optimizer_parallel": ("optimizer sharded (enable_parallel_optimizer): updates split: layer1.weight over 8, layer2.weight over 8",),
+    "pipeline_parallel": ("pipeline: 2 stages of 4 devices, 4 micro-batches, 1f1b schedule",
+                          "stage 0: backbone.layer1, backbone.relu1, backbone.layer2 + unmarked backbone.flatten"),
+    "recompute": ("on 8 devices, data_parallel; global batch 64 rows: 8 ranks' shares of 8 rows", "recomputed in the backward: net.relu2, net.relu1"),
+    "high_dimension_tensor_parallel": ("Network(x) planned as a forward pass on 8 devices, semi_auto_parallel",),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", RUNNING_ALONE)
-def test_a_sample_runs_unchanged_as_one_process_and_checks_itself(tmp_path, name):
-    """One process, the 8 ranks as threads (``python sample.py``, RANK_SIZE=8), AUTOSTRAT_CHECK=1."""
-    run = run_sample(name, tmp_path, ranks=None)
+@pytest.mark.parametrize("name", sorted(SAYS))
+def test_a_sample_runs_unchanged_on_8_mpi_ranks_as_one_device_doing_what_its_settings_say(tmp_path, name):
+    """The sample with only its imports renamed, ``mpiexec -n 8``, AUTOSTRAT_CHECK=1: every
+    planned step (or call) checked against one device, bytes measured = predicted."""
+    run = run_sample(name, tmp_path, ranks=8)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "(limit 1e-05): OK" in run.stdout
+    for line in SAYS[name]:
+        assert line in run.stdout, line
+    if name == "high_dimension_tensor_parallel":
+        assert re.search(r"net\(x\): 1 planned call\(s\) checked against one device: .*: OK", run.stdout)
+    else:
+        steps = 1 if name == "recompute" else 20  # recompute's ranks read 8 rows each: one batch
+        assert re.search(rf"functional loop: {steps} planned training step\(s\) checked against one device .*"
+                         rf"bytes per phase measured = predicted: OK", run.stdout)
     assert "Traceback" not in run.stderr

@@ -54,8 +54,14 @@ class Cell:
         raise NotImplementedError(f"{type(self).__name__} must define construct()")
 
     def __call__(self, *inputs):
+        if not tracing.is_tracing():
+            from autostrat.frontend import bare_call  # it plans with what imports this module
+
+            # A call outside a trace is a whole network's: under a planning parallel mode it is
+            # planned and run on the ranks, as MindSpore compiles it; otherwise run eagerly.
+            return bare_call.run_planned(self, inputs) if bare_call.is_planned(inputs) else self.construct(*inputs)
         counts = self.__dict__.get("_shard")
-        if counts is None or not tracing.is_tracing():
+        if counts is None:
             return self.construct(*inputs)
         if len(inputs) != counts[0]:
             raise ConfigError(f"{type(self).__name__}.shard: {counts[0]} input strategies for {len(inputs)} inputs")

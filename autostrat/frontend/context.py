@@ -317,6 +317,10 @@ def _mindspore_only(kwargs: dict) -> dict:
                            f"(it tunes MindSpore's compiler or collectives)", stacklevel=3)
     if "auto_parallel_search_mode" in kwargs:
         kwargs.setdefault("search_mode", kwargs.pop("auto_parallel_search_mode"))
+    if kwargs.get("parameter_broadcast") is True:
+        warn_once("parameter_broadcast", "set_auto_parallel_context: parameter_broadcast=True is what autostrat always "
+                                         "does (every rank's parameters are made from one seed), nothing to broadcast",
+                  stacklevel=3)
     return kwargs
 
 

@@ -1,26 +1,33 @@
 """MindSpore 2.x's functional training loop: ``value_and_grad``, ``jit`` and ``optimizer(grads)``.
 
-    grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters)
-    for data, label in dataset:
-        loss, grads = grad_fn(data, label)
+    grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters, has_aux=True)
+    @ms.jit                                   # optional: the same three calls without it run alike
+    def train_step(data, label):
+        (loss, _), grads = grad_fn(data, label)
+        grads = grad_reducer(grads)           # optional: nn.DistributedGradReducer
         optimizer(grads)
+        return loss
 
-`value_and_grad(fn, ...)` traces ``fn`` (a function of Cells, or a Cell) on its inputs' shapes,
-plans its forward pass with the backward of the loss (its first output) under the parallel
-context, runs that plan on the ranks (threads, or MPI ranks under mpiexec) and returns the loss
-and the gradients of `weights` as whole tensors on every rank; a plan is made once per input
-shapes. With ``gradients_mean=False`` (the default, as in MindSpore, whose parallel step sums
-a parameter's gradient over its replicas) each gradient is its parameter's replica count in the
-plan (`Plan.replicas`) times the whole-batch gradient, as `Model.train` sums it.
-``optimizer(grads)`` applies the optimiser's update ops (the same kernels a planned training
-step runs) to the parameters' whole values on every rank, keeping its state, so every rank
-holds the same parameters for the next step. Unlike `Model.train`, whose plan includes
-gradient synchronisation and the update, the update here runs unsplit: the loop may change the
-gradients between the two calls, as MindSpore allows.
+A call of `value_and_grad`'s function computes nothing yet: it returns its value and gradients
+as deferred tensors (`frontend.deferred`). When ``optimizer(grads)`` receives those gradients,
+untouched or through a grad reducer, the whole training step is planned as `Model.train` plans
+it (forward, loss, backward, gradient synchronisation, the optimiser update split over the
+devices; pipeline stages, recompute, the parallel optimizer, the strategy checkpoint and
+``save_graphs`` honoured) and run (`frontend.functional_step`); the loss then holds the
+step's loss. `jit` is therefore the identity: deferring the gradients already joins the three
+calls into one planned step, with or without it.
 
-`jit` is accepted and returns the function unchanged: a call of `value_and_grad`'s function
-already runs a planned graph. With ``AUTOSTRAT_CHECK=1`` every call is checked against the same
-graph on one device.
+Reading a value or a gradient before ``optimizer(grads)`` (or changing the gradients with any
+op other than a grad reducer) computes them on the spot by a plan of the forward pass and its
+backward, as before: ``fn``'s first output is the loss, and with ``gradients_mean=False`` (the
+default, as in MindSpore, whose parallel step sums a parameter's gradient over its replicas)
+each gradient is its parameter's replica count in the plan (`Plan.replicas`) times the
+whole-batch gradient. A context setting that needs the whole step then refuses before the step
+runs (`functional_step.refuse_partial_step`). With ``AUTOSTRAT_CHECK=1`` every such call is
+checked against the same graph on one device.
+
+The inputs of each call are this rank's share of the global batch, or the whole batch with
+``full_batch=True`` (`frontend.global_batch`).
 """
 
 from __future__ import annotations
@@ -31,15 +38,17 @@ import inspect
 import numpy as np
 
 from autostrat.autodiff import build_backward, gradient_name
-from autostrat.autodiff.builder import GradBuilder
 from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
+from autostrat.frontend.deferred import DeferredCall
+from autostrat.frontend.global_batch import global_arrays, global_shapes, rank_share
+from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.frontend.tracing import trace
 from autostrat.frontend.world import checking, get_rank, world_backend
-from autostrat.ir import Graph, TensorInfo
-from autostrat.runtime.executor import graph_values, run_single_device, single_device_step
+from autostrat.ir import Graph
+from autostrat.runtime.executor import graph_values, run_single_device
 from autostrat.runtime.job import check_indices
 from autostrat.runtime.kernels.optimizer import summed_gradient
 from autostrat.runtime.local import execute_on_ranks
@@ -48,17 +57,21 @@ from autostrat.search import search
 
 
 def jit(fn=None, **options):
-    """MindSpore's ``@jit`` (with or without options): the function, unchanged."""
+    """MindSpore's ``@jit`` (with or without options): the function, unchanged. The step it
+    marks is planned whole anyway: its gradients are deferred until ``optimizer(grads)``."""
     return (lambda function: function) if fn is None else fn
 
 
-class _FunctionCell(Cell):
+class FunctionCell(Cell):
     """`fn` as a Cell, with the Cells it reads (its globals and closure) as children, so that
-    ops and parameters get their attribute paths as names (``net.dense1.matmul``)."""
+    ops get their attribute paths as names (``net.dense1.matmul``); parameters keep the names
+    the network gives them (``dense1.weight``, as MindSpore names them). With `loss_only` it
+    returns `fn`'s first output alone (the loss a training step minimises)."""
 
-    def __init__(self, fn):
-        super().__init__()
+    def __init__(self, fn, loss_only: bool = False):
+        super().__init__(auto_prefix=False)
         object.__setattr__(self, "fn", fn)
+        object.__setattr__(self, "loss_only", loss_only)
         closure = inspect.getclosurevars(fn) if inspect.isfunction(fn) else None
         found = {} if closure is None else closure.globals | closure.nonlocals
         if isinstance(fn, Cell):
@@ -68,7 +81,8 @@ class _FunctionCell(Cell):
                 setattr(self, name, value)
 
     def construct(self, *inputs):
-        return self.fn(*inputs)
+        outputs = self.fn(*inputs)
+        return outputs[0] if self.loss_only and isinstance(outputs, tuple) else outputs
 
 
 class GradFunction:
@@ -78,15 +92,38 @@ class GradFunction:
         if weights is None:
             raise ConfigError("value_and_grad: pass the parameters to differentiate as weights (such as "
                               "optimizer.parameters or net.trainable_params()); gradients of the inputs are not supported")
-        self.cell, self.weights, self.has_aux, self.values = _FunctionCell(fn), tuple(weights), has_aux, values
+        self.fn, self.cell, self.weights, self.has_aux, self.values = fn, FunctionCell(fn), tuple(weights), has_aux, values
         if not all(isinstance(w, Parameter) for w in self.weights):
             raise ConfigError(f"value_and_grad: weights must be Parameters, got {[type(w).__name__ for w in self.weights]}")
         self._plans: dict = {}
+        self._counts: dict = {}
+        self.steps: dict = {}  # (optimizer, gradients_mean, inputs) -> its `functional_step.PlannedStep`
 
     def __call__(self, *inputs):
         arrays = [np.asarray(x.asnumpy() if isinstance(x, Tensor) else x) for x in inputs]
-        plan, programs, outputs, grads, replicas = self._plan(arrays)
-        given = {info.name: array for info, array in zip(plan.graph.inputs(), arrays)}
+        call = DeferredCall(self, arrays)
+        value = call.value_tensors()
+        value = value if len(value) > 1 else value[0]  # (loss, aux...) with has_aux
+        return (value, call.gradients) if self.values else call.gradients
+
+    def output_count(self, arrays: list) -> int:
+        """How many outputs `fn` returns on inputs like `arrays` (traced once per shapes)."""
+        key = tuple((array.shape, array.dtype.name) for array in arrays)
+        if key not in self._counts:
+            context = current_context()
+            shapes = global_shapes(arrays, context.full_batch, context.device_num)
+            graph = trace(self.cell, *(Tensor(shape=shape, dtype=a.dtype) for shape, a in zip(shapes, arrays)),
+                          device_num=context.device_num)
+            self._counts[key] = len(graph.outputs)
+        return self._counts[key]
+
+    def compute(self, arrays: list) -> tuple[list, tuple]:
+        """`fn`'s outputs (this rank's rows) and the gradients of `weights` on `arrays` (this
+        rank's inputs), by the plan of the forward pass and its backward."""
+        context = current_context()
+        whole_batch = global_arrays(arrays, context.full_batch, context.device_num)
+        plan, programs, outputs, grads, replicas = self._plan(whole_batch)
+        given = {info.name: array for info, array in zip(plan.graph.inputs(), whole_batch)}
         check_indices(plan.graph, given, f"{plan.graph.name} inputs")
         values = graph_values(plan.graph, given)
         result = execute_on_ranks(programs, values, world_backend()).outputs
@@ -94,11 +131,10 @@ class GradFunction:
             _check(plan.graph, values, result)
         # A collective hands a 0-d loss back as shape (1,): every result takes its graph shape again.
         whole = {name: np.reshape(result[name], plan.graph.tensors[name].shape) for name in outputs + grads}
-        forward = [Tensor(whole[name]) for name in outputs]
-        value = tuple(forward) if len(forward) > 1 else forward[0]  # (loss, aux...) with has_aux
+        rows = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
+        forward = [rank_share(whole[name], rows, context.full_batch, context.device_num) for name in outputs]
         # The sum over replicas (gradients_mean=False) scales the checked whole-batch gradients.
-        gradients = tuple(Tensor(summed_gradient(whole[name], count)) for name, count in zip(grads, replicas))
-        return (value, gradients) if self.values else gradients
+        return forward, tuple(summed_gradient(whole[name], count) for name, count in zip(grads, replicas))
 
     def _plan(self, arrays: list):
         key = tuple((array.shape, array.dtype.name) for array in arrays)
@@ -113,6 +149,9 @@ class GradFunction:
                 raise ConfigError(f"value_and_grad: weights {unused} are not read by the function")
             whole = Graph(backward.tensors, backward.ops, graph.outputs + grads, f"{graph.name}.grad", backward.values)
             plan = search(whole, context.device_num, context.search_options())
+            folder = graphs_folder(context.global_rank)
+            if folder is not None:  # save_graphs: as every plan made under it (`api.plan_for`)
+                plan.dump_ir(folder, context.global_rank)
             replicas = tuple(1 if context.gradients_mean else plan.replicas(names[id(weight)]) for weight in self.weights)
             self._plans[key] = plan, lower_programs(plan), graph.outputs, grads, replicas
         return self._plans[key]
@@ -169,52 +208,3 @@ def grad(fn, grad_position=None, weights=None, has_aux: bool = False) -> GradFun
     if grad_position is not None:
         raise ConfigError(f"grad: gradients of the inputs (grad_position={grad_position!r}) are not supported")
     return GradFunction(fn, weights, has_aux, values=False)
-
-
-class FunctionalStep:
-    """The functional half of a MindSpore optimizer: ``optimizer.parameters`` and
-    ``optimizer(grads)`` (mixed into `nn.SGD`, `nn.Momentum`, `nn.Adam`)."""
-
-    @property
-    def parameters(self) -> tuple:
-        return self.__dict__.get("_parameters", ())
-
-    def __call__(self, grads) -> None:
-        """Update `parameters` with `grads` (one per parameter, in order), keeping the state."""
-        parameters = self.parameters
-        if len(grads) != len(parameters):
-            raise ConfigError(f"{type(self).__name__}(grads): expected {len(parameters)} gradients (one per parameter), "
-                              f"got {len(grads)}")
-        if "_update" not in self.__dict__:
-            object.__setattr__(self, "_update", _update_graph(self, parameters))
-        graph, state = self._update
-        values = dict(state)
-        for index, (parameter, gradient) in enumerate(zip(parameters, grads)):
-            array = np.asarray(gradient.asnumpy() if isinstance(gradient, Tensor) else gradient)
-            if array.shape != parameter.shape:
-                raise ConfigError(f"{type(self).__name__}(grads): gradient {index} has shape {list(array.shape)}, its "
-                                  f"parameter {list(parameter.shape)}")
-            values[f"p{index}"], values[gradient_name(f"p{index}")] = parameter.asnumpy(), array.astype(parameter.dtype)
-        _, updated = single_device_step(graph, values)
-        for index, parameter in enumerate(parameters):
-            parameter.set_data(updated.pop(f"p{index}"))
-        state.update(updated)
-
-
-def _update_graph(optimizer, parameters) -> tuple[Graph, dict]:
-    """The optimiser's update ops for `parameters` (named p0, p1...; gradients grad/p0...) as a
-    graph, and its state's initial values."""
-    tensors = {}
-    for index, parameter in enumerate(parameters):
-        tensors[f"p{index}"] = TensorInfo(f"p{index}", parameter.shape, parameter.dtype, "parameter")
-        gradient = gradient_name(f"p{index}")
-        tensors[gradient] = TensorInfo(gradient, parameter.shape, parameter.dtype, "input")
-    builder = GradBuilder(tensors)
-    builder.scope = "optimizer"
-    updates: list = []
-    shared = optimizer.prepare(builder, updates)
-    for index in range(len(parameters)):
-        updates += optimizer.update(builder, f"p{index}", gradient_name(f"p{index}"), shared)
-    graph = Graph(builder.tensors, builder.ops, (), "update", builder.values, tuple(updates))
-    state = {name: np.asarray(value.asnumpy()) for name, value in builder.values.items()}
-    return graph, state

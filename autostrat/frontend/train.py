@@ -31,7 +31,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend.api import plan_for, training_parts
 from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
-from autostrat.frontend.functional import FunctionalStep
+from autostrat.frontend.functional_step import FunctionalStep
 from autostrat.frontend.world import get_rank, launched_by_mpiexec
 from autostrat.runtime import checkpoint
 from autostrat.runtime.executor import graph_values

@@ -4,7 +4,7 @@
 #   bash run.sh RANK_SIZE functional    the MindSpore 2.x functional loop (train_functional.py)
 # Launched like ../sharding_propagation (one MPI process per rank, rank i's output in
 # device/rank_<i>/log, RANK_TABLE_FILE honoured), with AUTOSTRAT_CHECK=1: the run checks itself
-# against one device (Model.train's loss curve and parameters, or every value_and_grad call).
+# against one device (Model.train's loss curve and parameters, or every planned functional step).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 script=train.py

@@ -1,7 +1,7 @@
 """A MindSpore 2.x functional training loop as a MindSpore user writes it: value_and_grad over
 a forward function, a jit-decorated step, optimizer(grads), the dataset's tuple iterator. Only
 the imports changed ("mindspore" -> "autostrat"). `run.sh functional` launches it; with
-AUTOSTRAT_CHECK=1 every step's loss and gradients are checked against one device.
+AUTOSTRAT_CHECK=1 every planned step's loss and parameters are checked against one device.
 """
 
 import numpy as np
