@@ -43,7 +43,8 @@ def sample_network(name: str, sharded: bool = True):
 
 def training_step(name: str, net):
     """The sample's training step as a `TrainOneStepCell`: its loss (CrossEntropyLoss), its
-    optimizer, the pipeline sample's ``PipelineCell(..., 4)`` (as samples_mindspore.py builds it)."""
+    optimizer and, for the pipeline sample, its ``PipelineCell(WithLossCell(net, loss_fn), 4)``
+    (samples_mindspore.py builds the same; for the pipeline it runs the sample's own step)."""
     loss = nn.WithLossCell(net, nn.CrossEntropyLoss())
     if name == "pipeline_parallel":
         loss = nn.PipelineCell(loss, 4)
