@@ -125,6 +125,9 @@ def run_rank(run_dir: Path, digest: str, backend, watchdog: Watchdog, terminal_o
     from autostrat.runtime.report import format_report
 
     job = load_job(run_dir, digest)
+    # Start-up, this rank's own work, is over: the communicators are made by every rank together,
+    # so a rank missing from them is a stalled collective (the stall limit), not a slow start.
+    watchdog.progress("setting up the communicators", collective=True)
     hook = _hook(job.programs[backend.rank], watchdog, job.fault, backend) if backend.device_num == job.device_num else None
     summaries = run_steps(job, backend, hook, lambda: watchdog.progress("gathering the report", collective=True), _log)
     if summaries is None:
