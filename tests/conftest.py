@@ -115,6 +115,7 @@ IN_PROCESS = frozenset({
 # The tests of other files that start MPI ranks: they join the one unit of work too.
 SPAWNING_TESTS = frozenset({
     "test_cell_stages.py::test_model_train_of_the_marked_sample_on_8_mpi_ranks_checks_itself",
+    "test_functional_loop.py::test_the_recompute_loop_runs_on_8_mpi_ranks",
     "test_job_file.py::test_mpi_ranks_refuse_a_changed_job",
     "test_layout_2d.py::test_both_samples_train_on_8_mpi_ranks_as_one_device",
 })
