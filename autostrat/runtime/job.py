@@ -172,6 +172,7 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     values = graph_values(graph, {})
     batches = tuple(random_batch(graph, rng) for _ in range(steps))
     reference = reference_run(graph, values, batches)
+    prepare_kernels({op.op_type for op in graph.ops.values()})  # the single-device time below excludes imports
     started = time.perf_counter()
     gradient_names = tuple(f"grad/{name}" for name in (reference.gradients[0] if reference.gradients else ()))
     own, _ = single_device_run(graph, values, batches, keep=gradient_names)
