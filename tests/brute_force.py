@@ -42,6 +42,7 @@ def costs(problem, choices: np.ndarray, shared: bool = True) -> np.ndarray:
     for op, index in column.items():
         total += np.asarray(problem.costs[op].comm, dtype=float)[choices[:, index]]
     paid_keys: dict[tuple, list[np.ndarray]] = {}  # (tensor, producer) -> wanted-layout ids of the readers that paid
+    ids: dict = {}  # normalised layout -> its id, for this call's comparisons
     for edge in problem.edges:
         producer, consumer = choices[:, column[edge.producer]], choices[:, column[edge.consumer]]
         table = np.array([[edge.table[i, j] for j in range(len(problem.candidates[edge.consumer]))]
@@ -50,7 +51,7 @@ def costs(problem, choices: np.ndarray, shared: bool = True) -> np.ndarray:
         if shared and not edge.sync:
             resting = np.array([edge.from_input and edge.output_index in candidate.at_rest
                                 for candidate in problem.candidates[edge.producer]])[producer]
-            wanted = _layout_ids(problem, edge)[consumer]
+            wanted = _layout_ids(problem, edge, ids)[consumer]
             earlier = paid_keys.setdefault((edge.tensor, edge.producer), [])
             for key in earlier:
                 pays &= resting | (key != wanted)
@@ -60,14 +61,11 @@ def costs(problem, choices: np.ndarray, shared: bool = True) -> np.ndarray:
     return total.astype(np.int64)
 
 
-_IDS: dict = {}
-
-
-def _layout_ids(problem, edge) -> np.ndarray:
+def _layout_ids(problem, edge, ids: dict) -> np.ndarray:
     """Per candidate of the edge's consumer, an id of the (normalised) layout it wants the
-    tensor in: equal ids for equal layouts, across every edge of the process."""
+    tensor in: equal ids for equal layouts, across the edges sharing `ids`."""
     wanted = [candidate.input_layouts[edge.input_index].normalized() for candidate in problem.candidates[edge.consumer]]
-    return np.array([_IDS.setdefault(layout, len(_IDS)) for layout in wanted], dtype=np.int64)
+    return np.array([ids.setdefault(layout, len(ids)) for layout in wanted], dtype=np.int64)
 
 
 def peaks(problem, choices: np.ndarray) -> np.ndarray:

@@ -41,7 +41,6 @@ class BatchSplit:
             return f"global batch {local_rows} (every rank reads the whole batch, full_batch=True)"
         return f"global batch {local_rows * self.ranks} ({local_rows} rows per rank x {self.ranks} data-parallel ranks, full_batch=False)"
 
-
     def global_arrays(self, arrays: list) -> list:
         """Stand-ins for the global batch of one rank's `arrays`: each batch dim times `ranks`.
 
