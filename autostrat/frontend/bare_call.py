@@ -15,7 +15,6 @@ pass: a call made while one is set says so once, naming it, rather than ignoring
 
 from __future__ import annotations
 
-import atexit
 from dataclasses import replace
 
 import numpy as np
@@ -25,7 +24,7 @@ from autostrat.frontend.api import plan_for
 from autostrat.frontend.context import ParallelContext, current_context, warn_once
 from autostrat.frontend.global_batch import global_arrays, rank_share
 from autostrat.frontend.tensor import Tensor
-from autostrat.frontend.world import checking, get_rank, world_backend
+from autostrat.frontend.world import CheckTally, checking, get_rank, world_backend
 from autostrat.runtime.executor import graph_values, run_single_device
 from autostrat.runtime.job import check_indices
 from autostrat.runtime.local import execute_on_ranks
@@ -99,10 +98,12 @@ def _say_training_keys(context: ParallelContext) -> None:
                                           f"is a forward pass, which it does not change", stacklevel=4)
 
 
-_checked = {"calls": 0, "error": 0.0}
+TOLERANCE = 1e-5
+_TALLY = CheckTally(lambda t: f"net(x): {t.count} planned call(s) checked against one device: max relative error "
+                              f"{t.error:.3g} (limit {TOLERANCE:g}): OK")
 
 
-def _check(name: str, graph, values: dict, result: dict, tolerance: float = 1e-5) -> None:
+def _check(name: str, graph, values: dict, result: dict, tolerance: float = TOLERANCE) -> None:
     """Compare a call's outputs with the graph run on one device; a difference raises."""
     from autostrat.frontend.train import relative_error  # train imports what imports this module
 
@@ -110,13 +111,4 @@ def _check(name: str, graph, values: dict, result: dict, tolerance: float = 1e-5
     if error > tolerance:
         raise RuntimeBackendError(f"{name}(x): the distributed outputs differ from one device's by {error:.3g} "
                                   f"(relative; limit {tolerance:g})")
-    if _checked["calls"] == 0:
-        atexit.register(_report, name, tolerance)
-    _checked["calls"] += 1
-    _checked["error"] = max(_checked["error"], error)
-
-
-def _report(name: str, tolerance: float) -> None:
-    if get_rank() == 0:
-        print(f"net(x): {_checked['calls']} planned call(s) checked against one device: max relative error "
-              f"{_checked['error']:.3g} (limit {tolerance:g}): OK", flush=True)
+    _TALLY.add(error)

@@ -32,7 +32,6 @@ The inputs of each call are this rank's share of the global batch, or the whole 
 
 from __future__ import annotations
 
-import atexit
 import inspect
 
 import numpy as np
@@ -46,7 +45,7 @@ from autostrat.frontend.global_batch import global_arrays, global_shapes, rank_s
 from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.tensor import Parameter, Tensor
 from autostrat.frontend.tracing import trace
-from autostrat.frontend.world import checking, get_rank, world_backend
+from autostrat.frontend.world import CheckTally, checking, world_backend
 from autostrat.ir import Graph
 from autostrat.runtime.executor import graph_values, run_single_device
 from autostrat.runtime.job import check_indices
@@ -157,10 +156,12 @@ class GradFunction:
         return self._plans[key]
 
 
-_checked = {"calls": 0, "error": 0.0}
+TOLERANCE = 1e-5
+_TALLY = CheckTally(lambda t: f"value_and_grad: {t.count} call(s) checked against one device: max relative error "
+                              f"{t.error:.3g} (limit {TOLERANCE:g}): OK")
 
 
-def _check(graph, values: dict, result: dict, tolerance: float = 1e-5) -> None:
+def _check(graph, values: dict, result: dict, tolerance: float = TOLERANCE) -> None:
     """Compare a call's outputs (value and gradients) with the graph run on one device; a
     difference over `tolerance` (relative to the largest reference magnitude) raises, and the
     process reports how many calls it checked when it exits (rank 0)."""
@@ -170,16 +171,7 @@ def _check(graph, values: dict, result: dict, tolerance: float = 1e-5) -> None:
     if error > tolerance:
         raise RuntimeBackendError(f"value_and_grad: the distributed value and gradients differ from one device's by "
                                   f"{error:.3g} (relative; limit {tolerance:g})")
-    if _checked["calls"] == 0:
-        atexit.register(_report_checks, tolerance)
-    _checked["calls"] += 1
-    _checked["error"] = max(_checked["error"], error)
-
-
-def _report_checks(tolerance: float) -> None:
-    if get_rank() == 0:
-        print(f"value_and_grad: {_checked['calls']} call(s) checked against one device: max relative error "
-              f"{_checked['error']:.3g} (limit {tolerance:g}): OK", flush=True)
+    _TALLY.add(error)
 
 
 def value_and_grad(fn, grad_position=None, weights=None, has_aux: bool = False) -> GradFunction:

@@ -18,7 +18,6 @@ whole gradients on every rank, as before, unless a context setting needs the who
 
 from __future__ import annotations
 
-import atexit
 from dataclasses import replace
 
 import numpy as np
@@ -34,7 +33,7 @@ from autostrat.frontend.deferred import pending_call
 from autostrat.frontend.global_batch import global_arrays
 from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.tensor import Parameter, Tensor
-from autostrat.frontend.world import checking, get_rank, world_backend
+from autostrat.frontend.world import CheckTally, checking, get_rank, world_backend
 from autostrat.ir import Graph, TensorInfo
 from autostrat.runtime.executor import graph_values, single_device_step
 from autostrat.runtime.job import check_indices
@@ -212,10 +211,13 @@ def _sharded_updates(plan) -> str:
         f"already split over every device)")
 
 
-_checked = {"steps": 0, "error": 0.0, "reference": ""}
+TOLERANCE = 1e-5
+_TALLY = CheckTally(lambda t: f"functional loop: {t.count} planned training step(s) checked against one device ({t.note}): "
+                              f"max relative error {t.error:.3g} (limit {TOLERANCE:g}), bytes per phase measured = predicted: OK",
+                    every_rank=True)
 
 
-def _check_step(plan, result, values: dict, batch: dict, step: int, tolerance: float = 1e-5) -> None:
+def _check_step(plan, result, values: dict, batch: dict, step: int, tolerance: float = TOLERANCE) -> None:
     """Compare step `step` (from 1) of a plan with the stand-alone run of it; a plan's first
     step's full report is printed, a difference raises, and the process reports the checks
     when it exits."""
@@ -226,17 +228,7 @@ def _check_step(plan, result, values: dict, batch: dict, step: int, tolerance: f
         print(f"functional loop, step {step} against one device:\n{report.text}", flush=True)
     if not report.ok:
         raise RuntimeBackendError("the functional loop's planned step differs from the stand-alone run (see the report above)")
-    if _checked["steps"] == 0:
-        atexit.register(_report_checks, tolerance)
-    _checked["steps"] += 1
-    _checked["error"] = max(_checked["error"], report.loss_error, report.parameter_error)
-    _checked["reference"] = report.reference.reference or "autostrat's kernels"
-
-
-def _report_checks(tolerance: float) -> None:
-    print(f"functional loop: {_checked['steps']} planned training step(s) checked against one device "
-          f"({_checked['reference']}): max relative error {_checked['error']:.3g} (limit {tolerance:g}), bytes per phase "
-          f"measured = predicted: OK", flush=True)
+    _TALLY.add(max(report.loss_error, report.parameter_error), report.reference.reference or "autostrat's kernels")
 
 
 def _update_unsplit(optimizer, parameters: tuple, grads) -> None:

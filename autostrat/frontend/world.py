@@ -8,6 +8,7 @@ launch scripts set), or the context's `device_num` when it is not set.
 
 from __future__ import annotations
 
+import atexit
 import os
 from functools import cache
 
@@ -92,3 +93,28 @@ def init(backend_name: str | None = None) -> None:
     """
     size = get_group_size()
     set_auto_parallel_context(device_num=size, global_rank=get_rank())
+
+
+class CheckTally:
+    """The checks against one device of one path of a script (`checking`): how many, the
+    largest error and a `note`, reported in `line(tally)` when the process exits, by rank 0
+    (or every rank, `every_rank`). The exit hook is registered at the first check.
+
+    Example:
+        >>> tally = CheckTally(lambda t: f"{t.count} call(s), max error {t.error:g}")
+        >>> tally.add(1e-7); tally.add(3e-7); tally.line(tally)
+        '2 call(s), max error 3e-07'
+    """
+
+    def __init__(self, line, every_rank: bool = False):
+        self.line, self.every_rank = line, every_rank
+        self.count, self.error, self.note = 0, 0.0, ""
+
+    def add(self, error: float, note: str = "") -> None:
+        if self.count == 0:
+            atexit.register(self._report)
+        self.count, self.error, self.note = self.count + 1, max(self.error, error), note or self.note
+
+    def _report(self) -> None:
+        if self.every_rank or get_rank() == 0:
+            print(self.line(self), flush=True)
