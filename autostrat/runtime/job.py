@@ -21,7 +21,7 @@ from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.kernels import prepare_kernels
 from autostrat.runtime.pipeline import StageRunner, pipeline_values, stage_peaks_per_rank
 from autostrat.runtime.program import Load, Program, lower_programs
-from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
+from autostrat.runtime.stage_program import StageProgram, lower_stage_programs, op_types
 from autostrat.runtime.reference import reference_run, tensor_errors
 from autostrat.runtime.report import rank_summary
 from autostrat.runtime.training import reference_graph
@@ -183,12 +183,6 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     return Job(name or plan.graph.name, device_num, programs, values, batches, reference.outputs, plan.table(), plan.total_bytes,
                max(peaks, default=plan.prediction.peak_bytes), single, stall_timeout, fault, reference.final or None, peaks,
                reference.library, reference.noise_driven, gradients[3], gradients[1])
-
-
-def op_types(program: Program | StageProgram) -> set[str]:
-    """The op types whose kernels `program` runs."""
-    slots = (program.instructions,) if isinstance(program, Program) else (program.forward, program.backward, program.update)
-    return {i.op_type for instructions in slots for i in instructions if hasattr(i, "op_type")}
 
 
 def _gradient_errors(reference, own: tuple[dict, ...]) -> tuple:
