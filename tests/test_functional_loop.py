@@ -208,11 +208,14 @@ class Stack(nn.Cell):
         return self.head(x)
 
 
-def test_a_loop_over_a_pipeline_cell_plans_its_stages(capsys, monkeypatch):
+@pytest.mark.parametrize("full_batch", [True, False])
+def test_a_loop_over_a_pipeline_cell_plans_its_stages(capsys, monkeypatch, full_batch):
     """distributed_pipeline_parallel.py's shape: pipeline_stages, an nn.PipelineCell the loss
-    function only calls, @jit: the step is a pipeline plan, checked against one device."""
+    function only calls, @jit: the step is a pipeline plan, checked against one device. Without
+    full_batch the global batch is the data-parallel ranks' shares (4 devices / 2 stages), as
+    `Model.train` makes it."""
     monkeypatch.setenv("AUTOSTRAT_CHECK", "1")
-    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=4, pipeline_stages=2, full_batch=True)
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=4, pipeline_stages=2, full_batch=full_batch)
     net = Stack()
     optimizer = nn.SGD(net.trainable_params(), 1e-2)
     net_with_loss = nn.PipelineCell(nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")), 2)
@@ -229,6 +232,8 @@ def test_a_loop_over_a_pipeline_cell_plans_its_stages(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "pipeline: 2 stages of 2 devices, 2 micro-batches, 1f1b schedule" in out
     assert "functional loop, step 1 against one device" in out and "(limit 1e-05): OK" in out
+    shares = "every rank given the whole batch" if full_batch else "2 data-parallel ranks' shares of 8 rows"
+    assert f"global batch {8 if full_batch else 16} rows: {shares}" in out
 
 
 def test_pipeline_stages_on_a_loop_without_stages_to_split_are_refused_before_a_step():
@@ -324,7 +329,7 @@ def test_the_recompute_loop_runs_on_8_mpi_ranks(tmp_path):
     done = subprocess.run([str(find_mpiexec()), "-n", "8", sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "global batch 32 rows: 8 ranks' shares of 4 rows (full_batch=False)" in done.stdout
+    assert "global batch 32 rows: 8 data-parallel ranks' shares of 4 rows (full_batch=False)" in done.stdout
     assert "recomputed in the backward: net.relu2, net.relu1" in done.stdout
     assert "step: 3, loss is" in done.stdout
     assert "functional loop: 4 planned training step(s) checked against one device" in done.stdout

@@ -399,9 +399,10 @@ SAYS = {
     "operator_parallel": ("SGD update) on 8 devices, semi_auto_parallel; global batch 256 rows",),
     "operator_parallel_layout": ("SGD update) on 8 devices, semi_auto_parallel; global batch 256 rows",),
     "optimizer_parallel": ("optimizer sharded (enable_parallel_optimizer): updates split: layer1.weight over 8, layer2.weight over 8",),
-    "pipeline_parallel": ("pipeline: 2 stages of 4 devices, 4 micro-batches, 1f1b schedule",
+    "pipeline_parallel": ("global batch 128 rows: 4 data-parallel ranks' shares of 32 rows",
+                          "pipeline: 2 stages of 4 devices, 4 micro-batches, 1f1b schedule",
                           "stage 0: backbone.layer1, backbone.relu1, backbone.layer2 + unmarked backbone.flatten"),
-    "recompute": ("on 8 devices, data_parallel; global batch 64 rows: 8 ranks' shares of 8 rows", "recomputed in the backward: net.relu2, net.relu1"),
+    "recompute": ("on 8 devices, data_parallel; global batch 64 rows: 8 data-parallel ranks' shares of 8 rows", "recomputed in the backward: net.relu2, net.relu1"),
     "high_dimension_tensor_parallel": ("Network(x) planned as a forward pass on 8 devices, semi_auto_parallel",),
 }
 

@@ -54,12 +54,13 @@ def training_step(name: str, net):
 
 
 def plan_sample(name: str, sharded: bool = True, **checkpoint):
-    """The plan of sample `name`'s training step on its global batch (8 ranks' shares of 32),
-    under its own context and `checkpoint` as ``strategy_ckpt_config``."""
+    """The plan of sample `name`'s training step on its global batch (its data-parallel ranks'
+    shares of 32: 8, or 4 with the pipeline's 2 stages), under its own context and `checkpoint` as
+    ``strategy_ckpt_config``."""
     net = sample_network(name, sharded)
     if checkpoint:
         ms.set_auto_parallel_context(strategy_ckpt_config=checkpoint)
-    rows = BATCH * ms.get_auto_parallel_context("device_num")
+    rows = BATCH * ms.get_auto_parallel_context("device_num") // ms.get_auto_parallel_context("pipeline_stages")
     return ms.parallelize(training_step(name, net), nn.Tensor(shape=(rows, 1, 28, 28)),
                           nn.Tensor(shape=(rows,), dtype=ms.int32))
 

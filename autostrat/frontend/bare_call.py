@@ -22,6 +22,7 @@ import numpy as np
 from autostrat.errors import RuntimeBackendError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.context import ParallelContext, current_context, warn_once
+from autostrat.frontend.batches import batch_split
 from autostrat.frontend.global_batch import global_arrays, rank_share
 from autostrat.frontend.tensor import Tensor
 from autostrat.frontend.world import CheckTally, checking, get_rank, world_backend
@@ -60,7 +61,7 @@ def run_planned(net, inputs) -> Tensor | tuple:
     context = current_context()
     _say_training_keys(context)
     arrays = [x.asnumpy() for x in inputs]
-    whole = global_arrays(arrays, context.full_batch, context.device_num)
+    whole = global_arrays(arrays, batch_split(context))
     plan, programs = _plan(net, whole, context)
     given = {info.name: array for info, array in zip(plan.graph.inputs(), whole)}
     check_indices(plan.graph, given, f"{type(net).__name__} inputs")
@@ -69,8 +70,9 @@ def run_planned(net, inputs) -> Tensor | tuple:
     if checking():
         _check(type(net).__name__, plan.graph, values, result)
     rows = arrays[0].shape[0] if arrays[0].ndim else 0
-    outputs = [Tensor(rank_share(np.reshape(result[name], plan.graph.tensors[name].shape), rows, context.full_batch,
-                                 context.device_num)) for name in plan.graph.outputs]
+    split = batch_split(context)
+    outputs = [Tensor(rank_share(np.reshape(result[name], plan.graph.tensors[name].shape), rows, split))
+               for name in plan.graph.outputs]
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 

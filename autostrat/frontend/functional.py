@@ -41,6 +41,7 @@ from autostrat.errors import ConfigError, RuntimeBackendError
 from autostrat.frontend.cell import Cell
 from autostrat.frontend.context import current_context
 from autostrat.frontend.deferred import DeferredCall
+from autostrat.frontend.batches import batch_split
 from autostrat.frontend.global_batch import global_arrays, global_shapes, rank_share
 from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.tensor import Parameter, Tensor
@@ -110,7 +111,7 @@ class GradFunction:
         key = tuple((array.shape, array.dtype.name) for array in arrays)
         if key not in self._counts:
             context = current_context()
-            shapes = global_shapes(arrays, context.full_batch, context.device_num)
+            shapes = global_shapes(arrays, batch_split(context))
             graph = trace(self.cell, *(Tensor(shape=shape, dtype=a.dtype) for shape, a in zip(shapes, arrays)),
                           device_num=context.device_num)
             self._counts[key] = len(graph.outputs)
@@ -120,7 +121,7 @@ class GradFunction:
         """`fn`'s outputs (this rank's rows) and the gradients of `weights` on `arrays` (this
         rank's inputs), by the plan of the forward pass and its backward."""
         context = current_context()
-        whole_batch = global_arrays(arrays, context.full_batch, context.device_num)
+        whole_batch = global_arrays(arrays, batch_split(context))
         plan, programs, outputs, grads, replicas = self._plan(whole_batch)
         given = {info.name: array for info, array in zip(plan.graph.inputs(), whole_batch)}
         check_indices(plan.graph, given, f"{plan.graph.name} inputs")
@@ -131,7 +132,7 @@ class GradFunction:
         # A collective hands a 0-d loss back as shape (1,): every result takes its graph shape again.
         whole = {name: np.reshape(result[name], plan.graph.tensors[name].shape) for name in outputs + grads}
         rows = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
-        forward = [rank_share(whole[name], rows, context.full_batch, context.device_num) for name in outputs]
+        forward = [rank_share(whole[name], rows, batch_split(context)) for name in outputs]
         # The sum over replicas (gradients_mean=False) scales the checked whole-batch gradients.
         return forward, tuple(summed_gradient(whole[name], count) for name, count in zip(grads, replicas))
 

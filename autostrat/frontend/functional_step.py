@@ -30,6 +30,7 @@ from autostrat.frontend.api import plan_for
 from autostrat.frontend.cell import recomputed_cells
 from autostrat.frontend.context import current_context
 from autostrat.frontend.deferred import pending_call
+from autostrat.frontend.batches import batch_split
 from autostrat.frontend.global_batch import global_arrays
 from autostrat.frontend.ms_context import graphs_folder
 from autostrat.frontend.tensor import Parameter, Tensor
@@ -95,7 +96,7 @@ def _run_whole_step(optimizer, call, mean: bool | None, reducer: str) -> None:
     says (None: as the context's `gradients_mean`)."""
     context = current_context()
     mean = context.gradients_mean if mean is None else mean
-    whole = global_arrays(call.arrays, context.full_batch, context.device_num)
+    whole = global_arrays(call.arrays, batch_split(context))
     key = (id(optimizer), mean, tuple((array.shape, array.dtype.name) for array in whole))
     if key not in call.grad_fn.steps:
         call.grad_fn.steps[key] = PlannedStep(call.grad_fn, optimizer, mean, whole, reducer, call.arrays)
@@ -168,8 +169,9 @@ def describe_step(plan, context, optimizer, reducer: str, whole: list, given: li
     from autostrat.frontend.train import world_size  # train imports this module: read at call time
 
     rows = whole[0].shape[0] if whole and whole[0].ndim else 0
-    shares = ("every rank given the whole batch (full_batch=True)" if context.full_batch or context.device_num == 1
-              else f"{context.device_num} ranks' shares of {given[0].shape[0]} rows (full_batch=False)")
+    split = batch_split(context)
+    shares = ("every rank given the whole batch (full_batch=True)" if split.full_batch or split.ranks == 1
+              else f"{split.ranks} data-parallel ranks' shares of {given[0].shape[0]} rows (full_batch=False)")
     lines = [f"functional loop: one training step planned whole (forward, loss, backward, gradient synchronisation, "
              f"{type(optimizer).__name__} update) on {world_size(plan)} devices, {plan.mode}; global batch {rows} rows: "
              f"{shares}",
@@ -213,8 +215,7 @@ def _sharded_updates(plan) -> str:
 
 TOLERANCE = 1e-5
 _TALLY = CheckTally(lambda t: f"functional loop: {t.count} planned training step(s) checked against one device ({t.note}): "
-                              f"max relative error {t.error:.3g} (limit {TOLERANCE:g}), bytes per phase measured = predicted: OK",
-                    every_rank=True)
+                              f"max relative error {t.error:.3g} (limit {TOLERANCE:g}), bytes per phase measured = predicted: OK")
 
 
 def _check_step(plan, result, values: dict, batch: dict, step: int, tolerance: float = TOLERANCE) -> None:

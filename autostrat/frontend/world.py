@@ -98,7 +98,7 @@ def init(backend_name: str | None = None) -> None:
 class CheckTally:
     """The checks against one device of one path of a script (`checking`): how many, the
     largest error and a `note`, reported in `line(tally)` when the process exits, by rank 0
-    (or every rank, `every_rank`). The exit hook is registered at the first check.
+    (the rank that checks). The exit hook is registered at the first check.
 
     Example:
         >>> tally = CheckTally(lambda t: f"{t.count} call(s), max error {t.error:g}")
@@ -106,8 +106,8 @@ class CheckTally:
         '2 call(s), max error 3e-07'
     """
 
-    def __init__(self, line, every_rank: bool = False):
-        self.line, self.every_rank = line, every_rank
+    def __init__(self, line):
+        self.line = line
         self.count, self.error, self.note = 0, 0.0, ""
 
     def add(self, error: float, note: str = "") -> None:
@@ -116,5 +116,5 @@ class CheckTally:
         self.count, self.error, self.note = self.count + 1, max(self.error, error), note or self.note
 
     def _report(self) -> None:
-        if self.every_rank or get_rank() == 0:
+        if get_rank() == 0:
             print(self.line(self), flush=True)
