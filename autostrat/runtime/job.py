@@ -18,10 +18,9 @@ import numpy as np
 from autostrat.errors import ConfigError
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
-from autostrat.runtime.kernels import prepare_kernels
 from autostrat.runtime.pipeline import StageRunner, pipeline_values, stage_peaks_per_rank
 from autostrat.runtime.program import Load, Program, lower_programs
-from autostrat.runtime.stage_program import StageProgram, lower_stage_programs, op_types
+from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 from autostrat.runtime.reference import reference_run, tensor_errors
 from autostrat.runtime.report import rank_summary
 from autostrat.runtime.training import reference_graph
@@ -172,7 +171,6 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     values = graph_values(graph, {})
     batches = tuple(random_batch(graph, rng) for _ in range(steps))
     reference = reference_run(graph, values, batches)
-    prepare_kernels({op.op_type for op in graph.ops.values()})  # the single-device time below excludes imports
     started = time.perf_counter()
     gradient_names = tuple(f"grad/{name}" for name in (reference.gradients[0] if reference.gradients else ()))
     own, _ = single_device_run(graph, values, batches, keep=gradient_names)
@@ -214,7 +212,6 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     the rank's peak memory over all steps), the others None."""
     check_world(job.device_num, backend, f"the job {job.name!r}")
     program = job.programs[backend.rank]
-    prepare_kernels(op_types(program))
     if isinstance(program, StageProgram):
         return _run_stage_steps(job, program, backend, on_instruction, on_gather, log)
     sums = np.zeros(len(program.communications()), np.int64)

@@ -27,11 +27,11 @@ from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import communicate, counted, load_slice, materialised, peer_bytes, touched, traffic_of
 from autostrat.runtime.held_memory import HeldMemory
-from autostrat.runtime.kernels import prepare_kernels, run_kernel
+from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
 from autostrat.runtime.training import TrainingResult, phase_bytes
-from autostrat.runtime.stage_program import StageProgram, lower_stage_programs, op_types
+from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,6 @@ class StageRunner:
     def __init__(self, program: StageProgram, backend, on_instruction=None):
         self.program, self.backend, self.on_instruction, self.ran = program, backend, on_instruction, 0
         backend.prepare(program.partitions)
-        prepare_kernels(op_types(program))  # before the first step: its busy time (the bubble) excludes imports
         kept = set(program.accumulated) | {key for _, key in program.outputs}
         micro = program.forward + program.backward
         self.micro_release = release_after((touched(i) for i in micro), kept)

@@ -72,12 +72,6 @@ class StageProgram:
         return {name: array[tuple(slice(a, b) for a, b in ranges[name])] for name, array in whole.items() if name in ranges}
 
 
-def op_types(program) -> set[str]:
-    """The op types whose kernels `program` (a `Program` or a `StageProgram`) runs."""
-    slots = (program.forward, program.backward, program.update) if isinstance(program, StageProgram) else (program.instructions,)
-    return {i.op_type for instructions in slots for i in instructions if hasattr(i, "op_type")}
-
-
 def schedule_slots(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[str, int], ...]:
     """The order stage `stage` runs its micro-batches' forward and backward slots in.
 

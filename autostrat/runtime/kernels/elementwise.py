@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from autostrat.runtime.kernels.registry import kernel
-from autostrat.runtime.kernels.special import special
+from autostrat.runtime.kernels import special
 
 _UNARY = {
     "Exp": np.exp,
@@ -20,7 +20,6 @@ _UNARY = {
     "Sqrt": np.sqrt,
     "Tanh": np.tanh,
 }
-_SCIPY = frozenset({"GeLU", "Sigmoid"})  # the unary kernels reading scipy.special
 _BINARY = {
     "Add": np.add,
     "Maximum": np.maximum,
@@ -32,7 +31,7 @@ _BINARY = {
 
 
 def _register_unary(op_type: str, fn) -> None:
-    kernel(op_type, scipy=op_type in _SCIPY)(lambda x: np.asarray(fn(x), dtype=np.asarray(x).dtype))
+    kernel(op_type)(lambda x: np.asarray(fn(x), dtype=np.asarray(x).dtype))
 
 
 def _register_binary(op_type: str, fn) -> None:

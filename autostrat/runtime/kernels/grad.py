@@ -10,7 +10,7 @@ from autostrat.rules.common import normalize_axes
 from autostrat.rules.nn import conv2d_geometry
 from autostrat.runtime.kernels.nn import conv2d_windows
 from autostrat.runtime.kernels.registry import kernel
-from autostrat.runtime.kernels.special import special
+from autostrat.runtime.kernels import special
 
 
 @kernel("ReluGrad")
@@ -18,7 +18,7 @@ def relu_grad(dy, y):
     return np.where(y > 0, dy, 0).astype(dy.dtype)
 
 
-@kernel("GeLUGrad", scipy=True)
+@kernel("GeLUGrad")
 def gelu_grad(dy, x):
     cdf = 0.5 * (1 + special.erf(x / math.sqrt(2)))
     pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
@@ -88,7 +88,7 @@ def layer_norm_grad(x, dy, gamma, begin_norm_axis=-1, begin_params_axis=-1, epsi
     return dx.astype(x.dtype), (dy * x_hat).astype(x.dtype)
 
 
-@kernel("SoftmaxCrossEntropyWithLogitsGrad", scipy=True)
+@kernel("SoftmaxCrossEntropyWithLogitsGrad")
 def softmax_cross_entropy_grad(logits, labels, dloss):
     # Labels need not sum to one (any distribution-like tensor): keep their sum.
     probabilities = special.softmax(logits, axis=-1) * labels.sum(axis=-1, keepdims=True)

@@ -7,7 +7,7 @@ import numpy as np
 from autostrat.rules.common import normalize_axes
 from autostrat.rules.nn import conv2d_geometry
 from autostrat.runtime.kernels.registry import kernel
-from autostrat.runtime.kernels.special import special
+from autostrat.runtime.kernels import special
 
 
 @kernel("LayerNorm")
@@ -40,7 +40,7 @@ def one_hot(indices, depth=2, on_value=1.0, off_value=0.0, axis=-1, context=None
     return np.where(hot, on_value, off_value).astype(np.float32)
 
 
-@kernel("SoftmaxCrossEntropyWithLogits", scipy=True)
+@kernel("SoftmaxCrossEntropyWithLogits")
 def softmax_cross_entropy(logits, labels):
     return -(labels * special.log_softmax(logits, axis=-1)).sum(axis=-1).astype(logits.dtype)
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from autostrat.rules.common import normalize_axes
 from autostrat.runtime.kernels.registry import kernel
-from autostrat.runtime.kernels.special import special
+from autostrat.runtime.kernels import special
 
 
 def _axes(x, axis) -> tuple[int, ...]:
@@ -35,11 +35,11 @@ def reduce_mean(x, axis=(), keep_dims=False, context=None):
     return (np.sum(x, axis=axes, keepdims=keep_dims) / count).astype(x.dtype)
 
 
-@kernel("Softmax", scipy=True)
+@kernel("Softmax")
 def softmax(x, axis=-1):
     return special.softmax(x, axis=axis).astype(x.dtype)
 
 
-@kernel("LogSoftmax", scipy=True)
+@kernel("LogSoftmax")
 def log_softmax(x, axis=-1):
     return special.log_softmax(x, axis=axis).astype(x.dtype)

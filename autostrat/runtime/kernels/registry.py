@@ -22,36 +22,21 @@ class Kernel:
     op_type: str
     fn: Callable
     wants_context: bool
-    scipy: bool = False  # reads scipy.special (`kernels.special`): imported by `prepare_kernels`
 
 
 _KERNELS: dict[str, Kernel] = {}
 
 
-def kernel(op_type: str, scipy: bool = False):
-    """Decorator registering `fn` as the numpy kernel of `op_type` (`scipy`: it reads
-    ``scipy.special`` through `kernels.special`)."""
+def kernel(op_type: str):
+    """Decorator registering `fn` as the numpy kernel of `op_type`."""
 
     def decorate(fn: Callable) -> Callable:
         if op_type in _KERNELS:
             raise RuleError(f"a kernel for {op_type!r} is already registered")
-        _KERNELS[op_type] = Kernel(op_type, fn, "context" in inspect.signature(fn).parameters, scipy)
+        _KERNELS[op_type] = Kernel(op_type, fn, "context" in inspect.signature(fn).parameters)
         return fn
 
     return decorate
-
-
-def prepare_kernels(op_types) -> None:
-    """Import what the kernels of `op_types` import on first use (``scipy.special``), so that
-    a rank's first timed step does not pay for it.
-
-    Example:
-        >>> import sys
-        >>> prepare_kernels(["Softmax"]); "scipy.special" in sys.modules
-        True
-    """
-    if any(_KERNELS[op].scipy for op in op_types if op in _KERNELS):
-        import scipy.special  # noqa: F401
 
 
 def kernel_op_types() -> tuple[str, ...]:
