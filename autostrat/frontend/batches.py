@@ -109,7 +109,7 @@ def global_elements(dataset, elements: list[list], split: BatchSplit, backend, w
     if split.full_batch or split.ranks == 1:
         return [tuple(element) for element in elements]
     if backend is not None:
-        per_rank = backend.comm.allgather(elements)  # pickled arrays: once per run, outside the counted traffic
+        per_rank = backend.allgather_objects(elements)  # pickled arrays: once per run, outside the counted traffic
         return _stack(per_rank[: split.ranks], where)
     shards = getattr(dataset, "num_shards", None)
     if shards is None:
