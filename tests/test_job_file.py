@@ -176,6 +176,19 @@ def test_a_malformed_job_with_its_own_digest_is_refused(saved, change, message):
         load_job(run_dir, _change_json(folder, change))
 
 
+def test_a_rank_decodes_its_own_program_at_load_and_the_others_when_read(saved, forward_job):
+    run_dir, _, folder = saved
+    digest = _change_json(folder, lambda d: d["programs"][5].update(extra=1))
+    job = load_job(run_dir, digest, rank=3)  # rank 5's program is malformed, rank 3's is not
+    assert job.programs[3] == forward_job.programs[3] and len(job.programs) == 8
+    with pytest.raises(RuntimeBackendError, match=r"programs\[5\]: expected the fields \[.*\] of Program, got \[.*'extra'"):
+        job.programs[5]
+    with pytest.raises(RuntimeBackendError, match=r"programs\[5\]: expected the fields"):
+        load_job(run_dir, digest, rank=5)
+    with pytest.raises(RuntimeBackendError, match=r"programs\[5\]: expected the fields"):
+        load_job(run_dir, digest)
+
+
 def test_only_plain_values_are_stored():
     with pytest.raises(RuntimeBackendError, match=r"cannot store the job: ins.ranges\[0\]\[1\]: expected an integer, got np.int64\(4\)"):
         encode(Load("x", ((0, np.int64(4)),)), Record(("Load",)), "ins")

@@ -124,7 +124,7 @@ def run_rank(run_dir: Path, digest: str, backend, watchdog: Watchdog, terminal_o
     from autostrat.runtime.job_file import load_job
     from autostrat.runtime.report import format_report
 
-    job = load_job(run_dir, digest)
+    job = load_job(run_dir, digest, backend.rank)
     # Start-up, this rank's own work, is over: the communicators are made by every rank together,
     # so a rank missing from them is a stalled collective (the stall limit), not a slow start.
     watchdog.progress("setting up the communicators", collective=True)
