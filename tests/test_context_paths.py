@@ -252,6 +252,19 @@ def _clear(tmp_path) -> None:
             leftover.unlink()
 
 
+# The run without the key, by (path, shared settings, seeds): most keys share {} and one
+# network, and a run is deterministic (seeded parameters, the context reset before it, files
+# named relative to the test's folder), so each baseline runs once per module, not once per key.
+_BASELINES: dict = {}
+
+
+def _baseline(path: str, base: dict, key, tmp_path, monkeypatch) -> tuple:
+    cache_key = (path, repr(sorted(base.items(), key=str)), SEEDS.get(key))
+    if cache_key not in _BASELINES:
+        _BASELINES[cache_key] = _observe(path, base, tmp_path, monkeypatch, seeds_for=key)
+    return _BASELINES[cache_key]
+
+
 def _cases():
     for key in sorted(SETTINGS, key=str):
         for path in PATHS:
@@ -266,7 +279,7 @@ def test_a_context_key_changes_what_runs_or_says_why_not(key, path, tmp_path, mo
     value, base = SETTINGS[key]
     if key == "strategy_ckpt_load_file":
         _checkpoint_to_load(path, tmp_path, monkeypatch)
-    outcome, before = _observe(path, base, tmp_path, monkeypatch, seeds_for=key)
+    outcome, before = _baseline(path, base, key, tmp_path, monkeypatch)
     _clear(tmp_path)
     keyed, after = _observe(path, base | {key: value}, tmp_path, monkeypatch, key, seeds_for=key)
     if keyed is not None:  # refused or said, naming the key (or refused as the settings it needs are)
