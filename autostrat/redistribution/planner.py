@@ -18,7 +18,7 @@ from functools import lru_cache
 from autostrat.cost import collective_bytes, dtype_size
 from autostrat.errors import RedistributionError
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
-from autostrat.redistribution.moves import Move
+from autostrat.redistribution.constructive import constructive_path, reachable
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.refine import common_matrix, prime_matrix, refine_layout
 from autostrat.redistribution.reshape import reshape_pairs
@@ -73,40 +73,9 @@ def _refined(layout: Layout, matrix: DeviceMatrix | None, itemsize: int) -> tupl
     return space_of(refined, itemsize), state_of(refined)
 
 
-def _greedy_path(problem: Problem, start, target) -> list[tuple]:
-    """Resolve every partial axis (AllReduce), gather every dim, cross layers, slice the target."""
-    if target[1][1]:
-        # `_solve_layouts` names the caller's layouts (these are refined ones).
-        raise RedistributionError("the state space is too large to search and the greedy fallback cannot reach a partial layout")
-    path, node = [], start
-
-    def step(kind, axes, dims, state, sent, layer=None, mapping=None):
-        nonlocal node
-        child = (node[0] if layer is None else layer, state)
-        path.append((node, Move(kind, axes, dims, mapping, state, sent), child))
-        node = child
-
-    space = problem.spaces[0]
-    entries, partial = start[1]
-    if partial:
-        step("AllReduce", partial, (), (entries, ()), collective_bytes("AllReduce", len(problem.layout(start).partial_groups()[0]), space.local_bytes(start[1]), space.itemsize))
-    for dim, entry in enumerate(entries):
-        if entry:
-            gathered = node[1][0][:dim] + ((),) + node[1][0][dim + 1 :]
-            group = len(problem.matrix(0).groups(entry)[0])
-            step("AllGather", entry, (dim,), (gathered, ()), collective_bytes("AllGather", group, space.local_bytes(node[1])))
-    if target[0] == 1:
-        step("CollectivePermute", (), (), node[1], 0, layer=1, mapping=tuple(range(len(space.sizes))))
-    for dim, entry in enumerate(target[1][0]):
-        for axis in entry:
-            sliced = node[1][0][:dim] + (node[1][0][dim] + (axis,),) + node[1][0][dim + 1 :]
-            step("Slice", (axis,), (dim,), (sliced, ()), 0)
-    return path
-
-
 @lru_cache(maxsize=4096)
-def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | None:
-    """``(path, bytes, exhaustive)`` from `start` to `target`, or None when it is unreachable.
+def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool]:
+    """``(path, bytes, exhaustive)`` from `start` to a reachable `target`.
 
     Beyond `COARSE_FIRST_ABOVE` prime axes (by bytes) the path is the cost search's
     (`cost_search`), taken back to real states: kept up to the larger group of relabellings, it
@@ -119,35 +88,35 @@ def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | 
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return tuple(found.path(reached)), found.best[reached][2], True
-    return None if found.exhausted else _fallback(problem, start, target)
+    return _fallback(problem, start, target)
 
 
 @lru_cache(maxsize=1 << 15)
-def _solve_cost(problem: Problem, start, target, model) -> tuple[tuple, int, bool] | None:
+def _solve_cost(problem: Problem, start, target, model) -> tuple[tuple, int, bool]:
     """`_solve` with an empty path: cost tables need only the bytes, and building the path is
     a tenth of a search; the search may then use the source's symmetry (`cost_search`)."""
     found, reached = cost_search(problem, start, target, model)
     if reached is not None:
         return (), found.best[reached][2], True
-    return None if found.exhausted else _fallback(problem, start, target)
+    return _fallback(problem, start, target)
 
 
 @lru_cache(maxsize=1 << 15)
-def _solve_time(problem: Problem, start, target, model) -> int | None:
-    """Nanoseconds of the fastest path under `model` (None when unreachable): the search's
-    objective, which times every move as its step will be (`_timed_permutes` keeps real axes);
-    the greedy fallback's moves timed alike."""
+def _solve_time(problem: Problem, start, target, model) -> int:
+    """Nanoseconds of the fastest path under `model`: the search's objective, which times every
+    move as its step will be (`_timed_permutes` keeps real axes); the constructive fallback's
+    moves timed alike."""
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return found.best[reached][0]
-    if found.exhausted:
-        return None
-    path = _greedy_path(problem, start, target)
+    path = constructive_path(problem, start, target)
     return sum(model.step_nanoseconds(move.kind, problem.matrix(node[0]), move.axes, move.bytes) for node, move, _ in path)
 
 
 def _fallback(problem: Problem, start, target) -> tuple[tuple, int, bool]:
-    path = _greedy_path(problem, start, target)
+    """The constructive plan, marked not proven minimal: the search stopped at its state limit
+    (it never exhausts a reachable pair: the constructive plan is one of its paths)."""
+    path = constructive_path(problem, start, target)
     return tuple(path), sum(move.bytes for _, move, _ in path), False
 
 
@@ -205,14 +174,10 @@ def _reshape_route(src: Layout, dst: Layout, dtype, model) -> tuple[Layout, Layo
 
 def _solve_layouts(src: Layout, dst: Layout, itemsize: int, model, solve=_solve):
     _check(src, dst)
-    problem, start, target = build_problem(src.normalized(), dst.normalized(), itemsize)
-    try:
-        solution = solve(problem, start, target, model)
-    except RedistributionError as error:
-        raise RedistributionError(f"cannot redistribute {src} to {dst}: {error}") from None
-    if solution is None:
+    if not reachable(src, dst):
         raise _unreachable(src, dst)
-    return problem, solution
+    problem, start, target = build_problem(src.normalized(), dst.normalized(), itemsize)
+    return problem, solve(problem, start, target, model)
 
 
 def redistribution_cost(src: Layout, dst: Layout, dtype="float32", model=None) -> int:
