@@ -300,7 +300,7 @@ class ImportBound:
         self.wanted = np.ones(ranks // self.members, dtype=np.int64)
         for union in self.target:
             self.wanted = self.wanted * union.sum(axis=1)
-        self.unions: dict = {}  # (dim, entry) -> per group, the units of dim its members hold
+        self.unions: dict = {}  # (dim, entry) -> per group, how many units of its target range along dim its members hold
         self.memo: dict = {}  # whole state -> bytes
 
     def _union(self, dim: int, entry) -> np.ndarray:
@@ -338,13 +338,13 @@ class ImportBound:
     def _bound(self, entries) -> int:
         if self.partial_target or not entries:
             return 0
-        shared = np.ones(len(self.wanted), dtype=np.int64)
+        shared = None
         for dim, entry in enumerate(entries):
             key = (dim, entry)
             held = self.unions.get(key)
             if held is None:
-                held = self.unions[key] = self._union(dim, entry)
-            shared = shared * (held & self.target[dim]).sum(axis=1)
+                held = self.unions[key] = (self._union(dim, entry) & self.target[dim]).sum(axis=1)
+            shared = held if shared is None else shared * held
         missing = int((self.wanted - shared).max()) * self.unit_bytes
         return -(-missing // self.members)
 

@@ -1,11 +1,26 @@
 """`plan_redistribution`: the cheapest plan from one layout of a tensor to another.
 
-Cases, in order: inputs that cannot describe one tensor on one cluster are rejected; both layouts
-are normalised (so equivalent layouts share one memo entry) and refined to a common device
-matrix (two layers when none exists, see `search`); a Dijkstra search from the source finds the
-destination, or proves it unreachable (partial values are never created); past
-`search.SETTLED_LIMIT` settled states the greedy fallback answers and the plan says so. Shapes of
+Cases, in order: inputs that cannot describe one tensor on one cluster are rejected, and so is a
+destination no plan reaches (`constructive.reachable`: its partial values must divide the
+source's), without a search; both layouts are normalised (so equivalent layouts share one memo
+entry) and refined to a common device matrix (two layers when none exists, see `search`); an A*
+search from the source finds the destination; past `search.SETTLED_LIMIT` settled states the
+constructive plan (`constructive.constructive_path`) answers and the plan says so. Shapes of
 equal element count but different dims go through one local Reshape (`_reshape_route`).
+
+Which answers are proven optimal (for the step set of `moves`, in bytes or, with a model, in
+α–β time): every plan and price whose search settles its target, i.e. every plan with
+``exhaustive`` set and every cost-table entry computed without the fallback. The bounds are
+admissible (`heuristic`, `search.TimedBound`), so A* settles the target at the optimum; states
+are merged only up to relabellings that keep every step's price. The coarse plan
+(`_coarse_plan`) is used only when it costs that proven optimum. How far the others can be: the
+constructive fallback sends less than ``4T`` bytes per device (``T`` the tensor's bytes: one
+AllReduce under ``2T``, gathers under ``T`` in all, one permute of at most ``T``, free slices),
+so it is at most ``4T`` above the optimum; measured on every reachable pair of 2-d tensors over
+``[2, 2]``, ``[2, 4]``, ``[2, 6]`` and ``[4, 4]`` it is under ``2T`` above it, at most
+``device_num`` times it (a ReduceScatter the fallback does as AllReduce then Slice), and free
+whenever the optimum is (tests/test_redistribution_reach.py). No pair of the 7b scale and
+quality benchmarks at 64 and 1 024 devices falls back (`benchmarks/redistribution.py` counts).
 """
 
 from __future__ import annotations
