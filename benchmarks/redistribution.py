@@ -21,6 +21,17 @@ so one table shows before and after:
     cp /tmp/pairs.pkl.times.json /tmp/before.json
     cd <this checkout> && python benchmarks/redistribution.py --pairs /tmp/pairs.pkl --before /tmp/before.json
 
+Recorded (issue #32, 2 shared cores at load 5-8, so wall times are rough; 7b, layouts seeding,
+2 layers): the 20 slowest pairs per device count of main's code, timed cold by main / by this
+code, all values equal except the pair main priced unreachable after its state limit:
+64 devices 0.70 s / 21 ms at most per pair (sum 1.03 s / 0.19 s); 1024 devices 200.9 s / 0.11 s
+for the partial sum handed between the 8-device axes (inf / 534 773 760 bytes), the others
+25-381 ms / 1.7-199 ms; 16384 devices 204.9 s / 0.69 s for that pair, the others 0.20-2.8 s /
+0.20-2.4 s. Costs computed in the whole case: 64 devices 1.0 s / 1.7 s, 1024 devices
+133.8 s / 4.6 s, 16384 devices 188.4 s / 20.0 s; pairs priced unreachable 13 / 13, 14 / 13,
+14 / 13 (13 want partial values their producer lacks, which no plan creates; main's 14th is the
+handed pair); fallbacks 0 / 0, 2 / 0, 2 / 0 (main's two: its greedy fallback failing on that pair).
+
 Issue pairs (default run, after the table): the pairs issue #32 names, cold, best of 3 (CPU and
 wall milliseconds: the machine may be shared); target: the stuck pair (timed) in <= 50 ms.
 ``--check`` also plans each by Dijkstra (every bound 0, no state limit), whose objective proves

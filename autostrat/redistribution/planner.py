@@ -223,7 +223,7 @@ def _cheapest_bytes(src: Layout, dst: Layout, dtype) -> int:
             found = _solve_layouts(small_src, small_dst, itemsize, None, _solve_cost)[1]
         except RedistributionError:
             found = None  # the caller's layouts are searched again, and the error names them
-        if found is not None:  # every path scales, the greedy fallback's too (the same steps)
+        if found is not None:  # every path scales, the constructive fallback's too (the same steps)
             scaled, rest = divmod(found[1] * numerator, denominator)
             if not rest:  # always, by the argument in `shape_class`; exactness is not left to it
                 return scaled

@@ -52,7 +52,7 @@ from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import import_bound, receive_bound
 from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
 
-SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to greedy
+SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
 PERMUTED = 2
 
 
