@@ -4,8 +4,10 @@
 and ends, so a parent process that kills a slow run still knows the phase it was in.
 `timed_calls` times the functions another module calls by the names it imports them under, so
 a benchmark can measure `autostrat.search.search` itself, phase by phase, instead of a copy.
+`counted_pairs` counts the redistribution pairs a run priced unreachable or left to the
+planner's constructive fallback (issue #32: both should be none where a plan exists).
 
-Used by `search_scale.py` and `scale.py`, both run as ``python benchmarks/<name>.py`` so this
+Used by `search_scale.py`, `scale.py`, `quality.py` and `redistribution.py`, both run as ``python benchmarks/<name>.py`` so this
 folder is on ``sys.path``.
 """
 
@@ -98,3 +100,52 @@ def timed_calls(clock: PhaseClock, module, phases: dict[str, str]):
     finally:
         for name, function in originals.items():
             setattr(module, name, function)
+
+
+class PairCounts:
+    """Redistribution pairs a run priced unreachable or answered with the constructive fallback
+    (past the search's state limit, not proven optimal), counted by `counted_pairs`."""
+
+    def __init__(self) -> None:
+        self.fallbacks = 0
+        self.before = _priced_unreachable()
+
+    def unreachable(self) -> int:
+        """Entries of the process's cost memo priced ``inf`` since counting began."""
+        return _priced_unreachable() - self.before
+
+    def __str__(self) -> str:
+        return f"{self.unreachable()} pairs priced unreachable, {self.fallbacks} answered by the constructive fallback"
+
+
+def _priced_unreachable() -> int:
+    from autostrat.redistribution import table
+
+    return sum(1 for value in table._COSTS.values() if value == float("inf"))
+
+
+@contextlib.contextmanager
+def counted_pairs():
+    """While the body runs, count the planner's constructive fallbacks (each call of
+    `planner.constructive_path`, which the planner makes only past the search's state limit).
+
+    Example:
+        >>> with counted_pairs() as counts:
+        ...     pass
+        >>> counts.fallbacks
+        0
+    """
+    from autostrat.redistribution import planner
+
+    counts, original = PairCounts(), planner.constructive_path
+
+    @functools.wraps(original)
+    def counted(*args, **kwargs):
+        counts.fallbacks += 1
+        return original(*args, **kwargs)
+
+    planner.constructive_path = counted
+    try:
+        yield counts
+    finally:
+        planner.constructive_path = original

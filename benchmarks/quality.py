@@ -19,7 +19,9 @@ Rows per model:
 
 Columns: bytes per device per phase (forward, backward, gradient sync), total, peak memory per
 device (parameters, optimiser state and live activations: `search.memory`), predicted step
-time, search seconds (tracing excluded), the refinement's status. Targets: refined predicted
+time, search seconds (tracing excluded), the refinement's status; below the table, per model,
+the redistribution pairs priced unreachable and those left to the planner's constructive
+fallback (issue #32). Targets: refined predicted
 time <= every baseline's; bfs predicted time <= 1.1 x megatron's.
 
 Pipeline rows (``--pipeline DEVICES``, issue #17): the 7b shape on each device count with one
@@ -65,6 +67,8 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository is not installed
+
+from phases import counted_pairs  # noqa: E402  (this folder is on sys.path)
 
 from autostrat.autodiff import Adam, build_training  # noqa: E402
 from autostrat.errors import AutostratError, InfeasibleError  # noqa: E402
@@ -226,9 +230,11 @@ def print_pipeline(devices: list[int], args: argparse.Namespace) -> None:
     """Each pipeline row as it is found, then the table of them all."""
     rows = []
     for device_num in devices:
-        for found in pipeline_rows(device_num, args):
-            rows.append(found)
-            print(format_table(PIPELINE_HEADERS, [found]), flush=True)
+        with counted_pairs() as counts:
+            for found in pipeline_rows(device_num, args):
+                rows.append(found)
+                print(format_table(PIPELINE_HEADERS, [found]), flush=True)
+        print(f"{device_num} devices: {counts}", flush=True)
     print()
     print(format_table(PIPELINE_HEADERS, rows))
 
@@ -237,9 +243,10 @@ def print_models(models: list[str], time_limit: float) -> None:
     """Each model's rows as they are found, then the table of them all and the targets."""
     rows, notes = [], []
     for model in models:
-        found, met = model_rows(model, time_limit)
+        with counted_pairs() as counts:
+            found, met = model_rows(model, time_limit)
         rows += found
-        notes += met
+        notes += met + [f"{model}: {counts}"]
         print(format_table(HEADERS, found), flush=True)
     print()
     print(format_table(HEADERS, rows))

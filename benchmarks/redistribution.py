@@ -1,24 +1,67 @@
-"""Time to fill the cost table of a [4096, 4096] float32 edge between all MatMul candidates.
+"""Redistribution timings: the MatMul edge's cost table, and the slowest pairs the scale benchmark meets.
 
-Producers are the output layouts of every MatMul candidate (partial over a split reduction
-factor), consumers the input-0 layouts of every candidate. "cold" clears every memo first,
-"warm" refills the same table. Target (issue 3): a 50 x 50 table in <= 20 ms warm, <= 200 ms cold.
-MatMul has 29 candidates on 64 devices; `--devices 128 256` measures the larger tables (37 and 46).
+Cost table (default): time to fill the cost table of a [4096, 4096] float32 edge between all
+MatMul candidates. Producers are the output layouts of every MatMul candidate (partial over a
+split reduction factor), consumers the input-0 layouts of every candidate. "cold" clears every
+memo first, "warm" refills the same table. Target (issue 3): a 50 x 50 table in <= 20 ms warm,
+<= 200 ms cold. MatMul has 29 candidates on 64 devices; `--devices 128 256` measures the larger
+tables (37 and 46).
 
-Run: python benchmarks/redistribution.py [--devices 8 16 64]
+Slowest pairs (issue 32): ``--collect FILE --devices 64 1024 16384`` plans the 7b case of
+`benchmarks/scale.py` (``--seeding``, default layouts; ``--layers``, default 2) in this process
+per device count, times every redistribution cost its search computes
+(`redistribution.table._cost`), prints the slowest ``--top`` (20) and pickles them to FILE with
+those timings; pairs priced unreachable are counted and printed. ``--pairs FILE`` times each of
+them again, cold (every memo cleared), and prints them with their value; ``--before TIMES`` adds
+the cold timings another checkout wrote (``FILE.times.json``, written by every ``--pairs`` run),
+so one table shows before and after:
+
+    cd <main checkout> && python benchmarks/redistribution.py --collect /tmp/pairs.pkl --devices 64 1024 16384
+    cd <main checkout> && python benchmarks/redistribution.py --pairs /tmp/pairs.pkl   # writes /tmp/pairs.pkl.times.json
+    cp /tmp/pairs.pkl.times.json /tmp/before.json
+    cd <this checkout> && python benchmarks/redistribution.py --pairs /tmp/pairs.pkl --before /tmp/before.json
+
+Recorded (issue #32, 2 shared cores at load 5-8, so wall times are rough; 7b, layouts seeding,
+2 layers): the 20 slowest pairs per device count of main's code, timed cold by main / by this
+code, all values equal except the pair main priced unreachable after its state limit:
+64 devices 0.70 s / 21 ms at most per pair (sum 1.03 s / 0.19 s); 1024 devices 200.9 s / 0.11 s
+for the partial sum handed between the 8-device axes (inf / 534 773 760 bytes), the others
+25-381 ms / 1.7-199 ms; 16384 devices 204.9 s / 0.69 s for that pair, the others 0.20-2.8 s /
+0.20-2.4 s. Costs computed in the whole case: 64 devices 1.0 s / 1.7 s, 1024 devices
+133.8 s / 4.6 s, 16384 devices 188.4 s / 20.0 s; pairs priced unreachable 13 / 13, 14 / 13,
+14 / 13 (13 want partial values their producer lacks, which no plan creates; main's 14th is the
+handed pair); fallbacks 0 / 0, 2 / 0, 2 / 0 (main's two: its greedy fallback failing on that pair).
+
+Issue pairs (default run, after the table): the pairs issue #32 names, cold, best of 3 (CPU and
+wall milliseconds: the machine may be shared); target: the stuck pair (timed) in <= 50 ms.
+``--check`` also plans each by Dijkstra (every bound 0, no state limit), whose objective proves
+the A* one optimal.
+
+Run: python benchmarks/redistribution.py [--devices 8 16 64] [--check]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
+import math
+import pickle
+import sys
 import time
+from pathlib import Path
 
-from autostrat.redistribution import cost_table
-from autostrat.redistribution.memo import clear_memos
-from autostrat.rules import make_rule
-from autostrat.strategies import generate_strategies
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
+
+from autostrat.redistribution import cost_table  # noqa: E402
+from autostrat.redistribution.memo import clear_memos  # noqa: E402
+from autostrat.rules import make_rule  # noqa: E402
+from autostrat.strategies import generate_strategies  # noqa: E402
+from autostrat.tables import format_table  # noqa: E402
 
 SHAPE = (4096, 4096)
+PAIR_HEADERS = ["devices", "dtype", "objective", "source", "destination", "value", "ms"]
 
 
 def edge_layouts(device_num: int):
@@ -32,11 +75,9 @@ def timed(producers, consumers) -> tuple[float, object]:
     return (time.perf_counter() - start) * 1000, table
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, nargs="+", default=[8, 16, 64], help="device counts (default 8 16 64)")
+def print_tables(devices: list[int]) -> None:
     print(f"{'devices':>7} {'table':>7} {'cold ms':>9} {'warm ms':>9} {'us/pair cold':>13} {'max MB':>8}")
-    for device_num in parser.parse_args().devices:
+    for device_num in devices:
         producers, consumers = edge_layouts(device_num)
         clear_memos()
         cold, table = timed(producers, consumers)
@@ -45,6 +86,153 @@ def main() -> None:
         size = f"{len(producers)}x{len(consumers)}"
         pairs = len(producers) * len(consumers)
         print(f"{device_num:>7} {size:>7} {cold:>9.1f} {warm:>9.2f} {cold * 1000 / pairs:>13.0f} {table.max() / 2**20:>8.1f}")
+
+
+def issue_pairs() -> list[tuple[str, object, object, object]]:
+    """``(name, src, dst, model)`` of the pairs issue #32 names: the stuck timed pair on 64
+    devices (8 servers of 8) and the partial sum handed between two 8-device axes on 1024."""
+    from autostrat.cost import Hardware
+    from autostrat.layout import DeviceMatrix, Layout, TensorMap
+
+    shape = (64, 32, 2048, 128)
+    stuck = (Layout(DeviceMatrix((8, 1, 8, 1)), TensorMap((3, 1, 2, 0)), shape),
+             Layout(DeviceMatrix((1, 1, 8, 1, 8)), TensorMap((4, 3, 1, 0)), shape))
+    matrix = DeviceMatrix((8, 16, 8))
+    handed = (Layout(matrix, TensorMap((-1, -1)), (128, 8), partial=(2,)), Layout(matrix, TensorMap((-1, -1)), (128, 8), partial=(0,)))
+    # Not timed under an α–β model: on 10 prime axes of 2 a timed search enumerates the 10!
+    # relabellings per permute bundle (`search._permute_links`), minutes per state.
+    return [("stuck, time", *stuck, Hardware().alpha_beta(64)), ("stuck, bytes", *stuck, None),
+            ("handed partial, bytes", *handed, None)]
+
+
+def print_issue_pairs(check: bool) -> None:
+    """The issue's pairs, cold (best of 3, CPU and wall ms); with `check`, each also by Dijkstra
+    (the search's bound set to 0, no state limit): equal objectives prove the A* optimum."""
+    from autostrat.redistribution.table import _cost, collector_paused
+
+    rows = []
+    for name, src, dst, model in issue_pairs():
+        runs = []
+        for _ in range(3):
+            clear_memos()
+            with collector_paused():  # as a cost table computes its entries
+                wall, cpu = time.perf_counter(), time.process_time()
+                value = _cost(src, dst, "float32", model)
+                runs.append(((time.process_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000))
+        cpu_ms, wall_ms = min(runs)
+        dijkstra = f"{dijkstra_objective(src, dst, model):.0f}" if check else "-"
+        rows.append([name, str(src), str(dst), f"{value:.0f}", f"{cpu_ms:.1f}", f"{wall_ms:.1f}", dijkstra])
+    print(format_table(["pair", "source", "destination", "objective", "cpu ms", "wall ms", "dijkstra"], rows))
+
+
+def dijkstra_objective(src, dst, model) -> float:
+    """The objective with every A* bound and estimate 0 and no state limit: plain Dijkstra
+    over the same states and steps, which needs no admissibility argument."""
+    from unittest import mock
+
+    from autostrat.redistribution import search
+    from autostrat.redistribution.table import _cost
+
+    clear_memos()
+    with mock.patch.object(search.Search, "_bound", lambda self, node: 0), \
+            mock.patch.object(search.Search, "_estimate", lambda self, node, signature: (0, True)), \
+            mock.patch.object(search, "SETTLED_LIMIT", 10**9):
+        value = _cost(src, dst, "float32", model)
+    clear_memos()
+    return value
+
+
+def collect_pairs(device_num: int, seeding: str, layers: int) -> tuple[list[dict], int]:
+    """Every redistribution cost the scale benchmark's 7b case computes on `device_num`
+    devices, with its value and the milliseconds it took as the search met it; and how many
+    pairs the planner's constructive fallback answered."""
+    import scale  # this folder is on sys.path
+    from phases import PhaseClock, counted_pairs
+
+    from autostrat.redistribution import table
+
+    met, compute = [], table._cost
+
+    def timed_cost(src, dst, dtype, model):
+        start = time.perf_counter()
+        value = compute(src, dst, dtype, model)
+        met.append({"devices": device_num, "src": src, "dst": dst, "dtype": dtype, "model": model,
+                    "value": value, "ms": (time.perf_counter() - start) * 1000})
+        return value
+
+    table._cost = timed_cost
+    try:
+        case = {"model": "7b", "devices": device_num, "seeding": seeding, "layers": layers,
+                "refine": None, "coarsen": None, "time_limit": 60.0, "allow_repeated": None}
+        with counted_pairs() as counts:
+            scale.plan_case(case, PhaseClock(io.StringIO()))
+    finally:
+        table._cost = compute
+    clear_memos()
+    return met, counts.fallbacks
+
+
+def pair_row(pair: dict, value, ms: float, *extra) -> list[str]:
+    objective = "bytes" if pair["model"] is None else "ns"
+    return [str(pair["devices"]), pair["dtype"], objective, str(pair["src"]), str(pair["dst"]),
+            "unreachable" if math.isinf(value) else f"{value:.0f}", f"{ms:.1f}", *extra]
+
+
+def print_collected(path: Path, devices: list[int], seeding: str, layers: int, top: int) -> None:
+    slowest = []
+    for device_num in devices:
+        met, fallbacks = collect_pairs(device_num, seeding, layers)
+        unreachable = [pair for pair in met if math.isinf(pair["value"])]
+        print(f"{device_num} devices: {len(met)} costs computed in {sum(p['ms'] for p in met) / 1000:.1f} s, "
+              f"{len(unreachable)} priced unreachable (partial values the producer lacks), "
+              f"{fallbacks} answered by the constructive fallback", flush=True)
+        for pair in unreachable[:5]:
+            print(f"  unreachable: {pair['src']} -> {pair['dst']}")
+        slowest += sorted(met, key=lambda pair: -pair["ms"])[:top]
+    path.write_bytes(pickle.dumps(slowest))
+    print(format_table(PAIR_HEADERS, [pair_row(pair, pair["value"], pair["ms"]) for pair in slowest]))
+
+
+def time_pairs(path: Path, before: Path | None) -> None:
+    """Time every pair of `path` cold; print them beside `before`'s timings and values."""
+    from autostrat.redistribution.table import _cost, collector_paused
+
+    pairs = pickle.loads(path.read_bytes())
+    earlier = json.loads(before.read_text()) if before else None
+    rows, times = [], []
+    for index, pair in enumerate(pairs):
+        clear_memos()
+        with collector_paused():  # as a cost table computes its entries
+            start = time.perf_counter()
+            value = _cost(pair["src"], pair["dst"], pair["dtype"], pair["model"])
+            ms = (time.perf_counter() - start) * 1000
+        times.append({"ms": ms, "value": value})
+        extra = [] if earlier is None else [f"{earlier[index]['ms']:.1f}", f"{earlier[index]['value']:.0f}"]
+        rows.append(pair_row(pair, value, ms, *extra))
+    Path(f"{path}.times.json").write_text(json.dumps(times))
+    headers = PAIR_HEADERS[:-1] + ["cold ms"] + ([] if earlier is None else ["before ms", "before value"])
+    print(format_table(headers, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, nargs="+", help="device counts (default 8 16 64; with --collect 64 1024 16384)")
+    parser.add_argument("--collect", type=Path, metavar="FILE", help="collect the scale benchmark's slowest pairs into FILE")
+    parser.add_argument("--seeding", choices=["megatron", "layouts", "none"], default="layouts", help="scale seeding (default layouts)")
+    parser.add_argument("--layers", type=int, default=2, help="layers of the 7b case (default 2)")
+    parser.add_argument("--top", type=int, default=20, help="slowest pairs kept per device count (default 20)")
+    parser.add_argument("--pairs", type=Path, metavar="FILE", help="time the pairs of FILE cold")
+    parser.add_argument("--before", type=Path, metavar="TIMES", help="with --pairs: another checkout's timings of them")
+    parser.add_argument("--check", action="store_true", help="check the issue's pairs against Dijkstra (minutes)")
+    args = parser.parse_args()
+    if args.collect:
+        print_collected(args.collect, args.devices or [64, 1024, 16384], args.seeding, args.layers, args.top)
+    elif args.pairs:
+        time_pairs(args.pairs, args.before)
+    else:
+        print_tables(args.devices or [8, 16, 64])
+        print()
+        print_issue_pairs(args.check)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,10 @@ Columns: ops of the training graph; candidates summed over the searched ops (upd
 their parameter and are not searched); table entries, the sum of the sizes of the edges' cost
 tables (entries are priced only when the search first reads them); costs computed, the distinct
 redistribution costs computed to fill what was read (the memo of
-`autostrat.redistribution.table.cost_table`, one optimal-redistribution search each); seconds
+`autostrat.redistribution.table.cost_table`, one optimal-redistribution search each); of those,
+the pairs priced unreachable (no plan joins them: a consumer wanting partial values the producer
+lacks) and the fallbacks (pairs answered by the planner's constructive plan past the search's
+state limit, not proven optimal; issue #32); seconds
 per phase: model (building the Cell), trace (tracing and seeding), training (`build_training`),
 tables (candidates, own costs and cost tables: `build_problem`), bfs (`propagate`, or the
 data-parallel hint without seeds), refine (CP-SAT), plan (`follow_parameters` and `build_plan`);
@@ -66,7 +69,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
 
-from phases import PhaseClock, timed_calls  # noqa: E402  (this folder is on sys.path)
+from phases import PhaseClock, counted_pairs, timed_calls  # noqa: E402  (this folder is on sys.path)
 
 from autostrat.tables import format_table  # noqa: E402
 
@@ -78,7 +81,8 @@ PHASES = ("model", "trace", "training", "tables", "bfs", "refine", "plan")
 # The functions `autostrat.search.search.search` calls, timed as phases (see `phases.timed_calls`).
 SEARCH_PHASES = {"build_problem": "tables", "propagate": "bfs", "data_parallel": "bfs", "refine": "refine",
                  "follow_parameters": "plan", "build_plan": "plan"}
-HEADERS = ["model", "devices", "layers", "seeding", "ops", "candidates", "table entries", "costs computed",
+HEADERS = ["model", "devices", "layers", "seeding", "ops", "candidates", "table entries", "costs computed", "unreachable",
+           "fallbacks",
            *(f"{phase} s" for phase in PHASES), "total s", "peak MB", "bytes/device", "load", "status", "target"]
 TARGETS = {("7b", 64): (5, 500), ("7b", 1024): (15, 1024), ("175b", 1024): (30, 1536)}  # seconds, MB
 CPSAT_TARGET = ("7b", 1024, 30)  # proven optimal within this many seconds
@@ -112,7 +116,7 @@ def plan_case(case: dict, clock: PhaseClock) -> dict:
     options = SearchOptions(search_mode="integer_programming" if automatic else "sharding_propagation",
                             refine=case["refine"], coarsen=case["coarsen"], refine_time_limit=case["time_limit"],
                             allow_repeated=case.get("allow_repeated"))
-    with timed_calls(clock, search_module, SEARCH_PHASES):
+    with timed_calls(clock, search_module, SEARCH_PHASES), counted_pairs() as counts:
         plan = search_module.search(graph, devices, options)
     problem = clock.results["build_problem"]
     return {
@@ -120,6 +124,8 @@ def plan_case(case: dict, clock: PhaseClock) -> dict:
         "candidates": sum(len(c) for c in problem.candidates.values()),
         "table entries": sum(edge.table.size for edge in problem.edges),
         "costs computed": len(table._COSTS),  # fresh process: every entry was computed by this case
+        "unreachable": counts.unreachable(),
+        "fallbacks": counts.fallbacks,
         "bytes": plan.total_bytes,
         "refine status": plan.refinement.result.status if plan.refinement else None,
     }
@@ -269,7 +275,8 @@ def row_of(run: dict, timeout: float, memory_limit: float, full_depth: bool) -> 
         else:
             phases.append("killed" if phase == run["current"] else "-")
     peak = run["peak"]
-    figures = [f"{result[key]:,}" if key in result else "-" for key in ("ops", "candidates", "table entries", "costs computed")]
+    counted = ("ops", "candidates", "table entries", "costs computed", "unreachable", "fallbacks")
+    figures = [f"{result[key]:,}" if key in result else "-" for key in counted]
     return [
         case["model"], str(case["devices"]), str(case["layers"]),
         case["seeding"] + (f"+{case['refine']}" if case["refine"] else ""), *figures, *phases,

@@ -27,6 +27,13 @@ average over ranks of the whole remaining traffic.
   of free axes there, for free. So the rest costs at least the shadow's remaining cost, bounded
   by its receive bound. The sum is often exact where the combine bound is not (a
   ReduceScatter, then a move).
+- Partial targets (`ReceiveBound._partial_target_bound`): the reductions still due cost at least
+  ``T·(g - g_T)/N`` (as in (1), stopping at the target's ``g_T`` contributions); the other steps
+  move the shadow to the target's shadow (its partial axes free), so cost at least that receive
+  bound; and when a target partial axis is not partial yet, only a CollectivePermute (or a
+  crossing to the other device matrix) can hand it the role, sending a whole piece, and only
+  AllGathers grow a piece again, charging its growth: at least the target slice's volume from
+  the permute on. The bound is the reductions plus the larger of the last two.
 - Size (`ReceiveBound.size_bound`): along each dim a rank's slice and its target slice overlap
   in at most the shorter of their extents, so the receive bound is at least the target volume
   less the product of those; it needs no positions, so it holds up to relabelling too.
@@ -88,6 +95,7 @@ class ReceiveBound:
     def __init__(self, space: Space, target: State):
         self.space, self.target_partial = space, set(target[1])
         sizes = space.sizes
+        self.target_contributions = group_size(sizes, target[1])
         self.coordinates = rank_coordinates(sizes)
         self.target_start, self.target_size = self._ranges(target[0])
         self.target_volume = math.prod(self.target_size) * space.itemsize
@@ -140,30 +148,52 @@ class ReceiveBound:
         return found
 
     def _size_bound(self, signature) -> int:
-        if self.target_partial:
-            return 0
         parts, contributions = signature
         # A rank's slice and its target slice overlap in at most the shorter extent per dim.
         overlap = self.space.itemsize
         for size, count, wanted in zip(self.space.shape, parts, self.target_size):
             overlap *= min(size // count, wanted)
         moved = self.target_volume - overlap
+        if self.target_partial:
+            return self._reduce_to_target(contributions) + moved
         if contributions == 1:
             return moved
         combined, reduced = _partial_bounds(self.total, math.prod(self.space.sizes), contributions, self.target_free)
         return max(self.target_volume, combined, reduced + moved)
 
+    def _reduce_to_target(self, contributions: int) -> int:
+        """What the reductions from `contributions` partial values to the target's cost at least
+        (the module docstring's reduce bound, ending at the target's contributions)."""
+        ranks = math.prod(self.space.sizes)
+        return max(-(-self.total * (contributions - self.target_contributions) // ranks), 0)
+
+    def _partial_target_bound(self, state: State) -> int:
+        """Towards a partial target: the reductions still due, plus the larger of the shadow's
+        receive bound (the module docstring's reduce-then-move argument, the target's partial
+        axes free in its shadow) and, when some target partial axis is not partial in `state`,
+        the target's slice volume when some target partial axis is not partial in `state`: only
+        a CollectivePermute hands a partial role to another axis, sending its whole piece of
+        ``s`` bytes, and only AllGathers grow a piece, charging its growth, so from the permute
+        on the steps charge at least ``s + max(volume - s, 0)``."""
+        handed = 0 if self.target_partial <= set(state[1]) else self.target_volume
+        shadow = self._missing(state[0])
+        return self._reduce_to_target(group_size(self.space.sizes, state[1])) + max(shadow, handed)
+
     def _bound(self, state: State) -> int:
         if self.target_partial:
-            return 0
+            return self._partial_target_bound(state)
         if state[1]:
             # The shadow's receive bound is at least its size bound, so this is the larger.
             return max(self.size_bound(state), partial_bounds(self.space, 0, state)[1] + self((state[0], ())))
-        if not state[0]:
+        return self._missing(state[0])
+
+    def _missing(self, entries) -> int:
+        """What some rank whose slice `entries` gives lacks of its target slice, in bytes."""
+        if not entries:
             return 0  # a scalar: every rank holds all of it
-        overlap = self._dim_overlap(0, state[0][0])
-        for dim in range(1, len(state[0])):
-            overlap = overlap * self._dim_overlap(dim, state[0][dim])
+        overlap = self._dim_overlap(0, entries[0])
+        for dim in range(1, len(entries)):
+            overlap = overlap * self._dim_overlap(dim, entries[dim])
         return self.target_volume - int(overlap.min()) * self.space.itemsize
 
     def sources(self, state: State) -> int:
@@ -270,7 +300,7 @@ class ImportBound:
         self.wanted = np.ones(ranks // self.members, dtype=np.int64)
         for union in self.target:
             self.wanted = self.wanted * union.sum(axis=1)
-        self.unions: dict = {}  # (dim, entry) -> per group, the units of dim its members hold
+        self.unions: dict = {}  # (dim, entry) -> per group, how many units of its target range along dim its members hold
         self.memo: dict = {}  # whole state -> bytes
 
     def _union(self, dim: int, entry) -> np.ndarray:
@@ -308,13 +338,13 @@ class ImportBound:
     def _bound(self, entries) -> int:
         if self.partial_target or not entries:
             return 0
-        shared = np.ones(len(self.wanted), dtype=np.int64)
+        shared = None
         for dim, entry in enumerate(entries):
             key = (dim, entry)
             held = self.unions.get(key)
             if held is None:
-                held = self.unions[key] = self._union(dim, entry)
-            shared = shared * (held & self.target[dim]).sum(axis=1)
+                held = self.unions[key] = (self._union(dim, entry) & self.target[dim]).sum(axis=1)
+            shared = held if shared is None else shared * held
         missing = int((self.wanted - shared).max()) * self.unit_bytes
         return -(-missing // self.members)
 

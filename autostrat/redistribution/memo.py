@@ -23,6 +23,7 @@ def clear_memos() -> None:
     planner._solve.cache_clear()
     planner._solve_cost.cache_clear()
     planner._solve_time.cache_clear()
+    search._bundle_classes.cache_clear()
     search.expansions.cache_clear()
     search.permuted_edges.cache_clear()
     search._matrix_of.cache_clear()

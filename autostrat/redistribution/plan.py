@@ -49,7 +49,8 @@ class RedistributionPlan:
     """The steps turning `src` into `dst`, and their total bytes per device.
 
     `exhaustive` is False when the state space was too large for the shortest-path search and
-    the plan comes from the greedy fallback (resolve, gather, slice): valid but not proven minimal.
+    the plan comes from the constructive fallback (`constructive.constructive_path`: resolve, gather,
+    permute, slice; tagged "(greedy)"): valid but not proven minimal.
 
     Example:
         >>> from autostrat.layout import DeviceMatrix, TensorMap

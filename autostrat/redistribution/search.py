@@ -42,15 +42,17 @@ target itself (`Search._onto_target`).
 from __future__ import annotations
 
 import heapq
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import import_bound, receive_bound
 from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
 
-SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to greedy
+SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
 PERMUTED = 2
 
 
@@ -235,14 +237,17 @@ class Search:
         child, the first relabelling reaching it."""
         layer, state, index = bundle
         space = self.problem.space(layer)
-        sent, seen = space.local_bytes(state), {self._representative((layer, state))}
-        for mapping in _permute_links(space.sizes, self.problem.matrix(layer), self.model)[index][1]:
-            child = relabel(state, mapping)
-            kept = self._representative((layer, child))
-            if kept not in seen:
-                seen.add(kept)
-                moved = tuple(a for a, image in enumerate(mapping) if a != image)
-                yield Move("CollectivePermute", moved, (), mapping, child, sent), kept
+        sent, used = space.local_bytes(state), tuple(axis for entry in state[0] for axis in entry)
+        bounds, start = [], 0
+        for entry in state[0]:
+            bounds.append((start, start + len(entry)))
+            start += len(entry)
+        for mapping, moved, images, key in _bundle_classes(space.sizes, self.problem.matrix(layer), self.model, index,
+                                                           self.pools, used, state[1]):
+            # Cut the axes into dims; the child's partial axes are sorted already, its representative's may not be.
+            child = tuple(tuple(images[a:b]) for a, b in bounds), tuple(images[start:])
+            kept = tuple(tuple(key[a:b]) for a, b in bounds), tuple(sorted(key[start:]))
+            yield Move("CollectivePermute", moved, (), mapping, child, sent), (layer, kept)
 
     def _representative(self, node):
         if not self.pools or node[0] == PERMUTED:
@@ -275,8 +280,9 @@ class Search:
         found = self.expanded.get(node)
         if found is None:
             if len(node) == 3:  # a bundle: its permutes' time and bytes were charged on entering it
-                found = tuple((child, 0, 0, split_signature(self.problem.space(child[0]), child[1]), move)
-                              for move, child in self._bundle_edges(node))
+                # A relabelling keeps every dim's split: the children share the state's signature.
+                signature = split_signature(self.problem.space(node[0]), node[1])
+                found = tuple((child, 0, 0, signature, move) for move, child in self._bundle_edges(node))
             else:
                 found = tuple(
                     (child, self._weight(node[0], move), move.bytes, split_signature(self.problem.space(child[0]), child[1]), move)
@@ -465,6 +471,44 @@ def _relabellings(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     for axis in range(len(sizes)):
         found = [m + (b,) for m in found for b in range(len(sizes)) if sizes[b] == sizes[axis] and b not in m]
     return tuple(m for m in found if any(a != b for a, b in enumerate(m)))
+
+
+@lru_cache(maxsize=1 << 12)
+def _bundle_classes(sizes, matrix, model, index: int, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> tuple[tuple, ...]:
+    """``(mapping, moved axes, child's axes, representative's axes)`` for the relabellings of
+    one bundle (`_permute_links`) that reach distinct classes of child (up to relabellings
+    within `pools`) other than the state's own, each the first of its class in the bundle's
+    order, for states whose dims list the axes `used` in order and whose partial axes are
+    `partial`: all the classes depend on (many states share them, hence the memo). The axes
+    are listed as `used` then the partial ones (`Search._bundle_edges` cuts them into dims).
+
+    A child's representative (`moves.pool_canonical`) lists the images of `used` in order, then
+    those of `partial` sorted, each pool's axes renamed to the pool's ids in order of appearance;
+    that sequence is the class's key, computed for every relabelling at once.
+
+    Example (three axes of 2 in one link, one pool (1, 2); a state splitting a dim over axis 0:
+    the children put that role on axis 1 or 2, one class):
+        >>> from autostrat.cost import Hardware
+        >>> model = Hardware(devices_per_server=8).alpha_beta(8)
+        >>> [found[0] for found in _bundle_classes((2, 2, 2), _matrix_of((2, 2, 2)), model, 0, ((1, 2),), (0,), ())]
+        [(1, 0, 2)]
+    """
+    mappings = np.array(_permute_links(sizes, matrix, model)[index][1] + (tuple(range(len(sizes))),), dtype=np.int64)
+    images = np.concatenate([mappings[:, list(used)], np.sort(mappings[:, list(partial)], axis=1)], axis=1)
+    keys = images
+    for pool in pools:
+        inside = np.isin(keys, pool)
+        rank = np.minimum(np.maximum(np.cumsum(inside, axis=1) - 1, 0), len(pool) - 1)
+        keys = np.where(inside, np.array(pool)[rank], keys)
+    _, first = np.unique(keys, axis=0, return_index=True)
+    other = (keys != keys[-1]).any(axis=1)  # the identity, appended last, has the state's own class
+    found = []
+    for row in sorted(first):
+        if other[row]:
+            mapping = tuple(mappings[row].tolist())
+            moved = tuple(a for a, image in enumerate(mapping) if a != image)
+            found.append((mapping, moved, images[row].tolist(), keys[row].tolist()))
+    return tuple(found)
 
 
 def _conjugated(mapping, back) -> tuple[int, ...]:

@@ -8,13 +8,12 @@ layers, and equivalent layouts written over different device matrices, cost one 
 from __future__ import annotations
 
 import gc
-import math
 from contextlib import contextmanager
 
 import numpy as np
 
 from autostrat.cost import dtype_size
-from autostrat.errors import RedistributionError
+from autostrat.redistribution.constructive import reachable
 from autostrat.redistribution.planner import redistribution_cost, redistribution_time
 
 _COSTS: dict = {}  # (src id, dst id, itemsize, model) -> bytes, or nanoseconds with a model
@@ -29,8 +28,8 @@ def cost_table(producer_layouts, consumer_layouts, dtype="float32", model=None) 
     """Bytes per device of the cheapest redistribution, rows = producers, columns = consumers;
     with an α–β `model` (`cost.AlphaBeta`), nanoseconds of the fastest (`redistribution_time`).
 
-    Unreachable pairs (a consumer wanting partial values the producer lacks) cost ``inf``;
-    every other entry is an exact integer.
+    Unreachable pairs (a consumer wanting partial values the producer lacks: `constructive.reachable`)
+    cost ``inf``; every other entry is an exact integer (a pair the planner cannot price raises).
 
     Example:
         >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
@@ -74,21 +73,12 @@ def collector_paused():
         gc.enable()
 
 
-def _contributions(layout) -> int:
-    """How many partial values combine into each element of `layout` (1 when it is whole)."""
-    return math.prod(layout.device_matrix.axis_size(axis) for axis in layout.partial)
-
-
 def _cost(src, dst, dtype, model) -> float:
-    if _contributions(dst) > _contributions(src):
-        # No step creates partial values, so the search would only prove this after
-        # exhausting its states (seconds for a 4-d tensor over 64 devices).
+    """One entry: ``inf`` exactly when no plan exists (`constructive.reachable`), decided without
+    a search; every other pair is planned, and an error planning it is raised, never priced
+    ``inf``, since an infinite price removes a candidate the layouts allow."""
+    if src.device_num == dst.device_num and not reachable(src, dst):
         return float("inf")
-    try:
-        if model is not None:
-            return float(redistribution_time(src, dst, dtype, model))
-        return float(redistribution_cost(src, dst, dtype, model))
-    except RedistributionError:
-        if src.device_num != dst.device_num or src.shape != dst.shape:
-            raise
-        return float("inf")
+    if model is not None:
+        return float(redistribution_time(src, dst, dtype, model))
+    return float(redistribution_cost(src, dst, dtype, model))
