@@ -9,6 +9,7 @@ import pytest
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
 from autostrat.frontend.config import apply_seeds, load_config
+from autostrat.frontend.yaml_text import MAX_FLOW_DEPTH, flow_depth, parse_config_text
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
@@ -64,7 +65,8 @@ CASES = {
     "strategies not a mapping": (GOOD + "strategies: [1]\n", r"bad.yaml: strategies: expected a mapping from op name to strategy"),
     "duplicate top-level key": (GOOD + "device_num: 4\n", r"bad.yaml: key 'device_num' appears twice in one mapping, at line 1, column 1 and at line 5, column 1; give each key once"),
     "duplicate nested key": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], shape: [8, 8]}"), r"bad.yaml: key 'shape' appears twice in one mapping, at line 4, column 6 and at line 4, column 23"),
-    "too deeply nested": ("model: " + "[" * 5000 + "\n", r"bad.yaml: not a usable config: values nested too deeply"),
+    "too deeply nested": ("model: " + "[" * 5000 + "\n", r"bad.yaml: not a usable config: values nested too deeply \(5000 levels of \[ or \{ by line 1; at most 100\)"),
+    "nested deeper than yaml's stack": ("- " * 2000 + "1\n", r"bad.yaml: not a usable config: values nested too deeply$"),
     "dtype not numeric": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], dtype: object}"), r"bad.yaml: inputs\[0\]: expected a numeric dtype \(bool, integer, float or complex\), got 'object' \(object\)"),
     "dtype a mapping": (GOOD.replace("{shape: [64, 64]}", "{shape: [64, 64], dtype: {a: {b: 1}}}"), r"bad.yaml: inputs\[0\]: expected a numpy dtype or its name such as 'float32', got \{'a': \{'b': 1\}\}"),
     "too few inputs": (GOOD.replace("{name: FFN}", "{name: GPT}"), r"bad.yaml: inputs: GPT takes 2 input\(s\) \(ids, labels\), got 1"),
@@ -138,3 +140,25 @@ def test_a_bad_optimizer_section_names_what_it_expected(tmp_path, section, messa
     path = write(tmp_path, f"parallel_mode: auto_parallel\ndevice_num: 8\nmodel: {{name: FFN}}\ninputs: [{{shape: [64, 64]}}]\noptimizer: {section}\n")
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def test_flow_nesting_is_counted_outside_quotes_and_comments():
+    quoted = "name: '[[[[', other: \"{{\\\"[[\"  # [[[[[[\n"
+    assert flow_depth(quoted) == (0, 1)
+    assert flow_depth("plain: a[b\n") == (1, 1)  # a plain scalar's bracket counts: an overestimate, harmless
+    assert flow_depth("a: 1\nb: " + "[" * 100 + "]" * 100 + "\nc: {d: [1]}\n") == (100, 2)
+
+
+def test_a_config_nested_at_the_limit_is_parsed_and_one_deeper_refused_without_parsing(tmp_path):
+    deep = GOOD + "extra: " + "[" * MAX_FLOW_DEPTH + "1" + "]" * MAX_FLOW_DEPTH + "\n"
+    assert parse_config_text(deep, "deep.yaml")["extra"] == _nested(MAX_FLOW_DEPTH)
+    deeper = deep.replace("extra: ", "extra: [").rstrip("\n") + "]\n"
+    with pytest.raises(ConfigError, match=rf"deeper.yaml: not a usable config: values nested too deeply \({MAX_FLOW_DEPTH + 1} levels"):
+        parse_config_text(deeper, "deeper.yaml")
+
+
+def _nested(depth: int):
+    value = 1
+    for _ in range(depth):
+        value = [value]
+    return value

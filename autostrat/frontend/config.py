@@ -40,13 +40,12 @@ import inspect
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-import yaml
-
 from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError, LayoutError
 from autostrat.frontend.context import KEYS, ParallelContext, keys_from_file
 from autostrat.frontend.registry import model_class
 from autostrat.frontend.tensor import Tensor
+from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.io import OutputPath, check_outputs
 from autostrat.reading import read_text
 from autostrat.ir import Graph
@@ -81,52 +80,6 @@ class Config:
 
 def _fail(where: str, message: str) -> ConfigError:
     return ConfigError(f"{where}: {message}")
-
-
-class _DuplicateKey(yaml.YAMLError):
-    def __init__(self, key, first, second) -> None:
-        super().__init__(key)
-        self.key, self.first, self.second = key, first, second
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's SafeLoader, except that a key given twice in one mapping is an error (PyYAML
-    would keep the last value silently). Merged keys (``<<: *base``) may still be overridden."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node)
-            except TypeError:  # an unhashable key: SafeLoader rejects it below
-                continue
-            if first is not key_node:
-                raise _DuplicateKey(key, first.start_mark, key_node.start_mark)
-        return super().construct_mapping(node, deep)
-
-
-def _place(mark) -> str:
-    return f"line {mark.line + 1}, column {mark.column + 1}"
-
-
-def _parse(text: str, path) -> dict:
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except _DuplicateKey as error:
-        raise ConfigError(f"{path}: key {error.key!r} appears twice in one mapping, at {_place(error.first)} "
-                          f"and at {_place(error.second)}; give each key once") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        place = f" at {_place(mark)}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{place}: {getattr(error, 'problem', error)}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not a usable config: values nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys (parallel_mode, model, inputs, ...), got {type(data).__name__}")
-    return data
 
 
 def _build_model(section, where: str):
@@ -248,7 +201,7 @@ def parse_config(text: str, path, micro_size: int | None = None, **overrides) ->
         >>> parse_config("model: {name: FFN}\\ninputs: [{shape: [64, 64]}]\\n", "inline.yaml").context.device_num
         1
     """
-    data = _parse(text, path)
+    data = parse_config_text(text, path)
     unknown = sorted(set(data) - set(KEYS) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(KEYS + SECTIONS))}")
