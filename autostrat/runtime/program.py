@@ -131,11 +131,18 @@ def lower_programs(plan) -> tuple[Program, ...]:
         >>> [(c.kind, c.phase, c.predicted) for c in programs[3].communications()]
         [('ReduceScatter', 'forward', 6144), ('AllGather', 'output', 6144), ('AllGather', 'output', 8192)]
         >>> reset_auto_parallel_context()
+
+    A plan is immutable: its programs are lowered once and kept with it (a functional loop runs
+    one plan step after step, and every rank lowered every rank's program at each step).
     """
-    check_plan(plan)
-    output_plans = _output_plans(plan)
-    partitions = _partitions(plan, output_plans)
-    return tuple(_lower_rank(plan, output_plans, partitions, rank) for rank in range(plan.device_num))
+    lowered = plan.__dict__.get("_programs")  # not a field: equality and the plan's JSON ignore it
+    if lowered is None:
+        check_plan(plan)
+        output_plans = _output_plans(plan)
+        partitions = _partitions(plan, output_plans)
+        lowered = tuple(_lower_rank(plan, output_plans, partitions, rank) for rank in range(plan.device_num))
+        plan.__dict__["_programs"] = lowered
+    return lowered
 
 
 def check_plan(plan) -> None:
