@@ -60,6 +60,19 @@ def pytest_addoption(parser):
 
 
 @pytest.fixture
+def constructive_only(monkeypatch):
+    """Every redistribution search stops after settling its start, so the planner answers with
+    its constructive plan (memos cleared before and after)."""
+    from autostrat.redistribution import search
+    from autostrat.redistribution.memo import clear_memos
+
+    clear_memos()
+    monkeypatch.setattr(search, "SETTLED_LIMIT", 1)
+    yield
+    clear_memos()
+
+
+@pytest.fixture
 def golden(request):
     """Compare text with tests/golden/NAME, or rewrite it with --update-golden."""
 

@@ -266,52 +266,41 @@ def test_unit_moves_gather_and_scatter_one_axis_and_keep_the_other_steps():
     ]
 
 
-def test_the_greedy_fallback_prices_a_pair_as_its_plan(greedy_only):
-    src, dst = GREEDY_CASES[1]
+def test_the_constructive_fallback_prices_a_pair_as_its_plan(constructive_only):
+    src, dst = CONSTRUCTIVE_CASES[1]
     assert redistribution_cost(src, dst) == plan_redistribution(src, dst).cost
 
 
-@pytest.fixture
-def greedy_only(monkeypatch):
-    """Every search stops after settling its start, so the planner falls back to greedy."""
-    from autostrat.redistribution import search
-
-    clear_memos()
-    monkeypatch.setattr(search, "SETTLED_LIMIT", 1)
-    yield
-    clear_memos()
-
-
-GREEDY_CASES = [
+CONSTRUCTIVE_CASES = [
     (ROWS_PARTIAL, Layout(DeviceMatrix((4, 2)), TensorMap((0, 1)), (64, 64))),
     (Layout(DM24, TensorMap((1, 0)), (64, 64)), Layout(DM24, TensorMap((0, 1)), (64, 64))),
     (Layout(DeviceMatrix((2, 3)), TensorMap((1, 0)), (12, 12)), Layout(DeviceMatrix((3, 2)), TensorMap((0, 1)), (12, 12))),
 ]
 
 
-@pytest.mark.parametrize("src, dst", GREEDY_CASES)
-def test_the_greedy_fallback_is_marked_no_cheaper_than_exact_and_correct(greedy_only, monkeypatch, src, dst):
+@pytest.mark.parametrize("src, dst", CONSTRUCTIVE_CASES)
+def test_the_constructive_fallback_is_marked_no_cheaper_than_exact_and_correct(constructive_only, monkeypatch, src, dst):
     from autostrat.redistribution import search
 
-    greedy = plan_redistribution(src, dst)
-    assert not greedy.exhaustive
-    assert str(greedy).endswith(" (greedy)") and greedy.to_text().splitlines()[0].endswith(" (greedy)")
-    assert greedy.cost == sum(step.bytes for step in greedy.steps)
-    assert [p.name for p in lower_plan(greedy)]  # lowers like any plan
+    fallback = plan_redistribution(src, dst)
+    assert not fallback.exhaustive
+    assert str(fallback).endswith(" (constructive)") and fallback.to_text().splitlines()[0].endswith(" (constructive)")
+    assert fallback.cost == sum(step.bytes for step in fallback.steps)
+    assert [p.name for p in lower_plan(fallback)]  # lowers like any plan
     x = np.random.default_rng(5).integers(-9, 9, size=src.shape).astype(np.float64)
     pieces = split_tensor(x, src)
     if src.partial:  # rank 0's group holds the values, the others zeros: the sum is x
         pieces = [piece * (src.device_matrix.coordinate(rank)[-1] == 0) for rank, piece in enumerate(pieces)]
-    np.testing.assert_array_equal(assemble_tensor(simulate(greedy, pieces), dst, check_replicas=True), x)
+    np.testing.assert_array_equal(assemble_tensor(simulate(fallback, pieces), dst, check_replicas=True), x)
     monkeypatch.setattr(search, "SETTLED_LIMIT", 100_000)
     clear_memos()
     exact = plan_redistribution(src, dst)
-    assert exact.exhaustive and "(greedy)" not in exact.to_text()
-    assert greedy.cost >= exact.cost
+    assert exact.exhaustive and "(constructive)" not in exact.to_text()
+    assert fallback.cost >= exact.cost
 
 
-def test_the_greedy_fallback_reaches_a_partial_layout(greedy_only):
+def test_the_constructive_fallback_reaches_a_partial_layout(constructive_only):
     src = Layout(DM24, TensorMap((-1, -1)), (64, 64), partial=(0, 1))
     plan = plan_redistribution(src, Layout(DM24, TensorMap((1, -1)), (64, 64), partial=(0,)))
     assert not plan.exhaustive
-    assert str(plan) == "AllReduce(axes (2,), 16384B) -> Slice(axes (2,) dim 0, 0B); 16384B (greedy)"
+    assert str(plan) == "AllReduce(axes (2,), 16384B) -> Slice(axes (2,) dim 0, 0B); 16384B (constructive)"

@@ -79,17 +79,6 @@ def spread(x: np.ndarray, layout: Layout, rng) -> list[np.ndarray]:
     return pieces
 
 
-@pytest.fixture
-def constructive_only(monkeypatch):
-    """Every search stops after settling its start, so the planner answers with the constructive plan."""
-    from autostrat.redistribution import search
-
-    clear_memos()
-    monkeypatch.setattr(search, "SETTLED_LIMIT", 1)
-    yield
-    clear_memos()
-
-
 PARTIAL_MESHES = [(2, 2), (2, 4), (4, 2), (2, 6), (2, 2, 2)]
 
 

@@ -50,7 +50,7 @@ class RedistributionPlan:
 
     `exhaustive` is False when the state space was too large for the shortest-path search and
     the plan comes from the constructive fallback (`constructive.constructive_path`: resolve, gather,
-    permute, slice; tagged "(greedy)"): valid but not proven minimal.
+    permute, slice; tagged "(constructive)"): valid but not proven minimal.
 
     Example:
         >>> from autostrat.layout import DeviceMatrix, TensorMap
@@ -85,4 +85,4 @@ class RedistributionPlan:
 
     def __str__(self) -> str:
         body = " -> ".join(str(step) for step in self.steps) or "no steps"
-        return f"{body}; {self.cost}B" + ("" if self.exhaustive else " (greedy)")
+        return f"{body}; {self.cost}B" + ("" if self.exhaustive else " (constructive)")

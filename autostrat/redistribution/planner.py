@@ -318,7 +318,7 @@ def _coarse_plan(src: Layout, dst: Layout, dtype, model):
     search over prime axes proves optimal; else None.
 
     Over 1024 devices a path search through ten prime axes may settle millions of states (and
-    fall back to greedy), while the cost search keeps states up to the source's relabellings and
+    fall back to the constructive plan), while the cost search keeps states up to the source's relabellings and
     stays small, and most optimal plans never split a composite axis: one search over the few
     coarse axes finds them. Where the coarse plan costs more, the prime path search decides.
     """
