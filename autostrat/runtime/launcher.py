@@ -39,6 +39,7 @@ from autostrat.runtime.processes import (LAUNCHER_VARIABLE, alive, become_subrea
 from autostrat.runtime.rank import STARTUP_FAILED, TERMINAL_VARIABLE
 from autostrat.runtime.report import MEASURED
 from autostrat.runtime.run_folder import check_run_folder, create_file, exit_status, rank_pids, read_record
+from autostrat.runtime.stale_shm import remove_stale_segments
 
 __all__ = ["LaunchResult", "alive", "end_leftovers", "find_mpiexec", "hostfile_text", "launch", "missing_results",
            "mpi_environment", "mpiexec_command", "rank_pids", "resolve_hosts", "running", "single_host"]
@@ -173,6 +174,8 @@ def launch(run_dir, device_num: int, hosts=None, timeout: float = 300.0, stall_t
     env = mpi_environment(device_num, hosts) | {"MPIEXEC_TIMEOUT": str(int(timeout) + 5), LAUNCHER_VARIABLE: launcher_identity()}
     if entry is None:  # the job runner imports nothing from the current folder (python -P, for its children too)
         env["PYTHONSAFEPATH"] = "1"
+    if single_host(hosts):
+        remove_stale_segments()  # a dead job's segment under this job's name breaks MPI_Init
     started = time.monotonic()
     marked = entry is None and not hosts  # the launcher sees every rank, and each records how it ends
     was_reaper, before = become_subreaper(), set(descendants(os.getpid()))
