@@ -1,15 +1,14 @@
-"""MPICH's start-up segments left in ``/dev/shm`` by jobs that were killed, removed before a job
-starts on this machine.
+"""MPICH's shared-memory segments left in ``/dev/shm`` by jobs that were killed, removed before
+a job starts on this machine.
 
-MPICH's ranks meet at start-up in a POSIX shared-memory segment named from the job's process
-manager key (``mpich_shm_<hash>_0``); the first rank creates it, the others open it, and the
-last one removes it once every rank is in. A job killed before that (a rank killed, a launcher
-stopped by Ctrl-C or a stall) leaves its segment behind. gforker's key follows mpiexec's process
-id, and process ids come round again (``kernel.pid_max`` is 32 768 here), so a later job can
-find a dead job's segment under its own name, open it instead of creating it, and read the dead
-job's bytes: MPI_Init then fails with "Message from rank 3 and tag 7 truncated" (twice in the
-suite's runs, with 591 such segments, 2.9 GB, in /dev/shm). A segment no process maps belongs
-to no live job; removing it cannot disturb one.
+Each job's ranks share a POSIX segment named from the job's process-manager key
+(``mpich_shm_<hash>_0``, about 2 MB for 2 ranks, 8 MB for 8), made at MPI_Init and removed at
+MPI_Finalize; a job killed in between (a fault test, Ctrl-C, a stall, a timeout) leaves it
+behind: 591 of them, 2.9 GB, had piled up here. Twice in full suite runs MPI_Init failed with
+"Message from rank 3 and tag 7 truncated", which a job opening a dead job's segment under its
+own name would explain (the key comes from the process manager, and process ids come round:
+``kernel.pid_max`` is 32 768 here); that cause is inferred, not shown. Either way a segment no
+process maps belongs to no live job, and removing it cannot disturb one.
 """
 
 from __future__ import annotations
