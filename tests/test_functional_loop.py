@@ -274,7 +274,7 @@ def test_a_bare_call_under_auto_parallel_is_planned_and_checked(capsys, monkeypa
     net.layer1.matmul.shard(((1, 1), (4, 1)))
     x = batches(1)[0][0]
     logits = net(ms.Tensor(x))
-    [(plan, _)] = net.__dict__["_bare_plans"].values()
+    [plan] = net.__dict__["_bare_plans"].values()
     assert str(plan.ops["layer1.matmul"].strategy) == "((1, 1), (4, 1))" and plan.graph.inputs()[0].shape == (32, 32)
     assert "Network(x) planned as a forward pass on 4 devices" in capsys.readouterr().out
     ms.reset_auto_parallel_context()

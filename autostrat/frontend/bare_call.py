@@ -61,29 +61,28 @@ def run_planned(net, inputs) -> Tensor | tuple:
     context = current_context()
     _say_training_keys(context)
     arrays = [x.asnumpy() for x in inputs]
-    whole = global_arrays(arrays, batch_split(context))
-    plan, programs = _plan(net, whole, context)
+    split = batch_split(context)
+    whole = global_arrays(arrays, split)
+    plan = _plan(net, whole, context)
     given = {info.name: array for info, array in zip(plan.graph.inputs(), whole)}
     check_indices(plan.graph, given, f"{type(net).__name__} inputs")
     values = graph_values(plan.graph, given)
-    result = execute_on_ranks(programs, values, world_backend()).outputs
+    result = execute_on_ranks(lower_programs(plan), values, world_backend()).outputs
     if checking():
         _check(type(net).__name__, plan.graph, values, result)
     rows = arrays[0].shape[0] if arrays[0].ndim else 0
-    split = batch_split(context)
     outputs = [Tensor(rank_share(np.reshape(result[name], plan.graph.tensors[name].shape), rows, split))
                for name in plan.graph.outputs]
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def _plan(net, whole: list, context: ParallelContext) -> tuple:
+def _plan(net, whole: list, context: ParallelContext):
     key = (repr(context), tuple((array.shape, array.dtype.name) for array in whole))
     plans = net.__dict__.setdefault("_bare_plans", {})
     if key not in plans:
         from autostrat.frontend.model import stand_ins  # model imports what imports this module
 
-        plan = plan_for(net, stand_ins(whole), replace(context, phase="predict"))
-        plans[key] = plan, lower_programs(plan)
+        plans[key] = plan = plan_for(net, stand_ins(whole), replace(context, phase="predict"))
         if get_rank() == 0:
             rows = whole[0].shape[0] if whole[0].ndim else 0
             source = "full_batch" if context.full_batch else "the ranks' shares"

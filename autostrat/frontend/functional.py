@@ -121,18 +121,19 @@ class GradFunction:
         """`fn`'s outputs (this rank's rows) and the gradients of `weights` on `arrays` (this
         rank's inputs), by the plan of the forward pass and its backward."""
         context = current_context()
-        whole_batch = global_arrays(arrays, batch_split(context))
-        plan, programs, outputs, grads, replicas = self._plan(whole_batch)
+        split = batch_split(context)
+        whole_batch = global_arrays(arrays, split)
+        plan, outputs, grads, replicas = self._plan(whole_batch)
         given = {info.name: array for info, array in zip(plan.graph.inputs(), whole_batch)}
         check_indices(plan.graph, given, f"{plan.graph.name} inputs")
         values = graph_values(plan.graph, given)
-        result = execute_on_ranks(programs, values, world_backend()).outputs
+        result = execute_on_ranks(lower_programs(plan), values, world_backend()).outputs
         if checking():
             _check(plan.graph, values, result)
         # A collective hands a 0-d loss back as shape (1,): every result takes its graph shape again.
         whole = {name: np.reshape(result[name], plan.graph.tensors[name].shape) for name in outputs + grads}
         rows = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
-        forward = [rank_share(whole[name], rows, batch_split(context)) for name in outputs]
+        forward = [rank_share(whole[name], rows, split) for name in outputs]
         # The sum over replicas (gradients_mean=False) scales the checked whole-batch gradients.
         return forward, tuple(summed_gradient(whole[name], count) for name, count in zip(grads, replicas))
 
@@ -153,7 +154,7 @@ class GradFunction:
             if folder is not None:  # save_graphs: as every plan made under it (`api.plan_for`)
                 plan.dump_ir(folder, context.global_rank)
             replicas = tuple(1 if context.gradients_mean else plan.replicas(names[id(weight)]) for weight in self.weights)
-            self._plans[key] = plan, lower_programs(plan), graph.outputs, grads, replicas
+            self._plans[key] = plan, graph.outputs, grads, replicas
         return self._plans[key]
 
 

@@ -216,7 +216,7 @@ class Model:
         self.loss_network = WithLossCell(network, loss_fn) if loss_fn is not None else network
         self._training = None  # the training plan, made by the first `train`
         self._state: dict = {}  # the optimiser state after the last `train`
-        self._forward: dict = {}  # (network, input shapes and dtypes) -> forward plan and programs
+        self._forward: dict = {}  # (network, input shapes and dtypes) -> forward plan
 
     def train(self, epoch: int, train_dataset, callbacks=None, dataset_sink_mode: bool = False, sink_size: int = -1) -> None:
         """Train `epoch` passes over `train_dataset` (an iterable of (data, label) arrays, read
@@ -298,11 +298,10 @@ class Model:
         """`network`'s outputs on `arrays`, its forward plan made once per input shapes and dtypes."""
         key = (id(network), tuple((array.shape, array.dtype.name) for array in arrays))
         if key not in self._forward:
-            plan = plan_for(network, stand_ins(arrays), replace(current_context(), phase="predict"))
-            self._forward[key] = plan, lower_programs(plan)
-        plan, programs = self._forward[key]
+            self._forward[key] = plan_for(network, stand_ins(arrays), replace(current_context(), phase="predict"))
+        plan = self._forward[key]
         given = {info.name: array for info, array in zip(plan.graph.inputs(), arrays)}
         check_indices(plan.graph, given, f"{type(network).__name__} inputs")
         values = graph_values(plan.graph, given)
-        result = execute_on_ranks(programs, values, world_backend())
+        result = execute_on_ranks(lower_programs(plan), values, world_backend())
         return [result.outputs[name] for name in plan.graph.outputs]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 
 from autostrat.cost import collective_bytes
-from autostrat.layout import Layout
+from autostrat.layout import DeviceMatrix, Layout
 from autostrat.redistribution.moves import Move, group_size
 from autostrat.redistribution.refine import prime_matrix
 from autostrat.redistribution.search import Problem
@@ -39,8 +39,6 @@ def prime_sizes(number: int) -> Counter:
         >>> sorted(prime_sizes(12).elements())
         [2, 2, 3]
     """
-    from autostrat.layout import DeviceMatrix
-
     return Counter(prime_matrix(DeviceMatrix((number,))).shape) if number > 1 else Counter()
 
 
@@ -142,13 +140,4 @@ def constructive_path(problem: Problem, start, target) -> list[tuple]:
             step("Slice", (axis,), (dim,), (sliced, node[1][1]), 0)
     return path
 
-
-def path_cost(path) -> int:
-    """Bytes per device of a path's steps.
-
-    Example:
-        >>> path_cost([])
-        0
-    """
-    return sum(move.bytes for _, move, _ in path)
 

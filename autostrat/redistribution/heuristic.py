@@ -171,7 +171,7 @@ class ReceiveBound:
         """Towards a partial target: the reductions still due, plus the larger of the shadow's
         receive bound (the module docstring's reduce-then-move argument, the target's partial
         axes free in its shadow) and, when some target partial axis is not partial in `state`,
-        the target's slice volume when some target partial axis is not partial in `state`: only
+        the target's slice volume: only
         a CollectivePermute hands a partial role to another axis, sending its whole piece of
         ``s`` bytes, and only AllGathers grow a piece, charging its growth, so from the permute
         on the steps charge at least ``s + max(volume - s, 0)``."""
