@@ -87,6 +87,22 @@ def test_lazy_rows_and_columns_of_a_64_device_table_equal_the_eager_table():
     assert np.array_equal(table.full(), eager) and np.array_equal(np.asarray(table), eager)
 
 
+def test_single_entries_read_before_and_after_they_are_known_equal_the_eager_table():
+    shape = (64, 64)
+    candidates = generate_strategies(make_rule("MatMul", [shape, shape]), 8)
+    producers, consumers = [s.output_layouts[0] for s in candidates], [s.input_layouts[0] for s in candidates]
+    eager = cost_table(producers, consumers)
+    table = LazyCostTable(producers, consumers)
+    keys = [(0, 0), (1, 2), (np.int64(2), np.int64(1)), (-1, -2), (np.int32(3), 4)]
+    first = [table[key] for key in keys]  # computed on reading
+    computed = table.computed
+    again = [table[key] for key in keys]  # known: read without filling
+    assert table.computed == computed == len(keys)
+    assert first == again == [float(eager[key]) for key in keys] and all(type(value) is float for value in again)
+    table[1, :]
+    assert [table[1, j] for j in range(table.shape[1])] == [float(value) for value in eager[1, :]]
+
+
 def test_lazy_table_reads_copies_and_its_full_table_is_read_only():
     shape = (64, 64)
     candidates = generate_strategies(make_rule("MatMul", [shape, shape]), 4)

@@ -62,6 +62,8 @@ class LazyCostTable:
         return f"LazyCostTable(shape={self.shape}, computed={self.computed})"
 
     def __getitem__(self, key):
+        if type(key) is tuple and len(key) == 2 and all(isinstance(index, (int, np.integer)) for index in key) and self._known[key]:
+            return float(self._values[key])  # an entry known already: the searches' most frequent read
         block = _block(key)
         if block is None:  # fancy indexing (np.ix_, masks...): rare, and wants most entries anyway
             return self.full()[key]
