@@ -30,6 +30,7 @@ from autostrat.runtime.checkpoint import check_checkpoint, checkpoint_bytes, loa
 from autostrat.runtime.run_folder import make_run_folder
 from autostrat.search.mindspore_checkpoint import encode, read_mindspore_plan
 from autostrat.train import Model
+from tests.child_signals import sigint_default
 
 ROOT = Path(__file__).resolve().parent.parent
 FFN_YAML = "device_num: 8\nparallel_mode: auto_parallel\nmodel: {name: FFN}\ninputs: [{shape: [64, 64]}]\n"
@@ -173,7 +174,7 @@ def _imported(process: subprocess.Popen, module: str) -> None:
 def test_ctrl_c_while_the_command_imports_exits_130_in_one_line(module):
     process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "autostrat", "search", "configs/ffn.yaml"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)), preexec_fn=sigint_default)
     _imported(process, module)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)

@@ -33,6 +33,7 @@ from autostrat.search import SearchOptions, search
 from autostrat.search.problem import build_problem
 from autostrat.search.progress import StatusLine
 from autostrat.strategies import generate_strategies, mesh_axes, split_values
+from tests.child_signals import sigint_default
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = Path(__file__).parent / "golden" / "plan_digests.txt"
@@ -286,16 +287,10 @@ except KeyboardInterrupt:
 """
 
 
-def _sigint_default() -> None:
-    """Give the child Ctrl-C's default handling: a shell's background job (a suite started with
-    ``&``) starts with SIGINT ignored, which Python and its children then keep."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_stops_cp_sat_at_once_and_raises_keyboard_interrupt():
     # CP-SAT alone would catch the signal and return its best plan as if its time limit struck.
     child = subprocess.Popen([sys.executable, "-c", CTRL_C_SOLVE], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                             preexec_fn=_sigint_default)
+                             preexec_fn=sigint_default)
     assert child.stdout.readline() == "solving\n"
     time.sleep(1.0)
     child.send_signal(signal.SIGINT)
@@ -310,7 +305,7 @@ def test_ctrl_c_ends_a_long_cli_search_without_writing_its_outputs(tmp_path):
     command = [sys.executable, "-m", "autostrat", "search", "configs/gpt.yaml", "--device-num", "1024", "--mesh", "full",
                "--out", str(out), "--dump-ir", str(tmp_path / "ir")]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                             preexec_fn=_sigint_default)
+                             preexec_fn=sigint_default)
     # Interrupted once the search is under way, whatever the load: its status line (after its
     # first second) says so, where a fixed sleep may end before the imports on a busy machine.
     status = child.stderr.readline()
