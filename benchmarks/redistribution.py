@@ -100,7 +100,7 @@ def issue_pairs() -> list[tuple[str, object, object, object]]:
     matrix = DeviceMatrix((8, 16, 8))
     handed = (Layout(matrix, TensorMap((-1, -1)), (128, 8), partial=(2,)), Layout(matrix, TensorMap((-1, -1)), (128, 8), partial=(0,)))
     # Not timed under an α–β model: on 10 prime axes of 2 a timed search enumerates the 10!
-    # relabellings per permute bundle (`search._permute_links`), minutes per state.
+    # relabellings per permute bundle (`timed.permute_links`), minutes per state.
     return [("stuck, time", *stuck, Hardware().alpha_beta(64)), ("stuck, bytes", *stuck, None),
             ("handed partial, bytes", *handed, None)]
 

@@ -53,7 +53,7 @@ def test_planner_cost_equals_the_brute_force_minimum(device_num, rank):
 # pair of layouts (partial destinations aside): servers whose axes are the inner, outer or both
 # prime axes of the device matrix, so steps inside and across servers compete. Small tensors are
 # timed mostly by latency; the large ones (megabytes) by bandwidth, where the search's bound
-# counts the bytes that must cross servers (`search.TimedBound`).
+# counts the bytes that must cross servers (`timed.TimedBound`).
 TIME_CASES = [(4, 2, (4, 4)), (4, 4, (4, 4)), (6, 2, (6, 2)), (6, 3, (6, 2)), (8, 2, (8,)), (8, 4, (8,)),
               (4, 2, (512, 1024)), (6, 3, (3 << 16, 2)), (8, 2, (1 << 19,)), (8, 4, (1 << 19,)),
               pytest.param(8, 4, (4, 2), marks=pytest.mark.slow)]

@@ -267,7 +267,7 @@ class ImportBound:
     rank receive at most the bytes the step charges it, so the members of a group together
     import at most ``F`` (the group's size) times those bytes. So steps touching a slower axis
     charge at least ``ceil(M / F)`` bytes, ``M`` the group's missing bytes; the search prices
-    those bytes at the slower links' bandwidth (`search.TimedBound`).
+    those bytes at the slower links' bandwidth (`timed.TimedBound`).
 
     The members vary exactly the fast axes and every axis lies in one dim's entry, so the union
     of their slices is the product over dims of the union of their ranges along each dim, and

@@ -9,7 +9,7 @@ def clear_memos() -> None:
     Example:
         >>> clear_memos()
     """
-    from autostrat.redistribution import heuristic, moves, planner, search, table
+    from autostrat.redistribution import heuristic, moves, planner, search, table, timed
 
     heuristic.import_bound.cache_clear()
     heuristic.receive_bound.cache_clear()
@@ -23,11 +23,11 @@ def clear_memos() -> None:
     planner._solve.cache_clear()
     planner._solve_cost.cache_clear()
     planner._solve_time.cache_clear()
-    search._bundle_classes.cache_clear()
     search.expansions.cache_clear()
     search.permuted_edges.cache_clear()
-    search._matrix_of.cache_clear()
     search._step_nanoseconds.cache_clear()
-    search.timed_bound.cache_clear()
+    timed.bundle_classes.cache_clear()
+    timed.matrix_of.cache_clear()
+    timed.timed_bound.cache_clear()
     table._COSTS.clear()
     table._IDS.clear()

@@ -11,7 +11,7 @@ equal element count but different dims go through one local Reshape (`_reshape_r
 Which answers are proven optimal (for the step set of `moves`, in bytes or, with a model, in
 α–β time): every plan and price whose search settles its target, i.e. every plan with
 ``exhaustive`` set and every cost-table entry computed without the fallback. The bounds are
-admissible (`heuristic`, `search.TimedBound`), so A* settles the target at the optimum; states
+admissible (`heuristic`, `timed.TimedBound`), so A* settles the target at the optimum; states
 are merged only up to relabellings that keep every step's price. The coarse plan
 (`_coarse_plan`) is used only when it costs that proven optimum. How far the others can be: the
 constructive fallback sends less than ``4T`` bytes per device (``T`` the tensor's bytes: one
@@ -30,14 +30,15 @@ import math
 from dataclasses import replace
 from functools import lru_cache
 
-from autostrat.cost import collective_bytes, dtype_size
+from autostrat.cost import dtype_size
 from autostrat.errors import RedistributionError
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.constructive import constructive_path, reachable
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.refine import common_matrix, prime_matrix, refine_layout
 from autostrat.redistribution.reshape import reshape_pairs
-from autostrat.redistribution.search import Problem, cost_search, merged_units, ordered_slices, search, space_of, state_of
+from autostrat.redistribution.paths import merged_units, ordered_slices
+from autostrat.redistribution.search import Problem, cost_search, search, space_of, state_of
 from autostrat.redistribution.steps import make_step
 
 

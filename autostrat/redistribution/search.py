@@ -18,14 +18,13 @@ partial states, and preferring depth keeps A* off those plateaus), then fewer st
 node itself, so ties break the same way on every run. The bound is admissible but not always
 consistent, so a state reached more cheaply after it settled is reopened.
 
-The bound (`heuristic.receive_bound`, in bytes) becomes, under a time model, the least time any
-steps sending that many bytes take (`_time_floor`).
+Under a time model the bound in bytes (`heuristic.receive_bound`) is timed by `timed.time_floor`.
 
 Without a time model, the exact layer of a one-space problem keeps states up to the relabellings
 that fix the target (`moves.fixing_pools`): they preserve every step cost and the target, so the
 cost-to-go is the same on a whole class; `Search._real` turns the path back into real states.
 Under a time model only relabellings within axes it times alike preserve every step's time
-(`_speed_pools`); states, permutes' children included, are kept up to those.
+(`timed.speed_pools`); states, permutes' children included, are kept up to those.
 
 A search for the cost alone may instead keep states up to the relabellings that fix the source
 (`cost_search` picks the larger group). Such a relabelling maps a plan from the source to the
@@ -45,12 +44,12 @@ import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
-
 from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
-from autostrat.redistribution.heuristic import import_bound, receive_bound
+from autostrat.redistribution.heuristic import receive_bound
 from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
+from autostrat.redistribution.paths import inverse, unpermute
+from autostrat.redistribution.timed import bundle_classes, conjugated, matrix_of, permute_links, speed_pools, time_floor, timed_bound
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
 PERMUTED = 2
@@ -67,18 +66,12 @@ class Problem:
         return self.spaces[-1] if layer == PERMUTED else self.spaces[layer]
 
     def matrix(self, layer: int) -> DeviceMatrix:
-        return _matrix_of(self.space(layer).sizes)
+        return matrix_of(self.space(layer).sizes)
 
     def layout(self, node) -> Layout:
         layer, (entries, partial) = node
         op = self.partial_op if partial else "sum"
         return Layout(self.matrix(layer), TensorMap(entries), self.space(layer).shape, partial, op)
-
-
-@lru_cache(maxsize=1024)
-def _matrix_of(sizes: tuple[int, ...]) -> DeviceMatrix:
-    """The device matrix of a space's axis sizes (memoised: a timed search asks for every edge)."""
-    return DeviceMatrix(tuple(reversed(sizes)))
 
 
 @lru_cache(maxsize=1 << 16)
@@ -139,7 +132,7 @@ class Search:
         last = problem.spaces[-1]
         self.permuted_target = (PERMUTED, canonical(last.sizes, last.sizes, target[1])[0])
         self.receive = receive_bound(last, target[1])
-        self.floor = _time_floor(model) if model is not None else None
+        self.floor = time_floor(model) if model is not None else None
         self.timed_bound = None if model is None else timed_bound(last, target[1], problem.matrix(target[0]), model)
         self.known = self.receive.memo if model is None else self.timed_bound.memo  # state -> its bound, once computed
         # Relabellings fixing the target (and, without a time model, every cost) map optimal
@@ -148,7 +141,7 @@ class Search:
         self.by_source, self.pools = _symmetry(last.sizes, start[1], target[1], symmetry) if single else (False, ())
         if model is not None and len(problem.spaces) == 1:
             # Under a time model only relabellings within axes it times alike keep every step's time.
-            self.pools = _speed_pools(problem, model, fixing_pools(last.sizes, target[1]))
+            self.pools = speed_pools(problem.matrix(0), model, fixing_pools(last.sizes, target[1]))
         self.start, start, self.real_target = start, self._representative(start), target
         if self.by_source:
             self.target = self._representative(target)
@@ -186,7 +179,7 @@ class Search:
 
     def _timed(self, sent: int) -> int:
         """A bound on bytes as a bound on the objective: itself, or under a time model the
-        least time any steps sending that many bytes take (`_time_floor`)."""
+        least time any steps sending that many bytes take (`time_floor`)."""
         if self.floor is None or not sent:
             return sent
         latency, bandwidth = self.floor
@@ -224,7 +217,7 @@ class Search:
         """
         space = self.problem.space(layer)
         sent = space.local_bytes(state)
-        for index, (moved, _) in enumerate(_permute_links(space.sizes, self.problem.matrix(layer), self.model)):
+        for index, (moved, _) in enumerate(permute_links(space.sizes, self.problem.matrix(layer), self.model)):
             yield Move("CollectivePermute", moved, (), None, state, sent), (layer, state, index)
         every_axis = tuple(range(len(space.sizes)))
         for mapping in self.crossings if layer == 0 else ():
@@ -242,7 +235,7 @@ class Search:
         for entry in state[0]:
             bounds.append((start, start + len(entry)))
             start += len(entry)
-        for mapping, moved, images, key in _bundle_classes(space.sizes, self.problem.matrix(layer), self.model, index,
+        for mapping, moved, images, key in bundle_classes(space.sizes, self.problem.matrix(layer), self.model, index,
                                                            self.pools, used, state[1]):
             # Cut the axes into dims; the child's partial axes are sorted already, its representative's may not be.
             child = tuple(tuple(images[a:b]) for a, b in bounds), tuple(images[start:])
@@ -260,7 +253,7 @@ class Search:
         if not self.pools:
             return path
         count = len(self.problem.spaces[0].sizes)
-        back = _inverse(pool_canonical(self.pools, count, self.start[1])[1])
+        back = inverse(pool_canonical(self.pools, count, self.start[1])[1])
         real = []
         for node, move, child in path:
             if node[0] == PERMUTED:
@@ -269,10 +262,10 @@ class Search:
                 real.append(((node[0], relabel(node[1], back)), move, child))
             else:
                 state = relabel(move.state, back)
-                mapping = None if move.mapping is None else _conjugated(move.mapping, back)
+                mapping = None if move.mapping is None else conjugated(move.mapping, back)
                 moved = move._replace(axes=tuple(back[a] for a in move.axes), state=state, mapping=mapping)
                 real.append(((node[0], relabel(node[1], back)), moved, (child[0], state)))
-                step = _inverse(pool_canonical(self.pools, count, move.state)[1])
+                step = inverse(pool_canonical(self.pools, count, move.state)[1])
                 back = [back[step[axis]] for axis in range(count)]
         return real
 
@@ -343,7 +336,7 @@ class Search:
         permuted = bool(found) and found[0][2][0] == PERMUTED
         found = self._real(found[::-1])
         if permuted:  # the permute's relabelling is chosen to end at the target itself
-            return _unpermute(self.problem, found, self.real_target)
+            return unpermute(self.problem, found, self.real_target, PERMUTED)
         return self._onto_target(found) if self.by_source else found
 
     def _onto_target(self, path: list[tuple]) -> list[tuple]:
@@ -354,9 +347,9 @@ class Search:
             return path
         count = len(self.problem.spaces[0].sizes)
         end = path[-1][2][1]
-        to_end = _inverse(pool_canonical(self.pools, count, end)[1])  # representative -> end
+        to_end = inverse(pool_canonical(self.pools, count, end)[1])  # representative -> end
         from_target = pool_canonical(self.pools, count, self.real_target[1])[1]  # target -> representative
-        back = _inverse([to_end[from_target[axis]] for axis in range(count)])  # end -> target
+        back = inverse([to_end[from_target[axis]] for axis in range(count)])  # end -> target
         if relabel(end, back) != self.real_target[1]:
             raise AssertionError("a path kept up to the source's relabellings ends off the target's class")
         return [
@@ -364,202 +357,6 @@ class Search:
              (child[0], relabel(child[1], back)))
             for node, move, child in path
         ]
-
-
-class TimedBound:
-    """Under an α–β model, a lower bound in nanoseconds on the time from a state to the target.
-
-    Of the bytes the remaining steps charge a device, at least ``C`` (`heuristic.ImportBound`,
-    for groups joined by the axes at the greatest bandwidth ``β_f``) go over steps touching a
-    slower axis, at ``β_s`` (the greatest bandwidth of those) or less, and in all at least ``R``
-    (the receive bound). So the steps take at least ``C/β_s + max(R - C, 0)/β_f``, rounded up
-    (each step's transfer is, and a sum of ceilings is at least the ceiling of the sum), plus
-    the latency of the messages some rank must still receive (`ReceiveBound.sources`), one of
-    them over a slower axis when ``C > 0``. Between servers this is the
-    bound that matters: a tensor that must reach other servers costs their bandwidth, and the
-    plain receive bound, priced at the fastest link, is several times too low there for A* to
-    prune anything.
-
-    Example (8 devices as 2 servers of 4; axis 2 crosses them. Gathering 16 MiB of rows split
-    over the servers: each device receives 8 MiB, and each server's 8 MiB enter it at 2 MiB
-    per device, as in the fastest plan, which slices the rows over the 4 devices of a server,
-    gathers across, then inside, in 77 907 ns):
-        >>> from autostrat.cost import Hardware
-        >>> model = Hardware(devices_per_server=4).alpha_beta(8)
-        >>> space = Space((2, 2, 2), (4096, 1024), 4)
-        >>> bound = timed_bound(space, (((), ()), ()), _matrix_of(space.sizes), model)
-        >>> rows = (((2,), ()), ())
-        >>> bound.receive(rows), bound.imports(rows), bound(rows)  # 4 µs + 2 MiB at 50 GB/s + 6 MiB at 450 GB/s
-        (8388608, 2097152, 59925)
-    """
-
-    def __init__(self, space: Space, target: State, matrix: DeviceMatrix, model):
-        self.receive = receive_bound(space, target)
-        self.latency, self.bandwidth = _time_floor(model)
-        links = [model.link(matrix, (axis,)) for axis in range(len(space.sizes))]
-        slow = [link for link in links if link[1] < self.bandwidth]
-        fast = tuple(axis for axis, link in enumerate(links) if link[1] >= self.bandwidth)
-        self.imports = import_bound(space, target, fast) if slow else None
-        if slow:
-            self.slow_latency = min(round(alpha * 1e9) for alpha, _ in slow)
-            self.slow_bandwidth = max(beta for _, beta in slow)
-        self.memo: dict = {}  # state -> nanoseconds
-
-    def __call__(self, state: State) -> int:
-        found = self.memo.get(state)
-        if found is None:
-            found = self.memo[state] = self._bound(state)
-        return found
-
-    def _bound(self, state: State) -> int:
-        sent = self.receive(state)
-        crossing = self.imports(state) if self.imports is not None else 0
-        # Messages: at least ceil(log2(sources)) (`ReceiveBound.sources`), and one if anything moves.
-        messages = max((self.receive.sources(state) - 1).bit_length(), 1 if sent or crossing else 0)
-        if not crossing:
-            return messages * self.latency + ceil_nanoseconds(sent, self.bandwidth)
-        slow, fast = float(self.slow_bandwidth).as_integer_ratio(), float(self.bandwidth).as_integer_ratio()
-        # ceil(10⁹ (C/β_s + rest/β_f)) with each bandwidth an exact fraction.
-        numerator = (crossing * slow[1] * fast[0] + max(sent - crossing, 0) * fast[1] * slow[0]) * 10**9
-        latency = max(self.latency, self.slow_latency) + (messages - 1) * self.latency  # one of them crosses
-        return latency + -(-numerator // (slow[0] * fast[0]))
-
-
-@lru_cache(maxsize=256)
-def timed_bound(space: Space, target: State, matrix: DeviceMatrix, model) -> TimedBound:
-    """The shared `TimedBound` towards `target` (a table's column is searched from every row)."""
-    return TimedBound(space, target, matrix, model)
-
-
-@lru_cache(maxsize=64)
-def _time_floor(model) -> tuple[int, float]:
-    """(nanoseconds, bytes per second): the least latency and the greatest bandwidth of any
-    axis of `model`. Steps that still have to send B > 0 bytes include at least one message,
-    and each step's bytes take at least their time at the greatest bandwidth, rounded up; so
-    they take at least ``latency + ceil(B / bandwidth)``: the receive bound, timed, stays a
-    lower bound (A* stays exact)."""
-    return min(round(alpha * 1e9) for alpha in model.latency), max(model.bandwidth)
-
-
-@lru_cache(maxsize=256)
-def _permute_links(sizes: tuple[int, ...], matrix: DeviceMatrix, model) -> tuple[tuple[tuple[int, ...], tuple], ...]:
-    """The relabellings of `sizes` grouped by the link (`AlphaBeta.link`) of the axes they move,
-    which is all a permute's time depends on besides its bytes: ``(moved axes of one, all)``.
-
-    Example (three axes of 2; only the outer one crosses the two servers of 4):
-        >>> from autostrat.cost import Hardware
-        >>> links = _permute_links((2, 2, 2), DeviceMatrix((2, 2, 2)), Hardware(devices_per_server=4).alpha_beta(8))
-        >>> [(moved, len(mappings)) for moved, mappings in links]
-        [((1, 2), 4), ((0, 1), 1)]
-    """
-    found: dict = {}
-    for mapping in _relabellings(sizes):
-        moved = tuple(a for a, image in enumerate(mapping) if a != image)
-        found.setdefault(model.link(matrix, moved), (moved, []))[1].append(mapping)
-    return tuple((moved, tuple(mappings)) for moved, mappings in found.values())
-
-
-@lru_cache(maxsize=256)
-def _relabellings(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    """Every map of axes onto axes of equal size but the identity (``mapping[a]``: a's new name).
-
-    Example:
-        >>> _relabellings((2, 3, 2))
-        ((2, 1, 0),)
-    """
-    found = [()]
-    for axis in range(len(sizes)):
-        found = [m + (b,) for m in found for b in range(len(sizes)) if sizes[b] == sizes[axis] and b not in m]
-    return tuple(m for m in found if any(a != b for a, b in enumerate(m)))
-
-
-@lru_cache(maxsize=1 << 12)
-def _bundle_classes(sizes, matrix, model, index: int, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> tuple[tuple, ...]:
-    """``(mapping, moved axes, child's axes, representative's axes)`` for the relabellings of
-    one bundle (`_permute_links`) that reach distinct classes of child (up to relabellings
-    within `pools`) other than the state's own, each the first of its class in the bundle's
-    order, for states whose dims list the axes `used` in order and whose partial axes are
-    `partial`: all the classes depend on (many states share them, hence the memo). The axes
-    are listed as `used` then the partial ones (`Search._bundle_edges` cuts them into dims).
-
-    A child's representative (`moves.pool_canonical`) lists the images of `used` in order, then
-    those of `partial` sorted, each pool's axes renamed to the pool's ids in order of appearance;
-    that sequence is the class's key, computed for every relabelling at once.
-
-    Example (three axes of 2 in one link, one pool (1, 2); a state splitting a dim over axis 0:
-    the children put that role on axis 1 or 2, one class):
-        >>> from autostrat.cost import Hardware
-        >>> model = Hardware(devices_per_server=8).alpha_beta(8)
-        >>> [found[0] for found in _bundle_classes((2, 2, 2), _matrix_of((2, 2, 2)), model, 0, ((1, 2),), (0,), ())]
-        [(1, 0, 2)]
-    """
-    mappings = np.array(_permute_links(sizes, matrix, model)[index][1] + (tuple(range(len(sizes))),), dtype=np.int64)
-    images = np.concatenate([mappings[:, list(used)], np.sort(mappings[:, list(partial)], axis=1)], axis=1)
-    keys = images
-    for pool in pools:
-        inside = np.isin(keys, pool)
-        rank = np.minimum(np.maximum(np.cumsum(inside, axis=1) - 1, 0), len(pool) - 1)
-        keys = np.where(inside, np.array(pool)[rank], keys)
-    _, first = np.unique(keys, axis=0, return_index=True)
-    other = (keys != keys[-1]).any(axis=1)  # the identity, appended last, has the state's own class
-    found = []
-    for row in sorted(first):
-        if other[row]:
-            mapping = tuple(mappings[row].tolist())
-            moved = tuple(a for a, image in enumerate(mapping) if a != image)
-            found.append((mapping, moved, images[row].tolist(), keys[row].tolist()))
-    return tuple(found)
-
-
-def _conjugated(mapping, back) -> tuple[int, ...]:
-    """A relabelling of representative axes (`mapping`) as one of the real axes `back` names."""
-    real = [0] * len(mapping)
-    for axis, image in enumerate(mapping):
-        real[back[axis]] = back[image]
-    return tuple(real)
-
-
-def _speed_pools(problem: Problem, model, pools) -> tuple[tuple[int, ...], ...]:
-    """`pools` split into axes the α–β `model` times alike (equal latency and bandwidth): swapping
-    two of them changes no step's time, since a step is timed on the slowest link its axes span."""
-    matrix = problem.matrix(0)
-    found = []
-    for pool in pools:
-        classes: dict = {}
-        for axis in pool:
-            classes.setdefault(model.link(matrix, (axis,)), []).append(axis)
-        found += [tuple(axes) for axes in classes.values() if len(axes) > 1]
-    return tuple(found)
-
-
-def _inverse(mapping) -> list[int]:
-    inverse = [0] * len(mapping)
-    for axis, image in enumerate(mapping):
-        inverse[image] = axis
-    return inverse
-
-
-def _unpermute(problem: Problem, path: list[tuple], target) -> list[tuple]:
-    """Replace the permuted layer's representatives by the real states, choosing the permute's
-    relabelling so the last one is `target` (walk back composing each step's relabelling)."""
-    sizes = problem.spaces[-1].sizes
-    back = [0] * len(sizes)  # representative axis -> real axis
-    for axis, image in enumerate(canonical(sizes, sizes, target[1])[1]):
-        back[image] = axis
-    tail, child = [], target
-    for index in range(len(path) - 1, -1, -1):
-        node, move, _ = path[index]
-        if node[0] != PERMUTED:
-            mapping = tuple(back[a] for a in canonical(problem.space(node[0]).sizes, sizes, node[1])[1])
-            changed = tuple(a for a in range(len(mapping)) if mapping[a] != a or node[0] != target[0])
-            tail.append((node, move._replace(axes=changed, mapping=mapping, state=child[1]), child))
-            return path[:index] + tail[::-1]
-        step = canonical(sizes, sizes, move.state)[1]  # the move's axes -> next representative
-        back = [back[step[axis]] for axis in range(len(sizes))]
-        real = (target[0], relabel(node[1], back))
-        tail.append((real, move._replace(axes=tuple(back[a] for a in move.axes), state=child[1]), child))
-        child = real
-    raise AssertionError("a path into the permuted layer starts with a permute")
 
 
 def _symmetry(sizes, start: State, target: State, symmetry: str) -> tuple[bool, tuple]:
@@ -601,46 +398,3 @@ def state_of(layout: Layout) -> State:
 
 def space_of(layout: Layout, itemsize: int) -> Space:
     return Space(tuple(reversed(layout.device_matrix.shape)), layout.shape, itemsize)
-
-
-def merged_units(path) -> list[tuple]:
-    """`path` with runs of single-axis AllGathers (or ReduceScatters) of one dim, as a cost
-    search takes them (``unit``), merged into one step over their block: the same bytes
-    ((g1·g2 - 1)·s for a gather, (1 - 1/(g1·g2))·s for a scatter) in fewer messages. A
-    ReduceScatter block places larger axis ids first (`moves._reductions`), so only scatters in
-    that order merge.
-
-    Example:
-        >>> from autostrat.redistribution.moves import Move
-        >>> first = ((0, (((1, 0),), ())), Move("AllGather", (0,), (0,), None, (((1,),), ()), 4), (0, (((1,),), ())))
-        >>> second = ((0, (((1,),), ())), Move("AllGather", (1,), (0,), None, (((),), ()), 8), (0, (((),), ())))
-        >>> [(move.axes, move.bytes) for _, move, _ in merged_units([first, second])]
-        [((1, 0), 12)]
-    """
-    merged: list[tuple] = []
-    for node, move, child in path:
-        last = merged[-1][1] if merged else None
-        if last is not None and last.kind == move.kind and last.dims == move.dims and len(move.axes) == 1:
-            if move.kind == "AllGather":
-                block = move.axes + last.axes  # the next minor-most axis goes before the gathered block
-            elif move.kind == "ReduceScatter" and last.axes[-1] > move.axes[0]:
-                block = last.axes + move.axes
-            else:
-                block = None
-            if block is not None:
-                merged[-1] = (merged[-1][0], last._replace(axes=block, state=move.state, bytes=last.bytes + move.bytes), child)
-                continue
-        merged.append((node, move, child))
-    return merged
-
-
-def ordered_slices(path) -> list[tuple]:
-    """`path` with consecutive single-axis Slices of one dim merged into one Slice."""
-    merged: list[tuple] = []
-    for node, move, child in path:
-        last = merged[-1] if merged else None
-        if last and move.kind == "Slice" and last[1].kind == "Slice" and last[1].dims == move.dims:
-            merged[-1] = (last[0], last[1]._replace(axes=last[1].axes + move.axes, state=move.state), child)
-        else:
-            merged.append((node, move, child))
-    return merged
