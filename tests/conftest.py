@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autostrat import nn
-from autostrat.runtime.threads import THREAD_VARIABLES
+from autostrat.runtime.threads import THREAD_VARIABLES, usable_cores
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -58,7 +58,7 @@ def share_blas_threads(workers) -> None:
     process took 50.2 CPU-s, 45.4 with one BLAS thread). Set before the workers start, so they
     and the processes they start inherit it."""
     if isinstance(workers, int) and workers > 1 and not any(variable in os.environ for variable in THREAD_VARIABLES):
-        threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        threads = str(max(1, usable_cores() // workers))
         os.environ |= dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"), threads)
 
 

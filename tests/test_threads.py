@@ -13,7 +13,7 @@ import pytest
 
 from autostrat.runtime import launcher
 from autostrat.runtime.mpi import SPINS
-from autostrat.runtime.threads import THREAD_VARIABLES, CoreShare, core_share
+from autostrat.runtime.threads import THREAD_VARIABLES, CoreShare, core_share, usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +32,14 @@ ROOT = Path(__file__).resolve().parent.parent
 ])
 def test_the_cores_are_divided_among_the_ranks_on_the_machine(environ, cores, expected):
     assert core_share(environ, cores) == expected
+
+
+def test_without_an_affinity_mask_every_core_of_the_machine_counts(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS has none
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert usable_cores() == 3
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # "undetermined"
+    assert usable_cores() == 1
 
 
 RANK_SCRIPT = """
@@ -53,7 +61,7 @@ def test_ranks_under_mpiexec_limit_their_blas_threads(tmp_path, user_threads):
     done = subprocess.run(command, capture_output=True, text=True, timeout=90, env=env)
     assert done.returncode == 0, done.stderr
     ranks = [json.loads((tmp_path / f"rank_{rank}.json").read_text()) for rank in range(4)]
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     expected = int(user_threads) if user_threads else max(1, cores // 4)
     assert all(rank["blas"] and set(rank["blas"]) == {expected} for rank in ranks), ranks
     assert {rank["spins"] for rank in ranks} == ({0} if cores < 4 else {SPINS})

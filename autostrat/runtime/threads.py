@@ -50,10 +50,23 @@ def core_share(environ, cores: int) -> CoreShare:
     return CoreShare(None if user_set else max(1, cores // ranks), ranks > cores)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the system has one, as on
+    Linux; else every core of the machine).
+
+    Example:
+        >>> 1 <= usable_cores() <= (os.cpu_count() or 1)
+        True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @cache
 def share_cores() -> CoreShare:
     """This process's `core_share`, with its BLAS threads limited to it (once per process)."""
-    share = core_share(os.environ, len(os.sched_getaffinity(0)))
+    share = core_share(os.environ, usable_cores())
     if share.threads is not None:
         from threadpoolctl import threadpool_limits
 
