@@ -13,6 +13,8 @@ import numpy as np
 
 from autostrat.redistribution.table import cost_table
 
+_INDEX = (int, np.integer)  # a key that reads one entry
+
 
 class LazyCostTable:
     """An edge's cost table (rows = producer layouts, columns = consumer layouts) whose entries
@@ -62,7 +64,7 @@ class LazyCostTable:
         return f"LazyCostTable(shape={self.shape}, computed={self.computed})"
 
     def __getitem__(self, key):
-        if type(key) is tuple and len(key) == 2 and all(isinstance(index, (int, np.integer)) for index in key) and self._known[key]:
+        if type(key) is tuple and len(key) == 2 and isinstance(key[0], _INDEX) and isinstance(key[1], _INDEX) and self._known[key]:
             return float(self._values[key])  # an entry known already: the searches' most frequent read
         block = _block(key)
         if block is None:  # fancy indexing (np.ix_, masks...): rare, and wants most entries anyway

@@ -25,9 +25,7 @@ def unpermute(problem, path: list[tuple], target, permuted: int) -> list[tuple]:
     permute) by the real states, choosing the permute's relabelling so the last one is `target`
     (walk back composing each step's relabelling)."""
     sizes = problem.spaces[-1].sizes
-    back = [0] * len(sizes)  # representative axis -> real axis
-    for axis, image in enumerate(canonical(sizes, sizes, target[1])[1]):
-        back[image] = axis
+    back = inverse(canonical(sizes, sizes, target[1])[1])  # representative axis -> real axis
     tail, child = [], target
     for index in range(len(path) - 1, -1, -1):
         node, move, _ = path[index]
