@@ -40,6 +40,10 @@ warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=R
 LIBRARY = f"JAX {jax.__version__} on CPU"
 STEPS = 32  # compiled steps kept, the most recently used (each holds its XLA executables)
 _compiled: OrderedDict = OrderedDict()
+# A reference step runs once or twice per compilation: LLVM's optimisations cost more than they
+# save (the gpt_train config's reference: 4.2 -> 2.5 CPU-s). XLA still fuses; the arithmetic is
+# the same float64, only its machine code is less tuned.
+_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 class Untranslatable(Exception):
@@ -228,9 +232,12 @@ def _update(graph, state: dict, gradients: dict) -> dict:
     return {name: new[name] for name, _ in graph.updates}
 
 
-def _as_jax(array):
+def _float64(array):
+    """`array` as numpy, in float64 if floating. The jitted step takes numpy arrays as they
+    are: `jnp.asarray` first compiled a copy per distinct shape (0.6 of 4.8 CPU-s of the
+    gpt_train config's reference)."""
     array = np.asarray(array)
-    return jnp.asarray(array.astype(np.float64) if array.dtype.kind == "f" else array)
+    return array.astype(np.float64) if array.dtype.kind == "f" else array
 
 
 def jax_step(graph, values: dict) -> tuple[dict, dict, dict]:
@@ -244,7 +251,7 @@ def jax_step(graph, values: dict) -> tuple[dict, dict, dict]:
         >>> from autostrat.runtime.executor import graph_values
         >>> graph = tutorial_plan(optimizer=SGD()).graph
         >>> values = graph_values(graph, {}) | synthetic_batches(graph, 1)[0]
-        >>> outputs, gradients, _ = jax_step(graph, {k: _as_jax(v) for k, v in values.items()})
+        >>> outputs, gradients, _ = jax_step(graph, {k: _float64(v) for k, v in values.items()})
         >>> sorted(gradients)[:2], gradients["dense1.weight"].shape
         (['dense1.bias', 'dense1.weight'], (64, 64))
     """
@@ -266,11 +273,11 @@ def jax_run(graph, values: dict, batches) -> tuple[tuple[dict, ...], tuple[dict,
     """Every batch's outputs and gradients, and the updated states after the last step, as
     numpy arrays of the graph's dtypes (`Untranslatable` before anything runs)."""
     check_translatable(graph)
-    state = {name: _as_jax(array) for name, array in values.items()}
+    state = {name: _float64(array) for name, array in values.items()}
     outputs, gradients = [], []
     step = _compiled_step(graph)
     for batch in batches:
-        step_outputs, step_gradients, updated = step(state | {k: _as_jax(v) for k, v in batch.items()})
+        step_outputs, step_gradients, updated = step(state | {k: _float64(v) for k, v in batch.items()})
         state.update(updated)
         outputs.append(_numpy(graph, step_outputs))
         gradients.append(_numpy(graph, step_gradients))
@@ -301,9 +308,9 @@ def _compiled_step(graph):
     """
     key = _step_key(graph)
     if key is None:
-        return jax.jit(lambda arrays: jax_step(graph, arrays))
+        return jax.jit(lambda arrays: jax_step(graph, arrays), compiler_options=_COMPILER_OPTIONS)
     if key not in _compiled:
-        _compiled[key] = jax.jit(lambda arrays: jax_step(graph, arrays))
+        _compiled[key] = jax.jit(lambda arrays: jax_step(graph, arrays), compiler_options=_COMPILER_OPTIONS)
         while len(_compiled) > STEPS:
             _compiled.popitem(last=False)
     _compiled.move_to_end(key)
