@@ -30,7 +30,7 @@ from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
-from autostrat.runtime.training import TrainingResult, phase_bytes
+from autostrat.runtime.training import TrainingResult, allgather_slices, phase_bytes
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 
 
@@ -237,24 +237,16 @@ def train_pipeline_collective(plan, backend, values: dict, batches, on_step=None
 
 
 def _gathered_slices(plan, backend, mine: dict) -> list[dict]:
-    """Every rank's slice of every updated tensor, on every rank: the world gathers each
-    tensor's slices padded to one size (ranks of other stages send zeros)."""
+    """Every rank's slice of every updated tensor, on every rank (the ranks of other stages
+    than a tensor's holder send none of it)."""
     world = tuple(range(backend.device_num))
     backend.prepare(((world,),))
-    group = plan.pipeline.group_size
-    slices: list[dict] = [{} for _ in world]
+    group, slots = plan.pipeline.group_size, {}
     for name, _ in plan.graph.updates:
         layout, holder = plan.layouts[name], holder_stage(plan, name)
-        shapes = [tuple(b - a for a, b in layout.slice_range(device)) for device in range(group)]
-        size = max(int(np.prod(shape)) for shape in shapes)
-        piece = np.zeros(size, np.float64)
-        if backend.rank // group == holder:
-            piece[:mine[name].size] = np.asarray(mine[name], np.float64).ravel()
-        for rank, received in enumerate(backend.allgather(piece, world)):
-            if rank // group == holder:
-                shape = shapes[rank % group]
-                slices[rank][name] = received[:int(np.prod(shape))].reshape(shape).astype(plan.graph.tensors[name].dtype)
-    return slices
+        shapes = [tuple(b - a for a, b in layout.slice_range(rank % group)) if rank // group == holder else None for rank in world]
+        slots[name] = (shapes, plan.graph.tensors[name].dtype)
+    return allgather_slices(backend, world, mine, slots)
 
 
 def _result(plan, programs, runs, losses, slices_by_rank):
