@@ -4,13 +4,16 @@ from __future__ import annotations
 
 
 def clear_memos() -> None:
-    """Forget every memoised move list, bound, search, plan and cost-table entry.
+    """Forget every memoised move list, bound, search, plan and cost-table entry, and the
+    layouts' remembered normal forms.
 
     Example:
         >>> clear_memos()
     """
+    from autostrat.layout import layout
     from autostrat.redistribution import heuristic, moves, planner, search, table, timed
 
+    layout.normal_form.cache_clear()
     heuristic.import_bound.cache_clear()
     heuristic.receive_bound.cache_clear()
     moves._blocks.cache_clear()
