@@ -93,8 +93,8 @@ def phase_bytes(program, sent: tuple[int, ...] | None = None, steps: int = 1) ->
 def allgather_slices(backend, world: tuple[int, ...], mine: dict, slots: dict) -> list[dict]:
     """Every rank's slice of each tensor of `slots` (name -> (each rank's slice shape, None where
     a rank holds none; dtype)), on every rank of `world`, from this rank's `mine`: one AllGather
-    of the slices' bytes, each tensor in the room of its largest slice (a message per tensor
-    cost each rank a ring of waits per updated tensor: 94 for the GPT sample with Adam).
+    of the slices' bytes, each tensor in the room of its largest slice, where an AllGather per
+    tensor took a ring of messages each (113 of them for the GPT sample with Adam).
 
     Example (one rank):
         >>> from autostrat.runtime.local import LocalCluster
