@@ -34,7 +34,7 @@ from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
-from autostrat.entry import INTERRUPTED
+from autostrat.entry import INTERRUPTED, interruption
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
 from autostrat.io import check_outputs
@@ -355,7 +355,10 @@ def _dispatch(args) -> int:
         return 2
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stderr.close()
-    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: outputs are written only once complete, so none is half-written
+    except (KeyboardInterrupt, RuntimeError) as error:  # Ctrl-C or SIGTERM: outputs are written only once complete, so none is half-written
+        interrupt = interruption(error)
+        if interrupt is None:
+            raise
         if isinstance(interrupt, Terminated):  # a launcher ended the job's processes first
             job = ", the job ended" if args.command == "run" else ""
             print(f"\nautostrat: terminated by SIGTERM{job}, nothing written", file=sys.stderr)

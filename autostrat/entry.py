@@ -21,7 +21,9 @@ def command() -> None:
         from autostrat.cli import main
 
         code = main()
-    except KeyboardInterrupt:  # while importing or parsing the command line, before `_dispatch` catches it
+    except (KeyboardInterrupt, RuntimeError) as error:  # while importing or parsing the command line,
+        if interruption(error) is None:  # before `_dispatch` catches it
+            raise
         print(INTERRUPTED, file=sys.stderr)
         code = 130
     for stream in filter(None, (sys.stdout, sys.stderr)):  # None: started with it closed
@@ -32,3 +34,22 @@ def command() -> None:
     # not sys.exit: besides the memos, an extension whose import Ctrl-C ended (PyRun_*) has marked
     # the interpreter to kill itself with SIGINT (exit -2) on its way out
     os._exit(code)
+
+
+def interruption(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM) behind `error`: `error` itself, or the one Python 3.11 wraps in a
+    RuntimeError when it lands while a class is made (a dataclass field's ``__set_name__``, as
+    an import defines the class); None for any other error.
+
+    Example:
+        >>> try:
+        ...     raise RuntimeError("Error calling __set_name__") from KeyboardInterrupt()
+        ... except RuntimeError as error:
+        ...     type(interruption(error)).__name__, interruption(ValueError())
+        ('KeyboardInterrupt', None)
+    """
+    if isinstance(error, KeyboardInterrupt):
+        return error
+    if isinstance(error, RuntimeError) and isinstance(error.__cause__, KeyboardInterrupt):
+        return error.__cause__
+    return None
