@@ -41,8 +41,9 @@ LIBRARY = f"JAX {jax.__version__} on CPU"
 STEPS = 32  # compiled steps kept, the most recently used (each holds its XLA executables)
 _compiled: OrderedDict = OrderedDict()
 # A reference step runs once or twice per compilation: LLVM's optimisations cost more than they
-# save (the gpt_train config's reference: 4.2 -> 2.5 CPU-s). XLA still fuses; the arithmetic is
-# the same float64, only its machine code is less tuned.
+# save. With the numpy inputs below, the gpt_train config's reference went 3.94 -> 3.36 CPU-s,
+# JAX's import included (median of 3, benchmarks/reference_cost.py). XLA still fuses; the
+# arithmetic is the same float64, only its machine code is less tuned.
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
@@ -234,8 +235,8 @@ def _update(graph, state: dict, gradients: dict) -> dict:
 
 def _float64(array):
     """`array` as numpy, in float64 if floating. The jitted step takes numpy arrays as they
-    are: `jnp.asarray` first compiled a copy per distinct shape (0.6 of 4.8 CPU-s of the
-    gpt_train config's reference)."""
+    are, where `jnp.asarray` compiled a copy per distinct shape first (11 compilations for
+    the pipeline sample)."""
     array = np.asarray(array)
     return array.astype(np.float64) if array.dtype.kind == "f" else array
 
