@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autostrat import nn
-from autostrat.runtime.threads import THREAD_VARIABLES, usable_cores
+from autostrat.runtime.threads import core_share, usable_cores
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -57,9 +57,10 @@ def share_blas_threads(workers) -> None:
     OpenBLAS would start a thread per core (measured: test_training and test_runtime in one
     process took 50.2 CPU-s, 45.4 with one BLAS thread). Set before the workers start, so they
     and the processes they start inherit it."""
-    if isinstance(workers, int) and workers > 1 and not any(variable in os.environ for variable in THREAD_VARIABLES):
-        threads = str(max(1, usable_cores() // workers))
-        os.environ |= dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"), threads)
+    if isinstance(workers, int) and workers > 1:
+        threads = core_share(os.environ | {"MPI_LOCALNRANKS": str(workers)}, usable_cores()).threads  # the workers as local ranks
+        if threads is not None:
+            os.environ |= dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"), str(threads))
 
 
 def pytest_unconfigure(config):

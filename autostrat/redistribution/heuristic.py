@@ -89,7 +89,18 @@ def piece_index(sizes: tuple[int, ...], coordinates: np.ndarray, entry) -> np.nd
     return index
 
 
-class ReceiveBound:
+class MemoisedBound:
+    """A lower bound remembered per state: a search asks for the same states' bounds again.
+    Subclasses set ``self.memo = {}`` and give ``_bound(state)``."""
+
+    def __call__(self, state: State) -> int:
+        found = self.memo.get(state)
+        if found is None:
+            found = self.memo[state] = self._bound(state)
+        return found
+
+
+class ReceiveBound(MemoisedBound):
     """The lower bound towards one target state over one space (axes counted from the right)."""
 
     def __init__(self, space: Space, target: State):
@@ -119,12 +130,6 @@ class ReceiveBound:
     def _range(self, size: int, entry) -> tuple[np.ndarray, int]:
         length = size // math.prod(self.space.sizes[axis] for axis in entry)
         return piece_index(self.space.sizes, self.coordinates, entry) * length, length
-
-    def __call__(self, state: State) -> int:
-        found = self.memo.get(state)
-        if found is None:
-            found = self.memo[state] = self._bound(state)
-        return found
 
     def size_bound(self, state: State) -> int:
         """The bound knowing only the extent of a rank's slice per dim, not where it lies: what

@@ -12,7 +12,7 @@ import numpy as np
 
 from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix
-from autostrat.redistribution.heuristic import import_bound, receive_bound
+from autostrat.redistribution.heuristic import MemoisedBound, import_bound, receive_bound
 from autostrat.redistribution.moves import Space, State
 
 
@@ -22,7 +22,7 @@ def matrix_of(sizes: tuple[int, ...]) -> DeviceMatrix:
     return DeviceMatrix(tuple(reversed(sizes)))
 
 
-class TimedBound:
+class TimedBound(MemoisedBound):
     """Under an α–β model, a lower bound in nanoseconds on the time from a state to the target.
 
     Of the bytes the remaining steps charge a device, at least ``C`` (`heuristic.ImportBound`,
@@ -60,12 +60,6 @@ class TimedBound:
             self.slow_latency = min(round(alpha * 1e9) for alpha, _ in slow)
             self.slow_bandwidth = max(beta for _, beta in slow)
         self.memo: dict = {}  # state -> nanoseconds
-
-    def __call__(self, state: State) -> int:
-        found = self.memo.get(state)
-        if found is None:
-            found = self.memo[state] = self._bound(state)
-        return found
 
     def _bound(self, state: State) -> int:
         sent = self.receive(state)
