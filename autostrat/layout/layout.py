@@ -105,6 +105,9 @@ class Layout:
     partial: tuple[int, ...] = ()
     partial_op: str = "sum"
     _parts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # Read for every candidate's bytes and every redistribution state: stored once, not rebuilt
+    # per read (it was the search's most called property).
+    _slice: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.device_matrix, DeviceMatrix):
@@ -113,11 +116,12 @@ class Layout:
             object.__setattr__(self, "tensor_map", TensorMap(tuple(self.tensor_map)))
         object.__setattr__(self, "shape", tuple(int(size) for size in self.shape))
         object.__setattr__(self, "partial", tuple(sorted(set(self.partial))))
-        self._validate()
-        parts = tuple(math.prod(self.device_matrix.axis_size(a) for a in entry) for entry in self.tensor_map.entries)
+        parts = self._validate()
         object.__setattr__(self, "_parts", parts)
+        object.__setattr__(self, "_slice", tuple(size // count for size, count in zip(self.shape, parts)))
 
-    def _validate(self) -> None:
+    def _validate(self) -> tuple[int, ...]:
+        """Into how many parts each dim is split; a `LayoutError` for a layout that cannot be."""
         matrix, entries = self.device_matrix, self.tensor_map.entries
         if len(entries) != len(self.shape):
             raise LayoutError(
@@ -130,13 +134,14 @@ class Layout:
             raise LayoutError(f"partial axes {self.partial} are also used by tensor map {self.tensor_map}")
         if self.partial_op not in PARTIAL_OPS:
             raise LayoutError(f"partial_op must be one of {PARTIAL_OPS}, got {self.partial_op!r}")
-        for dim, (size, entry) in enumerate(zip(self.shape, entries)):
-            parts = math.prod(matrix.axis_size(axis) for axis in entry)
-            if size % parts:
+        parts = tuple(math.prod(matrix.axis_size(axis) for axis in entry) for entry in entries)
+        for dim, (size, count) in enumerate(zip(self.shape, parts)):
+            if size % count:
                 raise LayoutError(
-                    f"dim {dim} of size {size} cannot be split evenly into {parts} parts "
+                    f"dim {dim} of size {size} cannot be split evenly into {count} parts "
                     f"(shape {list(self.shape)}, device matrix {matrix}, tensor map {self.tensor_map})"
                 )
+        return parts
 
     @property
     def device_num(self) -> int:
@@ -149,7 +154,7 @@ class Layout:
 
     @property
     def slice_shape(self) -> tuple[int, ...]:
-        return tuple(size // parts for size, parts in zip(self.shape, self._parts))
+        return self._slice
 
     def shard_index(self, rank: int) -> tuple[int, ...]:
         """Per dim, which of its parts the rank holds (its axes combined major first)."""
