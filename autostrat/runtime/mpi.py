@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from autostrat.errors import RuntimeBackendError
+from autostrat.runtime.allocator import keep_freed_memory
 from autostrat.runtime.threads import share_cores
 from autostrat.runtime.wire import Message, Wire
 
@@ -74,6 +75,7 @@ class MpiBackend(Wire):
         # rank it waits for (the pipeline sample on 8 ranks, 2 cores: 46.2 CPU-seconds with 200
         # polls, 44.6 with none, two runs each).
         self.spins = 0 if share_cores().crowded else SPINS
+        keep_freed_memory()  # each step's buffers reuse the last step's pages (`runtime.allocator`)
         self._posted: list = []  # pipeline sends not known to be received yet, with their buffers
 
     def prepare(self, partitions) -> None:
