@@ -33,7 +33,9 @@ average over ranks of the whole remaining traffic.
   bound; and when a target partial axis is not partial yet, only a CollectivePermute (or a
   crossing to the other device matrix) can hand it the role, sending a whole piece, and only
   AllGathers grow a piece again, charging its growth: at least the target slice's volume from
-  the permute on. The bound is the reductions plus the larger of the last two.
+  the permute on. The bound is the reductions plus the larger of the last two. A state whose
+  contributions the target's do not divide never reaches it (no step creates contributions):
+  its bound is `UNREACHABLE`, so A* never settles it (nor, through it, its descendants).
 - Size (`ReceiveBound.size_bound`): along each dim a rank's slice and its target slice overlap
   in at most the shorter of their extents, so the receive bound is at least the target volume
   less the product of those; it needs no positions, so it holds up to relabelling too.

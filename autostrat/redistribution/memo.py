@@ -34,3 +34,28 @@ def clear_memos() -> None:
     timed.timed_bound.cache_clear()
     table._COSTS.clear()
     table._IDS.clear()
+
+
+class BoundedMemo(dict):
+    """A memo dict that forgets everything once it holds `limit` entries: for memos whose
+    entries are pure functions of their keys (dropping one changes no result, only the time to
+    compute it again) and large, like a search problem's expanded states (`search.expansions`),
+    which otherwise keep every state a process ever expanded.
+
+    Example:
+        >>> memo = BoundedMemo(2)
+        >>> memo[1], memo[2] = "a", "b"
+        >>> memo[3] = "c"
+        >>> memo
+        {3: 'c'}
+    """
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key, value) -> None:
+        if len(self) >= self.limit:
+            self.clear()
+        super().__setitem__(key, value)
+

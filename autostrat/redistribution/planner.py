@@ -12,7 +12,8 @@ Which answers are proven optimal (for the step set of `moves`, in bytes or, with
 α–β time): every plan and price whose search settles its target, i.e. every plan with
 ``exhaustive`` set and every cost-table entry computed without the fallback. The bounds are
 admissible (`heuristic`, `timed.TimedBound`), so A* settles the target at the optimum; states
-are merged only up to relabellings that keep every step's price. The coarse plan
+are merged only up to relabellings that keep every step's price, and only states that cannot
+reach the target (fewer partial contributions than a partial target keeps) are never settled. The coarse plan
 (`_coarse_plan`) is used only when it costs that proven optimum. How far the others can be: the
 constructive fallback sends less than ``4T`` bytes per device (``T`` the tensor's bytes: one
 AllReduce under ``2T``, gathers under ``T`` in all, one permute of at most ``T``, free slices),

@@ -47,11 +47,13 @@ from functools import lru_cache
 from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import receive_bound
+from autostrat.redistribution.memo import BoundedMemo
 from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
 from autostrat.redistribution.paths import inverse, unpermute
 from autostrat.redistribution.timed import bundle_classes, conjugated, matrix_of, permute_links, speed_pools, time_floor, timed_bound
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
+EXPANDED_LIMIT, EXPANDED_PROBLEMS = 50_000, 4  # `expansions` memos kept, and their expanded states
 PERMUTED = 2
 
 
@@ -103,7 +105,7 @@ def permuted_edges(space: Space, state: State, unit: bool = False) -> tuple[tupl
     return tuple((move, (PERMUTED, canonical(space.sizes, space.sizes, move.state)[0])) for move in moves(space, state, unit))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=EXPANDED_PROBLEMS)
 def expansions(problem: Problem, pools, model, unit: bool = False) -> dict:
     """The shared memo of `Search._expand`: node -> its ``(child, weight, bytes, signature, move)``
     edges, which depend on nothing but the problem, the relabelling pools and the model. A
@@ -114,7 +116,7 @@ def expansions(problem: Problem, pools, model, unit: bool = False) -> dict:
         >>> expansions(Problem((Space((2,), (4,), 4),), "sum"), (), None)
         {}
     """
-    return {}
+    return BoundedMemo(EXPANDED_LIMIT)  # held states' edges were most of a 64-device row's memory
 
 
 class Search:
