@@ -78,3 +78,23 @@ def test_the_time_planner_is_the_brute_force_fastest_to_partial_targets(device_n
         assert plan_redistribution(src, dst, model=model).nanoseconds(model) == fastest, (str(src), str(dst))
         compared += 1
     assert compared > len(layouts)
+
+
+def test_a_memo_forgetting_its_expanded_states_finds_the_same_timed_plans(monkeypatch):
+    # The expanded-state memo is bounded (`search.EXPANDED_LIMIT`, `memo.BoundedMemo`): starting
+    # it over, even every few states and mid-search, must not change a plan.
+    from autostrat.redistribution import search
+    from autostrat.redistribution.memo import BoundedMemo, clear_memos
+
+    model = Hardware(devices_per_server=4).alpha_beta(8)
+    layouts = all_layouts(8, (8, 4))[::9]
+    pairs = [(src, dst) for src in layouts for dst in layouts if not dst.partial]
+    clear_memos()
+    texts = [plan_redistribution(src, dst, model=model).to_text() for src, dst in pairs]
+    forgotten = []
+    monkeypatch.setattr(search, "EXPANDED_LIMIT", 3)
+    monkeypatch.setattr(BoundedMemo, "clear", lambda memo: forgotten.append(len(memo)) or dict.clear(memo))
+    clear_memos()  # `expansions` makes its memos anew, with the small limit
+    assert [plan_redistribution(src, dst, model=model).to_text() for src, dst in pairs] == texts
+    assert len(forgotten) > len(pairs) > 20
+    clear_memos()
