@@ -34,13 +34,14 @@ for the partial sum handed between the 8-device axes (inf / 534 773 760 bytes), 
 14 / 13 (13 want partial values their producer lacks, which no plan creates; main's 14th is the
 handed pair); fallbacks 0 / 0, 2 / 0, 2 / 0 (main's two: its greedy fallback failing on that pair).
 
-Recorded (issue #32, the quality row: ``--collect --quality`` by main's code (aeb7478), 1 347 costs in
-89.3 s, 13 priced unreachable (partial values their producer lacks), no fallback; its 20 slowest
-timed pairs cold, main / this code, all values equal): the partial sum kept inside the servers,
-rows to columns across them ([131072, 4096]), 3 507 ms / 3.8 ms (the bound towards partial
-targets); the other 19 (partial sums over the 8 servers, or the 8-axes' roles swapped) 1.3-12.1 s
-/ 0.9-13.9 s, unchanged within the machine's noise: their bound misses the AllToAlls inside the
-servers that the fastest plans add to the traffic across them. Sum 76.2 s / 74.0 s (2 shared cores, the suite running beside).
+Recorded (issue #32, the quality row: ``--collect --quality`` by main's code (aeb7478), 1 347
+costs in 89.3 s (85.6 s by this code), 13 priced unreachable (partial values their producer
+lacks), no fallback; its 20 slowest timed pairs cold, main / this code, all values equal, 2
+shared cores with a test suite beside): the partial sum kept inside the servers, rows to columns
+across them ([131072, 4096]), 3 507 ms / 3.8 ms (the bound towards partial targets); the other
+19 (partial sums over the 8 servers, or the 8-axes' roles swapped) 1.3-12.1 s / 0.9-13.9 s,
+unchanged within the noise: their bound misses the AllToAlls inside the servers that the
+fastest plans add to the traffic across them. Sum 76.2 s / 74.0 s.
 
 Issue pairs (default run, after the table): the pairs issue #32 names, cold, best of 3 (CPU and
 wall milliseconds: the machine may be shared); target: the stuck pair (timed) in <= 50 ms.
