@@ -28,9 +28,9 @@ def clear_memos() -> None:
     planner._solve_time.cache_clear()
     search.expansions.cache_clear()
     search.permuted_edges.cache_clear()
-    search._step_nanoseconds.cache_clear()
     timed.bundle_classes.cache_clear()
     timed.matrix_of.cache_clear()
+    timed.step_nanoseconds.cache_clear()
     timed.timed_bound.cache_clear()
     table._COSTS.clear()
     table._IDS.clear()
@@ -58,4 +58,3 @@ class BoundedMemo(dict):
         if len(self) >= self.limit:
             self.clear()
         super().__setitem__(key, value)
-
