@@ -14,7 +14,9 @@ per device count, times every redistribution cost its search computes
 those timings; pairs priced unreachable are counted and printed. ``--pairs FILE`` times each of
 them again, cold (every memo cleared), and prints them with their value; ``--before TIMES`` adds
 the cold timings another checkout wrote (``FILE.times.json``, written by every ``--pairs`` run),
-so one table shows before and after:
+so one table shows before and after. ``--collect FILE --quality`` collects the pairs of
+`benchmarks/quality.py`'s 7b row refined for predicted time instead (64 devices, every pair
+timed under the α–β model; its BFS and the refinement's cost tables meet about 900):
 
     cd <main checkout> && python benchmarks/redistribution.py --collect /tmp/pairs.pkl --devices 64 1024 16384
     cd <main checkout> && python benchmarks/redistribution.py --pairs /tmp/pairs.pkl   # writes /tmp/pairs.pkl.times.json
@@ -31,6 +33,15 @@ for the partial sum handed between the 8-device axes (inf / 534 773 760 bytes), 
 133.8 s / 4.6 s, 16384 devices 188.4 s / 20.0 s; pairs priced unreachable 13 / 13, 14 / 13,
 14 / 13 (13 want partial values their producer lacks, which no plan creates; main's 14th is the
 handed pair); fallbacks 0 / 0, 2 / 0, 2 / 0 (main's two: its greedy fallback failing on that pair).
+
+Recorded (issue #32, the quality row: ``--collect --quality`` by main's code (aeb7478), 1 347
+costs in 89.3 s (85.6 s by this code), 13 priced unreachable (partial values their producer
+lacks), no fallback; its 20 slowest timed pairs cold, main / this code, all values equal, 2
+shared cores with a test suite beside): the partial sum kept inside the servers, rows to columns
+across them ([131072, 4096]), 3 507 ms / 3.8 ms (the bound towards partial targets); the other
+19 (partial sums over the 8 servers, or the 8-axes' roles swapped) 1.3-12.1 s / 0.9-13.9 s,
+unchanged within the noise: their bound misses the AllToAlls inside the servers that the
+fastest plans add to the traffic across them. Sum 76.2 s / 74.0 s.
 
 Issue pairs (default run, after the table): the pairs issue #32 names, cold, best of 3 (CPU and
 wall milliseconds: the machine may be shared); target: the stuck pair (timed) in <= 50 ms.
@@ -49,6 +60,7 @@ import math
 import pickle
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +159,36 @@ def collect_pairs(device_num: int, seeding: str, layers: int) -> tuple[list[dict
     devices, with its value and the milliseconds it took as the search met it; and how many
     pairs the planner's constructive fallback answered."""
     import scale  # this folder is on sys.path
-    from phases import PhaseClock, counted_pairs
+    from phases import PhaseClock
+
+    case = {"model": "7b", "devices": device_num, "seeding": seeding, "layers": layers,
+            "refine": None, "coarsen": None, "time_limit": 60.0, "allow_repeated": None}
+    return _met_by(device_num, lambda: scale.plan_case(case, PhaseClock(io.StringIO())))
+
+
+def collect_quality_pairs(time_limit: float) -> tuple[list[dict], int]:
+    """`collect_pairs` for the 7b row of `benchmarks/quality.py` refined for predicted time
+    (64 devices; its BFS and its refinement's cost tables time every pair under the α–β model):
+    the Megatron plan gives its memory budget, as in quality.py, and its pairs (in bytes) are
+    not collected."""
+    import quality  # this folder is on sys.path
+
+    from autostrat.search import SearchOptions, search
+
+    device_num, build = quality.MODELS["7b"]
+    layers, data = len(build().blocks), device_num // quality.TENSOR_PARALLEL
+    seeds = quality.megatron_seeds(layers, quality.TENSOR_PARALLEL, data_parallel=data)
+    budget = search(quality.training_graph(build(), device_num, seeds), device_num, SearchOptions()).prediction.peak_bytes
+    first_block = quality.training_graph(build(), device_num, quality.megatron_seeds(layers, quality.TENSOR_PARALLEL, True,
+                                                                                     data_parallel=data))
+    clear_memos()
+    return _met_by(device_num, lambda: search(first_block, device_num, quality.refined_options(budget, time_limit)))
+
+
+def _met_by(device_num: int, run) -> tuple[list[dict], int]:
+    """The costs `run()` computes (`redistribution.table._cost`), each with its value and
+    milliseconds, and how many pairs the constructive fallback answered."""
+    from phases import counted_pairs
 
     from autostrat.redistribution import table
 
@@ -162,10 +203,9 @@ def collect_pairs(device_num: int, seeding: str, layers: int) -> tuple[list[dict
 
     table._cost = timed_cost
     try:
-        case = {"model": "7b", "devices": device_num, "seeding": seeding, "layers": layers,
-                "refine": None, "coarsen": None, "time_limit": 60.0, "allow_repeated": None}
-        with counted_pairs() as counts:
-            scale.plan_case(case, PhaseClock(io.StringIO()))
+        with counted_pairs() as counts, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # unreached ops' warnings
+            run()
     finally:
         table._cost = compute
     clear_memos()
@@ -178,10 +218,10 @@ def pair_row(pair: dict, value, ms: float, *extra) -> list[str]:
             "unreachable" if math.isinf(value) else f"{value:.0f}", f"{ms:.1f}", *extra]
 
 
-def print_collected(path: Path, devices: list[int], seeding: str, layers: int, top: int) -> None:
+def print_collected(path: Path, devices: list[int], seeding: str, layers: int, top: int, quality: bool = False) -> None:
     slowest = []
-    for device_num in devices:
-        met, fallbacks = collect_pairs(device_num, seeding, layers)
+    for device_num in [64] if quality else devices:
+        met, fallbacks = collect_quality_pairs(60.0) if quality else collect_pairs(device_num, seeding, layers)
         unreachable = [pair for pair in met if math.isinf(pair["value"])]
         print(f"{device_num} devices: {len(met)} costs computed in {sum(p['ms'] for p in met) / 1000:.1f} s, "
               f"{len(unreachable)} priced unreachable (partial values the producer lacks), "
@@ -218,6 +258,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, nargs="+", help="device counts (default 8 16 64; with --collect 64 1024 16384)")
     parser.add_argument("--collect", type=Path, metavar="FILE", help="collect the scale benchmark's slowest pairs into FILE")
+    parser.add_argument("--quality", action="store_true",
+                        help="with --collect: the pairs of quality.py's 7b row refined for time instead (64 devices, minutes)")
     parser.add_argument("--seeding", choices=["megatron", "layouts", "none"], default="layouts", help="scale seeding (default layouts)")
     parser.add_argument("--layers", type=int, default=2, help="layers of the 7b case (default 2)")
     parser.add_argument("--top", type=int, default=20, help="slowest pairs kept per device count (default 20)")
@@ -226,7 +268,7 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="check the issue's pairs against Dijkstra (minutes)")
     args = parser.parse_args()
     if args.collect:
-        print_collected(args.collect, args.devices or [64, 1024, 16384], args.seeding, args.layers, args.top)
+        print_collected(args.collect, args.devices or [64, 1024, 16384], args.seeding, args.layers, args.top, args.quality)
     elif args.pairs:
         time_pairs(args.pairs, args.before)
     else:

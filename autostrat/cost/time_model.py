@@ -73,6 +73,14 @@ class AlphaBeta:
         if min(self.latency) < 0 or min(self.bandwidth) <= 0:
             raise LayoutError(f"latencies must be >= 0 and bandwidths > 0, got {self.latency} and {self.bandwidth}")
 
+    def __hash__(self) -> int:
+        # Every memo of a timed search is keyed by its model: hash the fields once, not on each lookup.
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash((self.device_matrix, self.latency, self.bandwidth))
+            object.__setattr__(self, "_hash", found)
+        return found
+
     def link(self, matrix: DeviceMatrix, axes) -> tuple[float, float]:
         """The (latency, bandwidth) of the slowest model axis that `axes` of `matrix` span
         (memoised: a search times the same steps over and over)."""

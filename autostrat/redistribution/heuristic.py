@@ -33,7 +33,9 @@ average over ranks of the whole remaining traffic.
   bound; and when a target partial axis is not partial yet, only a CollectivePermute (or a
   crossing to the other device matrix) can hand it the role, sending a whole piece, and only
   AllGathers grow a piece again, charging its growth: at least the target slice's volume from
-  the permute on. The bound is the reductions plus the larger of the last two.
+  the permute on. The bound is the reductions plus the larger of the last two. A state whose
+  contributions the target's do not divide never reaches it (no step creates contributions):
+  its bound is `UNREACHABLE`, so A* never settles it (nor, through it, its descendants).
 - Size (`ReceiveBound.size_bound`): along each dim a rank's slice and its target slice overlap
   in at most the shorter of their extents, so the receive bound is at least the target volume
   less the product of those; it needs no positions, so it holds up to relabelling too.
@@ -50,6 +52,9 @@ from functools import lru_cache
 import numpy as np
 
 from autostrat.redistribution.moves import Space, State, group_size, split_signature
+
+
+UNREACHABLE = 1 << 80  # bytes: the bound of a state no step sequence takes to the target
 
 
 def partial_bounds(space: Space, target_free: int, state: State) -> tuple[int, int]:
@@ -168,7 +173,13 @@ class ReceiveBound(MemoisedBound):
 
     def _reduce_to_target(self, contributions: int) -> int:
         """What the reductions from `contributions` partial values to the target's cost at least
-        (the module docstring's reduce bound, ending at the target's contributions)."""
+        (the module docstring's reduce bound, ending at the target's contributions);
+        `UNREACHABLE` when the target's do not divide them: a reduction divides them by the
+        size of the axes it reduces, a permute keeps them, and no step creates any, so such a
+        state never reaches the target (a search whose target is partial meets many: every
+        state that reduced too much, and their descendants, never settle)."""
+        if contributions % self.target_contributions:
+            return UNREACHABLE
         ranks = math.prod(self.space.sizes)
         return max(-(-self.total * (contributions - self.target_contributions) // ranks), 0)
 
@@ -204,7 +215,9 @@ class ReceiveBound(MemoisedBound):
     def sources(self, state: State) -> int:
         """How many ranks, at least, some rank must hear from (itself included) to reach the
         target: the distinct pieces of `state` overlapping its target slice, times the partial
-        contributions of each (0 for a partial target: not bounded).
+        contributions of each; towards a partial target, the pieces of the state's shadow (its
+        partial axes made free: the module docstring's shadow follows the same steps, less the
+        reductions, and must reach the target's shadow, whose slices are the target's).
 
         A rank learns about another's piece only by a message; in a step over ``g`` ranks each
         rank's knowledge (the set of initial pieces its data depends on) grows at most g-fold
@@ -219,13 +232,11 @@ class ReceiveBound(MemoisedBound):
         """
         found = self.source_memo.get(state)
         if found is None:
-            if self.target_partial:
-                found = 0
-            else:
-                pieces = np.ones(self.coordinates.shape[1], dtype=np.int64)
-                for dim, entry in enumerate(state[0]):
-                    pieces = pieces * self._dim_pieces(dim, entry)
-                found = int(pieces.max()) * group_size(self.space.sizes, state[1])
+            pieces = np.ones(self.coordinates.shape[1], dtype=np.int64)
+            for dim, entry in enumerate(state[0]):
+                pieces = pieces * self._dim_pieces(dim, entry)
+            contributions = 1 if self.target_partial else group_size(self.space.sizes, state[1])
+            found = int(pieces.max()) * contributions
             self.source_memo[state] = found
         return found
 
@@ -301,6 +312,8 @@ class ImportBound:
         self.units = [math.gcd(size, ranks) for size in space.shape]
         self.unit_bytes = space.itemsize * math.prod(size // units for size, units in zip(space.shape, self.units))
         self.partial_target = bool(target[1])
+        # Towards a partial sum kept inside every group: how many contributions it keeps.
+        self.kept = group_size(sizes, target[1]) if set(target[1]) <= set(fast) else 0
         self.target = [self._union(dim, entry) for dim, entry in enumerate(target[0])]
         self.wanted = np.ones(ranks // self.members, dtype=np.int64)
         for union in self.target:
@@ -319,7 +332,12 @@ class ImportBound:
     def __call__(self, state: State) -> int:
         """Bytes per device that steps touching a slower axis must still charge from `state`.
 
-        A partial state's pieces are no smaller than its shadow's (partial axes made free). When
+        A partial state's pieces are no smaller than its shadow's (partial axes made free).
+        Towards a partial target the shadow's bound holds: the shadow (the module docstring's
+        reduce-then-move argument) follows the path's steps but its reductions, over the same
+        axes for no more bytes, to the target's shadow, whose slices are the target's. It holds
+        ``g`` times over when the state has the target's ``g`` contributions and both keep them
+        on fast axes (`_copies`). When
         a partial axis is slow, every group needs each element of its target slices from
         outside: at least one value per element, and over all groups, by the combine argument
         of `partial_bounds` with groups for ranks, ``G + R - 2`` transmissions per element
@@ -327,8 +345,24 @@ class ImportBound:
         """
         found = self.memo.get(state)
         if found is None:
-            found = self.memo[state] = max(self._bound(state[0]), self._partial_bound(state[1]))
+            found = self.memo[state] = max(self._bound(state[0], self._copies(state[1])), self._partial_bound(state[1]))
         return found
+
+    def _copies(self, partial) -> int:
+        """How many times over a group must import its shadow's missing bytes: ``g`` when
+        `partial` has the target's ``g`` contributions and it and the target's partial axes are
+        all fast, else 1.
+
+        Then no reduction is left (contributions are never created, and each reduction merges
+        some), so no step mixes contributions: gathers and AllToAlls act along dims, whose axes
+        are not partial, and a permute moves whole pieces. The state is ``g`` copies of its
+        shadow, each ending on the ranks of one coordinate of the target's partial axes, which
+        every group holds (they are fast), as do the copy's start ranks. So each copy imports
+        into each group what its shadow lacks there, from its own data only.
+        """
+        if not self.partial_target or group_size(self.space.sizes, partial) != self.kept:
+            return 1
+        return self.kept if set(partial) <= set(self.fast) else 1
 
     def _partial_bound(self, partial) -> int:
         spread = group_size(self.space.sizes, [axis for axis in partial if axis not in self.fast])
@@ -340,8 +374,8 @@ class ImportBound:
         combined = -(-(wanted + (spread - 2) * self.total) // ranks)
         return max(combined, -(-int(self.wanted.max()) * self.unit_bytes // self.members))
 
-    def _bound(self, entries) -> int:
-        if self.partial_target or not entries:
+    def _bound(self, entries, copies: int = 1) -> int:
+        if not entries:
             return 0
         shared = None
         for dim, entry in enumerate(entries):
@@ -350,7 +384,7 @@ class ImportBound:
             if held is None:
                 held = self.unions[key] = (self._union(dim, entry) & self.target[dim]).sum(axis=1)
             shared = held if shared is None else shared * held
-        missing = int((self.wanted - shared).max()) * self.unit_bytes
+        missing = int((self.wanted - shared).max()) * self.unit_bytes * copies
         return -(-missing // self.members)
 
 

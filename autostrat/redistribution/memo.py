@@ -28,9 +28,33 @@ def clear_memos() -> None:
     planner._solve_time.cache_clear()
     search.expansions.cache_clear()
     search.permuted_edges.cache_clear()
-    search._step_nanoseconds.cache_clear()
     timed.bundle_classes.cache_clear()
     timed.matrix_of.cache_clear()
+    timed.step_nanoseconds.cache_clear()
     timed.timed_bound.cache_clear()
     table._COSTS.clear()
     table._IDS.clear()
+
+
+class BoundedMemo(dict):
+    """A memo dict that forgets everything once it holds `limit` entries: for memos whose
+    entries are pure functions of their keys (dropping one changes no result, only the time to
+    compute it again) and large, like a search problem's expanded states (`search.expansions`),
+    which otherwise keep every state a process ever expanded.
+
+    Example:
+        >>> memo = BoundedMemo(2)
+        >>> memo[1], memo[2] = "a", "b"
+        >>> memo[3] = "c"
+        >>> memo
+        {3: 'c'}
+    """
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key, value) -> None:
+        if len(self) >= self.limit:
+            self.clear()
+        super().__setitem__(key, value)

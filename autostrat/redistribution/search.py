@@ -47,11 +47,14 @@ from functools import lru_cache
 from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import receive_bound
+from autostrat.redistribution.memo import BoundedMemo
 from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
 from autostrat.redistribution.paths import inverse, unpermute
-from autostrat.redistribution.timed import bundle_classes, conjugated, matrix_of, permute_links, speed_pools, time_floor, timed_bound
+from autostrat.redistribution.timed import (bundle_classes, conjugated, matrix_of, permute_links, speed_pools, step_nanoseconds,
+                                            time_floor, timed_bound)
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
+EXPANDED_LIMIT, EXPANDED_PROBLEMS = 50_000, 4  # states an `expansions` memo keeps, and memos kept
 PERMUTED = 2
 
 
@@ -72,13 +75,6 @@ class Problem:
         layer, (entries, partial) = node
         op = self.partial_op if partial else "sum"
         return Layout(self.matrix(layer), TensorMap(entries), self.space(layer).shape, partial, op)
-
-
-@lru_cache(maxsize=1 << 16)
-def _step_nanoseconds(model, kind: str, matrix: DeviceMatrix, axes: tuple[int, ...], sent: int) -> int:
-    """`AlphaBeta.step_nanoseconds`, memoised: a timed search meets few distinct steps (a state
-    has a permute per relabelling, and they share their axes and bytes) many times over."""
-    return model.step_nanoseconds(kind, matrix, axes, sent)
 
 
 def _bijections(problem: Problem) -> list[tuple[int, ...]]:
@@ -103,7 +99,7 @@ def permuted_edges(space: Space, state: State, unit: bool = False) -> tuple[tupl
     return tuple((move, (PERMUTED, canonical(space.sizes, space.sizes, move.state)[0])) for move in moves(space, state, unit))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=EXPANDED_PROBLEMS)
 def expansions(problem: Problem, pools, model, unit: bool = False) -> dict:
     """The shared memo of `Search._expand`: node -> its ``(child, weight, bytes, signature, move)``
     edges, which depend on nothing but the problem, the relabelling pools and the model. A
@@ -114,7 +110,7 @@ def expansions(problem: Problem, pools, model, unit: bool = False) -> dict:
         >>> expansions(Problem((Space((2,), (4,), 4),), "sum"), (), None)
         {}
     """
-    return {}
+    return BoundedMemo(EXPANDED_LIMIT)  # held states' edges were most of a 64-device row's memory
 
 
 class Search:
@@ -287,7 +283,7 @@ class Search:
     def _weight(self, layer: int, move: Move):
         if self.model is None:
             return move.bytes
-        return _step_nanoseconds(self.model, move.kind, self.problem.matrix(layer), move.axes, move.bytes)
+        return step_nanoseconds(self.model, move.kind, self.problem.matrix(layer), move.axes, move.bytes)
 
     def settle(self):
         """Run until a target is settled; returns it, or None (unreachable or limit hit).

@@ -75,6 +75,13 @@ class TimedBound(MemoisedBound):
         return latency + -(-numerator // (slow[0] * fast[0]))
 
 
+@lru_cache(maxsize=1 << 16)
+def step_nanoseconds(model, kind: str, matrix: DeviceMatrix, axes: tuple[int, ...], sent: int) -> int:
+    """`AlphaBeta.step_nanoseconds`, memoised: a timed search meets few distinct steps (a state
+    has a permute per relabelling, and they share their axes and bytes) many times over."""
+    return model.step_nanoseconds(kind, matrix, axes, sent)
+
+
 @lru_cache(maxsize=256)
 def timed_bound(space: Space, target: State, matrix: DeviceMatrix, model) -> TimedBound:
     """The shared `TimedBound` towards `target` (a table's column is searched from every row)."""

@@ -1,0 +1,100 @@
+"""The timed search's bound (`timed.TimedBound`) towards partial destinations, against brute force.
+
+Towards a partial destination the bound counts what the state's shadow (partial axes made free)
+must still import into each server and the sources its ranks must still hear from
+(`heuristic.ImportBound`, `heuristic.ReceiveBound.sources`); both must stay below the
+brute-force fastest time from every state, and the planner must still meet it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from autostrat.cost import Hardware
+from autostrat.redistribution import plan_redistribution, redistribution_time
+from autostrat.redistribution.moves import Space
+from autostrat.redistribution.timed import matrix_of, timed_bound
+from tests.redistribution_oracle import INF, all_layouts, layout_of, oracle_time, states
+
+
+@pytest.mark.parametrize("per_server, shape", [(2, (8, 4)), (4, (8, 4)), (4, (1 << 12, 1 << 8))])
+def test_the_timed_bound_towards_partial_targets_is_admissible(per_server, shape):
+    # Every state of [2, 2, 2] to every partial target: bound <= the brute-force fastest time.
+    model = Hardware(devices_per_server=per_server).alpha_beta(8)
+    space = Space((2, 2, 2), shape, 4)
+    every = states(space.sizes, space.shape)
+    checked = 0
+    for target in [state for state in every if state[1]]:
+        bound, dst = timed_bound(space, target, matrix_of(space.sizes), model), layout_of(space.sizes, shape, "sum", target)
+        for state in every:
+            fastest = oracle_time(layout_of(space.sizes, shape, "sum", state), dst, model)
+            assert bound(state) <= fastest, (state, target)
+            checked += fastest < INF
+    assert checked > len(every)
+
+
+def test_the_import_bound_counts_a_partial_target_that_must_cross_servers():
+    # Rows split across the two servers of 4, a partial sum of 4 inside each, wanted as columns
+    # split across them with the same partial sum: every contribution lacks half of its 2 MiB
+    # target slice, which only the other server holds, so each of the 4 copies imports 1 MiB
+    # into each server, 1 MiB per device (the shadow alone says 256 KiB). Timed, that is the
+    # one AllToAll across the servers, exactly.
+    model = Hardware(devices_per_server=4).alpha_beta(8)
+    space = Space((2, 2, 2), (1 << 12, 1 << 8), 4)
+    start, target = (((2,), ()), (0, 1)), (((), (2,)), (0, 1))
+    bound = timed_bound(space, target, matrix_of(space.sizes), model)
+    assert bound.imports(start) == bound.receive(start) == 1 << 20
+    assert bound.receive.sources(start) == 2
+    dst = layout_of(space.sizes, space.shape, "sum", target)
+    assert bound(start) == oracle_time(layout_of(space.sizes, space.shape, "sum", start), dst, model) == 24972
+
+
+def test_states_that_reduced_below_a_partial_target_are_unreachable():
+    # Towards 4 contributions (partial over axes 0 and 1): 8 may still reduce to them, while 2
+    # (over axis 2) or 1 (whole) never become 4, since no step creates contributions.
+    from autostrat.redistribution.heuristic import UNREACHABLE
+
+    model = Hardware(devices_per_server=4).alpha_beta(8)
+    space = Space((2, 2, 2), (8, 4), 4)
+    bound = timed_bound(space, (((), ()), (0, 1)), matrix_of(space.sizes), model)
+    assert bound.receive((((), ()), (2,))) >= UNREACHABLE > bound.receive((((), ()), (0, 1, 2)))
+    assert bound((((), ()), (2,))) > 10**18 > 10**9 > bound((((), ()), (0, 1, 2)))  # 30 years; 1 s
+    assert bound.receive.size_bound((((2,), ()), ())) >= UNREACHABLE
+
+
+@pytest.mark.parametrize("device_num, per_server, shape", [(4, 2, (4, 4)), (8, 4, (8,)), (8, 2, (1 << 19,)),
+                                                           (4, 2, (512, 1024))])
+def test_the_time_planner_is_the_brute_force_fastest_to_partial_targets(device_num, per_server, shape):
+    model = Hardware(devices_per_server=per_server).alpha_beta(device_num)
+    layouts = all_layouts(device_num, shape)
+    compared = 0
+    for src, dst in itertools.product(layouts, [layout for layout in layouts if layout.partial]):
+        fastest = oracle_time(src, dst, model)
+        if fastest is None or fastest == INF:  # no common prime matrix, or partial values the source lacks
+            continue
+        assert redistribution_time(src, dst, model=model) == fastest, (str(src), str(dst))
+        assert plan_redistribution(src, dst, model=model).nanoseconds(model) == fastest, (str(src), str(dst))
+        compared += 1
+    assert compared > len(layouts)
+
+
+def test_a_memo_forgetting_its_expanded_states_finds_the_same_timed_plans(monkeypatch):
+    # The expanded-state memo is bounded (`search.EXPANDED_LIMIT`, `memo.BoundedMemo`): starting
+    # it over, even every few states and mid-search, must not change a plan.
+    from autostrat.redistribution import search
+    from autostrat.redistribution.memo import BoundedMemo, clear_memos
+
+    model = Hardware(devices_per_server=4).alpha_beta(8)
+    layouts = all_layouts(8, (8, 4))[::9]
+    pairs = [(src, dst) for src in layouts for dst in layouts if not dst.partial]
+    clear_memos()
+    texts = [plan_redistribution(src, dst, model=model).to_text() for src, dst in pairs]
+    forgotten = []
+    monkeypatch.setattr(search, "EXPANDED_LIMIT", 3)
+    monkeypatch.setattr(BoundedMemo, "clear", lambda memo: forgotten.append(len(memo)) or dict.clear(memo))
+    clear_memos()  # `expansions` makes its memos anew, with the small limit
+    assert [plan_redistribution(src, dst, model=model).to_text() for src, dst in pairs] == texts
+    assert len(forgotten) > len(pairs) > 20
+    clear_memos()
