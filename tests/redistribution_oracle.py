@@ -192,22 +192,42 @@ def oracle_time(src: Layout, dst: Layout, model, itemsize: int = 4) -> float:
     if matrix is None:
         return None
     fine = prime_refinement(matrix)
-    first, second = refine_layout(src, fine), refine_layout(dst, fine)
+    return _fastest(src, fine, model, itemsize, _state(dst, fine)).get(_state(dst, fine), INF)
+
+
+def oracle_times(src: Layout, model, itemsize: int = 4):
+    """`oracle_time` from `src` to every layout over the prime refinement of its device matrix
+    at once (one Dijkstra): a function of the destination layout."""
+    src = src.normalized()
+    fine = prime_refinement(src.device_matrix)
+    fastest = _fastest(src, fine, model, itemsize)
+    return lambda dst: fastest.get(_state(dst.normalized(), fine), INF)
+
+
+def _state(layout: Layout, fine: DeviceMatrix) -> tuple:
+    refined = refine_layout(layout, fine)
+    return refined.tensor_map.entries, refined.partial
+
+
+def _fastest(src: Layout, fine: DeviceMatrix, model, itemsize: int, goal=None) -> dict:
+    """Dijkstra's settled nanoseconds from `src` over `fine`'s states: every reachable state, or
+    up to `goal` once it settles."""
     edges = step_graph(tuple(reversed(fine.shape)), src.shape, itemsize)
-    start, goal = (first.tensor_map.entries, first.partial), (second.tensor_map.entries, second.partial)
-    best, heap = {start: 0}, [(0, start)]
+    start = _state(src, fine)
+    best, settled, heap = {start: 0}, {}, [(0, start)]
     while heap:
         cost, u = heapq.heappop(heap)
-        if u == goal:
-            return cost
-        if cost > best[u]:
+        if u in settled:
             continue
+        settled[u] = cost
+        if u == goal:
+            break
         for v, kind, axes, sent in edges[u]:
             reached = cost + (model.step_nanoseconds(kind, fine, axes, sent) if axes else 0)
             if reached < best.get(v, INF):
                 best[v] = reached
                 heapq.heappush(heap, (reached, v))
-    return INF
+    return settled
 
 
 def all_layouts(device_num: int, shape: tuple[int, ...], with_partial: bool = True) -> list[Layout]:

@@ -16,7 +16,7 @@ from autostrat.cost import Hardware
 from autostrat.redistribution import plan_redistribution, redistribution_time
 from autostrat.redistribution.moves import Space
 from autostrat.redistribution.timed import matrix_of, timed_bound
-from tests.redistribution_oracle import INF, all_layouts, layout_of, oracle_time, states
+from tests.redistribution_oracle import INF, all_layouts, layout_of, oracle_time, oracle_times, states
 
 
 @pytest.mark.parametrize("per_server, shape", [(2, (8, 4)), (4, (8, 4)), (4, (1 << 12, 1 << 8))])
@@ -25,13 +25,15 @@ def test_the_timed_bound_towards_partial_targets_is_admissible(per_server, shape
     model = Hardware(devices_per_server=per_server).alpha_beta(8)
     space = Space((2, 2, 2), shape, 4)
     every = states(space.sizes, space.shape)
+    targets = [(target, timed_bound(space, target, matrix_of(space.sizes), model), layout_of(space.sizes, shape, "sum", target))
+               for target in every if target[1]]
     checked = 0
-    for target in [state for state in every if state[1]]:
-        bound, dst = timed_bound(space, target, matrix_of(space.sizes), model), layout_of(space.sizes, shape, "sum", target)
-        for state in every:
-            fastest = oracle_time(layout_of(space.sizes, shape, "sum", state), dst, model)
-            assert bound(state) <= fastest, (state, target)
-            checked += fastest < INF
+    for state in every:
+        fastest = oracle_times(layout_of(space.sizes, shape, "sum", state), model)
+        for target, bound, dst in targets:
+            time = fastest(dst)
+            assert bound(state) <= time, (state, target)
+            checked += time < INF
     assert checked > len(every)
 
 
@@ -98,3 +100,13 @@ def test_a_memo_forgetting_its_expanded_states_finds_the_same_timed_plans(monkey
     assert [plan_redistribution(src, dst, model=model).to_text() for src, dst in pairs] == texts
     assert len(forgotten) > len(pairs) > 20
     clear_memos()
+
+
+def test_the_oracle_from_one_source_agrees_with_the_oracle_of_each_pair():
+    # `oracle_times` (one Dijkstra to every destination) against `oracle_time` (one per pair).
+    model = Hardware(devices_per_server=2).alpha_beta(4)
+    layouts = all_layouts(4, (4, 2))
+    times = [oracle_times(src, model) for src in layouts]
+    pairs = [(fastest(dst), oracle_time(src, dst, model)) for src, fastest in zip(layouts, times) for dst in layouts]
+    assert all(many == one for many, one in pairs)
+    assert 0 < sum(one == INF for _, one in pairs) < sum(one < INF for _, one in pairs)
