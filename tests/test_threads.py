@@ -65,3 +65,12 @@ def test_ranks_under_mpiexec_limit_their_blas_threads(tmp_path, user_threads):
     expected = int(user_threads) if user_threads else max(1, cores // 4)
     assert all(rank["blas"] and set(rank["blas"]) == {expected} for rank in ranks), ranks
     assert {rank["spins"] for rank in ranks} == ({0} if cores < 4 else {SPINS})
+
+
+def test_mpiexec_yields_where_the_ranks_outnumber_the_cores_this_process_may_use(monkeypatch):
+    # The affinity mask, not the machine's core count, decides (as the ranks' own share does).
+    monkeypatch.delenv("MPIR_CVAR_ENABLE_HEAVY_YIELD", raising=False)
+    monkeypatch.setattr(launcher, "usable_cores", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert launcher.mpi_environment(4)["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"
+    assert "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in launcher.mpi_environment(2)

@@ -40,6 +40,7 @@ from autostrat.runtime.rank import STARTUP_FAILED, TERMINAL_VARIABLE
 from autostrat.runtime.report import MEASURED
 from autostrat.runtime.run_folder import check_run_folder, create_file, exit_status, rank_pids, read_record
 from autostrat.runtime.stale_shm import remove_stale_segments
+from autostrat.runtime.threads import usable_cores
 
 __all__ = ["LaunchResult", "alive", "end_leftovers", "find_mpiexec", "hostfile_text", "launch", "missing_results",
            "mpi_environment", "mpiexec_command", "rank_pids", "resolve_hosts", "running", "single_host"]
@@ -78,15 +79,16 @@ def mpi_environment(device_num: int, hosts=None) -> dict[str, str]:
     """The environment for mpiexec. Across hosts the ofi network layer over TCP (the wheel's default UCX
     layer fails to start over TCP). On one machine (`single_host`) the network layers use the
     loopback interface only (UCX would listen on every address of the machine). With more ranks
-    than cores, ranks waiting in a collective yield their core (measured 2-5x faster
-    collectives on an oversubscribed machine)."""
+    than the cores this process may use (`threads.usable_cores`, as the ranks count them), ranks
+    waiting in a collective yield their core (measured 2-5x faster collectives on an
+    oversubscribed machine)."""
     env = dict(os.environ)
     if hosts and len(hosts) > 1:
         env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
         env.setdefault("FI_PROVIDER", "tcp")
     if single_host(hosts):
         env |= {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo"}
-    if device_num > (os.cpu_count() or 1):
+    if device_num > usable_cores():
         env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     return env
 
