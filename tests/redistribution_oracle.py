@@ -192,7 +192,8 @@ def oracle_time(src: Layout, dst: Layout, model, itemsize: int = 4) -> float:
     if matrix is None:
         return None
     fine = prime_refinement(matrix)
-    return _fastest(src, fine, model, itemsize, _state(dst, fine)).get(_state(dst, fine), INF)
+    goal = _state(dst, fine)
+    return _fastest(src, fine, model, itemsize, goal).get(goal, INF)
 
 
 def oracle_times(src: Layout, model, itemsize: int = 4):
