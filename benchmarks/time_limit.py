@@ -1,15 +1,16 @@
-"""Issue #30, item 6: `--time-limit` bounds the whole refinement, within 10 %.
+"""Issue #30, item 6: `--time-limit` bounds the whole search, within 10 %.
 
 Each row searches a config with ``--refine cpsat --time-limit T`` in a fresh process (the
 redistribution memo is per process: a second search would find its cost tables priced), and
 measures around the calls:
 
-- search s: the whole `search` call (tracing and the training graph excluded);
-- refinement s: the refinement alone (`search._refined_plan`, where the clock starts: the extra
-  starts, pricing the cost tables, coarsening, building the model, the solves and the plan of
-  the result);
-- before s: the rest, which the limit does not bound (the problem, the BFS propagation);
-- ratio: refinement s / T; target <= 1.10 on every row;
+- search s: the whole `search` call (tracing and the training graph excluded), where the clock
+  starts;
+- refinement s: the refinement (`search._refined_plan`: the extra starts, pricing the cost
+  tables, coarsening, building the model, the solves and the plan of the result);
+- before s: the rest, the problem and the BFS propagation, which come first and do not look at
+  the clock (the refinement gets what they leave);
+- ratio: search s / T; target <= 1.10 on every row;
 - status: the refinement's status, and the line saying where the time ran out if it did.
 
 Run: .venv/bin/python benchmarks/time_limit.py [--cases stack:32 gpt_train:32 gpt_train:64] [--limits 5 20]
@@ -76,7 +77,7 @@ def row(case: str, device_num: int, limit: float) -> list[str]:
     if child.returncode != 0:
         return [case, str(device_num), f"{limit:g}", "-", "-", "-", "-", f"failed: {child.stderr.strip()[-200:]}"]
     found = json.loads(child.stdout.strip().splitlines()[-1])
-    ratio = found["refinement"] / limit
+    ratio = found["search"] / limit
     return [case, str(device_num), f"{limit:g}", f"{found['search']:.1f}", f"{found['refinement']:.1f}",
             f"{found['search'] - found['refinement']:.1f}", f"{ratio:.2f}{'' if ratio <= TARGET else ' (missed)'}",
             found["status"]]

@@ -1,8 +1,9 @@
-"""The refinement's time limit bounds all of it together: the extra starts, pricing the cost
-tables, coarsening, building the model, the solves, the explanation of an infeasible budget and
-the retries under a tighter budget. A fake clock stands in for the machine's: faked solves
-advance it by all the time they are given, and a phase "takes" the time when the clock jumps at
-its first look at the deadline. No timed test."""
+"""The search's time limit counts from the search's start and bounds every phase of the
+refinement together (the problem and the propagation come first and take their share): the extra
+starts, pricing the cost tables, coarsening, building the model, the solves, the explanation of
+an infeasible budget and the retries under a tighter budget. A fake clock stands in for the
+machine's: faked solves advance it by all the time they are given, and a phase "takes" the time
+when the clock jumps at its first look at the deadline. No timed test."""
 
 from __future__ import annotations
 
@@ -156,3 +157,31 @@ def test_the_propagated_start_by_bytes_looks_at_the_deadline(clock):
     plan = search(problem.graph, 8, SearchOptions(refine="cpsat", refine_time_limit=60, cost_model="time"))
     assert plan.refinement.result.stopped.startswith(
         "the time limit (60 s) ran out while propagating the start that minimises bytes: the plan is the best start")
+
+
+def test_the_time_the_propagation_takes_is_the_refinements_no_longer(monkeypatch, clock):
+    # The limit counts from the search's start: a propagation taking 5 s of a 3 s limit leaves
+    # the refinement nothing (the plan is the best start), one taking 2 s of 30 leaves each solve
+    # at most the 28 s that are left.
+    graph, propagated = gpt_training(2).graph, search_module.propagate
+    taken = {"seconds": 5.0}
+
+    def slow_propagation(*args, **kwargs):
+        clock.now += taken["seconds"]
+        return propagated(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "propagate", slow_propagation)
+    result = search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=3)).refinement.result
+    assert result.stopped == "the time limit (3 s) ran out while pricing the starts: the plan is the best start, not refined"
+    assert clock.given == []
+    given = []
+
+    def faked_solve(problem, built, objective, time_limit, *args):  # finds nothing in the time it is given
+        given.append(time_limit)
+        clock.spend(time_limit)
+        return cp_model.UNKNOWN, None, 0
+
+    monkeypatch.setattr(refine_module, "_solve", faked_solve)
+    taken["seconds"] = 2.0
+    search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=30))
+    assert given == [28.0]

@@ -63,7 +63,7 @@ class ParallelContext:
     - `search_mode`: sharding_propagation (BFS from the seeds) or integer_programming (fully
       automatic: no seeds needed, every op uses every device, CP-SAT finds the optimum).
     - `refine`: None or "cpsat" (refine the BFS plan to the proven optimum), with
-      `refine_time_limit` seconds; `max_device_memory`: per-device bytes (or "16GB") the plan's
+      `refine_time_limit` seconds for the whole search; `max_device_memory`: per-device bytes (or "16GB") the plan's
       peak must fit in (implies refinement); `coarsen`: how the solver's model is reduced first —
       "exact" (prune dominated candidates, merge chains; the optimum is unchanged), "layers"
       (also one set of variables for identical repeated layers: the optimum among plans whose

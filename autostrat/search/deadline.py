@@ -1,10 +1,12 @@
 """The refinement's clock: one deadline for every phase of it, each phase checking it.
 
-`--time-limit` (`refine_time_limit`) bounds the whole refinement, not only CP-SAT's solves: at 32
+`--time-limit` (`refine_time_limit`) bounds the whole search, not only CP-SAT's solves: at 32
 devices a 20 s limit once ran 584 s, because the cost tables, the coarsening and the model were
-built before any solve looked at the clock. A `Deadline` starts when the refinement starts; each
-phase calls `check` between its steps (an op's candidates pruned, an edge's pair variables added),
-which raises `TimeRanOut` naming the phase once the time is up, and each solve gets what is `left`.
+built before any solve looked at the clock. A `Deadline` starts when the search starts (a user
+who asks for a plan within 60 s counts from there); the problem and the propagation do not look
+at it (their plan is what the refinement improves), and each phase of the refinement calls
+`check` between its steps (an op's candidates pruned, an edge's pair variables added), which
+raises `TimeRanOut` naming the phase once the time is up, and each solve gets what is `left`.
 """
 
 from __future__ import annotations

@@ -38,9 +38,10 @@ class SearchOptions:
       fully automatic: it needs no seeds, every op uses every device (no all-ones or repeated
       candidates where a full split exists), and CP-SAT finds the optimum (it implies `refine`).
     - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model.
-    - `refine_time_limit`: seconds the whole refinement may take, from the BFS plan on (extra
-      starts, cost tables, coarsening, model building, solves, retries: `deadline`); when they
-      run out before the solve, the plan is the best start and its summary says so.
+    - `refine_time_limit`: seconds a refining search may take, from its start: the problem and
+      the propagation (which do not look at the clock: their plan is the floor) and then the
+      extra starts, cost tables, coarsening, model building, solves and retries (`deadline`);
+      when they run out before the solve, the plan is the best start and its summary says so.
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
     - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
       optimum, "layers" also shares the variables of identical repeated layers (the optimum
@@ -202,6 +203,9 @@ def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions
 
 
 def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> Plan:
+    # The time limit is the whole search's, from here: what the problem and the propagation take
+    # is time the refinement no longer has (they do not look at the clock: their plan is the floor).
+    deadline = Deadline(options.refine_time_limit)
     if options.mode == "stand_alone":
         graph, device_num = _unseeded(graph), 1
     elif options.mode == "data_parallel":
@@ -219,16 +223,17 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
                                    seeds_from_one_plan=options.seeds_from_one_plan)
     if not (options.refine == "cpsat" or options.automatic or options.max_device_memory is not None):
         return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
-    return _refined_plan(problem, graph, device_num, options, assignment, progress)
+    return _refined_plan(problem, graph, device_num, options, assignment, progress, deadline)
 
 
-def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, progress) -> Plan:
+def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, progress,
+                  deadline: Deadline) -> Plan:
     """The plan of the CP-SAT refinement; under a budget, one whose buffers fit it, the solver
     asked again under a tighter budget for its per-op model while the plan's copies push it over,
     and the cheapest start whose plan fits when they keep doing so (`_StartPlan`).
-    `refine_time_limit` bounds the whole refinement, from here: the extra starts, and each
-    solve's pricing, coarsening and model building, which get the time the earlier left."""
-    deadline = Deadline(options.refine_time_limit)
+    `deadline` (`refine_time_limit` from the search's start) bounds the rest of the search: the
+    extra starts, and each solve's pricing, coarsening and model building, which get the time
+    the earlier left."""
     budget, plan = options.max_device_memory, None
     # integer_programming starts from the data-parallel plan around the seeds already.
     starts = _extra_starts(problem, graph, device_num, options, deadline) if not options.automatic else []
