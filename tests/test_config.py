@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
@@ -162,3 +163,33 @@ def _nested(depth: int):
     for _ in range(depth):
         value = [value]
     return value
+
+
+_TRICKY = """\
+base: &base {device_num: 8, mesh: [2, 4]}
+merged: {<<: *base, device_num: 4}
+numbers: [1e3, 1.5e-3, 0x10, 0o17, -0, .inf, -.Inf, .nan, 1_000, +7]
+words: [yes, No, on, OFF, ~, null, 'quoted: [x]', "tab\\tand \\u00e9"]
+when: 2026-11-27
+block: |
+  two
+  lines
+folded: >
+  one
+  line
+nested:
+  - {a: [1, [2, [3]]]}
+  - - x
+    - y
+"""
+
+
+@pytest.mark.parametrize("path", [*CONFIGS, None], ids=lambda p: p.name if p else "tricky")
+def test_the_fast_yaml_parser_reads_what_the_pure_python_one_reads(path):
+    # parse_config_text parses with libyaml (PyYAML's C loader); PyYAML's own pure-Python safe
+    # loader, written apart from it, must read every shipped config and a text of YAML's corner
+    # cases (anchors and merges, YAML 1.1 numbers and booleans, dates, block scalars) the same.
+    text = path.read_text() if path else _TRICKY
+    expected = yaml.load(text, Loader=yaml.SafeLoader)
+    found = parse_config_text(text, "a.yaml")
+    assert repr(found) == repr(expected)  # nan != nan: compare the written values

@@ -48,6 +48,7 @@ from autostrat.search.mindspore_checkpoint import read_mindspore_plan, resolve_n
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {path.name: path.read_text() for path in sorted((ROOT / "configs").glob("*.yaml"))}
+PARSED = {name: yaml.safe_load(text) for name, text in CONFIGS.items()}  # parsed once: the cases copy them
 SECONDS = 20  # one case taking longer is a hang
 # AUTOSTRAT_FUZZ_SCALE=10 runs ten times the cases (still derandomized): a deeper search by hand.
 SCALE = float(os.environ.get("AUTOSTRAT_FUZZ_SCALE", "1"))
@@ -173,10 +174,11 @@ def _bound_depth(data) -> None:
 @st.composite
 def configs(draw) -> bytes:
     """A shipped config, changed structurally, or its text garbled."""
-    text = CONFIGS[draw(st.sampled_from(sorted(CONFIGS)))]
+    name = draw(st.sampled_from(sorted(CONFIGS)))
+    text = CONFIGS[name]
     kind = draw(st.sampled_from(["structure", "structure", "structure", "duplicate", "truncate", "bytes", "garbage", "nested"]))
     if kind == "structure":
-        data = yaml.safe_load(text)
+        data = copy.deepcopy(PARSED[name])
         for _ in range(draw(st.integers(1, 3))):
             if list(_places(data)):
                 _mutate(data, draw)
@@ -523,7 +525,7 @@ def key_places() -> list[tuple[str, tuple]]:
     ffn.yaml."""
     seen, places = set(), []
     for name in sorted(CONFIGS):
-        for path in _keys(yaml.safe_load(CONFIGS[name])):
+        for path in _keys(PARSED[name]):
             shape = tuple("[]" if isinstance(key, int) else key for key in path)
             if shape not in seen:
                 seen.add(shape)
@@ -533,7 +535,7 @@ def key_places() -> list[tuple[str, tuple]]:
 
 
 def _retyped(name: str, path: tuple, value) -> bytes:
-    data = yaml.safe_load(CONFIGS[name])
+    data = copy.deepcopy(PARSED[name])
     parent = data
     for key in path[:-1]:
         parent = parent[key]

@@ -15,8 +15,14 @@ class _DuplicateKey(yaml.YAMLError):
         self.key, self.first, self.second = key, first, second
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's SafeLoader, except that a key given twice in one mapping is an error (PyYAML
+# libyaml's scanner and parser (PyYAML's C loader, in every PyYAML wheel) with PyYAML's safe
+# constructor: the same values and errors as the pure-Python SafeLoader, parsed about ten times
+# faster (a config took 17 ms to parse, more than the rest of `load_config`).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_SAFE_LOADER):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
     would keep the last value silently). Merged keys (``<<: *base``) may still be overridden."""
 
     def construct_mapping(self, node, deep=False):
@@ -96,6 +102,8 @@ def parse_config_text(text: str, path) -> dict:
         raise ConfigError(f"{path}: key {error.key!r} appears twice in one mapping, at {_place(error.first)} "
                           f"and at {_place(error.second)}; give each key once") from None
     except yaml.YAMLError as error:
+        if "maximum nesting depth" in str(getattr(error, "problem", "")):  # libyaml's limit (1 000 levels)
+            raise ConfigError(f"{path}: not a usable config: values nested too deeply") from None
         mark = getattr(error, "problem_mark", None)
         place = f" at {_place(mark)}" if mark else ""
         raise ConfigError(f"{path}: not valid YAML{place}: {getattr(error, 'problem', error)}") from None
