@@ -59,3 +59,20 @@ def test_rms_norm_keeps_gamma_dims_whole():
 def test_rule_errors(op_type, shapes, attrs, message):
     with pytest.raises(RuleError, match=message):
         make_rule(op_type, shapes, **attrs)
+
+
+def test_mindspore_names_of_the_new_ops():
+    """``ops.RmsNorm(epsilon)(x, gamma)``, ``ops.silu``, ``nn.SiLU`` and
+    ``ops.rotary_position_embedding(x, cos, sin, mode)``, as MindSpore spells them."""
+    from autostrat import nn, ops
+
+    rng = np.random.default_rng(2)
+    x, gamma = rng.standard_normal((2, 3, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    expected = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-3) * gamma
+    np.testing.assert_allclose(ops.RmsNorm(1e-3)(nn.Tensor(x), nn.Tensor(gamma)).asnumpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(ops.rms_norm(nn.Tensor(x), nn.Tensor(gamma), 1e-3).asnumpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(ops.silu(nn.Tensor(x)).asnumpy(), nn.SiLU()(nn.Tensor(x)).asnumpy())
+    np.testing.assert_allclose(nn.SiLU()(nn.Tensor(x)).asnumpy(), x / (1 + np.exp(-x)), rtol=1e-6)
+    cos, sin = np.ones((3, 8), np.float32), np.zeros((3, 8), np.float32)
+    rotated = ops.rotary_position_embedding(nn.Tensor(x[None]), nn.Tensor(cos), nn.Tensor(sin), 0)
+    np.testing.assert_array_equal(rotated.asnumpy(), x[None])  # cos 1, sin 0: no turn
