@@ -196,3 +196,10 @@ def test_qwen2_has_qkv_biases_and_llama_attention_bias_all_four(tmp_path):
     assert biased.query.has_bias and biased.projection.has_bias
     with pytest.raises(ConfigError, match=r"config.json: use_sliding_window: autostrat computes full causal attention; cannot honour True"):
         from_hf_config(_write(tmp_path, model_type="qwen2", attention_bias=..., use_sliding_window=True), seq=8)
+
+
+def test_absent_fields_take_huggingfaces_defaults(tmp_path):
+    net = from_hf_config(_write(tmp_path, num_key_value_heads=..., rms_norm_eps=..., rope_theta=..., tie_word_embeddings=...), seq=8)
+    attention = net.blocks[0].attention
+    assert (attention.kv_heads, attention.group, net.tie_embeddings) == (8, 1, False)  # multi-head attention, untied
+    assert net.blocks[0].ln1.rms_norm.attrs["epsilon"] == 1e-6

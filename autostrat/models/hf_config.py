@@ -24,8 +24,6 @@ from autostrat.models.gpt import GPT
 from autostrat.models.llama import LLaMA
 from autostrat.reading import read_json
 
-_ANY = object()  # a described field whose every value is accepted
-
 # Fields that describe the checkpoint or the tokenizer, not the computation.
 DESCRIPTIVE = frozenset({"_name_or_path", "architectures", "bos_token_id", "eos_token_id", "initializer_range", "pad_token_id",
                          "torch_dtype", "transformers_version", "use_cache"})
@@ -42,7 +40,7 @@ class Family:
 
 
 _LLAMA_READ = {"hidden_size": None, "intermediate_size": None, "num_hidden_layers": None, "num_attention_heads": None,
-               "num_key_value_heads": "num_attention_heads", "vocab_size": None, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+               "num_key_value_heads": None, "vocab_size": None, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
                "tie_word_embeddings": False, "max_position_embeddings": 2048}
 _LLAMA_FIXED = {"hidden_act": ("silu", ("silu",), "the SwiGLU gate SiLU"), "rope_scaling": (None, (None,), "unscaled rotary frequencies"),
                 "attention_dropout": (0.0, (0, 0.0), "no dropout"), "mlp_bias": (False, (False,), "an FFN without biases")}
@@ -96,7 +94,7 @@ def from_hf_config(path, seq: int | None = None, batch: int = 1):
         if not any(value is a or (type(value) is type(a) and value == a) for a in accepted):
             absent = "" if field in data else " (HuggingFace's default: the field is absent)"
             raise ConfigError(f"{path}: {field}: autostrat computes {meaning}; cannot honour {value!r}{absent}")
-    fields = {field: data.get(field, data.get(default) if default in family.read else default) for field, default in family.read.items()}
+    fields = {field: data.get(field, default) for field, default in family.read.items()}
     build = _gpt if model_type == "gpt2" else _llama
     return build(_Fields(path, fields), model_type, seq, batch)
 
@@ -110,9 +108,13 @@ class _Fields:
     def fail(self, field: str, message: str) -> ConfigError:
         return ConfigError(f"{self.path}: {field}: {message}, got {self.values[field]!r}")
 
-    def integer(self, field: str) -> int:
+    def integer(self, field: str, absent: int | None = None) -> int:
+        """The field's positive integer; `absent` stands in for a missing or null field, which is
+        otherwise required."""
         value = self.values[field]
-        if value is None and field not in ("n_inner", "head_dim"):
+        if value is None and absent is not None:
+            return absent
+        if value is None:
             raise ConfigError(f"{self.path}: {field}: a required field is missing")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.fail(field, "expected a positive integer")
@@ -140,7 +142,7 @@ class _Fields:
 
 def _llama(fields: _Fields, model_type: str, seq, batch):
     hidden, heads = fields.integer("hidden_size"), fields.integer("num_attention_heads")
-    kv_heads = fields.integer("num_key_value_heads")
+    kv_heads = fields.integer("num_key_value_heads", absent=heads)  # HuggingFace: multi-head attention
     if hidden % heads:
         raise fields.fail("num_attention_heads", f"expected a divisor of hidden_size {hidden}")
     if heads % kv_heads:
