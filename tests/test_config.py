@@ -53,8 +53,8 @@ CASES = {
     "unknown key": (GOOD + "devices: 8\n", r"bad.yaml: unknown key 'devices'; valid keys: auto_recompute, coarsen, cost_model, dataset_strategy, device_flops, device_memory_bandwidth, device_num"),
     "bad context value": (GOOD.replace("device_num: 8", "device_num: eight"), r"bad.yaml: device_num must be a positive integer, got 'eight'"),
     "missing model": ("inputs: [{shape: [2]}]\n", r"bad.yaml: missing key 'model'"),
-    "model not a mapping": (GOOD.replace("{name: FFN}", "FFN"), r"bad.yaml: model: expected a mapping with 'name' \(and optional 'params'\), got 'FFN'"),
-    "unknown model": (GOOD.replace("FFN", "FFNN"), r"bad.yaml: model.name: unknown model 'FFNN'; registered models: FFN, GPT, MLP, ResNet"),
+    "model not a mapping": (GOOD.replace("{name: FFN}", "FFN"), r"bad.yaml: model: expected a mapping with one of 'name', 'hf_config' \(and optional 'params'\), got 'FFN'"),
+    "unknown model": (GOOD.replace("FFN", "FFNN"), r"bad.yaml: model.name: unknown model 'FFNN'; registered models: FFN, GPT, LLaMA, MLP, ResNet"),
     "unknown model key": (GOOD.replace("{name: FFN}", "{name: FFN, size: 3}"), r"bad.yaml: model.size: unknown key; a model has 'name' and 'params'"),
     "an import": (GOOD.replace("FFN", "nowhere.module:Net"), r"bad.yaml: model.name: 'nowhere.module:Net' is not a "
                   r"registered model; a config names a model, it never imports code: register your Cell with autostrat "

@@ -205,3 +205,15 @@ def test_a_training_config_trains_on_8_mpi_ranks(tmp_path):
     assert ": OK" in out and "reference: JAX" in out
     assert_nothing_left(run_dir, 8)
     assert_peaks_within(out, 8)
+
+
+@pytest.mark.slow
+def test_a_llama_from_config_json_trains_on_8_mpi_ranks(tmp_path):
+    """configs/llama_train.yaml: the tiny LLaMA of configs/models/llama-tiny.json (RMSNorm,
+    rotary embeddings, 8 query heads over 4 kv heads, SwiGLU), TP 4 x DP 2, Adam."""
+    code, out, err, run_dir, _ = run(tmp_path, "configs/llama_train.yaml", "--steps", "2", timeout=180)
+    assert code == 0, err
+    assert "2 training step(s)" in out and "bytes: measured = predicted on every rank" in out
+    assert ": OK" in out and "reference: JAX" in out
+    assert_nothing_left(run_dir, 8)
+    assert_peaks_within(out, 8)

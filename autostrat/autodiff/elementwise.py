@@ -75,6 +75,11 @@ def gelu(b, op, dy):
     return (b.emit("GeLUGrad", dy, op.inputs[0]),)
 
 
+@register_bprop("SiLU")
+def silu(b, op, dy):
+    return (b.emit("SiLUGrad", dy, op.inputs[0]),)
+
+
 def _from_output(op_type: str) -> None:
     # These grads read the forward output y (cheaper than recomputing from x): Grad(y, dy).
     @register_bprop(op_type)

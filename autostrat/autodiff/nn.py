@@ -14,6 +14,26 @@ def layer_norm(b, op, dy):
     return dx, b.sum_to(dy_x_hat, b.shape(gamma)), b.sum_to(dy, b.shape(beta))
 
 
+@register_bprop("RmsNorm")
+def rms_norm(b, op, dy):
+    x, gamma = op.inputs
+    dx, dy_x_hat = b.emit_many("RmsNormGrad", dy, x, gamma, **op.attr_dict)
+    return dx, b.sum_to(dy_x_hat, b.shape(gamma))
+
+
+@register_bprop("RotaryPositionEmbedding")
+def rotary_position_embedding(b, op, dy):
+    # y = x * cos + rotate_half(x) * sin: dcos and dsin are dy times x and times rotate_half(x)
+    # summed to their shapes (emitted only if needed: cos and sin are constants in the models),
+    # rotate_half(x) being the op itself with cos 0 and sin 1.
+    x, cos, sin = op.inputs
+    dx = b.emit("RotaryPositionEmbeddingGrad", dy, cos, sin, **op.attr_dict)
+    zeros = b.constant(f"bprop/{b.scope}/zeros", b.shape(cos), b.dtype(cos), 0.0)
+    ones = b.constant(f"bprop/{b.scope}/ones", b.shape(sin), b.dtype(sin), 1.0)
+    rotated = b.emit("RotaryPositionEmbedding", x, zeros, ones, **op.attr_dict)
+    return dx, b.sum_to(b.emit("Mul", dy, x), b.shape(cos)), b.sum_to(b.emit("Mul", dy, rotated), b.shape(sin))
+
+
 @register_bprop("Gather")
 def gather(b, op, dy):
     params, indices = op.inputs

@@ -6,6 +6,8 @@
     model:
       name: FFN                 # a registered model: a built-in, or a Cell of --import MODULE
       params: {}                # constructor arguments
+    # or model: {hf_config: models/llama.json, params: {seq: 16, batch: 8}}: GPT or LLaMA from a
+    # HuggingFace config.json (relative to this file; `models.from_hf_config`)
     inputs:
       - {shape: [64, 64], dtype: float32}
     strategies:
@@ -36,6 +38,7 @@ Every error names the file and the key path (``model.params.layers``).
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -43,7 +46,7 @@ from pathlib import Path
 from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError, LayoutError
 from autostrat.frontend.context import KEYS, ParallelContext, keys_from_file
-from autostrat.frontend.registry import model_class
+from autostrat.frontend.registry import model_class, model_file_builder, model_file_keys
 from autostrat.frontend.tensor import Tensor
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.io import OutputPath, check_outputs
@@ -82,22 +85,32 @@ def _fail(where: str, message: str) -> ConfigError:
     return ConfigError(f"{where}: {message}")
 
 
-def _build_model(section, where: str):
-    if not isinstance(section, dict) or "name" not in section:
-        raise _fail(where, f"expected a mapping with 'name' (and optional 'params'), got {section!r}")
-    unknown = sorted(set(section) - {"name", "params"})
+def _build_model(section, where: str, folder: Path):
+    """``{name: NAME, params: {...}}``, or ``{hf_config: FILE, params: {...}}`` (a model file,
+    relative to the config's `folder`, read by the builder `models` registered for the key)."""
+    kinds = ("name",) + model_file_keys()
+    present = [key for key in kinds if isinstance(section, dict) and key in section]
+    if len(present) != 1:
+        raise _fail(where, f"expected a mapping with one of {', '.join(repr(k) for k in kinds)} (and optional 'params'), got {section!r}")
+    unknown = sorted(set(section) - {present[0], "params"})
     if unknown:
-        raise _fail(f"{where}.{unknown[0]}", "unknown key; a model has 'name' and 'params'")
-    cls = model_class(section["name"], f"{where}.name")
+        raise _fail(f"{where}.{unknown[0]}", f"unknown key; a model has {present[0]!r} and 'params'")
     params = section.get("params") or {}
     if not isinstance(params, dict):
         raise _fail(f"{where}.params", f"expected a mapping of constructor arguments, got {params!r}")
+    if present[0] == "name":
+        build, owner = model_class(section["name"], f"{where}.name"), section["name"]
+    else:
+        file = section[present[0]]
+        if not isinstance(file, str) or not file:
+            raise _fail(f"{where}.{present[0]}", f"expected a file path, got {file!r}")
+        build, owner = functools.partial(model_file_builder(present[0]), folder / file), f"the {present[0]} model"
     try:
-        return cls(**params)
+        return build(**params)
     except TypeError as error:
-        raise _fail(f"{where}.params", f"{cls.__name__} rejects these arguments: {error}") from None
+        raise _fail(f"{where}.params", f"{owner} rejects these arguments: {error}") from None
     except AutostratError as error:
-        raise _fail(f"{where}.params", str(error)) from None
+        raise _fail(f"{where}.params" if present[0] == "name" else f"{where}.{present[0]}", str(error)) from None
 
 
 def _build_inputs(section, where: str) -> tuple[Tensor, ...]:
@@ -215,7 +228,7 @@ def parse_config(text: str, path, micro_size: int | None = None, **overrides) ->
     for section in ("model", "inputs"):
         if section not in data:
             raise ConfigError(f"{path}: missing key {section!r}")
-    net = _build_model(data["model"], f"{path}: model")
+    net = _build_model(data["model"], f"{path}: model", Path(path).parent)
     inputs = _build_inputs(data["inputs"], f"{path}: inputs")
     _check_input_count(net, inputs, f"{path}: inputs")
     optimizer = _build_optimizer(data.get("optimizer"), f"{path}: optimizer")

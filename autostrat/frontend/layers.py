@@ -58,6 +58,12 @@ class GELU(_Unary):
     attribute, op_type = "gelu", "GeLU"
 
 
+class SiLU(_Unary):
+    """MindSpore's ``nn.SiLU``: ``x * sigmoid(x)`` (SwiGLU's gate)."""
+
+    attribute, op_type = "silu", "SiLU"
+
+
 class Softmax(Cell):
     """MindSpore's ``nn.Softmax(axis=-1)``."""
 
@@ -72,7 +78,7 @@ class Softmax(Cell):
 def _activation(activation):
     if activation is None or isinstance(activation, Cell):
         return activation
-    table = {"relu": ReLU, "gelu": GELU}
+    table = {"relu": ReLU, "gelu": GELU, "silu": SiLU}
     if activation not in table:
         raise ConfigError(f"activation must be None, a Cell or one of {sorted(table)}, got {activation!r}")
     return table[activation]()
@@ -90,6 +96,25 @@ class LayerNorm(Cell):
 
     def construct(self, x):
         return self.layer_norm(x, self.gamma, self.beta)
+
+
+class RMSNorm(Cell):
+    """Root-mean-square normalisation of the trailing `normalized_shape` dims with gamma (ones):
+    ``x * rsqrt(mean(x ** 2) + epsilon) * gamma`` (MindSpore's ``ops.RmsNorm``, LLaMA's norm).
+
+    Example:
+        >>> norm = RMSNorm((8,), epsilon=1e-5)
+        >>> norm.gamma.shape, norm.rms_norm.attrs
+        ((8,), {'epsilon': 1e-05})
+    """
+
+    def __init__(self, normalized_shape, epsilon: float = 1e-6):
+        super().__init__()
+        self.gamma = Parameter(initializer("ones", tuple(normalized_shape)))
+        self.rms_norm = ops.RmsNorm(epsilon)
+
+    def construct(self, x):
+        return self.rms_norm(x, self.gamma)
 
 
 class Embedding(Cell):

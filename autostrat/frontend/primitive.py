@@ -161,7 +161,7 @@ def primitive_classes() -> dict[str, type[Primitive]]:
 # MindSpore 2.x's functional names that are not the primitive's name in snake case.
 _FUNCTIONAL_NAMES = {"BatchMatMul": ("bmm", "batch_matmul"), "Conv2D": ("conv2d",), "GeLU": ("gelu",), "MatMul": ("matmul",),
                      "RealDiv": ("div", "real_div"), "ReduceMax": ("amax", "reduce_max"), "ReduceMean": ("mean", "reduce_mean"),
-                     "ReduceSum": ("sum", "reduce_sum"), "ReLU": ("relu",)}
+                     "ReduceSum": ("sum", "reduce_sum"), "ReLU": ("relu",), "SiLU": ("silu",)}
 _INTERNAL = ("Grad", "Apply", "Backprop")  # backward and update ops: no functional form
 
 

@@ -20,6 +20,7 @@ from autostrat.frontend.cell import Cell
 
 BUILTIN_PACKAGE = "autostrat.models"  # registers the built-in models when imported
 _REGISTRY: dict[str, type] = {}
+_FILE_READERS: dict = {}  # a config's model key naming a file (hf_config) -> the builder models/ registers
 
 
 def register_model(cls: type, name: str | None = None) -> type:
@@ -51,6 +52,38 @@ def register_model(cls: type, name: str | None = None) -> type:
         raise ConfigError(f"register_model: the name {name!r} is taken by {_qualified(taken)}; "
                           f"register {_qualified(cls)} under another name (register_model(cls, name=...))")
     return cls
+
+
+def register_model_file(key: str, build) -> None:
+    """Make a config's ``model: {KEY: FILE}`` build its model with ``build(path, **params)``
+    (`models` registers ``hf_config``, HuggingFace's config.json). A key is registered once.
+
+    Example:
+        >>> register_model_file("doc_example_file", lambda path: path)
+        >>> model_file_keys()[:1], model_file_builder("doc_example_file")("x.json")
+        (('doc_example_file',), 'x.json')
+        >>> unregister_model_file("doc_example_file")
+    """
+    if key in _FILE_READERS:
+        raise ConfigError(f"register_model_file: the key {key!r} is already registered")
+    _FILE_READERS[key] = build
+
+
+def unregister_model_file(key: str) -> None:
+    """Remove a registration (doc examples)."""
+    _FILE_READERS.pop(key)
+
+
+def model_file_keys() -> tuple[str, ...]:
+    """The keys a config's model section may name a model file with, alphabetically."""
+    _load_builtins()
+    return tuple(sorted(_FILE_READERS))
+
+
+def model_file_builder(key: str):
+    """The builder registered for `key` (`model_file_keys` lists them)."""
+    _load_builtins()
+    return _FILE_READERS[key]
 
 
 def model_names() -> tuple[str, ...]:

@@ -66,12 +66,12 @@ class Attention(Cell):
 
 
 class Block(Cell):
-    def __init__(self, seq: int, hidden: int, heads: int):
+    def __init__(self, seq: int, hidden: int, heads: int, epsilon: float = 1e-7):
         super().__init__()
-        self.ln1 = LayerNorm((hidden,))
+        self.ln1 = LayerNorm((hidden,), epsilon=epsilon)
         self.attention = Attention(seq, hidden, heads)
         self.residual1 = ops.Add()
-        self.ln2 = LayerNorm((hidden,))
+        self.ln2 = LayerNorm((hidden,), epsilon=epsilon)
         self.ffn1 = Dense(hidden, 4 * hidden, activation=GELU())
         self.ffn2 = Dense(4 * hidden, hidden)
         self.residual2 = ops.Add()
@@ -83,7 +83,8 @@ class Block(Cell):
 
 class GPT(Cell):
     """Inputs: token ids ``[batch, seq]`` and next-token labels ``[batch * seq]``; output: the
-    mean loss.
+    mean loss. `epsilon` is the LayerNorms'; `tie_embeddings` makes the LM head the embedding
+    table's transpose (GPT-2's, Megatron's default).
 
     Example:
         >>> net = GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64)
@@ -91,19 +92,20 @@ class GPT(Cell):
         'MatMul'
     """
 
-    def __init__(self, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, batch: int = 4, vocab: int = 128):
+    def __init__(self, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, batch: int = 4, vocab: int = 128,
+                 epsilon: float = 1e-7, tie_embeddings: bool = False):
         super().__init__()
         check_sizes("GPT", layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch, vocab=vocab)
         if hidden % heads:
             raise ConfigError(f"GPT: hidden must be a multiple of heads, got hidden {hidden} and heads {heads}")
-        self.batch, self.seq, self.hidden = batch, seq, hidden
+        self.batch, self.seq, self.hidden, self.tie_embeddings = batch, seq, hidden, bool(tie_embeddings)
         self.embedding = Embedding(vocab, hidden)
         self.position = Parameter(initializer("normal", (seq, hidden)))
         self.add_position = ops.Add()
         self.flatten = ops.Reshape()
-        self.blocks = CellList(Block(seq, hidden, heads) for _ in range(layers))
-        self.ln_final = LayerNorm((hidden,))
-        self.lm_head = Dense(hidden, vocab, has_bias=False)
+        self.blocks = CellList(Block(seq, hidden, heads, epsilon) for _ in range(layers))
+        self.ln_final = LayerNorm((hidden,), epsilon=epsilon)
+        self.lm_head = ops.MatMul(transpose_b=True) if self.tie_embeddings else Dense(hidden, vocab, has_bias=False)
         self.loss = SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
     def construct(self, ids, labels):
@@ -111,7 +113,9 @@ class GPT(Cell):
         x = self.flatten(x, (ids.shape[0] * self.seq, self.hidden))
         for block in self.blocks:
             x = block(x)
-        return self.loss(self.lm_head(self.ln_final(x)), labels)
+        x = self.ln_final(x)
+        logits = self.lm_head(x, self.embedding.embedding_table) if self.tie_embeddings else self.lm_head(x)
+        return self.loss(logits, labels)
 
     def example_inputs(self, with_data: bool = False, seed: int = 0) -> tuple[Tensor, Tensor]:
         """Ids and labels: random data, or shape-only tensors for a search."""

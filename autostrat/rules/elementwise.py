@@ -22,7 +22,7 @@ def _binary(op_type: str) -> None:
         return RuleSpec(broadcast_equation(shapes[:2]))
 
 
-for _name in ("Exp", "GeLU", "Identity", "Neg", "ReLU", "Sigmoid", "Tanh"):
+for _name in ("Exp", "GeLU", "Identity", "Neg", "ReLU", "Sigmoid", "SiLU", "Tanh"):
     _unary(_name)
 for _name in ("Log", "Sqrt"):
     _unary(_name, positive=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from autostrat.errors import RuleError
 from autostrat.rules.common import broadcast_equation, dim_names, normalize_axes
-from autostrat.rules.nn import conv2d_geometry, layer_norm_dims
+from autostrat.rules.nn import conv2d_geometry, layer_norm_dims, rms_norm_dims, rotary_equation
 from autostrat.rules.registry import Example, register
 from autostrat.rules.rule import RuleSpec
 
@@ -28,8 +28,8 @@ def _pointwise_grad(op_type: str, positive: bool = False) -> None:
         return RuleSpec(_same_shape_equation(op_type, shapes))
 
 
-# Input order as MindSpore's: ReluGrad(dy, y), GeLUGrad(dy, x), the others (y, dy).
-for _name in ("GeLUGrad", "ReluGrad", "SigmoidGrad", "TanhGrad"):
+# Input order as MindSpore's: ReluGrad(dy, y), GeLUGrad(dy, x), SiLUGrad(dy, x), the others (y, dy).
+for _name in ("GeLUGrad", "ReluGrad", "SiLUGrad", "SigmoidGrad", "TanhGrad"):
     _pointwise_grad(_name)
 _pointwise_grad("SqrtGrad", positive=True)
 
@@ -87,6 +87,24 @@ def layer_norm_grad(shapes, begin_norm_axis: int = -1, begin_params_axis: int = 
     dgamma (a ReduceSum the search may split, leaving a partial sum to AllReduce)."""
     x, gamma, whole = layer_norm_dims(len(shapes[0]), begin_norm_axis, begin_params_axis, "LayerNormGrad")
     return RuleSpec(f"{x}, {x}, {gamma} -> {x}, {x}", need_replication=whole)
+
+
+@register("RmsNormGrad", examples=[Example(((12, 6, 8), (12, 6, 8), (8,))), Example(((4, 6, 8), (4, 6, 8), (6, 8)), {"epsilon": 1e-3})])
+def rms_norm_grad(shapes, epsilon: float = 1e-6) -> RuleSpec:
+    """Inputs dy, x, gamma (MindSpore's RmsNormGrad also takes rstd, recomputed here); outputs
+    dx and dy * x * rstd, whose sum over the leading dims is dgamma (a ReduceSum)."""
+    if shapes[0] != shapes[1]:
+        raise RuleError(f"RmsNormGrad: dy and x need one shape, got {list(shapes[0])} and {list(shapes[1])}")
+    x, gamma = rms_norm_dims(shapes[1:], "RmsNormGrad")
+    return RuleSpec(f"{x}, {x}, {gamma} -> {x}, {x}", need_replication=gamma)
+
+
+@register("RotaryPositionEmbeddingGrad", examples=[Example(((2, 4, 6, 8), (6, 8), (6, 8))), Example(((2, 3, 4, 6), (1, 1, 4, 6), (1, 1, 4, 6)))])
+def rotary_position_embedding_grad(shapes, mode: int = 0) -> RuleSpec:
+    """Inputs dy, cos, sin; output dx = dy * cos - rotate_half(dy * sin) (the transpose of
+    the forward's rotation). The last dim stays whole, as forward."""
+    equation = rotary_equation(shapes, mode, "RotaryPositionEmbeddingGrad")
+    return RuleSpec(equation, need_replication=dim_names(len(shapes[0]))[-1])
 
 
 @register("SoftmaxCrossEntropyWithLogitsGrad", examples=[Example(((24, 12), (24, 12), (24,)))])

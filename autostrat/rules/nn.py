@@ -1,11 +1,12 @@
-"""Neural-network ops: LayerNorm, Gather, OneHot, SoftmaxCrossEntropyWithLogits, Conv2D."""
+"""Neural-network ops: LayerNorm, RmsNorm, RotaryPositionEmbedding, Gather, OneHot,
+SoftmaxCrossEntropyWithLogits, Conv2D."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from autostrat.errors import RuleError
-from autostrat.rules.common import dim_names, normalize_axes
+from autostrat.rules.common import broadcast_equation, dim_names, normalize_axes
 from autostrat.rules.registry import Example, register
 from autostrat.rules.rule import RuleSpec
 
@@ -29,6 +30,60 @@ def layer_norm_dims(rank: int, begin_norm_axis: int, begin_params_axis: int, op_
     params = normalize_axes(begin_params_axis, rank, op_type)[0]
     names = dim_names(rank)
     return " ".join(names), " ".join(names[params:]), " ".join(names[norm:])
+
+
+@register("RmsNorm", examples=[Example(((12, 6, 8), (8,))), Example(((4, 6, 8), (6, 8)), {"epsilon": 1e-3})])
+def rms_norm(shapes, epsilon: float = 1e-6) -> RuleSpec:
+    """MindSpore's RmsNorm, ``x * rsqrt(mean(x ** 2) + epsilon) * gamma`` with the mean over
+    gamma's (trailing) dims, which stay whole. MindSpore's op also returns rstd; this one
+    returns y alone (its grad recomputes rstd, as LayerNormGrad recomputes the variance)."""
+    x, gamma = rms_norm_dims(shapes, "RmsNorm")
+    return RuleSpec(f"{x}, {gamma} -> {x}", need_replication=gamma)
+
+
+def rms_norm_dims(shapes, op_type: str) -> tuple[str, str]:
+    """The dim names of x and of gamma, gamma's shape being x's trailing dims.
+
+    Example:
+        >>> rms_norm_dims([(4, 6, 8), (6, 8)], "RmsNorm")
+        ('a b c', 'b c')
+    """
+    x, gamma = shapes[0], shapes[-1]
+    if not gamma or tuple(x[len(x) - len(gamma):]) != tuple(gamma):
+        raise RuleError(f"{op_type}: gamma's shape must be x's trailing dims, got x {list(x)} and gamma {list(gamma)}")
+    names = dim_names(len(x))
+    return " ".join(names), " ".join(names[len(x) - len(gamma):])
+
+
+_ROTARY = [Example(((2, 4, 6, 8), (6, 8), (6, 8))), Example(((2, 3, 4, 6), (1, 1, 4, 6), (1, 1, 4, 6))), Example(((2, 4, 6, 8), (2, 1, 6, 8), (2, 1, 6, 8)))]
+
+
+@register("RotaryPositionEmbedding", examples=_ROTARY)
+def rotary_position_embedding(shapes, mode: int = 0) -> RuleSpec:
+    """MindSpore's ``ops.rotary_position_embedding`` in mode 0 (rotate_half, GPT-NeoX and
+    HuggingFace LLaMA): ``x * cos + cat(-x2, x1) * sin`` with x1, x2 the halves of the last
+    dim; cos and sin broadcast to x ([seq, head_dim] or MindSpore's [1, 1, seq, head_dim]
+    against x [batch, heads, seq, head_dim]). Element i of the last dim pairs with i + D/2,
+    which a contiguous split puts on another rank: that dim stays whole, the others pass
+    through (cos and sin split with x along the dims they share)."""
+    return RuleSpec(rotary_equation(shapes, mode, "RotaryPositionEmbedding"), need_replication=dim_names(len(shapes[0]))[-1])
+
+
+def rotary_equation(shapes, mode: int, op_type: str) -> str:
+    """The broadcast equation of x, cos and sin, once they are checked.
+
+    Example:
+        >>> rotary_equation([(2, 4, 6, 8), (6, 8), (6, 8)], 0, "RotaryPositionEmbedding")
+        'a b c d, c d, c d -> a b c d'
+    """
+    x, cos, sin = shapes[:3]
+    if mode != 0:
+        raise RuleError(f"{op_type}: only mode 0 (rotate_half) is supported, got mode {mode!r}")
+    if not x or x[-1] % 2 or cos[-1:] != x[-1:] or sin != cos:
+        raise RuleError(f"{op_type}: needs x with an even last dim and cos, sin of one shape ending in it, got {[list(s) for s in shapes]}")
+    if len(cos) > len(x) or any(c not in (1, n) for c, n in zip(reversed(cos), reversed(x))):
+        raise RuleError(f"{op_type}: cos and sin {list(cos)} must broadcast to x {list(x)}")
+    return broadcast_equation(shapes[:3])
 
 
 @register("Gather", examples=[Example(((48, 24), (6, 8)), {"axis": 0}, integers={1: 48}), Example(((12, 24, 6), (8,)), {"axis": 1}, integers={1: 24})])

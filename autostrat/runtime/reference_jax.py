@@ -75,6 +75,19 @@ def _layer_norm(x, gamma, beta, begin_norm_axis=-1, begin_params_axis=-1, epsilo
     return (x - mean) * jax.lax.rsqrt(variance + epsilon) * gamma + beta
 
 
+def _rms_norm(x, gamma, epsilon=1e-6):
+    """MindSpore's RmsNorm: x * rsqrt(mean(x^2) + epsilon) * gamma over gamma's dims."""
+    axes = tuple(range(x.ndim - gamma.ndim, x.ndim))
+    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + epsilon) * gamma
+
+
+def _rotary_position_embedding(x, cos, sin, mode=0):
+    """MindSpore's rotary_position_embedding, mode 0 (rotate_half, GPT-NeoX style)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
 def _one_hot(indices, depth=2, on_value=1.0, off_value=0.0, axis=-1):
     hot = jax.nn.one_hot(indices, depth, axis=axis, dtype=jnp.float64)
     return hot * (on_value - off_value) + off_value
@@ -126,10 +139,11 @@ FORWARD = {
     "Add": jnp.add, "Sub": jnp.subtract, "Mul": jnp.multiply, "RealDiv": jnp.divide,
     "Maximum": jnp.maximum, "Minimum": jnp.minimum,
     "Exp": jnp.exp, "Log": jnp.log, "Neg": jnp.negative, "Sqrt": jnp.sqrt, "Tanh": jnp.tanh,
-    "ReLU": jax.nn.relu, "Sigmoid": jax.nn.sigmoid, "GeLU": _gelu, "Identity": lambda x: x,
+    "ReLU": jax.nn.relu, "Sigmoid": jax.nn.sigmoid, "SiLU": jax.nn.silu, "GeLU": _gelu, "Identity": lambda x: x,
     "Cast": lambda x, dtype="float32": x if np.dtype(dtype).kind == "f" else x.astype(dtype),  # floats stay float64
     "MatMul": _matmul, "BatchMatMul": _matmul, "BiasAdd": _bias_add,
-    "LayerNorm": _layer_norm, "Conv2D": _conv2d,
+    "LayerNorm": _layer_norm, "RmsNorm": _rms_norm, "RotaryPositionEmbedding": _rotary_position_embedding,
+    "Conv2D": _conv2d,
     "Gather": lambda params, indices, axis=0: jnp.take(params, indices, axis=axis),
     "OneHot": _one_hot, "SoftmaxCrossEntropyWithLogits": _softmax_cross_entropy,
     "ReduceSum": _reduce(jnp.sum), "ReduceMax": _reduce(jnp.max), "ReduceMean": _reduce(jnp.mean),

@@ -32,7 +32,7 @@ from autostrat.layout import FollowedStrategy, Layout, Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout, update_layout
 from autostrat.search.orders import order_variants
-from autostrat.strategies import generate_strategies, mesh_axes, on_mesh, split_values
+from autostrat.strategies import LINEAR_OP_TYPES, generate_strategies, mesh_axes, on_mesh, split_values
 
 # An op of a repeated layer (a `CellList`): ``<prefix>.<index>.<rest>``, e.g. blocks.3.ffn1.matmul.
 _LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
@@ -172,11 +172,45 @@ def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: 
 
 
 def _computed_inputs_only(graph: Graph, op: OpNode, candidates: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
-    """`candidates` without those summing partial inputs when an input is loaded, not computed
-    (a parameter, graph input or constant is stored whole, never as partial sums)."""
-    if all(graph.tensors[tensor].producer is not None for tensor in op.inputs):
+    """`candidates` without those summing partial inputs when an input can never be partial
+    sums (`can_be_partial`): no redistribution turns a whole or split tensor into partial sums,
+    so such a candidate could only be fed at infinite cost (a bias-free row-parallel MatMul
+    feeding a residual Add whose other input comes from a Reshape, as in LLaMA blocks)."""
+    if all(can_be_partial(graph, tensor) for tensor in op.inputs):
         return candidates
     return tuple(strategy for strategy in candidates if not strategy.sums_partials)
+
+
+def can_be_partial(graph: Graph, tensor: str) -> bool:
+    """Whether some strategy of its producer leaves `tensor` as partial sums: a split reduction
+    factor, or a linear op (`LINEAR_OP_TYPES`) summing inputs that can be partial. A parameter,
+    graph input or constant is stored whole, never as partial sums.
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> graph = trace(FFN(), Tensor(shape=(64, 64)))
+        >>> can_be_partial(graph, "dense1.matmul:0"), can_be_partial(graph, "dense1.weight")
+        (True, False)
+    """
+    seen: dict[str, bool] = {}
+    pending = [tensor]
+    while pending:  # depth first without recursion: chains of Adds can be thousands of ops long
+        name = pending[-1]
+        producer = graph.tensors[name].producer
+        op = graph.ops.get(producer) if producer is not None else None
+        if op is None or op.rule.reduction or op.op_type not in LINEAR_OP_TYPES:
+            seen[name] = op is not None and bool(op.rule.reduction)
+            pending.pop()
+            continue
+        waiting = [t for t in op.inputs if t not in seen]
+        if waiting:
+            pending.extend(waiting)
+            continue
+        seen[name] = all(seen[t] for t in op.inputs)
+        pending.pop()
+    return seen[tensor]
 
 
 def _seed(op: OpNode, device_num: int) -> tuple[Strategy]:

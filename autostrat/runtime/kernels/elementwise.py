@@ -17,6 +17,7 @@ _UNARY = {
     "Neg": np.negative,
     "ReLU": lambda x: np.maximum(x, 0),
     "Sigmoid": lambda x: special.expit(x),
+    "SiLU": lambda x: x * special.expit(x),
     "Sqrt": np.sqrt,
     "Tanh": np.tanh,
 }

@@ -8,7 +8,7 @@ import numpy as np
 
 from autostrat.rules.common import normalize_axes
 from autostrat.rules.nn import conv2d_geometry
-from autostrat.runtime.kernels.nn import conv2d_windows
+from autostrat.runtime.kernels.nn import conv2d_windows, rotate_half
 from autostrat.runtime.kernels.registry import kernel
 from autostrat.runtime.kernels import special
 
@@ -23,6 +23,12 @@ def gelu_grad(dy, x):
     cdf = 0.5 * (1 + special.erf(x / math.sqrt(2)))
     pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
     return (dy * (cdf + x * pdf)).astype(dy.dtype)
+
+
+@kernel("SiLUGrad")
+def silu_grad(dy, x):
+    sigmoid = special.expit(x)
+    return (dy * sigmoid * (1 + x * (1 - sigmoid))).astype(dy.dtype)
 
 
 @kernel("SigmoidGrad")
@@ -86,6 +92,23 @@ def layer_norm_grad(x, dy, gamma, begin_norm_axis=-1, begin_params_axis=-1, epsi
     # d x_hat / dx removes the mean and the component along x_hat, then scales by 1/sigma.
     dx = inverse * (scaled - scaled.mean(axis=axes, keepdims=True) - x_hat * (scaled * x_hat).mean(axis=axes, keepdims=True))
     return dx.astype(x.dtype), (dy * x_hat).astype(x.dtype)
+
+
+@kernel("RmsNormGrad")
+def rms_norm_grad(dy, x, gamma, epsilon=1e-6):
+    axes = tuple(range(x.ndim - gamma.ndim, x.ndim))
+    rstd = 1 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + epsilon)
+    x_hat = x * rstd
+    scaled = dy * gamma
+    # d x_hat / dx scales by rstd and removes the component along x_hat (no mean to remove).
+    dx = rstd * (scaled - x_hat * (scaled * x_hat).mean(axis=axes, keepdims=True))
+    return dx.astype(x.dtype), (dy * x_hat).astype(x.dtype)
+
+
+@kernel("RotaryPositionEmbeddingGrad")
+def rotary_position_embedding_grad(dy, cos, sin, mode=0):
+    # rotate_half is a rotation by 90 degrees: its transpose is minus itself.
+    return (dy * cos - rotate_half(dy * sin)).astype(dy.dtype)
 
 
 @kernel("SoftmaxCrossEntropyWithLogitsGrad")

@@ -18,6 +18,23 @@ def layer_norm(x, gamma, beta, begin_norm_axis=-1, begin_params_axis=-1, epsilon
     return ((x - mean) / np.sqrt(variance + epsilon) * gamma + beta).astype(x.dtype)
 
 
+@kernel("RmsNorm")
+def rms_norm(x, gamma, epsilon=1e-6):
+    axes = tuple(range(x.ndim - gamma.ndim, x.ndim))
+    return (x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + epsilon) * gamma).astype(x.dtype)
+
+
+def rotate_half(x):
+    """``cat(-x2, x1)`` of the halves x1, x2 of the last dim (RoPE's rotation by 90 degrees)."""
+    first, second = np.split(x, 2, axis=-1)
+    return np.concatenate([-second, first], axis=-1)
+
+
+@kernel("RotaryPositionEmbedding")
+def rotary_position_embedding(x, cos, sin, mode=0):
+    return (x * cos + rotate_half(x) * sin).astype(x.dtype)
+
+
 @kernel("Gather")
 def gather(params, indices, axis=0, context=None):
     # A rank holding rows [offset, offset + n) of the gathered dim looks those up and writes

@@ -1,0 +1,171 @@
+"""Models from a HuggingFace ``config.json``: the LLaMA family (model_type llama, mistral, qwen2)
+becomes `LLaMA`, GPT-2 (gpt2) becomes `GPT`.
+
+The file is data (`reading.read_json`, never code). Each model_type lists the fields it reads,
+the fields whose value changes what the model computes (each must hold a value autostrat
+computes: ``hidden_act: silu``, ``rope_scaling: null``, no dropout...), and the fields that
+only describe the checkpoint (token ids, torch_dtype...), which are ignored. An absent field
+takes HuggingFace's default for its model_type, which is then checked as if written. Anything
+else, an unknown model_type or field, or a value autostrat cannot honour is a `ConfigError`
+naming the file, the field and the value.
+
+The training sequence length and batch are no part of a config.json: ``seq`` defaults to
+``max_position_embeddings`` (gpt2: ``n_positions``) and may not exceed it; ``batch`` to 1.
+GPT's learned positions are a ``[seq, hidden]`` table (GPT-2's holds ``n_positions`` rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from autostrat.errors import ConfigError
+from autostrat.models.gpt import GPT
+from autostrat.models.llama import LLaMA
+from autostrat.reading import read_json
+
+# Fields that describe the checkpoint or the tokenizer, not the computation.
+DESCRIPTIVE = frozenset({"_name_or_path", "architectures", "bos_token_id", "eos_token_id", "initializer_range", "pad_token_id",
+                         "torch_dtype", "transformers_version", "use_cache"})
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model_type: its read fields with HuggingFace's defaults (None: required), the fields
+    that must hold one of the listed values (with their defaults), and its extra descriptive fields."""
+
+    read: dict
+    fixed: dict  # field -> (default, accepted values, what autostrat computes)
+    descriptive: frozenset = frozenset()
+
+
+_LLAMA_READ = {"hidden_size": None, "intermediate_size": None, "num_hidden_layers": None, "num_attention_heads": None,
+               "num_key_value_heads": None, "vocab_size": None, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+               "tie_word_embeddings": False, "max_position_embeddings": 2048}
+_LLAMA_FIXED = {"hidden_act": ("silu", ("silu",), "the SwiGLU gate SiLU"), "rope_scaling": (None, (None,), "unscaled rotary frequencies"),
+                "attention_dropout": (0.0, (0, 0.0), "no dropout"), "mlp_bias": (False, (False,), "an FFN without biases")}
+
+FAMILIES = {
+    "gpt2": Family(
+        read={"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257, "layer_norm_epsilon": 1e-5,
+              "tie_word_embeddings": True, "n_inner": None},
+        fixed={"activation_function": ("gelu_new", ("gelu",), "the exact (erf) GeLU, 'gelu'"),
+               "resid_pdrop": (0.1, (0, 0.0), "no dropout"), "embd_pdrop": (0.1, (0, 0.0), "no dropout"),
+               "attn_pdrop": (0.1, (0, 0.0), "no dropout"), "scale_attn_weights": (True, (True,), "scores scaled by 1/sqrt(head size)"),
+               "scale_attn_by_inverse_layer_idx": (False, (False,), "no per-layer score scaling"),
+               "reorder_and_upcast_attn": (False, (False,), "attention in the model's dtype")},
+        descriptive=frozenset({"n_ctx", "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
+                               "summary_use_proj", "task_specific_params"})),
+    "llama": Family(read=_LLAMA_READ | {"attention_bias": False, "head_dim": None}, fixed=_LLAMA_FIXED,
+                    descriptive=frozenset({"pretraining_tp"})),
+    "mistral": Family(read=_LLAMA_READ | {"max_position_embeddings": 4096 * 32, "head_dim": None, "sliding_window": 4096},
+                      fixed=_LLAMA_FIXED),
+    "qwen2": Family(read=_LLAMA_READ | {"max_position_embeddings": 32768, "sliding_window": 4096},
+                    fixed=_LLAMA_FIXED | {"use_sliding_window": (False, (False,), "full causal attention")},
+                    descriptive=frozenset({"max_window_layers"})),
+}
+
+
+def from_hf_config(path, seq: int | None = None, batch: int = 1):
+    """The model a HuggingFace ``config.json`` describes, for `batch` sequences of `seq` tokens.
+
+    Example:
+        >>> net = from_hf_config("configs/models/llama-tiny.json", seq=8, batch=2)
+        >>> type(net).__name__, net.blocks[0].attention.kv_heads, net.blocks[0].ln1.rms_norm.attrs
+        ('LLaMA', 4, {'epsilon': 1e-05})
+        >>> from_hf_config("configs/models/llama-2-7b.json").seq
+        4096
+    """
+    path = Path(path)
+    data = read_json(path, "HuggingFace config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object of config fields, got {type(data).__name__}")
+    model_type = data.get("model_type")
+    if model_type not in FAMILIES:
+        raise ConfigError(f"{path}: model_type: expected one of {', '.join(sorted(FAMILIES))}, got {model_type!r}")
+    family = FAMILIES[model_type]
+    known = {"model_type"} | set(family.read) | set(family.fixed) | DESCRIPTIVE | family.descriptive
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]}: unknown field for model_type {model_type} (value {data[unknown[0]]!r}); "
+                          f"autostrat reads {', '.join(sorted(family.read))}")
+    for field, (default, accepted, meaning) in family.fixed.items():
+        value = data.get(field, default)
+        if not any(value is a or (type(value) is type(a) and value == a) for a in accepted):
+            absent = "" if field in data else " (HuggingFace's default: the field is absent)"
+            raise ConfigError(f"{path}: {field}: autostrat computes {meaning}; cannot honour {value!r}{absent}")
+    fields = {field: data.get(field, default) for field, default in family.read.items()}
+    build = _gpt if model_type == "gpt2" else _llama
+    return build(_Fields(path, fields), model_type, seq, batch)
+
+
+class _Fields:
+    """Typed reads of a config's fields, each error naming the file and the field."""
+
+    def __init__(self, path: Path, values: dict):
+        self.path, self.values = path, values
+
+    def fail(self, field: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {field}: {message}, got {self.values[field]!r}")
+
+    def integer(self, field: str, absent: int | None = None) -> int:
+        """The field's positive integer; `absent` stands in for a missing or null field, which is
+        otherwise required."""
+        value = self.values[field]
+        if value is None and absent is not None:
+            return absent
+        if value is None:
+            raise ConfigError(f"{self.path}: {field}: a required field is missing")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(field, "expected a positive integer")
+        return value
+
+    def number(self, field: str) -> float:
+        value = self.values[field]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise self.fail(field, "expected a positive number")
+        return float(value)
+
+    def flag(self, field: str) -> bool:
+        if not isinstance(self.values[field], bool):
+            raise self.fail(field, "expected true or false")
+        return self.values[field]
+
+    def seq(self, limit_field: str, seq) -> int:
+        limit = self.integer(limit_field)
+        if seq is None:
+            return limit
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= limit:
+            raise ConfigError(f"{self.path}: seq must be a positive integer up to {limit_field} {limit}, got {seq!r}")
+        return seq
+
+
+def _llama(fields: _Fields, model_type: str, seq, batch):
+    hidden, heads = fields.integer("hidden_size"), fields.integer("num_attention_heads")
+    kv_heads = fields.integer("num_key_value_heads", absent=heads)  # HuggingFace: multi-head attention
+    if hidden % heads:
+        raise fields.fail("num_attention_heads", f"expected a divisor of hidden_size {hidden}")
+    if heads % kv_heads:
+        raise fields.fail("num_key_value_heads", f"expected a divisor of num_attention_heads {heads}")
+    if fields.values.get("head_dim") not in (None, hidden // heads):
+        raise fields.fail("head_dim", f"autostrat's head size is hidden_size / num_attention_heads = {hidden // heads}")
+    seq = fields.seq("max_position_embeddings", seq)
+    window = fields.values.get("sliding_window")
+    if model_type == "mistral" and window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < seq):
+        raise fields.fail("sliding_window", f"autostrat computes full causal attention: expected null or at least seq {seq}")
+    bias = fields.flag("attention_bias") if model_type == "llama" else False
+    return LLaMA(layers=fields.integer("num_hidden_layers"), hidden=hidden, ffn=fields.integer("intermediate_size"), heads=heads,
+                 kv_heads=kv_heads, seq=seq, batch=batch, vocab=fields.integer("vocab_size"), epsilon=fields.number("rms_norm_eps"),
+                 rope_theta=fields.number("rope_theta"), tie_embeddings=fields.flag("tie_word_embeddings"),
+                 qkv_bias=bias or model_type == "qwen2", output_bias=bias)
+
+
+def _gpt(fields: _Fields, model_type: str, seq, batch):
+    hidden, heads = fields.integer("n_embd"), fields.integer("n_head")
+    if hidden % heads:
+        raise fields.fail("n_head", f"expected a divisor of n_embd {hidden}")
+    if fields.values["n_inner"] not in (None, 4 * hidden):
+        raise fields.fail("n_inner", f"autostrat's GPT has an FFN of 4 * n_embd = {4 * hidden}")
+    return GPT(layers=fields.integer("n_layer"), hidden=hidden, heads=heads, seq=fields.seq("n_positions", seq), batch=batch,
+               vocab=fields.integer("vocab_size"), epsilon=fields.number("layer_norm_epsilon"),
+               tie_embeddings=fields.flag("tie_word_embeddings"))

@@ -1,0 +1,188 @@
+"""A LLaMA-style decoder: token embeddings, pre-RMSNorm blocks of causal attention with rotary
+position embeddings and grouped-query attention, a SwiGLU FFN, residuals, a final RMSNorm, an
+LM head (tied to the embeddings or not) and GPT's cross-entropy loss.
+
+As in `models.gpt`, activations stay 2-D ``[batch * seq, hidden]`` between blocks and heads are
+formed with Reshape + Transpose into ``[batch, heads, seq, head_size]``, the layout
+``RotaryPositionEmbedding`` takes (MindSpore's BNSD). Grouped-query attention does not repeat
+K and V (HuggingFace's ``repeat_kv``) but reshapes the queries ``[b, heads, s, d] ->
+[b, kv_heads, group, s, d]`` (group = heads / kv_heads) and gives K and V a size-1 group dim
+(ExpandDims) that the BatchMatMuls broadcast: query head h = j * group + g meets kv head j, as
+in repeat_kv. The Reshape's rule makes the kv-head factor the major part of the head factor, so
+a split of the kv heads is a split of the query heads (Megatron's TP); the group factor, absent
+from K and V, may be split further, K and V then being replicated over those devices.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from autostrat import ops
+from autostrat.errors import ConfigError
+from autostrat.frontend.cell import Cell, CellList
+from autostrat.frontend.layers import Dense, Embedding, RMSNorm, SoftmaxCrossEntropyWithLogits
+from autostrat.frontend.tensor import Tensor
+from autostrat.models.gpt import causal_mask
+from autostrat.models.sizes import check_sizes
+
+
+@functools.cache
+def rotary_tables(seq: int, head_size: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``[seq, head_size]`` of HuggingFace LLaMA's rotary embedding: position p
+    turns pair (i, i + head_size/2) by ``p * theta ** (-2i / head_size)``, the angles repeated
+    over both halves (rotate_half's layout). Computed in float64, kept read-only in float32.
+
+    Example:
+        >>> cos, sin = rotary_tables(3, 4, 10000.0)
+        >>> cos.shape, [round(float(v), 4) for v in sin[1]]
+        ((3, 4), [0.8415, 0.01, 0.8415, 0.01])
+    """
+    inverse_frequency = theta ** (-np.arange(0, head_size, 2, dtype=np.float64) / head_size)
+    angles = np.outer(np.arange(seq, dtype=np.float64), inverse_frequency)
+    angles = np.concatenate([angles, angles], axis=-1)
+    tables = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    for table in tables:
+        table.setflags(write=False)
+    return tables
+
+
+class Attention(Cell):
+    """Causal attention with rotary embeddings on Q and K. With `kv_heads` below `heads`, the
+    queries are grouped by the kv head they share (``[b, heads, s, d] -> [b, kv, group, s, d]``)
+    and K and V get a size-1 group dim that the BatchMatMuls broadcast, instead of repeating."""
+
+    def __init__(self, seq: int, hidden: int, heads: int, kv_heads: int, theta: float, qkv_bias: bool = False, output_bias: bool = False):
+        super().__init__()
+        self.seq, self.heads, self.kv_heads, self.head_size = seq, heads, kv_heads, hidden // heads
+        self.group = heads // kv_heads
+        kv_width = kv_heads * self.head_size
+        self.query = Dense(hidden, hidden, has_bias=qkv_bias)
+        self.key, self.value = Dense(hidden, kv_width, has_bias=qkv_bias), Dense(hidden, kv_width, has_bias=qkv_bias)
+        self.split_query, self.split_key, self.split_value = ops.Reshape(), ops.Reshape(), ops.Reshape()
+        self.query_heads, self.key_heads, self.value_heads = ops.Transpose(), ops.Transpose(), ops.Transpose()
+        self.rotary_query, self.rotary_key = ops.RotaryPositionEmbedding(), ops.RotaryPositionEmbedding()
+        if self.group > 1:
+            self.group_queries, self.ungroup_context = ops.Reshape(), ops.Reshape()
+            self.expand_key, self.expand_value = ops.ExpandDims(), ops.ExpandDims()
+        self.scores = ops.BatchMatMul(transpose_b=True)
+        self.scale, self.mask, self.softmax = ops.Mul(), ops.Add(), ops.Softmax()
+        self.context = ops.BatchMatMul()
+        self.from_heads, self.merge_heads = ops.Transpose(), ops.Reshape()
+        self.projection = Dense(hidden, hidden, has_bias=output_bias)
+        cos, sin = rotary_tables(seq, self.head_size, theta)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+        self.causal_mask = Tensor(causal_mask(seq))
+        self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
+
+    def _heads(self, x, split, transpose, count: int):
+        # The batch follows the input (a pipeline traces micro-batches), not the constructor's.
+        x = split(x, (x.shape[0] // self.seq, self.seq, count, self.head_size))
+        return transpose(x, (0, 2, 1, 3))
+
+    def construct(self, x):
+        q = self.rotary_query(self._heads(self.query(x), self.split_query, self.query_heads, self.heads), self.cos, self.sin)
+        k = self.rotary_key(self._heads(self.key(x), self.split_key, self.key_heads, self.kv_heads), self.cos, self.sin)
+        v = self._heads(self.value(x), self.split_value, self.value_heads, self.kv_heads)
+        if self.group > 1:  # query head h uses kv head h // group, as HuggingFace's repeat_kv
+            q = self.group_queries(q, (q.shape[0], self.kv_heads, self.group, self.seq, self.head_size))
+            k, v = self.expand_key(k, 2), self.expand_value(v, 2)
+        scores = self.mask(self.scale(self.scores(q, k), self.scale_factor), self.causal_mask)
+        context = self.context(self.softmax(scores), v)
+        if self.group > 1:
+            context = self.ungroup_context(context, (context.shape[0], self.heads, self.seq, self.head_size))
+        context = self.from_heads(context, (0, 2, 1, 3))
+        context = self.merge_heads(context, (context.shape[0] * self.seq, self.heads * self.head_size))
+        return self.projection(context)
+
+
+class Block(Cell):
+    def __init__(self, seq: int, hidden: int, ffn: int, heads: int, kv_heads: int, theta: float, epsilon: float, **bias):
+        super().__init__()
+        self.ln1 = RMSNorm((hidden,), epsilon)
+        self.attention = Attention(seq, hidden, heads, kv_heads, theta, **bias)
+        self.residual1 = ops.Add()
+        self.ln2 = RMSNorm((hidden,), epsilon)
+        self.ffn_gate, self.ffn_up = Dense(hidden, ffn, has_bias=False), Dense(hidden, ffn, has_bias=False)
+        self.gate, self.glu = ops.SiLU(), ops.Mul()
+        self.ffn_down = Dense(ffn, hidden, has_bias=False)
+        self.residual2 = ops.Add()
+
+    def construct(self, x):
+        x = self.residual1(x, self.attention(self.ln1(x)))
+        h = self.ln2(x)
+        return self.residual2(x, self.ffn_down(self.glu(self.gate(self.ffn_gate(h)), self.ffn_up(h))))
+
+
+class LLaMA(Cell):
+    """Inputs: token ids ``[batch, seq]`` and next-token labels ``[batch * seq]``; output: the
+    mean loss. `kv_heads` below `heads` is grouped-query attention; `tie_embeddings` makes the
+    LM head the embedding table's transpose.
+
+    Example:
+        >>> net = LLaMA(layers=1, hidden=32, ffn=48, heads=4, kv_heads=2, seq=8, batch=2, vocab=64)
+        >>> net.blocks[0].attention.key.weight.shape, type(net.blocks[0].gate).__name__
+        ((16, 32), 'SiLU')
+    """
+
+    def __init__(self, layers: int = 2, hidden: int = 64, ffn: int = 172, heads: int = 4, kv_heads: int | None = None,
+                 seq: int = 16, batch: int = 4, vocab: int = 128, epsilon: float = 1e-6, rope_theta: float = 10000.0,
+                 tie_embeddings: bool = False, qkv_bias: bool = False, output_bias: bool = False):
+        super().__init__()
+        kv_heads = heads if kv_heads is None else kv_heads
+        check_sizes("LLaMA", layers=layers, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, seq=seq, batch=batch, vocab=vocab)
+        _check_shape(hidden, heads, kv_heads, epsilon, rope_theta)
+        self.batch, self.seq, self.hidden, self.tie_embeddings = batch, seq, hidden, bool(tie_embeddings)
+        self.embedding = Embedding(vocab, hidden)
+        self.flatten = ops.Reshape()
+        self.blocks = CellList(Block(seq, hidden, ffn, heads, kv_heads, rope_theta, epsilon, qkv_bias=qkv_bias, output_bias=output_bias)
+                               for _ in range(layers))
+        self.ln_final = RMSNorm((hidden,), epsilon)
+        self.lm_head = ops.MatMul(transpose_b=True) if self.tie_embeddings else Dense(hidden, vocab, has_bias=False)
+        self.loss = SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, ids, labels):
+        x = self.flatten(self.embedding(ids), (ids.shape[0] * self.seq, self.hidden))
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_final(x)
+        logits = self.lm_head(x, self.embedding.embedding_table) if self.tie_embeddings else self.lm_head(x)
+        return self.loss(logits, labels)
+
+    def example_inputs(self, with_data: bool = False, seed: int = 0) -> tuple[Tensor, Tensor]:
+        """Ids and labels: random data, or shape-only tensors for a search."""
+        vocab = self.embedding.embedding_table.shape[0]
+        shapes = ((self.batch, self.seq), (self.batch * self.seq,))
+        if not with_data:
+            return tuple(Tensor(shape=s, dtype="int32") for s in shapes)
+        rng = np.random.default_rng(seed)
+        return tuple(Tensor(rng.integers(0, vocab, size=s).astype(np.int32)) for s in shapes)
+
+
+def _check_shape(hidden: int, heads: int, kv_heads: int, epsilon, rope_theta) -> None:
+    if hidden % heads or (hidden // heads) % 2:
+        raise ConfigError(f"LLaMA: hidden must be heads times an even head size, got hidden {hidden} and heads {heads}")
+    if heads % kv_heads:
+        raise ConfigError(f"LLaMA: heads must be a multiple of kv_heads, got heads {heads} and kv_heads {kv_heads}")
+    for key, value in (("epsilon", epsilon), ("rope_theta", rope_theta)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"LLaMA: {key} must be a positive number, got {value!r}")
+
+
+def llama_megatron_seeds(layers: int, model_parallel: int, data_parallel: int = 1) -> dict[str, tuple]:
+    """Megatron-LM's tensor parallelism for LLaMA blocks as seeds: Q, K, V, the gate and up
+    projections split by columns, the output projection and the down projection by rows
+    (`models.megatron_seeds`' layout). K and V split their kv heads, so `model_parallel` must
+    divide ``kv_heads`` (as Megatron requires).
+
+    Example:
+        >>> llama_megatron_seeds(1, 4)["blocks.0.ffn_down.matmul"]
+        (((1, 4), (1, 4)), None)
+    """
+    dp, mp = data_parallel, model_parallel
+    column, row = ((dp, 1), (mp, 1)), ((dp, mp), (1, mp))
+    per_layer = {"attention.query.matmul": column, "attention.key.matmul": column, "attention.value.matmul": column,
+                 "attention.projection.matmul": row, "ffn_gate.matmul": column, "ffn_up.matmul": column, "ffn_down.matmul": row}
+    return {f"blocks.{i}.{op}": (strategy, None) for i in range(layers) for op, strategy in per_layer.items()}
