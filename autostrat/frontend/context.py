@@ -120,8 +120,9 @@ class ParallelContext:
       `inter_server_latency` (seconds per message) and `devices_per_server` (a rank table's
       servers set it under `autostrat run`; rank tables carry no speeds) overrides that one
       field of the profile, whichever order they are given in; None (default) keeps the
-      profile's. `hardware_profile()` is the result. Numbers may be given as strings
-      ("989.4e12": YAML reads ``989.4e12`` as a string).
+      profile's. `hardware_profile()` is the result; `get_auto_parallel_context` gives the
+      profile read (a `Hardware`) for `hardware`, and that result's field for a hardware key.
+      Numbers may be given as strings ("989.4e12": YAML reads ``989.4e12`` as a string).
     - `output_paths_from` (no context key: set by the config loader, `frontend.config`): the
       config file `strategy_ckpt_save_file` was read from, whose folder it must stay in (see
       `autostrat.io`); "" when a Python call or the command line gave it: any path.
