@@ -3,6 +3,7 @@
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json|-] [--dump-ir DIR]
                      [--strategy-ckpt-save-file F] [--refine cpsat] [--time-limit S] [--max-device-memory M]
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
+                     [--hardware a100-80gb|h100-sxm-80gb|FILE.yaml]
                      [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
@@ -34,6 +35,7 @@ from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
+from autostrat.cost import DEFAULT_PROFILE, PROFILES
 from autostrat.entry import INTERRUPTED, interruption
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
@@ -288,6 +290,10 @@ def _parser() -> argparse.ArgumentParser:
                              "servers x 8 beyond), full (every divisor) or axis sizes such as 128x8")
     search.add_argument("--cost-model", choices=["bytes", "time"],
                         help="what the search minimises: bytes sent per device (default) or the predicted step time")
+    search.add_argument("--hardware", metavar="PROFILE",
+                        help=f"the hardware the step time is predicted on: {', '.join(PROFILES)} (default "
+                             f"{DEFAULT_PROFILE}) or a YAML file of a profile's fields; the config's device_flops, "
+                             "..., devices_per_server keys still override its fields")
     _add_phase(search)
     _add_report(search)
     _add_import(search)

@@ -7,7 +7,9 @@ text (only its file name is kept, so no path of the author's machine leaks and t
 move), the search options, a strategy checkpoint the config seeds from, and the modules the
 search was given with ``--import`` (as a hint only: the reader must pass ``--import`` again,
 since importing runs code). Planning again writes nothing: a config's
-``strategy_ckpt_save_file`` is ignored.
+``strategy_ckpt_save_file`` is ignored. A hardware profile read from a file (``hardware:
+FILE.yaml`` or ``--hardware FILE.yaml``) is embedded by value under ``hardware``, as the plan's
+JSON names it, for the same reason.
 
     "source": {"config": "ffn.yaml", "config_text": "device_num: 8\\n...", "options": {"device_num": 4},
                "imports": [], "strategy_ckpt": {"name": "seeds.json", "base64": "..."}}
@@ -17,9 +19,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
+from autostrat.cost import PROFILES, Hardware
 from autostrat.errors import ConfigError
 from autostrat.frontend.config import parse_config
 from autostrat.io import write_atomically
@@ -30,7 +33,7 @@ from autostrat.reading import read_bytes
 # The `autostrat search` options a plan's JSON records, and the context keys they override.
 SOURCE_OPTIONS = {"device_num": None, "refine": "refine", "time_limit": "refine_time_limit",
                   "max_device_memory": "max_device_memory", "coarsen": "coarsen", "phase": "phase", "mesh": "mesh",
-                  "cost_model": "cost_model", "parallel_optimizer": "enable_parallel_optimizer",
+                  "cost_model": "cost_model", "hardware": "hardware", "parallel_optimizer": "enable_parallel_optimizer",
                   "pipeline_stages": "pipeline_stages", "micro_size": None, "recompute": None}
 
 
@@ -57,6 +60,9 @@ def plan_source(config, options: dict, imports=()) -> dict:
     """
     source = {"config": Path(config.path).name, "config_text": config.text,
               "options": {key: value for key, value in options.items() if value is not None}, "imports": list(imports)}
+    hardware = config.context.hardware
+    if PROFILES.get(hardware.name) != hardware:  # read from a file: kept by value
+        source["hardware"] = asdict(hardware)
     seeds_file = config.context.strategy_ckpt_load_file
     if seeds_file:
         data = read_bytes(seeds_file, "strategy checkpoint")
@@ -73,8 +79,11 @@ def source_config(source, where: str, work: Path):
     if isinstance(options["mesh"], list):
         options["mesh"] = tuple(options["mesh"])
     where_text = f"{where}: source.config_text ({source['config']})"
+    overrides = context_overrides(options)
+    if "hardware" in source:
+        overrides["hardware"] = _embedded_hardware(source["hardware"], where)
     try:
-        config = parse_config(source["config_text"], where_text, options["micro_size"], **context_overrides(options))
+        config = parse_config(source["config_text"], where_text, options["micro_size"], **overrides)
     except ConfigError as error:
         imports = source.get("imports") or []
         hint = f" (it was searched with --import {' --import '.join(map(str, imports))}: give the same)" if imports else ""
@@ -94,10 +103,21 @@ def _check_shape(source, where: str) -> None:
     unknown = sorted(set(source["options"]) - set(SOURCE_OPTIONS))
     if unknown:
         raise ConfigError(f"{where}: source.options has {', '.join(unknown)}; expected only {', '.join(SOURCE_OPTIONS)}")
-    extra = sorted(set(source) - {"config", "config_text", "options", "imports", "strategy_ckpt"})
+    extra = sorted(set(source) - {"config", "config_text", "options", "imports", "strategy_ckpt", "hardware"})
     if extra:
-        raise ConfigError(f"{where}: source has {', '.join(extra)}; expected config, config_text, options, imports "
-                          f"and strategy_ckpt")
+        raise ConfigError(f"{where}: source has {', '.join(extra)}; expected config, config_text, options, imports, "
+                          f"strategy_ckpt and hardware")
+
+
+def _embedded_hardware(record, where: str) -> Hardware:
+    """The hardware profile a "source" record embeds (`Hardware`'s fields by name)."""
+    names = {field.name for field in fields(Hardware)}
+    if not isinstance(record, dict) or set(record) != names:
+        raise ConfigError(f"{where}: source.hardware: expected a mapping of {', '.join(sorted(names))}, got {record!r}")
+    try:
+        return Hardware(**record)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: source.hardware: {error}") from None
 
 
 def _without_checkpoint_files(context):

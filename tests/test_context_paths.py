@@ -58,6 +58,7 @@ SETTINGS = {
     "pipeline_stages": (2, {}),
     "pipeline_config": ({"pipeline_scheduler": "gpipe"}, {"pipeline_stages": 2}),
     "parameter_broadcast": (True, {}),
+    "hardware": ("a100-80gb", {}),
     "device_flops": (1e12, {}),
     "device_memory_bandwidth": (1e9, {}),
     "intra_server_bandwidth": (1e9, {}),

@@ -161,7 +161,7 @@ def test_a_seeding_checkpoint_travels_in_the_plan_and_replanning_writes_nothing(
 def test_a_malformed_source_is_refused(tmp_path, capsys):
     for source, message in (
             ({"config": "x.yaml", "config_text": FFN, "options": {}, "code": "os:system"},
-             "source has code; expected config, config_text, options, imports and strategy_ckpt"),
+             "source has code; expected config, config_text, options, imports, strategy_ckpt and hardware"),
             ({"config": "x.yaml", "config_text": FFN, "options": {},
               "strategy_ckpt": {"name": "../../etc/x", "base64": ""}},
              "source.strategy_ckpt: expected {name: FILE NAME, base64: TEXT}"),

@@ -2,8 +2,8 @@
 
 Python blocks run as scripts and bash blocks line by line, in a fresh folder holding links to
 the checkout's `.venv`, `configs/` and `sample_code/`, so what they write lands there. Two lines are not run:
-`bash run.sh test` is the command that runs this very suite, and the JSON block is a rank table,
-which is validated instead. `bash run.sh N` changes into the checkout itself, as it would for a
+`bash run.sh test` is the command that runs this very suite, the JSON block is a rank table,
+which is validated instead, and the YAML block a hardware profile, read as one. `bash run.sh N` changes into the checkout itself, as it would for a
 user.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from autostrat.frontend.hardware_file import read_hardware_file
 from autostrat.runtime.rank_table import parse_rank_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,9 @@ def test_readme_block_runs_as_written(tmp_path, language, text):
         assert done.returncode == 0, done.stderr[-3000:]
     elif language == "json":
         assert parse_rank_table(json.loads(text), "README rank table").device_num == 4
+    elif language == "yaml":
+        (folder / "my_cluster.yaml").write_text(text)
+        assert read_hardware_file(folder / "my_cluster.yaml").matmul_efficiency == 0.6
     else:
         assert language == "bash"
         for line in filter(None, (line.strip() for line in text.splitlines())):

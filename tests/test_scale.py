@@ -332,5 +332,5 @@ def test_a_rank_tables_servers_are_the_auto_mesh_of_a_run():
     assert with_table_mesh(config, table(2, 4), 8) is config  # every divisor up to 16 devices
     assert with_table_mesh(load_config(ROOT / "configs" / "gpt.yaml", mesh=(8, 8)), table(16, 4), 64).context.mesh == (8, 8)
     # The step-time model takes its servers from the table too (and its speeds from the context).
-    assert with_table_servers(config, table(2, 4)).context.hardware().alpha_beta(8).device_matrix == DeviceMatrix((2, 4))
+    assert with_table_servers(config, table(2, 4)).context.hardware_profile().alpha_beta(8).device_matrix == DeviceMatrix((2, 4))
     assert with_table_servers(config, table(1, 8)) is config

@@ -107,7 +107,7 @@ def test_time_shortens_the_gpt_step_and_bytes_plans_stay_as_they_were():
 def test_search_takes_the_cost_model_on_the_command_line(capsys):
     assert main(["search", "configs/ffn.yaml", "--cost-model", "time"]) == 0
     out = capsys.readouterr().out
-    assert "cost model: time; hardware: 989.4 TFLOP/s" in out and "predicted step time: " in out
+    assert "cost model: time; hardware: h100-sxm-80gb: 989.4 TFLOP/s" in out and "predicted step time: " in out
     assert "ReduceScatter(axes (1,) dim 1, 4096B) -> ReduceScatter(axes (0,) dim 1, 2048B); 6144B" in out
 
 

@@ -1,7 +1,17 @@
-"""The cluster's hardware, and the step-time model built on it (integer nanoseconds).
+"""The cluster's hardware profiles, and the step-time model built on them (integer nanoseconds).
 
-Defaults: one current 8-accelerator server, an NVIDIA HGX/DGX H100 (8 × H100 SXM5), from NVIDIA's
-H100 datasheet and NCCL's tuning model (``src/graph/tuning.cc``):
+A `Hardware` profile holds the nominal peaks of one device and its server, and up to three
+efficiency factors, the fractions of those peaks the model charges (1.0, the nominal peak, by
+default: then a prediction is exactly what it was before the factors existed):
+
+- `matmul_efficiency` scales the FLOP rate (every op's flops; the matrix products dominate),
+- `memory_efficiency` scales the HBM bandwidth (an op's bytes read and written),
+- `network_efficiency` scales both link bandwidths (inside and across servers; not the latencies).
+
+Named profiles (`PROFILES`), each constant from the vendor's datasheet or NCCL's tuning model:
+
+``h100-sxm-80gb`` (the default): one NVIDIA HGX/DGX H100 server (8 × H100 SXM5 80GB), NVIDIA H100
+Tensor Core GPU datasheet and NCCL ``src/graph/tuning.cc``:
 
 - `device_flops` 989.4e12 FLOP/s: dense FP16/BF16 tensor-core rate (1978.9 TFLOP/s is with 2:4
   sparsity, which no op here uses). An op whose widest floating-point operand is 32-bit runs at
@@ -13,12 +23,24 @@ H100 datasheet and NCCL's tuning model (``src/graph/tuning.cc``):
 - `intra_server_bandwidth` 450e9 B/s: NVLink 4 through NVSwitch, 900 GB/s per GPU both ways,
   450 GB/s each way (a device's sends are what the ring formulas count).
 - `inter_server_bandwidth` 50e9 B/s: one 400 Gb/s NDR InfiniBand (ConnectX-7) port per GPU.
-- `intra_server_latency` 2 µs and `inter_server_latency` 4 µs per ring message: NCCL charges a
-  ring step about 1.9 µs over NVLink and 4.0 µs over the network (LL128 protocol).
+- `intra_server_latency` 2 µs and `inter_server_latency` 4 µs per ring message: NCCL's ``hwLat``
+  table charges a ring step 1.9 µs over NVLink and 4.0 µs over the network (LL128 protocol).
 - `devices_per_server` 8.
 
-All are nominal peaks; what a kernel or NCCL achieves is lower, but the search compares plans,
-and for that the ratios between compute, memory and links matter more than the absolute speed.
+``a100-80gb``: one NVIDIA DGX/HGX A100 server (8 × A100 SXM4 80GB), NVIDIA A100 Tensor Core GPU
+datasheet and the same NCCL table (its ``hwLat`` is per link type, not per GPU generation):
+
+- `device_flops` 312e12 FLOP/s: dense FP16/BF16 tensor-core rate (624 with sparsity). Its dense
+  TF32 rate, 156 TFLOP/s, is again half, so the float32 rule above holds for both profiles and
+  no separate float32 field is needed.
+- `device_memory_bandwidth` 2.039e12 B/s: HBM2e of the 80GB SXM4 part.
+- `intra_server_bandwidth` 300e9 B/s: NVLink 3 through NVSwitch, 600 GB/s per GPU both ways.
+- `inter_server_bandwidth` 25e9 B/s: one 200 Gb/s HDR InfiniBand (ConnectX-6) port per GPU.
+- `intra_server_latency` 2 µs, `inter_server_latency` 4 µs, `devices_per_server` 8: as above.
+
+All are nominal peaks; what a kernel or NCCL achieves is lower, which the efficiency factors say
+once they are fitted to published runs. The search compares plans, and for that the ratios
+between compute, memory and links matter more than the absolute speed.
 """
 
 from __future__ import annotations
@@ -36,9 +58,14 @@ from autostrat.layout import DeviceMatrix
 DEVICES_PER_SERVER = 8  # an Ascend or DGX/HGX server; also the inner axis of the "auto" mesh
 
 
+EFFICIENCIES = ("matmul_efficiency", "network_efficiency", "memory_efficiency")
+
+
 @dataclass(frozen=True)
 class Hardware:
-    """Compute, memory and link speeds of one device and its server (defaults: the module docstring).
+    """A hardware profile: compute, memory and link speeds of one device and its server, the
+    efficiency factors applied to them, and the profile's name (defaults: ``h100-sxm-80gb`` with
+    no name, see the module docstring).
 
     Example (8 devices are one server; 16 are two, and their outer axis crosses the network):
         >>> hardware = Hardware()
@@ -46,10 +73,12 @@ class Hardware:
         (DeviceMatrix(shape=(8,)), (450000000000.0, 50000000000.0))
 
     An op of 989.4 MFLOP reading and writing 3.35 MB takes 1 µs of compute (2 µs in float32)
-    and 1 µs of memory traffic:
+    and 1 µs of memory traffic; at half the matmul efficiency its compute takes twice as long:
         >>> cost = OpCost(flops_per_device=989_400_000, memory_bytes_per_device=3_350_000)
         >>> hardware.compute_nanoseconds(cost, ("float16",)), hardware.compute_nanoseconds(cost, ("float32",))
         (2000, 3000)
+        >>> Hardware(matmul_efficiency=0.5).compute_nanoseconds(cost, ("float16",))
+        3000
     """
 
     device_flops: float = 989.4e12
@@ -59,20 +88,29 @@ class Hardware:
     intra_server_latency: float = 2e-6
     inter_server_latency: float = 4e-6
     devices_per_server: int = DEVICES_PER_SERVER
+    matmul_efficiency: float = 1.0
+    network_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    name: str = ""  # the profile's name, or the file it was read from ("": given field by field)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"a hardware profile's name must be a string, got {self.name!r}")
         for field in fields(self):
-            value = getattr(self, field.name)
-            if field.name == "devices_per_server":
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigError(f"devices_per_server must be a positive integer, got {value!r}")
-                continue
-            lowest = 0.0 if field.name.endswith("latency") else math.ulp(0.0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not lowest <= value < math.inf:
-                unit = "seconds" if field.name.endswith("latency") else ("FLOP/s" if field.name == "device_flops" else "bytes/s")
-                bound = ">= 0" if lowest == 0 else "> 0"
-                raise ConfigError(f"{field.name} must be a finite number {bound} ({unit}), got {value!r}")
-            object.__setattr__(self, field.name, float(value))
+            if field.name != "name":
+                object.__setattr__(self, field.name, _checked(field.name, getattr(self, field.name)))
+
+    def link(self, across_servers: bool) -> tuple[float, float]:
+        """Latency (s) and achieved bandwidth (B/s, the nominal one times `network_efficiency`)
+        of a link inside a server or across servers.
+
+        Example:
+            >>> Hardware(network_efficiency=0.5).link(across_servers=True)
+            (4e-06, 25000000000.0)
+        """
+        if across_servers:
+            return self.inter_server_latency, self.inter_server_bandwidth * self.network_efficiency
+        return self.intra_server_latency, self.intra_server_bandwidth * self.network_efficiency
 
     def server_matrix(self, device_num: int) -> DeviceMatrix:
         """``[servers, devices per server]`` of `device_num` devices; one axis when they fit in
@@ -87,19 +125,49 @@ class Hardware:
         """The α–β model of `device_num` devices: inside a server on the inner axis, across
         servers on the outer one (a single axis of one device per server is all network)."""
         matrix = self.server_matrix(device_num)
-        intra = (self.intra_server_latency, self.intra_server_bandwidth)
-        inter = (self.inter_server_latency, self.inter_server_bandwidth)
+        intra, inter = self.link(across_servers=False), self.link(across_servers=True)
         if matrix.ndim == 1:
             latency, bandwidth = inter if device_num > self.devices_per_server else intra
             return AlphaBeta(matrix, (latency,), (bandwidth,))
         return AlphaBeta(matrix, (intra[0], inter[0]), (intra[1], inter[1]))
 
     def compute_nanoseconds(self, cost: OpCost, dtypes) -> int:
-        """Nanoseconds of one op on one device: its flops at ``device_flops · 2 / itemsize``
-        (the widest floating-point operand of `dtypes`; 16-bit or no float: the full rate), plus
-        the bytes it reads and writes (`OpCost.memory_bytes_per_device`) over
-        `device_memory_bandwidth`, each rounded up. The sum, not the larger of the two: an op is
+        """Nanoseconds of one op on one device: its flops at ``device_flops · matmul_efficiency
+        · 2 / itemsize`` (the widest floating-point operand of `dtypes`; 16-bit or no float: the
+        full rate), plus the bytes it reads and writes (`OpCost.memory_bytes_per_device`) over
+        ``device_memory_bandwidth · memory_efficiency``, each rounded up. The sum, not the larger of the two: an op is
         charged for both, which keeps the model additive (and is the issue's model)."""
         itemsize = max(2, max((np.dtype(d).itemsize for d in dtypes if np.dtype(d).kind == "f"), default=2))
-        compute = ceil_nanoseconds(cost.flops_per_device * itemsize, self.device_flops * 2)
-        return compute + ceil_nanoseconds(cost.memory_bytes_per_device, self.device_memory_bandwidth)
+        compute = ceil_nanoseconds(cost.flops_per_device * itemsize, self.device_flops * self.matmul_efficiency * 2)
+        return compute + ceil_nanoseconds(cost.memory_bytes_per_device, self.device_memory_bandwidth * self.memory_efficiency)
+
+
+def _checked(field: str, value):
+    """`value` of `field` as the profile keeps it (a float, or the devices per server as an
+    int); anything else is a `ConfigError` saying what the field takes."""
+    if field == "devices_per_server":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"devices_per_server must be a positive integer, got {value!r}")
+        return value
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if field in EFFICIENCIES:
+        if not (number and 0 < value <= 1):  # NaN too
+            raise ConfigError(f"{field} must be a number in (0, 1] (a fraction of the nominal peak), got {value!r}")
+        return float(value)
+    lowest = 0.0 if field.endswith("latency") else math.ulp(0.0)
+    if not (number and lowest <= value < math.inf):
+        unit = "seconds" if field.endswith("latency") else ("FLOP/s" if field == "device_flops" else "bytes/s")
+        raise ConfigError(f"{field} must be a finite number {'>= 0' if lowest == 0 else '> 0'} ({unit}), got {value!r}")
+    return float(value)
+
+
+# The named profiles (`hardware:` in a config), their constants cited in the module docstring.
+PROFILES = {
+    "a100-80gb": Hardware(device_flops=312e12, device_memory_bandwidth=2.039e12, intra_server_bandwidth=300e9,
+                          inter_server_bandwidth=25e9, intra_server_latency=2e-6, inter_server_latency=4e-6,
+                          devices_per_server=8, name="a100-80gb"),
+    "h100-sxm-80gb": Hardware(device_flops=989.4e12, device_memory_bandwidth=3.35e12, intra_server_bandwidth=450e9,
+                              inter_server_bandwidth=50e9, intra_server_latency=2e-6, inter_server_latency=4e-6,
+                              devices_per_server=8, name="h100-sxm-80gb"),
+}
+DEFAULT_PROFILE = "h100-sxm-80gb"

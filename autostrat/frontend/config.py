@@ -26,8 +26,8 @@
 An `optimizer` (sgd, momentum or adam, with its settings) implies ``phase: train``; ``phase:
 train`` without one trains with Momentum(0.01, 0.9).
 
-File paths in a config (``strategy_ckpt_save_file``, ``strategy_ckpt_load_file``, and
-``strategy_ckpt_config``'s ``save_file`` and ``load_file``) are relative to the config's folder, and
+File paths in a config (``strategy_ckpt_save_file``, ``strategy_ckpt_load_file``,
+``strategy_ckpt_config``'s ``save_file`` and ``load_file``, and a ``hardware`` profile file) are relative to the config's folder, and
 a path it writes must stay inside that folder (``../x``, ``/tmp/x`` or a linked folder leading out
 are refused): a config is data and does not choose what to overwrite. The command line
 (``--strategy-ckpt-save-file``) and Python calls may write anywhere.
@@ -239,7 +239,7 @@ def parse_config(text: str, path, micro_size: int | None = None, **overrides) ->
     if isinstance(micro_size, bool) or not isinstance(micro_size, int) or micro_size < 1:
         raise ConfigError(f"{path}: micro_size: expected a positive integer (micro-batches per step), got {micro_size!r}")
     _mark_stages(net, data.get("pipeline_stage"), f"{path}: pipeline_stage")
-    file_context = ParallelContext(**{key: data[key] for key in KEYS if key in data})
+    file_context = ParallelContext(**file_keys | {"hardware": context.hardware})  # the profile is read once
     seed_devices = file_context.device_num // file_context.pipeline_stages
     config = Config(str(path), context, net, inputs, strategies, optimizer, micro_size=micro_size, seed_devices=seed_devices,
                     text=text)

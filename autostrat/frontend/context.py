@@ -15,8 +15,9 @@ import warnings
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from autostrat.cost import Hardware
+from autostrat.cost import DEFAULT_PROFILE, PROFILES, Hardware
 from autostrat.errors import ConfigError
+from autostrat.frontend.hardware_file import hardware_number, resolve_hardware
 from autostrat.io import OutputPath
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
@@ -27,8 +28,9 @@ from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
 MAX_DEVICE_NUM = 2**20  # far beyond any cluster; larger counts only exhaust memory in the search
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
-_HARDWARE = Hardware()  # the defaults of the hardware keys (an 8 x H100 SXM5 server, see `cost.hardware`)
-HARDWARE_KEYS = tuple(f.name for f in fields(Hardware))
+# The keys that each set one field of the hardware profile, over the profile's own value.
+HARDWARE_KEYS = ("device_flops", "device_memory_bandwidth", "intra_server_bandwidth", "inter_server_bandwidth",
+                 "intra_server_latency", "inter_server_latency", "devices_per_server")
 
 
 def parse_bytes(value, key: str = "max_device_memory") -> int | None:
@@ -108,12 +110,18 @@ class ParallelContext:
       meaning is not built (`UNSUPPORTED`: ``grad_accumulation_step``, ``auto_pipeline``) are refused.
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
-    - The hardware the step time is predicted on (defaults: one 8 x H100 SXM5 server, sources
-      in `autostrat.cost.hardware`): `device_flops` (FLOP/s at 16 bits; 32-bit ops run at half),
+    - The hardware the step time is predicted on: `hardware`, a profile (sources in
+      `autostrat.cost.hardware`): "h100-sxm-80gb" (default, one 8 x H100 SXM5 server),
+      "a100-80gb" (one 8 x A100 SXM4 80GB server), a ``.yaml`` file of a profile's fields
+      (`frontend.hardware_file`; in a config, relative to its folder) or a `Hardware` value.
+      Each of the keys `device_flops` (FLOP/s at 16 bits; 32-bit ops run at half),
       `device_memory_bandwidth` (bytes/s), `intra_server_bandwidth` and
       `inter_server_bandwidth` (bytes/s each device sends), `intra_server_latency` and
-      `inter_server_latency` (seconds per message), `devices_per_server` (a rank table's servers
-      replace it under `autostrat run`; rank tables carry no speeds, so those come from here).
+      `inter_server_latency` (seconds per message) and `devices_per_server` (a rank table's
+      servers set it under `autostrat run`; rank tables carry no speeds) overrides that one
+      field of the profile, whichever order they are given in; None (default) keeps the
+      profile's. `hardware_profile()` is the result; `get_auto_parallel_context` gives the
+      profile read (a `Hardware`) for `hardware`, and that result's field for a hardware key.
       Numbers may be given as strings ("989.4e12": YAML reads ``989.4e12`` as a string).
     - `output_paths_from` (no context key: set by the config loader, `frontend.config`): the
       config file `strategy_ckpt_save_file` was read from, whose folder it must stay in (see
@@ -145,13 +153,14 @@ class ParallelContext:
     dataset_strategy: str = "data_parallel"
     strategy_ckpt_config: dict | None = None
     parameter_broadcast: bool = False
-    device_flops: float = _HARDWARE.device_flops
-    device_memory_bandwidth: float = _HARDWARE.device_memory_bandwidth
-    intra_server_bandwidth: float = _HARDWARE.intra_server_bandwidth
-    inter_server_bandwidth: float = _HARDWARE.inter_server_bandwidth
-    intra_server_latency: float = _HARDWARE.intra_server_latency
-    inter_server_latency: float = _HARDWARE.inter_server_latency
-    devices_per_server: int = _HARDWARE.devices_per_server
+    hardware: str | Hardware = DEFAULT_PROFILE
+    device_flops: float | None = None
+    device_memory_bandwidth: float | None = None
+    intra_server_bandwidth: float | None = None
+    inter_server_bandwidth: float | None = None
+    intra_server_latency: float | None = None
+    inter_server_latency: float | None = None
+    devices_per_server: int | None = None
     output_paths_from: str = ""
 
     def __post_init__(self) -> None:
@@ -159,9 +168,10 @@ class ParallelContext:
             object.__setattr__(self, "parallel_mode", self.parallel_mode.lower())
         self._mindspore_keys()
         _check_choice("cost_model", self.cost_model, COST_MODELS)
+        object.__setattr__(self, "hardware", resolve_hardware(self.hardware))  # read once: the context is a value
         for key in HARDWARE_KEYS:
-            object.__setattr__(self, key, _number(key, getattr(self, key)))
-        self.hardware()  # validates every value, naming its key
+            object.__setattr__(self, key, hardware_number(key, getattr(self, key)))
+        self.hardware_profile()  # validates every value, naming its key
         _check_choice("parallel_mode", self.parallel_mode, PARALLEL_MODES)
         _check_choice("phase", self.phase, PHASES)
         _check_choice("search_mode", self.search_mode, SEARCH_MODES)
@@ -221,7 +231,7 @@ class ParallelContext:
             mesh=self.mesh,
             workers=workers,
             cost_model=self.cost_model,
-            hardware=self.hardware(),
+            hardware=self.hardware_profile(),
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
             seeds_from_one_plan=bool(self.strategy_ckpt_load_file),
         )
@@ -258,19 +268,19 @@ class ParallelContext:
         """`parallel_optimizer_config` as the value the search takes."""
         return OptimizerShard.from_config(self.parallel_optimizer_config)
 
-    def hardware(self) -> Hardware:
-        """The hardware keys as the value the search takes."""
-        return Hardware(**{key: getattr(self, key) for key in HARDWARE_KEYS})
+    def hardware_profile(self) -> Hardware:
+        """The `hardware` profile with the hardware keys that were given over its fields, as the
+        search takes it; its name says which fields were overridden.
 
-
-def _number(key: str, value):
-    """`value`, or the number a string spells ("989.4e12"); anything else is left for `Hardware` to refuse."""
-    if isinstance(value, str):
-        try:
-            return int(value) if key == "devices_per_server" else float(value)
-        except ValueError:
-            raise ConfigError(f"{key} must be a number such as {getattr(_HARDWARE, key):g}, got {value!r}") from None
-    return value
+        Example:
+            >>> ParallelContext(hardware="a100-80gb", devices_per_server=4).hardware_profile().name
+            'a100-80gb (devices_per_server overridden)'
+        """
+        given = {key: getattr(self, key) for key in HARDWARE_KEYS if getattr(self, key) is not None}
+        if not given:
+            return self.hardware
+        name = f"{self.hardware.name} ({', '.join(given)} overridden)" if self.hardware.name else ""
+        return replace(self.hardware, **given, name=name)
 
 
 def _check_choice(key: str, value, choices: tuple) -> None:
@@ -347,6 +357,8 @@ def get_auto_parallel_context(key: str):
     _check_keys([key])
     if key in NO_EFFECT:
         raise ConfigError(f"auto-parallel context key {key!r} has no effect in autostrat and is not kept")
+    if key in HARDWARE_KEYS:  # the value the profile and the key give
+        return getattr(_context.hardware_profile(), key)
     return getattr(_context, "search_mode" if key == "auto_parallel_search_mode" else key)
 
 
@@ -361,8 +373,8 @@ def current_context() -> ParallelContext:
 
 
 def keys_from_file(keys: dict, path) -> dict:
-    """The context `keys` a config file at `path` gives, with its file paths relative to the
-    file's folder, ``strategy_ckpt_config``'s paths moved onto the keys they set (so that a
+    """The context `keys` a config file at `path` gives, with its file paths (the checkpoints,
+    a `hardware` profile file) relative to the file's folder, ``strategy_ckpt_config``'s paths moved onto the keys they set (so that a
     command-line option replaces them), and a path it writes refused outside that folder: a
     config is data, and data does not choose what to overwrite (see `autostrat.io`).
 
@@ -380,6 +392,8 @@ def keys_from_file(keys: dict, path) -> dict:
         for key in ("save_file", "load_file"):
             if mindspore.get(key):  # over the plain key, as in `ParallelContext`
                 given[f"strategy_ckpt_{key}"] = (f"strategy_ckpt_config.{key}", mindspore[key])
+    if isinstance(keys.get("hardware"), str) and keys["hardware"] not in PROFILES:  # a profile file
+        keys["hardware"] = str(path.parent / keys["hardware"])
     for key, (name, value) in given.items():
         if isinstance(value, str):  # anything else: refused by `ParallelContext`
             value = str(path.parent / value)

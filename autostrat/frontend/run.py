@@ -187,7 +187,7 @@ def with_table_servers(config, table):
     server has as many: the table knows the cluster's servers. It carries no speeds, so the
     bandwidths and latencies stay the context's (or their defaults)."""
     mesh = table.mesh() if table else None
-    if mesh is None or mesh[1] == config.context.devices_per_server:
+    if mesh is None or mesh[1] == config.context.hardware_profile().devices_per_server:
         return config
     return replace(config, context=replace(config.context, devices_per_server=mesh[1]))
 

@@ -83,10 +83,10 @@ def flow_depth(text: str) -> tuple[int, int]:
     return deepest, deepest_line
 
 
-def parse_config_text(text: str, path) -> dict:
+def parse_config_text(text: str, path, keys: str = "parallel_mode, model, inputs, ...") -> dict:
     r"""The mapping a YAML config's `text` holds (`path` names it in errors): PyYAML's safe
     loader, with a key given twice, a flow nesting deeper than `MAX_FLOW_DEPTH`, invalid YAML
-    or a text that is not a mapping refused as a `ConfigError`.
+    or a text that is not a mapping (of `keys`, as the error says) refused as a `ConfigError`.
 
     Example:
         >>> parse_config_text("device_num: 8\nmodel: {name: FFN}\n", "a.yaml")
@@ -110,5 +110,5 @@ def parse_config_text(text: str, path) -> dict:
     except RecursionError:
         raise ConfigError(f"{path}: not a usable config: values nested too deeply") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys (parallel_mode, model, inputs, ...), got {type(data).__name__}")
+        raise ConfigError(f"{path}: expected a mapping of keys ({keys}), got {type(data).__name__}")
     return data

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware
+from autostrat.cost.hardware import EFFICIENCIES
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
@@ -340,11 +341,16 @@ def describe(hardware: Hardware) -> str:
     Example:
         >>> describe(Hardware())
         '989.4 TFLOP/s (16-bit), memory 3350 GB/s, 8 devices per server linked at 450 GB/s and 2 us, servers at 50 GB/s and 4 us'
+        >>> from autostrat.cost import PROFILES
+        >>> describe(PROFILES["a100-80gb"])
+        'a100-80gb: 312 TFLOP/s (16-bit), memory 2039 GB/s, 8 devices per server linked at 300 GB/s and 2 us, servers at 25 GB/s and 4 us'
     """
-    return (f"{hardware.device_flops / 1e12:g} TFLOP/s (16-bit), memory {hardware.device_memory_bandwidth / 1e9:g} GB/s, "
+    efficiencies = ", ".join(f"{field} {getattr(hardware, field):g}" for field in EFFICIENCIES if getattr(hardware, field) != 1)
+    return (f"{hardware.name + ': ' if hardware.name else ''}"
+            f"{hardware.device_flops / 1e12:g} TFLOP/s (16-bit), memory {hardware.device_memory_bandwidth / 1e9:g} GB/s, "
             f"{hardware.devices_per_server} devices per server linked at {hardware.intra_server_bandwidth / 1e9:g} GB/s "
             f"and {hardware.intra_server_latency * 1e6:g} us, servers at {hardware.inter_server_bandwidth / 1e9:g} GB/s "
-            f"and {hardware.inter_server_latency * 1e6:g} us")
+            f"and {hardware.inter_server_latency * 1e6:g} us" + (f"; {efficiencies}" if efficiencies else ""))
 
 
 def _writeback(graph: Graph, layouts: dict[str, Layout], parameter: str, value: str, model=None) -> Writeback:

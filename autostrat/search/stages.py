@@ -352,7 +352,8 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
         if info.producer in graph.ops and op_phase(info.producer) == "backward" and name not in parameter_gradients:
             transients[units[info.producer]] = max(transients[units[info.producer]], _slice_bytes(plan, name))
     sent = _sent_bytes(plan, units, (lambda a, b: a < b) if stage_units else (lambda a, b: (a, b) == (1, 2)))
-    send_ns = round(hardware.inter_server_latency * 1e9 + sent / hardware.inter_server_bandwidth * 1e9)
+    latency, bandwidth = hardware.link(across_servers=True)
+    send_ns = round(latency * 1e9 + sent / bandwidth * 1e9)
     return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients))
 
 
