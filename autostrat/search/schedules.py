@@ -261,7 +261,7 @@ def check_orders(schedule: Schedule) -> None:
         >>> check_orders(Schedule("1f1b", 2, 2, 1, ((first[2],) + first[:2] + first[3:], schedule.orders[1])))
         Traceback (most recent call last):
         ...
-        autostrat.errors.ConfigError: 1f1b deadlocks: device 0 waits at B(micro-batch 0, chunk 0) (its instruction 0) for B of micro-batch 0 on stage 1 (device 1), which never runs before it
+        autostrat.errors.ConfigError: 1f1b deadlocks: device 0 waits at B(micro-batch 0, chunk 0) (its instruction 0) for B of micro-batch 0 on stage 1, which device 1 runs later; device 1 waits at F(micro-batch 0, chunk 0) (its instruction 0) for F of micro-batch 0 on stage 0, which device 0 runs later
     """
     simulate(schedule, StageTimes.uniform(schedule.stages, 0, 0, 0))
 
@@ -323,14 +323,23 @@ def _duration(schedule: Schedule, times: StageTimes, kind: str, stage: int) -> f
 
 
 def _raise_deadlock(schedule: Schedule, position: list[int]) -> None:
-    """Raises naming the first device's instruction that never ran, and what it waits for."""
-    for device, order in enumerate(schedule.orders):
-        if position[device] < len(order):
-            instruction = order[position[device]]
-            (kind, micro_batch, stage), _ = _needs(schedule, instruction, schedule.stage(device, instruction.chunk))
-            raise ConfigError(f"{schedule.name} deadlocks: device {device} waits at {instruction} (its instruction "
-                              f"{position[device]}) for {kind} of micro-batch {micro_batch} on stage {stage} (device "
-                              f"{_device(schedule, stage)}), which never runs before it")
+    """Raises naming the instructions that wait for each other in a cycle, if any did not run:
+    from the first device left waiting, the device of what it waits for, which has not run
+    that yet and so waits too, until a device comes back."""
+    waiting = [device for device, order in enumerate(schedule.orders) if position[device] < len(order)]
+    if not waiting:
+        return
+    device, seen, steps = waiting[0], [], []
+    while device not in seen:
+        seen.append(device)
+        instruction = schedule.orders[device][position[device]]
+        (kind, micro_batch, stage), _ = _needs(schedule, instruction, schedule.stage(device, instruction.chunk))
+        other = _device(schedule, stage)
+        runner = "it runs" if other == device else f"device {other} runs"
+        steps.append(f"device {device} waits at {instruction} (its instruction {position[device]}) for {kind} of "
+                     f"micro-batch {micro_batch} on stage {stage}, which {runner} later")
+        device = other
+    raise ConfigError(f"{schedule.name} deadlocks: {'; '.join(steps[seen.index(device):])}")
 
 
 def _peak_held(order: tuple[Instruction, ...], until_weight: bool) -> int:
