@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autostrat.errors import ConfigError
-from autostrat.search.schedules import (SCHEDULE_ORDERS, Instruction, Schedule, StageTimes, check_orders,
-                                        schedule_orders, simulate)
+from autostrat.search.schedule_simulation import StageTimes, check_orders, simulate
+from autostrat.search.schedules import SCHEDULE_ORDERS, Instruction, Schedule, schedule_orders
 from autostrat.search.stages import StageSplit, in_flight, slot_order
 
 _TIMES = st.integers(1, 9)
@@ -50,6 +50,19 @@ def test_zero_bubble_h1_bubble_is_p_minus_1_times_f_plus_b_minus_w(p, extra, for
     assert run.step_ns == m * (forward + backward + weight) + (p - 1) * (forward + backward - weight)
     if forward == backward == weight:  # the paper's bubble rate with equal F, B, W
         assert run.bubble == pytest.approx((p - 1) / (3 * m + p - 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 8), _TIMES)
+def test_zbv_at_equal_times_takes_the_least_step_any_order_allows(p, extra, chunk_pass):
+    """ZB-V at F = B = W (per chunk `chunk_pass`) and m >= 2p: device p - 1 starts after p - 1
+    chunk forwards, then is never idle; every device holds 2p micro-batch chunks at most, 1F1B's
+    first device's p micro-batches (the paper's "1x")."""
+    m = 2 * p + extra
+    run = simulate(schedule_orders("zbv", p, m), StageTimes.uniform(2 * p, chunk_pass, chunk_pass, chunk_pass))
+    assert run.step_ns == m * 6 * chunk_pass + (p - 1) * chunk_pass
+    assert run.idle_ns[p - 1] == (p - 1) * chunk_pass
+    assert run.peak_activations == (2 * p,) * p
 
 
 def test_equal_passes_give_the_papers_bubble_rates():
@@ -95,22 +108,28 @@ def test_gpipe_and_1f1b_agree_with_the_stage_splits_slot_model(name, p, m, forwa
         assert [("forward" if i.kind == "F" else "backward", i.micro_batch) for i in order] == list(slot_order(d, p, m, name))
 
 
+def _stage_of(schedule: Schedule, device: int, chunk: int) -> int:
+    """Megatron's chunk c of device d is stage c p + d; ZB-V's V runs chunk 1 back up."""
+    p = schedule.devices
+    return 2 * p - 1 - device if schedule.name == "zbv" and chunk else chunk * p + device
+
+
 def _longest_path(schedule: Schedule, times: StageTimes) -> dict:
     """Each instruction's finish, as (kind, micro-batch, stage): the longest path to it over
     the graph of what it needs (plus a send across devices) and the instruction its device
     runs before it."""
     p, stages = schedule.devices, schedule.devices * schedule.chunks
     split = any(i.kind == "W" for order in schedule.orders for i in order)
-    device_of = {chunk * p + d: d for d in range(p) for chunk in range(schedule.chunks)}
+    device_of = {_stage_of(schedule, d, chunk): d for d in range(p) for chunk in range(schedule.chunks)}
     lengths = {"F": times.forward_ns, "B": [b + (0 if split else w) for b, w in zip(times.backward_ns, times.weight_ns)],
                "W": times.weight_ns}
     before: dict = {}  # node -> [(node it waits for, delay)]
     for d, order in enumerate(schedule.orders):
         for n, (kind, micro_batch, chunk) in enumerate(order):
-            k = chunk * p + d
+            k = _stage_of(schedule, d, chunk)
             edges = before.setdefault((kind, micro_batch, k), [])
             if n:
-                edges.append(((order[n - 1].kind, order[n - 1].micro_batch, order[n - 1].chunk * p + d), 0))
+                edges.append(((order[n - 1].kind, order[n - 1].micro_batch, _stage_of(schedule, d, order[n - 1].chunk)), 0))
             other = {"F": k - 1, "B": k + 1, "W": k}[kind]
             if kind == "F" and k == 0:
                 continue
@@ -130,7 +149,7 @@ def _longest_path(schedule: Schedule, times: StageTimes) -> dict:
 def _runs(draw):
     name = draw(st.sampled_from(SCHEDULE_ORDERS))
     p = draw(st.integers(1, 6))
-    v = draw(st.integers(1, 3)) if name == "interleaved_1f1b" else 1
+    v = draw(st.integers(1, 3)) if name == "interleaved_1f1b" else 2 if name == "zbv" else 1
     m = p * draw(st.integers(1, 3)) if name == "interleaved_1f1b" else draw(st.integers(1, 12))
     figures = st.lists(st.integers(0, 20), min_size=p * v, max_size=p * v)
     sends = st.lists(st.integers(0, 5), min_size=p * v - 1, max_size=p * v - 1)
@@ -146,7 +165,7 @@ def test_any_stage_times_give_the_longest_path_through_the_dependencies(drawn):
     finish = _longest_path(schedule, times)
     assert run.finish_ns == finish
     assert run.step_ns == max(finish.values())
-    work = [sum(times.forward_ns[k] + times.backward_ns[k] + times.weight_ns[k] for k in range(d, schedule.stages, schedule.devices))
+    work = [sum(times.forward_ns[k] + times.backward_ns[k] + times.weight_ns[k] for k in {_stage_of(schedule, d, c) for c in range(schedule.chunks)})
             for d in range(schedule.devices)]
     assert run.busy_ns == tuple(schedule.micro_batches * w for w in work)
 
@@ -204,10 +223,12 @@ def test_an_order_that_is_not_the_schedules_is_refused(edit, message):
 @given(st.sampled_from(SCHEDULE_ORDERS), st.integers(1, 8), st.integers(1, 4), st.integers(1, 3))
 def test_every_schedules_orders_are_valid(name, p, groups, v):
     check_orders(schedule_orders(name, p, groups * p, v if name == "interleaved_1f1b" else None))
+    check_orders(schedule_orders("zbv", p, groups))
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: schedule_orders("zb", 4, 8), "pipeline schedule must be one of 1f1b, gpipe, interleaved_1f1b, zero_bubble_h1, got 'zb'"),
+    (lambda: schedule_orders("zb", 4, 8), "pipeline schedule must be one of 1f1b, gpipe, interleaved_1f1b, zbv, zero_bubble_h1, got 'zb'"),
+    (lambda: schedule_orders("zbv", 4, 8, 3), "zbv runs 2 model chunk(s) per device, got 3"),
     (lambda: schedule_orders("1f1b", 0, 8), "needs at least one device and one micro-batch, got 0 device(s) and 8"),
     (lambda: schedule_orders("interleaved_1f1b", 4, 6), "micro_batches must be a multiple of 4, got 6"),
     (lambda: schedule_orders("1f1b", 4, 8, 2), "1f1b runs 1 model chunk(s) per device, got 2"),

@@ -1,10 +1,11 @@
-"""Pipeline schedules as instruction orders, and their exact simulation.
+"""Pipeline schedules as instruction orders (`schedule_simulation` runs them).
 
 A schedule gives every device of a pipeline its *order*: the instructions it runs one after
 another, each ``(kind, micro_batch, chunk)``. Kinds: ``F`` (forward), ``B`` (backward; the
 input gradient alone when the schedule splits the backward, else the whole of it) and ``W``
 (the weight gradient, split schedules only). A device holds `chunks` model chunks; chunk ``c``
-of device ``d`` is model stage ``c * p + d`` (`Schedule.stage`). Orders by schedule:
+of device ``d`` is model stage `Schedule.stage` (``c * p + d``; zbv's V: ``d``, then
+``2p - 1 - d``). Orders by schedule:
 
 1. ``gpipe``: every forward, then every backward.
 2. ``1f1b``: ``p - d - 1`` forwards, then one forward and one backward in turn, then the
@@ -18,26 +19,31 @@ of device ``d`` is model stage ``c * p + d`` (`Schedule.stage`). Orders by sched
    device ``d`` running micro-batch ``i``'s weight gradient ``d`` steps after its input gradient
    (after the backward of ``i + d``), so that it holds ``p`` micro-batches at most like 1F1B's
    first device, and the drain's waits are filled with the weight gradients held back.
+5. ``zbv`` (ZB-V, the same paper): two chunks per device in a V, each micro-batch's forward
+   down the devices on chunk 0 and back up on chunk 1 (the last stage on device 0); its
+   orders are those of a list schedule at equal F, B and W times (`_zbv`), holding at most
+   ``2p`` micro-batch chunks, 1F1B's first device's ``p`` micro-batches of a device's layers
+   (the paper's "1x"). At equal times and ``m >= 2p`` its step is ``m (F + B + W) + (p - 1) F / 2``
+   (F a device's forward over both chunks), the least any order allows (tested for p <= 8;
+   found 2 chunk passes over it at p = 10, 12, 14, 16). The paper's table lists ZB-V's bubble
+   rate at equal times as 0; the ``(p - 1) F / 2`` here is the devices' start offsets, which
+   no order avoids within one step.
 
-`simulate` runs the orders on per-stage F, B, W and per-boundary send times (`StageTimes`):
-every device runs its order in turn, an instruction starting once the device is free and what
-it needs has finished: ``F(i, k)`` the forward of stage ``k - 1`` plus the send, ``B(i, k)``
-the backward of stage ``k + 1`` plus the send (the last stage's its own forward), ``W(i, k)``
-the backward ``B(i, k)``. A send between two chunks of one device costs nothing.
-`check_orders` checks that a schedule's orders run every instruction once where it belongs
-and never deadlock.
+What an instruction waits for (`waits_for`): ``F(i, k)`` the forward of stage ``k - 1``,
+``B(i, k)`` the backward of stage ``k + 1`` (the last stage's its own forward), ``W(i, k)`` the
+backward ``B(i, k)``.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from autostrat.errors import ConfigError
 
-SCHEDULE_ORDERS = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble_h1")
-SPLIT_BACKWARD = frozenset({"zero_bubble_h1"})  # the schedules running B and W apart
+SCHEDULE_ORDERS = ("1f1b", "gpipe", "interleaved_1f1b", "zbv", "zero_bubble_h1")
+SPLIT_BACKWARD = frozenset({"zbv", "zero_bubble_h1"})  # the schedules running B and W apart
 
 
 class Instruction(NamedTuple):
@@ -75,13 +81,34 @@ class Schedule:
         return self.name in SPLIT_BACKWARD
 
     def stage(self, device: int, chunk: int) -> int:
-        """The model stage of `chunk` on `device` (Megatron's interleaving)."""
-        return chunk * self.devices + device
+        """The model stage of `chunk` on `device` (Megatron's interleaving, or zbv's V)."""
+        return _v_stage(self.devices, device, chunk) if self.name == "zbv" else chunk * self.devices + device
+
+    def device(self, stage: int) -> int:
+        """The device that runs model stage `stage`."""
+        chunk, device = divmod(stage, self.devices)
+        return self.devices - 1 - device if self.name == "zbv" and chunk else device
+
+
+def waits_for(instruction: Instruction, stage: int, stages: int) -> tuple[str, int, int] | None:
+    """What `instruction` on model `stage` of `stages` waits for, as (kind, micro-batch, stage);
+    None for a first stage's forward.
+
+    Example:
+        >>> waits_for(Instruction("B", 3), 1, 4), waits_for(Instruction("B", 3), 3, 4), waits_for(Instruction("W", 3), 1, 4)
+        (('B', 3, 2), ('F', 3, 3), ('B', 3, 1))
+    """
+    kind, micro_batch = instruction.kind, instruction.micro_batch
+    if kind == "F":
+        return None if stage == 0 else ("F", micro_batch, stage - 1)
+    if kind == "W":
+        return "B", micro_batch, stage
+    return ("F", micro_batch, stage) if stage == stages - 1 else ("B", micro_batch, stage + 1)
 
 
 def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | None = None) -> Schedule:
     """The orders of schedule `name` on `devices` devices for `micro_batches` micro-batches,
-    `chunks` model chunks per device (interleaved: any, default 2; else 1).
+    `chunks` model chunks per device (interleaved: any, default 2; zbv: 2; else 1).
 
     Example (ZB-H1's last of 2 devices runs micro-batch 0's weight gradient after the input
     gradient of micro-batch 1):
@@ -97,6 +124,8 @@ def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | N
     if name == "interleaved_1f1b" and micro_batches % devices:
         raise ConfigError(f"interleaved_1f1b runs micro-batches in groups of the {devices} devices: micro_batches must "
                           f"be a multiple of {devices}, got {micro_batches}")
+    if name == "zbv":
+        return Schedule(name, devices, micro_batches, chunks, _zbv(devices, micro_batches))
     build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved,
              "zero_bubble_h1": _zero_bubble_h1}[name]
     orders = tuple(tuple(build(device, devices, micro_batches, chunks)) for device in range(devices))
@@ -105,7 +134,7 @@ def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | N
 
 def _chunks(name: str, chunks: int | None) -> int:
     """The chunks per device of schedule `name`, checked against what it allows."""
-    allowed = {"interleaved_1f1b": None}.get(name, 1)
+    allowed = {"interleaved_1f1b": None, "zbv": 2}.get(name, 1)
     if chunks is None:
         return 2 if allowed is None else allowed
     if (allowed is None and chunks < 1) or (allowed is not None and chunks != allowed):
@@ -156,200 +185,67 @@ def _zero_bubble_h1(device: int, devices: int, micro_batches: int, chunks: int) 
     return order + [Instruction("W", i) for i in range(weights, micro_batches)]
 
 
+def _v_stage(devices: int, device: int, chunk: int) -> int:
+    return 2 * devices - 1 - device if chunk else device
 
 
-@dataclass(frozen=True)
-class StageTimes:
-    """Per model stage, one micro-batch's forward, backward and weight-gradient time
-    (nanoseconds; `backward_ns` without the weight gradient), and per boundary between stages
-    ``k`` and ``k + 1`` the send time of an activation (and of its gradient back)."""
+@dataclass
+class _VDevice:
+    """What a device of `_zbv`'s list schedule has run: per chunk its next forward and backward,
+    the micro-batch chunks whose activations it holds, the backwards whose W is still to run."""
 
-    forward_ns: tuple[float, ...]
-    backward_ns: tuple[float, ...]
-    weight_ns: tuple[float, ...]
-    send_ns: tuple[float, ...] = ()  # none given: zeros
-
-    def __post_init__(self) -> None:
-        stages = len(self.forward_ns)
-        sends = len(self.send_ns) if self.send_ns else stages - 1
-        if not stages or len(self.backward_ns) != stages or len(self.weight_ns) != stages or sends != stages - 1:
-            raise ConfigError(f"stage times need one forward, backward and weight figure per stage and one send per "
-                              f"boundary, got {stages}, {len(self.backward_ns)}, {len(self.weight_ns)} and {sends}")
-
-    @classmethod
-    def uniform(cls, stages: int, forward: float, backward: float, weight: float = 0, send: float = 0) -> StageTimes:
-        """The same times on every stage and boundary.
-
-        Example:
-            >>> StageTimes.uniform(2, 1, 2, 1).weight_ns
-            (1, 1)
-        """
-        return cls((forward,) * stages, (backward,) * stages, (weight,) * stages, (send,) * (stages - 1))
-
-    def send(self, boundary: int) -> float:
-        return self.send_ns[boundary] if self.send_ns else 0
+    forward: list = field(default_factory=lambda: [0, 0])
+    backward: list = field(default_factory=lambda: [0, 0])
+    held: int = 0
+    weights: deque = field(default_factory=deque)
 
 
-@dataclass(frozen=True)
-class ScheduleRun:
-    """What `simulate` found: the step (makespan), per device its busy and idle time and the
-    most micro-batch activations it held (per chunk: one micro-batch on one chunk is one),
-    counted from a forward to its weight gradient (`peak_activations`; the backward where the
-    backward is not split) and to its input gradient (`peak_until_backward`), and each
-    instruction's finish time by ``(kind, micro_batch, stage)``."""
-
-    step_ns: float
-    busy_ns: tuple[float, ...]
-    peak_activations: tuple[int, ...]
-    peak_until_backward: tuple[int, ...]
-    finish_ns: dict
-
-    @property
-    def idle_ns(self) -> tuple[float, ...]:
-        return tuple(self.step_ns - busy for busy in self.busy_ns)
-
-    @property
-    def bubble(self) -> float:
-        """The idle share of the devices' time over the step."""
-        return 1 - sum(self.busy_ns) / (len(self.busy_ns) * self.step_ns) if self.step_ns else 0.0
-
-
-def simulate(schedule: Schedule, times: StageTimes) -> ScheduleRun:
-    """Runs `schedule`'s orders on `times`: every device its order in turn, each instruction
-    starting once the device is free and what it needs has finished (module docstring).
-
-    Example (1F1B on 2 stages, 2 micro-batches, F 1 and B 2: the step is (m + p - 1)(F + B)):
-        >>> simulate(schedule_orders("1f1b", 2, 2), StageTimes.uniform(2, 1, 2)).step_ns
-        9
-    """
-    if len(times.forward_ns) != schedule.stages:
-        raise ConfigError(f"{schedule.name} on {schedule.devices} device(s) x {schedule.chunks} chunk(s) needs times for "
-                          f"{schedule.stages} stages, got {len(times.forward_ns)}")
-    _check_instructions(schedule)
-    finish, free, busy = {}, [0] * schedule.devices, [0] * schedule.devices
-    position = [0] * schedule.devices
-    progress = True
-    while progress:
-        progress = False
-        for device, order in enumerate(schedule.orders):
-            while position[device] < len(order):
-                instruction = order[position[device]]
-                stage = schedule.stage(device, instruction.chunk)
-                ready = _ready(schedule, times, finish, instruction, stage)
-                if ready is None:
-                    break
-                duration = _duration(schedule, times, instruction.kind, stage)
-                free[device] = max(free[device], ready) + duration
-                busy[device] += duration
-                finish[(instruction.kind, instruction.micro_batch, stage)] = free[device]
-                position[device] += 1
-                progress = True
-    _raise_deadlock(schedule, position)
-    held = [_peak_held(order, schedule.split_backward) for order in schedule.orders]
-    until_backward = [_peak_held(order, False) for order in schedule.orders]
-    return ScheduleRun(max(free), tuple(busy), tuple(held), tuple(until_backward), finish)
+def _zbv(devices: int, micro_batches: int) -> tuple[tuple[Instruction, ...], ...]:
+    """ZB-V's orders as a list schedule with every instruction one time unit: at each unit every
+    device runs the first of (`_v_next`) its ready chunk-1 forward (its micro-batch then
+    reaches the loss sooner), its ready backward of the earliest micro-batch, its ready chunk-0
+    forward, a forward only while it holds fewer than ``2p`` micro-batch chunks, and the
+    weight gradient waiting longest. Its step at equal times is, for ``m >= 2p``, the least
+    any order allows (module docstring): device ``p - 1`` starts after ``p - 1`` chunk forwards
+    and is never idle after (other priorities tried missed it or stalled)."""
+    finish: dict = {}  # (kind, micro_batch, stage) -> the unit it finished at
+    state = [_VDevice() for _ in range(devices)]
+    orders: list[list[Instruction]] = [[] for _ in range(devices)]
+    time, total = 0, 6 * micro_batches * devices
+    while sum(map(len, orders)) < total:
+        ran = [(device, _v_next(device, devices, micro_batches, time, finish, state[device]))
+               for device in range(devices)]
+        assert any(instruction for _, instruction in ran), f"zbv's list schedule stalls at unit {time}"
+        for device, instruction in ran:
+            if instruction:
+                orders[device].append(instruction)
+                finish[(instruction.kind, instruction.micro_batch, _v_stage(devices, device, instruction.chunk))] = time + 1
+        time += 1
+    return tuple(map(tuple, orders))
 
 
-def check_orders(schedule: Schedule) -> None:
-    """Raises unless every device's order runs each of its chunks' F and B (and W where the
-    backward is split) of every micro-batch exactly once, and the orders never deadlock.
+def _v_next(device: int, devices: int, micro_batches: int, time: int, finish: dict, state: _VDevice) -> Instruction | None:
+    """What `device` of `_zbv`'s list schedule runs at unit `time`, updating its `state`."""
 
-    Example (1F1B's first device running its first backward before any forward):
-        >>> schedule = schedule_orders("1f1b", 2, 2)
-        >>> check_orders(schedule)
-        >>> first = schedule.orders[0]
-        >>> check_orders(Schedule("1f1b", 2, 2, 1, ((first[2],) + first[:2] + first[3:], schedule.orders[1])))
-        Traceback (most recent call last):
-        ...
-        autostrat.errors.ConfigError: 1f1b deadlocks: device 0 waits at B(micro-batch 0, chunk 0) (its instruction 0) for B of micro-batch 0 on stage 1, which device 1 runs later; device 1 waits at F(micro-batch 0, chunk 0) (its instruction 0) for F of micro-batch 0 on stage 0, which device 0 runs later
-    """
-    simulate(schedule, StageTimes.uniform(schedule.stages, 0, 0, 0))
+    def ready(kind: str, chunk: int) -> bool:
+        counter = state.forward if kind == "F" else state.backward
+        if counter[chunk] == micro_batches:
+            return False
+        needed = waits_for(Instruction(kind, counter[chunk], chunk), _v_stage(devices, device, chunk), 2 * devices)
+        return needed is None or finish.get(needed, time + 1) <= time
 
-
-def _check_instructions(schedule: Schedule) -> None:
-    """Raises naming the device and instruction of an order that runs one twice, one that is
-    not the schedule's, or misses one."""
-    kinds = "FBW" if schedule.split_backward else "FB"
-    expected = Counter(Instruction(kind, micro_batch, chunk) for kind in kinds
-                       for micro_batch in range(schedule.micro_batches) for chunk in range(schedule.chunks))
-    if len(schedule.orders) != schedule.devices:
-        raise ConfigError(f"{schedule.name} needs one order per device, {schedule.devices}, got {len(schedule.orders)}")
-    for device, order in enumerate(schedule.orders):
-        found = Counter(order)
-        wrong = sorted((found - expected) + (expected - found))
-        if wrong:
-            what = "runs more than once" if found[wrong[0]] > 1 else ("is not one of its instructions" if
-                                                                     not expected[wrong[0]] else "is missing")
-            raise ConfigError(f"{schedule.name}'s order of device {device} must run each of F, B{', W' * (kinds == 'FBW')} "
-                              f"of {schedule.micro_batches} micro-batch(es) on {schedule.chunks} chunk(s) once: "
-                              f"{wrong[0]} {what}")
-
-
-def _needs(schedule: Schedule, instruction: Instruction, stage: int) -> tuple[tuple, int] | None:
-    """(what `instruction` on `stage` waits for as ``(kind, micro_batch, stage)``, the boundary
-    whose send it waits for too, or -1); None for a first stage's forward."""
-    kind, micro_batch = instruction.kind, instruction.micro_batch
-    if kind == "F":
-        return None if stage == 0 else (("F", micro_batch, stage - 1), stage - 1)
-    if kind == "W":
-        return ("B", micro_batch, stage), -1
-    if stage == schedule.stages - 1:
-        return ("F", micro_batch, stage), -1
-    return ("B", micro_batch, stage + 1), stage
-
-
-def _ready(schedule: Schedule, times: StageTimes, finish: dict, instruction: Instruction, stage: int) -> float | None:
-    """When what `instruction` needs has arrived on its device; None while it has not run."""
-    needs = _needs(schedule, instruction, stage)
-    if needs is None:
-        return 0
-    (kind, micro_batch, other), boundary = needs
-    if (kind, micro_batch, other) not in finish:
-        return None
-    crossing = boundary >= 0 and _device(schedule, other) != _device(schedule, stage)
-    return finish[(kind, micro_batch, other)] + (times.send(boundary) if crossing else 0)
-
-
-def _device(schedule: Schedule, stage: int) -> int:
-    return stage % schedule.devices
-
-
-def _duration(schedule: Schedule, times: StageTimes, kind: str, stage: int) -> float:
-    if kind == "F":
-        return times.forward_ns[stage]
-    if kind == "W":
-        return times.weight_ns[stage]
-    return times.backward_ns[stage] + (0 if schedule.split_backward else times.weight_ns[stage])
-
-
-def _raise_deadlock(schedule: Schedule, position: list[int]) -> None:
-    """Raises naming the instructions that wait for each other in a cycle, if any did not run:
-    from the first device left waiting, the device of what it waits for, which has not run
-    that yet and so waits too, until a device comes back."""
-    waiting = [device for device, order in enumerate(schedule.orders) if position[device] < len(order)]
-    if not waiting:
-        return
-    device, seen, steps = waiting[0], [], []
-    while device not in seen:
-        seen.append(device)
-        instruction = schedule.orders[device][position[device]]
-        (kind, micro_batch, stage), _ = _needs(schedule, instruction, schedule.stage(device, instruction.chunk))
-        other = _device(schedule, stage)
-        runner = "it runs" if other == device else f"device {other} runs"
-        steps.append(f"device {device} waits at {instruction} (its instruction {position[device]}) for {kind} of "
-                     f"micro-batch {micro_batch} on stage {stage}, which {runner} later")
-        device = other
-    raise ConfigError(f"{schedule.name} deadlocks: {'; '.join(steps[seen.index(device):])}")
-
-
-def _peak_held(order: tuple[Instruction, ...], until_weight: bool) -> int:
-    """The most micro-batch activations (per chunk) a device holds: one from each forward to its
-    weight gradient (`until_weight`) or its backward."""
-    held = peak = 0
-    for instruction in order:
-        if instruction.kind == "F":
-            held += 1
-            peak = max(peak, held)
-        elif instruction.kind == ("W" if until_weight else "B"):
-            held -= 1
-    return peak
+    for kind, chunk in (("F", 1), ("B", None), ("F", 0)):
+        if kind == "F" and ready("F", chunk) and state.held < 2 * devices:
+            state.forward[chunk] += 1
+            state.held += 1
+            return Instruction("F", state.forward[chunk] - 1, chunk)
+        backwards = [(state.backward[c], c) for c in (0, 1) if kind == "B" and ready("B", c)]
+        if backwards:
+            micro_batch, chunk = min(backwards)
+            state.backward[chunk] += 1
+            state.weights.append(Instruction("W", micro_batch, chunk))
+            return Instruction("B", micro_batch, chunk)
+    if state.weights:
+        state.held -= 1
+        return state.weights.popleft()
+    return None
