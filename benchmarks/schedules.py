@@ -2,15 +2,16 @@
 
 For p devices and m micro-batches (v chunks per device for interleaved_1f1b, 2 for zbv), every
 stage with the same forward F, input-gradient B and weight-gradient W times (a device's, over its
-chunks: each chunk takes 1/v of them) and free sends, `search.schedule_simulation.simulate`
-runs each schedule's instruction orders. Columns: the step; the bubble, the idle share of the devices' time, from the
-simulation and from the closed form's bubble time per device (GPipe and 1F1B (p - 1)(F + B + W),
-interleaved (p - 1)(F + B + W)/v, ZB-H1 (p - 1)(F + B - W), which holds for m >= p and
-W <= min(F, B); ZB-V (p - 1) F/2, the devices' start offsets, the least any order allows at
-F = B = W and m >= 2p, where the paper's table lists a bubble rate of 0) over m (F + B + W) plus
-it, "n/a" where the closed form does not hold; per device, the most micro-batch activations it
-holds (per chunk: interleaved and ZB-V count a micro-batch once per chunk), until the weight
-gradient and until the input gradient.
+chunks: each chunk takes 1/v of them) and free sends, `search.schedule_simulation.simulate` runs
+each schedule's instruction orders (zbv's planned for these times). Columns: the step; the
+bubble, the idle share of the devices' time, from the simulation and from the closed form's
+bubble time per device over m (F + B + W) plus it: GPipe and 1F1B (p - 1)(F + B + W),
+interleaved (p - 1)(F + B + W)/v, ZB-H1 (p - 1)(F + B - W) (it holds for m >= p and
+W <= min(F, B)), ZB-V (p - 1) F/2, the devices' start offsets, the least any order allows at
+F = B = W and m >= 2p (the paper's table lists a bubble rate of 0); "n/a" where the closed form
+does not hold; per device, the most micro-batch activations it holds (per chunk: interleaved
+and ZB-V count a micro-batch once per chunk), until the weight gradient and until the input
+gradient.
 
 Run: .venv/bin/python benchmarks/schedules.py [--devices 4] [--micro-batches 8] [--chunks 2] [--times F B W]
 """
@@ -43,7 +44,8 @@ def row(name: str, p: int, m: int, v: int, forward: float, backward: float, weig
     """One schedule's line of the table."""
     chunks = {"interleaved_1f1b": v, "zbv": 2}.get(name, 1)
     times = StageTimes.uniform(p * chunks, forward / chunks, backward / chunks, weight / chunks)
-    run = simulate(schedule_orders(name, p, m, chunks if name == "interleaved_1f1b" else None), times)
+    planned = (forward / 2, backward / 2, weight / 2) if name == "zbv" else None  # zbv's orders are planned for its times
+    run = simulate(schedule_orders(name, p, m, chunks if name == "interleaved_1f1b" else None, planned), times)
     bubble = closed_form_bubble(name, p, m, chunks, forward, backward, weight)
     return [f"{name}{f' (v={chunks})' if chunks > 1 else ''}", f"{run.step_ns:g}", f"{run.bubble:.1%}",
             "n/a" if bubble is None else f"{bubble / (m * (forward + backward + weight) + bubble):.1%}",

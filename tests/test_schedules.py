@@ -65,6 +65,24 @@ def test_zbv_at_equal_times_takes_the_least_step_any_order_allows(p, extra, chun
     assert run.peak_activations == (2 * p,) * p
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 16), st.lists(st.integers(1, 9), min_size=3, max_size=3))
+def test_zbv_planned_for_any_times_holds_2p_micro_batch_chunks_at_most(p, m, pass_times):
+    run = simulate(schedule_orders("zbv", p, m, pass_times=tuple(pass_times)), StageTimes.uniform(2 * p, *pass_times))
+    assert max(run.peak_activations) <= 2 * p
+
+
+def test_zbv_planned_for_its_times_beats_its_equal_times_plan_and_zb_h1():
+    """A device's F 2, B 3, W 1.5 on 4 devices x 8 micro-batches (per chunk half of it): planned
+    at equal times ZB-V is slower than ZB-H1 (71.75 against 62.5), planned for its own times
+    faster (58.75)."""
+    chunk_times = StageTimes.uniform(8, 1, 1.5, 0.75)
+    equal = simulate(schedule_orders("zbv", 4, 8), chunk_times)
+    planned = simulate(schedule_orders("zbv", 4, 8, pass_times=(1, 1.5, 0.75)), chunk_times)
+    h1 = simulate(schedule_orders("zero_bubble_h1", 4, 8), StageTimes.uniform(4, 2, 3, 1.5))
+    assert (equal.step_ns, h1.step_ns, planned.step_ns) == (71.75, 62.5, 58.75)
+
+
 def test_equal_passes_give_the_papers_bubble_rates():
     """Qi et al.'s table with F = B = W: bubble over the work, (p - 1)/m for 1F1B, (p - 1)/(3m)
     for ZB-H1."""
@@ -154,7 +172,8 @@ def _runs(draw):
     figures = st.lists(st.integers(0, 20), min_size=p * v, max_size=p * v)
     sends = st.lists(st.integers(0, 5), min_size=p * v - 1, max_size=p * v - 1)
     times = StageTimes(tuple(draw(figures)), tuple(draw(figures)), tuple(draw(figures)), tuple(draw(sends)))
-    return schedule_orders(name, p, m, v if name == "interleaved_1f1b" else None), times
+    planned = tuple(draw(st.lists(st.integers(1, 5), min_size=3, max_size=3))) if name == "zbv" else None
+    return schedule_orders(name, p, m, v if name == "interleaved_1f1b" else None, planned), times
 
 
 @settings(max_examples=150, deadline=None)
@@ -229,6 +248,8 @@ def test_every_schedules_orders_are_valid(name, p, groups, v):
 @pytest.mark.parametrize("call, message", [
     (lambda: schedule_orders("zb", 4, 8), "pipeline schedule must be one of 1f1b, gpipe, interleaved_1f1b, zbv, zero_bubble_h1, got 'zb'"),
     (lambda: schedule_orders("zbv", 4, 8, 3), "zbv runs 2 model chunk(s) per device, got 3"),
+    (lambda: schedule_orders("1f1b", 4, 8, pass_times=(1, 1, 1)), "pass_times plan zbv's orders and are 3 positive times (F, B, W); got (1, 1, 1) for 1f1b"),
+    (lambda: schedule_orders("zbv", 4, 8, pass_times=(1, 0, 1)), "3 positive times (F, B, W); got (1, 0, 1) for zbv"),
     (lambda: schedule_orders("1f1b", 0, 8), "needs at least one device and one micro-batch, got 0 device(s) and 8"),
     (lambda: schedule_orders("interleaved_1f1b", 4, 6), "micro_batches must be a multiple of 4, got 6"),
     (lambda: schedule_orders("1f1b", 4, 8, 2), "1f1b runs 1 model chunk(s) per device, got 2"),

@@ -21,10 +21,11 @@ of device ``d`` is model stage `Schedule.stage` (``c * p + d``; zbv's V: ``d``, 
    first device, and the drain's waits are filled with the weight gradients held back.
 5. ``zbv`` (ZB-V, the same paper): two chunks per device in a V, each micro-batch's forward
    down the devices on chunk 0 and back up on chunk 1 (the last stage on device 0); its
-   orders are those of a list schedule at equal F, B and W times (`_zbv`), holding at most
-   ``2p`` micro-batch chunks, 1F1B's first device's ``p`` micro-batches of a device's layers
-   (the paper's "1x"). At equal times and ``m >= 2p`` its step is ``m (F + B + W) + (p - 1) F / 2``
-   (F a device's forward over both chunks), the least any order allows (tested for p <= 8;
+   orders are those of a list schedule (`_zbv`) planned for given F, B and W times (equal by
+   default; the ZB authors' scheduler takes them too), holding at most ``2p`` micro-batch
+   chunks, 1F1B's first device's ``p`` micro-batches of a device's layers (the paper's "1x").
+   At equal times and ``m >= 2p`` its step is ``m (F + B + W) + (p - 1) F / 2`` (F a
+   device's forward over both chunks), the least any order allows (tested for p <= 8;
    found 2 chunk passes over it at p = 10, 12, 14, 16). The paper's table lists ZB-V's bubble
    rate at equal times as 0; the ``(p - 1) F / 2`` here is the devices' start offsets, which
    no order avoids within one step.
@@ -106,9 +107,11 @@ def waits_for(instruction: Instruction, stage: int, stages: int) -> tuple[str, i
     return ("F", micro_batch, stage) if stage == stages - 1 else ("B", micro_batch, stage + 1)
 
 
-def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | None = None) -> Schedule:
+def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | None = None,
+                    pass_times: tuple[float, float, float] | None = None) -> Schedule:
     """The orders of schedule `name` on `devices` devices for `micro_batches` micro-batches,
-    `chunks` model chunks per device (interleaved: any, default 2; zbv: 2; else 1).
+    `chunks` model chunks per device (interleaved: any, default 2; zbv: 2; else 1); zbv's are
+    planned for one chunk's F, B and W taking `pass_times` (default equal).
 
     Example (ZB-H1's last of 2 devices runs micro-batch 0's weight gradient after the input
     gradient of micro-batch 1):
@@ -124,8 +127,10 @@ def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | N
     if name == "interleaved_1f1b" and micro_batches % devices:
         raise ConfigError(f"interleaved_1f1b runs micro-batches in groups of the {devices} devices: micro_batches must "
                           f"be a multiple of {devices}, got {micro_batches}")
+    if pass_times is not None and (name != "zbv" or len(pass_times) != 3 or min(pass_times) <= 0):
+        raise ConfigError(f"pass_times plan zbv's orders and are 3 positive times (F, B, W); got {pass_times!r} for {name}")
     if name == "zbv":
-        return Schedule(name, devices, micro_batches, chunks, _zbv(devices, micro_batches))
+        return Schedule(name, devices, micro_batches, chunks, _zbv(devices, micro_batches, pass_times or (1, 1, 1)))
     build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved,
              "zero_bubble_h1": _zero_bubble_h1}[name]
     orders = tuple(tuple(build(device, devices, micro_batches, chunks)) for device in range(devices))
@@ -200,27 +205,33 @@ class _VDevice:
     weights: deque = field(default_factory=deque)
 
 
-def _zbv(devices: int, micro_batches: int) -> tuple[tuple[Instruction, ...], ...]:
-    """ZB-V's orders as a list schedule with every instruction one time unit: at each unit every
-    device runs the first of (`_v_next`) its ready chunk-1 forward (its micro-batch then
-    reaches the loss sooner), its ready backward of the earliest micro-batch, its ready chunk-0
-    forward, a forward only while it holds fewer than ``2p`` micro-batch chunks, and the
-    weight gradient waiting longest. Its step at equal times is, for ``m >= 2p``, the least
-    any order allows (module docstring): device ``p - 1`` starts after ``p - 1`` chunk forwards
-    and is never idle after (other priorities tried missed it or stalled)."""
-    finish: dict = {}  # (kind, micro_batch, stage) -> the unit it finished at
+def _zbv(devices: int, micro_batches: int, pass_times: tuple[float, float, float]) -> tuple[tuple[Instruction, ...], ...]:
+    """ZB-V's orders as a list schedule with each chunk's F, B and W taking `pass_times`: each
+    time devices are free, each runs the first of (`_v_next`) its ready chunk-1 forward (its
+    micro-batch then reaches the loss sooner), its ready backward of the earliest micro-batch,
+    its ready chunk-0 forward, a forward only while it holds fewer than ``2p`` micro-batch
+    chunks, and the weight gradient waiting longest; a device with none waits for the next
+    instruction to finish. At equal times and ``m >= 2p`` its step is the least any order
+    allows (module docstring: other priorities tried missed it or stalled)."""
+    durations = dict(zip("FBW", pass_times))
+    finish: dict = {}  # (kind, micro_batch, stage) -> when it finishes
     state = [_VDevice() for _ in range(devices)]
     orders: list[list[Instruction]] = [[] for _ in range(devices)]
-    time, total = 0, 6 * micro_batches * devices
-    while sum(map(len, orders)) < total:
-        ran = [(device, _v_next(device, devices, micro_batches, time, finish, state[device]))
-               for device in range(devices)]
-        assert any(instruction for _, instruction in ran), f"zbv's list schedule stalls at unit {time}"
-        for device, instruction in ran:
-            if instruction:
-                orders[device].append(instruction)
-                finish[(instruction.kind, instruction.micro_batch, _v_stage(devices, device, instruction.chunk))] = time + 1
-        time += 1
+    free = [0.0] * devices
+    while active := [device for device in range(devices) if len(orders[device]) < 6 * micro_batches]:
+        time, waiting = min(free[device] for device in active), []
+        for device in (device for device in active if free[device] == time):
+            instruction = _v_next(device, devices, micro_batches, time, finish, state[device])
+            if instruction is None:
+                waiting.append(device)
+                continue
+            free[device] = time + durations[instruction.kind]
+            orders[device].append(instruction)
+            finish[(instruction.kind, instruction.micro_batch, _v_stage(devices, device, instruction.chunk))] = free[device]
+        later = [end for end in finish.values() if end > time]
+        assert later or not waiting, f"zbv's list schedule stalls at {time}"
+        for device in waiting:
+            free[device] = min(later)
     return tuple(map(tuple, orders))
 
 
