@@ -42,9 +42,10 @@ def test_interleaved_1f1b_divides_the_bubble_by_the_chunks(p, groups, v, forward
 @settings(max_examples=150, deadline=None)
 @given(st.integers(1, 8), st.integers(0, 16), _TIMES, _TIMES, st.integers(0, 9))
 def test_zero_bubble_h1_bubble_is_p_minus_1_times_f_plus_b_minus_w(p, extra, forward, backward, weight):
-    """Qi et al.'s ZB-H1 bubble, (p - 1)(F + B - W), where it holds: at least p micro-batches and
-    a weight gradient no longer than a forward or an input gradient (the delayed W passes then
-    fill the drain's waits: with a longer W they overflow it)."""
+    """Qi et al.'s ZB-H1 bubble, (p - 1)(F + B - W) (the issue's (p - 1)(F + B - 2W) is ZB-H2's),
+    where it holds: at least p micro-batches and a weight gradient no longer than a forward or
+    an input gradient (found by simulating: with a longer W the delayed W passes overflow the
+    drain's waits and the step is longer)."""
     m, weight = p + extra, min(weight, forward, backward)
     run = simulate(schedule_orders("zero_bubble_h1", p, m), StageTimes.uniform(p, forward, backward, weight))
     assert run.step_ns == m * (forward + backward + weight) + (p - 1) * (forward + backward - weight)
