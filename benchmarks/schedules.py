@@ -1,0 +1,76 @@
+"""Issue #34: each pipeline schedule's simulated step against its closed form.
+
+For p devices and m micro-batches (v chunks per device for interleaved_1f1b, 2 for zbv), every
+stage with the same forward F, input-gradient B and weight-gradient W times (a device's, over its
+chunks: each chunk takes 1/v of them) and free sends, `search.schedule_simulation.simulate` runs
+each schedule's instruction orders (zbv's planned for these times). Columns: the step; the
+bubble, the idle share of the devices' time, from the simulation and from the closed form's
+bubble time per device over m (F + B + W) plus it: GPipe and 1F1B (p - 1)(F + B + W),
+interleaved (p - 1)(F + B + W)/v, ZB-H1 (p - 1)(F + B - W) (it holds for m >= p and
+W <= min(F, B)), ZB-V (p - 1) F/2, the devices' start offsets, the least any order allows at
+F = B = W and m >= 2p (the paper's table lists a bubble rate of 0); "n/a" where the closed form
+does not hold; per device, the most micro-batch activations it holds (per chunk: interleaved
+and ZB-V count a micro-batch once per chunk), until the weight gradient and until the input
+gradient.
+
+Run: .venv/bin/python benchmarks/schedules.py [--devices 4] [--micro-batches 8] [--chunks 2] [--times F B W]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
+
+from autostrat.errors import AutostratError  # noqa: E402
+from autostrat.search.schedule_simulation import StageTimes, simulate  # noqa: E402
+from autostrat.search.schedules import SCHEDULE_ORDERS, schedule_orders  # noqa: E402
+from autostrat.tables import format_table  # noqa: E402
+
+
+def closed_form_bubble(name: str, p: int, m: int, v: int, forward: float, backward: float, weight: float) -> float | None:
+    """The bubble time per device on uniform stages by the closed form; None where it does not hold."""
+    if name == "zero_bubble_h1":
+        return (p - 1) * (forward + backward - weight) if m >= p and weight <= min(forward, backward) else None
+    if name == "zbv":
+        return (p - 1) * forward / 2 if m >= 2 * p and forward == backward == weight else None
+    return (p - 1) * (forward + backward + weight) / (v if name == "interleaved_1f1b" else 1)
+
+
+def row(name: str, p: int, m: int, v: int, forward: float, backward: float, weight: float) -> list[str]:
+    """One schedule's line of the table."""
+    chunks = {"interleaved_1f1b": v, "zbv": 2}.get(name, 1)
+    times = StageTimes.uniform(p * chunks, forward / chunks, backward / chunks, weight / chunks)
+    planned = (forward / 2, backward / 2, weight / 2) if name == "zbv" else None  # zbv's orders are planned for its times
+    run = simulate(schedule_orders(name, p, m, chunks if name == "interleaved_1f1b" else None, planned), times)
+    bubble = closed_form_bubble(name, p, m, chunks, forward, backward, weight)
+    return [f"{name}{f' (v={chunks})' if chunks > 1 else ''}", f"{run.step_ns:g}", f"{run.bubble:.1%}",
+            "n/a" if bubble is None else f"{bubble / (m * (forward + backward + weight) + bubble):.1%}",
+            " ".join(map(str, run.peak_activations)), " ".join(map(str, run.peak_until_backward))]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--micro-batches", type=int, default=8)
+    parser.add_argument("--chunks", type=int, default=2, help="model chunks per device of interleaved_1f1b")
+    parser.add_argument("--times", type=float, nargs=3, default=[1, 1, 1], metavar=("F", "B", "W"),
+                        help="a device's forward, input-gradient and weight-gradient time per micro-batch")
+    args = parser.parse_args(argv)
+    try:
+        rows = [row(name, args.devices, args.micro_batches, args.chunks, *args.times) for name in SCHEDULE_ORDERS]
+    except AutostratError as error:
+        print(f"schedules: error: {error}", file=sys.stderr)
+        return 2
+    forward, backward, weight = args.times
+    print(f"p = {args.devices} devices, m = {args.micro_batches} micro-batches, F = {forward:g}, B = {backward:g}, "
+          f"W = {weight:g}, sends free")
+    print(format_table(["schedule", "step", "bubble", "closed form", "peak activations to W", "to B"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
