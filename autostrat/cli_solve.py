@@ -67,6 +67,6 @@ def solve_command(args, write=print) -> int:
     if args.json:
         write(json.dumps({"cost": result.cost, "lower_bound": result.bound, "peak": result.peak,
                           "usage_limit": instance.limit, "seconds": round(time.perf_counter() - began, 3),
-                          "moves": result.moves}))
+                          "rounds": result.rounds}))
     write("[" + ", ".join(map(str, result.solution)) + "]")
     return 0 if result.cost is not None else 1

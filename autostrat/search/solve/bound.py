@@ -3,7 +3,9 @@ edge outside a spanning forest replaced by its cheapest entry per strategy of on
 never above it; what remains is a forest, minimised exactly by `forest_minimum`.
 
 The forest keeps the edges whose costs vary most (a maximum spanning forest), so that the
-relaxed ones lose little.
+relaxed ones lose little. The bound is one of the groups' problem (`groups`), whose solutions
+are exactly those of the instance without forbidden choices; any other solution costs at least
+`FORBIDDEN`, so the bound is never above it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numpy as np
 
 from autostrat.search.solve.arrays import Arrays
 from autostrat.search.solve.forest import forest_minimum
+from autostrat.search.solve.instance import FORBIDDEN
 
 
 def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None) -> float:
@@ -27,25 +30,27 @@ def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None) -> float:
     unary = {node: cost.copy() for node, cost in enumerate(arrays.costs)}
     offset = 0.0
     if multipliers is not None and arrays.limit is not None and len(multipliers):
-        price = range_sums(arrays, multipliers)
+        price = pricing(arrays, multipliers)
         for node in range(arrays.node_count):
-            unary[node] += price[node] * arrays.usages[node]
+            unary[node] += price(node)
         offset = float(multipliers.sum()) * arrays.limit
-    for edge, (u, v) in enumerate(arrays.instance.edges.tolist()):
+    for edge, (u, v) in enumerate(arrays.edges):
         if not kept[edge]:
             unary[u] += arrays.matrices[edge].min(axis=1)
     order, parents = _rooted(arrays, kept)
-    value = float(forest_minimum(arrays, order, parents, unary)[0]) - offset
+    value = min(float(forest_minimum(arrays, order, parents, unary)[0]) - offset, FORBIDDEN)
     # integer sums are exact in floats below 2**53; above, rounding could lift the bound over
     # the optimum (forbidden costs), so it is lowered by far more than the rounding
     return value * (1 - 2.0 ** -40) if abs(value) >= 2.0 ** 53 else value
 
 
-def range_sums(arrays: Arrays, multipliers: np.ndarray) -> np.ndarray:
-    """Each node's summed multipliers over the time points it uses memory at."""
+def pricing(arrays: Arrays, multipliers: np.ndarray):
+    """The memory price of each strategy of a group: its usage in each segment times the
+    multipliers summed over the segment's points (a function of the group)."""
     prefix = np.concatenate([[0.0], np.cumsum(multipliers)])
-    timeline = arrays.timeline
-    return prefix[timeline.last] - prefix[timeline.first]
+    if not prefix.any():
+        return lambda group: 0.0
+    return lambda group: arrays.tables[group] @ arrays.segment_sums(group, prefix)
 
 
 def _spanning_forest(arrays: Arrays) -> np.ndarray:
@@ -60,7 +65,7 @@ def _spanning_forest(arrays: Arrays) -> np.ndarray:
         return node
 
     kept = np.zeros(len(spread), dtype=bool)
-    edges = arrays.instance.edges.tolist()
+    edges = arrays.edges
     for edge in np.argsort(-spread, kind="stable").tolist():
         a, b = find(edges[edge][0]), find(edges[edge][1])
         if a != b:

@@ -23,10 +23,10 @@ def forest_minimum(arrays: Arrays, order: list, parents: list, unary: dict) -> t
     Example:
         >>> from autostrat.search.solve.instance import read_instance
         >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
-        >>> unary = {node: arrays.costs[node] for node in (0, 1, 3)}
-        >>> value, chosen = forest_minimum(arrays, [0, 1, 3], [None, (0, 0), (1, 2)], unary)
+        >>> unary = {group: arrays.costs[group] for group in (0, 1)}
+        >>> value, chosen = forest_minimum(arrays, [0, 1], [None, (0, 0)], unary)
         >>> float(value), chosen
-        (185.0, {0: 0, 1: 0, 3: 1})
+        (155.0, {0: 0, 1: 1})
     """
     belief = {node: np.array(unary[node], dtype=np.float64) for node in order}
     answers = {}
@@ -58,8 +58,8 @@ def induced_forest(arrays: Arrays, seeds: list, size: int, blocked: np.ndarray) 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
         >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
-        >>> induced_forest(arrays, [0], 5, np.zeros(5, dtype=bool))
-        ([0, 1, 2, 3], [None, (0, 0), (0, 1), (1, 2)])
+        >>> induced_forest(arrays, [0], 5, np.zeros(3, dtype=bool))  # a triangle: two of it
+        ([0, 1], [None, (0, 0)])
     """
     inside = np.zeros(arrays.node_count, dtype=bool)
     touching = np.zeros(arrays.node_count, dtype=np.int64)  # in-block neighbours of each node
@@ -92,8 +92,8 @@ def spanning_block(arrays: Arrays, seed: int, size: int) -> tuple:
     Example:
         >>> from autostrat.search.solve.instance import read_instance
         >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
-        >>> spanning_block(arrays, 0, 5)[2]
-        [(3, 4, 4)]
+        >>> spanning_block(arrays, 0, 5)
+        ([0, 1, 2], [None, (0, 0), (0, 1)], [(1, 2, 2)])
     """
     position = {seed: 0}
     order, parents = [seed], [None]

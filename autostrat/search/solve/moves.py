@@ -1,11 +1,12 @@
-"""The moves the solver improves a solution with, each keeping the memory limit exactly:
+"""The moves the solver improves a solution of the groups with, each keeping the memory limit
+exactly:
 
-- `greedy_start`: nodes in graph order, each taking its cheapest strategy given the neighbours
-  already placed, while every node not yet placed counts at its smallest usage;
-- `sweep`: every node in turn takes its cheapest strategy given all its neighbours (coordinate
-  descent);
+- `start`: each group's strategy of least memory, repaired into the limit if need be, then in
+  graph order each group's cheapest strategy given the groups already placed;
+- `sweep`: every group in turn takes its cheapest strategy given all its neighbours;
 - `forest_move`: a block whose induced subgraph is a forest is re-optimised exactly, memory
-  priced by the multipliers; the result is kept only when it fits the limit and costs no more.
+  priced by the multipliers; kept when it fits the limit and costs no more;
+- `chord_move`: a connected block through its breadth-first tree, its other edges relaxed.
 """
 
 from __future__ import annotations
@@ -17,78 +18,109 @@ from autostrat.search.solve.forest import forest_minimum, induced_forest, spanni
 
 
 class State:
-    """A solution, its usage per node and the memory profile over the time points.
+    """A solution of the groups and the memory profile over the time points.
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> state = State(Arrays(read_instance("/work/shared/iopddl/example.json")), [0, 0, 0, 1, 0])
-        >>> state.profile.tolist()
-        [10, 35, 50, 40]
+        >>> state = State(Arrays(read_instance("/work/shared/iopddl/example.json")), [0, 0, 1])
+        >>> state.profile.tolist(), state.fits(2).tolist()
+        ([10, 35, 50, 40], [True, True])
     """
 
     def __init__(self, arrays: Arrays, solution):
         self.arrays = arrays
         self.solution = np.array(solution, dtype=np.int64)
-        self.usage = arrays.usage_of(self.solution)
-        self.profile = arrays.timeline.profile(self.usage)
+        self.profile = arrays.profile(self.solution)
         self.limit = np.inf if arrays.limit is None else arrays.limit
 
-    def headroom(self, node: int):
-        """How much more memory `node` may use than it does now."""
-        timeline = self.arrays.timeline
-        first, last = timeline.first[node], timeline.last[node]
-        return np.inf if first == last else self.limit - self.profile[first:last].max()
+    def fits(self, group: int) -> np.ndarray:
+        """Per strategy of `group`, whether taking it keeps every point within the limit."""
+        bounds, table = self.arrays.bounds[group], self.arrays.tables[group]
+        if len(bounds) < 2:
+            return np.ones(len(self.arrays.costs[group]), dtype=bool)
+        peaks = np.maximum.reduceat(self.profile[bounds[0]:bounds[-1]], bounds[:-1] - bounds[0])
+        return (peaks[None, :] + table - table[self.solution[group]][None, :] <= self.limit).all(axis=1)
 
-    def place(self, node: int, strategy: int) -> None:
-        """Give `node` the strategy, updating its usage and the profile."""
-        usage = self.arrays.usages[node][strategy]
-        timeline = self.arrays.timeline
-        self.profile[timeline.first[node]:timeline.last[node]] += usage - self.usage[node]
-        self.usage[node] = usage
-        self.solution[node] = strategy
+    def place(self, group: int, strategy: int) -> None:
+        """Give `group` the strategy, updating the profile."""
+        bounds, table = self.arrays.bounds[group], self.arrays.tables[group]
+        if len(bounds) > 1:
+            steps = np.repeat(table[strategy] - table[self.solution[group]], np.diff(bounds))
+            self.profile[bounds[0]:bounds[-1]] += steps
+        self.solution[group] = strategy
 
-    def best_local(self, node: int, skip=None) -> int:
-        """The cheapest strategy of `node` given its neighbours that fits the memory left (its
+    def best_local(self, group: int, skip=None) -> int:
+        """The cheapest strategy of `group` given its neighbours that fits the memory left (its
         own strategy when no other does)."""
-        local = self.arrays.local_costs(node, self.solution, skip)
-        fits = self.arrays.usages[node] - self.usage[node] <= self.headroom(node)
-        fits[self.solution[node]] = True
+        local = self.arrays.local_costs(group, self.solution, skip)
+        fits = self.fits(group)
+        fits[self.solution[group]] = True
         return int(np.where(fits, local, np.inf).argmin())
 
 
-def smallest_usage(arrays: Arrays) -> np.ndarray:
-    """Each node's strategy of least usage, the cheaper one among equals."""
-    return np.array([np.lexsort((cost, usage))[0] for cost, usage in zip(arrays.costs, arrays.usages)],
-                    dtype=np.int64)
-
-
-def greedy_start(arrays: Arrays) -> State:
-    """The greedy solution in graph order, within the limit if the smallest usages are."""
-    state = State(arrays, smallest_usage(arrays))
+def start(arrays: Arrays) -> State:
+    """The greedy solution in graph order, within the limit unless `repair` failed."""
+    weights = [table @ np.diff(bounds) if len(bounds) > 1 else np.zeros(len(table))
+               for bounds, table in zip(arrays.bounds, arrays.tables)]
+    state = State(arrays, [np.lexsort((cost, weight))[0] for cost, weight in zip(arrays.costs, weights)])
+    if not repair(state):
+        return state
     placed = np.zeros(arrays.node_count, dtype=bool)
-    for node in range(arrays.node_count):
-        state.place(node, state.best_local(node, skip=~placed))
-        placed[node] = True
+    for group in range(arrays.node_count):
+        state.place(group, state.best_local(group, skip=~placed))
+        placed[group] = True
     return state
 
 
+def repair(state: State, deadline=None) -> bool:
+    """Bring `state` within the limit: at the highest point, the group whose change to less
+    usage there costs least per unit freed takes it, until no point is over. False when no
+    such change is left, or after as many changes as there are groups' strategies (a change
+    may raise other points, so the greedy could go round), or once `deadline` has passed."""
+    arrays = state.arrays
+    for _ in range(sum(len(cost) for cost in arrays.costs) + 1):
+        if not len(state.profile) or state.profile.max() <= state.limit:
+            return True
+        if deadline is not None and deadline.passed():
+            return False
+        point = int(state.profile.argmax())
+        excess = state.profile[point] - state.limit
+        best = None
+        for group in range(arrays.node_count):
+            bounds = arrays.bounds[group]
+            if len(bounds) < 2 or not bounds[0] <= point < bounds[-1]:
+                continue
+            usage = arrays.tables[group][:, np.searchsorted(bounds, point, side="right") - 1]
+            freed = usage[state.solution[group]] - usage
+            if not (freed > 0).any():
+                continue
+            local = arrays.local_costs(group, state.solution)
+            rate = np.where(freed > 0, (local - local[state.solution[group]]) / np.maximum(np.minimum(freed, excess), 1), np.inf)
+            strategy = int(rate.argmin())
+            if best is None or rate[strategy] < best[0]:
+                best = (rate[strategy], group, strategy)
+        if best is None:
+            return False
+        state.place(best[1], best[2])
+    return False
+
+
 def sweep(state: State, order) -> int:
-    """Coordinate descent over `order`; how many nodes changed strategy."""
+    """Coordinate descent over `order`; how many groups changed strategy."""
     changed = 0
-    for node in order:
-        strategy = state.best_local(node)
-        if strategy != state.solution[node]:
-            local = state.arrays.local_costs(node, state.solution)
-            if local[strategy] < local[state.solution[node]]:
-                state.place(node, strategy)
+    for group in order:
+        strategy = state.best_local(group)
+        if strategy != state.solution[group]:
+            local = state.arrays.local_costs(group, state.solution)
+            if local[strategy] < local[state.solution[group]]:
+                state.place(group, strategy)
                 changed += 1
     return changed
 
 
-def forest_move(state: State, seed: int, size: int, prices: np.ndarray, within_limit: bool = True) -> tuple:
-    """Re-optimise the induced forest of at most `size` nodes grown from `seed`, memory priced
-    at `prices` per unit of usage per node. With `within_limit`, keep the answer if it fits and
-    costs no more; without, keep it if its priced cost is lower.
+def forest_move(state: State, seed: int, size: int, prices) -> tuple:
+    """Re-optimise the induced forest of at most `size` groups grown from `seed`, memory priced
+    by `prices(group)` (a cost per strategy); keep it if it fits and costs no more.
 
     Returns (cost change, overflow or None): when the answer was refused for memory, the points
     where it went over the limit, its added usage there and the gain it promised.
@@ -97,50 +129,23 @@ def forest_move(state: State, seed: int, size: int, prices: np.ndarray, within_l
     inside = np.zeros(arrays.node_count, dtype=bool)
     order, parents = induced_forest(arrays, [seed], size, inside)
     inside[order] = True
-    true = {node: arrays.local_costs(node, state.solution, skip=inside) for node in order}
-    unary = {node: true[node] + prices[node] * arrays.usages[node] for node in order}
+    true = {group: arrays.local_costs(group, state.solution, skip=inside) for group in order}
+    unary = {group: true[group] + prices(group) for group in order}
     _, chosen = forest_minimum(arrays, order, parents, unary)
-    moved = [node for node in order if chosen[node] != state.solution[node]]
+    moved = [group for group in order if chosen[group] != state.solution[group]]
     change = _block_change(arrays, state.solution, order, parents, true, chosen)
-    if not within_limit:
-        priced = change + sum(prices[node] * (arrays.usages[node][chosen[node]] - state.usage[node]) for node in moved)
-        if moved and priced < 0:
-            for node in moved:
-                state.place(node, chosen[node])
-            return change, None
-        return 0.0, None
     if change > 0 or not moved:
         return 0.0, None
     added = _profile_change(state, moved, chosen)
     over = np.flatnonzero(state.profile + added > state.limit)
     if len(over):
         return 0.0, (over, added[over], -change)
-    for node in moved:
-        state.place(node, chosen[node])
+    for group in moved:
+        state.place(group, chosen[group])
     return change, None
 
 
-def _block_change(arrays: Arrays, solution, order, parents, true, chosen) -> float:
-    change = 0.0
-    for node, link in zip(order, parents):
-        change += true[node][chosen[node]] - true[node][solution[node]]
-        if link is not None:
-            matrix = arrays.edge_matrix(link[1], link[0])
-            change += matrix[chosen[link[0]], chosen[node]] - matrix[solution[link[0]], solution[node]]
-    return float(change)
-
-
-def _profile_change(state: State, moved: list, chosen: dict) -> np.ndarray:
-    timeline = state.arrays.timeline
-    change = np.zeros(len(timeline.points) + 1, dtype=state.profile.dtype)
-    for node in moved:
-        delta = state.arrays.usages[node][chosen[node]] - state.usage[node]
-        change[timeline.first[node]] += delta
-        change[timeline.last[node]] -= delta
-    return np.cumsum(change[:-1])
-
-
-def chord_move(state: State, seed: int, size: int, prices: np.ndarray, optimistic: bool) -> float:
+def chord_move(state: State, seed: int, size: int, prices, optimistic: bool) -> float:
     """Re-optimise a connected block through its breadth-first tree, each chord (a block edge off
     the tree) counted at its cheapest entry per strategy of one end (`optimistic`: lets a
     cycle bound by forbidden pairs change all at once) or at the other end's present strategy;
@@ -149,38 +154,53 @@ def chord_move(state: State, seed: int, size: int, prices: np.ndarray, optimisti
     order, parents, chords = spanning_block(arrays, seed, size)
     inside = np.zeros(arrays.node_count, dtype=bool)
     inside[order] = True
-    unary = {node: arrays.local_costs(node, state.solution, skip=inside) + prices[node] * arrays.usages[node]
-             for node in order}
+    unary = {group: arrays.local_costs(group, state.solution, skip=inside) + prices(group) for group in order}
     for u, v, edge in chords:
         matrix = arrays.edge_matrix(edge, u)
         unary[u] += matrix.min(axis=1) if optimistic else matrix[:, state.solution[v]]
     _, chosen = forest_minimum(arrays, order, parents, unary)
-    moved = [node for node in order if chosen[node] != state.solution[node]]
+    moved = [group for group in order if chosen[group] != state.solution[group]]
     if not moved:
         return 0.0
     change = exact_change(arrays, state.solution, moved, chosen)
-    if change >= 0:
+    if change >= 0 or (state.profile + _profile_change(state, moved, chosen) > state.limit).any():
         return 0.0
-    added = _profile_change(state, moved, chosen)
-    if (state.profile + added > state.limit).any():
-        return 0.0
-    for node in moved:
-        state.place(node, chosen[node])
+    for group in moved:
+        state.place(group, chosen[group])
     return change
 
 
 def exact_change(arrays: Arrays, solution: np.ndarray, moved: list, chosen: dict) -> float:
-    """The cost change when the `moved` nodes take their `chosen` strategies."""
+    """The cost change when the `moved` groups take their `chosen` strategies."""
     after = solution.copy()
-    for node in moved:
-        after[node] = chosen[node]
+    for group in moved:
+        after[group] = chosen[group]
     change, counted = 0.0, set()
-    for node in moved:
-        change += arrays.costs[node][after[node]] - arrays.costs[node][solution[node]]
-        for neighbour, edge in arrays.neighbours[node]:
+    for group in moved:
+        change += arrays.costs[group][after[group]] - arrays.costs[group][solution[group]]
+        for _, edge in arrays.neighbours[group]:
             if edge not in counted:
                 counted.add(edge)
-                u, v = arrays.instance.edges[edge]
+                u, v = arrays.edges[edge]
                 matrix = arrays.matrices[edge]
                 change += matrix[after[u], after[v]] - matrix[solution[u], solution[v]]
     return float(change)
+
+
+def _block_change(arrays: Arrays, solution, order, parents, true, chosen) -> float:
+    change = 0.0
+    for group, link in zip(order, parents):
+        change += true[group][chosen[group]] - true[group][solution[group]]
+        if link is not None:
+            matrix = arrays.edge_matrix(link[1], link[0])
+            change += matrix[chosen[link[0]], chosen[group]] - matrix[solution[link[0]], solution[group]]
+    return float(change)
+
+
+def _profile_change(state: State, moved: list, chosen: dict) -> np.ndarray:
+    arrays = state.arrays
+    change = np.zeros(arrays.point_count + 1, dtype=np.int64)
+    for group in moved:
+        table = arrays.tables[group]
+        arrays.add_usage(change, group, table[chosen[group]] - table[state.solution[group]])
+    return np.cumsum(change[:-1])

@@ -1,11 +1,17 @@
-"""The IOPDDL solver: a greedy start within the memory limit, then large moves — blocks whose
-induced subgraph is a forest, re-optimised exactly by dynamic programming with every other node
-fixed, and connected blocks solved through a spanning tree with their chords relaxed
-(`chord_move`) — with memory priced by multipliers that rise where a block's answer overflowed (a
-Lagrangian relaxation of the limit, adjusted as the search meets it), and a lower bound.
+"""The IOPDDL solver. Nodes whose strategy another node's decides are merged into groups
+(`groups`); then each round
 
-Deterministic for a given `seed` and number of moves; under a time budget the number of moves
-done, and so the result, depends on the machine's speed.
+1. prices memory with one multiplier per time point (the limit relaxed, Lagrange) and runs a
+   pass of message passing (`trws`) on the priced costs, which decodes a solution;
+2. moves the multipliers along the decoded solution's overflow (a subgradient step, its size
+   halved whenever rounds stop improving, restarted when it has become negligible);
+3. repairs the decoded solution into the limit (`moves.repair`) and polishes it with moves that
+   keep the limit exactly: coordinate descent, induced-forest and chord block moves.
+
+The best repaired solution is the result; the lower bound is the spanning-forest relaxation,
+with the final multipliers when they raise it. Deterministic for a given `seed` and number of
+rounds; under a time budget the number of rounds done, and so the result, depends on the
+machine's speed and load.
 """
 
 from __future__ import annotations
@@ -17,100 +23,134 @@ import numpy as np
 
 from autostrat.search.deadline import Deadline
 from autostrat.search.solve.arrays import Arrays
-from autostrat.search.solve.bound import range_sums, lower_bound
+from autostrat.search.solve.bound import lower_bound, pricing
 from autostrat.search.solve.evaluate import is_feasible, peak_usage, solution_cost
 from autostrat.search.solve.instance import Instance
-from autostrat.search.solve.moves import State, chord_move, forest_move, greedy_start, smallest_usage, sweep
+from autostrat.search.solve.moves import State, chord_move, forest_move, repair, start, sweep
+from autostrat.search.solve.trws import MessagePassing
 
-BLOCK_SIZES = (8, 32, 128, 512)  # nodes per block; small blocks pass the memory check more often
-RETRIES = 3  # solves of one block as its prices rise
-CYCLE = 8  # moves per round: forest moves, then two chord moves
+POLISH_MOVES = 16  # block moves on each repaired solution, one in four a chord move
+BLOCK_SIZES = (8, 32, 128)
+STALL_ROUNDS = 20  # rounds without a better solution before the step size halves
+SMALLEST_STEP = 2.0 ** -10  # then it restarts at 1
 
 
 @dataclass(frozen=True)
 class Result:
     """A solution (empty when none fits the limit), its exact cost, the lower bound, the peak of
-    the best solution found (the smallest peak when none fits), and the seconds taken."""
+    the best solution found (the smallest peak when none fits), the seconds taken and rounds."""
 
     solution: list
     cost: int | float | None
     bound: float
     peak: int | float
     seconds: float
-    moves: int
+    rounds: int
 
 
-def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, moves: int | None = None) -> Result:
-    """The best solution found within `seconds` (or after `moves` block moves, whichever first).
+def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, rounds: int | None = None) -> Result:
+    """The best solution found within `seconds` (or after `rounds` rounds, whichever first).
 
-    `progress(cost, bound, seconds)` is called when a better solution is found.
+    `progress(cost, bound, seconds)` is called when a better solution is found (at most once a
+    second).
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> result = solve(read_instance("/work/shared/iopddl/example.json"), 5.0, moves=50)
+        >>> result = solve(read_instance("/work/shared/iopddl/example.json"), 5.0, rounds=20)
         >>> result.solution, result.cost, result.bound
         ([0, 0, 2, 1, 0], 445, 445.0)
     """
     deadline = Deadline(seconds)
     arrays = Arrays(instance)
-    lowest = smallest_usage(arrays)
-    if not is_feasible(instance, lowest, arrays.timeline):
-        return Result([], None, float("nan"), peak_usage(instance, lowest, arrays.timeline), deadline.elapsed(), 0)
-    state = greedy_start(arrays)
+    state = start(arrays)
+    if (state.profile > state.limit).any():
+        return _least_memory(instance, arrays, deadline)
     sweep(state, range(arrays.node_count))
     started = time.perf_counter()
     bound = lower_bound(arrays)
     # the search stops early enough for a second bound (priced memory) and the exact evaluation
     reserve = 2.0 * (time.perf_counter() - started) + 0.2
     search = _Search(state, np.random.default_rng(seed), progress, bound, Deadline(seconds, deadline.end - reserve))
-    done = search.run(moves)
+    done = search.run(rounds)
     if arrays.limit is not None and search.multipliers.any() and deadline.left() > reserve / 2:
         bound = max(bound, lower_bound(arrays, search.multipliers))
-    best = search.best.tolist()
+    best = arrays.expand(search.best.solution)
     assert is_feasible(instance, best, arrays.timeline)
     return Result(best, solution_cost(instance, best), bound, peak_usage(instance, best, arrays.timeline),
                   deadline.elapsed(), done)
 
 
+def _least_memory(instance: Instance, arrays: Arrays, deadline: Deadline) -> Result:
+    """When no solution of the groups was found within the limit: every node at its least usage,
+    the smallest peak there is. It is the result if it fits (its cost ignores the groups, so it
+    may take forbidden choices); otherwise the instance is infeasible."""
+    lowest = [int(np.lexsort((cost, usage))[0]) for cost, usage in zip(instance.costs, instance.usages)]
+    peak = peak_usage(instance, lowest, arrays.timeline)
+    if not is_feasible(instance, lowest, arrays.timeline):
+        return Result([], None, float("nan"), peak, deadline.elapsed(), 0)
+    return Result(lowest, solution_cost(instance, lowest), float("-inf"), peak, deadline.elapsed(), 0)
+
+
 class _Search:
-    """Forest moves from random seeds, keeping the best solution and the memory multipliers."""
+    """The rounds: priced message passing, multiplier steps, repair and polish."""
 
     def __init__(self, state: State, rng, progress, bound: float, deadline: Deadline):
-        self.state, self.rng, self.progress, self.bound, self.deadline = state, rng, progress, bound, deadline
-        self.multipliers = np.zeros(len(state.arrays.timeline.points))
-        self.prices = np.zeros(state.arrays.node_count)
-        self.cost = state.arrays.float_cost(state.solution)
-        self.best, self.best_cost = state.solution.copy(), self.cost
-        self.reported = 0.0
+        self.arrays, self.rng, self.progress, self.bound, self.deadline = state.arrays, rng, progress, bound, deadline
+        self.passing = MessagePassing(state.arrays)
+        self.multipliers = np.zeros(state.arrays.point_count)
+        self.best, self.best_cost = state, state.arrays.float_cost(state.solution)
+        self.step, self.stalled, self.reported = 1.0, 0, 0.0
         self._report(force=True)
 
-    def run(self, moves: int | None) -> int:
+    def run(self, rounds: int | None) -> int:
         done = 0
         # a best cost at the bound is proven optimal: nothing is left to find
-        while not self.deadline.passed() and (moves is None or done < moves) and self.best_cost > self.bound:
-            seed = int(self.rng.integers(self.state.arrays.node_count))
-            size = BLOCK_SIZES[int(self.rng.integers(len(BLOCK_SIZES)))]
-            kind = done % CYCLE
-            if kind >= CYCLE - 2:  # one move in four crosses cycles: optimistic or conditioned chords
-                self.cost += chord_move(self.state, seed, size, self.prices, optimistic=kind % 2 == 0)
-            for _ in range(RETRIES if kind < CYCLE - 2 else 0):
-                change, overflow = forest_move(self.state, seed, size, self.prices)
-                self.cost += change
-                if overflow is None:
-                    break
-                self._price(*overflow)
+        while not self.deadline.passed() and (rounds is None or done < rounds) and self.best_cost > self.bound:
+            prices = pricing(self.arrays, self.multipliers)
+            unary = [cost + prices(group) for group, cost in enumerate(self.arrays.costs)]
+            candidate = State(self.arrays, self.passing.run_pass(unary, forward=done % 2 == 0))
+            self._step_multipliers(candidate.profile)
+            if repair(candidate, self.deadline):
+                self._polish(candidate, prices)
+                self._offer(candidate)
+            self._polish(self.best, prices)
+            self._offer(self.best)
             done += 1
-            if self.cost < self.best_cost:
-                self.best, self.best_cost = self.state.solution.copy(), self.cost
-                self._report()
         self._report(force=True)
         return done
 
-    def _price(self, points: np.ndarray, excess: np.ndarray, gain: float) -> None:
-        """Raise the multipliers at the overflowing points so that the gain the block's answer
-        promised no longer pays for its extra memory there."""
-        self.multipliers[points] += 2.0 * max(gain, 1.0) / max(float(excess.sum()), 1.0)
-        self.prices = range_sums(self.state.arrays, self.multipliers)
+    def _step_multipliers(self, profile: np.ndarray) -> None:
+        """Up where the decoded solution overflows, down (not below 0) where it has room."""
+        slack = (profile - self.arrays.limit).astype(np.float64) if self.arrays.limit is not None else profile * 0.0
+        gradient = np.where((self.multipliers > 0) | (slack > 0), slack, 0.0)
+        norm = float(gradient @ gradient)
+        if norm > 0:
+            size = self.step * 0.1 * max(abs(self.best_cost), 1.0) / norm
+            self.multipliers = np.maximum(self.multipliers + size * gradient, 0.0)
+
+    def _polish(self, state: State, prices) -> None:
+        sweep(state, range(self.arrays.node_count))
+        for move in range(POLISH_MOVES):
+            if self.deadline.passed():
+                return
+            seed = int(self.rng.integers(self.arrays.node_count))
+            size = BLOCK_SIZES[int(self.rng.integers(len(BLOCK_SIZES)))]
+            if move % 4 == 3:
+                chord_move(state, seed, size, prices, optimistic=move % 8 == 3)
+            else:
+                forest_move(state, seed, size, prices)
+
+    def _offer(self, state: State) -> None:
+        """Keep `state` if it is the best yet; count the rounds since the last better one."""
+        cost = self.arrays.float_cost(state.solution)
+        self.stalled += 1
+        if cost < self.best_cost:
+            self.best, self.best_cost, self.stalled = State(self.arrays, state.solution), cost, 0
+            self._report()
+        if self.stalled >= 2 * STALL_ROUNDS:  # two offers per round
+            self.step, self.stalled = self.step / 2, 0
+            if self.step < SMALLEST_STEP:
+                self.step = 1.0
 
     def _report(self, force: bool = False) -> None:
         now = self.deadline.elapsed()
