@@ -13,7 +13,7 @@
     autostrat explain PLAN.json OP [--alternatives N]   how OP got its strategy, and its best alternatives
     search, run, report and explain take --import MODULE: register the Cell classes of your own module as models
     autostrat diff A.json B.json                       how two plans of one model differ
-    autostrat solve FILE [SECONDS] [--json] [--seed N]  solve an IOPDDL sharding instance (autostrat.cli_solve)
+    autostrat solve FILE [SECONDS] [--json] [--seed N] [--workers N]   solve an IOPDDL sharding instance (autostrat.cli_solve)
     autostrat --version
 
 Outputs never clobber (`autostrat.io`): an output that is an input or another output is refused
@@ -319,6 +319,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="wall-time limit (default: the contest's for the file's letter, A-E 60 s ... U-Y 300 s; else 60)")
     solve.add_argument("--json", action="store_true", help="also print cost, lower bound, peak and time as a JSON line")
     solve.add_argument("--seed", type=_natural, default=0, help="seed of the search's random choices (default 0)")
+    solve.add_argument("--workers", type=_positive(int),
+                       help="searches in parallel, one per process (default: 2, or 1 on a single usable core)")
     return parser
 
 

@@ -190,3 +190,11 @@ def test_file_that_is_neither_json_nor_gzip_is_refused(tmp_path, capsys):
     plain.write_text("{\"problem\": ")
     assert main(["solve", str(plain)]) == 2
     assert capsys.readouterr().err.startswith(f"autostrat: error: {plain}: not valid JSON at line 1")
+
+
+def test_same_seed_and_rounds_give_the_same_solution_on_one_or_two_workers(tmp_path):
+    instance = read_instance(written(tmp_path, random_problem(300, node_count=12)))
+    first, again = (solve(instance, 30.0, seed=5, rounds=15, workers=2) for _ in range(2))
+    alone = solve(instance, 30.0, seed=5, rounds=15)
+    assert (first.solution, first.cost) == (again.solution, again.cost)
+    assert first.cost <= alone.cost  # the second worker's best is kept only when better

@@ -28,6 +28,7 @@ from autostrat.search.solve.evaluate import is_feasible, peak_usage, solution_co
 from autostrat.search.solve.instance import Instance
 from autostrat.search.solve.moves import State, chord_move, forest_move, repair, start, sweep
 from autostrat.search.solve.trws import MessagePassing
+from autostrat.search.solve.workers import search_all
 
 POLISH_MOVES = 16  # block moves on each repaired solution, one in four a chord move
 BLOCK_SIZES = (8, 32, 128)
@@ -48,11 +49,13 @@ class Result:
     rounds: int
 
 
-def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, rounds: int | None = None) -> Result:
-    """The best solution found within `seconds` (or after `rounds` rounds, whichever first).
+def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, rounds: int | None = None,
+          workers: int = 1) -> Result:
+    """The best solution found within `seconds` (or after `rounds` rounds, whichever first) by
+    `workers` searches (seeds `seed`, `seed + 1`, ...), one per process (`workers.search_all`).
 
-    `progress(cost, bound, seconds)` is called when a better solution is found (at most once a
-    second).
+    `progress(cost, bound, seconds)` is called when the first search finds a better solution (at
+    most once a second).
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
@@ -69,12 +72,22 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     started = time.perf_counter()
     bound = lower_bound(arrays)
     # the search stops early enough for a second bound (priced memory) and the exact evaluation
-    reserve = 2.0 * (time.perf_counter() - started) + 0.2
-    search = _Search(state, np.random.default_rng(seed), progress, bound, Deadline(seconds, deadline.end - reserve))
-    done = search.run(rounds)
-    if arrays.limit is not None and search.multipliers.any() and deadline.left() > reserve / 2:
-        bound = max(bound, lower_bound(arrays, search.multipliers))
-    best = arrays.expand(search.best.solution)
+    reserve = 2.0 * (time.perf_counter() - started) + 0.5
+    searching = Deadline(seconds, deadline.end - reserve)
+    first = []
+
+    def make_search(search_seed: int, worker: int) -> _Search:
+        search = _Search(state, np.random.default_rng(search_seed), progress if worker == 0 else None, bound,
+                         searching, step=0.5 ** worker)
+        first.extend([search] if worker == 0 else [])
+        return search
+
+    results = search_all(make_search, [seed + worker for worker in range(workers)], rounds, searching)
+    cost, solution, _ = min(results, key=lambda result: result[0])
+    done = sum(result[2] for result in results)
+    if arrays.limit is not None and first[0].multipliers.any() and deadline.left() > reserve / 2:
+        bound = max(bound, lower_bound(arrays, first[0].multipliers))
+    best = arrays.expand(solution)
     assert is_feasible(instance, best, arrays.timeline)
     return Result(best, solution_cost(instance, best), bound, peak_usage(instance, best, arrays.timeline),
                   deadline.elapsed(), done)
@@ -94,13 +107,17 @@ def _least_memory(instance: Instance, arrays: Arrays, deadline: Deadline) -> Res
 class _Search:
     """The rounds: priced message passing, multiplier steps, repair and polish."""
 
-    def __init__(self, state: State, rng, progress, bound: float, deadline: Deadline):
+    def __init__(self, state: State, rng, progress, bound: float, deadline: Deadline, step: float = 1.0):
         self.arrays, self.rng, self.progress, self.bound, self.deadline = state.arrays, rng, progress, bound, deadline
         self.passing = MessagePassing(state.arrays)
         self.multipliers = np.zeros(state.arrays.point_count)
         self.best, self.best_cost = state, state.arrays.float_cost(state.solution)
-        self.step, self.stalled, self.reported = 1.0, 0, 0.0
+        self.step, self.stalled, self.reported = step, 0, 0.0
         self._report(force=True)
+
+    @property
+    def best_solution(self) -> np.ndarray:
+        return self.best.solution
 
     def run(self, rounds: int | None) -> int:
         done = 0
