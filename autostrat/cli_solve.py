@@ -10,6 +10,7 @@ its own arguments (a test, a script) counts from that call.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -59,15 +60,17 @@ def solve_command(args, write=print) -> int:
     if left <= 0:
         raise ConfigError(f"{args.file}: reading the instance took the whole {seconds:g} s; give more seconds")
     workers = args.workers if args.workers is not None else min(2, usable_cores())
+    before = time.perf_counter() - began  # progress times count from the start, as the limit does
     result = solve(instance, left, seed=args.seed, workers=workers,
-                   progress=lambda cost, bound, at: write(f"# cost {cost:.0f} bound {bound:.0f} after {at:.1f} s"))
+                   progress=lambda cost, bound, at: write(f"# cost {cost:.0f} bound {bound:.0f} after {before + at:.1f} s"))
     if result.cost is None:
         write(f"# infeasible: the smallest peak found, {result.peak}, is above the usage limit {instance.limit}")
     else:
-        write(f"# cost {result.cost} bound {result.bound:.0f} after {result.seconds:.1f} s "
+        write(f"# cost {result.cost} bound {result.bound:.0f} after {time.perf_counter() - began:.1f} s "
               f"(peak {result.peak} of {instance.limit})")
     if args.json:
-        write(json.dumps({"cost": result.cost, "lower_bound": result.bound, "peak": result.peak,
+        bound = result.bound if math.isfinite(result.bound) else None  # none: infeasible, or a fallback's
+        write(json.dumps({"cost": result.cost, "lower_bound": bound, "peak": result.peak,
                           "usage_limit": instance.limit, "seconds": round(time.perf_counter() - began, 3),
                           "rounds": result.rounds}))
     write("[" + ", ".join(map(str, result.solution)) + "]")

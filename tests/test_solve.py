@@ -159,6 +159,7 @@ BAD = [
     (lambda d: d["problem"]["nodes"]["costs"].__setitem__(1, []), "problem.nodes.costs[1]: expected a non-empty list"),
     (lambda d: d["problem"]["nodes"]["costs"].__setitem__(2, [1, "x", 3]), "problem.nodes.costs[2]: expected a list of numbers"),
     (lambda d: d["problem"]["nodes"]["usages"].__setitem__(1, [1]), "problem.nodes.usages[1]: expected 2 numbers, got 1"),
+    (lambda d: d["problem"]["nodes"]["usages"].__setitem__(0, [2.5]), "problem.nodes.usages[0]: expected integers, got [2.5]"),
     (lambda d: d["problem"]["nodes"]["intervals"].pop(), "problem.nodes.intervals: expected 5 intervals"),
     (lambda d: d["problem"]["nodes"]["intervals"].__setitem__(0, [1]), "problem.nodes.intervals[0]: expected [start, end]"),
     (lambda d: d["problem"]["edges"]["nodes"].__setitem__(4, [3, 9]), "problem.edges.nodes[4]: expected [u, v], two node indices below 5"),

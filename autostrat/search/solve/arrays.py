@@ -40,6 +40,11 @@ class Arrays:
         self.costs = [self._group_costs(g) for g in range(self.node_count)]
         self._merge_edges()
         self.bounds, self.tables = zip(*(self._segments(g) for g in range(self.node_count)))
+        # the points each group uses memory at: from span_first up to (not including) span_last
+        self.span_first = np.array([bounds[0] if len(bounds) > 1 else 0 for bounds in self.bounds], dtype=np.int64)
+        self.span_last = np.array([bounds[-1] if len(bounds) > 1 else 0 for bounds in self.bounds], dtype=np.int64)
+        self.varies = np.array([table.size > 0 and bool((table.max(axis=0) != table.min(axis=0)).any())
+                                for table in self.tables], dtype=bool)  # whether the strategy changes its memory
         self.transposed = [np.ascontiguousarray(matrix.T) for matrix in self.matrices]
         self.neighbours = [[] for _ in range(self.node_count)]
         for edge, (u, v) in enumerate(self.edges):

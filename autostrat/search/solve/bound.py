@@ -17,16 +17,17 @@ from autostrat.search.solve.forest import forest_minimum
 from autostrat.search.solve.instance import FORBIDDEN
 
 
-def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None) -> float:
+def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None, kept: np.ndarray | None = None) -> float:
     """A value no solution within the memory limit goes below; `multipliers` (>= 0, one per
-    time point) price memory use, each point's limit subtracted again.
+    time point) price memory use, each point's limit subtracted again; `kept`: the edges of
+    the forest (`spanning_forest`, computed when not given).
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
         >>> lower_bound(Arrays(read_instance("/work/shared/iopddl/example.json")))
         415.0
     """
-    kept = _spanning_forest(arrays)
+    kept = spanning_forest(arrays) if kept is None else kept
     unary = {node: cost.copy() for node, cost in enumerate(arrays.costs)}
     offset = 0.0
     if multipliers is not None and arrays.limit is not None and len(multipliers):
@@ -53,7 +54,7 @@ def pricing(arrays: Arrays, multipliers: np.ndarray):
     return lambda group: arrays.tables[group] @ arrays.segment_sums(group, prefix)
 
 
-def _spanning_forest(arrays: Arrays) -> np.ndarray:
+def spanning_forest(arrays: Arrays) -> np.ndarray:
     """Which edges a maximum spanning forest by cost spread keeps (Kruskal)."""
     spread = np.array([float(np.median(matrix) - matrix.min()) for matrix in arrays.matrices])
     root = list(range(arrays.node_count))

@@ -48,30 +48,27 @@ def forest_minimum(arrays: Arrays, order: list, parents: list, unary: dict) -> t
     return value, chosen
 
 
-def induced_forest(arrays: Arrays, seeds: list, size: int, blocked: np.ndarray) -> tuple:
-    """A block of at most `size` nodes grown breadth-first from `seeds` whose induced subgraph is a
-    forest: a node joins only while exactly one of its neighbours is in the block (a seed: none).
+def induced_forest(arrays: Arrays, seed: int, size: int) -> tuple:
+    """A block of at most `size` nodes grown breadth-first from `seed` whose induced subgraph is a
+    tree: a node joins only while exactly one of its neighbours is in the block.
 
-    Returns (order, parents) as `forest_minimum` reads them. `blocked` marks nodes that never join
-    (it is left as it was).
+    Returns (order, parents) as `forest_minimum` reads them.
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
         >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
-        >>> induced_forest(arrays, [0], 5, np.zeros(3, dtype=bool))  # a triangle: two of it
+        >>> induced_forest(arrays, 0, 5)  # a triangle: two of it
         ([0, 1], [None, (0, 0)])
     """
     inside = np.zeros(arrays.node_count, dtype=bool)
     touching = np.zeros(arrays.node_count, dtype=np.int64)  # in-block neighbours of each node
     link = {}
-    order, parents, queue = [], [], []
-    for seed in seeds:
-        queue.append((seed, None))
+    order, parents, queue = [], [], [(seed, None)]
     head = 0
     while head < len(queue) and len(order) < size:
         node, via = queue[head]
         head += 1
-        if inside[node] or blocked[node] or touching[node] != (0 if via is None else 1):
+        if inside[node] or touching[node] != (0 if via is None else 1):
             continue
         inside[node] = True
         order.append(node)

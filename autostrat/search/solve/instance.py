@@ -77,7 +77,7 @@ def parse_instance(document, path) -> Instance:
     costs = _number_lists(_field(nodes, "costs", list, path, "problem.nodes"), path, "problem.nodes.costs")
     node_count = len(costs)
     usages = _number_lists(_field(nodes, "usages", list, path, "problem.nodes"), path, "problem.nodes.usages",
-                           lengths=[len(cost) for cost in costs])
+                           lengths=[len(cost) for cost in costs], integers=True)
     intervals = _intervals(_field(nodes, "intervals", list, path, "problem.nodes"), node_count, path)
     edges = problem.get("edges", {"nodes": [], "costs": []})
     if not isinstance(edges, dict):
@@ -102,13 +102,15 @@ def _field(mapping, key: str, kind: type, path, where: str):
     return value
 
 
-def _number_lists(values: list, path, place: str, lengths: list | None = None) -> list:
+def _number_lists(values: list, path, place: str, lengths: list | None = None, integers: bool = False) -> list:
     if lengths is not None and len(values) != len(lengths):
         raise ConfigError(f"{path}: {place}: expected {len(lengths)} lists (one per "
                           f"{'node' if 'nodes' in place else 'edge'}), got {len(values)}")
     arrays = []
     for index, value in enumerate(values):
         array = _numbers(value, f"{place}[{index}]", path)
+        if integers and array.dtype.kind == "f":  # memory is summed exactly, in integers
+            raise ConfigError(f"{path}: {place}[{index}]: expected integers, got {_shown(value)}")
         if lengths is not None and len(array) != lengths[index]:
             raise ConfigError(f"{path}: {place}[{index}]: expected {lengths[index]} numbers, got {len(array)}")
         arrays.append(array)

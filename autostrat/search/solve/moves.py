@@ -73,11 +73,13 @@ def start(arrays: Arrays) -> State:
 
 
 def repair(state: State, deadline=None) -> bool:
-    """Bring `state` within the limit: at the highest point, the group whose change to less
-    usage there costs least per unit freed takes it, until no point is over. False when no
-    such change is left, or after as many changes as there are groups' strategies (a change
-    may raise other points, so the greedy could go round), or once `deadline` has passed."""
+    """Bring `state` within the limit: at the highest point, the groups whose change to less
+    usage there costs least per unit freed take it, cheapest first, no two neighbours at once,
+    until that point is within the limit; then the next highest point. False when no change
+    frees memory at an overflowing point, after as many rounds as there are groups' strategies
+    (a change may raise other points, so the greedy could go round), or once `deadline` passed."""
     arrays = state.arrays
+    local = {}  # each group's costs given its neighbours, until one of them changes
     for _ in range(sum(len(cost) for cost in arrays.costs) + 1):
         if not len(state.profile) or state.profile.max() <= state.limit:
             return True
@@ -85,24 +87,43 @@ def repair(state: State, deadline=None) -> bool:
             return False
         point = int(state.profile.argmax())
         excess = state.profile[point] - state.limit
-        best = None
-        for group in range(arrays.node_count):
-            bounds = arrays.bounds[group]
-            if len(bounds) < 2 or not bounds[0] <= point < bounds[-1]:
-                continue
-            usage = arrays.tables[group][:, np.searchsorted(bounds, point, side="right") - 1]
-            freed = usage[state.solution[group]] - usage
-            if not (freed > 0).any():
-                continue
-            local = arrays.local_costs(group, state.solution)
-            rate = np.where(freed > 0, (local - local[state.solution[group]]) / np.maximum(np.minimum(freed, excess), 1), np.inf)
-            strategy = int(rate.argmin())
-            if best is None or rate[strategy] < best[0]:
-                best = (rate[strategy], group, strategy)
-        if best is None:
+        reliefs = _reliefs(state, point, excess, local)
+        if not reliefs:
             return False
-        state.place(best[1], best[2])
+        changed = set()
+        for _, group, strategy, freed in sorted(reliefs):
+            if excess <= 0:
+                break
+            if group in changed or any(neighbour in changed for neighbour, _ in arrays.neighbours[group]):
+                continue
+            state.place(group, strategy)
+            changed.add(group)
+            excess -= freed
+        for group in changed:
+            for touched in [group] + [neighbour for neighbour, _ in arrays.neighbours[group]]:
+                local.pop(touched, None)
     return False
+
+
+def _reliefs(state: State, point: int, excess, local: dict) -> list:
+    """[(cost per unit freed, group, strategy, usage freed)]: for each group using memory at
+    `point`, its change that frees some there at the least cost per unit freed (up to `excess`)."""
+    arrays = state.arrays
+    found = []
+    covering = arrays.varies & (arrays.span_first <= point) & (arrays.span_last > point)
+    for group in np.flatnonzero(covering).tolist():
+        bounds = arrays.bounds[group]
+        usage = arrays.tables[group][:, np.searchsorted(bounds, point, side="right") - 1]
+        freed = usage[state.solution[group]] - usage
+        if freed.max() <= 0:
+            continue
+        if group not in local:
+            local[group] = arrays.local_costs(group, state.solution)
+        costs = local[group]
+        rate = np.where(freed > 0, (costs - costs[state.solution[group]]) / np.maximum(np.minimum(freed, excess), 1), np.inf)
+        strategy = int(rate.argmin())
+        found.append((float(rate[strategy]), group, strategy, freed[strategy]))
+    return found
 
 
 def sweep(state: State, order) -> int:
@@ -126,8 +147,8 @@ def forest_move(state: State, seed: int, size: int, prices) -> tuple:
     where it went over the limit, its added usage there and the gain it promised.
     """
     arrays = state.arrays
+    order, parents = induced_forest(arrays, seed, size)
     inside = np.zeros(arrays.node_count, dtype=bool)
-    order, parents = induced_forest(arrays, [seed], size, inside)
     inside[order] = True
     true = {group: arrays.local_costs(group, state.solution, skip=inside) for group in order}
     unary = {group: true[group] + prices(group) for group in order}

@@ -23,7 +23,7 @@ import numpy as np
 
 from autostrat.search.deadline import Deadline
 from autostrat.search.solve.arrays import Arrays
-from autostrat.search.solve.bound import lower_bound, pricing
+from autostrat.search.solve.bound import lower_bound, pricing, spanning_forest
 from autostrat.search.solve.evaluate import is_feasible, peak_usage, solution_cost
 from autostrat.search.solve.instance import Instance
 from autostrat.search.solve.moves import State, chord_move, forest_move, repair, start, sweep
@@ -70,7 +70,8 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
         return _least_memory(instance, arrays, deadline)
     sweep(state, range(arrays.node_count))
     started = time.perf_counter()
-    bound = lower_bound(arrays)
+    kept = spanning_forest(arrays)
+    bound = lower_bound(arrays, kept=kept)
     # the search stops early enough for a second bound (priced memory) and the exact evaluation
     reserve = 2.0 * (time.perf_counter() - started) + 0.5
     searching = Deadline(seconds, deadline.end - reserve)
@@ -86,7 +87,7 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     cost, solution, _ = min(results, key=lambda result: result[0])
     done = sum(result[2] for result in results)
     if arrays.limit is not None and first[0].multipliers.any() and deadline.left() > reserve / 2:
-        bound = max(bound, lower_bound(arrays, first[0].multipliers))
+        bound = max(bound, lower_bound(arrays, first[0].multipliers, kept))
     best = arrays.expand(solution)
     assert is_feasible(instance, best, arrays.timeline)
     return Result(best, solution_cost(instance, best), bound, peak_usage(instance, best, arrays.timeline),
@@ -128,9 +129,10 @@ class _Search:
             candidate = State(self.arrays, self.passing.run_pass(unary, forward=done % 2 == 0))
             self._step_multipliers(candidate.profile)
             if repair(candidate, self.deadline):
+                sweep(candidate, range(self.arrays.node_count))
                 self._polish(candidate, prices)
                 self._offer(candidate)
-            self._polish(self.best, prices)
+            self._polish(self.best, prices)  # swept when it became the best
             self._offer(self.best)
             done += 1
         self._report(force=True)
@@ -146,7 +148,6 @@ class _Search:
             self.multipliers = np.maximum(self.multipliers + size * gradient, 0.0)
 
     def _polish(self, state: State, prices) -> None:
-        sweep(state, range(self.arrays.node_count))
         for move in range(POLISH_MOVES):
             if self.deadline.passed():
                 return
