@@ -23,9 +23,9 @@ class Arrays:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
+        >>> arrays = Arrays(read_instance("configs/iopddl_example.json"))
         >>> arrays.node_count, arrays.costs[0].tolist(), arrays.bounds[0].tolist()
-        (3, [55.0, 65.0], [1, 3])
+        (3, [40.0, 50.0], [1, 3])
     """
 
     def __init__(self, instance: Instance):

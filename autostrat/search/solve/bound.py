@@ -24,8 +24,8 @@ def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None, kept: np.
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> lower_bound(Arrays(read_instance("/work/shared/iopddl/example.json")))
-        415.0
+        >>> lower_bound(Arrays(read_instance("configs/iopddl_example.json")))
+        330.0
     """
     kept = spanning_forest(arrays) if kept is None else kept
     unary = {node: cost.copy() for node, cost in enumerate(arrays.costs)}

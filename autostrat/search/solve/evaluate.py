@@ -16,8 +16,8 @@ def solution_cost(instance: Instance, solution) -> int | float:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> solution_cost(read_instance("/work/shared/iopddl/example.json"), [0, 0, 1, 1, 0])
-        415
+        >>> solution_cost(read_instance("configs/iopddl_example.json"), [0, 0, 1, 1, 0])
+        330
     """
     chosen = np.asarray(solution, dtype=np.int64)
     total = sum(cost[chosen[node]].item() for node, cost in enumerate(instance.costs))
@@ -32,9 +32,9 @@ class Timeline:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> timeline = Timeline(read_instance("/work/shared/iopddl/example.json"))
+        >>> timeline = Timeline(read_instance("configs/iopddl_example.json"))
         >>> timeline.points.tolist(), timeline.first.tolist(), timeline.last.tolist()
-        ([30, 40, 50, 110], [0, 1, 2, 3, 3], [3, 3, 4, 4, 4])
+        ([0, 10, 20, 80], [0, 1, 2, 3, 3], [3, 3, 4, 4, 4])
     """
 
     def __init__(self, instance: Instance):
@@ -64,8 +64,8 @@ def peak_usage(instance: Instance, solution, timeline: Timeline | None = None):
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> peak_usage(read_instance("/work/shared/iopddl/example.json"), [0, 0, 1, 1, 0])
-        55
+        >>> peak_usage(read_instance("configs/iopddl_example.json"), [0, 0, 1, 1, 0])
+        40
     """
     timeline = timeline or Timeline(instance)
     profile = timeline.profile(chosen_usages(instance, solution))
@@ -77,7 +77,7 @@ def is_feasible(instance: Instance, solution, timeline: Timeline | None = None) 
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> instance = read_instance("/work/shared/iopddl/example.json")
+        >>> instance = read_instance("configs/iopddl_example.json")
         >>> is_feasible(instance, [0, 0, 1, 1, 0]), is_feasible(instance, [0, 0, 0, 1, 0])
         (False, True)
     """

@@ -22,11 +22,11 @@ def forest_minimum(arrays: Arrays, order: list, parents: list, unary: dict) -> t
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
+        >>> arrays = Arrays(read_instance("configs/iopddl_example.json"))
         >>> unary = {group: arrays.costs[group] for group in (0, 1)}
         >>> value, chosen = forest_minimum(arrays, [0, 1], [None, (0, 0)], unary)
         >>> float(value), chosen
-        (155.0, {0: 0, 1: 1})
+        (115.0, {0: 0, 1: 1})
     """
     belief = {node: np.array(unary[node], dtype=np.float64) for node in order}
     answers = {}
@@ -56,7 +56,7 @@ def induced_forest(arrays: Arrays, seed: int, size: int) -> tuple:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
+        >>> arrays = Arrays(read_instance("configs/iopddl_example.json"))
         >>> induced_forest(arrays, 0, 5)  # a triangle: two of it
         ([0, 1], [None, (0, 0)])
     """
@@ -88,7 +88,7 @@ def spanning_block(arrays: Arrays, seed: int, size: int) -> tuple:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
+        >>> arrays = Arrays(read_instance("configs/iopddl_example.json"))
         >>> spanning_block(arrays, 0, 5)
         ([0, 1, 2], [None, (0, 0), (0, 1)], [(1, 2, 2)])
     """

@@ -18,7 +18,7 @@ def mappings(instance: Instance) -> dict:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> mappings(read_instance("/work/shared/iopddl/example.json"))
+        >>> mappings(read_instance("configs/iopddl_example.json"))
         {(1, 0): array([0, 0]), (2, 0): array([0, 0, 0]), (2, 4): array([0, 0, 0]), (3, 4): array([0, 0])}
     """
     found = {}
@@ -38,7 +38,7 @@ def group_nodes(instance: Instance) -> tuple:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> roots, maps = group_nodes(read_instance("/work/shared/iopddl/example.json"))
+        >>> roots, maps = group_nodes(read_instance("configs/iopddl_example.json"))
         >>> roots.tolist(), maps[4].tolist()
         ([2, 1, 2, 3, 3], [0, 0])
     """

@@ -30,9 +30,9 @@ class Instance:
     (strategies of u, strategies of v), and the memory `limit` (None: unconstrained).
 
     Example:
-        >>> instance = read_instance("/work/shared/iopddl/example.json")
+        >>> instance = read_instance("configs/iopddl_example.json")
         >>> instance.node_count, len(instance.edges), instance.limit
-        (5, 5, 50)
+        (5, 5, 38)
     """
 
     name: str

@@ -22,9 +22,9 @@ class State:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> state = State(Arrays(read_instance("/work/shared/iopddl/example.json")), [0, 0, 1])
+        >>> state = State(Arrays(read_instance("configs/iopddl_example.json")), [0, 0, 1])
         >>> state.profile.tolist(), state.fits(2).tolist()
-        ([10, 35, 50, 40], [True, True])
+        ([5, 25, 35, 25], [True, True])
     """
 
     def __init__(self, arrays: Arrays, solution):

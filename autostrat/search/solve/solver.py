@@ -59,9 +59,9 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> result = solve(read_instance("/work/shared/iopddl/example.json"), 5.0, rounds=20)
+        >>> result = solve(read_instance("configs/iopddl_example.json"), 5.0, rounds=20)
         >>> result.solution, result.cost, result.bound
-        ([0, 0, 2, 1, 0], 445, 445.0)
+        ([0, 0, 2, 1, 0], 360, 330.0)
     """
     deadline = Deadline(seconds)
     arrays = Arrays(instance)

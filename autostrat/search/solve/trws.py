@@ -17,7 +17,7 @@ class MessagePassing:
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> arrays = Arrays(read_instance("/work/shared/iopddl/example.json"))
+        >>> arrays = Arrays(read_instance("configs/iopddl_example.json"))
         >>> passing = MessagePassing(arrays)
         >>> [passing.run_pass(unary=arrays.costs, forward=f).tolist() for f in (True, False)]
         [[0, 1, 1], [0, 1, 1]]
