@@ -14,6 +14,7 @@
     autostrat explain PLAN.json OP [--alternatives N]   how OP got its strategy, and its best alternatives
     search, run, report and explain take --import MODULE: register the Cell classes of your own module as models
     autostrat diff A.json B.json                       how two plans of one model differ
+    autostrat solve FILE [SECONDS] [--json] [--seed N] [--workers N]   solve an IOPDDL sharding instance (autostrat.cli_solve)
     autostrat --version
 
 Outputs never clobber (`autostrat.io`): an output that is an input or another output is refused
@@ -316,6 +317,16 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--alternatives", type=_positive(int), default=3, help="alternatives to weigh exactly (default 3)")
     _add_import(explain)
     _add_run(commands)
+    solve = commands.add_parser("solve", help="solve an IOPDDL instance (gzipped or plain JSON) and print its solution",
+                                description="Progress lines '# cost C bound B after T s', then as the last line the "
+                                            "solution [s0, s1, ...] ([] when none fits the memory limit, exit 1).")
+    solve.add_argument("file", help="the instance (github.com/google/iopddl format)")
+    solve.add_argument("seconds", nargs="?", type=_positive(float),
+                       help="wall-time limit (default: the contest's for the file's letter, A-E 60 s ... U-Y 300 s; else 60)")
+    solve.add_argument("--json", action="store_true", help="also print cost, lower bound, peak and time as a JSON line")
+    solve.add_argument("--seed", type=_natural, default=0, help="seed of the search's random choices (default 0)")
+    solve.add_argument("--workers", type=_positive(int),
+                       help="searches in parallel, one per process (default: 2, or 1 on a single usable core)")
     return parser
 
 
@@ -332,7 +343,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     args = _parser().parse_args(argv)
+    args.started = started if argv is not None else None  # None: the command line's process, timed from its start
     with warnings.catch_warnings(), ending_on_sigterm():  # SIGTERM (kill, timeout, SLURM) ends it as Ctrl-C does
         warnings.showwarning = _show_warning
         return _dispatch(args)
@@ -352,6 +365,9 @@ def _dispatch(args) -> int:
             print(report_command(args), file=text_stream(args))
         elif args.command == "explain":
             print(explain_command(args))
+        elif args.command == "solve":
+            from autostrat.cli_solve import solve_command  # off the plan commands' import path
+            return solve_command(args)
         elif args.command == "run":
             code, text = run_command(args)
             print(text, file=sys.stderr if code else sys.stdout)

@@ -1,0 +1,177 @@
+"""The IOPDDL solver. Nodes whose strategy another node's decides are merged into groups
+(`groups`); then each round
+
+1. prices memory with one multiplier per time point (the limit relaxed, Lagrange) and runs a
+   pass of message passing (`trws`) on the priced costs, which decodes a solution;
+2. moves the multipliers along the decoded solution's overflow (a subgradient step, its size
+   halved whenever rounds stop improving, restarted when it has become negligible);
+3. repairs the decoded solution into the limit (`moves.repair`) and polishes it with moves that
+   keep the limit exactly: coordinate descent, induced-forest and chord block moves.
+
+The best repaired solution is the result; the lower bound is the spanning-forest relaxation,
+with the final multipliers when they raise it. Deterministic for a given `seed` and number of
+rounds; under a time budget the number of rounds done, and so the result, depends on the
+machine's speed and load.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from autostrat.search.deadline import Deadline
+from autostrat.search.solve.arrays import Arrays
+from autostrat.search.solve.bound import lower_bound, pricing, spanning_forest
+from autostrat.search.solve.evaluate import is_feasible, peak_usage, solution_cost
+from autostrat.search.solve.instance import Instance
+from autostrat.search.solve.moves import State, chord_move, forest_move, repair, start, sweep
+from autostrat.search.solve.trws import MessagePassing
+from autostrat.search.solve.workers import search_all
+
+POLISH_MOVES = 16  # block moves on each repaired solution, one in four a chord move
+BLOCK_SIZES = (8, 32, 128)
+STALL_ROUNDS = 20  # rounds without a better solution before the step size halves
+SMALLEST_STEP = 2.0 ** -10  # then it restarts at 1
+
+
+@dataclass(frozen=True)
+class Result:
+    """A solution (empty when none fits the limit), its exact cost, the lower bound, the peak of
+    the best solution found (the smallest peak when none fits), the seconds taken and rounds."""
+
+    solution: list
+    cost: int | float | None
+    bound: float
+    peak: int | float
+    seconds: float
+    rounds: int
+
+
+def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, rounds: int | None = None,
+          workers: int = 1) -> Result:
+    """The best solution found within `seconds` (or after `rounds` rounds, whichever first) by
+    `workers` searches (seeds `seed`, `seed + 1`, ...), one per process (`workers.search_all`).
+
+    `progress(cost, bound, seconds)` is called when the first search finds a better solution (at
+    most once a second).
+
+    Example:
+        >>> from autostrat.search.solve.instance import read_instance
+        >>> result = solve(read_instance("configs/iopddl_example.json"), 5.0, rounds=20)
+        >>> result.solution, result.cost, result.bound
+        ([0, 0, 2, 1, 0], 360, 330.0)
+    """
+    deadline = Deadline(seconds)
+    arrays = Arrays(instance)
+    state = start(arrays)
+    if (state.profile > state.limit).any():
+        return _least_memory(instance, arrays, deadline)
+    sweep(state, range(arrays.node_count))
+    started = time.perf_counter()
+    kept = spanning_forest(arrays)
+    bound = lower_bound(arrays, kept=kept)
+    # the search stops early enough for a second bound (priced memory) and the exact evaluation
+    reserve = 2.0 * (time.perf_counter() - started) + 0.5
+    searching = Deadline(seconds, deadline.end - reserve)
+    first = []
+
+    def make_search(search_seed: int, worker: int) -> _Search:
+        search = _Search(state, np.random.default_rng(search_seed), progress if worker == 0 else None, bound,
+                         searching, step=0.5 ** worker)
+        first.extend([search] if worker == 0 else [])
+        return search
+
+    results = search_all(make_search, [seed + worker for worker in range(workers)], rounds, searching)
+    cost, solution, _ = min(results, key=lambda result: result[0])
+    done = sum(result[2] for result in results)
+    if arrays.limit is not None and first[0].multipliers.any() and deadline.left() > reserve / 2:
+        bound = max(bound, lower_bound(arrays, first[0].multipliers, kept))
+    best = arrays.expand(solution)
+    assert is_feasible(instance, best, arrays.timeline)
+    return Result(best, solution_cost(instance, best), bound, peak_usage(instance, best, arrays.timeline),
+                  deadline.elapsed(), done)
+
+
+def _least_memory(instance: Instance, arrays: Arrays, deadline: Deadline) -> Result:
+    """When no solution of the groups was found within the limit: every node at its least usage,
+    the smallest peak there is. It is the result if it fits (its cost ignores the groups, so it
+    may take forbidden choices); otherwise the instance is infeasible."""
+    lowest = [int(np.lexsort((cost, usage))[0]) for cost, usage in zip(instance.costs, instance.usages)]
+    peak = peak_usage(instance, lowest, arrays.timeline)
+    if not is_feasible(instance, lowest, arrays.timeline):
+        return Result([], None, float("nan"), peak, deadline.elapsed(), 0)
+    return Result(lowest, solution_cost(instance, lowest), float("-inf"), peak, deadline.elapsed(), 0)
+
+
+class _Search:
+    """The rounds: priced message passing, multiplier steps, repair and polish."""
+
+    def __init__(self, state: State, rng, progress, bound: float, deadline: Deadline, step: float = 1.0):
+        self.arrays, self.rng, self.progress, self.bound, self.deadline = state.arrays, rng, progress, bound, deadline
+        self.passing = MessagePassing(state.arrays)
+        self.multipliers = np.zeros(state.arrays.point_count)
+        self.best, self.best_cost = state, state.arrays.float_cost(state.solution)
+        self.step, self.stalled, self.reported = step, 0, 0.0
+        self._report(force=True)
+
+    @property
+    def best_solution(self) -> np.ndarray:
+        return self.best.solution
+
+    def run(self, rounds: int | None) -> int:
+        done = 0
+        # a best cost at the bound is proven optimal: nothing is left to find
+        while not self.deadline.passed() and (rounds is None or done < rounds) and self.best_cost > self.bound:
+            prices = pricing(self.arrays, self.multipliers)
+            unary = [cost + prices(group) for group, cost in enumerate(self.arrays.costs)]
+            candidate = State(self.arrays, self.passing.run_pass(unary, forward=done % 2 == 0))
+            self._step_multipliers(candidate.profile)
+            if repair(candidate, self.deadline):
+                sweep(candidate, range(self.arrays.node_count))
+                self._polish(candidate, prices)
+                self._offer(candidate)
+            self._polish(self.best, prices)  # swept when it became the best
+            self._offer(self.best)
+            done += 1
+        self._report(force=True)
+        return done
+
+    def _step_multipliers(self, profile: np.ndarray) -> None:
+        """Up where the decoded solution overflows, down (not below 0) where it has room."""
+        slack = (profile - self.arrays.limit).astype(np.float64) if self.arrays.limit is not None else profile * 0.0
+        gradient = np.where((self.multipliers > 0) | (slack > 0), slack, 0.0)
+        norm = float(gradient @ gradient)
+        if norm > 0:
+            size = self.step * 0.1 * max(abs(self.best_cost), 1.0) / norm
+            self.multipliers = np.maximum(self.multipliers + size * gradient, 0.0)
+
+    def _polish(self, state: State, prices) -> None:
+        for move in range(POLISH_MOVES):
+            if self.deadline.passed():
+                return
+            seed = int(self.rng.integers(self.arrays.node_count))
+            size = BLOCK_SIZES[int(self.rng.integers(len(BLOCK_SIZES)))]
+            if move % 4 == 3:
+                chord_move(state, seed, size, prices, optimistic=move % 8 == 3)
+            else:
+                forest_move(state, seed, size, prices)
+
+    def _offer(self, state: State) -> None:
+        """Keep `state` if it is the best yet; count the rounds since the last better one."""
+        cost = self.arrays.float_cost(state.solution)
+        self.stalled += 1
+        if cost < self.best_cost:
+            self.best, self.best_cost, self.stalled = State(self.arrays, state.solution), cost, 0
+            self._report()
+        if self.stalled >= 2 * STALL_ROUNDS:  # two offers per round
+            self.step, self.stalled = self.step / 2, 0
+            if self.step < SMALLEST_STEP:
+                self.step = 1.0
+
+    def _report(self, force: bool = False) -> None:
+        now = self.deadline.elapsed()
+        if self.progress is not None and (force or now - self.reported >= 1.0):
+            self.progress(self.best_cost, self.bound, now)
+            self.reported = now
