@@ -81,7 +81,28 @@ class Block(Cell):
         return self.residual2(x, self.ffn2(self.ffn1(self.ln2(x))))
 
 
-class GPT(Cell):
+class LanguageModel(Cell):
+    """What GPT and LLaMA share after their blocks: the final norm (`ln_final`), the LM head
+    (`lm_head`, tied to `embedding`'s table when `tie_embeddings`) and the loss (`loss`), and
+    token ids and labels as example inputs (`batch`, `seq`)."""
+
+    def head_loss(self, x, labels):
+        """The mean loss of the blocks' output `x` ``[batch * seq, hidden]`` against `labels`."""
+        x = self.ln_final(x)
+        logits = self.lm_head(x, self.embedding.embedding_table) if self.tie_embeddings else self.lm_head(x)
+        return self.loss(logits, labels)
+
+    def example_inputs(self, with_data: bool = False, seed: int = 0) -> tuple[Tensor, Tensor]:
+        """Ids and labels: random data, or shape-only tensors for a search."""
+        vocab = self.embedding.embedding_table.shape[0]
+        shapes = ((self.batch, self.seq), (self.batch * self.seq,))
+        if not with_data:
+            return tuple(Tensor(shape=s, dtype="int32") for s in shapes)
+        rng = np.random.default_rng(seed)
+        return tuple(Tensor(rng.integers(0, vocab, size=s).astype(np.int32)) for s in shapes)
+
+
+class GPT(LanguageModel):
     """Inputs: token ids ``[batch, seq]`` and next-token labels ``[batch * seq]``; output: the
     mean loss. `epsilon` is the LayerNorms'; `tie_embeddings` makes the LM head the embedding
     table's transpose (GPT-2's, Megatron's default).
@@ -113,18 +134,7 @@ class GPT(Cell):
         x = self.flatten(x, (ids.shape[0] * self.seq, self.hidden))
         for block in self.blocks:
             x = block(x)
-        x = self.ln_final(x)
-        logits = self.lm_head(x, self.embedding.embedding_table) if self.tie_embeddings else self.lm_head(x)
-        return self.loss(logits, labels)
-
-    def example_inputs(self, with_data: bool = False, seed: int = 0) -> tuple[Tensor, Tensor]:
-        """Ids and labels: random data, or shape-only tensors for a search."""
-        vocab = self.embedding.embedding_table.shape[0]
-        shapes = ((self.batch, self.seq), (self.batch * self.seq,))
-        if not with_data:
-            return tuple(Tensor(shape=s, dtype="int32") for s in shapes)
-        rng = np.random.default_rng(seed)
-        return tuple(Tensor(rng.integers(0, vocab, size=s).astype(np.int32)) for s in shapes)
+        return self.head_loss(x, labels)
 
 
 class TransformerStack(Cell):

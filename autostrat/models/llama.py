@@ -25,7 +25,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import Dense, Embedding, RMSNorm, SoftmaxCrossEntropyWithLogits
 from autostrat.frontend.tensor import Tensor
-from autostrat.models.gpt import causal_mask
+from autostrat.models.gpt import LanguageModel, causal_mask
 from autostrat.models.sizes import check_sizes
 
 
@@ -116,7 +116,7 @@ class Block(Cell):
         return self.residual2(x, self.ffn_down(self.glu(self.gate(self.ffn_gate(h)), self.ffn_up(h))))
 
 
-class LLaMA(Cell):
+class LLaMA(LanguageModel):
     """Inputs: token ids ``[batch, seq]`` and next-token labels ``[batch * seq]``; output: the
     mean loss. `kv_heads` below `heads` is grouped-query attention; `tie_embeddings` makes the
     LM head the embedding table's transpose.
@@ -147,18 +147,7 @@ class LLaMA(Cell):
         x = self.flatten(self.embedding(ids), (ids.shape[0] * self.seq, self.hidden))
         for block in self.blocks:
             x = block(x)
-        x = self.ln_final(x)
-        logits = self.lm_head(x, self.embedding.embedding_table) if self.tie_embeddings else self.lm_head(x)
-        return self.loss(logits, labels)
-
-    def example_inputs(self, with_data: bool = False, seed: int = 0) -> tuple[Tensor, Tensor]:
-        """Ids and labels: random data, or shape-only tensors for a search."""
-        vocab = self.embedding.embedding_table.shape[0]
-        shapes = ((self.batch, self.seq), (self.batch * self.seq,))
-        if not with_data:
-            return tuple(Tensor(shape=s, dtype="int32") for s in shapes)
-        rng = np.random.default_rng(seed)
-        return tuple(Tensor(rng.integers(0, vocab, size=s).astype(np.int32)) for s in shapes)
+        return self.head_loss(x, labels)
 
 
 def _check_shape(hidden: int, heads: int, kv_heads: int, epsilon, rope_theta) -> None:
