@@ -30,12 +30,12 @@ _FORWARD = [Example(((2, 2, 6, 4), (2, 2, 6, 4), (2, 2, 6, 4)), {"head_num": 2, 
 _GRAD = [Example(e.shapes + (e.shapes[0],), e.attrs) for e in _FORWARD]
 
 
-def attention_dims(shapes, op_type: str, head_num, keep_prob, pre_tokens, next_tokens, inner_precise, input_layout,
+def check_attention(shapes, op_type: str, head_num, keep_prob, pre_tokens, next_tokens, inner_precise, input_layout,
                    sparse_mode) -> None:
     """Check the shapes and attributes against the supported subset (see the module docstring).
 
     Example:
-        >>> attention_dims([(2, 2, 6, 4)] * 3, "FlashAttentionScore", 2, 1.0, 2147483647, 2147483647, 0, "BNSD", 2)
+        >>> check_attention([(2, 2, 6, 4)] * 3, "FlashAttentionScore", 2, 1.0, 2147483647, 2147483647, 0, "BNSD", 2)
     """
     query, key, value = shapes[:3]
     if input_layout != "BNSD":
@@ -57,7 +57,7 @@ def flash_attention_score(shapes, head_num=None, keep_prob: float = 1.0, scale_v
                           pre_tokens: int = _DEFAULT_TOKENS, next_tokens: int = _DEFAULT_TOKENS, inner_precise: int = 0,
                           input_layout: str = "BNSD", sparse_mode: int = 0) -> RuleSpec:
     """``softmax(query @ key^T * scale_value + mask) @ value`` per batch and head."""
-    attention_dims(shapes, "FlashAttentionScore", head_num, keep_prob, pre_tokens, next_tokens, inner_precise,
+    check_attention(shapes, "FlashAttentionScore", head_num, keep_prob, pre_tokens, next_tokens, inner_precise,
                    input_layout, sparse_mode)
     return RuleSpec("b n s d, b n t d, b n t d -> b n s d", need_replication="t d")
 
@@ -68,7 +68,7 @@ def flash_attention_score_query_grad(shapes, head_num=None, keep_prob: float = 1
                                      inner_precise: int = 0, input_layout: str = "BNSD", sparse_mode: int = 0) -> RuleSpec:
     """Inputs query, key, value, dy; output dquery. Each query row's gradient needs only its own
     row of the attention, so the query sequence passes through as forward."""
-    attention_dims(shapes, "FlashAttentionScoreQueryGrad", head_num, keep_prob, pre_tokens, next_tokens,
+    check_attention(shapes, "FlashAttentionScoreQueryGrad", head_num, keep_prob, pre_tokens, next_tokens,
                    inner_precise, input_layout, sparse_mode)
     _check_dy(shapes, "FlashAttentionScoreQueryGrad")
     return RuleSpec("b n s d, b n t d, b n t d, b n s d -> b n s d", need_replication="t d")
@@ -82,7 +82,7 @@ def flash_attention_score_key_value_grad(shapes, head_num=None, keep_prob: float
     """Inputs query, key, value, dy; outputs dkey and dvalue, sums over the query rows: a split
     query sequence leaves them partial (a reduction), apart from dquery, whose op keeps it split
     (MindSpore's one FlashAttentionScoreGrad is two ops here for that reason)."""
-    attention_dims(shapes, "FlashAttentionScoreKeyValueGrad", head_num, keep_prob, pre_tokens, next_tokens,
+    check_attention(shapes, "FlashAttentionScoreKeyValueGrad", head_num, keep_prob, pre_tokens, next_tokens,
                    inner_precise, input_layout, sparse_mode)
     _check_dy(shapes, "FlashAttentionScoreKeyValueGrad")
     return RuleSpec("b n s d, b n t d, b n t d, b n s d -> b n t d, b n t d", need_replication="t d")
