@@ -62,3 +62,12 @@ def conv2d(b, op, dy):
     dx = b.emit("Conv2DBackpropInput", dy, w, input_shape=b.shape(x), **geometry)
     dw = b.emit("Conv2DBackpropFilter", dy, x, filter_shape=b.shape(w), **geometry)
     return dx, dw
+
+
+@register_bprop("FlashAttentionScore")
+def flash_attention_score(b, op, dy):
+    # Two grad ops: dquery keeps a split query sequence, dkey and dvalue sum over it (partial).
+    query, key, value = op.inputs
+    dquery = b.emit("FlashAttentionScoreQueryGrad", query, key, value, dy, **op.attr_dict)
+    dkey, dvalue = b.emit_many("FlashAttentionScoreKeyValueGrad", query, key, value, dy, **op.attr_dict)
+    return dquery, dkey, dvalue

@@ -52,10 +52,13 @@ def rotary_tables(seq: int, head_size: int, theta: float) -> tuple[np.ndarray, n
 class Attention(Cell):
     """Causal attention with rotary embeddings on Q and K. With `kv_heads` below `heads`, the
     queries are grouped by the kv head they share (``[b, heads, s, d] -> [b, kv, group, s, d]``)
-    and K and V get a size-1 group dim that the BatchMatMuls broadcast, instead of repeating."""
+    and K and V get a size-1 group dim that the BatchMatMuls broadcast, instead of repeating.
+    `fused` computes the attention with one causal ``FlashAttentionScore`` instead."""
 
-    def __init__(self, seq: int, hidden: int, heads: int, kv_heads: int, theta: float, qkv_bias: bool = False, output_bias: bool = False):
+    def __init__(self, seq: int, hidden: int, heads: int, kv_heads: int, theta: float, qkv_bias: bool = False, output_bias: bool = False,
+                 fused: bool = False):
         super().__init__()
+        self.fused = fused
         self.seq, self.heads, self.kv_heads, self.head_size = seq, heads, kv_heads, hidden // heads
         self.group = heads // kv_heads
         kv_width = kv_heads * self.head_size
@@ -64,18 +67,34 @@ class Attention(Cell):
         self.split_query, self.split_key, self.split_value = ops.Reshape(), ops.Reshape(), ops.Reshape()
         self.query_heads, self.key_heads, self.value_heads = ops.Transpose(), ops.Transpose(), ops.Transpose()
         self.rotary_query, self.rotary_key = ops.RotaryPositionEmbedding(), ops.RotaryPositionEmbedding()
+        if fused:
+            self._init_fused()
+        else:
+            self._init_unfused()
+        self.from_heads, self.merge_heads = ops.Transpose(), ops.Reshape()
+        self.projection = Dense(hidden, hidden, has_bias=output_bias)
+        cos, sin = rotary_tables(seq, self.head_size, theta)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+
+    def _init_unfused(self):
         if self.group > 1:
             self.group_queries, self.ungroup_context = ops.Reshape(), ops.Reshape()
             self.expand_key, self.expand_value = ops.ExpandDims(), ops.ExpandDims()
         self.scores = ops.BatchMatMul(transpose_b=True)
         self.scale, self.mask, self.softmax = ops.Mul(), ops.Add(), ops.Softmax()
         self.context = ops.BatchMatMul()
-        self.from_heads, self.merge_heads = ops.Transpose(), ops.Reshape()
-        self.projection = Dense(hidden, hidden, has_bias=output_bias)
-        cos, sin = rotary_tables(seq, self.head_size, theta)
-        self.cos, self.sin = Tensor(cos), Tensor(sin)
-        self.causal_mask = Tensor(causal_mask(seq))
+        self.causal_mask = Tensor(causal_mask(self.seq))
         self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
+
+    def _init_fused(self):
+        # FlashAttentionScore takes as many key heads as query heads: grouped K and V are
+        # repeated as HuggingFace's repeat_kv does ([b, kv, s, d] -> group copies [b, kv, group, s, d]
+        # -> [b, heads, s, d]), by Concat since BroadcastTo's shape would fix the batch.
+        if self.group > 1:
+            self.expand_key, self.expand_value = ops.ExpandDims(), ops.ExpandDims()
+            self.copy_key, self.copy_value = ops.Concat(axis=2), ops.Concat(axis=2)
+            self.repeat_key, self.repeat_value = ops.Reshape(), ops.Reshape()
+        self.attend = ops.FlashAttentionScore(self.heads, scale_value=1 / math.sqrt(self.head_size), sparse_mode=2)
 
     def _heads(self, x, split, transpose, count: int):
         # The batch follows the input (a pipeline traces micro-batches), not the constructor's.
@@ -86,6 +105,22 @@ class Attention(Cell):
         q = self.rotary_query(self._heads(self.query(x), self.split_query, self.query_heads, self.heads), self.cos, self.sin)
         k = self.rotary_key(self._heads(self.key(x), self.split_key, self.key_heads, self.kv_heads), self.cos, self.sin)
         v = self._heads(self.value(x), self.split_value, self.value_heads, self.kv_heads)
+        context = self._fused_context(q, k, v) if self.fused else self._unfused_context(q, k, v)
+        context = self.from_heads(context, (0, 2, 1, 3))
+        context = self.merge_heads(context, (context.shape[0] * self.seq, self.heads * self.head_size))
+        return self.projection(context)
+
+    def _fused_context(self, q, k, v):
+        if self.group > 1:
+            k = self._repeat(k, self.expand_key, self.copy_key, self.repeat_key)
+            v = self._repeat(v, self.expand_value, self.copy_value, self.repeat_value)
+        return self.attend(q, k, v)
+
+    def _repeat(self, x, expand, copy, reshape):
+        x = copy((expand(x, 2),) * self.group)
+        return reshape(x, (x.shape[0], self.heads, self.seq, self.head_size))
+
+    def _unfused_context(self, q, k, v):
         if self.group > 1:  # query head h uses kv head h // group, as HuggingFace's repeat_kv
             q = self.group_queries(q, (q.shape[0], self.kv_heads, self.group, self.seq, self.head_size))
             k, v = self.expand_key(k, 2), self.expand_value(v, 2)
@@ -93,16 +128,14 @@ class Attention(Cell):
         context = self.context(self.softmax(scores), v)
         if self.group > 1:
             context = self.ungroup_context(context, (context.shape[0], self.heads, self.seq, self.head_size))
-        context = self.from_heads(context, (0, 2, 1, 3))
-        context = self.merge_heads(context, (context.shape[0] * self.seq, self.heads * self.head_size))
-        return self.projection(context)
+        return context
 
 
 class Block(Cell):
-    def __init__(self, seq: int, hidden: int, ffn: int, heads: int, kv_heads: int, theta: float, epsilon: float, **bias):
+    def __init__(self, seq: int, hidden: int, ffn: int, heads: int, kv_heads: int, theta: float, epsilon: float, **options):
         super().__init__()
         self.ln1 = RMSNorm((hidden,), epsilon)
-        self.attention = Attention(seq, hidden, heads, kv_heads, theta, **bias)
+        self.attention = Attention(seq, hidden, heads, kv_heads, theta, **options)
         self.residual1 = ops.Add()
         self.ln2 = RMSNorm((hidden,), epsilon)
         self.ffn_gate, self.ffn_up = Dense(hidden, ffn, has_bias=False), Dense(hidden, ffn, has_bias=False)
@@ -119,7 +152,8 @@ class Block(Cell):
 class LLaMA(LanguageModel):
     """Inputs: token ids ``[batch, seq]`` and next-token labels ``[batch * seq]``; output: the
     mean loss. `kv_heads` below `heads` is grouped-query attention; `tie_embeddings` makes the
-    LM head the embedding table's transpose.
+    LM head the embedding table's transpose; `fused_attention` computes attention with one
+    ``FlashAttentionScore`` op (causal, BNSD) instead of BatchMatMul, mask, Softmax, BatchMatMul.
 
     Example:
         >>> net = LLaMA(layers=1, hidden=32, ffn=48, heads=4, kv_heads=2, seq=8, batch=2, vocab=64)
@@ -129,7 +163,7 @@ class LLaMA(LanguageModel):
 
     def __init__(self, layers: int = 2, hidden: int = 64, ffn: int = 172, heads: int = 4, kv_heads: int | None = None,
                  seq: int = 16, batch: int = 4, vocab: int = 128, epsilon: float = 1e-6, rope_theta: float = 10000.0,
-                 tie_embeddings: bool = False, qkv_bias: bool = False, output_bias: bool = False):
+                 tie_embeddings: bool = False, qkv_bias: bool = False, output_bias: bool = False, fused_attention: bool = False):
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
         check_sizes("LLaMA", layers=layers, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, seq=seq, batch=batch, vocab=vocab)
@@ -137,7 +171,8 @@ class LLaMA(LanguageModel):
         self.batch, self.seq, self.hidden, self.tie_embeddings = batch, seq, hidden, bool(tie_embeddings)
         self.embedding = Embedding(vocab, hidden)
         self.flatten = ops.Reshape()
-        self.blocks = CellList(Block(seq, hidden, ffn, heads, kv_heads, rope_theta, epsilon, qkv_bias=qkv_bias, output_bias=output_bias)
+        self.blocks = CellList(Block(seq, hidden, ffn, heads, kv_heads, rope_theta, epsilon, qkv_bias=qkv_bias, output_bias=output_bias,
+                                     fused=bool(fused_attention))
                                for _ in range(layers))
         self.ln_final = RMSNorm((hidden,), epsilon)
         self.lm_head = ops.MatMul(transpose_b=True) if self.tie_embeddings else Dense(hidden, vocab, has_bias=False)

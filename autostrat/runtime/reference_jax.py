@@ -88,6 +88,17 @@ def _rotary_position_embedding(x, cos, sin, mode=0):
     return x * cos + rotated * sin
 
 
+def _flash_attention_score(query, key, value, head_num=None, keep_prob=1.0, scale_value=1.0, pre_tokens=None,
+                           next_tokens=None, inner_precise=0, input_layout="BNSD", sparse_mode=0):
+    """MindSpore's FlashAttentionScore, BNSD: softmax(query key^T * scale_value + mask) value, the
+    mask (sparse_mode 2, leftUpCausal) hiding key j from query row i when j > i."""
+    scores = jnp.einsum("bnsd,bntd->bnst", query, key) * scale_value
+    if sparse_mode == 2:
+        visible = jnp.tril(jnp.ones(scores.shape[-2:], dtype=bool))
+        scores = jnp.where(visible, scores, -jnp.inf)
+    return jnp.einsum("bnst,bntd->bnsd", jax.nn.softmax(scores, axis=-1), value)
+
+
 def _one_hot(indices, depth=2, on_value=1.0, off_value=0.0, axis=-1):
     hot = jax.nn.one_hot(indices, depth, axis=axis, dtype=jnp.float64)
     return hot * (on_value - off_value) + off_value
@@ -143,7 +154,7 @@ FORWARD = {
     "Cast": lambda x, dtype="float32": x if np.dtype(dtype).kind == "f" else x.astype(dtype),  # floats stay float64
     "MatMul": _matmul, "BatchMatMul": _matmul, "BiasAdd": _bias_add,
     "LayerNorm": _layer_norm, "RmsNorm": _rms_norm, "RotaryPositionEmbedding": _rotary_position_embedding,
-    "Conv2D": _conv2d,
+    "Conv2D": _conv2d, "FlashAttentionScore": _flash_attention_score,
     "Gather": lambda params, indices, axis=0: jnp.take(params, indices, axis=axis),
     "OneHot": _one_hot, "SoftmaxCrossEntropyWithLogits": _softmax_cross_entropy,
     "ReduceSum": _reduce(jnp.sum), "ReduceMax": _reduce(jnp.max), "ReduceMean": _reduce(jnp.mean),
