@@ -158,3 +158,21 @@ def test_fused_llama_trains_on_8_ranks_like_one_device_with_query_rows_split():
     splits = {op.op_type: dict(zip(op.strategy.rule.factors, op.strategy.splits)) for op in plan.ops.values()
               if op.op_type.startswith("FlashAttentionScore")}
     assert splits["FlashAttentionScore"] == {"b": 2, "n": 2, "s": 2, "d": 1, "t": 1}
+
+
+def test_fused_attention_costs_the_flops_of_its_unfused_products():
+    # Forward: QKᵀ and PV, two BatchMatMuls of 2·b·n·s·t·d flops each; the query gradient three
+    # such products, the key and value gradient four. Heads split over 2 devices halves each.
+    from autostrat.cost import op_cost
+    from autostrat.layout import Strategy
+
+    b, n, s, t, d = 2, 4, 8, 6, 16
+    fused = make_rule("FlashAttentionScore", [(b, n, s, d), (b, n, t, d), (b, n, t, d)], head_num=n, sparse_mode=2)
+    scores = make_rule("BatchMatMul", [(b, n, s, d), (b, n, t, d)], transpose_b=True)
+    context = make_rule("BatchMatMul", [(b, n, s, t), (b, n, t, d)])
+    heads = lambda rule: Strategy(rule, tuple(2 if f == rule.factors[1] else 1 for f in rule.factors), 2)  # noqa: E731
+    unfused = op_cost(heads(scores)).flops_per_device + op_cost(heads(context)).flops_per_device
+    assert op_cost(heads(fused)).flops_per_device == unfused == 2 * 2 * b * n * s * t * d // 2
+    grads = {name: make_rule(name, [(b, n, s, d), (b, n, t, d), (b, n, t, d), (b, n, s, d)], head_num=n)
+             for name in ("FlashAttentionScoreQueryGrad", "FlashAttentionScoreKeyValueGrad")}
+    assert [op_cost(heads(rule)).flops_per_device for rule in grads.values()] == [3 * unfused // 2, 4 * unfused // 2]

@@ -2,7 +2,11 @@
 
 - Compute: ``Π(factor sizes) / Π(splits)`` iterations per device, doubled when the rule has a
   reduction factor (each iteration is a multiply-add, MatMul's ``2·m·k·n``). It is a model of
-  relative work, not of a kernel's exact flops (a Softmax counts one flop per element).
+  relative work, not of a kernel's exact flops (a Softmax counts one flop per element). A fused
+  op whose iterations hold several multiply-adds counts them (`FLOPS_PER_ITERATION`): fused
+  attention ``b·n·s·t·d`` iterations are the two products of the unfused attention (QKᵀ and
+  PV, 4 flops), its query gradient three (S again, dP, dQ) and its key and value gradient four
+  (S again, dV, dP, dK); a causal mask saves nothing here, as it saves nothing unfused.
 - Memory: bytes of every input and output slice a device holds. Parameters are inputs, so they
   are counted there; activations kept for the backward pass are not modelled.
 - Communication: 0. An op whose strategy splits a reduction factor leaves its output partial and
@@ -17,6 +21,9 @@ from dataclasses import dataclass
 
 from autostrat.cost.collective import dtype_size
 from autostrat.errors import LayoutError
+
+
+FLOPS_PER_ITERATION = {"FlashAttentionScore": 4, "FlashAttentionScoreQueryGrad": 6, "FlashAttentionScoreKeyValueGrad": 8}
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,6 @@ def op_cost(strategy, dtypes="float32") -> OpCost:
             f"{strategy.rule.op_type}: expected one dtype or {len(layouts)} (inputs then outputs), got {len(dtypes)}"
         )
     work = math.prod(strategy.rule.factor_sizes) // math.prod(strategy.splits)
-    flops = 2 * work if strategy.rule.reduction else work
+    flops = work * FLOPS_PER_ITERATION.get(strategy.rule.op_type, 2 if strategy.rule.reduction else 1)
     memory = sum(math.prod(layout.slice_shape) * dtype_size(dtype) for layout, dtype in zip(layouts, dtypes))
     return OpCost(flops_per_device=flops, memory_bytes_per_device=memory, comm_bytes=0)
