@@ -176,7 +176,7 @@ def _main_copies(plan, size: TensorSizes) -> dict[str, int]:
     """Under a 16-bit precision, per trained parameter the bytes of its fp32 main copies, held
     throughout in the layout its update runs in (its optimiser state's)."""
     held = {}
-    for name, op in plan.graph.ops.items():
+    for name, op in plan.graph.ops.items() if size.main_bytes else ():
         if op.op_type in UPDATE_OP_TYPES and op.inputs[0] in size.parameters:
             strategy = plan.ops[name].strategy
             held[f"{op.inputs[0]}>main"] = _bytes(strategy.input_layouts[0], size.main_bytes)
