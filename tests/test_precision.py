@@ -67,12 +67,16 @@ def test_an_unknown_precision_is_a_config_error():
         ParallelContext(precision="fp8")
 
 
-def test_search_takes_the_precision_and_reports_it(tmp_path, capsys):
-    out = tmp_path / "plan.json"
-    assert main(["search", "configs/ffn.yaml", "--phase", "train", "--precision", "fp16", "--out", str(out)]) == 0
+def test_search_and_report_take_the_precision_and_say_it(tmp_path, capsys):
+    out, page, again = tmp_path / "plan.json", tmp_path / "plan.html", tmp_path / "again.html"
+    assert main(["search", "configs/ffn.yaml", "--phase", "train", "--precision", "fp16", "--out", str(out),
+                 "--report", str(page)]) == 0
     assert "precision: fp16 (parameters, gradients" in capsys.readouterr().out
     plan = json.loads(out.read_text())
     assert plan["precision"] == "fp16" and plan["source"]["options"]["precision"] == "fp16"
+    assert main(["report", str(out), "-o", str(again)]) == 0  # planned again from the plan's source
+    for html in (page, again):
+        assert "cost model bytes, precision fp16 (memory: parameters, gradients" in html.read_text()
 
 
 def test_run_refuses_a_precision_it_cannot_execute(tmp_path, capsys):

@@ -36,7 +36,7 @@ def check_precision(precision) -> str:
         'bf16'
     """
     if precision not in PRECISIONS:
-        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
     return precision
 
 
