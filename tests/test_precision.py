@@ -17,7 +17,7 @@ from autostrat.frontend.context import ParallelContext
 from autostrat.models import FFN
 from autostrat.nn import Tensor
 from autostrat.search import SearchOptions, search
-from autostrat.search.memory import model_state_bytes
+from autostrat.search.memory import model_state_bytes, tensor_bytes
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.problem import build_problem
 
@@ -55,11 +55,24 @@ def test_sixteen_bits_change_only_memory_and_say_so():
     graph = build_training(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), Adam())
     fp32, bf16 = search(graph, 8, SearchOptions()), search(graph, 8, SearchOptions(precision="bf16"))
     assert [op.strategy for op in bf16.ops.values()] == [op.strategy for op in fp32.ops.values()]
-    assert bf16.total_bytes == fp32.total_bytes
-    # Whole per device: bf16 keeps 18 bytes per parameter where fp32 keeps 16 (2 more each).
-    assert bf16.prediction.model_peak_bytes > fp32.prediction.model_peak_bytes
+    assert bf16.total_bytes == fp32.total_bytes and bf16.prediction.step_time_ns == fp32.prediction.step_time_ns
+    assert bf16.prediction.model_peak_bytes < fp32.prediction.model_peak_bytes  # activations halve, +2 B per parameter
     assert "precision" not in fp32.to_dict() and bf16.to_dict()["precision"] == "bf16"
     assert "precision: bf16 (parameters, gradients and fp32 main copies" in bf16.table()
+
+
+@pytest.mark.parametrize("precision, gradient", [("fp16", 2), ("bf16", 4)])
+def test_activations_count_two_bytes_and_gradients_as_the_precision_keeps_them(precision, gradient):
+    fp32, half = ffn_adam_problem("fp32", None), ffn_adam_problem(precision, None)
+    pairs = list(zip(tensor_bytes(fp32)[1], tensor_bytes(half)[1]))
+    gradients = {"grad/dense1.weight", "grad/dense1.bias", "grad/dense2.weight", "grad/dense2.bias"}
+    assert {item.tensor for item, _ in pairs} >= gradients | {"x", "dense1.matmul:0", "dense2.bias_add:0"}
+    for wide, narrow in pairs:
+        assert narrow.tensor == wide.tensor
+        if wide.tensor in gradients:
+            assert narrow.bytes == tuple(size * gradient // 4 for size in wide.bytes)
+        elif not wide.tensor.startswith("optimizer/"):  # the optimiser's own scalars stay fp32
+            assert narrow.bytes == tuple(size // 2 for size in wide.bytes), wide.tensor
 
 
 def test_an_unknown_precision_is_a_config_error():

@@ -7,8 +7,11 @@ shard (`optimizer_shard`), an fp32 main copy of each parameter and, with fp16, o
 Per element, sharded over d replicas: fp16 4 + 16/d bytes, bf16 6 + 12/d, fp32 8 + 8/d (Adam's
 two fp32 moments are the graph's own state tensors, counted as before).
 
-Only that model state changes: activations, other backward tensors and the bytes priced for
-redistributions keep their dtype's size (fp32), so every fp32 plan is the one it was.
+Activations (graph inputs and op outputs, the backward's too) count 2 bytes per element in
+16 bits, in the search's memory model, the plan's buffers and the pipeline split's model alike.
+The bytes priced for redistributions (the objective, the predicted time) and the compute time
+keep each tensor's dtype (fp32), so a 16-bit plan moves what its fp32 plan moves. fp32 counts
+every tensor at its dtype's size: every fp32 plan is the one it was.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autostrat.autodiff import UPDATE_OP_TYPES
+from autostrat.autodiff.optimizers import UPDATE_PREFIX
 from autostrat.cost import dtype_size
 from autostrat.errors import ConfigError
 
@@ -24,8 +28,8 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 # beside its optimiser state (main parameter; with fp16 also main gradient).
 _BYTES = {"fp32": (4, 4, 0), "fp16": (2, 2, 8), "bf16": (2, 4, 4)}
 # What a plan's summary says its memory counts under a 16-bit precision.
-PRECISION_MEMORY = ("parameters, gradients and fp32 main copies as Megatron's distributed optimizer keeps them; "
-                    "activations and communication counted in fp32")
+PRECISION_MEMORY = ("parameters, gradients and fp32 main copies as Megatron's distributed optimizer keeps them, "
+                    "activations in 16 bits; communication and compute priced in fp32")
 
 
 def check_precision(precision) -> str:
@@ -42,18 +46,21 @@ def check_precision(precision) -> str:
 
 @dataclass(frozen=True)
 class TensorSizes:
-    """Bytes per element of each tensor of a training graph under a precision: trained
-    parameters (and their updated values) and their gradients as `precision` keeps them, every
-    other tensor its dtype's size.
+    """Bytes per element of each tensor of a graph under a precision. In 16 bits: fp32
+    parameters (and their updated values), graph inputs and op outputs take 2 bytes, except the
+    gradients the updates read (2 in fp16, 4 in bf16: Megatron's fp32 gradient buffer) and
+    what the optimiser's own ops compute; optimiser state, counters and constants keep their
+    dtype's size, as every tensor does in fp32.
 
-    Example (the tutorial FFN's Adam step in bf16: 16-bit weights, fp32 gradients and moments):
+    Example (the tutorial FFN's Adam step in bf16: 16-bit weights and activations, fp32
+    gradients and moments):
         >>> from autostrat.autodiff import Adam, build_training
         >>> from autostrat.frontend import trace
         >>> from autostrat.models import FFN
         >>> from autostrat.nn import Tensor
         >>> sizes = TensorSizes.of(build_training(trace(FFN(), Tensor(shape=(64, 64))), Adam()), "bf16")
-        >>> sizes("dense1.weight"), sizes("grad/dense1.weight"), sizes("moment1.dense1.weight"), sizes.main_bytes
-        (2, 4, 4, 4)
+        >>> sizes("dense1.weight"), sizes("dense1.matmul:0"), sizes("grad/dense1.weight"), sizes("moment1.dense1.weight")
+        (2, 2, 4, 4)
     """
 
     dtypes: dict
@@ -72,8 +79,10 @@ class TensorSizes:
         own = {}
         if precision != "fp32":  # fp32 keeps every dtype's own size
             values = dict(graph.updates)
-            own = dict.fromkeys(gradients, gradient) | dict.fromkeys(parameters, parameter) | dict.fromkeys(
-                (values[name] for name in parameters if name in values), parameter)
+            state = set(values) - parameters  # optimiser state and counters: fp32, as their updates
+            own = {name: parameter for name, info in graph.tensors.items() if info.dtype == "float32" and name not in state
+                   and info.kind != "constant" and not (info.producer or "").startswith(UPDATE_PREFIX)}
+            own |= dict.fromkeys(gradients, gradient) | dict.fromkeys((values[p] for p in parameters if p in values), parameter)
         return cls({name: info.dtype for name, info in graph.tensors.items()}, own, parameters, gradients, main)
 
     def __call__(self, tensor: str) -> int:
