@@ -13,12 +13,15 @@ from autostrat.autodiff import Adam, build_training
 from autostrat.cli import main
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
+from autostrat.frontend.config import load_config
 from autostrat.frontend.context import ParallelContext
+from autostrat.frontend.run import plan_config
 from autostrat.models import FFN
 from autostrat.nn import Tensor
 from autostrat.search import SearchOptions, search
 from autostrat.search.memory import model_state_bytes, tensor_bytes
 from autostrat.search.optimizer_shard import OptimizerShard
+from autostrat.search.pipeline import MODEL_MARGIN
 from autostrat.search.problem import build_problem
 
 FFN_PARAMETERS = 2 * 64 * 64 + 2 * 64  # two [64, 64] weights, two [64] biases
@@ -73,6 +76,14 @@ def test_activations_count_two_bytes_and_gradients_as_the_precision_keeps_them(p
             assert narrow.bytes == tuple(size * gradient // 4 for size in wide.bytes)
         elif not wide.tensor.startswith("optimizer/"):  # the optimiser's own scalars stay fp32
             assert narrow.bytes == tuple(size // 2 for size in wide.bytes), wide.tensor
+
+
+def test_a_pipeline_splits_model_follows_its_stage_peaks_in_sixteen_bits():
+    fp32, _ = plan_config(load_config("configs/gpt_pipeline.yaml"))
+    bf16, _ = plan_config(load_config("configs/gpt_pipeline.yaml", precision="bf16"))
+    assert bf16.pipeline.peak_bytes != fp32.pipeline.peak_bytes and bf16.pipeline.split.bounds == fp32.pipeline.split.bounds
+    for model, exact in zip(bf16.pipeline.split.peak_bytes, bf16.pipeline.peak_bytes):
+        assert abs(model - exact) <= exact * MODEL_MARGIN / 100, (model, exact)
 
 
 def test_an_unknown_precision_is_a_config_error():
