@@ -111,11 +111,11 @@ class ParallelContext:
       meaning is not built (`UNSUPPORTED`: ``grad_accumulation_step``, ``auto_pipeline``) are refused.
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
-    - `precision`: "fp32" (default), "fp16" or "bf16": what the search's memory counts per
-      trained parameter — 16-bit parameters (and fp16 gradients) with fp32 main copies beside
-      the optimiser state, as Megatron's distributed optimizer keeps them (`search.precision`;
-      activations and communication still count fp32). Runs execute fp32 only: a plan in
-      another precision is searched and reported, never run.
+    - `precision`: "fp32" (default), "fp16" or "bf16": what the search's memory counts — in
+      16 bits, parameters and activations at 2 bytes, gradients at 2 (fp16) or 4 (bf16), fp32
+      main copies beside the optimiser state, as Megatron's distributed optimizer keeps them
+      (`search.precision`); communication and compute stay priced in fp32. Runs execute fp32
+      only: a plan in another precision is searched and reported, never run.
     - The hardware the step time is predicted on: `hardware`, a profile (sources in
       `autostrat.cost.hardware`): "h100-sxm-80gb" (default, one 8 x H100 SXM5 server),
       "a100-80gb" (one 8 x A100 SXM4 80GB server), a ``.yaml`` file of a profile's fields

@@ -126,7 +126,7 @@ def device_program(plan) -> DeviceProgram:
                 key = f"{tensor}>{name}[{index}]"
                 _steps(program, edge.plan, tensor, key, size(tensor), name, name)
             keys.append(key)
-        if f"{op.inputs[0]}>main" in main_copies and op.op_type in UPDATE_OP_TYPES:
+        if op.op_type in UPDATE_OP_TYPES and f"{op.inputs[0]}>main" in main_copies:
             keys.append(f"{op.inputs[0]}>main")  # read by the update (loaded on its pipeline stage)
         layouts = plan.ops[name].strategy.output_layouts
         writes = {out: _bytes(layout, size(out)) for out, layout in zip(op.outputs, layouts)}
