@@ -3,7 +3,7 @@
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json|-] [--dump-ir DIR]
                      [--strategy-ckpt-save-file F] [--refine cpsat] [--time-limit S] [--max-device-memory M]
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
-                     [--hardware a100-80gb|h100-sxm-80gb|FILE.yaml]
+                     [--hardware a100-80gb|h100-sxm-80gb|FILE.yaml] [--precision fp32|fp16|bf16]
                      [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
@@ -53,6 +53,7 @@ from autostrat.runtime.processes import Terminated, ending_on_sigterm
 from autostrat.report import candidates_text
 from autostrat.search.checkpoint import checkpoint_bytes
 from autostrat.search.dump import dump_texts
+from autostrat.search.precision import PRECISIONS
 from autostrat.search.progress import StatusLine
 
 
@@ -291,6 +292,9 @@ def _parser() -> argparse.ArgumentParser:
                              "servers x 8 beyond), full (every divisor) or axis sizes such as 128x8")
     search.add_argument("--cost-model", choices=["bytes", "time"],
                         help="what the search minimises: bytes sent per device (default) or the predicted step time")
+    search.add_argument("--precision", choices=list(PRECISIONS),
+                        help="what memory counts per trained parameter: fp32 (default), or 16-bit parameters with fp32 "
+                             "main copies as Megatron's distributed optimizer keeps them (plans only: runs are fp32)")
     search.add_argument("--hardware", metavar="PROFILE",
                         help=f"the hardware the step time is predicted on: {', '.join(PROFILES)} (default "
                              f"{DEFAULT_PROFILE}) or a YAML file of a profile's fields; the config's device_flops, "

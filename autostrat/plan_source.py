@@ -33,7 +33,7 @@ from autostrat.reading import read_bytes
 # The `autostrat search` options a plan's JSON records, and the context keys they override.
 SOURCE_OPTIONS = {"device_num": None, "refine": "refine", "time_limit": "refine_time_limit",
                   "max_device_memory": "max_device_memory", "coarsen": "coarsen", "phase": "phase", "mesh": "mesh",
-                  "cost_model": "cost_model", "hardware": "hardware", "parallel_optimizer": "enable_parallel_optimizer",
+                  "cost_model": "cost_model", "precision": "precision", "hardware": "hardware", "parallel_optimizer": "enable_parallel_optimizer",
                   "pipeline_stages": "pipeline_stages", "micro_size": None, "recompute": None}
 
 

@@ -22,6 +22,7 @@ from autostrat.io import OutputPath
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
+from autostrat.search.precision import PRECISIONS
 from autostrat.search.stages import SCHEDULES
 from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
@@ -110,6 +111,11 @@ class ParallelContext:
       meaning is not built (`UNSUPPORTED`: ``grad_accumulation_step``, ``auto_pipeline``) are refused.
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
+    - `precision`: "fp32" (default), "fp16" or "bf16": what the search's memory counts — in
+      16 bits, parameters and activations at 2 bytes, gradients at 2 (fp16) or 4 (bf16), fp32
+      main copies beside the optimiser state, as Megatron's distributed optimizer keeps them
+      (`search.precision`); communication and compute stay priced in fp32. Runs execute fp32
+      only: a plan in another precision is searched and reported, never run.
     - The hardware the step time is predicted on: `hardware`, a profile (sources in
       `autostrat.cost.hardware`): "h100-sxm-80gb" (default, one 8 x H100 SXM5 server),
       "a100-80gb" (one 8 x A100 SXM4 80GB server), a ``.yaml`` file of a profile's fields
@@ -145,6 +151,7 @@ class ParallelContext:
     phase: str = "predict"
     gradients_mean: bool = False
     cost_model: str = "bytes"
+    precision: str = "fp32"
     enable_parallel_optimizer: bool = False
     parallel_optimizer_config: dict | None = None
     auto_recompute: bool = False
@@ -168,6 +175,7 @@ class ParallelContext:
             object.__setattr__(self, "parallel_mode", self.parallel_mode.lower())
         self._mindspore_keys()
         _check_choice("cost_model", self.cost_model, COST_MODELS)
+        _check_choice("precision", self.precision, PRECISIONS)
         object.__setattr__(self, "hardware", resolve_hardware(self.hardware))  # read once: the context is a value
         for key in HARDWARE_KEYS:
             object.__setattr__(self, key, hardware_number(key, getattr(self, key)))
@@ -231,6 +239,7 @@ class ParallelContext:
             mesh=self.mesh,
             workers=workers,
             cost_model=self.cost_model,
+            precision=self.precision,
             hardware=self.hardware_profile(),
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
             seeds_from_one_plan=bool(self.strategy_ckpt_load_file),

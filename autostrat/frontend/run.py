@@ -30,6 +30,7 @@ from autostrat.runtime.rank_table import load_rank_table
 from autostrat.runtime.run_folder import make_run_folder
 from autostrat.runtime.report import MEASURED
 from autostrat.strategies import mesh_axes
+from autostrat.search.precision import check_runnable
 
 
 MAX_LOCAL_RANKS = 256  # ranks one machine starts: each is a thread or a process with its own Python
@@ -161,6 +162,7 @@ def _prepare(config_path, options: RunOptions):
                                         pipeline_stages=options.pipeline_stages, micro_size=options.micro_size,
                                         strategy_ckpt_save_file=options.strategy_ckpt_save_file),
                             options.recompute)
+    check_runnable(config.context.precision, config.path)  # before the search: its plan could not run
     check_config_outputs(config, options.outputs, {"the rank table": options.rank_table} if options.rank_table else None)
     device_num = run_device_num(config, options, table)
     check_local_ranks(device_num, options)

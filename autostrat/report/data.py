@@ -105,6 +105,7 @@ def _summary(plan, search_seconds, budget, bounds) -> dict:
         "lower_bound": None if bounds is None else bounds.line,
         "warnings": list(plan.warnings),
         "cost_model": plan.cost_model,
+        "precision": plan.precision,
     }
 
 

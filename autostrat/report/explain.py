@@ -377,7 +377,8 @@ def swapped_plan(plan: Plan, op: str, strategy) -> Plan:
     for name, (followed, origin) in follow_parameters(plan.graph, searched, plan.device_num, plan.optimizer_shard).items():
         strategies[name], origins[name] = followed, origin
     return build_plan(plan.graph, plan.device_num, plan.mode, strategies, origins, plan.warnings,
-                      cost_model=plan.cost_model, hardware=plan.hardware, optimizer_shard=plan.optimizer_shard)
+                      cost_model=plan.cost_model, hardware=plan.hardware, optimizer_shard=plan.optimizer_shard,
+                      precision=plan.precision)
 
 
 def _edge_bytes(plan: Plan) -> dict[str, int]:

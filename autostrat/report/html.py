@@ -19,6 +19,7 @@ from autostrat.io import write_files_atomically
 from autostrat.report import charts as drawing
 from autostrat.report.data import device_traffic, report_data
 from autostrat.search.bounds import plan_bounds
+from autostrat.search.precision import PRECISION_MEMORY
 
 CHART_TITLES = {
     "bytes_per_layer": "Bytes per layer: the redistributions into each layer's ops (by phase) and its writebacks.",
@@ -86,7 +87,7 @@ def page(data: dict, svgs: dict[str, str], bounds) -> str:
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>autostrat plan: {html.escape(title)}</title><style>{style}</style></head><body>"
         f'<header><h1>autostrat plan: {html.escape(title)}</h1><p class="sub">{html.escape(summary["mode"])}, '
-        f'{summary["ops"]:,} ops, cost model {html.escape(summary["cost_model"])}</p></header>'
+        f'{summary["ops"]:,} ops, cost model {html.escape(summary["cost_model"])}{_precision(summary)}</p></header>'
         f'<div id="errors" hidden></div><main>'
         f'<section id="summary"><div class="cards">{_cards(summary)}</div>{_bound_line(summary)}{_warnings(summary)}</section>'
         f'<section id="graph-section"><h2>Op graph</h2>'
@@ -139,6 +140,12 @@ def _budget(summary: dict) -> str:
     over = " over" if share > 1 else ""
     return (f'<div class="muted">{share:.0%} of the budget {drawing.format_bytes(summary["budget"])}</div>'
             f'<div class="meter"><i class="{over.strip()}" style="width:{min(share, 1):.1%}"></i></div>')
+
+
+def _precision(summary: dict) -> str:
+    """The header's note of a 16-bit precision (fp32, the default, goes unsaid)."""
+    precision = summary["precision"]
+    return "" if precision == "fp32" else f", precision {html.escape(precision)} (memory: {html.escape(PRECISION_MEMORY)})"
 
 
 def _bound_line(summary: dict) -> str:

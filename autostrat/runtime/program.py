@@ -29,6 +29,7 @@ from autostrat.cost import collective_bytes, dtype_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
+from autostrat.search.precision import check_runnable
 
 PHASES = ("forward", "backward", "sync", "update", "gather", "pipeline", "output")
 
@@ -135,6 +136,7 @@ def lower_programs(plan) -> tuple[Program, ...]:
     A plan is immutable: its programs are lowered once and kept with it (a functional loop runs
     one plan step after step, and every rank lowered every rank's program at each step).
     """
+    check_runnable(plan.precision)  # every run lowers its plan first: none starts in a precision it cannot run
     lowered = plan.__dict__.get("_programs")  # not a field: equality and the plan's JSON ignore it
     if lowered is None:
         check_plan(plan)

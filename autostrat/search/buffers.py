@@ -22,6 +22,7 @@ from autostrat.cost import dtype_size
 from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.layout import Layout, TensorMap
 from autostrat.redistribution import plan_redistribution
+from autostrat.search.precision import TensorSizes
 
 
 @dataclass
@@ -91,8 +92,8 @@ def memory_over_step(plan) -> tuple[tuple[str, int], ...]:
     return tuple(highs)
 
 
-def _bytes(layout, dtype: str) -> int:
-    return math.prod(layout.slice_shape) * dtype_size(dtype)
+def _bytes(layout, size: int) -> int:
+    return math.prod(layout.slice_shape) * size
 
 
 def device_program(plan) -> DeviceProgram:
@@ -108,9 +109,12 @@ def device_program(plan) -> DeviceProgram:
     """
     graph = plan.graph
     program = DeviceProgram()
+    size = TensorSizes.of(graph, plan.precision)
     loaded = [name for name, info in graph.tensors.items() if info.kind != "output" and graph.consumers(name)]
     for name in loaded:
-        program.events.append(Event((), {name: _bytes(plan.layouts[name], graph.tensors[name].dtype)}))
+        program.events.append(Event((), {name: _bytes(plan.layouts[name], size(name))}))
+    main_copies = _main_copies(plan, size)
+    program.events += [Event((), {key: held}) for key, held in main_copies.items()]
     edges = {(edge.consumer, edge.input_index): edge for edge in plan.redistributions}
     for name, op in graph.ops.items():
         keys = []
@@ -120,10 +124,12 @@ def device_program(plan) -> DeviceProgram:
                 key = f"{tensor}>{edge.shares[0]}[{edge.shares[1]}]"
             elif edge is not None and edge.plan.steps:
                 key = f"{tensor}>{name}[{index}]"
-                _steps(program, edge.plan, tensor, key, graph.tensors[tensor].dtype, name, name)
+                _steps(program, edge.plan, tensor, key, size(tensor), name, name)
             keys.append(key)
+        if op.op_type in UPDATE_OP_TYPES and f"{op.inputs[0]}>main" in main_copies:
+            keys.append(f"{op.inputs[0]}>main")  # read by the update (loaded on its pipeline stage)
         layouts = plan.ops[name].strategy.output_layouts
-        writes = {out: _bytes(layout, graph.tensors[out].dtype) for out, layout in zip(op.outputs, layouts)}
+        writes = {out: _bytes(layout, size(out)) for out, layout in zip(op.outputs, layouts)}
         over = tuple(zip(keys, op.outputs)) if op.op_type in UPDATE_OP_TYPES else ()
         program.events.append(Event(tuple(keys), writes, over, name, name))
     for tensor in graph.outputs:
@@ -134,9 +140,9 @@ def device_program(plan) -> DeviceProgram:
         key = value
         if parameter in writebacks:
             key = f"{value}>{parameter}"
-            _steps(program, writebacks[parameter].plan, value, key, graph.tensors[value].dtype, "", graph.tensors[value].producer)
+            _steps(program, writebacks[parameter].plan, value, key, size(value), "", graph.tensors[value].producer)
         program.updates.append((parameter, key))
-    program.kept |= {key for _, key in program.updates}
+    program.kept |= {key for _, key in program.updates} | set(main_copies)
     updated = {parameter for parameter, _ in graph.updates}
     program.kept |= {name for name in loaded if graph.tensors[name].kind != "input" and name not in updated}
     return program
@@ -151,15 +157,27 @@ def _assembled(program: DeviceProgram, plan, tensor: str) -> str:
         return tensor
     key, info = f"{tensor}>output", plan.graph.tensors[tensor]
     start = len(program.events)
-    _steps(program, plan_redistribution(layout, whole, info.dtype), tensor, key, info.dtype, "", info.producer)
+    _steps(program, plan_redistribution(layout, whole, info.dtype), tensor, key, dtype_size(info.dtype), "", info.producer)
     for event in program.events[start:]:
         event.writes, event.output = dict.fromkeys(event.writes, 0), True
     return key
 
 
-def _steps(program: DeviceProgram, redistribution, source: str, target: str, dtype: str, op: str = "",
+def _steps(program: DeviceProgram, redistribution, source: str, target: str, size: int, op: str = "",
            owner: str | None = None) -> None:
-    """A redistribution's steps: the first reads `source`, every one writes `target`."""
+    """A redistribution's steps (of `size` bytes per element): the first reads `source`, every
+    one writes `target`."""
     for step in redistribution.steps:
-        program.events.append(Event((source,), {target: _bytes(step.after, dtype)}, (), op, owner))
+        program.events.append(Event((source,), {target: _bytes(step.after, size)}, (), op, owner))
         source = target
+
+
+def _main_copies(plan, size: TensorSizes) -> dict[str, int]:
+    """Under a 16-bit precision, per trained parameter the bytes of its fp32 main copies, held
+    throughout in the layout its update runs in (its optimiser state's)."""
+    held = {}
+    for name, op in plan.graph.ops.items() if size.main_bytes else ():
+        if op.op_type in UPDATE_OP_TYPES and op.inputs[0] in size.parameters:
+            strategy = plan.ops[name].strategy
+            held[f"{op.inputs[0]}>main"] = _bytes(strategy.input_layouts[0], size.main_bytes)
+    return held

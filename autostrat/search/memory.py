@@ -6,8 +6,8 @@ parameter or graph input on its first consumer's (it is stored as that op wants 
 output is live from its producer's step to its last consumer's step (to the end for a graph
 output); a graph input (the batch) from the first step to its last consumer's, as a rank loads
 it before it runs any op and drops it after its last use; parameters, constants and optimiser
-state (in its parameter's update layout, split further with optimizer sharding) are live
-throughout; an update's result takes its parameter's place; a parameter at rest (ZeRO-3) is
+state (in its parameter's update layout, split further with optimizer sharding; with a 16-bit
+`precision` also the fp32 main copies, `search.precision`) are live throughout; an update's result takes its parameter's place; a parameter at rest (ZeRO-3) is
 held shard-sized, and gathered for its first reader while that runs. The peak is reached at a
 step where a tensor is produced, so those steps are the only ones to bound.
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autostrat.cost import dtype_size
 from autostrat.search.optimizer_shard import rest_layout
+from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import SearchProblem
 
 
@@ -45,9 +45,10 @@ def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[Tensor
     """(always-live parameters, constants and state; op outputs and graph inputs), with their
     per-candidate bytes."""
     graph = problem.graph
+    sizes = problem.sizes or TensorSizes.of(graph)
     resident, activations = [], []
     for name, info in graph.tensors.items():
-        size = dtype_size(info.dtype)
+        size = sizes(name)
         if info.producer is not None:
             if info.producer not in graph.ops:
                 continue  # an update's result: it replaces its parameter or state in place
@@ -68,6 +69,9 @@ def tensor_bytes(problem: SearchProblem) -> tuple[list[TensorBytes], list[Tensor
             held.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * size for l in layouts)))
             if name not in problem.state_of:
                 activations += _gathered_copy(problem, name, owner, index, size)
+            if sizes.main_bytes and name in sizes.parameters:  # its fp32 main copies, split like its optimiser state
+                layouts = [problem.update_layout(name, s.input_layouts[index]) for s in problem.candidates[owner]]
+                resident.append(TensorBytes(name, owner, tuple(math.prod(l.slice_shape) * sizes.main_bytes for l in layouts)))
     return resident, activations
 
 
@@ -77,6 +81,28 @@ def _gathered_copy(problem: SearchProblem, parameter: str, owner: str, index: in
     reader's copy is a redistribution like any other, which the forms leave out: see the module.)"""
     whole = [math.prod(s.input_layouts[index].slice_shape) * size if index in s.at_rest else 0 for s in problem.candidates[owner]]
     return [TensorBytes(parameter, owner, tuple(whole), at=owner)] if any(whole) else []
+
+
+def model_state_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
+    """Per device, the bytes a choice keeps of the trained parameters, their gradients, their
+    optimiser state and (16-bit precisions) their fp32 main copies: what Megatron-LM's
+    distributed optimizer table counts per parameter (`search.precision`).
+
+    Example (the tutorial FFN's Adam step, whole on every device: 8 320 parameters, 16 bytes each):
+        >>> from autostrat.autodiff import Adam, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> problem = build_problem(build_training(trace(FFN(), Tensor(shape=(64, 64))), Adam()), 1)
+        >>> model_state_bytes(problem, dict.fromkeys(problem.candidates, 0))
+        133120
+    """
+    sizes = problem.sizes or TensorSizes.of(problem.graph)
+    resident, activations = tensor_bytes(problem)
+    counted = [item for item in resident if item.tensor in sizes.parameters or item.tensor in problem.state_of]
+    counted += [item for item in activations if item.tensor in sizes.gradients and not item.at]
+    return sum(item.bytes[choice[item.owner]] for item in counted)
 
 
 def resident_floor(problem: SearchProblem) -> int:

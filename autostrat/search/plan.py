@@ -18,6 +18,7 @@ from autostrat.search.bounds import plan_bounds
 from autostrat.search.checkpoint import checkpoint_bytes
 from autostrat.search.dump import write_dumps
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout
+from autostrat.search.precision import PRECISION_MEMORY
 from autostrat.search.prediction import Prediction, predict
 from autostrat.tables import format_table
 from autostrat.io import as_output, write_atomically
@@ -117,6 +118,7 @@ class Plan:
     optimizer_shard: OptimizerShard | None = None  # enable_parallel_optimizer: updates split over replicas
     recompute: object = None  # with auto_recompute: the `recompute_choice.RecomputeChoice` that chose this graph
     pipeline: object = None  # with pipeline_stages: the `pipeline.Pipeline` (this plan is one stage's devices')
+    precision: str = "fp32"  # what its memory counts per trained parameter (`search.precision`)
 
     @cached_property
     def prediction(self) -> Prediction:
@@ -202,6 +204,8 @@ class Plan:
                       "on one stage's devices (not a pipeline stage's step or peak: those are above)"]
         if self.graph.updates:
             lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
+        if self.precision != "fp32":
+            lines.append(f"precision: {self.precision} ({PRECISION_MEMORY})")
         lines += [f"cost model: {self.cost_model}; hardware: {describe(self.hardware)}", *self.prediction.lines()]
         return "\n".join(lines)
 
@@ -255,7 +259,8 @@ class Plan:
             "predicted": self.prediction.to_dict(),
         } | ({} if self.optimizer_shard is None else {"optimizer_shard": asdict(self.optimizer_shard)}) | (
             {} if self.recompute is None else {"recompute": self.recompute.to_dict()}) | (
-            {} if self.pipeline is None else {"pipeline": self.pipeline.to_dict()})
+            {} if self.pipeline is None else {"pipeline": self.pipeline.to_dict()}) | (
+            {} if self.precision == "fp32" else {"precision": self.precision})  # fp32 plans keep their digests
 
     def to_json(self, **extra) -> str:
         """`to_dict` as JSON text, with `extra` keys after the plan's own (the CLI's "source")."""
@@ -284,7 +289,7 @@ def _described(edge: EdgeRedistribution) -> str:
 
 def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings,
                progress=None, cost_model: str = "bytes", hardware: Hardware = Hardware(),
-               optimizer_shard: OptimizerShard | None = None) -> Plan:
+               optimizer_shard: OptimizerShard | None = None, precision: str = "fp32") -> Plan:
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
     every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
     model = hardware.alpha_beta(device_num) if cost_model == "time" else None  # the search's redistributions
@@ -317,7 +322,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
     writebacks = tuple(_writeback(graph, layouts, parameter, value, model) for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
                 writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware,
-                optimizer_shard=optimizer_shard)
+                optimizer_shard=optimizer_shard, precision=precision)
 
 
 def resting_parameters(graph: Graph, strategies) -> frozenset[str]:

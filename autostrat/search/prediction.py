@@ -21,6 +21,7 @@ from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware, op_cost
 from autostrat.search.buffers import plan_peak
 from autostrat.search.memory import peak_bytes
+from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import SearchProblem, optimizer_state, searched_graph
 
 
@@ -146,5 +147,6 @@ def plan_peak_bytes(plan) -> int:
     graph, followers = searched_graph(plan.graph)
     candidates = {name: (plan.ops[name].strategy,) for name in graph.ops}
     fixed = SearchProblem(graph, plan.device_num, False, candidates, (), {}, {}, optimizer_state(plan.graph, followers),
-                          optimizer_shard=plan.optimizer_shard)
+                          optimizer_shard=plan.optimizer_shard,
+                          sizes=TensorSizes.of(plan.graph, plan.precision))
     return peak_bytes(fixed, dict.fromkeys(graph.ops, 0))

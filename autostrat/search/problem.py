@@ -31,6 +31,7 @@ from autostrat.ir import Graph, OpNode
 from autostrat.layout import FollowedStrategy, Layout, Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout, update_layout
+from autostrat.search.precision import TensorSizes
 from autostrat.search.orders import order_variants
 from autostrat.strategies import LINEAR_OP_TYPES, generate_strategies, mesh_axes, on_mesh, split_values
 
@@ -108,6 +109,7 @@ class SearchProblem:
     mesh: tuple[int, ...] | None = None  # the mesh axes candidates are made of (`candidate_mesh`)
     model: AlphaBeta | None = None  # with cost_model "time": the tables' α–β model (costs are nanoseconds)
     optimizer_shard: OptimizerShard | None = None  # enable_parallel_optimizer: how updates split over replicas
+    sizes: TensorSizes | None = None  # bytes per element in its precision (`search.precision`); None: dtypes'
 
     def update_layout(self, parameter: str, stored: Layout) -> Layout:
         """The layout `parameter`'s update runs in, and its optimiser state is kept in, when
@@ -273,12 +275,13 @@ def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tup
 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
                   lazy: bool = True, mesh="auto", hardware: Hardware | None = None,
-                  optimizer_shard: OptimizerShard | None = None) -> SearchProblem:
+                  optimizer_shard: OptimizerShard | None = None, precision: str = "fp32") -> SearchProblem:
     """Candidates on `mesh` (`candidate_values`), own costs and edge tables of every op and edge
     of `graph`; the tables' entries are computed as the search reads them, or all at once
     without `lazy` (tests compare the two). Costs are bytes, or nanoseconds on `hardware`.
     With `optimizer_shard`, parameters' updates run split over their replicas: gradients are
-    priced into the shard layout, and the parameter's first reader pays the gather back."""
+    priced into the shard layout, and the parameter's first reader pays the gather back. Memory
+    counts trained parameters' state as `precision` keeps it (`search.precision`)."""
     full = graph
     graph, followers = searched_graph(graph)
     seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
@@ -309,7 +312,8 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         for edge in edges:
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
-                         optimizer_state(full, followers), values, axes, model, optimizer_shard)
+                         optimizer_state(full, followers), values, axes, model, optimizer_shard,
+                         TensorSizes.of(full, precision))
 
 
 def _rest_variants(graph: Graph, candidates, followers: dict[str, str], sharding: OptimizerShard | None):

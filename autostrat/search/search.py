@@ -16,6 +16,7 @@ from autostrat.search.coarsen import LEVELS
 from autostrat.search.deadline import Deadline, TimeRanOut
 from autostrat.search.memory import resident_floor
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
+from autostrat.search.precision import check_precision
 from autostrat.strategies import check_mesh
 
 MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
@@ -61,6 +62,8 @@ class SearchOptions:
       both either way.
     - `optimizer_shard`: MindSpore's parallel optimizer (`optimizer_shard.OptimizerShard`):
       parameters' optimiser state and updates split over their replicas; None: off.
+    - `precision`: what memory counts per trained parameter (`precision.PRECISIONS`; fp32 by
+      default, 16-bit as Megatron's distributed optimizer keeps it: `search.precision`).
     - `seeds_from_one_plan`: the seeds were read from one saved plan (a strategy checkpoint), so
       a redistribution between two of them is not a disagreement to warn about.
     """
@@ -79,6 +82,7 @@ class SearchOptions:
     hardware: Hardware = Hardware()
     optimizer_shard: OptimizerShard | None = None
     seeds_from_one_plan: bool = False
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES),
@@ -87,6 +91,7 @@ class SearchOptions:
             if value not in valid:
                 raise ConfigError(f"{key} must be one of {', '.join(map(str, valid))}; got {value!r}")
         object.__setattr__(self, "mesh", check_mesh(self.mesh))
+        check_precision(self.precision)
 
     @property
     def automatic(self) -> bool:
@@ -138,7 +143,8 @@ def _extra_starts(problem, graph: Graph, device_num: int, options: SearchOptions
     the `deadline` cuts short is left out (the refinement then stops at its first check)."""
     starts = [data_parallel(problem, keep_seeds=True).choice]
     if problem.model is not None and options.mode == "auto_parallel":
-        by_bytes = build_problem(graph, device_num, options.repeated, mesh=options.mesh, optimizer_shard=options.optimizer_shard)
+        by_bytes = build_problem(graph, device_num, options.repeated, mesh=options.mesh, optimizer_shard=options.optimizer_shard,
+                                 precision=options.precision)
         try:
             starts.append(propagate(by_bytes, _CheckingDeadline(deadline), options.follow_layers).choice)
         except TimeRanOut:
@@ -212,7 +218,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         graph = _unseeded(graph)
     hardware = options.hardware if options.cost_model == "time" else None
     problem = build_problem(graph, device_num, options.repeated, full_only=options.automatic, mesh=options.mesh,
-                            hardware=hardware, optimizer_shard=options.optimizer_shard)
+                            hardware=hardware, optimizer_shard=options.optimizer_shard, precision=options.precision)
     _check_shared_parameters(problem.graph, problem)
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True, seeds_from_one_plan=options.seeds_from_one_plan)
@@ -335,4 +341,4 @@ def _plan_of(problem, graph: Graph, device_num: int, options: SearchOptions, ass
     for name, (strategy, origin) in follow_parameters(graph, strategies, device_num, options.optimizer_shard).items():
         strategies[name], origins[name] = strategy, origin
     return build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress,
-                      options.cost_model, options.hardware, options.optimizer_shard)
+                      options.cost_model, options.hardware, options.optimizer_shard, options.precision)

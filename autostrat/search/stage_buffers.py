@@ -146,7 +146,7 @@ class _StageCut:
         batch = []
         for event in (event for event in self.program.events if event.owner is None):
             [(key, size)] = event.writes.items()
-            if key in read and graph.tensors[key].kind == "input":
+            if key in read and key in graph.tensors and graph.tensors[key].kind == "input":  # not a main copy
                 batch.append(event)
             elif key in read:
                 steps.loads[key] = size

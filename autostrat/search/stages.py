@@ -37,9 +37,10 @@ from functools import cached_property
 
 from autostrat.autodiff import BACKWARD_PREFIXES, op_phase
 from autostrat.autodiff.optimizers import UPDATE_PREFIX
-from autostrat.cost import Hardware, dtype_size
+from autostrat.cost import Hardware
 from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.search.prediction import op_times
+from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import layers_of
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -339,39 +340,49 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
     time, activations, weights, gradients, transients = ([0] * count for _ in range(5))
     for name, time_ns in op_times(plan, hardware, ("forward", "backward")).items():
         time[units[name]] += time_ns
-    parameter_gradients = set()
+    parameter_gradients, sizes = set(), TensorSizes.of(graph, plan.precision)
     for name, info in graph.tensors.items():
         readers = [reader for reader, _ in graph.consumers(name)]
         if info.kind == "parameter" and readers:
-            weights[units[readers[0]]] += _slice_bytes(plan, name)
-            gradients[units[readers[0]]] += _slice_bytes(plan, f"grad/{name}")
+            weights[units[readers[0]]] += _slice_bytes(plan, name, sizes) + _main_bytes(plan, name, sizes)
+            gradients[units[readers[0]]] += _slice_bytes(plan, f"grad/{name}", sizes)
             parameter_gradients.add(f"grad/{name}")
         elif info.producer in graph.ops and op_phase(info.producer) == "forward" and any(op_phase(r) == "backward" for r in readers):
-            activations[units[info.producer]] += _slice_bytes(plan, name)
+            activations[units[info.producer]] += _slice_bytes(plan, name, sizes)
     for name, info in graph.tensors.items():
         if info.producer in graph.ops and op_phase(info.producer) == "backward" and name not in parameter_gradients:
-            transients[units[info.producer]] = max(transients[units[info.producer]], _slice_bytes(plan, name))
+            transients[units[info.producer]] = max(transients[units[info.producer]], _slice_bytes(plan, name, sizes))
     sent = _sent_bytes(plan, units, (lambda a, b: a < b) if stage_units else (lambda a, b: (a, b) == (1, 2)))
     latency, bandwidth = hardware.link(across_servers=True)
     send_ns = round(latency * 1e9 + sent / bandwidth * 1e9)
     return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients))
 
 
-def _slice_bytes(plan, tensor: str) -> int:
-    """One device's bytes of `tensor` in the plan's layout (0 for a tensor the graph lacks)."""
+def _slice_bytes(plan, tensor: str, sizes: TensorSizes) -> int:
+    """One device's bytes of `tensor` in the plan's layout and precision (0 for a tensor the
+    graph lacks)."""
     if tensor not in plan.layouts:
         return 0
-    return math.prod(plan.layouts[tensor].slice_shape) * dtype_size(plan.graph.tensors[tensor].dtype)
+    return math.prod(plan.layouts[tensor].slice_shape) * sizes(tensor)
+
+
+def _main_bytes(plan, parameter: str, sizes: TensorSizes) -> int:
+    """One device's bytes of a trained parameter's fp32 main copies (16-bit precisions), in the
+    layout its update runs in."""
+    update = plan.ops.get(UPDATE_PREFIX + parameter)
+    if not sizes.main_bytes or parameter not in sizes.parameters or update is None:
+        return 0
+    return math.prod(update.strategy.input_layouts[0].slice_shape) * sizes.main_bytes
 
 
 def _sent_bytes(plan, units: dict[str, int], crossing) -> int:
     """One device's slice of the largest forward activation from a unit ``a`` to a unit ``b``
     where ``crossing(a, b)`` (layer 1 to layer 2, or any stage to a later one): what a stage
     sends on per micro-batch (and its gradient back), sent once across servers."""
-    graph, largest = plan.graph, 0
+    graph, largest, sizes = plan.graph, 0, TensorSizes.of(plan.graph)  # activations keep their dtype's size
     for name, info in graph.tensors.items():
         if info.producer in graph.ops and op_phase(info.producer) == "forward":
             if any(crossing(units[info.producer], units[reader]) and op_phase(reader) == "forward"
                    for reader, _ in graph.consumers(name)):
-                largest = max(largest, _slice_bytes(plan, name))
+                largest = max(largest, _slice_bytes(plan, name, sizes))
     return largest

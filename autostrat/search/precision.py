@@ -1,0 +1,106 @@
+"""Training precision in the memory model: what a device keeps per trained parameter element.
+
+With ``precision`` "fp16" or "bf16" a step keeps what Megatron-LM's distributed optimizer keeps
+(its docs, "Distributed Optimizer"): the parameters in 16 bits, their gradients in 16 bits (fp16)
+or in an fp32 buffer (bf16), and next to the Adam moments, split like them over the optimiser
+shard (`optimizer_shard`), an fp32 main copy of each parameter and, with fp16, of its gradient.
+Per element, sharded over d replicas: fp16 4 + 16/d bytes, bf16 6 + 12/d, fp32 8 + 8/d (Adam's
+two fp32 moments are the graph's own state tensors, counted as before).
+
+Activations (graph inputs and op outputs, the backward's too) count 2 bytes per element in
+16 bits, in the search's memory model, the plan's buffers and the pipeline split's model alike.
+The bytes priced for redistributions (the objective, the predicted time) and the compute time
+keep each tensor's dtype (fp32), so a 16-bit plan moves what its fp32 plan moves. fp32 counts
+every tensor at its dtype's size: every fp32 plan is the one it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autostrat.autodiff import UPDATE_OP_TYPES
+from autostrat.autodiff.optimizers import UPDATE_PREFIX
+from autostrat.cost import dtype_size
+from autostrat.errors import ConfigError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+# Per precision: bytes per element of a parameter, of its gradient, and of the fp32 copies kept
+# beside its optimiser state (main parameter; with fp16 also main gradient).
+_BYTES = {"fp32": (4, 4, 0), "fp16": (2, 2, 8), "bf16": (2, 4, 4)}
+# What a plan's summary says its memory counts under a 16-bit precision.
+PRECISION_MEMORY = ("parameters, gradients and fp32 main copies as Megatron's distributed optimizer keeps them, "
+                    "activations in 16 bits; communication and compute priced in fp32")
+
+
+def check_precision(precision) -> str:
+    """`precision` if it is one of `PRECISIONS`, else a ConfigError naming them.
+
+    Example:
+        >>> check_precision("bf16")
+        'bf16'
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    return precision
+
+
+@dataclass(frozen=True)
+class TensorSizes:
+    """Bytes per element of each tensor of a graph under a precision. In 16 bits: fp32
+    parameters (and their updated values), graph inputs and op outputs take 2 bytes, except the
+    gradients the updates read (2 in fp16, 4 in bf16: Megatron's fp32 gradient buffer) and
+    what the optimiser's own ops compute; optimiser state, counters and constants keep their
+    dtype's size, as every tensor does in fp32.
+
+    Example (the tutorial FFN's Adam step in bf16: 16-bit weights and activations, fp32
+    gradients and moments):
+        >>> from autostrat.autodiff import Adam, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> sizes = TensorSizes.of(build_training(trace(FFN(), Tensor(shape=(64, 64))), Adam()), "bf16")
+        >>> sizes("dense1.weight"), sizes("dense1.matmul:0"), sizes("grad/dense1.weight"), sizes("moment1.dense1.weight")
+        (2, 2, 4, 4)
+    """
+
+    dtypes: dict
+    own: dict  # tensor -> bytes per element, for the trained parameters, their values and gradients
+    parameters: frozenset  # the trained parameters (read first by an update op)
+    gradients: frozenset  # their gradients (read last by it)
+    main_bytes: int  # fp32 copies per trained parameter element, kept in its optimiser state's layout
+
+    @classmethod
+    def of(cls, graph, precision: str = "fp32") -> TensorSizes:
+        """The sizes of `graph`'s tensors (a training graph with its update ops) in `precision`."""
+        parameter, gradient, main = _BYTES[check_precision(precision)]
+        updates = [op for op in graph.ops.values() if op.op_type in UPDATE_OP_TYPES]
+        parameters = frozenset(op.inputs[0] for op in updates)
+        gradients = frozenset(op.inputs[-1] for op in updates)  # every update op reads its gradient last
+        own = {}
+        if precision != "fp32":  # fp32 keeps every dtype's own size
+            values = dict(graph.updates)
+            state = set(values) - parameters  # optimiser state and counters: fp32, as their updates
+            own = {name: parameter for name, info in graph.tensors.items() if info.dtype == "float32" and name not in state
+                   and info.kind != "constant" and not (info.producer or "").startswith(UPDATE_PREFIX)}
+            own |= dict.fromkeys(gradients, gradient) | dict.fromkeys((values[p] for p in parameters if p in values), parameter)
+        return cls({name: info.dtype for name, info in graph.tensors.items()}, own, parameters, gradients, main)
+
+    def __call__(self, tensor: str) -> int:
+        return self.own.get(tensor) or dtype_size(self.dtypes[tensor])
+
+
+def check_runnable(precision: str, where: str = "") -> None:
+    """Refuse to run a plan in a precision the runtime does not execute (it runs fp32 only),
+    before any rank starts; `where` (a config path, or "") opens the message.
+
+    Example:
+        >>> check_runnable("fp32")
+        >>> check_runnable("bf16", "configs/ffn.yaml")
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: configs/ffn.yaml: precision 'bf16' can be searched and reported but not run: runs execute fp32 only (supported: fp32)
+    """
+    if precision != "fp32":
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}precision {precision!r} can be searched and reported but not run: runs execute fp32 "
+                          f"only (supported: fp32)")
