@@ -69,7 +69,7 @@ BYTE_PHASES = ("forward", "backward", "sync", "update")
 
 @dataclass(frozen=True)
 class Refinement:
-    """What the CP-SAT refinement did: the objective before it (in `unit`, bytes or ns per
+    """What the refinement (CP-SAT, or the IOPDDL solver: `RefineResult.solver`) did: the objective before it (in `unit`, bytes or ns per
     device), its result, and the ops it changed."""
 
     before: int
