@@ -19,6 +19,7 @@ from autostrat.search.deadline import Deadline, TimeRanOut
 from autostrat.search.problem import SearchProblem
 from autostrat.search.refine import RefineResult, _fitting, _hint_start, _starts, _stopped, candidate_space
 from autostrat.search.solve.convert import shares_nothing, to_instance
+from autostrat.search.solve.instance import FORBIDDEN
 from autostrat.search.solve.solver import solve
 
 SOLVER = "the IOPDDL solver"
@@ -57,7 +58,9 @@ def refine_by_solver(problem: SearchProblem, hint: dict[str, int], time_limit: f
     report = None if progress is None else (lambda cost, bound, seconds: progress(int(cost), int(bound), seconds))
     result = solve(converted.instance, deadline.left(), progress=report, rounds=rounds, workers=max(workers, 1),
                    initial=initial)
-    found = _starts(problem, [converted.choice(result.solution)], max_device_memory) if result.solution else []
+    # A solution of forbidden cost (the least-memory fallback may take unreachable pairs) is no plan.
+    solved = bool(result.solution) and result.cost < FORBIDDEN
+    found = _starts(problem, [converted.choice(result.solution)], max_device_memory) if solved else []
     candidates = _fitting(known, max_device_memory) + _fitting(found, max_device_memory)
     if not candidates:
         raise SolverError(f"{SOLVER} found no plan within the time limit ({deadline.limit:g} s) that fits "
