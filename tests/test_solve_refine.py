@@ -22,8 +22,9 @@ from autostrat.search.refine import refine
 from autostrat.search.search import SearchOptions
 from autostrat.search.solve.convert import FORBIDDEN_COST, shares_nothing, to_instance
 from autostrat.search.solve.evaluate import peak_usage, solution_cost
-from autostrat.search.solve.instance import FORBIDDEN
+from autostrat.search.solve.instance import FORBIDDEN, Instance
 from autostrat.search.solve.refinement import SOLVER, refine_by_solver
+from autostrat.search.solve.solver import solve
 from tests.test_refine import CASES, small_problem
 
 
@@ -120,6 +121,20 @@ def test_on_gpt_the_solver_is_never_worse_than_bfs_and_fits(budget):
     else:
         assert peak_bytes(problem, bfs) > budget >= peak_bytes(problem, result.choice)
     assert result.bound == 0  # shared readers: the pairwise bound is no bound on the exact cost
+
+
+def trap(limit: int | None) -> Instance:
+    """Two nodes whose greedy start and sweeps stay at cost 10 while (1, 1) costs 1; strategy 1
+    of the first node uses 5 bytes."""
+    return Instance("trap", (np.array([0, 1]), np.array([0, 0])), (np.array([0, 5]), np.array([0, 0])),
+                    np.array([[0, 1], [0, 1]]), np.array([[0, 1]]), (np.array([[10, 10], [10, 0]]),), limit)
+
+
+def test_the_solver_starts_from_a_given_solution_when_it_is_cheaper_and_fits():
+    assert solve(trap(None), 5.0, rounds=0).cost == 10
+    assert solve(trap(None), 5.0, rounds=0, initial=[1, 1]).cost == 1
+    assert solve(trap(None), 5.0, rounds=0, initial=[1, 0]).cost == 10  # dearer than the greedy start
+    assert solve(trap(4), 5.0, rounds=0, initial=[1, 1]).cost == 10  # over the limit
 
 
 def test_no_time_returns_the_bfs_plan():
