@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from autostrat.cli import main
+from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
 from autostrat.frontend.config import apply_seeds, load_config
@@ -29,12 +30,13 @@ from tests.test_refine import CASES, small_problem
 
 
 @functools.cache
-def config_problem(name: str):
-    """The search problem of a shipped config on its 8 devices, as `autostrat search` builds it."""
+def config_problem(name: str, timed: bool = False):
+    """The search problem of a shipped config on its 8 devices, as `autostrat search` builds it
+    (`timed`: with cost_model "time" on the default hardware)."""
     config = load_config(f"configs/{name}.yaml")
     _, seeds, _ = fit_seeds(config, 8)
     graph = apply_seeds(trace(config.network(), *config.inputs, device_num=8), seeds, 8)
-    return build_problem(graph, 8, allow_repeated=True)
+    return build_problem(graph, 8, allow_repeated=True, hardware=Hardware() if timed else None)
 
 
 def random_choices(problem, count: int, seed: int) -> list[dict[str, int]]:
@@ -54,14 +56,16 @@ def test_the_instance_prices_pairwise_costs_and_peaks_exactly(device_num, seed):
         assert peak_usage(converted.instance, solution) == peak_bytes(problem, choice)
 
 
+@pytest.mark.parametrize("timed", [False, True])
 @pytest.mark.parametrize("name", ["ffn", "mlp"])
-def test_without_shared_readers_the_instance_prices_the_exact_cost(name):
-    problem = config_problem(name)
+def test_without_shared_readers_the_instance_prices_the_exact_cost(name, timed):
+    """In bytes, and in nanoseconds (which `problem.cost` truncates to an integer)."""
+    problem = config_problem(name, timed)
     assert shares_nothing(problem)
     converted = to_instance(problem)
     for choice in random_choices(problem, 200, 0):
         solution = converted.solution(choice)
-        assert solution_cost(converted.instance, solution) == problem.cost(choice, shared=True)
+        assert int(solution_cost(converted.instance, solution)) == problem.cost(choice, shared=True)
         assert peak_usage(converted.instance, solution) == peak_bytes(problem, choice)
 
 
