@@ -171,7 +171,7 @@ def _changed(plan: Plan) -> frozenset[str]:
 
 
 def _origin(plan: Plan, op: str) -> str:
-    """The op's origin as a person reads it: the search's, or the CP-SAT refinement's."""
+    """The op's origin as a person reads it: the search's, or the refinement's (CP-SAT or the IOPDDL solver)."""
     origin = plan.ops[op].origin
     if op not in _changed(plan):
         return origin
