@@ -1,7 +1,7 @@
 """The `autostrat` command (also `python -m autostrat`).
 
     autostrat search CONFIG.yaml [--device-num N] [--out plan.json|-] [--dump-ir DIR]
-                     [--strategy-ckpt-save-file F] [--refine cpsat] [--time-limit S] [--max-device-memory M]
+                     [--strategy-ckpt-save-file F] [--refine cpsat|solve] [--time-limit S] [--max-device-memory M]
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
                      [--hardware a100-80gb|h100-sxm-80gb|FILE.yaml] [--precision fp32|fp16|bf16]
                      [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
@@ -281,7 +281,8 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--out", metavar="FILE", help="write the plan as JSON to this file (-: standard output, and the "
                                                      "table to standard error)")
     search.add_argument("--dump-ir", metavar="DIR", help="write the IR dumps into this folder")
-    search.add_argument("--refine", choices=["cpsat"], help="refine the BFS plan to the CP-SAT optimum")
+    search.add_argument("--refine", choices=["cpsat", "solve"],
+                        help="refine the BFS plan: cpsat to the CP-SAT optimum, solve with the IOPDDL solver (large graphs)")
     search.add_argument("--time-limit", type=_positive(float), help="seconds the whole refinement may take (default 60)")
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
     search.add_argument("--coarsen", choices=["none", "exact", "layers"],

@@ -117,6 +117,17 @@ def test_a_refined_plan_names_the_solver_for_the_ops_it_changed():
     assert "CP-SAT, which kept" in explain(plan, kept, alternatives=0).text
 
 
+def test_a_plan_refined_by_the_iopddl_solver_names_it():
+    plan = _ffn_plan(SearchOptions(refine="solve"))
+    assert plan.refinement.changed
+    for name in plan.refinement.changed:
+        why = explain(plan, name, alternatives=0)
+        assert why.origin.startswith("chosen by the IOPDDL solver's refinement (objective 6,144 -> 1,536 bytes per "
+                                     "device, FEASIBLE")
+    kept = next(name for name in plan.ops if name not in plan.refinement.changed)  # the seeded dense1.matmul at least
+    assert "refined by the IOPDDL solver, which kept" in explain(plan, kept, alternatives=0).text
+
+
 def test_a_training_plan_rebuilt_unchanged_predicts_the_same(gpt):
     for name in ("blocks.1.ffn1.matmul", "bprop/blocks.1.ffn1.matmul/mat_mul_1", "blocks.0.ln1.layer_norm"):
         same = swapped_plan(gpt, name, gpt.ops[name].strategy)

@@ -45,7 +45,7 @@ def test_context_round_trip_and_frozen_snapshot():
         ({"device_num": 4, "global_rank": 4}, r"global_rank 4 must be below device_num 4"),
         ({"full_batch": "yes"}, r"full_batch must be True or False, got 'yes'"),
         ({"strategy_ckpt_save_file": 3}, r"strategy_ckpt_save_file must be a file path string, got 3"),
-        ({"refine": "gurobi"}, r"refine must be one of None, cpsat; got 'gurobi'"),
+        ({"refine": "gurobi"}, r"refine must be one of None, cpsat, solve; got 'gurobi'"),
         ({"coarsen": "more"}, r"coarsen must be one of none, exact, layers; got 'more'"),
         ({"refine_time_limit": 0}, r"refine_time_limit must be a positive number of seconds, got 0"),
         ({"max_device_memory": "16 parsecs"}, r"max_device_memory must be a positive number of bytes or a string such as '16GB', got '16 parsecs'"),

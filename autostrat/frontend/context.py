@@ -65,7 +65,8 @@ class ParallelContext:
     - `full_batch`: every rank loads the whole batch (True) or only its own share (False).
     - `search_mode`: sharding_propagation (BFS from the seeds) or integer_programming (fully
       automatic: no seeds needed, every op uses every device, CP-SAT finds the optimum).
-    - `refine`: None or "cpsat" (refine the BFS plan to the proven optimum), with
+    - `refine`: None, "cpsat" (refine the BFS plan to the proven optimum) or "solve" (the IOPDDL
+      solver: never worse than the BFS plan, not proven; for graphs too large to prove), with
       `refine_time_limit` seconds for the whole search; `max_device_memory`: per-device bytes (or "16GB") the plan's
       peak must fit in (implies refinement); `coarsen`: how the solver's model is reduced first —
       "exact" (prune dominated candidates, merge chains; the optimum is unchanged), "layers"

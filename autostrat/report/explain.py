@@ -171,19 +171,20 @@ def _changed(plan: Plan) -> frozenset[str]:
 
 
 def _origin(plan: Plan, op: str) -> str:
-    """The op's origin as a person reads it: the search's, or the CP-SAT refinement's."""
+    """The op's origin as a person reads it: the search's, or the refinement's (CP-SAT or the IOPDDL solver)."""
     origin = plan.ops[op].origin
     if op not in _changed(plan):
         return origin
     result = plan.refinement.result
-    return (f"chosen by the CP-SAT refinement (objective {plan.refinement.before:,} -> {result.objective:,} "
+    by = "the CP-SAT" if result.solver == "CP-SAT" else result.solver + "'s"
+    return (f"chosen by {by} refinement (objective {plan.refinement.before:,} -> {result.objective:,} "
             f"{plan.refinement.unit} per device, {result.status}, gap {result.gap:.2%}); before it: {origin}")
 
 
 def _notes(plan: Plan, op: str, followers: dict[str, str]) -> tuple[str, ...]:
     notes = []
     if plan.refinement and op not in _changed(plan):
-        notes.append("the plan was refined by CP-SAT, which kept this op's strategy")
+        notes.append(f"the plan was refined by {plan.refinement.result.solver}, which kept this op's strategy")
     if op in followers:
         reader = plan.graph.consumers(followers[op])[0][0]
         notes.append(f"an update op runs in its parameter's layout and is not searched: it changes only with "

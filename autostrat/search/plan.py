@@ -70,7 +70,7 @@ BYTE_PHASES = ("forward", "backward", "sync", "update")
 
 @dataclass(frozen=True)
 class Refinement:
-    """What the CP-SAT refinement did: the objective before it (in `unit`, bytes or ns per
+    """What the refinement (CP-SAT, or the IOPDDL solver: `RefineResult.solver`) did: the objective before it (in `unit`, bytes or ns per
     device), its result, and the ops it changed."""
 
     before: int
@@ -88,7 +88,7 @@ class Refinement:
             f" (under {self.model_budget:,} bytes for the per-op memory model, so that the plan's copies fit the budget)")
         space = f" among {result.space}" if result.space else ""
         return (
-            f"refined by CP-SAT: {self.before} -> {result.objective} {self.unit} per device, {result.status}{space}{tightened}, "
+            f"refined by {result.solver}: {self.before} -> {result.objective} {self.unit} per device, {result.status}{space}{tightened}, "
             f"bound {result.bound}{'' if result.exact else ' (over plans whose repeated layers agree)'}, "
             f"gap {result.gap:.2%}, {result.seconds:.2f} s, {len(self.changed)} op(s) changed; {result.stopped or result.coarsening}"
         )

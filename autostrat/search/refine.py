@@ -63,6 +63,7 @@ class RefineResult:
     merged: tuple[str, ...] = ()  # ops the coarsening folded into their neighbours
     space: str = ""  # the candidates the status and bound are over (`candidate_space`)
     stopped: str = ""  # when the time ran out before the solve: in which phase (the plan is then a start)
+    solver: str = "CP-SAT"  # which refinement found it (`refine`, or the IOPDDL solver: `solve.refinement`)
 
     @property
     def gap(self) -> float:

@@ -21,7 +21,7 @@ from autostrat.strategies import check_mesh
 
 MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel", "stand_alone")
 SEARCH_MODES = ("integer_programming", "sharding_propagation")
-REFINERS = (None, "cpsat")
+REFINERS = (None, "cpsat", "solve")
 COST_MODELS = ("bytes", "time")
 # Under a budget, how many times the solver may be asked again when the plan's buffers
 # (`buffers.plan_peak`) exceed what its per-op model allowed.
@@ -38,7 +38,9 @@ class SearchOptions:
     - `search_mode`: sharding_propagation propagates the seeds by BFS; integer_programming is
       fully automatic: it needs no seeds, every op uses every device (no all-ones or repeated
       candidates where a full split exists), and CP-SAT finds the optimum (it implies `refine`).
-    - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model.
+    - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model;
+      "solve" runs the IOPDDL solver (`solve.refinement`) instead, for graphs too large to prove:
+      a plan never worse than the BFS one, FEASIBLE, not proven. A budget alone means "cpsat".
     - `refine_time_limit`: seconds a refining search may take, from its start: the problem and
       the propagation (which do not look at the clock: their plan is the floor) and then the
       extra starts, cost tables, coarsening, model building, solves and retries (`deadline`);
@@ -227,7 +229,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
     else:
         assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel",
                                    seeds_from_one_plan=options.seeds_from_one_plan)
-    if not (options.refine == "cpsat" or options.automatic or options.max_device_memory is not None):
+    if not (options.refine is not None or options.automatic or options.max_device_memory is not None):
         return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
     return _refined_plan(problem, graph, device_num, options, assignment, progress, deadline)
 
@@ -248,9 +250,8 @@ def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions
         if plan is not None and deadline.passed():
             return start.if_it_fits(plan, attempt, None)
         try:
-            result = refine(problem, assignment.choice, options.refine_time_limit, options.workers, budget,
-                            progress.solution if progress is not None else None, options.coarsening, starts=starts,
-                            deadline=deadline)
+            result = _refine(options, problem, assignment.choice, budget, progress.solution if progress is not None else None,
+                             starts, deadline)
         except (InfeasibleError, SolverError) as error:
             if plan is None:
                 raise
@@ -310,9 +311,21 @@ class _StartPlan:
                 f"redistributions' copies ({last.prediction.peak_bytes:,} bytes): the plan is the best start that fits")
         cost = self.problem.cost(choice, shared=True)
         result = RefineResult(dict(choice), cost, 0, "FEASIBLE", self.deadline.elapsed(), before,
-                              space=candidate_space(self.problem), stopped=note)
+                              space=candidate_space(self.problem), stopped=note,
+                              solver="the IOPDDL solver" if self.options.refine == "solve" else "CP-SAT")
         changed = tuple(op for op in choice if choice[op] != self.assignment.choice[op])
         return replace(plan, refinement=Refinement(before, result, changed, self.problem.unit))
+
+
+def _refine(options: SearchOptions, problem, choice: dict[str, int], budget: int | None, progress, starts, deadline):
+    """The refinement `options.refine` names (CP-SAT unless "solve") of `choice` under `budget`."""
+    if options.refine == "solve":
+        from autostrat.search.solve.refinement import refine_by_solver
+
+        return refine_by_solver(problem, choice, options.refine_time_limit, options.workers, budget, progress,
+                                starts=starts, deadline=deadline)
+    return refine(problem, choice, options.refine_time_limit, options.workers, budget, progress, options.coarsening,
+                  starts=starts, deadline=deadline)
 
 
 def refine(*args, **kwargs):

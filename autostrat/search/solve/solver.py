@@ -50,9 +50,11 @@ class Result:
 
 
 def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, rounds: int | None = None,
-          workers: int = 1) -> Result:
+          workers: int = 1, initial=None) -> Result:
     """The best solution found within `seconds` (or after `rounds` rounds, whichever first) by
-    `workers` searches (seeds `seed`, `seed + 1`, ...), one per process (`workers.search_all`).
+    `workers` searches (seeds `seed`, `seed + 1`, ...), one per process (`workers.search_all`),
+    started from the greedy solution or `initial` (a solution of the instance), whichever is
+    cheaper among those within the limit.
 
     `progress(cost, bound, seconds)` is called when the first search finds a better solution (at
     most once a second).
@@ -65,7 +67,7 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     """
     deadline = Deadline(seconds)
     arrays = Arrays(instance)
-    state = start(arrays)
+    state = _better_start(arrays, start(arrays), initial)
     if (state.profile > state.limit).any():
         return _least_memory(instance, arrays, deadline)
     sweep(state, range(arrays.node_count))
@@ -92,6 +94,22 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     assert is_feasible(instance, best, arrays.timeline)
     return Result(best, solution_cost(instance, best), bound, peak_usage(instance, best, arrays.timeline),
                   deadline.elapsed(), done)
+
+
+def _better_start(arrays: Arrays, greedy: State, initial) -> State:
+    """`initial` as a solution of the groups when it is one (every member follows its root), fits
+    the limit and costs less than the greedy start, or when the greedy start does not fit."""
+    if initial is None:
+        return greedy
+    solution = np.asarray(initial, dtype=np.int64)[arrays.roots]
+    if arrays.expand(solution) != [int(index) for index in initial]:
+        return greedy
+    given = State(arrays, solution)
+    if (given.profile > given.limit).any():
+        return greedy
+    if (greedy.profile > greedy.limit).any() or arrays.float_cost(solution) < arrays.float_cost(greedy.solution):
+        return given
+    return greedy
 
 
 def _least_memory(instance: Instance, arrays: Arrays, deadline: Deadline) -> Result:

@@ -1,0 +1,85 @@
+"""`refine="solve"`: the IOPDDL solver (`solver.solve`) on the problem's instance (`convert`),
+for graphs too large for CP-SAT to prove.
+
+It starts from the cheapest known plan that fits the budget (the BFS plan and the caller's
+`starts`), runs within what the search's deadline leaves, and returns the cheapest of its plan
+and the starts under the problem's exact cost (`problem.cost(choice, shared=True)`) whose peak
+(`memory.peak_bytes`) fits: never worse than a start that fits. Its status is FEASIBLE (it proves
+nothing); its bound is the solver's lower bound when the instance's cost is the exact one
+(`convert.shares_nothing`), else 0 (none).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from autostrat.errors import SolverError
+from autostrat.search.deadline import Deadline, TimeRanOut
+from autostrat.search.problem import SearchProblem
+from autostrat.search.refine import RefineResult, _fitting, _hint_start, _starts, _stopped, candidate_space
+from autostrat.search.solve.convert import shares_nothing, to_instance
+from autostrat.search.solve.instance import FORBIDDEN
+from autostrat.search.solve.solver import solve
+
+SOLVER = "the IOPDDL solver"
+# The solver's bound is a float sum: a relative error this large is not taken as proof.
+ROUNDING = 1e-9
+
+
+def refine_by_solver(problem: SearchProblem, hint: dict[str, int], time_limit: float = 60.0, workers: int = 1,
+                     max_device_memory: int | None = None, progress=None, starts=(), deadline: Deadline | None = None,
+                     rounds: int | None = None) -> RefineResult:
+    """The solver's plan for `problem` from `hint` (the BFS choice) and `starts`, within
+    `time_limit` (or `deadline`) and, with `rounds`, after at most that many of the solver's
+    rounds; `workers` searches (at least 1). `progress(cost, bound, seconds)` is called as the
+    solver improves (its pairwise cost, see `convert`).
+
+    Example:
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import MLP
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> from autostrat.search.propagate import propagate
+        >>> net = MLP(layers=3, in_channels=64, hidden=256, out_channels=64)
+        >>> problem = build_problem(trace(net, Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> result = refine_by_solver(problem, propagate(problem).choice, max_device_memory=200_000, rounds=20)
+        >>> result.status, result.objective, 0 < result.bound <= result.objective  # CP-SAT proves 16384 optimal
+        ('FEASIBLE', 16384, True)
+    """
+    deadline = deadline or Deadline(time_limit)
+    known = _starts(problem, [hint, *starts], max_device_memory)
+    try:
+        converted = to_instance(problem, max_device_memory, deadline)
+        deadline.check("building the solver's instance")
+    except TimeRanOut as stop:
+        return replace(_stopped(problem, known, max_device_memory, deadline, stop.phase), solver=SOLVER)
+    initial = converted.solution(_hint_start(known, max_device_memory).choice)
+    report = None if progress is None else (lambda cost, bound, seconds: progress(int(cost), int(bound), seconds))
+    result = solve(converted.instance, deadline.left(), progress=report, rounds=rounds, workers=max(workers, 1),
+                   initial=initial)
+    # A solution of forbidden cost (the least-memory fallback may take unreachable pairs) is no plan.
+    solved = bool(result.solution) and result.cost < FORBIDDEN
+    found = _starts(problem, [converted.choice(result.solution)], max_device_memory) if solved else []
+    candidates = _fitting(known, max_device_memory) + _fitting(found, max_device_memory)
+    if not candidates:
+        raise SolverError(f"{SOLVER} found no plan within the time limit ({deadline.limit:g} s) that fits "
+                          f"max_device_memory = {int(max_device_memory):,} bytes per device; the smallest peak it found is "
+                          f"{int(result.peak):,} bytes (not proven smallest). Refine 'cpsat' proves whether a plan fits")
+    best = min(candidates, key=lambda s: s.bytes)  # a start on ties: it changes fewer ops
+    bound = min(_exact_bound(problem, result.bound), best.bytes)
+    summary = (f"{result.rounds} rounds on {converted.instance.node_count} nodes "
+               f"({converted.memory_nodes} of memory), no coarsening")
+    return RefineResult(best.choice, best.bytes, bound, "FEASIBLE", deadline.elapsed(), known[0].bytes,
+                        coarsening=summary, space=candidate_space(problem), solver=SOLVER)
+
+
+def _exact_bound(problem: SearchProblem, bound: float) -> int:
+    """The solver's lower bound as one on the exact cost (an integer, `problem.cost`), or 0 when
+    the instance's cost is not the exact one or the bound is not a number."""
+    if not shares_nothing(problem) or not math.isfinite(bound) or bound <= 0:
+        return 0
+    bound -= ROUNDING * bound
+    # Bytes are integers, so a bound rounds up; nanoseconds are floats `problem.cost` truncates.
+    return math.ceil(bound) if problem.model is None else math.floor(bound)
+
