@@ -59,6 +59,7 @@ SETTINGS = {
     "pipeline_config": ({"pipeline_scheduler": "gpipe"}, {"pipeline_stages": 2}),
     "parameter_broadcast": (True, {}),
     "hardware": ("a100-80gb", {}),
+    "precision": ("bf16", {}),
     "device_flops": (1e12, {}),
     "device_memory_bandwidth": (1e9, {}),
     "intra_server_bandwidth": (1e9, {}),
