@@ -83,7 +83,7 @@ def test_solver_never_beats_brute_force_and_its_bound_never_exceeds_it(tmp_path,
     document = random_problem(seed, node_count=6)
     instance = read_instance(written(tmp_path, document))
     optimum, _ = brute_force(document)
-    result = solve(instance, 30.0, seed=seed, rounds=40)
+    result = solve(instance, 30.0, seed=seed, rounds=40, exhaustive_limit=0)
     assert optimum is not None and result.cost is not None
     assert result.cost >= optimum
     assert result.bound <= optimum
@@ -97,7 +97,7 @@ def test_solver_never_beats_brute_force_and_its_bound_never_exceeds_it(tmp_path,
 def test_solver_finds_and_proves_the_optimum_of_a_tree_without_limit_or_forbidden_choices(tmp_path, seed):
     document = random_problem(100 + seed, node_count=7, tree=True, limit=False, forbidden=0.0)
     optimum, _ = brute_force(document)
-    result = solve(read_instance(written(tmp_path, document)), 30.0, rounds=20)
+    result = solve(read_instance(written(tmp_path, document)), 30.0, rounds=20, exhaustive_limit=0)
     assert (result.cost, result.bound) == (optimum, optimum)
 
 
@@ -125,8 +125,26 @@ def test_parallel_edges_and_self_loops_count_as_the_file_says(tmp_path):
     assert solution_cost(instance, assignment) == optimum
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_small_instances_are_tried_whole_and_proven(tmp_path, seed):
+    document = random_problem(400 + seed, node_count=6)
+    optimum, _ = brute_force(document)
+    result = solve(read_instance(written(tmp_path, document)), 30.0, seed=seed, rounds=3)
+    if optimum < FORBIDDEN:
+        assert (result.cost, result.bound, result.rounds) == (optimum, optimum, 0)
+        assert solution_cost(read_instance(written(tmp_path, document)), result.solution) == optimum
+    else:  # every fitting solution takes a forbidden choice: nothing to prove, the search says what it finds
+        assert result.cost >= FORBIDDEN and result.bound <= optimum
+
+
+def test_an_instance_above_the_exhaustive_limit_is_searched(tmp_path):
+    document = random_problem(7, node_count=6)
+    instance = read_instance(written(tmp_path, document))
+    assert solve(instance, 30.0, rounds=3, exhaustive_limit=1).rounds > 0
+
+
 def test_example_is_solved_to_its_optimum_which_the_memory_limit_moves():
-    result = solve(read_instance(EXAMPLE), 30.0, rounds=20)
+    result = solve(read_instance(EXAMPLE), 30.0, rounds=20, exhaustive_limit=0)
     document = json.loads(open(EXAMPLE).read())
     assert brute_force(document) == (360, [0, 0, 2, 1, 0])
     assert (result.solution, result.cost) == ([0, 0, 2, 1, 0], 360) and result.bound <= 360
@@ -143,10 +161,10 @@ def test_gzipped_instance_reads_as_the_plain_one(tmp_path):
 def test_command_prints_progress_then_the_solution_last(capsys):
     assert main(["solve", EXAMPLE, "2", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("# cost ") and " bound " in lines[0]
+    assert lines[0] == "# cost 360 bound 360 after " + lines[0].split(" after ")[1]  # tried whole: proven
     figures = json.loads(lines[-2])
-    assert figures["cost"] == 360 and figures["lower_bound"] <= 360 and figures["usage_limit"] == 38
-    assert json.loads(lines[-1]) == [0, 0, 2, 1, 0]
+    assert figures["cost"] == 360 and figures["lower_bound"] == 360 and figures["usage_limit"] == 38
+    assert figures["rounds"] == 0 and json.loads(lines[-1]) == [0, 0, 2, 1, 0]
 
 
 def test_command_prints_an_empty_solution_when_nothing_fits(tmp_path, capsys):

@@ -135,10 +135,10 @@ def trap(limit: int | None) -> Instance:
 
 
 def test_the_solver_starts_from_a_given_solution_when_it_is_cheaper_and_fits():
-    assert solve(trap(None), 5.0, rounds=0).cost == 10
-    assert solve(trap(None), 5.0, rounds=0, initial=[1, 1]).cost == 1
-    assert solve(trap(None), 5.0, rounds=0, initial=[1, 0]).cost == 10  # dearer than the greedy start
-    assert solve(trap(4), 5.0, rounds=0, initial=[1, 1]).cost == 10  # over the limit
+    assert solve(trap(None), 5.0, rounds=0, exhaustive_limit=0).cost == 10
+    assert solve(trap(None), 5.0, rounds=0, exhaustive_limit=0, initial=[1, 1]).cost == 1
+    assert solve(trap(None), 5.0, rounds=0, exhaustive_limit=0, initial=[1, 0]).cost == 10  # dearer than the greedy start
+    assert solve(trap(4), 5.0, rounds=0, exhaustive_limit=0, initial=[1, 1]).cost == 10  # over the limit
 
 
 def test_no_time_returns_the_bfs_plan():

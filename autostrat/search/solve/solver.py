@@ -25,6 +25,7 @@ from autostrat.search.deadline import Deadline
 from autostrat.search.solve.arrays import Arrays
 from autostrat.search.solve.bound import lower_bound, pricing, spanning_forest
 from autostrat.search.solve.evaluate import is_feasible, peak_usage, solution_cost
+from autostrat.search.solve.exhaustive import EXHAUSTIVE_LIMIT, exhaustive_best
 from autostrat.search.solve.instance import Instance
 from autostrat.search.solve.moves import State, chord_move, forest_move, repair, start, sweep
 from autostrat.search.solve.trws import MessagePassing
@@ -50,7 +51,7 @@ class Result:
 
 
 def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, rounds: int | None = None,
-          workers: int = 1, initial=None) -> Result:
+          workers: int = 1, initial=None, exhaustive_limit: int = EXHAUSTIVE_LIMIT) -> Result:
     """The best solution found within `seconds` (or after `rounds` rounds, whichever first) by
     `workers` searches (seeds `seed`, `seed + 1`, ...), one per process (`workers.search_all`),
     started from the greedy solution or `initial` (a solution of the instance), whichever is
@@ -59,14 +60,25 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     `progress(cost, bound, seconds)` is called when the first search finds a better solution (at
     most once a second).
 
+    An instance with at most `exhaustive_limit` solutions of the groups is answered at once by
+    trying them all (`exhaustive.exhaustive_best`): its bound is then its cost.
+
     Example:
         >>> from autostrat.search.solve.instance import read_instance
-        >>> result = solve(read_instance("configs/iopddl_example.json"), 5.0, rounds=20)
+        >>> example = read_instance("configs/iopddl_example.json")
+        >>> result = solve(example, 5.0, rounds=20, exhaustive_limit=0)
         >>> result.solution, result.cost, result.bound
         ([0, 0, 2, 1, 0], 360, 330.0)
+        >>> result = solve(example, 5.0)
+        >>> result.solution, result.cost, result.bound, result.rounds
+        ([0, 0, 2, 1, 0], 360, 360.0, 0)
     """
     deadline = Deadline(seconds)
     arrays = Arrays(instance)
+    exact = exhaustive_best(arrays, exhaustive_limit)
+    if exact is not None:
+        cost = solution_cost(instance, exact)
+        return Result(exact, cost, float(cost), peak_usage(instance, exact, arrays.timeline), deadline.elapsed(), 0)
     state = _better_start(arrays, start(arrays), initial)
     if (state.profile > state.limit).any():
         return _least_memory(instance, arrays, deadline)
