@@ -185,18 +185,18 @@ def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(monkeypat
     assert fast == slow
 
 
-def test_a_partial_target_from_fewer_partial_values_is_unreachable_without_a_search():
-    from autostrat.errors import RedistributionError
+def test_a_partial_target_from_fewer_partial_values_is_priced_by_the_search():
+    # Issue #32: these pairs were priced inf (no step created partial values); the missing
+    # contributions are now created for free, after the gathers the brute force also finds.
     from autostrat.layout import DeviceMatrix, Layout, TensorMap
-    from autostrat.redistribution import cost_table, redistribution_cost
+    from autostrat.redistribution import cost_table
+    from tests.redistribution_oracle import oracle_cost
 
     whole = Layout(DeviceMatrix((2, 4)), TensorMap((1, 0)), (8, 8))
     summed = Layout(DeviceMatrix((2, 4)), TensorMap((1, -1)), (8, 8), (0,))
     twice = Layout(DeviceMatrix((8,)), TensorMap((-1, -1)), (8, 8), (0,))  # 8 partial values, not 4
-    assert cost_table([whole, summed], [summed, twice]).tolist() == [[np.inf, np.inf], [0.0, np.inf]]
-    for src, dst in ((whole, summed), (summed, twice)):  # the exact search agrees
-        with pytest.raises(RedistributionError):
-            redistribution_cost(src, dst)
+    table = cost_table([whole, summed], [summed, twice]).tolist()
+    assert table == [[oracle_cost(src, dst) for dst in (summed, twice)] for src in (whole, summed)] == [[96, 224], [0, 128]]
 
 
 def test_an_op_loading_a_parameter_never_sums_partial_inputs():
