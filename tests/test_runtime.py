@@ -93,6 +93,35 @@ def test_the_layout_pairs_cover_every_step_kind():
     assert kinds == {"AllGather", "AllReduce", "AllToAll", "CollectivePermute", "ReduceScatter", "Slice"}
 
 
+def test_a_whole_tensor_made_partial_runs_on_ranks_and_sends_nothing_for_it():
+    # Issue #32: the columns are gathered over the 4-axis, then a PartialCreate leaves the sum
+    # over that axis on its first rank and zeros on the others. The check slices the tensor by
+    # the destination's ranges and sums each partial group's outputs (no planner code).
+    matrix = DeviceMatrix((2, 4))
+    src = Layout(matrix, TensorMap((1, 0)), (16, 8))
+    dst = Layout(matrix, TensorMap((1, -1)), (16, 8), partial=(0,))
+    plan = plan_redistribution(src, dst)
+    assert [step.kind for step in plan.steps] == ["AllGather", "PartialCreate"]
+    x = np.random.default_rng(4).standard_normal((16, 8)).astype(np.float32)
+    pieces = [x[tuple(slice(a, b) for a, b in src.slice_range(rank))] for rank in range(8)]
+    results = LocalCluster(8).run(lambda backend: run_layout_pair(backend, plan, pieces))
+    for group in ((0, 1, 2, 3), (4, 5, 6, 7)):
+        want = x[tuple(slice(a, b) for a, b in dst.slice_range(group[0]))]
+        assert np.array_equal(sum(results[rank].outputs["t"] for rank in group), want)
+        assert [bool(results[rank].outputs["t"].any()) for rank in group] == [True, False, False, False]
+    created = [t for result in results for t in result.traffic if t.kind == "PartialCreate"]
+    assert len(created) == 8 and all(t.sent == t.predicted == 0 and t.peers == () for t in created)
+    assert all(sum(t.sent for t in result.traffic) == sum(t.predicted for t in result.traffic) == 3 * 16 * 8 * 4 // 8 for result in results)  # the gather alone
+
+
+def test_a_partial_create_of_an_op_it_cannot_start_is_refused():
+    from autostrat.errors import RuntimeBackendError
+    from autostrat.runtime.executor import create_partial
+
+    with pytest.raises(RuntimeBackendError, match=r"a PartialCreate needs a partial op among max, min, sum, got 'prod'"):
+        create_partial(np.ones(2), "prod", 1)
+
+
 def test_a_failing_rank_is_named():
     def fail_on_rank_2(backend):
         if backend.rank == 2:

@@ -191,9 +191,6 @@ def _reductions(space: Space, state: State, s: int, rooms, unit: bool = False) -
     return found
 
 
-CREATE_OPS = ("max", "min", "sum")  # partial ops a PartialCreate can start: zeros for sum, copies for the idempotent
-
-
 def creation(state: State, target: State) -> Move | None:
     """The PartialCreate from `state` into `target`: when they split every dim alike and the
     target's partial axes include the state's and more (those are free in the state).
