@@ -15,11 +15,11 @@ Which answers are proven optimal (for the step set of `moves`, in bytes or, with
 α–β time): every plan and price whose search settles its target, i.e. every plan with
 ``exhaustive`` set and every cost-table entry computed without the fallback. The bounds are
 admissible (`heuristic`, `timed.TimedBound`), so A* settles the target at the optimum; states
-are merged only up to relabellings that keep every step's price.
-The coarse plan (`_coarse_plan`) is used only when it costs that proven optimum. How far the
+are merged only up to relabellings that keep every step's price, and a PartialCreate is taken
+only last or before a crossing, which loses nothing (`moves`). The coarse plan (`_coarse_plan`) is used only when it costs that proven optimum. How far the
 others can be: the constructive fallback sends less than ``4T`` bytes per device (``T`` the tensor's bytes: one
-AllReduce under ``2T``, gathers under ``T`` in all, one permute of at most ``T``, free slices),
-so it is at most ``4T`` above the optimum; measured on every reachable pair of 2-d tensors over
+AllReduce under ``2T``, gathers under ``T`` in all, one permute of at most ``T``, free slices and PartialCreate),
+so it is at most ``4T`` above the optimum; measured on every pair of 2-d tensors over
 ``[2, 2]``, ``[2, 4]``, ``[2, 6]`` and ``[4, 4]`` it is under ``2T`` above it, at most
 ``device_num`` times it (a ReduceScatter the fallback does as AllReduce then Slice), and free
 whenever the optimum is (tests/test_redistribution_reach.py). No pair of the 7b scale and
