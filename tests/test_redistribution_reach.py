@@ -117,6 +117,23 @@ def test_a_pair_the_planner_cannot_price_raises_instead_of_costing_inf(monkeypat
         clear_memos()
 
 
+def test_a_search_that_runs_out_of_states_raises_instead_of_pricing_inf(monkeypatch):
+    # Without the PartialCreate edge no state of a whole source is partial: the search runs out
+    # of states. That would be a bug (every pair has a plan), so it is raised, never priced inf.
+    from autostrat.redistribution import search
+
+    monkeypatch.setattr(search, "creation", lambda state, target: None)
+    clear_memos()
+    whole = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (4, 4))  # its own shape class: searched as it is
+    summed = Layout(DeviceMatrix((2, 2)), TensorMap((1, -1)), (4, 4), partial=(0,))
+    expected = r"the search from \[4, 4\] dm\[2, 2\] tm\(\(1, 0\), -1\) ran out of states before \[4, 4\] dm\[2, 2\] tm\(1, -1\) partial\(0\)"
+    try:
+        with pytest.raises(AssertionError, match=expected):
+            cost_table([whole], [summed])
+    finally:
+        clear_memos()
+
+
 GAP_MESHES = [(2, 2), (2, 4), (2, 6), (4, 4)]
 
 

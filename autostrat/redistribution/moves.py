@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -219,11 +220,11 @@ def creations(sizes: tuple[int, ...], state: State, wanted: tuple[int, ...]) -> 
     entries, partial = state
     used = {axis for entry in entries for axis in entry} | set(partial)
     free = [axis for axis in range(len(sizes)) if axis not in used]
+    available = Counter(wanted)
     found = []
     for count in range(1, len(free) + 1):
         for block in itertools.combinations(free, count):
-            pool = list(wanted)
-            if all(sizes[axis] in pool and not pool.remove(sizes[axis]) for axis in block):
+            if not Counter(sizes[axis] for axis in block) - available:
                 found.append(Move("PartialCreate", block, (), None, (entries, tuple(sorted(partial + block))), 0))
     return found
 

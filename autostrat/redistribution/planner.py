@@ -105,7 +105,7 @@ def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool]:
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return tuple(found.path(reached)), found.best[reached][2], True
-    return _fallback(problem, start, target)
+    return _fallback(problem, start, target, found)
 
 
 @lru_cache(maxsize=1 << 15)
@@ -115,7 +115,7 @@ def _solve_cost(problem: Problem, start, target, model) -> tuple[tuple, int, boo
     found, reached = cost_search(problem, start, target, model)
     if reached is not None:
         return (), found.best[reached][2], True
-    return _fallback(problem, start, target)
+    return _fallback(problem, start, target, found)
 
 
 @lru_cache(maxsize=1 << 15)
@@ -126,15 +126,24 @@ def _solve_time(problem: Problem, start, target, model) -> int:
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return found.best[reached][0]
+    _check_not_exhausted(problem, start, target, found)
     path = constructive_path(problem, start, target)
     return sum(model.step_nanoseconds(move.kind, problem.matrix(node[0]), move.axes, move.bytes) for node, move, _ in path)
 
 
-def _fallback(problem: Problem, start, target) -> tuple[tuple, int, bool]:
-    """The constructive plan, marked not proven minimal: the search stopped at its state limit
-    (it never exhausts a reachable pair: the constructive plan is one of its paths)."""
+def _fallback(problem: Problem, start, target, found) -> tuple[tuple, int, bool]:
+    """The constructive plan, marked not proven minimal: the search `found` stopped at its
+    state limit. It never runs out of states first, since every pair has a plan (the
+    constructive plan is one of its paths); if it ever did, that is a bug, raised, not a
+    candidate dropped."""
+    _check_not_exhausted(problem, start, target, found)
     path = constructive_path(problem, start, target)
     return tuple(path), sum(move.bytes for _, move, _ in path), False
+
+
+def _check_not_exhausted(problem: Problem, start, target, found) -> None:
+    if found.exhausted:
+        raise AssertionError(f"the search from {problem.layout(start)} ran out of states before {problem.layout(target)}")
 
 
 def _resolved_first(src: Layout, dst: Layout) -> Layout | None:
