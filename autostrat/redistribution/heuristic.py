@@ -31,9 +31,13 @@ average over ranks of the whole remaining traffic.
   ``T·(g - g_T)/N`` (as in (1): a PartialCreate multiplies the contributions for free, so the
   reductions of a path from ``g`` to the target's ``g_T`` take away at least ``g - g_T`` of
   them); the other steps move the shadow to the target's shadow (its partial axes free), so
-  cost at least that receive bound (a PartialCreate leaves the shadow as it is). A target
-  partial axis the state lacks needs no permute: a PartialCreate makes it partial for free once
-  it is free, and its freeing is in the shadow's bound.
+  cost at least that receive bound (a PartialCreate leaves the shadow as it is). The path either
+  takes a CollectivePermute or not. With one, when a target partial axis is not partial yet,
+  the permute sends a whole piece and only AllGathers grow a piece again, charging its growth:
+  from the permute on, at least the target slice's volume. Without one, every partial axis the
+  target lacks must be reduced (only a permute hands a role on), so the reductions cost at least
+  ``T·(g - g/g_R)/N`` (``g_R`` the contributions of those axes), while a target partial axis the
+  state lacks is created for free. The bound is the smaller of the two.
 - Size (`ReceiveBound.size_bound`): along each dim a rank's slice and its target slice overlap
   in at most the shorter of their extents, so the receive bound is at least the target volume
   less the product of those; it needs no positions, so it holds up to relabelling too.
@@ -174,10 +178,21 @@ class ReceiveBound(MemoisedBound):
         return max(-(-self.total * (contributions - self.target_contributions) // ranks), 0)
 
     def _partial_target_bound(self, state: State) -> int:
-        """Towards a partial target: the reductions still due, plus the shadow's receive bound
-        (the module docstring's reduce-then-move argument, the target's partial axes free in
-        its shadow)."""
-        return self._reduce_to_target(group_size(self.space.sizes, state[1])) + self._missing(state[0])
+        """Towards a partial target: the shadow's receive bound (the module docstring's
+        reduce-then-move argument, the target's partial axes free in its shadow) plus the
+        reductions still due, with a permute or without one (the module docstring).
+
+        Example (a partial sum over axis 1 wanted over axis 0: the 64-byte piece is permuted,
+        64 bytes, or axis 1 is reduced, at least 64·(2 - 1)/4 bytes; a whole state creates it):
+            >>> bound = receive_bound(Space(sizes=(2, 2), shape=(4, 4), itemsize=4), (((), ()), (0,)))
+            >>> bound((((), ()), (1,))), bound((((), ()), ()))
+            (16, 0)
+        """
+        shadow, contributions = self._missing(state[0]), group_size(self.space.sizes, state[1])
+        lacking = group_size(self.space.sizes, [axis for axis in state[1] if axis not in self.target_partial])
+        unpermuted = -(-self.total * (contributions - contributions // lacking) // math.prod(self.space.sizes))
+        handed = 0 if self.target_partial <= set(state[1]) else self.target_volume
+        return min(unpermuted + shadow, self._reduce_to_target(contributions) + max(shadow, handed))
 
     def _bound(self, state: State) -> int:
         if self.target_partial:
