@@ -20,14 +20,12 @@ consistent, so a state reached more cheaply after it settled is reopened.
 
 Under a time model the bound in bytes (`heuristic.receive_bound`) is timed by `timed.time_floor`.
 
-Towards a partial target, a state that splits every dim as the target does and lacks some of its
-partial axes (free there) reaches it by one PartialCreate (`moves.creation`); in the permuted
-layer, where the target is known up to relabelling, so does a representative whose partial axes
-are some of the target representative's (both take the lowest ids of each size after the
-entries). Between two device matrices, layer-0 states may also create partial values on free
-axes of the sizes the target's partial axes have, so that a crossing becomes free
-(`moves.creations`). These edges depend on the target, so they are added to the shared
-`expansions` memo's edges, never stored in it. With it every pair of layouts of one tensor on one cluster has a plan.
+Towards a partial target, a state splitting every dim as the target does, whose partial axes are
+some of the target's, reaches it by one PartialCreate (`moves.creation`; in the permuted layer,
+of representatives: both take the lowest ids of each size after the entries). Between two device
+matrices, layer-0 states may also create partial values on free axes of the target's partial
+sizes, so that a crossing becomes free (`moves.creations`). These edges depend on the target:
+they join the shared `expansions` memo's edges, never stored in it.
 
 Without a time model, the exact layer of a one-space problem keeps states up to the relabellings
 that fix the target (`moves.fixing_pools`): they preserve every step cost and the target, so the
@@ -42,11 +40,9 @@ every step kind is defined alike on every axis of one size, except that a Reduce
 its block in one order, and a block in another order costs exactly what single-axis
 ReduceScatters in that order cost (``(1 - 1/(g1·g2))·s`` either way). So the cheapest way to any
 relabelling of the target is the cheapest way to the target. The bound must then hold for a
-whole class: the size bound does (it sees no positions); the receive bound does not. Towards a
-partial target the group fixing the target is kept: the PartialCreate into it is defined on the
-target's own axes, not on its class (`_symmetry`). The path
-found ends at such a relabelling of the target; its inverse maps the path onto one to the
-target itself (`Search._onto_target`).
+whole class: the size bound does (it sees no positions); the receive bound does not (nor is a
+partial target's class kept: `_symmetry`). The path found ends at such a relabelling of the
+target; its inverse maps the path onto one to the target itself (`Search._onto_target`).
 """
 
 from __future__ import annotations
@@ -382,7 +378,8 @@ class Search:
 
 
 def _symmetry(sizes, start: State, target: State, symmetry: str) -> tuple[bool, tuple]:
-    """Whether states are kept up to the source's relabellings, and the pools kept."""
+    """Whether states are kept up to the source's relabellings, and the pools kept (never
+    towards a partial target: its PartialCreate is defined on the target's own axes)."""
     if symmetry == "target" or target[1]:
         return False, fixing_pools(sizes, target)
     source = fixing_pools(sizes, start)
