@@ -55,14 +55,15 @@ LAYOUT_PAIRS = [
     ((2, 4), (1, 0), (2, 4), (0, 1), ()),  # axes swap (all-to-all)
     ((2, 4), ((1, 0), -1), (2, 4), ((0, 1), -1), ()),  # same pieces, other owners: CollectivePermute
     ((4,), (-1, -1), (4,), (0, -1), ()),  # Slice
+    ((2, 4), (1, 0), (2, 4), (1, -1), (), (0,)),  # whole -> partial: AllGather, PartialCreate
 ]
 
 
-def layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial):
+def layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial, dst_partial=()):
     """The plan between a pair's layouts of a [16, 8] tensor and every rank's source piece."""
     shape = (16, 8)
     src = Layout(DeviceMatrix(src_dm), TensorMap(src_tm), shape, partial)
-    dst = Layout(DeviceMatrix(dst_dm), TensorMap(dst_tm), shape)
+    dst = Layout(DeviceMatrix(dst_dm), TensorMap(dst_tm), shape, dst_partial)
     plan = plan_redistribution(src, dst)
     return plan, split_tensor(np.random.default_rng(1).standard_normal(shape).astype(np.float32), src)
 
@@ -70,16 +71,16 @@ def layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial):
 def run_layout_pair(backend, plan, pieces):
     """This rank's result of running `plan` as a program (shared with the MPI script)."""
     rank = backend.rank
-    partitions = tuple(dict.fromkeys(s.groups for s in plan.steps if s.kind not in ("Slice", "CollectivePermute")))
+    partitions = tuple(dict.fromkeys(s.groups for s in plan.steps if s.kind in ("AllGather", "AllReduce", "AllToAll", "ReduceScatter")))
     load = Load("t", tuple((0, size) for size in pieces[rank].shape))  # the whole piece: it is the rank's slice
     steps = tuple(lower_steps(plan, rank, "t", "u", "edge", "forward", pieces[rank].itemsize))
     program = Program(rank, plan.src.device_num, partitions, (load, *steps), (), (("t", "u" if steps else "t"),))
     return execute(program, backend, {"t": pieces[rank]})
 
 
-@pytest.mark.parametrize("src_dm,src_tm,dst_dm,dst_tm,partial", LAYOUT_PAIRS)
-def test_collectives_agree_with_simulation(src_dm, src_tm, dst_dm, dst_tm, partial):
-    plan, pieces = layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial)
+@pytest.mark.parametrize("pair", LAYOUT_PAIRS)
+def test_collectives_agree_with_simulation(pair):
+    plan, pieces = layout_pair(*pair)
     results = LocalCluster(plan.src.device_num).run(lambda backend: run_layout_pair(backend, plan, pieces))
     expected = simulate(plan, pieces)
     for rank, result in enumerate(results):
@@ -90,7 +91,7 @@ def test_collectives_agree_with_simulation(src_dm, src_tm, dst_dm, dst_tm, parti
 
 def test_the_layout_pairs_cover_every_step_kind():
     kinds = {step.kind for pair in LAYOUT_PAIRS for step in layout_pair(*pair)[0].steps}
-    assert kinds == {"AllGather", "AllReduce", "AllToAll", "CollectivePermute", "ReduceScatter", "Slice"}
+    assert kinds == {"AllGather", "AllReduce", "AllToAll", "CollectivePermute", "PartialCreate", "ReduceScatter", "Slice"}
 
 
 def test_a_whole_tensor_made_partial_runs_on_ranks_and_sends_nothing_for_it():
