@@ -224,7 +224,7 @@ def print_collected(path: Path, devices: list[int], seeding: str, layers: int, t
         met, fallbacks = collect_quality_pairs(60.0) if quality else collect_pairs(device_num, seeding, layers)
         unreachable = [pair for pair in met if math.isinf(pair["value"])]
         print(f"{device_num} devices: {len(met)} costs computed in {sum(p['ms'] for p in met) / 1000:.1f} s, "
-              f"{len(unreachable)} priced unreachable (partial values the producer lacks), "
+              f"{len(unreachable)} priced unreachable, "
               f"{fallbacks} answered by the constructive fallback", flush=True)
         for pair in unreachable[:5]:
             print(f"  unreachable: {pair['src']} -> {pair['dst']}")

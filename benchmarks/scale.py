@@ -29,8 +29,8 @@ their parameter and are not searched); table entries, the sum of the sizes of th
 tables (entries are priced only when the search first reads them); costs computed, the distinct
 redistribution costs computed to fill what was read (the memo of
 `autostrat.redistribution.table.cost_table`, one optimal-redistribution search each); of those,
-the pairs priced unreachable (no plan joins them: a consumer wanting partial values the producer
-lacks) and the fallbacks (pairs answered by the planner's constructive plan past the search's
+the pairs priced unreachable (none should be: every pair of layouts of one tensor has a plan
+since PartialCreate, issue #32) and the fallbacks (pairs answered by the planner's constructive plan past the search's
 state limit, not proven optimal; issue #32); seconds
 per phase: model (building the Cell), trace (tracing and seeding), training (`build_training`),
 tables (candidates, own costs and cost tables: `build_problem`), bfs (`propagate`, or the

@@ -3,7 +3,8 @@
 It enumerates every state of a device matrix refined to prime axes (finer than the planner's
 common refinement, so it also sees intermediate layouts the planner cannot express), decides
 for every ordered pair of states whether one step turns one into the other by comparing the
-two states directly (no move generator), prices it with the formulas of the issue, and takes the
+two states directly (no move generator; a PartialCreate may make free axes partial at any point,
+not only last as the planner takes it), prices it with the formulas of the issue, and takes the
 cheapest sequence of at most `MAX_STEPS` steps (Bellman-Ford by sequence length); `oracle_time`
 takes the fastest sequence under an α–β model instead.
 """
@@ -89,6 +90,9 @@ def step_options(sizes, shape, itemsize, u, v) -> list[tuple[str, tuple[int, ...
             found.append(("AllReduce", removed, -(-2 * (g - 1) * s // g)))
         if dim is not None and ve[dim] == ue[dim] + removed:
             found.append(("ReduceScatter", removed, -(-(g - 1) * s // g)))
+    added = tuple(sorted(set(vp) - set(up)))
+    if ue == ve and added and set(up) < set(vp) and not used & set(added):
+        found.append(("PartialCreate", added, 0))
     if u != v:
         for mapping in size_permutations(sizes):
             if relabel(u, mapping) == v:

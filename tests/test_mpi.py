@@ -169,6 +169,7 @@ def test_every_step_kind_agrees_with_the_simulation_under_mpi(device_num):
     assert len(lines) == sum(1 for pair in LAYOUT_PAIRS if np.prod(pair[0]) == device_num) and all(l.startswith("ok ") for l in lines)
     if device_num == 8:
         assert any("CollectivePermute" in line for line in lines)
+        assert any("PartialCreate" in line for line in lines)
 
 
 @pytest.mark.slow

@@ -185,18 +185,45 @@ def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(monkeypat
     assert fast == slow
 
 
-def test_a_partial_target_from_fewer_partial_values_is_unreachable_without_a_search():
-    from autostrat.errors import RedistributionError
+def test_a_partial_target_from_fewer_partial_values_is_priced_by_the_search():
+    # Issue #32: these pairs were priced inf (no step created partial values); the missing
+    # contributions are now created for free, after the gathers the brute force also finds.
     from autostrat.layout import DeviceMatrix, Layout, TensorMap
-    from autostrat.redistribution import cost_table, redistribution_cost
+    from autostrat.redistribution import cost_table
+    from tests.redistribution_oracle import oracle_cost
 
     whole = Layout(DeviceMatrix((2, 4)), TensorMap((1, 0)), (8, 8))
     summed = Layout(DeviceMatrix((2, 4)), TensorMap((1, -1)), (8, 8), (0,))
     twice = Layout(DeviceMatrix((8,)), TensorMap((-1, -1)), (8, 8), (0,))  # 8 partial values, not 4
-    assert cost_table([whole, summed], [summed, twice]).tolist() == [[np.inf, np.inf], [0.0, np.inf]]
-    for src, dst in ((whole, summed), (summed, twice)):  # the exact search agrees
-        with pytest.raises(RedistributionError):
-            redistribution_cost(src, dst)
+    table = cost_table([whole, summed], [summed, twice]).tolist()
+    assert table == [[oracle_cost(src, dst) for dst in (summed, twice)] for src in (whole, summed)] == [[96, 224], [0, 128]]
+
+
+def test_a_sum_of_partial_gradients_fed_whole_ones_is_priced_and_searched():
+    # Issue #32: the gradient accumulation of ln1's output may sum partial inputs; its inputs'
+    # producers (MatMul gradients) have candidates whose output is not partial. Those pairs
+    # were priced inf; a PartialCreate now feeds them, at the planner's exact price.
+    from autostrat.autodiff import build_backward
+    from autostrat.models import GPT
+    from autostrat.redistribution import redistribution_cost
+
+    net = GPT(layers=1, hidden=32, heads=4, seq=8, batch=4, vocab=64)
+    graph = build_backward(trace(net, *net.example_inputs(), device_num=8))
+    problem = build_problem(graph, 8, allow_repeated=True)
+    accumulate = "accumulate/blocks.0.ln1.layer_norm:0"
+    fed = 0
+    for edge in (e for e in problem.edges if e.consumer == accumulate):
+        for i, producer in enumerate(problem.candidates[edge.producer]):
+            source = edge.source_layout(producer)
+            for j, consumer in enumerate(problem.candidates[accumulate]):
+                wanted = consumer.input_layouts[edge.input_index]
+                assert np.isfinite(edge.table[i, j])
+                if wanted.partial and not source.partial:
+                    assert edge.table[i, j] == redistribution_cost(source, wanted, graph.tensors[edge.tensor].dtype)
+                    fed += 1
+    assert fed > 0
+    plan = search(graph, 8)
+    assert 0 < plan.total_bytes < float("inf")
 
 
 def test_an_op_loading_a_parameter_never_sums_partial_inputs():

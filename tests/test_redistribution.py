@@ -89,7 +89,6 @@ def test_refined_layouts_give_every_rank_the_same_slice():
 ERROR_CASES = {
     "device_num": (lambda: Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (64, 64)), r"\[64, 64\] dm\[2, 4\].* to \[64, 64\] dm\[4\].*device_num 8 != 4"),
     "shape": (lambda: Layout(DM24, TensorMap((1, -1)), (64, 32)), r"dm\[2, 4\] tm\(1, -1\) partial\(0\) to \[64, 32\].*shapes"),
-    "partial op": (lambda: ROWS_PARTIAL.with_partial((0,), "max"), r"partial ops 'sum' and 'max' differ"),
 }
 
 
@@ -100,10 +99,30 @@ def test_mismatched_layouts_are_errors_naming_both(case):
         plan_redistribution(ROWS_PARTIAL, other())
 
 
-def test_an_unreachable_target_is_an_error_naming_both_layouts():
+def test_a_whole_source_reaches_a_partial_target_by_one_free_partial_create():
+    # Issue #32: a consumer wanting a partial sum of a whole value (DTensor's Replicate -> Partial):
+    # rank 0 of each group over axis 0 keeps its rows, the other three hold zeros; nothing is sent.
     whole = Layout(DM24, TensorMap((1, -1)), (64, 64))
-    with pytest.raises(RedistributionError, match=r"tm\(1, -1\) to .*partial\(0\): no sequence of steps"):
-        plan_redistribution(whole, ROWS_PARTIAL)
+    plan = plan_redistribution(whole, ROWS_PARTIAL)
+    assert str(plan) == "PartialCreate(axes (0, 1), 0B); 0B" and plan.exhaustive  # the 4-axis as two prime axes
+    assert plan.steps[0].groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert [str(p) for p in lower_plan(plan)] == ["ZerosLike(ranks=[[1, 2, 3], [5, 6, 7]])"]
+    x = np.arange(64.0 * 64).reshape(64, 64)
+    pieces = simulate(plan, split_tensor(x, whole))
+    assert [bool(piece.any()) for piece in pieces] == [True, False, False, False, True, False, False, False]
+    np.testing.assert_array_equal(assemble_tensor(pieces, ROWS_PARTIAL, check_replicas=True), x)
+
+
+def test_a_partial_max_reaches_a_partial_sum_through_its_resolved_value():
+    # One state holds partial values of one op: the max is resolved, then the sum created.
+    most = ROWS_PARTIAL.with_partial((0,), "max")
+    plan = plan_redistribution(most, ROWS_PARTIAL)
+    assert [step.kind for step in plan.steps] == ["AllReduce", "PartialCreate"]
+    assert plan.cost == redistribution_cost(most, ROWS_PARTIAL) == redistribution_cost(most, ROWS_PARTIAL.with_partial(()))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 64))
+    pieces = [piece - rng.uniform(0, 1, piece.shape) * (rank % 4 != 0) for rank, piece in enumerate(split_tensor(x, most))]
+    np.testing.assert_array_equal(assemble_tensor(simulate(plan, pieces), ROWS_PARTIAL, check_replicas=True), x)
 
 
 def test_plans_lower_to_mindspore_primitives():
@@ -154,9 +173,10 @@ def test_cost_table_rows_are_producers_and_columns_consumers():
     assert (cost_table(producers, consumers) == table).all()
 
 
-def test_cost_table_marks_unreachable_pairs_inf():
+def test_cost_tables_price_whole_to_partial_pairs():
     whole = Layout(DM24, TensorMap((1, -1)), (64, 64))
-    assert cost_table([whole], [ROWS_PARTIAL]).tolist() == [[float("inf")]]
+    split = Layout(DM24, TensorMap((1, 0)), (64, 64))  # its columns must be gathered first: 3 × 2 KiB
+    assert cost_table([whole, split], [ROWS_PARTIAL]).tolist() == [[0.0], [6144.0]]
 
 
 def test_cost_tables_leave_the_garbage_collector_as_they_found_it():

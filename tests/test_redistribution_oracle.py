@@ -102,6 +102,20 @@ def test_every_plan_turns_source_slices_into_destination_slices(device_num, rank
     assert checked == len(layouts) * len(destinations)
 
 
+@pytest.mark.parametrize("device_num", [2, 4, 6, 8])
+def test_every_plan_to_a_partial_destination_sums_to_the_tensor(device_num):
+    # Issue #32: whole sources and sources of fewer contributions reach partial destinations
+    # (PartialCreate); each destination group's pieces sum to the tensor's slice.
+    x = np.random.default_rng(device_num).integers(-50, 50, size=SHAPES[2]).astype(np.float64)
+    layouts = all_layouts(device_num, SHAPES[2])
+    destinations = [layout for layout in layouts if layout.partial]
+    created = 0
+    for src, dst in itertools.product(layouts, destinations):
+        _check_plan(src, dst, x)
+        created += any(step.kind == "PartialCreate" for step in plan_redistribution(src, dst).steps)
+    assert created > len(destinations)
+
+
 def test_plans_reach_partial_destinations_when_they_can():
     matrix = DeviceMatrix((2, 2, 2))
     src = Layout(matrix, TensorMap((2, -1)), (8, 8), partial=(0, 1))

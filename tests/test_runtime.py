@@ -55,14 +55,15 @@ LAYOUT_PAIRS = [
     ((2, 4), (1, 0), (2, 4), (0, 1), ()),  # axes swap (all-to-all)
     ((2, 4), ((1, 0), -1), (2, 4), ((0, 1), -1), ()),  # same pieces, other owners: CollectivePermute
     ((4,), (-1, -1), (4,), (0, -1), ()),  # Slice
+    ((2, 4), (1, 0), (2, 4), (1, -1), (), (0,)),  # whole -> partial: AllGather, PartialCreate
 ]
 
 
-def layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial):
+def layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial, dst_partial=()):
     """The plan between a pair's layouts of a [16, 8] tensor and every rank's source piece."""
     shape = (16, 8)
     src = Layout(DeviceMatrix(src_dm), TensorMap(src_tm), shape, partial)
-    dst = Layout(DeviceMatrix(dst_dm), TensorMap(dst_tm), shape)
+    dst = Layout(DeviceMatrix(dst_dm), TensorMap(dst_tm), shape, dst_partial)
     plan = plan_redistribution(src, dst)
     return plan, split_tensor(np.random.default_rng(1).standard_normal(shape).astype(np.float32), src)
 
@@ -70,16 +71,16 @@ def layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial):
 def run_layout_pair(backend, plan, pieces):
     """This rank's result of running `plan` as a program (shared with the MPI script)."""
     rank = backend.rank
-    partitions = tuple(dict.fromkeys(s.groups for s in plan.steps if s.kind not in ("Slice", "CollectivePermute")))
+    partitions = tuple(dict.fromkeys(s.groups for s in plan.steps if s.kind in ("AllGather", "AllReduce", "AllToAll", "ReduceScatter")))
     load = Load("t", tuple((0, size) for size in pieces[rank].shape))  # the whole piece: it is the rank's slice
     steps = tuple(lower_steps(plan, rank, "t", "u", "edge", "forward", pieces[rank].itemsize))
     program = Program(rank, plan.src.device_num, partitions, (load, *steps), (), (("t", "u" if steps else "t"),))
     return execute(program, backend, {"t": pieces[rank]})
 
 
-@pytest.mark.parametrize("src_dm,src_tm,dst_dm,dst_tm,partial", LAYOUT_PAIRS)
-def test_collectives_agree_with_simulation(src_dm, src_tm, dst_dm, dst_tm, partial):
-    plan, pieces = layout_pair(src_dm, src_tm, dst_dm, dst_tm, partial)
+@pytest.mark.parametrize("pair", LAYOUT_PAIRS)
+def test_collectives_agree_with_simulation(pair):
+    plan, pieces = layout_pair(*pair)
     results = LocalCluster(plan.src.device_num).run(lambda backend: run_layout_pair(backend, plan, pieces))
     expected = simulate(plan, pieces)
     for rank, result in enumerate(results):
@@ -90,7 +91,36 @@ def test_collectives_agree_with_simulation(src_dm, src_tm, dst_dm, dst_tm, parti
 
 def test_the_layout_pairs_cover_every_step_kind():
     kinds = {step.kind for pair in LAYOUT_PAIRS for step in layout_pair(*pair)[0].steps}
-    assert kinds == {"AllGather", "AllReduce", "AllToAll", "CollectivePermute", "ReduceScatter", "Slice"}
+    assert kinds == {"AllGather", "AllReduce", "AllToAll", "CollectivePermute", "PartialCreate", "ReduceScatter", "Slice"}
+
+
+def test_a_whole_tensor_made_partial_runs_on_ranks_and_sends_nothing_for_it():
+    # Issue #32: the columns are gathered over the 4-axis, then a PartialCreate leaves the sum
+    # over that axis on its first rank and zeros on the others. The check slices the tensor by
+    # the destination's ranges and sums each partial group's outputs (no planner code).
+    matrix = DeviceMatrix((2, 4))
+    src = Layout(matrix, TensorMap((1, 0)), (16, 8))
+    dst = Layout(matrix, TensorMap((1, -1)), (16, 8), partial=(0,))
+    plan = plan_redistribution(src, dst)
+    assert [step.kind for step in plan.steps] == ["AllGather", "PartialCreate"]
+    x = np.random.default_rng(4).standard_normal((16, 8)).astype(np.float32)
+    pieces = [x[tuple(slice(a, b) for a, b in src.slice_range(rank))] for rank in range(8)]
+    results = LocalCluster(8).run(lambda backend: run_layout_pair(backend, plan, pieces))
+    for group in ((0, 1, 2, 3), (4, 5, 6, 7)):
+        want = x[tuple(slice(a, b) for a, b in dst.slice_range(group[0]))]
+        assert np.array_equal(sum(results[rank].outputs["t"] for rank in group), want)
+        assert [bool(results[rank].outputs["t"].any()) for rank in group] == [True, False, False, False]
+    created = [t for result in results for t in result.traffic if t.kind == "PartialCreate"]
+    assert len(created) == 8 and all(t.sent == t.predicted == 0 and t.peers == () for t in created)
+    assert all(sum(t.sent for t in result.traffic) == sum(t.predicted for t in result.traffic) == 3 * 16 * 8 * 4 // 8 for result in results)  # the gather alone
+
+
+def test_a_partial_create_of_an_op_it_cannot_start_is_refused():
+    from autostrat.errors import RuntimeBackendError
+    from autostrat.runtime.executor import create_partial
+
+    with pytest.raises(RuntimeBackendError, match=r"a PartialCreate needs a partial op among max, min, sum, got 'prod'"):
+        create_partial(np.ones(2), "prod", 1)
 
 
 def test_a_failing_rank_is_named():

@@ -7,7 +7,8 @@ For a group of ``g`` devices each holding a local piece of ``s`` bytes before th
 - AllReduce ``2(g-1)·s/g``: a ReduceScatter followed by an AllGather of the reduced chunks
   (exactly, see below);
 - CollectivePermute ``s``: the whole piece goes to one other device;
-- Slice and Reshape ``0``: local.
+- Slice, Reshape and PartialCreate ``0``: local (a PartialCreate of a sum zeroes the pieces of
+  every rank but one per group, of a max or min changes nothing).
 
 Costs are integers. The runtime moves these collectives as the messages of `runtime.wire`, and
 these are its byte counts exactly. Only AllReduce cuts a piece it was not given in blocks: it
@@ -25,7 +26,7 @@ import numpy as np
 
 from autostrat.errors import LayoutError
 
-COLLECTIVE_KINDS = ("AllGather", "AllReduce", "AllToAll", "CollectivePermute", "ReduceScatter", "Reshape", "Slice")
+COLLECTIVE_KINDS = ("AllGather", "AllReduce", "AllToAll", "CollectivePermute", "PartialCreate", "ReduceScatter", "Reshape", "Slice")
 
 
 def collective_bytes(kind: str, group_size: int, local_bytes: int, itemsize: int = 1, position: int | None = None) -> int:

@@ -20,7 +20,9 @@ from functools import lru_cache
 from autostrat.errors import LayoutError
 from autostrat.layout import DeviceMatrix
 
-# Ring messages per device for a group of g devices (Slice and Reshape send none).
+# Ring messages per device for a group of g devices (Slice, Reshape and PartialCreate send none;
+# the model prices no local work, so their time is 0: a PartialCreate's memset is not priced).
+_LOCAL_KINDS = ("PartialCreate", "Reshape", "Slice")
 _MESSAGES = {"AllGather": 1, "AllToAll": 1, "ReduceScatter": 1, "AllReduce": 2}
 
 
@@ -98,7 +100,7 @@ class AlphaBeta:
 
     def step_time(self, kind: str, matrix: DeviceMatrix, axes, sent_bytes: int) -> float:
         """Seconds of one step: ring messages times α plus the bytes each device sends over β."""
-        if kind in ("Slice", "Reshape") or not axes:
+        if kind in _LOCAL_KINDS or not axes:
             return 0.0
         messages, (alpha, beta) = _messages(kind, matrix, axes), self.link(matrix, axes)
         return messages * alpha + sent_bytes / beta
@@ -112,7 +114,7 @@ class AlphaBeta:
             >>> model.step_nanoseconds("AllReduce", DeviceMatrix((4,)), (0,), 3000)
             12007
         """
-        if kind in ("Slice", "Reshape") or not axes:
+        if kind in _LOCAL_KINDS or not axes:
             return 0
         messages, (alpha, beta) = _messages(kind, matrix, axes), self.link(matrix, axes)
         return messages * round(alpha * 1e9) + ceil_nanoseconds(sent_bytes, beta)

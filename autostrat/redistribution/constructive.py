@@ -1,72 +1,37 @@
 """Which pairs of layouts a plan joins, and one plan for every such pair, built without a search.
 
-Steps never create partial values: they resolve them (AllReduce, ReduceScatter) or hand their
-roles to other axes of equal size (CollectivePermute, or a crossing between the two device
-matrices of a search). So a destination is reachable iff both layouts describe one tensor on
-one cluster and the prime sizes of its partial axes are among those of the source's (and the
-partial ops agree when both are partial) — `reachable`. The constructive plan (`constructive_path`)
-shows the converse for every such pair; the search uses it as its fallback past its state limit
-and as its upper bound.
+Steps resolve partial values (AllReduce, ReduceScatter), hand their roles to other axes of equal
+size (CollectivePermute, or a crossing between the two device matrices of a search) and create
+them on free axes (PartialCreate). So every destination is reachable from every source of the
+same tensor on the same cluster: within one partial op the constructive plan
+(`constructive_path`) shows it, and a partial source of another op is first resolved
+(`planner._resolved_first`). The search uses this plan as its fallback past its state limit and
+as its upper bound.
 
 The plan, in its cases:
 
-1. keep as many partial axes as the destination has, one per destination partial axis of the
-   same size (the same axis when it is partial in the source and the problem has one space);
-   resolve the others with one AllReduce;
+1. keep as many source partial axes as can take a destination partial axis's role, one per
+   destination partial axis of the same size (the same axis when it is partial in the source
+   and the problem has one space); resolve the others with one AllReduce;
 2. gather every split dim (one AllGather per dim), but without a permute a dim whose axes
    start the destination's axes of that dim keeps them;
 3. when the kept axes are not the destination's, one CollectivePermute hands their roles over
    (and crosses to the destination's device matrix when the problem has two); a crossing of a
    replicated, whole tensor moves no data;
-4. slice the destination's split dims where they still lack axes, major axis first.
+4. slice the destination's split dims where they still lack axes, major axis first;
+5. create the destination's partial axes that no kept axis took (one PartialCreate, free).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 from autostrat.cost import collective_bytes
-from autostrat.layout import DeviceMatrix, Layout
 from autostrat.redistribution.moves import Move, group_size
-from autostrat.redistribution.refine import prime_matrix
 from autostrat.redistribution.search import Problem
 
 
-def prime_sizes(number: int) -> Counter:
-    """The prime factors of `number`, with multiplicity.
-
-    Example:
-        >>> sorted(prime_sizes(12).elements())
-        [2, 2, 3]
-    """
-    return Counter(prime_matrix(DeviceMatrix((number,))).shape) if number > 1 else Counter()
-
-
-def reachable(src: Layout, dst: Layout) -> bool:
-    """Whether some sequence of steps turns `src` into `dst` (the module docstring), for two
-    layouts of one tensor on one cluster.
-
-    Example (4 partial values cannot become 8; 4 of 8 can stay partial over other axes):
-        >>> from autostrat.layout import DeviceMatrix, TensorMap
-        >>> four = Layout(DeviceMatrix((2, 4)), TensorMap((1, -1)), (8, 8), (0,))
-        >>> eight = Layout(DeviceMatrix((8,)), TensorMap((-1, -1)), (8, 8), (0,))
-        >>> reachable(four, eight), reachable(eight, four)
-        (False, True)
-    """
-    if not dst.partial:
-        return True
-    if not src.partial or src.partial_op != dst.partial_op:
-        return False
-    wanted = prime_sizes(group_size(_sizes(dst), dst.partial))
-    return not wanted - prime_sizes(group_size(_sizes(src), src.partial))
-
-
-def _sizes(layout: Layout) -> tuple[int, ...]:
-    return tuple(reversed(layout.device_matrix.shape))
-
-
 def _kept_partial(sizes, partial, target_sizes, target_partial, same_space: bool) -> dict[int, int]:
-    """Source partial axis -> the destination partial axis whose role it takes (step 1)."""
+    """Source partial axis -> the destination partial axis whose role it takes (step 1); the
+    destination partial axes no source axis of their size is left for are created (step 5)."""
     kept: dict[int, int] = {}
     for axis in target_partial:
         if same_space and axis in partial and axis not in kept:
@@ -75,9 +40,8 @@ def _kept_partial(sizes, partial, target_sizes, target_partial, same_space: bool
         if axis in kept.values():
             continue
         pick = next((a for a in partial if a not in kept and sizes[a] == target_sizes[axis]), None)
-        if pick is None:
-            raise AssertionError("a reachable pair keeps a source partial axis per destination partial axis")
-        kept[pick] = axis
+        if pick is not None:
+            kept[pick] = axis
     return kept
 
 
@@ -130,7 +94,7 @@ def constructive_path(problem: Problem, start, target) -> list[tuple]:
             step("AllGather", entry, (dim,), (gathered, node[1][1]), collective_bytes("AllGather", group_size(space.sizes, entry), space.local_bytes(node[1])))
     if permuted:
         moved = tuple(axis for axis, image in enumerate(mapping) if axis != image or target[0] != start[0])
-        state = (node[1][0], tuple(sorted(target[1][1])))
+        state = (node[1][0], tuple(sorted(kept.values())))
         # Every rank holds the whole tensor: only partial pieces differ between ranks.
         same = problem.layout(node).normalized() == problem.layout((target[0], state)).normalized()
         step("CollectivePermute", moved, (), state, 0 if same else space.local_bytes(node[1]), layer=target[0], mapping=mapping)
@@ -138,6 +102,9 @@ def constructive_path(problem: Problem, start, target) -> list[tuple]:
         for axis in entry[len(node[1][0][dim]) :]:
             sliced = node[1][0][:dim] + (node[1][0][dim] + (axis,),) + node[1][0][dim + 1 :]
             step("Slice", (axis,), (dim,), (sliced, node[1][1]), 0)
+    created = tuple(axis for axis in target[1][1] if axis not in node[1][1])
+    if created:
+        step("PartialCreate", created, (), target[1], 0)
     return path
 
 

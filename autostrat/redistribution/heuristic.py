@@ -28,14 +28,16 @@ average over ranks of the whole remaining traffic.
   by its receive bound. The sum is often exact where the combine bound is not (a
   ReduceScatter, then a move).
 - Partial targets (`ReceiveBound._partial_target_bound`): the reductions still due cost at least
-  ``T·(g - g_T)/N`` (as in (1), stopping at the target's ``g_T`` contributions); the other steps
-  move the shadow to the target's shadow (its partial axes free), so cost at least that receive
-  bound; and when a target partial axis is not partial yet, only a CollectivePermute (or a
-  crossing to the other device matrix) can hand it the role, sending a whole piece, and only
-  AllGathers grow a piece again, charging its growth: at least the target slice's volume from
-  the permute on. The bound is the reductions plus the larger of the last two. A state whose
-  contributions the target's do not divide never reaches it (no step creates contributions):
-  its bound is `UNREACHABLE`, so A* never settles it (nor, through it, its descendants).
+  ``T·(g - g_T)/N`` (as in (1): a PartialCreate multiplies the contributions for free, so the
+  reductions of a path from ``g`` to the target's ``g_T`` take away at least ``g - g_T`` of
+  them); the other steps move the shadow to the target's shadow (its partial axes free), so
+  cost at least that receive bound (a PartialCreate leaves the shadow as it is). The path either
+  takes a CollectivePermute or not. With one, when a target partial axis is not partial yet,
+  the permute sends a whole piece and only AllGathers grow a piece again, charging its growth:
+  from the permute on, at least the target slice's volume. Without one, every partial axis the
+  target lacks must be reduced (only a permute hands a role on), so the reductions cost at least
+  ``T·(g - g/g_R)/N`` (``g_R`` the contributions of those axes), while a target partial axis the
+  state lacks is created for free. The bound is the smaller of the two.
 - Size (`ReceiveBound.size_bound`): along each dim a rank's slice and its target slice overlap
   in at most the shorter of their extents, so the receive bound is at least the target volume
   less the product of those; it needs no positions, so it holds up to relabelling too.
@@ -52,9 +54,6 @@ from functools import lru_cache
 import numpy as np
 
 from autostrat.redistribution.moves import Space, State, group_size, split_signature
-
-
-UNREACHABLE = 1 << 80  # bytes: the bound of a state no step sequence takes to the target
 
 
 def partial_bounds(space: Space, target_free: int, state: State) -> tuple[int, int]:
@@ -173,27 +172,27 @@ class ReceiveBound(MemoisedBound):
 
     def _reduce_to_target(self, contributions: int) -> int:
         """What the reductions from `contributions` partial values to the target's cost at least
-        (the module docstring's reduce bound, ending at the target's contributions);
-        `UNREACHABLE` when the target's do not divide them: a reduction divides them by the
-        size of the axes it reduces, a permute keeps them, and no step creates any, so such a
-        state never reaches the target (a search whose target is partial meets many: every
-        state that reduced too much, and their descendants, never settle)."""
-        if contributions % self.target_contributions:
-            return UNREACHABLE
+        (the module docstring's reduce bound, ending at the target's contributions; none when
+        the state has no more than the target: a PartialCreate adds the rest for free)."""
         ranks = math.prod(self.space.sizes)
         return max(-(-self.total * (contributions - self.target_contributions) // ranks), 0)
 
     def _partial_target_bound(self, state: State) -> int:
-        """Towards a partial target: the reductions still due, plus the larger of the shadow's
-        receive bound (the module docstring's reduce-then-move argument, the target's partial
-        axes free in its shadow) and, when some target partial axis is not partial in `state`,
-        the target's slice volume: only
-        a CollectivePermute hands a partial role to another axis, sending its whole piece of
-        ``s`` bytes, and only AllGathers grow a piece, charging its growth, so from the permute
-        on the steps charge at least ``s + max(volume - s, 0)``."""
+        """Towards a partial target: the shadow's receive bound (the module docstring's
+        reduce-then-move argument, the target's partial axes free in its shadow) plus the
+        reductions still due, with a permute or without one (the module docstring).
+
+        Example (a partial sum over axis 1 wanted over axis 0: the 64-byte piece is permuted,
+        64 bytes, or axis 1 is reduced, at least 64·(2 - 1)/4 bytes; a whole state creates it):
+            >>> bound = receive_bound(Space(sizes=(2, 2), shape=(4, 4), itemsize=4), (((), ()), (0,)))
+            >>> bound((((), ()), (1,))), bound((((), ()), ()))
+            (16, 0)
+        """
+        shadow, contributions = self._missing(state[0]), group_size(self.space.sizes, state[1])
+        lacking = group_size(self.space.sizes, [axis for axis in state[1] if axis not in self.target_partial])
+        unpermuted = -(-self.total * (contributions - contributions // lacking) // math.prod(self.space.sizes))
         handed = 0 if self.target_partial <= set(state[1]) else self.target_volume
-        shadow = self._missing(state[0])
-        return self._reduce_to_target(group_size(self.space.sizes, state[1])) + max(shadow, handed)
+        return min(unpermuted + shadow, self._reduce_to_target(contributions) + max(shadow, handed))
 
     def _bound(self, state: State) -> int:
         if self.target_partial:
@@ -312,8 +311,6 @@ class ImportBound:
         self.units = [math.gcd(size, ranks) for size in space.shape]
         self.unit_bytes = space.itemsize * math.prod(size // units for size, units in zip(space.shape, self.units))
         self.partial_target = bool(target[1])
-        # Towards a partial sum kept inside every group: how many contributions it keeps.
-        self.kept = group_size(sizes, target[1]) if set(target[1]) <= set(fast) else 0
         self.target = [self._union(dim, entry) for dim, entry in enumerate(target[0])]
         self.wanted = np.ones(ranks // self.members, dtype=np.int64)
         for union in self.target:
@@ -334,35 +331,21 @@ class ImportBound:
 
         A partial state's pieces are no smaller than its shadow's (partial axes made free).
         Towards a partial target the shadow's bound holds: the shadow (the module docstring's
-        reduce-then-move argument) follows the path's steps but its reductions, over the same
-        axes for no more bytes, to the target's shadow, whose slices are the target's. It holds
-        ``g`` times over when the state has the target's ``g`` contributions and both keep them
-        on fast axes (`_copies`). When
+        reduce-then-move argument) follows the path's steps but its reductions and
+        PartialCreates, over the same axes for no more bytes, to the target's shadow, whose
+        slices are the target's. When
         a partial axis is slow, every group needs each element of its target slices from
         outside: at least one value per element, and over all groups, by the combine argument
         of `partial_bounds` with groups for ranks, ``G + R - 2`` transmissions per element
         (``G`` groups hold distinct contributions, ``R`` groups want it), shared by ``N`` ranks.
+        (A partial state with the target's contributions, all on fast axes, need not import its
+        shadow's missing bytes once per contribution: it may all-reduce them inside its groups,
+        move once, and create the target's partial values again.)
         """
         found = self.memo.get(state)
         if found is None:
-            found = self.memo[state] = max(self._bound(state[0], self._copies(state[1])), self._partial_bound(state[1]))
+            found = self.memo[state] = max(self._bound(state[0]), self._partial_bound(state[1]))
         return found
-
-    def _copies(self, partial) -> int:
-        """How many times over a group must import its shadow's missing bytes: ``g`` when
-        `partial` has the target's ``g`` contributions and it and the target's partial axes are
-        all fast, else 1.
-
-        Then no reduction is left (contributions are never created, and each reduction merges
-        some), so no step mixes contributions: gathers and AllToAlls act along dims, whose axes
-        are not partial, and a permute moves whole pieces. The state is ``g`` copies of its
-        shadow, each ending on the ranks of one coordinate of the target's partial axes, which
-        every group holds (they are fast), as do the copy's start ranks. So each copy imports
-        into each group what its shadow lacks there, from its own data only.
-        """
-        if not self.partial_target or group_size(self.space.sizes, partial) != self.kept:
-            return 1
-        return self.kept if set(partial) <= set(self.fast) else 1
 
     def _partial_bound(self, partial) -> int:
         spread = group_size(self.space.sizes, [axis for axis in partial if axis not in self.fast])
@@ -374,7 +357,7 @@ class ImportBound:
         combined = -(-(wanted + (spread - 2) * self.total) // ranks)
         return max(combined, -(-int(self.wanted.max()) * self.unit_bytes // self.members))
 
-    def _bound(self, entries, copies: int = 1) -> int:
+    def _bound(self, entries) -> int:
         if not entries:
             return 0
         shared = None
@@ -384,7 +367,7 @@ class ImportBound:
             if held is None:
                 held = self.unions[key] = (self._union(dim, entry) & self.target[dim]).sum(axis=1)
             shared = held if shared is None else shared * held
-        missing = int((self.wanted - shared).max()) * self.unit_bytes * copies
+        missing = int((self.wanted - shared).max()) * self.unit_bytes
         return -(-missing // self.members)
 
 

@@ -4,7 +4,9 @@ MindSpore's collectives work on dim 0: an AllGather on another dim is AllGather,
 dim 0 into the group's chunks and Concat on the wanted dim; a ReduceScatter on another dim first
 moves that dim's chunks to dim 0 (Split, Concat). A Slice is a StridedSlice whose begin on `dim`
 is the rank's chunk times the new slice size. A Reshape is MindSpore's local ``Reshape`` to the
-rank's new slice shape. Groups list their members in chunk order.
+rank's new slice shape. A PartialCreate of a sum is MindSpore's ``ZerosLike`` on every member of
+its groups but the first (members by rank); of a max or min it is no op at all. Groups list their
+members in chunk order.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def lower_step(step) -> tuple[Primitive, ...]:
         ['AllGather(groups=[[0, 1]])', 'Split(axis=0, output_num=2)', 'Concat(axis=1)']
     """
     g, groups, dims = step.group_size, _groups(step), step.dims
-    op = step.before.partial_op
+    op = step.after.partial_op if step.kind == "PartialCreate" else step.before.partial_op
     if step.kind == "Slice":
         return (Primitive.make("StridedSlice", axis=dims[0], parts=g, slice_size=step.after.slice_shape[dims[0]]),)
     if step.kind == "AllGather":
@@ -71,6 +73,9 @@ def lower_step(step) -> tuple[Primitive, ...]:
         return (Primitive.make("CollectivePermute", pairs=[list(pair) for pair in step.groups]),)
     if step.kind == "Reshape":
         return (Primitive.make("Reshape", shape=list(step.after.slice_shape)),)
+    if step.kind == "PartialCreate":
+        zeroed = [group[1:] for group in groups]
+        return (Primitive.make("ZerosLike", ranks=zeroed),) if op == "sum" else ()
     raise LayoutError(f"cannot lower step kind {step.kind!r}")
 
 

@@ -18,15 +18,26 @@ From a state, with ``s`` the local bytes before the step and ``g`` the step's gr
   roles swapped or cycled). Cost ``s``. Every other step commutes with a relabelling, so the
   permutes of a sequence merge into one; `moves` leaves them out and the search has one
   "permuted" layer of states taken up to relabelling (`canonical`) instead.
+- PartialCreate: free axes become partial (DTensor's Replicate -> Partial). For a sum the rank
+  whose coordinates on those axes are all 0 keeps its piece and every other rank holds zeros;
+  for max and min (idempotent) every rank keeps its piece. Cost 0: nothing is sent.
 
-Partial values are never created from whole ones: the destination of an edge is not partial, and
-keeping the set small keeps the search fast. Every step keeps every dim divisible.
+A PartialCreate is only ever needed last, or just before a crossing between two device matrices:
+a created axis is never reduced in a cheapest plan (a Slice or nothing does at no cost what
+reducing zeros does), and every other step leaves it alone or hands its role on (a permute, at
+the same price), so creating it after them reaches the same state at the same price. A crossing
+is the exception: it is free only when both sides are the same layout, and partial axes can make
+them so (``[2, 3]`` and ``[3, 2]`` both partial over all six ranks). So `moves` leaves it out, and
+the search takes it into its target (`creation`), one step over all the target's partial axes a
+state lacks, and before a crossing (`creations`): the branching stays what it was. Every step
+keeps every dim divisible.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -178,6 +189,43 @@ def _reductions(space: Space, state: State, s: int, rooms, unit: bool = False) -
         for dim, entry in enumerate(entries):
             if rooms[dim] % g == 0:
                 found.append(Move("ReduceScatter", block, (dim,), None, (_replace(entries, dim, entry + block), rest), sent))
+    return found
+
+
+def creation(state: State, target: State) -> Move | None:
+    """The PartialCreate from `state` into `target`: when they split every dim alike and the
+    target's partial axes include the state's and more (those are free in the state).
+
+    Example (a whole tensor made a partial sum over axis 1):
+        >>> creation((((0,), ()), ()), (((0,), ()), (1,)))
+        Move(kind='PartialCreate', axes=(1,), dims=(), mapping=None, state=(((0,), ()), (1,)), bytes=0)
+        >>> creation((((0,), ()), ()), (((), ()), (1,))) is None
+        True
+    """
+    entries, partial = state
+    if entries != target[0] or len(partial) >= len(target[1]) or not set(partial) <= set(target[1]):
+        return None
+    return Move("PartialCreate", tuple(axis for axis in target[1] if axis not in partial), (), None, target, 0)
+
+
+def creations(sizes: tuple[int, ...], state: State, wanted: tuple[int, ...]) -> list[Move]:
+    """Every PartialCreate out of `state` over a set of free axes whose sizes are among the
+    `wanted` sizes (with multiplicity): before a crossing, the roles the target's partial axes
+    can take.
+
+    Example (over axes of sizes 3 and 2, towards one partial axis of size 2):
+        >>> [(m.axes, m.state) for m in creations((3, 2), (((),), (0,)), (2,))]
+        [((1,), (((),), (0, 1)))]
+    """
+    entries, partial = state
+    used = {axis for entry in entries for axis in entry} | set(partial)
+    free = [axis for axis in range(len(sizes)) if axis not in used]
+    available = Counter(wanted)
+    found = []
+    for count in range(1, len(free) + 1):
+        for block in itertools.combinations(free, count):
+            if not Counter(sizes[axis] for axis in block) - available:
+                found.append(Move("PartialCreate", block, (), None, (entries, tuple(sorted(partial + block))), 0))
     return found
 
 

@@ -8,7 +8,7 @@ from autostrat.layout import Layout
 from autostrat.layout.layout import format_tuple
 from autostrat.redistribution.lower import plan_to_text
 
-STEP_KINDS = ("AllGather", "AllReduce", "AllToAll", "CollectivePermute", "ReduceScatter", "Reshape", "Slice")
+STEP_KINDS = ("AllGather", "AllReduce", "AllToAll", "CollectivePermute", "PartialCreate", "ReduceScatter", "Reshape", "Slice")
 
 
 @dataclass(frozen=True)
@@ -16,10 +16,11 @@ class RedistributionStep:
     """One step: `before` and `after` are layouts over the step's device matrix.
 
     `axes` are device axes of ``before.device_matrix`` (counted from the right): the block that
-    is sliced, gathered, moved or reduced, or for a CollectivePermute the axes whose role moves.
+    is sliced, gathered, moved, reduced or made partial (PartialCreate), or for a
+    CollectivePermute the axes whose role moves.
     `dims` is ``(dim,)`` for Slice, AllGather and ReduceScatter, ``(from, to)`` for AllToAll and
     ``()`` otherwise. `groups` are the communication groups, members in the order their chunks
-    take in the step's dim; `sources` gives, for a CollectivePermute, the rank each rank
+    take in the step's dim (by rank for a PartialCreate: the first keeps its piece); `sources` gives, for a CollectivePermute, the rank each rank
     receives from. `bytes` is what one device sends.
     """
 

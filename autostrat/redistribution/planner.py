@@ -1,23 +1,25 @@
 """`plan_redistribution`: the cheapest plan from one layout of a tensor to another.
 
-Cases, in order: inputs that cannot describe one tensor on one cluster are rejected, and so is a
-destination no plan reaches (`constructive.reachable`: its partial values must divide the
-source's), without a search; both layouts are normalised (so equivalent layouts share one memo
-entry) and refined to a common device matrix (two layers when none exists, see `search`); an A*
-search from the source finds the destination; past `search.SETTLED_LIMIT` settled states the
-constructive plan (`constructive.constructive_path`) answers and the plan says so. Shapes of
-equal element count but different dims go through one local Reshape (`_reshape_route`).
+Cases, in order: inputs that cannot describe one tensor on one cluster are rejected without a
+search (every other pair has a plan: steps resolve, hand on and create partial values, see
+`constructive`); a partial source and a partial destination with different ops go through the
+destination's shadow (`_resolved_first`); both layouts are normalised (so equivalent layouts
+share one memo entry) and refined to a common device matrix (two layers when none exists, see
+`search`); an A* search from the source finds the destination; past `search.SETTLED_LIMIT`
+settled states the constructive plan (`constructive.constructive_path`) answers and the plan
+says so. Shapes of equal element count but different dims go through one local Reshape
+(`_reshape_route`). No pair of one tensor on one cluster is priced unreachable: a search that
+ended without its target would be a bug, and the fallback's plan is built regardless.
 
 Which answers are proven optimal (for the step set of `moves`, in bytes or, with a model, in
 α–β time): every plan and price whose search settles its target, i.e. every plan with
 ``exhaustive`` set and every cost-table entry computed without the fallback. The bounds are
 admissible (`heuristic`, `timed.TimedBound`), so A* settles the target at the optimum; states
-are merged only up to relabellings that keep every step's price, and only states that cannot
-reach the target (fewer partial contributions than a partial target keeps) are never settled.
-The coarse plan (`_coarse_plan`) is used only when it costs that proven optimum. How far the
+are merged only up to relabellings that keep every step's price, and a PartialCreate is taken
+only last or before a crossing, which loses nothing (`moves`). The coarse plan (`_coarse_plan`) is used only when it costs that proven optimum. How far the
 others can be: the constructive fallback sends less than ``4T`` bytes per device (``T`` the tensor's bytes: one
-AllReduce under ``2T``, gathers under ``T`` in all, one permute of at most ``T``, free slices),
-so it is at most ``4T`` above the optimum; measured on every reachable pair of 2-d tensors over
+AllReduce under ``2T``, gathers under ``T`` in all, one permute of at most ``T``, free slices and PartialCreate),
+so it is at most ``4T`` above the optimum; measured on every pair of 2-d tensors over
 ``[2, 2]``, ``[2, 4]``, ``[2, 6]`` and ``[4, 4]`` it is under ``2T`` above it, at most
 ``device_num`` times it (a ReduceScatter the fallback does as AllReduce then Slice), and free
 whenever the optimum is (tests/test_redistribution_reach.py). No pair of the 7b scale and
@@ -34,7 +36,7 @@ from functools import lru_cache
 from autostrat.cost import dtype_size
 from autostrat.errors import RedistributionError
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
-from autostrat.redistribution.constructive import constructive_path, reachable
+from autostrat.redistribution.constructive import constructive_path
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.refine import common_matrix, prime_matrix, refine_layout
 from autostrat.redistribution.reshape import reshape_pairs
@@ -55,8 +57,6 @@ def _check(src: Layout, dst: Layout) -> None:
             f"shapes {list(src.shape)} and {list(dst.shape)} differ in element count "
             f"({math.prod(src.shape)} != {math.prod(dst.shape)}), so no Reshape joins them"
         )
-    elif src.partial and dst.partial and src.partial_op != dst.partial_op:
-        problem = f"partial ops {src.partial_op!r} and {dst.partial_op!r} differ"
     if problem:
         raise RedistributionError(f"cannot redistribute {src} to {dst}: {problem}")
 
@@ -105,7 +105,7 @@ def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool]:
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return tuple(found.path(reached)), found.best[reached][2], True
-    return _fallback(problem, start, target)
+    return _fallback(problem, start, target, found)
 
 
 @lru_cache(maxsize=1 << 15)
@@ -115,7 +115,7 @@ def _solve_cost(problem: Problem, start, target, model) -> tuple[tuple, int, boo
     found, reached = cost_search(problem, start, target, model)
     if reached is not None:
         return (), found.best[reached][2], True
-    return _fallback(problem, start, target)
+    return _fallback(problem, start, target, found)
 
 
 @lru_cache(maxsize=1 << 15)
@@ -126,32 +126,56 @@ def _solve_time(problem: Problem, start, target, model) -> int:
     found, reached = search(problem, start, target, model)
     if reached is not None:
         return found.best[reached][0]
+    _check_not_exhausted(problem, start, target, found)
     path = constructive_path(problem, start, target)
     return sum(model.step_nanoseconds(move.kind, problem.matrix(node[0]), move.axes, move.bytes) for node, move, _ in path)
 
 
-def _fallback(problem: Problem, start, target) -> tuple[tuple, int, bool]:
-    """The constructive plan, marked not proven minimal: the search stopped at its state limit
-    (it never exhausts a reachable pair: the constructive plan is one of its paths)."""
+def _fallback(problem: Problem, start, target, found) -> tuple[tuple, int, bool]:
+    """The constructive plan, marked not proven minimal: the search `found` stopped at its
+    state limit. It never runs out of states first, since every pair has a plan (the
+    constructive plan is one of its paths); if it ever did, that is a bug, raised, not a
+    candidate dropped."""
+    _check_not_exhausted(problem, start, target, found)
     path = constructive_path(problem, start, target)
     return tuple(path), sum(move.bytes for _, move, _ in path), False
 
 
-def _unreachable(src: Layout, dst: Layout) -> RedistributionError:
-    return RedistributionError(
-        f"cannot redistribute {src} to {dst}: no sequence of steps reaches it "
-        "(partial values are only resolved, never created)"
-    )
+def _check_not_exhausted(problem: Problem, start, target, found) -> None:
+    if found.exhausted:
+        raise AssertionError(f"the search from {problem.layout(start)} ran out of states before {problem.layout(target)}")
 
 
-def _cost_or_inf(src: Layout, dst: Layout, dtype, model) -> float:
+def _resolved_first(src: Layout, dst: Layout) -> Layout | None:
+    """`dst` without its partial axes when `src` is partial with another op, else None.
+
+    A state holds partial values of one op, so every plan between them passes a whole state;
+    from there a PartialCreate can always go last (`moves`), so the cheapest plan is the
+    cheapest one to this shadow, then one PartialCreate (free in bytes and time).
+
+    Example:
+        >>> from autostrat.layout import DeviceMatrix, TensorMap
+        >>> most = Layout(DeviceMatrix((2,)), TensorMap((-1,)), (4,), (0,), "max")
+        >>> str(_resolved_first(most, most.with_partial([0])))
+        '[4] dm[2] tm(-1,)'
+    """
+    if src.partial and dst.partial and src.partial_op != dst.partial_op:
+        return dst.with_partial(())
+    return None
+
+
+def creation_step(before: Layout, after: Layout) -> RedistributionStep:
+    """The PartialCreate from `before` (whole) to `after`, over `after`'s device matrix: groups
+    over its partial axes, members by rank (the first one keeps its piece of a sum)."""
+    groups = tuple(tuple(sorted(group)) for group in after.device_matrix.groups(after.partial))
+    return RedistributionStep("PartialCreate", after.partial, (), before, after, groups, 0)
+
+
+def _objective(src: Layout, dst: Layout, dtype, model) -> int:
     """The objective of the cheapest plan: bytes, or with a `model` its time (`redistribution_time`)."""
-    try:
-        if model is not None:
-            return redistribution_time(src, dst, dtype, model)
-        return _cheapest_bytes(src, dst, dtype)
-    except RedistributionError:
-        return float("inf")
+    if model is not None:
+        return redistribution_time(src, dst, dtype, model)
+    return _cheapest_bytes(src, dst, dtype)
 
 
 @lru_cache(maxsize=1024)
@@ -177,22 +201,20 @@ def _reshape_route(src: Layout, dst: Layout, dtype, model) -> tuple[Layout, Layo
                 continue
             op = src.partial_op if first[1] else "sum"
             before = Layout(matrix, TensorMap(first[0]), src.shape, first[1], op)
-            head = _cost_or_inf(src, before, dtype, model)
+            head = _objective(src, before, dtype, model)
             if head >= best[0]:
                 continue
             after = Layout(matrix, TensorMap(second[0]), dst.shape, second[1], op)
-            total = head + _cost_or_inf(after, dst, dtype, model)
+            total = head + _objective(after, dst, dtype, model)
             if total < best[0]:
                 best = (total, before, after)
-    if best[1] is None:
-        raise _unreachable(src, dst)
+    if best[1] is None:  # the replicated, whole pair is always among them
+        raise AssertionError(f"no Reshape route from {src} to {dst}")
     return best[1], best[2], int(best[0])
 
 
 def _solve_layouts(src: Layout, dst: Layout, itemsize: int, model, solve=_solve):
     _check(src, dst)
-    if not reachable(src, dst):
-        raise _unreachable(src, dst)
     problem, start, target = build_problem(src.normalized(), dst.normalized(), itemsize)
     return problem, solve(problem, start, target, model)
 
@@ -207,6 +229,9 @@ def redistribution_cost(src: Layout, dst: Layout, dtype="float32", model=None) -
         >>> redistribution_cost(split.with_partial([0]), split)
         12288
     """
+    whole = _resolved_first(src, dst)
+    if whole is not None:
+        return redistribution_cost(src, whole, dtype, model)
     if model is not None:
         return plan_redistribution(src, dst, dtype, model).cost
     if src.shape != dst.shape:
@@ -282,6 +307,9 @@ def redistribution_time(src: Layout, dst: Layout, dtype="float32", model=None) -
         >>> redistribution_time(split.with_partial([0]), split, model=model) == 4 * 2000 + 3 * 10
         True
     """
+    whole = _resolved_first(src, dst)
+    if whole is not None:
+        return redistribution_time(src, whole, dtype, model)
     if src.shape != dst.shape:
         _check(src, dst)
         return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
@@ -293,7 +321,7 @@ def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -
 
     With an `autostrat.cost.AlphaBeta` `model` the plan minimises time instead; `cost` stays the
     plan's bytes per device. Raises `RedistributionError` naming both layouts when the layouts
-    describe different tensors or device counts, or when `dst` cannot be reached.
+    describe different tensors or device counts (every other pair has a plan).
 
     Example (a partial sum the consumer wants split: one ReduceScatter, not AllReduce + slice):
         >>> from autostrat.layout import DeviceMatrix, TensorMap
@@ -307,6 +335,10 @@ def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -
         >>> str(plan_redistribution(rows, Layout(DeviceMatrix((4,)), TensorMap((-1,)), (48,))))
         'AllGather(axes (1, 0) dim 0, 144B) -> Reshape([8, 6] -> [48], 0B); 144B'
     """
+    whole = _resolved_first(src, dst)
+    if whole is not None:
+        resolved = plan_redistribution(src, whole, dtype, model)
+        return replace(resolved, dst=dst, steps=resolved.steps + (creation_step(whole, dst),))
     if src.shape != dst.shape:
         return _plan_through_reshape(src, dst, dtype, model)
     problem, (path, cost, exhaustive) = _coarse_plan(src, dst, dtype, model) or _solve_layouts(src, dst, dtype_size(dtype), model)

@@ -20,6 +20,13 @@ consistent, so a state reached more cheaply after it settled is reopened.
 
 Under a time model the bound in bytes (`heuristic.receive_bound`) is timed by `timed.time_floor`.
 
+Towards a partial target, a state splitting every dim as the target does, whose partial axes are
+some of the target's, reaches it by one PartialCreate (`moves.creation`; in the permuted layer,
+of representatives: both take the lowest ids of each size after the entries). Between two device
+matrices, layer-0 states may also create partial values on free axes of the target's partial
+sizes, so that a crossing becomes free (`moves.creations`). These edges depend on the target:
+they join the shared `expansions` memo's edges, never stored in it.
+
 Without a time model, the exact layer of a one-space problem keeps states up to the relabellings
 that fix the target (`moves.fixing_pools`): they preserve every step cost and the target, so the
 cost-to-go is the same on a whole class; `Search._real` turns the path back into real states.
@@ -33,9 +40,9 @@ every step kind is defined alike on every axis of one size, except that a Reduce
 its block in one order, and a block in another order costs exactly what single-axis
 ReduceScatters in that order cost (``(1 - 1/(g1·g2))·s`` either way). So the cheapest way to any
 relabelling of the target is the cheapest way to the target. The bound must then hold for a
-whole class: the size bound does (it sees no positions); the receive bound does not. The path
-found ends at such a relabelling of the target; its inverse maps the path onto one to the
-target itself (`Search._onto_target`).
+whole class: the size bound does (it sees no positions); the receive bound does not (nor is a
+partial target's class kept: `_symmetry`). The path found ends at such a relabelling of the
+target; its inverse maps the path onto one to the target itself (`Search._onto_target`).
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import receive_bound
 from autostrat.redistribution.memo import BoundedMemo
-from autostrat.redistribution.moves import Move, Space, State, canonical, fixing_pools, moves, pool_canonical, pools_order, relabel, split_signature
+from autostrat.redistribution.moves import (Move, Space, State, canonical, creation, creations, fixing_pools, moves, pool_canonical,
+                                            pools_order, relabel, split_signature)
 from autostrat.redistribution.paths import inverse, unpermute
 from autostrat.redistribution.timed import (bundle_classes, conjugated, matrix_of, permute_links, speed_pools, step_nanoseconds,
                                             time_floor, timed_bound)
@@ -280,6 +288,20 @@ class Search:
             self.expanded[node] = found
         return found
 
+    def _creation(self, node) -> tuple:
+        """The target-dependent edges of `_expand`: a PartialCreate into the target (exact
+        layer) or its representative (permuted layer), or before a crossing (layer 0 of two),
+        as ``(child, 0, 0, signature, move)``."""
+        if len(node) == 3 or not self.target[1][1]:
+            return ()
+        space = self.problem.space(node[0])
+        if node[0] == 0 and self.crossings:
+            wanted = tuple(self.problem.spaces[1].sizes[axis] for axis in self.target[1][1])
+            return tuple(((0, move.state), 0, 0, split_signature(space, move.state), move) for move in creations(space.sizes, node[1], wanted))
+        target = self.permuted_target if node[0] == PERMUTED else self.target
+        move = creation(node[1], target[1]) if node[0] == target[0] else None
+        return () if move is None else ((target, 0, 0, split_signature(space, target[1]), move),)
+
     def _weight(self, layer: int, move: Move):
         if self.model is None:
             return move.bytes
@@ -306,7 +328,7 @@ class Search:
             if node in targets:
                 return node
             steps += len(node) == 2  # a bundle's permute was counted on entering it
-            for child, weight, moved, signature, move in self._expand(node):
+            for child, weight, moved, signature, move in self._expand(node) + self._creation(node):
                 reached, known = objective + weight, best.get(child)
                 # Most children were reached more cheaply already: compare objectives first.
                 if known is not None and (known[0] < reached or (known[0] == reached and known[1:] <= (steps, sent + moved))):
@@ -356,8 +378,9 @@ class Search:
 
 
 def _symmetry(sizes, start: State, target: State, symmetry: str) -> tuple[bool, tuple]:
-    """Whether states are kept up to the source's relabellings, and the pools kept."""
-    if symmetry == "target":
+    """Whether states are kept up to the source's relabellings, and the pools kept (never
+    towards a partial target: its PartialCreate is defined on the target's own axes)."""
+    if symmetry == "target" or target[1]:
         return False, fixing_pools(sizes, target)
     source = fixing_pools(sizes, start)
     if symmetry == "source":

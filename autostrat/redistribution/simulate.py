@@ -2,7 +2,8 @@
 
 Each step does what its collective does on a real cluster, member by member: a group's pieces
 are concatenated in chunk order, split into chunks, reduced by the partial op, or sent to one
-other rank, or reshaped in place. Which chunk a rank takes is read from the layouts the step goes between, so a step
+other rank, or reshaped in place, or zeroed (a PartialCreate of a sum, on every member of a
+group but the first). Which chunk a rank takes is read from the layouts the step goes between, so a step
 whose layouts and data movement disagree produces a wrong tensor (the tests check that). The
 runtime's LocalBackend uses this as its reference.
 """
@@ -52,6 +53,12 @@ def _reduced(step: RedistributionStep, pieces, group) -> np.ndarray:
     return total
 
 
+def _created(step: RedistributionStep, first: bool, piece: np.ndarray) -> np.ndarray:
+    """A rank's piece after a PartialCreate: its own, or zeros when the op is a sum and the
+    rank is not its group's first member (only that one keeps the value)."""
+    return piece.copy() if first or step.after.partial_op != "sum" else np.zeros_like(piece)
+
+
 def simulate_step(step: RedistributionStep, pieces: list[np.ndarray]) -> list[np.ndarray]:
     """The pieces after one step (new arrays; the input list is not changed)."""
     if step.kind == "CollectivePermute":
@@ -60,6 +67,9 @@ def simulate_step(step: RedistributionStep, pieces: list[np.ndarray]) -> list[np
         # Local: a row-major reshape of every piece (the planner only reshapes when that gives
         # every rank its piece of the reshaped tensor).
         return [np.reshape(piece, step.after.slice_shape).copy() for piece in pieces]
+    if step.kind == "PartialCreate":
+        firsts = {group[0] for group in step.groups}
+        return [_created(step, rank in firsts, piece) for rank, piece in enumerate(pieces)]
     result: list = [None] * len(pieces)
     g = step.group_size
     if step.kind not in ("Slice", "AllGather", "AllToAll", "AllReduce", "ReduceScatter"):

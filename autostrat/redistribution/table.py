@@ -13,7 +13,6 @@ from contextlib import contextmanager
 import numpy as np
 
 from autostrat.cost import dtype_size
-from autostrat.redistribution.constructive import reachable
 from autostrat.redistribution.planner import redistribution_cost, redistribution_time
 
 _COSTS: dict = {}  # (src id, dst id, itemsize, model) -> bytes, or nanoseconds with a model
@@ -28,8 +27,9 @@ def cost_table(producer_layouts, consumer_layouts, dtype="float32", model=None) 
     """Bytes per device of the cheapest redistribution, rows = producers, columns = consumers;
     with an α–β `model` (`cost.AlphaBeta`), nanoseconds of the fastest (`redistribution_time`).
 
-    Unreachable pairs (a consumer wanting partial values the producer lacks: `constructive.reachable`)
-    cost ``inf``; every other entry is an exact integer (a pair the planner cannot price raises).
+    Every entry is an exact integer: every pair of layouts of one tensor on one cluster has a
+    plan (`constructive`), and a pair the planner cannot price raises, never priced ``inf``,
+    since an infinite price would remove a candidate the layouts allow.
 
     Example:
         >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
@@ -74,11 +74,7 @@ def collector_paused():
 
 
 def _cost(src, dst, dtype, model) -> float:
-    """One entry: ``inf`` exactly when no plan exists (`constructive.reachable`), decided without
-    a search; every other pair is planned, and an error planning it is raised, never priced
-    ``inf``, since an infinite price removes a candidate the layouts allow."""
-    if src.device_num == dst.device_num and not reachable(src, dst):
-        return float("inf")
+    """One entry, planned; an error planning it is raised (see `cost_table`)."""
     if model is not None:
         return float(redistribution_time(src, dst, dtype, model))
     return float(redistribution_cost(src, dst, dtype, model))

@@ -250,6 +250,8 @@ def communicate(step: Communicate, backend: Backend, piece: np.ndarray) -> np.nd
     if step.kind == "Slice":
         parts, chunk = step.chunks
         return np.split(piece, parts, axis=step.dims[0])[chunk].copy()
+    if step.kind == "PartialCreate":
+        return create_partial(piece, step.reduce_op, step.chunks[0])
     if step.kind == "AllGather":
         return np.concatenate(backend.allgather(piece, step.group), axis=step.dims[0])
     if step.kind == "AllToAll":
@@ -264,6 +266,20 @@ def communicate(step: Communicate, backend: Backend, piece: np.ndarray) -> np.nd
         return backend.reduce_scatter([parts[chunk] for chunk in step.chunks], step.group, step.reduce_op)
     dest, source = step.peers
     return backend.sendrecv(piece, dest, source)
+
+
+def create_partial(piece: np.ndarray, op: str, position: int) -> np.ndarray:
+    """This rank's piece of a whole value made partial over a group where it is member
+    `position`: a sum keeps it on member 0 and zeros it elsewhere; a max or min (idempotent)
+    keeps it everywhere. Nothing is sent.
+
+    Example:
+        >>> create_partial(np.ones(2), "sum", 1).tolist(), create_partial(np.ones(2), "max", 1).tolist()
+        ([0.0, 0.0], [1.0, 1.0])
+    """
+    if op not in ("max", "min", "sum"):
+        raise RuntimeBackendError(f"a PartialCreate needs a partial op among max, min, sum, got {op!r}")
+    return np.zeros_like(piece) if op == "sum" and position else piece.copy()
 
 
 def graph_values(graph, inputs: dict) -> dict:

@@ -19,7 +19,7 @@ from autostrat.errors import ConfigError
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.pipeline import StageRunner, pipeline_values, stage_peaks_per_rank
-from autostrat.runtime.program import Load, Program, lower_programs
+from autostrat.runtime.program import LOCAL_KINDS, Load, Program, lower_programs
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 from autostrat.runtime.reference import reference_run, tensor_errors
 from autostrat.runtime.report import rank_summary
@@ -151,7 +151,7 @@ def _checked_fault(fault: Fault, plan, programs) -> Fault:
         raise ConfigError(f"a fault is a rank below {plan.device_num} and one of {FAULTS}, got {fault}")
     count = len(programs[fault.rank].instructions)
     if fault.at < 0:
-        collectives = [i for i, ins in enumerate(programs[fault.rank].instructions) if getattr(ins, "kind", "Slice") != "Slice"]
+        collectives = [i for i, ins in enumerate(programs[fault.rank].instructions) if getattr(ins, "kind", "Slice") not in LOCAL_KINDS]
         return Fault(fault.rank, fault.kind, collectives[0] if collectives else 0)
     if fault.at >= count:
         raise ConfigError(f"a fault at instruction {fault.at} of rank {fault.rank} never fires: its program has {count} "

@@ -52,7 +52,7 @@ JOB_FOLDER = "job"
 JOB_JSON = "job.json"
 ARRAYS = "arrays.npz"
 JOB_FILES = (ARRAYS, JOB_JSON)
-KINDS = ("AllGather", "AllReduce", "AllToAll", "ReduceScatter", "Sendrecv", "Slice")
+KINDS = ("AllGather", "AllReduce", "AllToAll", "PartialCreate", "ReduceScatter", "Sendrecv", "Slice")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 

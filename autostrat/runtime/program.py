@@ -32,6 +32,7 @@ from autostrat.redistribution import RedistributionPlan, plan_redistribution
 from autostrat.search.precision import check_runnable
 
 PHASES = ("forward", "backward", "sync", "update", "gather", "pipeline", "output")
+LOCAL_KINDS = ("PartialCreate", "Slice")  # `Communicate` kinds that send nothing
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class Communicate:
 
     `group` is the rank's communication group, members in the order of their chunks in the
     step's dim. `chunks` is, per member, the chunk of the split dim that member ends with
-    (AllToAll, ReduceScatter), or ``(parts, own chunk)`` for a Slice. `peers` is ``(send to,
+    (AllToAll, ReduceScatter), or ``(parts, own chunk)`` for a Slice, or ``(position,)`` for a
+    PartialCreate (the member at position 0 keeps its piece of a sum, the others zero theirs). `peers` is ``(send to,
     receive from)`` of a Sendrecv (a collective permute). `predicted` is what the plan says this
     rank sends.
     """
@@ -294,7 +296,7 @@ def _chunk(step, rank: int, dim: int) -> int:
 def _lower_step(step, rank: int, source: str, target: str, edge: str, phase: str, itemsize: int) -> Communicate:
     # Cases: a permute pairs ranks (send to whoever takes our piece, receive from our source);
     # every other kind acts inside the rank's group, whose member order is the chunk order.
-    op = step.before.partial_op
+    op = step.after.partial_op if step.kind == "PartialCreate" else step.before.partial_op
     if step.kind == "CollectivePermute":
         take_from = step.sources[rank]
         give_to = step.sources.index(rank)
@@ -307,6 +309,8 @@ def _lower_step(step, rank: int, source: str, target: str, edge: str, phase: str
         chunks = tuple(_chunk(step, member, step.dims[-1]) for member in group)
     elif step.kind in ("AllGather", "AllReduce"):
         chunks = ()
+    elif step.kind == "PartialCreate":
+        chunks = (group.index(rank),)
     else:
         raise RuntimeBackendError(f"edge {edge}: cannot run a {step.kind} step (rank {rank})")
     return Communicate(step.kind, source, target, group, step.dims, chunks, op, (rank, rank),

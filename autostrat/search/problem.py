@@ -175,9 +175,11 @@ def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: 
 
 def _computed_inputs_only(graph: Graph, op: OpNode, candidates: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
     """`candidates` without those summing partial inputs when an input can never be partial
-    sums (`can_be_partial`): no redistribution turns a whole or split tensor into partial sums,
-    so such a candidate could only be fed at infinite cost (a bias-free row-parallel MatMul
-    feeding a residual Add whose other input comes from a Reshape, as in LLaMA blocks)."""
+    sums (`can_be_partial`), as in a bias-free row-parallel MatMul feeding a residual Add whose
+    other input comes from a Reshape (LLaMA blocks). Such a candidate is fed by a PartialCreate
+    of that input (free, `redistribution.moves`), so the filter only keeps candidate sets (and
+    plans) as small as they were before that step existed; lifting it is a search decision of
+    its own."""
     if all(can_be_partial(graph, tensor) for tensor in op.inputs):
         return candidates
     return tuple(strategy for strategy in candidates if not strategy.sums_partials)
