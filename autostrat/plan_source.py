@@ -34,7 +34,8 @@ from autostrat.reading import read_bytes
 SOURCE_OPTIONS = {"device_num": None, "refine": "refine", "time_limit": "refine_time_limit",
                   "max_device_memory": "max_device_memory", "coarsen": "coarsen", "phase": "phase", "mesh": "mesh",
                   "cost_model": "cost_model", "precision": "precision", "hardware": "hardware", "parallel_optimizer": "enable_parallel_optimizer",
-                  "pipeline_stages": "pipeline_stages", "micro_size": None, "recompute": None}
+                  "pipeline_stages": "pipeline_stages", "pipeline_schedule": "pipeline_schedule",
+                  "pipeline_interleave_num": "pipeline_interleave_num", "micro_size": None, "recompute": None}
 
 
 def context_overrides(options: dict) -> dict:

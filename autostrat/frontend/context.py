@@ -23,7 +23,7 @@ from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.precision import PRECISIONS
-from autostrat.search.stages import SCHEDULES
+from autostrat.search.schedules import SCHEDULE_ORDERS
 from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
@@ -99,9 +99,14 @@ class ParallelContext:
     - `pipeline_stages`: the devices in this many equal groups, each running a contiguous
       part of the model's layers on micro-batches (`search.pipeline`); the part each group runs
       is searched unless cells set ``pipeline_stage``, and the micro-batches come from
-      `nn.PipelineCell`'s ``micro_size``. `pipeline_config` takes MindSpore's keys
-      ``pipeline_scheduler`` ("1f1b", default, or "gpipe") and ``pipeline_interleave`` (False
-      only: one stage per group).
+      `nn.PipelineCell`'s ``micro_size``. `pipeline_schedule` (autostrat's own) orders each
+      group's work (`search.schedules`): "1f1b" (default), "gpipe", "interleaved_1f1b"
+      (Megatron's virtual stages), "zero_bubble_h1" or "zbv" (zero bubble, the backward split
+      into input and weight gradients); `pipeline_interleave_num` is the model stages each group
+      holds (interleaved_1f1b: any, default 2; zbv: 2; else 1). MindSpore's `pipeline_config`
+      maps onto them: ``pipeline_scheduler`` ("1f1b", "gpipe", "zero_bubble_v" or any of
+      autostrat's names) and ``pipeline_interleave`` (True: 1F1B interleaved); naming another
+      schedule than `pipeline_schedule` is refused, naming both keys.
     - MindSpore's `dataset_strategy` ("data_parallel" or "full_batch", which sets `full_batch`),
       `strategy_ckpt_config` (``save_file``, ``load_file``: the two checkpoint paths;
       ``only_trainable_params`` accepted) and `parameter_broadcast` (every rank starts from the
@@ -158,6 +163,8 @@ class ParallelContext:
     auto_recompute: bool = False
     pipeline_stages: int = 1
     pipeline_config: dict | None = None
+    pipeline_schedule: str | None = None
+    pipeline_interleave_num: int | None = None
     dataset_strategy: str = "data_parallel"
     strategy_ckpt_config: dict | None = None
     parameter_broadcast: bool = False
@@ -205,7 +212,7 @@ class ParallelContext:
         stages = self.pipeline_stages
         if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:  # dividing device_num: checked when planning
             raise ConfigError(f"pipeline_stages must be a positive integer, got {stages!r}")
-        self.pipeline_scheduler()  # validates pipeline_config, naming the key
+        self.pipeline_schedule_chunks()  # validates pipeline_config, pipeline_schedule and pipeline_interleave_num
         for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers", "enable_parallel_optimizer",
                     "auto_recompute", "parameter_broadcast"):
             value = getattr(self, key)
@@ -262,17 +269,48 @@ class ParallelContext:
             if config.get(key):
                 object.__setattr__(self, field, config[key])
 
-    def pipeline_scheduler(self) -> str:
-        """The schedule `pipeline_config` asks for ("1f1b" by default)."""
+    def pipeline_scheduler(self) -> str | None:
+        """The schedule MindSpore's `pipeline_config` asks for (None: it names none)."""
         config = {} if self.pipeline_config is None else self.pipeline_config
         if not isinstance(config, dict) or set(config) - {"pipeline_scheduler", "pipeline_interleave"}:
             raise ConfigError(f"pipeline_config takes the keys pipeline_scheduler and pipeline_interleave, got {config!r}")
-        if config.get("pipeline_interleave", False) is not False:
-            raise ConfigError(f"pipeline_config.pipeline_interleave: only False (one stage per device group) is supported, "
-                              f"got {config['pipeline_interleave']!r}")
-        schedule = config.get("pipeline_scheduler", "1f1b")
-        _check_choice("pipeline_config.pipeline_scheduler", schedule, SCHEDULES)
-        return schedule
+        interleave = config.get("pipeline_interleave", False)
+        if not isinstance(interleave, bool):
+            raise ConfigError(f"pipeline_config.pipeline_interleave must be True or False, got {interleave!r}")
+        if "pipeline_scheduler" not in config and not interleave:
+            return None
+        schedule = MINDSPORE_SCHEDULES.get(config.get("pipeline_scheduler", "1f1b"), config.get("pipeline_scheduler", "1f1b"))
+        _check_choice("pipeline_config.pipeline_scheduler", schedule, SCHEDULE_ORDERS + tuple(MINDSPORE_SCHEDULES))
+        if interleave and schedule not in INTERLEAVED:
+            raise ConfigError(f"pipeline_config.pipeline_interleave = True interleaves 1f1b (or runs zbv), but "
+                              f"pipeline_config.pipeline_scheduler is {config['pipeline_scheduler']!r}")
+        return INTERLEAVED[schedule] if interleave else schedule
+
+    def pipeline_schedule_chunks(self) -> tuple[str, int]:
+        """The pipeline's schedule and model stages per device group (see the class docstring).
+
+        Example (MindSpore's interleave is Megatron's interleaved 1F1B, 2 chunks by default):
+            >>> ParallelContext(pipeline_config={"pipeline_interleave": True}).pipeline_schedule_chunks()
+            ('interleaved_1f1b', 2)
+        """
+        configured = self.pipeline_scheduler()
+        schedule = self.pipeline_schedule
+        if schedule is not None:
+            _check_choice("pipeline_schedule", schedule, SCHEDULE_ORDERS)
+            if configured is not None and configured != schedule:
+                raise ConfigError(f"pipeline_schedule is {schedule!r} but pipeline_config asks for {configured!r} "
+                                  f"({self.pipeline_config!r}): set one of the two keys")
+        schedule = schedule or configured or "1f1b"
+        allowed = {"interleaved_1f1b": None, "zbv": 2}.get(schedule, 1)
+        chunks = self.pipeline_interleave_num
+        if chunks is None:
+            return schedule, allowed or 2
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise ConfigError(f"pipeline_interleave_num must be a positive integer (model stages per device group), got {chunks!r}")
+        if allowed is not None and chunks != allowed:
+            raise ConfigError(f"pipeline_interleave_num = {chunks}, but the pipeline schedule {schedule} (pipeline_schedule or "
+                              f"pipeline_config) runs {allowed} model stage(s) per device group; interleaved_1f1b takes any")
+        return schedule, chunks
 
     def optimizer_shard(self) -> OptimizerShard:
         """`parallel_optimizer_config` as the value the search takes."""
@@ -345,6 +383,9 @@ def _mindspore_only(kwargs: dict) -> dict:
 
 
 # The context keys a user sets (Python or YAML); where a path came from is the loader's to say.
+# MindSpore's pipeline_scheduler names autostrat calls otherwise, and the schedules pipeline_interleave makes of them.
+MINDSPORE_SCHEDULES = {"zero_bubble_v": "zbv"}
+INTERLEAVED = {"1f1b": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b", "zbv": "zbv"}
 KEYS = tuple(f.name for f in fields(ParallelContext) if f.name != "output_paths_from")
 _context = ParallelContext()
 
