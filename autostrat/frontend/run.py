@@ -163,6 +163,7 @@ def _prepare(config_path, options: RunOptions):
     config = with_recompute(load_config(config_path, phase=options.phase, enable_parallel_optimizer=options.parallel_optimizer,
                                         pipeline_stages=options.pipeline_stages, micro_size=options.micro_size,
                                         pipeline_schedule=options.pipeline_schedule,
+                                        pipeline_config={} if options.pipeline_schedule else None,  # the option replaces it
                                         pipeline_interleave_num=options.pipeline_interleave_num,
                                         strategy_ckpt_save_file=options.strategy_ckpt_save_file),
                             options.recompute)

@@ -40,7 +40,8 @@ SLOT_OF = {"F": "forward", "B": "backward", "W": "weight"}  # a schedule's instr
 @dataclass(frozen=True)
 class StageRun:
     """One rank's run: the loss of every step (its stage computes it: the last), its final
-    slices, the bytes per step by phase it sent, its peak live bytes and its bubble."""
+    slices, the bytes per step by phase it sent, its peak live bytes, its bubble, and the
+    seconds it spent on one F, B and W of a chunk on average, waits for other stages left out."""
 
     rank: int
     losses: tuple[float, ...]
@@ -48,6 +49,7 @@ class StageRun:
     measured: dict
     peak_bytes: int
     bubble: float
+    part_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 def micro_batches_of(batch: dict, inputs: tuple[str, ...], count: int) -> list[dict]:
@@ -96,6 +98,12 @@ class StageRunner:
         self.last = "weight" if any(i.kind == "W" for i in program.order()) else "backward"
         self.held, self.stores, self.resident = HeldMemory(), {}, {}  # a run's measurement: the arrays themselves
         self.waited = self.busy = 0.0
+        self.part_busy = dict.fromkeys(SLOT_OF, 0.0)  # per instruction kind, seconds run (waits left out)
+        self.parts = dict.fromkeys(SLOT_OF, 0)  # per instruction kind, how many ran
+
+    def part_seconds(self) -> tuple[float, float, float]:
+        """The mean seconds of one F, B and W (0 for a kind that never ran)."""
+        return tuple(self.part_busy[kind] / self.parts[kind] if self.parts[kind] else 0.0 for kind in SLOT_OF)
 
     def step(self, values: dict, batch: dict, resident: dict) -> tuple[list[float], dict]:
         program = self.program
@@ -108,7 +116,10 @@ class StageRunner:
         started = time.perf_counter()
         waited = self.waited
         for instruction in program.order():
+            began, waited_before = time.perf_counter(), self.waited
             self._part(instruction, values | micro_values[instruction.micro_batch], losses)
+            self.part_busy[instruction.kind] += time.perf_counter() - began - (self.waited - waited_before)
+            self.parts[instruction.kind] += 1
         self.busy += time.perf_counter() - started - (self.waited - waited)
         for position, (instruction, released) in enumerate(zip(program.update, self.update_release)):
             self._run(instruction, shared, shared, values, released, (None, "update", position))
@@ -207,7 +218,8 @@ def train_stage(program: StageProgram, backend, values: dict, batches, on_step=N
             on_step(step, loss)
     measured = phase_bytes(program, tuple(runner.sent), len(batches))
     wall = runner.busy + runner.waited
-    return StageRun(program.rank, tuple(losses), resident, measured, runner.held.peak, runner.waited / wall if wall else 0.0)
+    return StageRun(program.rank, tuple(losses), resident, measured, runner.held.peak, runner.waited / wall if wall else 0.0,
+                    runner.part_seconds())
 
 
 def pipeline_values(plan, values: dict) -> dict:
@@ -252,12 +264,13 @@ def train_pipeline_collective(plan, backend, values: dict, batches, on_step=None
     run = train_stage(program, backend, pipeline_values(plan, values), batches, on_step if backend.rank == 0 else None,
                       share_loss=loss_rank(plan))
     slices = _gathered_slices(plan, backend, run.slices)
-    vector = [run.measured[phase] for phase in PHASES] + [run.peak_bytes, run.bubble]
+    vector = [run.measured[phase] for phase in PHASES] + [run.peak_bytes, run.bubble, *run.part_seconds]
     gathered = backend.gather_report(np.array(vector, np.float64))
     if gathered is None:
         return _result(plan, programs, None, run.losses, slices) if every_rank else None
-    runs = [StageRun(rank, (), {}, {p: int(v) for p, v in zip(PHASES, row)}, int(row[len(PHASES)]), float(row[-1]))
-            for rank, row in enumerate(gathered)]
+    count = len(PHASES)
+    runs = [StageRun(rank, (), {}, {p: int(v) for p, v in zip(PHASES, row)}, int(row[count]), float(row[count + 1]),
+                     tuple(float(v) for v in row[count + 2:])) for rank, row in enumerate(gathered)]
     return _result(plan, programs, runs, run.losses, slices)
 
 
@@ -291,4 +304,5 @@ def _result(plan, programs, runs, losses, slices_by_rank):
         f"per stage: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
     )
     return TrainingResult(losses, parameters, tuple(phase_bytes(p) for p in programs), tuple(run.measured for run in runs),
-                          max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines)
+                          max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines,
+                          stage_timings=tuple((run.bubble, *run.part_seconds) for run in runs))
