@@ -23,7 +23,7 @@ from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.precision import PRECISIONS
-from autostrat.search.schedules import SCHEDULE_ORDERS
+from autostrat.frontend.pipeline_keys import schedule_and_chunks
 from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
@@ -269,48 +269,14 @@ class ParallelContext:
             if config.get(key):
                 object.__setattr__(self, field, config[key])
 
-    def pipeline_scheduler(self) -> str | None:
-        """The schedule MindSpore's `pipeline_config` asks for (None: it names none)."""
-        config = {} if self.pipeline_config is None else self.pipeline_config
-        if not isinstance(config, dict) or set(config) - {"pipeline_scheduler", "pipeline_interleave"}:
-            raise ConfigError(f"pipeline_config takes the keys pipeline_scheduler and pipeline_interleave, got {config!r}")
-        interleave = config.get("pipeline_interleave", False)
-        if not isinstance(interleave, bool):
-            raise ConfigError(f"pipeline_config.pipeline_interleave must be True or False, got {interleave!r}")
-        if "pipeline_scheduler" not in config and not interleave:
-            return None
-        schedule = MINDSPORE_SCHEDULES.get(config.get("pipeline_scheduler", "1f1b"), config.get("pipeline_scheduler", "1f1b"))
-        _check_choice("pipeline_config.pipeline_scheduler", schedule, SCHEDULE_ORDERS + tuple(MINDSPORE_SCHEDULES))
-        if interleave and schedule not in INTERLEAVED:
-            raise ConfigError(f"pipeline_config.pipeline_interleave = True interleaves 1f1b (or runs zbv), but "
-                              f"pipeline_config.pipeline_scheduler is {config['pipeline_scheduler']!r}")
-        return INTERLEAVED[schedule] if interleave else schedule
-
     def pipeline_schedule_chunks(self) -> tuple[str, int]:
-        """The pipeline's schedule and model stages per device group (see the class docstring).
+        """The pipeline's schedule and model stages per device group (`pipeline_keys`).
 
-        Example (MindSpore's interleave is Megatron's interleaved 1F1B, 2 chunks by default):
+        Example:
             >>> ParallelContext(pipeline_config={"pipeline_interleave": True}).pipeline_schedule_chunks()
             ('interleaved_1f1b', 2)
         """
-        configured = self.pipeline_scheduler()
-        schedule = self.pipeline_schedule
-        if schedule is not None:
-            _check_choice("pipeline_schedule", schedule, SCHEDULE_ORDERS)
-            if configured is not None and configured != schedule:
-                raise ConfigError(f"pipeline_schedule is {schedule!r} but pipeline_config asks for {configured!r} "
-                                  f"({self.pipeline_config!r}): set one of the two keys")
-        schedule = schedule or configured or "1f1b"
-        allowed = {"interleaved_1f1b": None, "zbv": 2}.get(schedule, 1)
-        chunks = self.pipeline_interleave_num
-        if chunks is None:
-            return schedule, allowed or 2
-        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-            raise ConfigError(f"pipeline_interleave_num must be a positive integer (model stages per device group), got {chunks!r}")
-        if allowed is not None and chunks != allowed:
-            raise ConfigError(f"pipeline_interleave_num = {chunks}, but the pipeline schedule {schedule} (pipeline_schedule or "
-                              f"pipeline_config) runs {allowed} model stage(s) per device group; interleaved_1f1b takes any")
-        return schedule, chunks
+        return schedule_and_chunks(self.pipeline_schedule, self.pipeline_interleave_num, self.pipeline_config)
 
     def optimizer_shard(self) -> OptimizerShard:
         """`parallel_optimizer_config` as the value the search takes."""
@@ -383,9 +349,6 @@ def _mindspore_only(kwargs: dict) -> dict:
 
 
 # The context keys a user sets (Python or YAML); where a path came from is the loader's to say.
-# MindSpore's pipeline_scheduler names autostrat calls otherwise, and the schedules pipeline_interleave makes of them.
-MINDSPORE_SCHEDULES = {"zero_bubble_v": "zbv"}
-INTERLEAVED = {"1f1b": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b", "zbv": "zbv"}
 KEYS = tuple(f.name for f in fields(ParallelContext) if f.name != "output_paths_from")
 _context = ParallelContext()
 
