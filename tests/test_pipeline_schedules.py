@@ -13,11 +13,12 @@ import pytest
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
 from autostrat.errors import ConfigError
 from autostrat.frontend.config import parse_config
-from autostrat.frontend.train import train, training_plan
+from autostrat.frontend.train import relative_error, train, train_single_device, training_plan
 from autostrat.models import TransformerStack, megatron_seeds
 from autostrat.runtime import pipeline as runtime_pipeline
 from autostrat.runtime.program import Compute, Recv, Send
 from autostrat.runtime.stage_program import SLOTS, lower_stage_programs
+from autostrat.runtime.training import reference_graph, train_locally
 from autostrat.search.schedules import SCHEDULE_ORDERS, schedule_orders
 
 KINDS = {"forward": "F", "backward": "B", "weight": "W"}
@@ -125,6 +126,24 @@ def test_the_weight_part_of_a_split_backward_holds_the_weight_gradients():
                        for key in weight_outputs), program.rank
         if chunk.stage == 1:
             assert any(isinstance(i, Send) and i.key.startswith("grad/") for i in chunk.backward)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "interleaved_1f1b", "zero_bubble_h1"])
+def test_a_parameter_read_on_two_stages_is_updated_once_under_every_schedule(schedule):
+    """The scale read by the first and the last stage: zbv holds both on group 0 (its update
+    stays there), interleaved_1f1b on groups 0 and 1 (the update is sent), ZB-H1 sums the last
+    stage's weight-gradient part into the first's."""
+    from tests.test_pipeline import _TiedStack, _stack
+
+    net = _TiedStack()
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=4, pipeline_stages=2, pipeline_schedule=schedule)
+    cell = nn.TrainOneStepCell(nn.PipelineCell(net, micro_size=2), nn.SGD(net.trainable_params(), 0.1))
+    plan, values, batches = training_plan(cell, None, _stack().example_inputs(), steps=2)
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
+    assert relative_error(run.losses, alone.losses) <= 1e-5 and relative_error(run.parameters, alone.parameters) <= 1e-5
+    assert run.bytes_match and run.measured_peaks == run.predicted_peaks
+    sent = any(isinstance(i, Send) and i.key.startswith("optimizer/scale") for p in lower_stage_programs(plan) for i in p.update)
+    assert sent == (schedule != "zbv")
 
 
 def test_the_schedule_keys_of_a_yaml_config():
