@@ -54,6 +54,7 @@ from autostrat.report import candidates_text
 from autostrat.search.checkpoint import checkpoint_bytes
 from autostrat.search.dump import dump_texts
 from autostrat.search.precision import PRECISIONS
+from autostrat.search.schedules import SCHEDULE_ORDERS
 from autostrat.search.progress import StatusLine
 
 
@@ -180,7 +181,8 @@ def run_command(args) -> tuple[int, str]:
     options = RunOptions(args.device_num, args.backend, args.rank_table, args.steps, args.seed, args.run_dir,
                          args.timeout, args.stall_timeout, args.inject_fault, args.phase, args.parallel_optimizer,
                          tuple(args.recompute or ()), args.pipeline_stages, args.micro_size, args.startup_timeout,
-                         args.strategy_ckpt_save_file, tuple(planned_outputs(args)))
+                         args.strategy_ckpt_save_file, tuple(planned_outputs(args)), args.pipeline_schedule,
+                         args.pipeline_interleave_num)
     if not args.report:
         return run_config(args.config, options)
     outcome = run_and_measure(args.config, options)
@@ -265,6 +267,11 @@ def _add_phase(command) -> None:
     command.add_argument("--pipeline-stages", type=_positive(int),
                          help="split the devices into this many pipeline stages, each running a contiguous part of "
                               "the layers (the split is searched unless the config sets pipeline_stage); training only")
+    command.add_argument("--pipeline-schedule", choices=SCHEDULE_ORDERS,
+                         help="the order each pipeline stage runs its micro-batches' forward, backward and weight-gradient "
+                              "work in (default: the config's pipeline_schedule, or 1f1b)")
+    command.add_argument("--pipeline-interleave-num", type=_positive(int),
+                         help="model stages per device group (virtual stages): interleaved_1f1b any (default 2), zbv 2")
     command.add_argument("--micro-size", type=_positive(int),
                          help="micro-batches per training step (MindSpore's PipelineCell micro_size; default: the config's, or 1)")
 

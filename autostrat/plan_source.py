@@ -34,7 +34,8 @@ from autostrat.reading import read_bytes
 SOURCE_OPTIONS = {"device_num": None, "refine": "refine", "time_limit": "refine_time_limit",
                   "max_device_memory": "max_device_memory", "coarsen": "coarsen", "phase": "phase", "mesh": "mesh",
                   "cost_model": "cost_model", "precision": "precision", "hardware": "hardware", "parallel_optimizer": "enable_parallel_optimizer",
-                  "pipeline_stages": "pipeline_stages", "micro_size": None, "recompute": None}
+                  "pipeline_stages": "pipeline_stages", "pipeline_schedule": "pipeline_schedule",
+                  "pipeline_interleave_num": "pipeline_interleave_num", "micro_size": None, "recompute": None}
 
 
 def context_overrides(options: dict) -> dict:
@@ -44,7 +45,10 @@ def context_overrides(options: dict) -> dict:
         >>> context_overrides({"time_limit": 5.0, "device_num": 4, "parallel_optimizer": True})
         {'refine_time_limit': 5.0, 'enable_parallel_optimizer': True}
     """
-    return {key: options[option] for option, key in SOURCE_OPTIONS.items() if key and options.get(option) is not None}
+    overrides = {key: options[option] for option, key in SOURCE_OPTIONS.items() if key and options.get(option) is not None}
+    if "pipeline_schedule" in overrides:  # the command line's schedule replaces the file's (MindSpore's pipeline_config)
+        overrides["pipeline_config"] = {}
+    return overrides
 
 
 def plan_source(config, options: dict, imports=()) -> dict:

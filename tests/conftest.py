@@ -154,6 +154,7 @@ SPAWNING_TESTS = frozenset({
     "test_functional_loop.py::test_the_recompute_loop_runs_on_8_mpi_ranks",
     "test_job_file.py::test_mpi_ranks_refuse_a_changed_job",
     "test_layout_2d.py::test_both_samples_train_on_8_mpi_ranks_as_one_device",
+    "test_pipeline_schedules.py::test_virtual_stage_schedules_train_on_4_mpi_ranks",
 })
 
 

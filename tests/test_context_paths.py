@@ -57,6 +57,9 @@ SETTINGS = {
     "auto_recompute": (True, {}),
     "pipeline_stages": (2, {}),
     "pipeline_config": ({"pipeline_scheduler": "gpipe"}, {"pipeline_stages": 2}),
+    "pipeline_schedule": ("zero_bubble_h1", {"pipeline_stages": 2}),
+    # One device group holding 3 model stages instead of interleaved_1f1b's default 2.
+    "pipeline_interleave_num": (3, {"pipeline_schedule": "interleaved_1f1b"}),
     "parameter_broadcast": (True, {}),
     "hardware": ("a100-80gb", {}),
     "precision": ("bf16", {}),

@@ -21,10 +21,11 @@ from autostrat.frontend.train import relative_error, train, train_single_device,
 from autostrat.models import FFN, GPT, TransformerStack, megatron_seeds
 from autostrat.runtime import launcher
 from autostrat.runtime.checkpoint import save_checkpoint, load_checkpoint
-from autostrat.runtime.stage_program import Recv, Send, lower_stage_programs, schedule_slots
+from autostrat.runtime.stage_program import Recv, Send, lower_stage_programs
 from autostrat.runtime.training import reference_graph, train_locally
 from autostrat.search import SearchOptions
 from autostrat.search.pipeline import plan_pipeline, shared_update_ops
+from autostrat.search.schedules import schedule_orders
 from autostrat.search.stages import in_flight, op_units, priced_split, unit_costs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +102,8 @@ def test_adams_step_counters_run_on_every_stage():
 @pytest.mark.parametrize("stages, micro", [(1, 3), (2, 1), (2, 4), (4, 2), (4, 8)])
 def test_every_schedule_runs_each_micro_batch_once_and_holds_what_the_split_model_says(schedule, stages, micro):
     for stage in range(stages):
-        slots = schedule_slots(stage, stages, micro, schedule)
+        kinds = {"F": "forward", "B": "backward"}
+        slots = tuple((kinds[i.kind], i.micro_batch) for i in schedule_orders(schedule, stages, micro).orders[stage])
         assert sorted(slots) == sorted([(kind, i) for kind in ("backward", "forward") for i in range(micro)])
         held, most = 0, 0
         for kind, index in slots:
@@ -235,7 +237,20 @@ def test_a_checkpoint_of_two_stages_continues_on_four(tmp_path):
 
 @pytest.mark.parametrize("setup, message", [
     (lambda: set_auto_parallel_context(pipeline_stages=3), "pipeline_stages 3 must divide device_num 8"),
-    (lambda: set_auto_parallel_context(pipeline_config={"pipeline_interleave": True}), "only False"),
+    (lambda: set_auto_parallel_context(pipeline_config={"pipeline_interleave": True, "pipeline_scheduler": "gpipe"}),
+     r"pipeline_config.pipeline_interleave = True interleaves 1f1b \(or runs zbv\), but pipeline_config.pipeline_scheduler is 'gpipe'"),
+    (lambda: set_auto_parallel_context(pipeline_config={"pipeline_interleave": "yes"}),
+     "pipeline_config.pipeline_interleave must be True or False, got 'yes'"),
+    (lambda: set_auto_parallel_context(pipeline_schedule="zbv", pipeline_config={"pipeline_scheduler": "1f1b"}),
+     r"pipeline_schedule is 'zbv' but pipeline_config asks for '1f1b' \(\{'pipeline_scheduler': '1f1b'\}\): set one of the two keys"),
+    (lambda: set_auto_parallel_context(pipeline_config=None, pipeline_schedule="dualpipe"),
+     "pipeline_schedule must be one of"),
+    (lambda: set_auto_parallel_context(pipeline_config=None, pipeline_schedule="zbv", pipeline_interleave_num=3),
+     r"pipeline_interleave_num = 3, but the pipeline schedule zbv \(pipeline_schedule or pipeline_config\) runs 2 model"),
+    (lambda: set_auto_parallel_context(pipeline_interleave_num=0),
+     "pipeline_interleave_num must be a positive integer \\(model stages per device group\\), got 0"),
+    (lambda: set_auto_parallel_context(pipeline_config=None, pipeline_schedule="interleaved_1f1b", pipeline_stages=8),
+     "interleaved_1f1b runs micro-batches in groups of the 8 devices: micro_batches must be a multiple of 8, got 4"),
     (lambda: set_auto_parallel_context(pipeline_config={"stages": 2}), "takes the keys pipeline_scheduler"),
 ])
 def test_bad_pipeline_settings_are_refused(setup, message):
@@ -317,6 +332,7 @@ def test_every_pipeline_rank_reports_each_instruction_it_runs():
 
     LocalCluster(job.device_num).run(run)
     for rank, program in enumerate(job.programs):
-        per_step = sum(len(program.forward) + len(program.backward) for _ in range(program.micro_batches)) + len(program.update)
+        per_micro_batch = sum(len(chunk.forward) + len(chunk.backward) + len(chunk.weight) for chunk in program.chunks)
+        per_step = per_micro_batch * program.micro_batches + len(program.update)
         assert [index for index, _ in seen[rank]] == list(range(2 * per_step)), rank
         assert {"Recv", "Send"} <= {kind for _, kind in seen[rank]}, rank  # waits on other stages are reported too

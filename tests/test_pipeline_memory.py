@@ -20,10 +20,10 @@ from autostrat.frontend.config import load_config
 from autostrat.frontend.run import plan_config
 from autostrat.frontend.train import training_plan
 from autostrat.models import GPT, TransformerStack, megatron_seeds
-from autostrat.runtime.stage_program import schedule_slots
 from autostrat.runtime.training import train_locally
 from autostrat.search import SearchOptions
-from autostrat.search.pipeline import _Staging, plan_pipeline
+from autostrat.search.pipeline import _Layout, _Staging, plan_pipeline
+from autostrat.search.schedules import schedule_orders
 from autostrat.search.stages import held_moments, in_flight, op_units, priced_split, slot_order, unit_costs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +128,8 @@ def test_a_budget_the_fastest_splits_exact_peak_fits_keeps_it_though_its_model_i
 @pytest.mark.parametrize("stages, micro", [(1, 3), (2, 1), (2, 4), (4, 2), (4, 8)])
 def test_the_plans_schedule_is_the_one_the_ranks_run_and_its_moments_hold_the_micro_batches_in_flight(schedule, stages, micro):
     for stage in range(stages):
-        assert slot_order(stage, stages, micro, schedule) == schedule_slots(stage, stages, micro, schedule)
+        ran = schedule_orders(schedule, stages, micro).orders[stage]  # what the ranks run (`StageProgram.order`)
+        assert slot_order(stage, stages, micro, schedule) == tuple(({"F": "forward", "B": "backward"}[i.kind], i.micro_batch) for i in ran)
         moments = held_moments(stage, stages, micro, schedule)
         assert max(kept for _, kept, _ in moments) == in_flight(stage, stages, micro, schedule)
         assert max(sums for sums, _, _ in moments) == (2 if micro > 1 else 1)  # the sums and one micro-batch's gradients
@@ -145,7 +146,7 @@ def test_under_any_budget_the_split_is_the_fastest_of_every_split_whose_exact_pe
     device_num, options = 2 * stages, SearchOptions()
     free = plan_pipeline(graph, device_num, stages, 4, options)
     units = op_units(graph)
-    staging = _Staging(replace(free, pipeline=None), units, stages, 2, 4, "1f1b", options.hardware)
+    staging = _Staging(replace(free, pipeline=None), units, _Layout(stages, 2, 4, "1f1b", 1), options.hardware)
     costs = unit_costs(staging.plan, options.hardware, units)
     count = len(costs.time_ns)
     splits = [staging.staged(priced_split(costs, tuple(zip((0, *cuts), (*cuts, count))), 4), "every split").pipeline

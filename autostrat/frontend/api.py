@@ -52,10 +52,12 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
             return apply_seeds(graph, resolve_names(graph, saved, where, layouts), device_num, where=where)
         return apply_seeds(graph, checkpoint["forward"], device_num, where=where) if checkpoint else graph
 
-    if context.pipeline_stages > 1 or micro_batches > 1:
+    schedule, chunks = context.pipeline_schedule_chunks()
+    if context.pipeline_stages > 1 or micro_batches > 1 or chunks > 1:
         if optimizer is None:
-            raise ConfigError(f"pipeline_stages {context.pipeline_stages} with {micro_batches} micro-batch(es) plans a training "
-                              f"step: give an optimizer (TrainOneStepCell, or phase='train')")
+            virtual = f" of {chunks} model stages each ({schedule}, pipeline_interleave_num)" if chunks > 1 else ""
+            raise ConfigError(f"pipeline_stages {context.pipeline_stages}{virtual} with {micro_batches} micro-batch(es) plans a "
+                              f"training step: give an optimizer (TrainOneStepCell, or phase='train')")
 
         def training(graph, device_num: int):
             return build_training(seeded(graph, device_num), optimizer, gradients_mean=context.gradients_mean,

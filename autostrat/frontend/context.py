@@ -23,7 +23,7 @@ from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.precision import PRECISIONS
-from autostrat.search.stages import SCHEDULES
+from autostrat.frontend.pipeline_keys import schedule_and_chunks
 from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
@@ -99,9 +99,14 @@ class ParallelContext:
     - `pipeline_stages`: the devices in this many equal groups, each running a contiguous
       part of the model's layers on micro-batches (`search.pipeline`); the part each group runs
       is searched unless cells set ``pipeline_stage``, and the micro-batches come from
-      `nn.PipelineCell`'s ``micro_size``. `pipeline_config` takes MindSpore's keys
-      ``pipeline_scheduler`` ("1f1b", default, or "gpipe") and ``pipeline_interleave`` (False
-      only: one stage per group).
+      `nn.PipelineCell`'s ``micro_size``. `pipeline_schedule` (autostrat's own) orders each
+      group's work (`search.schedules`): "1f1b" (default), "gpipe", "interleaved_1f1b"
+      (Megatron's virtual stages), "zero_bubble_h1" or "zbv" (zero bubble, the backward split
+      into input and weight gradients); `pipeline_interleave_num` is the model stages each group
+      holds (interleaved_1f1b: any, default 2; zbv: 2; else 1). MindSpore's `pipeline_config`
+      maps onto them: ``pipeline_scheduler`` ("1f1b", "gpipe", "zero_bubble_v" or any of
+      autostrat's names) and ``pipeline_interleave`` (True: 1F1B interleaved); naming another
+      schedule than `pipeline_schedule` is refused, naming both keys.
     - MindSpore's `dataset_strategy` ("data_parallel" or "full_batch", which sets `full_batch`),
       `strategy_ckpt_config` (``save_file``, ``load_file``: the two checkpoint paths;
       ``only_trainable_params`` accepted) and `parameter_broadcast` (every rank starts from the
@@ -158,6 +163,8 @@ class ParallelContext:
     auto_recompute: bool = False
     pipeline_stages: int = 1
     pipeline_config: dict | None = None
+    pipeline_schedule: str | None = None
+    pipeline_interleave_num: int | None = None
     dataset_strategy: str = "data_parallel"
     strategy_ckpt_config: dict | None = None
     parameter_broadcast: bool = False
@@ -205,7 +212,7 @@ class ParallelContext:
         stages = self.pipeline_stages
         if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:  # dividing device_num: checked when planning
             raise ConfigError(f"pipeline_stages must be a positive integer, got {stages!r}")
-        self.pipeline_scheduler()  # validates pipeline_config, naming the key
+        self.pipeline_schedule_chunks()  # validates pipeline_config, pipeline_schedule and pipeline_interleave_num
         for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers", "enable_parallel_optimizer",
                     "auto_recompute", "parameter_broadcast"):
             value = getattr(self, key)
@@ -262,17 +269,14 @@ class ParallelContext:
             if config.get(key):
                 object.__setattr__(self, field, config[key])
 
-    def pipeline_scheduler(self) -> str:
-        """The schedule `pipeline_config` asks for ("1f1b" by default)."""
-        config = {} if self.pipeline_config is None else self.pipeline_config
-        if not isinstance(config, dict) or set(config) - {"pipeline_scheduler", "pipeline_interleave"}:
-            raise ConfigError(f"pipeline_config takes the keys pipeline_scheduler and pipeline_interleave, got {config!r}")
-        if config.get("pipeline_interleave", False) is not False:
-            raise ConfigError(f"pipeline_config.pipeline_interleave: only False (one stage per device group) is supported, "
-                              f"got {config['pipeline_interleave']!r}")
-        schedule = config.get("pipeline_scheduler", "1f1b")
-        _check_choice("pipeline_config.pipeline_scheduler", schedule, SCHEDULES)
-        return schedule
+    def pipeline_schedule_chunks(self) -> tuple[str, int]:
+        """The pipeline's schedule and model stages per device group (`pipeline_keys`).
+
+        Example:
+            >>> ParallelContext(pipeline_config={"pipeline_interleave": True}).pipeline_schedule_chunks()
+            ('interleaved_1f1b', 2)
+        """
+        return schedule_and_chunks(self.pipeline_schedule, self.pipeline_interleave_num, self.pipeline_config)
 
     def optimizer_shard(self) -> OptimizerShard:
         """`parallel_optimizer_config` as the value the search takes."""

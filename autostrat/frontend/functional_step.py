@@ -179,7 +179,8 @@ def describe_step(plan, context, optimizer, reducer: str, whole: list, given: li
              f"({reducer + ', ' if reducer else ''}gradients_mean={context.gradients_mean})"]
     if plan.pipeline is not None:
         pipeline = plan.pipeline
-        lines.append(f"  pipeline: {pipeline.stages} stages of {pipeline.group_size} devices, {pipeline.micro_batches} "
+        chunks = f" ({pipeline.chunks} on each of {pipeline.devices} device groups)" if pipeline.chunks > 1 else ""
+        lines.append(f"  pipeline: {pipeline.stages} stages{chunks} of {pipeline.group_size} devices, {pipeline.micro_batches} "
                      f"micro-batches, {pipeline.schedule} schedule")
     if plan.optimizer_shard is not None:
         lines.append(f"  optimizer sharded (enable_parallel_optimizer): {_sharded_updates(plan)}")

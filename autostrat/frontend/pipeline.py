@@ -156,6 +156,7 @@ def plan_pipeline_for(net, inputs, micro_batches: int, context, training, progre
     except AutostratError as error:
         raise type(error)(f"tracing one micro-batch ({micro_batches} per batch): {error}; a network under PipelineCell "
                           f"must take its shapes from its inputs (x.shape[0]), not from a fixed batch") from None
-    plan = plan_pipeline(micro, context.device_num, stages, micro_batches, context.search_options(), context.pipeline_scheduler(),
-                         pipeline_marks(net), progress)
+    schedule, chunks = context.pipeline_schedule_chunks()
+    plan = plan_pipeline(micro, context.device_num, stages, micro_batches, context.search_options(), schedule,
+                         pipeline_marks(net), progress, chunks)
     return replace(plan, pipeline=replace(plan.pipeline, batch_graph=whole))

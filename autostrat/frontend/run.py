@@ -55,6 +55,8 @@ class RunOptions:
     startup_timeout: float = STARTUP_TIMEOUT  # seconds for every rank to start (slow ssh: more)
     strategy_ckpt_save_file: str | None = None  # overrides the config's (any path: the caller's, not the file's)
     outputs: tuple = ()  # `io.OutputPath`s the caller writes after the run: checked with the config's first
+    pipeline_schedule: str | None = None  # overrides the config's
+    pipeline_interleave_num: int | None = None  # overrides the config's
 
 
 def fit_seed(rule, in_strategy, out_strategy, from_devices: int, to_devices: int, where: str = "seed") -> tuple:
@@ -160,6 +162,9 @@ def _prepare(config_path, options: RunOptions):
     resolve_hosts(table.hosts() if table else ())  # a host with no address is refused before the search
     config = with_recompute(load_config(config_path, phase=options.phase, enable_parallel_optimizer=options.parallel_optimizer,
                                         pipeline_stages=options.pipeline_stages, micro_size=options.micro_size,
+                                        pipeline_schedule=options.pipeline_schedule,
+                                        pipeline_config={} if options.pipeline_schedule else None,  # the option replaces it
+                                        pipeline_interleave_num=options.pipeline_interleave_num,
                                         strategy_ckpt_save_file=options.strategy_ckpt_save_file),
                             options.recompute)
     check_runnable(config.context.precision, config.path)  # before the search: its plan could not run

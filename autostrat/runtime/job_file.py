@@ -44,10 +44,10 @@ from autostrat.layout import SliceContext
 from autostrat.runtime.checkpoint import checkpoint_bytes
 from autostrat.runtime.job import FAULTS, Fault, Job
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, Send
-from autostrat.runtime.stage_program import SCHEDULES, StageProgram
+from autostrat.runtime.stage_program import SCHEDULES, ChunkProgram, StageProgram
 
 FORMAT = "autostrat job"
-VERSION = 3  # 2: the predicted peak memory per device; 3: pipeline stage programs
+VERSION = 4  # 2: the predicted peak memory per device; 3: pipeline stage programs; 4: their chunks (schedules)
 JOB_FOLDER = "job"
 JOB_JSON = "job.json"
 ARRAYS = "arrays.npz"
@@ -110,11 +110,13 @@ RECORDS = {
     "Load": (Load, {"tensor": str, "ranges": _RANGES}),
     "Recv": (Recv, {"key": str, "source": int, "tag": int, "shape": Many(int), "dtype": str}),
     "Send": (Send, {"key": str, "dest": int, "tag": int, "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
+    "ChunkProgram": (ChunkProgram, {
+        "stage": int, "forward": Many(Record(_STAGE_RECORDS)), "backward": Many(Record(_STAGE_RECORDS)),
+        "weight": Many(Record(_STAGE_RECORDS)), "accumulated": _NAMES, "passed": _NAMES}),
     "StageProgram": (StageProgram, {
         "rank": int, "device_num": int, "stage": int, "stages": int, "micro_batches": int, "schedule": OneOf(SCHEDULES),
-        "partitions": Many(Many(Many(int))), "loads": Many(Record(("Load",))), "forward": Many(Record(_STAGE_RECORDS)),
-        "backward": Many(Record(_STAGE_RECORDS)), "update": Many(Record(_STAGE_RECORDS)), "inputs": _NAMES,
-        "accumulated": _NAMES, "outputs": _NAME_PAIRS, "updates": _NAME_PAIRS}),
+        "partitions": Many(Many(Many(int))), "loads": Many(Record(("Load",))), "chunks": Many(Record(("ChunkProgram",))),
+        "update": Many(Record(_STAGE_RECORDS)), "inputs": _NAMES, "outputs": _NAME_PAIRS, "updates": _NAME_PAIRS}),
     "Program": (Program, {
         "rank": int, "device_num": int, "partitions": Many(Many(Many(int))),
         "instructions": Many(Record(("Communicate", "Compute", "Load"))), "inputs": _NAMES, "outputs": _NAME_PAIRS,

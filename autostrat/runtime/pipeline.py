@@ -1,9 +1,10 @@
 """Pipeline training: every rank runs its `stage_program.StageProgram` step after step.
 
 A step splits every graph input of the batch along dim 0 into the micro-batches, runs the
-stage's forward and backward slots in the schedule's order (`stage_program.schedule_slots`),
-each micro-batch with its own buffers, sums the gradients the update reads over the
-micro-batches, and runs the update once. The loss's sensitivity is ``1 / micro_batches``
+forward, backward and weight-gradient slots of the rank's chunks in the schedule's order
+(`StageProgram.order`, from `search.schedules`), each micro-batch with its own buffers (which
+the rank's chunks share), sums the gradients the update reads over the micro-batches, and runs
+the update once. The loss's sensitivity is ``1 / micro_batches``
 (Megatron divides the loss by the number of micro-batches the same way), so the summed
 gradients of a mean loss are the whole batch's, and the step's loss is the mean of the
 micro-batches' losses: the stand-alone run of the whole batch is the reference.
@@ -31,13 +32,16 @@ from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
 from autostrat.runtime.training import TrainingResult, allgather_slices, phase_bytes
-from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
+from autostrat.runtime.stage_program import SLOTS, ChunkProgram, StageProgram, lower_stage_programs
+
+SLOT_OF = {"F": "forward", "B": "backward", "W": "weight"}  # a schedule's instruction kinds -> the slots they run
 
 
 @dataclass(frozen=True)
 class StageRun:
     """One rank's run: the loss of every step (its stage computes it: the last), its final
-    slices, the bytes per step by phase it sent, its peak live bytes and its bubble."""
+    slices, the bytes per step by phase it sent, its peak live bytes, its bubble, and the
+    seconds it spent on one F, B and W of a chunk on average, waits for other stages left out."""
 
     rank: int
     losses: tuple[float, ...]
@@ -45,6 +49,7 @@ class StageRun:
     measured: dict
     peak_bytes: int
     bubble: float
+    part_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 def micro_batches_of(batch: dict, inputs: tuple[str, ...], count: int) -> list[dict]:
@@ -73,21 +78,32 @@ class StageRunner:
     def __init__(self, program: StageProgram, backend, on_instruction=None):
         self.program, self.backend, self.on_instruction, self.ran = program, backend, on_instruction, 0
         backend.prepare(program.partitions)
-        kept = set(program.accumulated) | {key for _, key in program.outputs}
-        micro = program.forward + program.backward
-        self.micro_release = release_after((touched(i) for i in micro), kept)
+        outputs = {key for _, key in program.outputs}
+        self.micro_release = [release_after((touched(i) for slot in SLOTS for i in chunk.instructions(slot)),
+                                            set(chunk.accumulated) | outputs | set(chunk.passed)) for chunk in program.chunks]
         updated = {key for _, key in program.updates}
         weights = {i.tensor for i in program.loads} - {name for name, _ in program.updates}
         self.update_release = release_after((touched(i) for i in program.update), updated | weights)
         self.sent = np.zeros(len(program.communications()), np.int64)  # per communication instruction, all steps
         self.sent_to = np.zeros(program.device_num, np.int64)  # per destination rank, all steps (`executor.peer_bytes`)
-        self.position = {}  # (slot, index in the slot) -> index among the communications
-        for slot in ("forward", "backward", "update"):
-            for index, instruction in enumerate(getattr(program, slot)):
-                if isinstance(instruction, (Communicate, Send)):
-                    self.position[(slot, index)] = len(self.position)
+        self.position = {}  # (chunk, slot, index in the slot) -> index among the communications
+        for chunk, part in enumerate(program.chunks):
+            for slot in SLOTS:
+                for index, instruction in enumerate(part.instructions(slot)):
+                    if isinstance(instruction, (Communicate, Send)):
+                        self.position[(chunk, slot, index)] = len(self.position)
+        for index, instruction in enumerate(program.update):
+            if isinstance(instruction, (Communicate, Send)):
+                self.position[(None, "update", index)] = len(self.position)
+        self.last = "weight" if any(i.kind == "W" for i in program.order()) else "backward"
         self.held, self.stores, self.resident = HeldMemory(), {}, {}  # a run's measurement: the arrays themselves
         self.waited = self.busy = 0.0
+        self.part_busy = dict.fromkeys(SLOT_OF, 0.0)  # per instruction kind, seconds run (waits left out)
+        self.parts = dict.fromkeys(SLOT_OF, 0)  # per instruction kind, how many ran
+
+    def part_seconds(self) -> tuple[float, float, float]:
+        """The mean seconds of one F, B and W (0 for a kind that never ran)."""
+        return tuple(self.part_busy[kind] / self.parts[kind] if self.parts[kind] else 0.0 for kind in SLOT_OF)
 
     def step(self, values: dict, batch: dict, resident: dict) -> tuple[list[float], dict]:
         program = self.program
@@ -95,30 +111,42 @@ class StageRunner:
         shared = {i.tensor: load_slice(i, values, resident) for i in program.loads}
         self.shared = shared
         micro_values = micro_batches_of(batch, program.inputs, program.micro_batches)
-        stores = self.stores = {}
+        self.stores = {}
         losses = [0.0] * program.micro_batches
         started = time.perf_counter()
         waited = self.waited
-        for slot, index in program.slots():
-            store, slot_values = stores.setdefault(index, {}), values | micro_values[index]
-            instructions, offset = (program.forward, 0) if slot == "forward" else (program.backward, len(program.forward))
-            for position, instruction in enumerate(instructions):
-                self._run(instruction, store, shared, slot_values, self.micro_release[offset + position], (slot, position))
-            if slot == "forward":
-                for tensor, key in program.outputs:
-                    losses[index] = float(np.mean(np.asarray(store.pop(key), np.float64)))
-            else:
-                self._accumulate(store, shared)
-                del stores[index]
+        for instruction in program.order():
+            began, waited_before = time.perf_counter(), self.waited
+            self._part(instruction, values | micro_values[instruction.micro_batch], losses)
+            self.part_busy[instruction.kind] += time.perf_counter() - began - (self.waited - waited_before)
+            self.parts[instruction.kind] += 1
         self.busy += time.perf_counter() - started - (self.waited - waited)
         for position, (instruction, released) in enumerate(zip(program.update, self.update_release)):
-            self._run(instruction, shared, shared, values, released, ("update", position))
+            self._run(instruction, shared, shared, values, released, (None, "update", position))
         self.backend.complete_sends()
         return losses, {name: shared.pop(key) for name, key in program.updates}
 
-    def _accumulate(self, store: dict, shared: dict) -> None:
-        """Add the micro-batch's gradients (what the update reads) into the step's sums."""
-        for key in self.program.accumulated:
+    def _part(self, instruction, values: dict, losses: list) -> None:
+        """Run one instruction of the schedule: a slot of one chunk on one micro-batch."""
+        chunk, index = self.program.chunks[instruction.chunk], instruction.micro_batch
+        slot = SLOT_OF[instruction.kind]
+        store = self.stores.setdefault(index, {})
+        offset = sum(len(chunk.instructions(before)) for before in SLOTS[:SLOTS.index(slot)])
+        release = self.micro_release[instruction.chunk]
+        for position, step in enumerate(chunk.instructions(slot)):
+            self._run(step, store, self.shared, values, release[offset + position], (instruction.chunk, slot, position))
+        if slot == "forward":
+            for _, key in self.program.outputs:
+                if key in store:
+                    losses[index] = float(np.mean(np.asarray(store.pop(key), np.float64)))
+        elif slot == self.last:
+            self._accumulate(chunk, store, self.shared)
+            if not store:
+                del self.stores[index]
+
+    def _accumulate(self, chunk: ChunkProgram, store: dict, shared: dict) -> None:
+        """Add the chunk's gradients of the micro-batch (what the update reads) into the step's sums."""
+        for key in chunk.accumulated:
             if key not in store:
                 continue
             piece = store.pop(key)
@@ -168,28 +196,30 @@ class StageRunner:
 
 
 def stage_peaks_per_rank(plan) -> tuple[int, ...]:
-    """Per rank of the pipeline plan `plan`, its stage's predicted peak (`Pipeline.peak_bytes`,
-    from the plan: every device of a stage holds slices of equal sizes)."""
+    """Per rank of the pipeline plan `plan`, its device group's predicted peak
+    (`Pipeline.peak_bytes`, from the plan: every device of a group holds slices of equal sizes)."""
     pipeline = plan.pipeline
     return tuple(pipeline.peak_bytes[rank // pipeline.group_size] for rank in range(pipeline.device_num))
 
 
-def train_stage(program: StageProgram, backend, values: dict, batches, on_step=None, share_loss: bool = False) -> StageRun:
+def train_stage(program: StageProgram, backend, values: dict, batches, on_step=None, share_loss: int | None = None) -> StageRun:
     """Run one training step per batch on this rank; `on_step(step, loss)` after each step
-    (on the last stage, or on rank 0 with `share_loss`, which sends every step's loss there)."""
+    (on the rank computing the loss, or on rank 0 with `share_loss`, that rank, which sends
+    every step's loss there)."""
     runner, resident, losses = StageRunner(program, backend), {}, []
     for step, batch in enumerate(batches):
         micro_losses, resident = runner.step(values, batch, resident)
         loss = float(np.mean(micro_losses))
-        if share_loss:  # the run report's loss, not the plan's traffic: uncounted
+        if share_loss is not None:  # the run report's loss, not the plan's traffic: uncounted
             gathered = backend.gather_report(np.array([loss]))
-            loss = float(gathered[program.device_num - 1][0]) if gathered is not None else loss
+            loss = float(gathered[share_loss][0]) if gathered is not None else loss
         losses.append(loss)
         if on_step is not None:
             on_step(step, loss)
     measured = phase_bytes(program, tuple(runner.sent), len(batches))
     wall = runner.busy + runner.waited
-    return StageRun(program.rank, tuple(losses), resident, measured, runner.held.peak, runner.waited / wall if wall else 0.0)
+    return StageRun(program.rank, tuple(losses), resident, measured, runner.held.peak, runner.waited / wall if wall else 0.0,
+                    runner.part_seconds())
 
 
 def pipeline_values(plan, values: dict) -> dict:
@@ -204,9 +234,15 @@ def pipeline_values(plan, values: dict) -> dict:
 
 
 def holder_stage(plan, name: str) -> int:
-    """The stage whose ranks hold the final value of updated tensor `name` (its update's)."""
+    """The device group whose ranks hold the final value of updated tensor `name` (its update's)."""
     producer = plan.graph.tensors[dict(plan.graph.updates)[name]].producer
-    return plan.pipeline.op_stages.get(producer, 0)
+    return plan.pipeline.device_of(plan.pipeline.op_stages.get(producer, 0))
+
+
+def loss_rank(plan) -> int:
+    """The rank whose losses a pipeline run reports: the last device of the last stage's group."""
+    pipeline = plan.pipeline
+    return (pipeline.device_of(pipeline.stages - 1) + 1) * pipeline.group_size - 1
 
 
 def train_pipeline_locally(plan, values: dict, batches, on_step=None):
@@ -214,7 +250,7 @@ def train_pipeline_locally(plan, values: dict, batches, on_step=None):
     `training.train_locally`, which calls it for a pipeline plan)."""
     programs = lower_stage_programs(plan)
     values = pipeline_values(plan, values)
-    last = plan.pipeline.device_num - 1
+    last = loss_rank(plan)
     runs = LocalCluster(plan.pipeline.device_num).run(
         lambda backend: train_stage(programs[backend.rank], backend, values, batches, on_step if backend.rank == last else None))
     return _result(plan, programs, runs, runs[last].losses, [run.slices for run in runs])
@@ -225,14 +261,16 @@ def train_pipeline_collective(plan, backend, values: dict, batches, on_step=None
     check_world(plan.pipeline.device_num, backend)
     programs = lower_stage_programs(plan)
     program = programs[backend.rank]
-    run = train_stage(program, backend, pipeline_values(plan, values), batches, on_step if backend.rank == 0 else None, share_loss=True)
+    run = train_stage(program, backend, pipeline_values(plan, values), batches, on_step if backend.rank == 0 else None,
+                      share_loss=loss_rank(plan))
     slices = _gathered_slices(plan, backend, run.slices)
-    vector = [run.measured[phase] for phase in PHASES] + [run.peak_bytes, run.bubble]
+    vector = [run.measured[phase] for phase in PHASES] + [run.peak_bytes, run.bubble, *run.part_seconds]
     gathered = backend.gather_report(np.array(vector, np.float64))
     if gathered is None:
         return _result(plan, programs, None, run.losses, slices) if every_rank else None
-    runs = [StageRun(rank, (), {}, {p: int(v) for p, v in zip(PHASES, row)}, int(row[len(PHASES)]), float(row[-1]))
-            for rank, row in enumerate(gathered)]
+    count = len(PHASES)
+    runs = [StageRun(rank, (), {}, {p: int(v) for p, v in zip(PHASES, row)}, int(row[count]), float(row[count + 1]),
+                     tuple(float(v) for v in row[count + 2:])) for rank, row in enumerate(gathered)]
     return _result(plan, programs, runs, run.losses, slices)
 
 
@@ -266,4 +304,5 @@ def _result(plan, programs, runs, losses, slices_by_rank):
         f"per stage: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
     )
     return TrainingResult(losses, parameters, tuple(phase_bytes(p) for p in programs), tuple(run.measured for run in runs),
-                          max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines)
+                          max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines,
+                          stage_timings=tuple((run.bubble, *run.part_seconds) for run in runs))

@@ -1,25 +1,33 @@
 """Lower a pipeline plan (`search.pipeline`) to one stage program per rank.
 
-Rank ``r`` is device ``l = r % group`` of stage ``s = r // group``. Its program is device
-``l``'s program of the stage plan (`program.lower_programs`: every op, on one group's devices)
-cut to the ops stage ``s`` runs, its groups moved to the stage's ranks, in three slots:
+Rank ``r`` is device ``l = r % group`` of device group ``g = r // group``, which runs the
+model stages `Pipeline.device_of` gives it (its chunks: one, or several with virtual stages).
+For each of them, its program is device ``l``'s program of the stage plan
+(`program.lower_programs`: every op, on one group's devices) cut to the ops the stage runs, its
+groups moved to the device group's ranks (`ChunkProgram`), in the slots:
 
-- `forward` and `backward`: what one micro-batch runs (the batch slices loaded first, every
-  forward op with the redistributions into it, then every backward op), run once per
-  micro-batch in the schedule's order (`schedule_slots`);
-- `update`: once per step, on the gradients summed over the micro-batches (`accumulated`):
-  gradient synchronisation, updates, writebacks.
+- `forward`, `backward` and `weight`: what one micro-batch runs (the batch slices loaded
+  first, every forward op with the redistributions into it, then every backward op), run once
+  per micro-batch in the schedule's order (`search.schedules`, the instructions F, B and W).
+  Where the schedule splits the backward, `weight` is its part no activation gradient needs
+  (`weight_part`: the weight gradients), else empty;
+- `update`: once per step, every chunk's, on the gradients summed over the micro-batches
+  (`accumulated`): gradient synchronisation, updates, writebacks.
 
-A store key one stage writes and another reads is sent between the same device of both
-stages (`Send` right after its last write, `Recv` right before its first read), in the
-writer's layout: the reader's own redistribution then gives its op the layout it wants. A
-parameter read on several stages (tied embeddings) is updated on the first and its next value
-sent to the others at the end of the step. Sends carry a tag per key, so a pair of stages
-never confuses two keys, and arrive in order per tag, so micro-batches never mix.
+A store key one stage writes and a stage of another device group reads is sent between the
+same device of both groups (`Send` right after its last write, `Recv` right before its first
+read), in the writer's layout: the reader's own redistribution then gives its op the layout it
+wants. A key another stage of the same device reads stays in the micro-batch's buffers, which
+the device's stages share (`ChunkProgram.passed`). A parameter read on several device groups
+(tied embeddings) is updated on one and its next value sent to the others at the end of the
+step (received after every chunk's update). Sends carry a tag per key, so a pair of stages
+never confuses two keys, and arrive in order per tag, so micro-batches never mix (every
+schedule runs a stage's micro-batches in order, per kind).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -28,15 +36,32 @@ from autostrat.cost import dtype_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout.layout import Layout
 from autostrat.runtime.program import Communicate, Compute, Load, Recv, Send, lower_programs
+from autostrat.search.schedules import SCHEDULE_ORDERS, Instruction, schedule_orders
 
-SLOTS = ("forward", "backward", "update")
-SCHEDULES = ("1f1b", "gpipe")  # as `search.stages.SCHEDULES` (the runtime does not import the search)
+SLOTS = ("forward", "backward", "weight")  # a micro-batch's; the update runs once per step
+SCHEDULES = SCHEDULE_ORDERS
 MAX_TAG = 32767  # the smallest tag upper bound MPI guarantees
 
 
 @dataclass(frozen=True)
+class ChunkProgram:
+    """What one model stage of a rank runs per micro-batch (see the module docstring)."""
+
+    stage: int
+    forward: tuple
+    backward: tuple
+    weight: tuple
+    accumulated: tuple[str, ...]  # keys summed over the micro-batches for the update slot
+    passed: tuple[str, ...] = ()  # keys it writes that another stage of its device reads
+
+    def instructions(self, slot: str) -> tuple:
+        return getattr(self, slot)
+
+
+@dataclass(frozen=True)
 class StageProgram:
-    """What one rank of a pipeline runs per step (see the module docstring)."""
+    """What one rank of a pipeline runs per step (see the module docstring); `stage` is its
+    device group (the model stage it runs when it runs one)."""
 
     rank: int
     device_num: int
@@ -46,25 +71,26 @@ class StageProgram:
     schedule: str
     partitions: tuple
     loads: tuple[Load, ...]  # parameters and constants, once per step
-    forward: tuple
-    backward: tuple
+    chunks: tuple[ChunkProgram, ...]
     update: tuple
     inputs: tuple[str, ...]  # graph inputs: every micro-batch loads its own slice
-    accumulated: tuple[str, ...]  # keys summed over the micro-batches for the update slot
     outputs: tuple[tuple[str, str], ...]  # (graph output, key): the loss, on the last stage
     updates: tuple[tuple[str, str], ...]  # (parameter or state, key of its next value)
 
-    def slots(self) -> tuple[tuple[str, int], ...]:
-        return schedule_slots(self.stage, self.stages, self.micro_batches, self.schedule)
+    def order(self) -> tuple[Instruction, ...]:
+        """The instructions (F, B, W of a micro-batch on a chunk) this rank runs, in order."""
+        devices = self.stages // len(self.chunks)
+        return _orders(self.schedule, devices, self.micro_batches, len(self.chunks)).orders[self.stage]
 
     def communications(self) -> tuple:
-        """Every instruction that sends, slot by slot, each predicting what it sends per step
-        (a micro-batch's slots run once per micro-batch)."""
+        """Every instruction that sends, chunk by chunk and slot by slot, each predicting what
+        it sends per step (a micro-batch's slots run once per micro-batch)."""
         found = []
-        for slot in SLOTS:
-            times = 1 if slot == "update" else self.micro_batches
-            found += [replace(i, predicted=i.predicted * times) for i in getattr(self, slot) if isinstance(i, (Communicate, Send))]
-        return tuple(found)
+        for chunk in self.chunks:
+            for slot in SLOTS:
+                found += [replace(i, predicted=i.predicted * self.micro_batches) for i in chunk.instructions(slot)
+                          if isinstance(i, (Communicate, Send))]
+        return tuple(found + [i for i in self.update if isinstance(i, (Communicate, Send))])
 
     def own_slices(self, whole: dict) -> dict:
         """This rank's slices of the whole arrays in `whole` that its program loads."""
@@ -72,26 +98,52 @@ class StageProgram:
         return {name: array[tuple(slice(a, b) for a, b in ranges[name])] for name, array in whole.items() if name in ranges}
 
 
-def schedule_slots(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[str, int], ...]:
-    """The order stage `stage` runs its micro-batches' forward and backward slots in.
+@functools.lru_cache(maxsize=64)
+def _orders(schedule: str, devices: int, micro_batches: int, chunks: int):
+    return schedule_orders(schedule, devices, micro_batches, chunks)
 
-    1F1B (Megatron's non-interleaved schedule): ``stages - stage - 1`` forwards to fill the
-    pipeline, then one forward and one backward in turn, then the remaining backwards; GPipe:
-    every forward, then every backward.
 
-    Example (the first of 2 stages, 3 micro-batches):
-        >>> schedule_slots(0, 2, 3, "1f1b")
-        (('forward', 0), ('forward', 1), ('backward', 0), ('forward', 2), ('backward', 1), ('backward', 2))
-        >>> schedule_slots(1, 2, 2, "gpipe")
-        (('forward', 0), ('forward', 1), ('backward', 0), ('backward', 1))
+def activation_gradient(graph, key: str) -> bool:
+    """Whether store key `key` is (a layout of) the gradient of a tensor other than a parameter.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> graph = SimpleNamespace(tensors={"h": SimpleNamespace(kind="output"), "w": SimpleNamespace(kind="parameter")})
+        >>> activation_gradient(graph, "grad/h"), activation_gradient(graph, "grad/w>optimizer/w[1]")
+        (True, False)
     """
-    if schedule == "gpipe":
-        return tuple(("forward", i) for i in range(micro_batches)) + tuple(("backward", i) for i in range(micro_batches))
-    warmup = min(stages - stage - 1, micro_batches)
-    slots = [("forward", i) for i in range(warmup)]
-    for i in range(micro_batches - warmup):
-        slots += [("forward", warmup + i), ("backward", i)]
-    return tuple(slots + [("backward", i) for i in range(micro_batches - warmup, micro_batches)])
+    tensor = key.split(">")[0]
+    if not tensor.startswith("grad/"):
+        return False
+    info = graph.tensors.get(tensor[len("grad/"):])
+    return info is not None and info.kind != "parameter"
+
+
+def weight_part(graph, backward) -> tuple[bool, ...]:
+    """Per instruction of a stage's backward, whether it is W (the weight gradient: what no
+    activation gradient needs). Walking back from the end, an instruction is B when it writes an
+    activation gradient or a key a B instruction reads; a send is B when B wrote what it sends.
+
+    Example (a bias gradient reads the received gradient before the matmul's input gradient does):
+        >>> from types import SimpleNamespace
+        >>> graph = SimpleNamespace(tensors={"h": SimpleNamespace(kind="output"), "x": SimpleNamespace(kind="output")})
+        >>> backward = [Recv("grad/h", 1, 0, (2,), "float32"), Compute("db", "ReduceSum", ("grad/h",), ("grad/b",), (), None),
+        ...             Compute("dx", "MatMul", ("grad/h", "w"), ("grad/x",), (), None),
+        ...             Compute("dw", "MatMul", ("x", "grad/h"), ("grad/w",), (), None)]
+        >>> weight_part(graph, backward)
+        (False, True, False, True)
+    """
+    needed: set[str] = set()
+    weight = [True] * len(backward)
+    for index in range(len(backward) - 1, -1, -1):
+        if any(key in needed or activation_gradient(graph, key) for key in _writes(backward[index])):
+            weight[index] = False
+            needed.update(_reads(backward[index]))
+    written = {key for instruction, w in zip(backward, weight) if not w for key in _writes(instruction)}
+    for index, instruction in enumerate(backward):
+        if isinstance(instruction, Send) and instruction.key in written:
+            weight[index] = False
+    return tuple(weight)
 
 
 def lower_stage_programs(plan) -> tuple[StageProgram, ...]:
@@ -106,8 +158,8 @@ def lower_stage_programs(plan) -> tuple[StageProgram, ...]:
         >>> from autostrat.search.pipeline import plan_pipeline
         >>> net = TransformerStack(layers=2, hidden=16, heads=2, seq=4, batch=4)
         >>> plan = plan_pipeline(build_training(trace(net, *net.example_inputs()), SGD()), 4, 2, 2, SearchOptions())
-        >>> program = lower_stage_programs(plan)[1]  # stage 0, device 1
-        >>> [(type(i).__name__, i.key) for i in program.forward + program.backward if isinstance(i, (Send, Recv))]
+        >>> [chunk] = lower_stage_programs(plan)[1].chunks  # stage 0, device 1
+        >>> [(type(i).__name__, i.key) for i in chunk.forward + chunk.backward if isinstance(i, (Send, Recv))]
         [('Send', 'blocks.0.residual2:0'), ('Recv', 'grad/blocks.0.residual2:0')]
     """
     pipeline = plan.pipeline
@@ -173,7 +225,7 @@ class _Cutter:
         self.broadcasts = self._broadcasts(len(self.transfers))
         self.layouts = self._key_layouts()
         group = self.pipeline.group_size
-        self.partitions = tuple(tuple(tuple(member + s * group for member in g) for s in range(self.pipeline.stages) for g in partition)
+        self.partitions = tuple(tuple(tuple(member + s * group for member in g) for s in range(self.pipeline.devices) for g in partition)
                                 for partition in template.partitions)  # the same on every rank
 
     def _stages_of(self, owner: str) -> range | tuple[int]:
@@ -196,8 +248,9 @@ class _Cutter:
             raise RuntimeBackendError(f"pipeline: {key} is written in the {written} of one stage and read in the {read} of "
                                       f"another; stages exchange a micro-batch's activations and gradients only")
 
-    def _broadcasts(self, first_tag: int) -> dict[str, tuple[int, tuple[int, ...], int]]:
-        """Parameter read on several stages -> (updating stage, other stages loading it, tag)."""
+    def _broadcasts(self, first_tag: int) -> dict[str, tuple[int, dict[int, int], int]]:
+        """Parameter read on several device groups -> (updating stage, per other group the first
+        of its stages reading it, which receives it, tag)."""
         loaders: dict[str, set[int]] = {}
         for index, instruction in enumerate(self.template.instructions):
             for key in _reads(instruction):
@@ -206,11 +259,16 @@ class _Cutter:
                     loaders.setdefault(key, set()).update(self._stages_of(owner))
         found = {}
         for parameter, value in self.plan.graph.updates:
-            updater = self.writer.get(value)
-            others = tuple(sorted(loaders.get(parameter, set()) - {updater}))
-            if updater is not None and others:
+            updater, others = self.writer.get(value), {}
+            for stage in sorted(loaders.get(parameter, set())) if updater is not None else ():
+                if not self._local(stage, updater):
+                    others.setdefault(self.pipeline.device_of(stage), stage)
+            if others:
                 found[parameter] = (updater, others, (first_tag + len(found)) % MAX_TAG)
         return found
+
+    def _local(self, stage: int, other: int) -> bool:
+        return self.pipeline.device_of(stage) == self.pipeline.device_of(other)
 
     def _key_layouts(self) -> dict[str, Layout]:
         """The layout of every key a redistribution writes (a graph tensor's is the plan's)."""
@@ -227,67 +285,89 @@ class _Cutter:
         return tuple(b - a for a, b in layout.slice_range(device)), self.plan.graph.tensors[key.split(">")[0]].dtype
 
     def _recv(self, key: str, stage: int, tag: int, device: int) -> Recv:
-        return Recv(key, stage * self.pipeline.group_size + device, tag, *self._piece(key, device))
+        return Recv(key, self.pipeline.device_of(stage) * self.pipeline.group_size + device, tag, *self._piece(key, device))
 
     def _send(self, key: str, stage: int, tag: int, device: int) -> Send:
         shape, dtype = self._piece(key, device)
-        return Send(key, stage * self.pipeline.group_size + device, tag, math.prod(shape) * dtype_size(dtype), f"{key} -> stage {stage}")
+        return Send(key, self.pipeline.device_of(stage) * self.pipeline.group_size + device, tag,
+                    math.prod(shape) * dtype_size(dtype), f"{key} -> stage {stage}")
 
     def program(self, device_program, rank: int) -> StageProgram:
+        position, device = divmod(rank, self.pipeline.group_size)
+        orders, chunks, update, receives, updates = self.pipeline.orders, [], [], [], []
+        for chunk in range(self.pipeline.chunks):
+            stage = orders.stage(position, chunk)
+            slots, passed = self._slots(device_program, stage, device, chunk == 0)
+            if orders.split_backward:
+                weight = weight_part(self.plan.graph, slots["backward"])
+                slots["weight"] = [i for i, w in zip(slots["backward"], weight) if w]
+                slots["backward"] = [i for i, w in zip(slots["backward"], weight) if not w]
+            updates += self._updates(device_program, stage, device, chunk == 0, slots["update"], receives)
+            update += slots["update"]
+            chunks.append((stage, slots, passed))
+        return self._assemble(device_program, rank, position, chunks, tuple(update + receives), tuple(dict.fromkeys(updates)))
+
+    def _slots(self, device_program, stage: int, device: int, first_chunk: bool) -> tuple[dict, tuple[str, ...]]:
+        """Stage `stage`'s instructions on `device` by slot, and the keys it passes to another
+        stage of its device; the ops every stage runs go with the device's `first_chunk` only."""
         group = self.pipeline.group_size
-        stage, device = divmod(rank, group)
-        slots: dict[str, list] = {slot: [] for slot in SLOTS}
-        received: set[str] = set()
+        slots: dict[str, list] = {slot: [] for slot in (*SLOTS, "update")}
+        received, passed = set(), []
         for index, (instruction, owner) in enumerate(zip(device_program.instructions, self.owners)):
-            if owner is None or stage not in self._stages_of(owner):
+            if owner is None or stage not in self._stages_of(owner) or (owner in self.pipeline.shared and not first_chunk):
                 continue
             slot = slots[self.slot_of[index]]
             for key in _reads(instruction):
                 incoming = self.transfers.get((key, stage))
                 if incoming is not None and key not in received:  # its first reader: the slot _transfers found
                     received.add(key)
-                    slot.append(self._recv(key, incoming[0], incoming[2], device))
-            slot.append(_moved(instruction, stage * group))
+                    if not self._local(incoming[0], stage):
+                        slot.append(self._recv(key, incoming[0], incoming[2], device))
+            slot.append(_moved(instruction, self.pipeline.device_of(stage) * group))
             for key in _writes(instruction):
                 if self.last_write[key] == index:
-                    slot += [self._send(key, reader, tag, device) for reader, tag in self.outgoing.get((stage, key), ())]
-        updates = self._updates(device_program, stage, device, slots["update"])
-        return self._assemble(device_program, rank, stage, slots, updates)
+                    readers = self.outgoing.get((stage, key), ())
+                    slot += [self._send(key, reader, tag, device) for reader, tag in readers if not self._local(reader, stage)]
+                    passed += [key for reader, _ in readers if self._local(reader, stage)]
+        return slots, tuple(dict.fromkeys(passed))
 
-    def _updates(self, device_program, stage: int, device: int, update_slot: list) -> tuple[tuple[str, str], ...]:
-        """The stage's (parameter, next value key) pairs; a parameter another stage updates
-        arrives at the end of the step (the update slot sends or receives it)."""
+    def _updates(self, device_program, stage: int, device: int, first_chunk: bool, update_slot: list,
+                 receives: list) -> list[tuple[str, str]]:
+        """The stage's (parameter, next value key) pairs; a parameter another device group
+        updates arrives at the end of the step (sent from the update slot, into `receives`)."""
         updates, values = [], dict(self.plan.graph.updates)
         for parameter, key in device_program.updates:
             updater = self.writer.get(values[parameter])
-            shared = updater is None
-            if shared or updater == stage:
+            if (updater is None and first_chunk) or updater == stage:
                 updates.append((parameter, key))
-            broadcast = self.broadcasts.get(parameter)
-            if broadcast is None:
-                continue
-            _, readers, tag = broadcast
+            updater, others, tag = self.broadcasts.get(parameter, (None, {}, 0))
             if updater == stage:
-                update_slot += [self._send(key, reader, tag, device) for reader in readers]
-            elif stage in readers:
-                update_slot.append(self._recv(key, updater, tag, device))
+                update_slot += [self._send(key, reader, tag, device) for reader in others.values()]
+            elif others.get(self.pipeline.device_of(stage)) == stage:
+                receives.append(self._recv(key, updater, tag, device))
                 updates.append((parameter, key))
-        return tuple(updates)
+        return updates
 
-    def _assemble(self, device_program, rank: int, stage: int, slots: dict, updates) -> StageProgram:
-        read = {key for slot in slots.values() for i in slot for key in _reads(i)}
+    def _assemble(self, device_program, rank: int, position: int, chunks: list, update: tuple, updates) -> StageProgram:
+        read = {key for _, slots, _ in chunks for slot in slots.values() for i in slot for key in _reads(i)}
+        read |= {key for i in update for key in _reads(i)}
         inputs = set(device_program.inputs)
         loads = [_moved(i, 0) for i in device_program.instructions if isinstance(i, Load) and i.tensor in read]
-        batch = tuple(i for i in loads if i.tensor in inputs)
-        written_per_micro = {key for slot in ("forward", "backward") for i in slots[slot] for key in _writes(i)}
-        read_in_update = {key for i in slots["update"] for key in _reads(i)}
+        read_in_update = {key for i in update for key in _reads(i)}
+        programs = []
+        for stage, slots, passed in chunks:
+            stage_reads = {key for slot in slots.values() for i in slot for key in _reads(i)}
+            batch = tuple(i for i in loads if i.tensor in inputs and i.tensor in stage_reads)
+            written = {key for slot in SLOTS for i in slots[slot] for key in _writes(i)}
+            programs.append(ChunkProgram(stage, batch + tuple(slots["forward"]), tuple(slots["backward"]), tuple(slots["weight"]),
+                                         tuple(sorted(written & read_in_update)), passed))
+        stages = {stage for stage, _, _ in chunks}
         outputs = tuple((tensor, key) for tensor, key in device_program.outputs
-                        if self.pipeline.op_stages.get(self.plan.graph.tensors[tensor].producer) == stage)
+                        if self.pipeline.op_stages.get(self.plan.graph.tensors[tensor].producer) in stages)
         return StageProgram(
-            rank, self.pipeline.device_num, stage, self.pipeline.stages, self.pipeline.micro_batches, self.pipeline.schedule,
-            self.partitions, tuple(i for i in loads if i.tensor not in inputs), batch + tuple(slots["forward"]),
-            tuple(slots["backward"]), tuple(slots["update"]), tuple(i.tensor for i in batch),
-            tuple(sorted(written_per_micro & read_in_update)), outputs, updates)
+            rank, self.pipeline.device_num, position, self.pipeline.stages, self.pipeline.micro_batches, self.pipeline.schedule,
+            self.partitions, tuple(i for i in loads if i.tensor not in inputs), tuple(programs), update,
+            tuple(i.tensor for i in loads if i.tensor in inputs), outputs, updates)
 
 
 def _moved(instruction, offset: int):

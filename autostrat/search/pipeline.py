@@ -24,12 +24,14 @@ Which stage runs what (cases):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from autostrat.autodiff import op_phase
 from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.search.cell_stages import marked_units, stage_cells
 from autostrat.search.prediction import op_times
+from autostrat.search.schedules import SCHEDULE_ORDERS, Schedule, schedule_orders
 from autostrat.search.search import search
 from autostrat.search.stage_buffers import stage_peaks
 from autostrat.search.stages import SCHEDULES, StageSplit, op_units, priced_split, split_stages, unit_costs
@@ -40,13 +42,14 @@ MODEL_MARGIN = 10  # percent: how far the split's model may miss a stage's exact
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The pipeline dimension of a training plan: `stages` groups of `group_size` devices run
-    `micro_batches` micro-batches per step with `schedule` ("1f1b" or "gpipe"); `op_stages`
-    gives the stage of every op but the `shared` ones, which every stage runs; `split` is the
-    stage split over the model's units with its predicted slots, step time, bubble and the
-    peaks of the model it was searched with; `peak_bytes` the exact peak per device of every
-    stage's buffers (`stage_buffers.stage_peaks`), what a run measures; `origin` says who
-    chose it."""
+    """The pipeline dimension of a training plan: `stages` model stages, `chunks` of them on each
+    of `devices` groups of `group_size` devices (stage ``k`` on the group `device_of` says:
+    ``k mod devices``, zbv's V otherwise), run `micro_batches` micro-batches per step in the
+    orders of `schedule` (`search.schedules`); `op_stages` gives the stage of every op but the
+    `shared` ones, which every stage runs; `split` is the stage split over the model's units
+    with its predicted slots, step time, bubble and the peaks of the model it was searched with;
+    `peak_bytes` the exact peak per device of every device group's buffers
+    (`stage_buffers.stage_peaks`), what a run measures; `origin` says who chose it."""
 
     stages: int
     group_size: int
@@ -60,11 +63,26 @@ class Pipeline:
     once_ns: tuple[int, ...] = ()  # per stage: its gradient synchronisation and updates, once per step
     peak_bytes: tuple[int, ...] = ()  # per stage, per device: the exact peak of its buffers
     cells: tuple[str, ...] = ()  # per stage, its marked cells and unmarked ops (`cell_stages.stage_cells`), when marked
+    chunks: int = 1  # model stages per device group (virtual stages: interleaved_1f1b, zbv)
     batch_graph: object = field(default=None, compare=False, repr=False)  # the whole batch's training graph (the reference)
 
     @property
+    def devices(self) -> int:
+        """The device groups (each holding `chunks` model stages)."""
+        return self.stages // self.chunks
+
+    @property
     def device_num(self) -> int:
-        return self.stages * self.group_size
+        return self.devices * self.group_size
+
+    @property
+    def orders(self) -> Schedule:
+        """Every device group's instruction order (`schedules.schedule_orders`)."""
+        return _orders(self.schedule, self.devices, self.micro_batches, self.chunks)
+
+    def device_of(self, stage: int) -> int:
+        """The device group that runs model stage `stage`."""
+        return self.orders.device(stage)
 
     @property
     def step_time_ns(self) -> int:
@@ -86,7 +104,8 @@ class Pipeline:
         units = ", ".join(f"{s}: units {first}-{end - 1}" for s, (first, end) in enumerate(self.split.bounds))
         if self.cells:
             units = "; ".join(f"stage {s}: {cells}" for s, cells in enumerate(self.cells))
-        return (f"pipeline: {self.stages} stages x {self.group_size} devices, {self.micro_batches} micro-batches, "
+        chunks = f" ({self.chunks} on each of {self.devices} device groups)" if self.chunks > 1 else ""
+        return (f"pipeline: {self.stages} stages{chunks} x {self.group_size} devices, {self.micro_batches} micro-batches, "
                 f"{self.schedule} ({self.origin}; {units})\n"
                 f"pipeline predicted: step {self.step_time_ns / 1e6:,.3f} ms, bubble {self.split.bubble:.1%}, "
                 f"slot per stage (ms) {', '.join(f'{t / 1e6:,.3f}' for t in self.split.slot_ns)}, "
@@ -101,7 +120,13 @@ class Pipeline:
             "model_peak_bytes": list(self.split.peak_bytes),
             "once_ns": list(self.once_ns), "step_time_ns": self.step_time_ns, "bubble": self.split.bubble,
             **({"cells": list(self.cells)} if self.cells else {}),
+            **({"chunks": self.chunks} if self.chunks > 1 else {}),
         }
+
+
+@functools.lru_cache(maxsize=64)
+def _orders(schedule: str, devices: int, micro_batches: int, chunks: int) -> Schedule:
+    return schedule_orders(schedule, devices, micro_batches, chunks)
 
 
 def shared_update_ops(graph) -> frozenset[str]:
@@ -126,12 +151,16 @@ def shared_update_ops(graph) -> frozenset[str]:
 
 
 def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, options, schedule: str = "1f1b",
-                  marks: dict[str, int] | None = None, progress=None):
+                  marks: dict[str, int] | None = None, progress=None, chunks: int | None = None):
     """The pipeline plan of `graph` (the training graph of one micro-batch) on `device_num`
-    devices in `stages` equal groups: the search (`options`, seeds included) on one group's
-    devices, then the stage split, searched under ``options.max_device_memory`` (a budget for
-    a stage's share, checked on every stage's exact peak: `_fitting`) or given by `marks` (cell
-    path -> ``pipeline_stage``: `cell_stages`, checked before the search).
+    devices in `stages` equal groups, each holding `chunks` model stages (default: the
+    schedule's, `schedules.schedule_orders`): the search (`options`, seeds included) on one
+    group's devices, then the split into ``stages * chunks`` model stages, searched under
+    ``options.max_device_memory`` (a budget for a group's share, checked on every group's exact
+    peak: `_fitting`) or given by `marks` (cell path -> ``pipeline_stage``: `cell_stages`,
+    checked before the search). The split is searched with 1F1B's model for the schedules
+    it has none of (interleaved_1f1b, zero_bubble_h1, zbv); their exact peaks are replayed
+    from their orders.
 
     Example (a 4-block stack on 8 devices as 2 stages of 4, 4 micro-batches):
         >>> from autostrat.autodiff import Adam, build_training
@@ -145,27 +174,45 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
         >>> plan.pipeline.summary().splitlines()[0]
         'pipeline: 2 stages x 4 devices, 4 micro-batches, 1f1b (searched; 0: units 0-2, 1: units 3-5)'
     """
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"pipeline_scheduler must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule not in SCHEDULE_ORDERS:
+        raise ConfigError(f"pipeline_schedule must be one of {', '.join(SCHEDULE_ORDERS)}, got {schedule!r}")
     if stages < 1 or device_num % stages:
         raise ConfigError(f"pipeline_stages must divide device_num: {stages} stages on {device_num} devices")
-    group = device_num // stages
-    marked = marked_units(graph, marks, stages) if marks else None
+    chunks = schedule_orders(schedule, stages, micro_batches, chunks).chunks  # checks the chunks and micro-batches
+    group, model_stages = device_num // stages, stages * chunks
+    marked = marked_units(graph, marks, model_stages) if marks else None
     plan = search(graph, group, replace(options, max_device_memory=None), progress)
+    layout = _Layout(model_stages, group, micro_batches, schedule, chunks)
     if marked is None:
-        units = op_units(graph) if stages > 1 else dict.fromkeys(graph.ops, 0)  # micro-batches alone: one unit
-        staging = _Staging(plan, units, stages, group, micro_batches, schedule, options.hardware)
+        units = op_units(graph) if model_stages > 1 else dict.fromkeys(graph.ops, 0)  # micro-batches alone: one unit
+        staging = _Staging(plan, units, layout, options.hardware)
         return _fitting(staging, unit_costs(plan, options.hardware, units), options.max_device_memory)
-    staging = _Staging(plan, marked, stages, group, micro_batches, schedule, options.hardware)
+    staging = _Staging(plan, marked, layout, options.hardware)
     split = priced_split(unit_costs(plan, options.hardware, marked, stage_units=True),
-                         tuple((stage, stage + 1) for stage in range(stages)), micro_batches, schedule)
+                         tuple((stage, stage + 1) for stage in range(model_stages)), micro_batches, layout.split_schedule)
     staged = staging.staged(split, "pipeline_stage of cells")
-    staged = replace(staged, pipeline=replace(staged.pipeline, cells=stage_cells(graph, marks, marked, stages)))
+    staged = replace(staged, pipeline=replace(staged.pipeline, cells=stage_cells(graph, marks, marked, model_stages)))
     peak, budget = max(staged.pipeline.peak_bytes), options.max_device_memory
     if budget is not None and peak > budget:
         raise InfeasibleError(f"the stages the cells' pipeline_stage gives peak at {peak:,} bytes per device, over "
                               f"max_device_memory = {budget:,}; mark other stages or let the split be searched")
     return staged
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The model stages of a pipeline and how its device groups run them."""
+
+    stages: int
+    group: int
+    micro_batches: int
+    schedule: str
+    chunks: int
+
+    @property
+    def split_schedule(self) -> str:
+        """The schedule whose model the split is searched with (`stages.SCHEDULES`)."""
+        return self.schedule if self.schedule in SCHEDULES else "1f1b"
 
 
 @dataclass(frozen=True)
@@ -175,23 +222,21 @@ class _Staging:
 
     plan: object
     units: dict
-    stages: int
-    group: int
-    micro_batches: int
-    schedule: str
+    layout: _Layout
     hardware: object
 
     def staged(self, split, origin: str):
-        """The pipeline plan of `split`, with the exact peak of every stage's buffers."""
-        graph, shared = self.plan.graph, shared_update_ops(self.plan.graph)
+        """The pipeline plan of `split`, with the exact peak of every device group's buffers."""
+        graph, shared, layout = self.plan.graph, shared_update_ops(self.plan.graph), self.layout
         unit_stage = {unit: stage for stage, (first, end) in enumerate(split.bounds) for unit in range(first, end)}
         op_stages = {name: unit_stage[self.units[name]] for name in graph.ops if name not in shared}
         for name, op in graph.ops.items():  # in topological order: an accumulate's inputs are placed first
             producers = {op_stages.get(graph.tensors[t].producer) for t in op.inputs}
             if name.startswith("accumulate/") and len(producers) == 1 and None not in producers:
                 op_stages[name] = producers.pop()
-        once = _once_ns(self.plan, op_stages, shared, self.stages, self.hardware)
-        pipeline = Pipeline(self.stages, self.group, self.micro_batches, self.schedule, split, op_stages, shared, origin, once)
+        once = _once_ns(self.plan, op_stages, shared, layout.stages, self.hardware)
+        pipeline = Pipeline(layout.stages, layout.group, layout.micro_batches, layout.schedule, split, op_stages, shared,
+                            origin, once, chunks=layout.chunks)
         staged = replace(self.plan, pipeline=pipeline)
         return replace(staged, pipeline=replace(pipeline, peak_bytes=stage_peaks(staged)))
 
@@ -206,9 +251,10 @@ def _fitting(staging: _Staging, costs, budget: int | None):
     depends only on its units and its position, so a stage found over is excluded and the
     split searched again (`BUDGET_ROUNDS` at most)."""
     allowed, excluded, staged = None if budget is None else budget * (100 + MODEL_MARGIN) // 100, set(), None
+    layout = staging.layout
     for _ in range(BUDGET_ROUNDS):
         try:
-            split = split_stages(costs, staging.stages, staging.micro_batches, budget, staging.schedule, allowed,
+            split = split_stages(costs, layout.stages, layout.micro_batches, budget, layout.split_schedule, allowed,
                                  frozenset(excluded))
         except InfeasibleError:
             if staged is None:
@@ -219,12 +265,13 @@ def _fitting(staging: _Staging, costs, budget: int | None):
         peaks = staged.pipeline.peak_bytes
         if budget is None or max(peaks) <= budget:
             return staged
-        excluded |= {(stage, *split.bounds[stage]) for stage, peak in enumerate(peaks) if peak > budget}
+        pipeline = staged.pipeline  # a device group over: every stage it runs is excluded
+        excluded |= {(stage, *split.bounds[stage]) for stage in range(layout.stages) if peaks[pipeline.device_of(stage)] > budget}
     else:
         others = f"the search stopped after {BUDGET_ROUNDS} splits"
     pipeline = staged.pipeline
     raise InfeasibleError(
-        f"no split into {staging.stages} pipeline stages found that fits max_device_memory = {budget:,} bytes per device: "
+        f"no split into {layout.stages} pipeline stages found that fits max_device_memory = {budget:,} bytes per device: "
         f"the last split's stages peak at {', '.join(f'{p:,}' for p in pipeline.peak_bytes)} bytes (their buffers; the "
         f"split's model put them at {', '.join(f'{p:,}' for p in pipeline.split.peak_bytes)}); {others}")
 

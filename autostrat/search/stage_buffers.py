@@ -1,21 +1,28 @@
-"""The buffers one rank of a pipeline stage holds over a step, and their peak: a pipeline plan's
-predicted memory per device of every stage, from the plan (`buffers` does it for a plan without
-stages; a run measures it apart, from the arrays its ranks hold: `runtime.held_memory`).
+"""The buffers one rank of a pipeline's device group holds over a step, and their peak: a
+pipeline plan's predicted memory per device of every device group, from the plan (`buffers`
+does it for a plan without stages; a run measures it apart, from the arrays its ranks hold:
+`runtime.held_memory`).
 
-A stage's device runs the part of the device's step (`buffers.device_program`) whose ops the
-stage runs, as `runtime.stage_program` lowers it (its docstring says why; this module follows
-the same plan, not that code):
+A device group runs the model stages `Pipeline.device_of` gives it (its chunks); each stage
+runs the part of the device's step (`buffers.device_program`) whose ops the stage runs, as
+`runtime.stage_program` lowers it (its docstring says why; this module follows the same plan,
+not that code):
 
-1. Loads: the parameters, constants and state the stage reads, once per step; the batch slices
-   at the start of every micro-batch's forward.
-2. Slots: every micro-batch's forward and backward ops, in the schedule's order
-   (`stages.slot_order`: 1F1B holds up to ``stages - stage`` micro-batches, GPipe all), each
-   micro-batch with buffers of its own; a key another stage writes is received before its first
-   read on this one (in its writer's layout), a key another stage reads is sent after its last
-   write. A micro-batch drops its loss after its forward; after its backward, the gradients the
-   update reads are added into the step's sums (the first micro-batch's buffers become them).
-3. The update slot, once: synchronisation, updates, writebacks; a parameter read on several
-   stages is updated on the first and its next value received by the others.
+1. Loads: the parameters, constants and state the device's stages read, once per step; the
+   batch slices at the start of a micro-batch's forward on a stage that reads them.
+2. Slots: every micro-batch's forward (F), backward (B) and, where the schedule splits the
+   backward, weight-gradient (W) part of each stage, in the schedule's order
+   (`Pipeline.orders`); each micro-batch has buffers of its own, shared by the device's
+   stages. A key another device's stage writes is received before its first read on this one
+   (in its writer's layout), a key another device's stage reads is sent after its last write;
+   a key another stage of the same device reads stays in the micro-batch's buffers until its
+   reader has read it for the last time. W is the backward's part no activation gradient needs
+   (`weight_part`). A micro-batch drops its loss after its forward; after a stage's last part
+   of the backward, the gradients the update reads are added into the step's sums (the first
+   micro-batch's buffers become them).
+3. The update slot, once: every stage's synchronisation, updates, writebacks (an op every
+   stage runs, once per device); a parameter read on several devices is updated on one and
+   its next value received by the others, the receives last.
 
 Buffers are counted by `cost.live_bytes`'s rule: dropped after their last use in their slot.
 """
@@ -27,26 +34,61 @@ from dataclasses import dataclass, field
 from autostrat.autodiff import op_phase
 from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.search.buffers import DeviceProgram, Event, device_program
-from autostrat.search.stages import slot_order
 
-SLOTS = ("forward", "backward", "update")
+SLOTS = ("forward", "backward", "weight", "update")
+PARTS = {"F": "forward", "B": "backward", "W": "weight"}  # a schedule's instruction kinds -> the slots they run
 
 
 @dataclass
 class StageSteps:
-    """One stage device's step: `loads` (key -> bytes) once per step, the events of each slot
-    (`SLOTS`), the keys summed over the micro-batches, the loss keys and the next values."""
+    """One stage's step on a device: `loads` (key -> bytes) once per step, the events of each
+    slot (`SLOTS`), the keys summed over the micro-batches, the loss keys, the next values and
+    the keys it writes that another stage of its device reads (`passed`)."""
 
     loads: dict[str, int] = field(default_factory=dict)
     slots: dict[str, list[Event]] = field(default_factory=lambda: {slot: [] for slot in SLOTS})
     accumulated: set[str] = field(default_factory=set)
     outputs: list[str] = field(default_factory=list)
     updates: list[tuple[str, str]] = field(default_factory=list)
+    passed: set[str] = field(default_factory=set)
+    receives: list[Event] = field(default_factory=list)  # next values another device sends, at the end of the step
+
+
+def activation_gradient(graph, key: str) -> bool:
+    """Whether store key `key` is (a layout of) the gradient of a tensor other than a parameter.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> graph = SimpleNamespace(tensors={"x": SimpleNamespace(kind="output"), "w": SimpleNamespace(kind="parameter")})
+        >>> activation_gradient(graph, "grad/x>bprop/y[0]"), activation_gradient(graph, "grad/w")
+        (True, False)
+    """
+    tensor = key.split(">")[0]
+    info = graph.tensors.get(tensor.removeprefix("grad/")) if tensor.startswith("grad/") else None
+    return info is not None and info.kind != "parameter"
+
+
+def weight_part(graph, backward: list[Event]) -> list[bool]:
+    """Per event of a stage's backward, whether it is W: no activation gradient needs it. B is
+    every event writing an activation gradient (`activation_gradient`) and, walking back, every
+    event writing what a B event reads; a send is B when it sends what B wrote."""
+    needed: set[str] = set()
+    weight = [True] * len(backward)
+    for index in range(len(backward) - 1, -1, -1):
+        event = backward[index]
+        if any(key in needed or activation_gradient(graph, key) for key in event.writes):
+            weight[index] = False
+            needed.update(event.reads)
+    written_by_b = {key for event, w in zip(backward, weight) if not w for key in event.writes}
+    for index, event in enumerate(backward):
+        if not event.writes and any(key in written_by_b for key in event.reads):
+            weight[index] = False
+    return weight
 
 
 def stage_peaks(plan) -> tuple[int, ...]:
-    """Per stage of the pipeline plan `plan`, the most bytes one of its devices holds at once
-    over a step.
+    """Per device group of the pipeline plan `plan`, the most bytes one of its devices holds
+    at once over a step.
 
     Example (a 2-block stack on 2 stages of 2 devices, 2 micro-batches: the first stage holds
     two micro-batches' activations, the last one):
@@ -61,9 +103,9 @@ def stage_peaks(plan) -> tuple[int, ...]:
         (True, 2)
     """
     cut = _StageCut(plan, device_program(plan))
-    pipeline = plan.pipeline
-    return tuple(replay_peak(cut.steps(stage), slot_order(stage, pipeline.stages, pipeline.micro_batches, pipeline.schedule))
-                 for stage in range(pipeline.stages))
+    pipeline, orders = plan.pipeline, plan.pipeline.orders
+    return tuple(replay_peak(tuple(cut.steps(orders.stage(device, chunk), chunk == 0) for chunk in range(pipeline.chunks)),
+                             orders.orders[device]) for device in range(pipeline.devices))
 
 
 class _StageCut:
@@ -71,6 +113,7 @@ class _StageCut:
 
     def __init__(self, plan, program: DeviceProgram):
         self.plan, self.pipeline, self.program = plan, plan.pipeline, program
+        self.split = plan.pipeline.orders.split_backward
         self.writer: dict[str, int] = {}  # key -> the stage writing it (keys every stage writes, or loads: absent)
         self.last_write: dict[str, int] = {}  # key -> index of the event writing it last
         for index, event in enumerate(program.events):
@@ -93,8 +136,12 @@ class _StageCut:
     def _stages_of(self, owner: str):
         return range(self.pipeline.stages) if owner in self.pipeline.shared else (self.pipeline.op_stages[owner],)
 
-    def _broadcasts(self) -> dict[str, tuple[int, set[int]]]:
-        """Parameter read on several stages -> (the stage updating it, the others reading it)."""
+    def _local(self, stage: int, other: int) -> bool:
+        return self.pipeline.device_of(stage) == self.pipeline.device_of(other)
+
+    def _broadcasts(self) -> dict[str, tuple[int, dict[int, int]]]:
+        """Parameter read on several devices -> (the stage updating it, per other device the
+        first of its stages reading it, which receives it)."""
         graph, readers = self.plan.graph, {}
         for event in self.program.events:
             for key in event.reads if event.owner is not None else ():
@@ -103,41 +150,57 @@ class _StageCut:
         found = {}
         for parameter, value in graph.updates:
             updater = self.writer.get(value)
-            if updater is not None and readers.get(parameter, set()) - {updater}:
-                found[parameter] = (updater, readers[parameter] - {updater})
+            others: dict[int, int] = {}
+            for stage in sorted(readers.get(parameter, set())) if updater is not None else ():
+                if not self._local(stage, updater):
+                    others.setdefault(self.pipeline.device_of(stage), stage)
+            if others:
+                found[parameter] = (updater, others)
         return found
 
-    def steps(self, stage: int) -> StageSteps:
+    def steps(self, stage: int, first_chunk: bool) -> StageSteps:
+        """Stage `stage`'s steps on its device; the ops every stage runs go with the device's
+        `first_chunk` only."""
         steps = StageSteps()
         received: set[str] = set()
         for index, event in enumerate(self.program.events):
             if event.owner is None or stage not in self._stages_of(event.owner):
                 continue
+            if event.owner in self.pipeline.shared and not first_chunk:
+                continue
             slot = steps.slots[op_phase(event.owner)]
             for key in event.reads:
                 if (key, stage) in self.received and key not in received:  # its first reader on this stage
                     received.add(key)
-                    slot.append(Event((), {key: self.sizes[key]}))
+                    if not self._local(self.writer[key], stage):
+                        slot.append(Event((), {key: self.sizes[key]}))
             slot.append(event)
             for key in event.writes:
                 if self.last_write[key] == index:
-                    slot += [Event((key,), {}) for _ in self.receivers.get((stage, key), ())]
-        self._updates(steps, stage)
+                    readers = self.receivers.get((stage, key), ())
+                    slot += [Event((key,), {}) for reader in readers if not self._local(reader, stage)]
+                    steps.passed.update(key for reader in readers if self._local(reader, stage))
+        if self.split:
+            backward, weight = steps.slots["backward"], weight_part(self.plan.graph, steps.slots["backward"])
+            steps.slots["backward"] = [event for event, w in zip(backward, weight) if not w]
+            steps.slots["weight"] = [event for event, w in zip(backward, weight) if w]
+        self._updates(steps, stage, first_chunk)
         self._loads(steps, stage)
         return steps
 
-    def _updates(self, steps: StageSteps, stage: int) -> None:
-        """The stage's next values; a parameter another stage updates arrives at the end of the step."""
+    def _updates(self, steps: StageSteps, stage: int, first_chunk: bool) -> None:
+        """The stage's next values; a parameter another device updates arrives at the end of
+        the step (`StageSteps.receives`)."""
         values = dict(self.plan.graph.updates)
         for parameter, key in self.program.updates:
             updater = self.writer.get(values[parameter])
-            if updater is None or updater == stage:
+            if (updater is None and first_chunk) or updater == stage:
                 steps.updates.append((parameter, key))
-            updater, readers = self.broadcasts.get(parameter, (None, ()))
+            updater, others = self.broadcasts.get(parameter, (None, {}))
             if updater == stage:
-                steps.slots["update"] += [Event((key,), {}) for _ in readers]
-            elif stage in readers:
-                steps.slots["update"].append(Event((), {key: self.sizes[key]}))
+                steps.slots["update"] += [Event((key,), {}) for _ in others]
+            elif others.get(self.pipeline.device_of(stage)) == stage:
+                steps.receives.append(Event((), {key: self.sizes[key]}))
                 steps.updates.append((parameter, key))
 
     def _loads(self, steps: StageSteps, stage: int) -> None:
@@ -151,45 +214,54 @@ class _StageCut:
             elif key in read:
                 steps.loads[key] = size
         steps.slots["forward"][:0] = batch
-        micro = {key for slot in ("forward", "backward") for event in steps.slots[slot] for key in event.writes}
+        micro = {key for slot in ("forward", "backward", "weight") for event in steps.slots[slot] for key in event.writes}
         steps.accumulated = micro & {key for event in steps.slots["update"] for key in event.reads}
         steps.outputs = [key for tensor, key in self.program.outputs
                          if self.pipeline.op_stages.get(graph.tensors[tensor].producer) == stage]
 
 
-def replay_peak(steps: StageSteps, order) -> int:
-    """The most bytes held at once while a device runs `steps` with its slots in `order`."""
-    return _Replay(steps).run(order)
+def replay_peak(chunks: tuple[StageSteps, ...], order) -> int:
+    """The most bytes held at once while a device runs the steps of its `chunks` (its stages)
+    in `order` (`schedules.Instruction`s)."""
+    return _Replay(chunks).run(order)
 
 
 class _Replay:
-    """The live bytes of a stage device's buffers: the step's own (space "") and each
-    micro-batch's (space: its index)."""
+    """The live bytes of a device's buffers: the step's own (space "") and each micro-batch's
+    (space: its index), which the device's stages share."""
 
-    def __init__(self, steps: StageSteps):
-        self.steps, self.memory = steps, LiveBytes()
-        micro = steps.slots["forward"] + steps.slots["backward"]
-        self.micro_release = release_after((event.touched for event in micro), steps.accumulated | set(steps.outputs))
-        updated = {key for _, key in steps.updates}
-        weights = set(steps.loads) - {name for name, _ in steps.updates}
-        self.update_release = release_after((event.touched for event in steps.slots["update"]), updated | weights)
+    def __init__(self, chunks: tuple[StageSteps, ...]):
+        self.chunks, self.memory = chunks, LiveBytes()
+        self.micro_release = []
+        for steps in chunks:
+            micro = steps.slots["forward"] + steps.slots["backward"] + steps.slots["weight"]
+            kept = steps.accumulated | set(steps.outputs) | steps.passed
+            self.micro_release.append(release_after((event.touched for event in micro), kept))
+        self.loads = {key: size for steps in chunks for key, size in steps.loads.items()}
+        self.update = [event for steps in chunks for event in steps.slots["update"]]
+        self.update += [event for steps in chunks for event in steps.receives]
+        updated = {key for steps in chunks for _, key in steps.updates}
+        weights = set(self.loads) - {name for steps in chunks for name, _ in steps.updates}
+        self.update_release = release_after((event.touched for event in self.update), updated | weights)
 
     def run(self, order) -> int:
-        steps, shared, stores = self.steps, dict(self.steps.loads), {}
+        shared, stores = dict(self.loads), {}
         self.memory.write({("", key): size for key, size in shared.items()})
-        forward = len(steps.slots["forward"])
-        for slot, index in order:
+        last = "weight" if any(instruction.kind == "W" for instruction in order) else "backward"
+        for instruction in order:
+            steps, slot, index = self.chunks[instruction.chunk], PARTS[instruction.kind], instruction.micro_batch
             store = stores.setdefault(index, {})
-            offset = 0 if slot == "forward" else forward
+            offset = {"forward": 0, "backward": len(steps.slots["forward"]),
+                      "weight": len(steps.slots["forward"]) + len(steps.slots["backward"])}[slot]
             for position, event in enumerate(steps.slots[slot]):
-                self._event(event, store, index, self.micro_release[offset + position])
+                self._event(event, store, index, self.micro_release[instruction.chunk][offset + position])
             if slot == "forward":
                 for key in steps.outputs:  # the loss leaves with the micro-batch's forward
                     store.pop(key)
                     self.memory.release(((index, key),))
-            else:
-                self._accumulate(stores.pop(index), shared, index)
-        for event, released in zip(steps.slots["update"], self.update_release):
+            elif slot == last:
+                self._accumulate(steps, store, shared, index)
+        for event, released in zip(self.update, self.update_release):
             self._event(event, shared, "", released)
         return self.memory.peak
 
@@ -205,11 +277,12 @@ class _Replay:
         for key in released:
             store.pop(key, None)
 
-    def _accumulate(self, store: dict, shared: dict, index: int) -> None:
-        """A micro-batch's gradients the update reads: added into the step's sums, or, the
-        first micro-batch's, become them (the buffer changes hands)."""
-        for key in sorted(self.steps.accumulated & set(store)):
+    def _accumulate(self, steps: StageSteps, store: dict, shared: dict, index: int) -> None:
+        """A stage's gradients of a micro-batch the update reads: added into the step's sums,
+        or, the first micro-batch's, become them (the buffer changes hands)."""
+        for key in sorted(steps.accumulated & set(store)):
+            size = store.pop(key)
             if key not in shared:
-                shared[key] = store[key]
-                self.memory.write({("", key): store[key]}, (((index, key), ("", key)),), ((index, key),))
+                shared[key] = size
+                self.memory.write({("", key): size}, (((index, key), ("", key)),), ((index, key),))
             self.memory.release(((index, key),))

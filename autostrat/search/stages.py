@@ -108,8 +108,8 @@ def slot_order(stage: int, stages: int, micro_batches: int, schedule: str) -> tu
     """The order stage `stage` runs its micro-batches' forward and backward slots in, as the
     plan's schedule says: 1F1B (Megatron's non-interleaved) fills the pipeline with
     ``stages - stage - 1`` forwards, then alternates one forward and one backward, then drains;
-    GPipe runs every forward, then every backward. (`runtime.stage_program.schedule_slots`
-    runs it; the runtime does not import the search.)
+    GPipe runs every forward, then every backward. (The ranks run `search.schedules`'s orders,
+    the same for these two: tested.)
 
     Example (the first of 2 stages, 3 micro-batches):
         >>> slot_order(0, 2, 3, "1f1b")

@@ -1,0 +1,109 @@
+"""Issue #34: every pipeline schedule run on MPI ranks, its bubble measured against the closed form.
+
+A `TransformerStack` of 8 blocks (hidden 128, 4 heads, seq 16, batch 32: 512 rows, 64 per
+micro-batch) trains with Adam as 4 device groups of one rank each, 8 micro-batches per step,
+each schedule of `search.schedules` (interleaved_1f1b and zbv with 2 chunks per group: 8
+model stages), the blocks marked evenly over the stages (``pipeline_stage``: 2 blocks a stage,
+or 1 with 8; the loss joins the last), as the closed forms assume equal stages. Columns:
+
+- measured bubble: per rank, the share of the micro-batch slots' wall time it waited for
+  another stage (`runtime.pipeline`), the mean over the ranks;
+- closed form: the bubble per device of `benchmarks/schedules.py` (`closed_form_bubble`) over
+  ``m (F + B + W)`` plus it, with F, B and W the ranks' mean measured seconds of one
+  forward, input-gradient and weight-gradient part (the whole backward for the schedules that
+  do not split it), summed over a device's chunks; zbv's holds at F = B = W only, so it is
+  marked ``*`` where the measured times differ;
+- simulated: `search.schedule_simulation.simulate` of the same orders with each stage's
+  measured F, B, W (sends free);
+- F/B/W ms: one part of one chunk, the mean over the ranks;
+- peak per rank measured (`runtime.held_memory`) / predicted (`Pipeline.peak_bytes`);
+- equal: the loss and parameters against one device running the whole batch (limit 1e-5),
+  and bytes measured = predicted.
+
+Run: .venv/bin/python benchmarks/pipeline.py --schedules [--steps 3] (it starts 4 MPI ranks).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
+
+from schedules import closed_form_bubble  # noqa: E402  (the script's directory is on sys.path)
+
+from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context  # noqa: E402
+from autostrat.frontend.train import train  # noqa: E402
+from autostrat.models import TransformerStack  # noqa: E402
+from autostrat.search.schedule_simulation import StageTimes, simulate  # noqa: E402
+from autostrat.search.schedules import SCHEDULE_ORDERS  # noqa: E402
+from autostrat.tables import format_table  # noqa: E402
+
+RANKS, MICRO_BATCHES, LAYERS, HIDDEN = 4, 8, 8, 128
+HEADER = ["schedule", "measured bubble", "closed form", "simulated", "F/B/W ms", "peak per rank measured / predicted (bytes)",
+          "equal"]
+
+
+def run_schedule(schedule: str, steps: int):
+    """(report, plan's pipeline) of one schedule's run on this rank (the report on rank 0 only)."""
+    reset_auto_parallel_context()
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=RANKS, pipeline_stages=RANKS,
+                              pipeline_schedule=schedule, gradients_mean=True)
+    net = TransformerStack(layers=LAYERS, hidden=HIDDEN, heads=4, seq=16, batch=32)
+    stages = RANKS * (2 if schedule in ("interleaved_1f1b", "zbv") else 1)
+    for index, block in enumerate(net.blocks):  # even stages: the closed forms assume equal ones
+        block.pipeline_stage = index * stages // LAYERS
+    cell = nn.TrainOneStepCell(nn.PipelineCell(net, micro_size=MICRO_BATCHES),
+                               nn.Adam(net.trainable_params(), learning_rate=1e-3, eps=1e-6))
+    return train(cell, net.example_inputs(), steps=steps, log=None)
+
+
+def row(schedule: str, report) -> list[str]:
+    """The table's line of one schedule's report (rank 0)."""
+    result = report.result
+    chunks = 2 if schedule in ("interleaved_1f1b", "zbv") else 1
+    timings = result.stage_timings  # per rank: bubble, seconds of one F, B, W of a chunk
+    measured = sum(t[0] for t in timings) / len(timings)
+    forward, backward, weight = (chunks * sum(t[kind] for t in timings) / len(timings) for kind in (1, 2, 3))
+    bubble, mark = closed_form_bubble(schedule, RANKS, MICRO_BATCHES, chunks, forward, backward, weight), ""
+    if bubble is None and schedule == "zbv":
+        bubble, mark = (RANKS - 1) * forward / 2, "*"
+    closed = "n/a" if bubble is None else f"{bubble / (MICRO_BATCHES * (forward + backward + weight) + bubble):.1%}{mark}"
+    simulated = _simulated(schedule, chunks, timings)
+    peaks = ", ".join(f"{m:,}/{p:,}" for m, p in zip(result.measured_peaks, result.predicted_peaks))
+    equal = f"{'yes' if report.ok else 'NO'} (loss {report.loss_error:.1e}, parameters {report.parameter_error:.1e})"
+    per_chunk = "/".join(f"{seconds / chunks * 1e3:.1f}" for seconds in (forward, backward, weight))
+    return [schedule, f"{measured:.1%}", closed, f"{simulated:.1%}", per_chunk, peaks, equal]
+
+
+def _simulated(schedule: str, chunks: int, timings) -> float:
+    """The simulated bubble of the schedule's orders with every stage's measured times (a stage
+    takes its rank's mean per chunk)."""
+    from autostrat.search.schedules import schedule_orders
+
+    orders = schedule_orders(schedule, RANKS, MICRO_BATCHES, chunks)
+    stages = range(orders.stages)
+    times = StageTimes(*(tuple(timings[orders.device(stage)][kind] for stage in stages) for kind in (1, 2, 3)))
+    return simulate(orders, times).bubble
+
+
+def main(steps: int = 3) -> int:
+    """Every schedule on this MPI rank; rank 0 prints each row as it comes and the table."""
+    rows, ok = [], True
+    for schedule in SCHEDULE_ORDERS:
+        report = run_schedule(schedule, steps)
+        if report is None:  # not rank 0
+            continue
+        rows.append(row(schedule, report))
+        ok = ok and report.ok
+        print(" | ".join(rows[-1]), flush=True)
+    if rows:
+        print(f"\n{RANKS} stages x {MICRO_BATCHES} micro-batches on {RANKS} MPI ranks, {steps} steps, "
+              f"{LAYERS}-block TransformerStack\n")
+        print(format_table(HEADER, rows))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
