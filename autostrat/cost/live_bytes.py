@@ -35,10 +35,13 @@ class LiveBytes:
         (100, 100)
     """
 
-    def __init__(self):
+    def __init__(self, keep_peak: bool = False):
         self.sizes: dict[str, int] = {}
         self.live = self.peak = 0
         self.high = 0  # the most held during the last write
+        # With `keep_peak`, the (key, bytes) pairs held at the peak (`autostrat estimate`'s
+        # breakdown); off in the search, which only needs the number.
+        self.keep_peak, self.at_peak = keep_peak, ()
 
     def write(self, written: dict[str, int], over=(), released=()) -> None:
         """Count an instruction's results; `over` are (input, result) pairs whose buffer the
@@ -48,6 +51,9 @@ class LiveBytes:
         # Any other buffer being overwritten is the instruction's input: live until the result is written.
         reused = sum(self.sizes[key] for key in in_place)
         self.high = self.live + sum(written.values()) - reused
+        if self.keep_peak and self.high > self.peak:
+            held = [(key, size) for key, size in self.sizes.items() if key not in in_place]
+            self.at_peak = tuple(held + list(written.items()))
         self.peak = max(self.peak, self.high)
         for key, size in written.items():
             self.live += size - self.sizes.get(key, 0)

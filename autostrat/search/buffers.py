@@ -80,9 +80,27 @@ def memory_over_step(plan) -> tuple[tuple[str, int], ...]:
         >>> [op for op, _ in steps][-2:], max(high for _, high in steps)
         (['dense2.matmul', 'dense2.bias_add'], 66048)
     """
+    return _replay(plan, LiveBytes())
+
+
+def peak_buffers(plan) -> tuple[tuple[str, int], ...]:
+    """The (key, bytes) pairs one rank holds at its peak over a step of `plan` (they sum to
+    `plan_peak`): a tensor's name, or for a copy its name, ``>`` and whom it is for.
+
+    Example (the tutorial FFN's forward pass: its inputs, weights and the ReduceScatter's copy):
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan(seed=None)
+        >>> sum(size for _, size in peak_buffers(plan)) == plan_peak(plan)
+        True
+    """
+    memory = LiveBytes(keep_peak=True)
+    _replay(plan, memory)
+    return memory.at_peak
+
+
+def _replay(plan, memory: LiveBytes) -> tuple[tuple[str, int], ...]:
     program = device_program(plan)
     events = [event for event in program.events if not event.output]
-    memory = LiveBytes()
     schedule = release_after((event.touched for event in events), program.kept)
     highs = []
     for event, released in zip(events, schedule):

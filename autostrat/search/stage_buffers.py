@@ -60,10 +60,26 @@ def stage_peaks(plan) -> tuple[int, ...]:
         >>> stage_peaks(plan) == plan.pipeline.peak_bytes, len(stage_peaks(plan))
         (True, 2)
     """
+    return tuple(replay.memory.peak for replay in _replays(plan))
+
+
+def stage_peak_buffers(plan) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Per stage of the pipeline plan `plan`, the (key, bytes) pairs one of its devices holds at
+    its peak (`buffers.peak_buffers`; a key of a micro-batch's buffer once per micro-batch held).
+
+    Example: see `stage_peaks` (the pairs of stage s sum to its peak).
+    """
+    return tuple(tuple((key, size) for (_, key), size in replay.memory.at_peak) for replay in _replays(plan, True))
+
+
+def _replays(plan, keep_peak: bool = False) -> list:
     cut = _StageCut(plan, device_program(plan))
-    pipeline = plan.pipeline
-    return tuple(replay_peak(cut.steps(stage), slot_order(stage, pipeline.stages, pipeline.micro_batches, pipeline.schedule))
-                 for stage in range(pipeline.stages))
+    pipeline, replays = plan.pipeline, []
+    for stage in range(pipeline.stages):
+        replay = _Replay(cut.steps(stage), keep_peak)
+        replay.run(slot_order(stage, pipeline.stages, pipeline.micro_batches, pipeline.schedule))
+        replays.append(replay)
+    return replays
 
 
 class _StageCut:
@@ -157,17 +173,12 @@ class _StageCut:
                          if self.pipeline.op_stages.get(graph.tensors[tensor].producer) == stage]
 
 
-def replay_peak(steps: StageSteps, order) -> int:
-    """The most bytes held at once while a device runs `steps` with its slots in `order`."""
-    return _Replay(steps).run(order)
-
-
 class _Replay:
     """The live bytes of a stage device's buffers: the step's own (space "") and each
     micro-batch's (space: its index)."""
 
-    def __init__(self, steps: StageSteps):
-        self.steps, self.memory = steps, LiveBytes()
+    def __init__(self, steps: StageSteps, keep_peak: bool = False):
+        self.steps, self.memory = steps, LiveBytes(keep_peak)
         micro = steps.slots["forward"] + steps.slots["backward"]
         self.micro_release = release_after((event.touched for event in micro), steps.accumulated | set(steps.outputs))
         updated = {key for _, key in steps.updates}
