@@ -138,7 +138,7 @@ def given_plan_config(path):
     if given.zero:
         keys |= {"enable_parallel_optimizer": True, "parallel_optimizer_config": {"parallel_optimizer_threshold": 0}}
     config = config_from_data(keys, text, path, given.micro_batches, example_inputs=True)
-    config = replace(config, strategies=tensor_parallel_seeds(config.net, given.tp, given.dp))
+    config = replace(config, strategies=tensor_parallel_seeds(config.net, given.tp, given.dp, f"{path}: plan.tp"))
     if given.recompute == "full":
         config = with_recompute(config, [f"blocks.{index}" for index in range(len(config.net.blocks))], f"{path}: plan.recompute")
     return config, given
