@@ -240,7 +240,16 @@ def estimate(path) -> Estimate:
     """
     config, given = given_plan_config(path)
     plan, _ = plan_config(config)
-    flops, formula = model_flops(config.net, given.global_batch)
+    return estimate_of(plan, config.net, given)
+
+
+def estimate_of(plan, net, given: GivenPlan) -> Estimate:
+    """The `Estimate` of `plan` (a plan of `net`, given or searched, in `given`'s terms): the
+    figures the search's prediction of it gives.
+
+    Example: see `estimate`.
+    """
+    flops, formula = model_flops(net, given.global_batch)
     if plan.pipeline:
         pipeline = plan.pipeline
         slot = max(pipeline.split.slot_ns)
@@ -250,5 +259,4 @@ def estimate(path) -> Estimate:
         bubble = pipeline.split.bubble
     else:
         phases, bubble = {name: phase.time_ns for name, phase in plan.prediction.phases.items()}, 0.0
-    return Estimate(given, plan, type(config.net).__name__, config.net.seq, flops, formula, phases, bubble,
-                    memory_breakdowns(plan))
+    return Estimate(given, plan, type(net).__name__, net.seq, flops, formula, phases, bubble, memory_breakdowns(plan))
