@@ -100,9 +100,9 @@ def test_llama_counts_six_n_plus_attention(tmp_path, capsys):
     (("vp: 1", "vp: 2"), "plan.vp: 2 is not yet expressible (the interleaved pipeline schedule is not a plan choice yet)"),
     (("cp: 1", "cp: 2"), "plan.cp: 2 is not yet expressible"),
     (("ep: 1", "ep: 2"), "plan.ep: 2 is not yet expressible"),
-    (("sequence_parallel: false", "sequence_parallel: true"), "plan.sequence_parallel: True is not yet expressible"),
-    (("recompute: full", "recompute: selective"), "plan.recompute: 'selective' is not yet expressible"),
     (("zero: 1", "zero: 2"), "plan.zero: 2 is not yet expressible"),
+    (("zero: 1", "zero: 3"), "plan.zero: 3 is not yet expressible"),
+    (("sequence_parallel: false", "sequence_parallel: 1"), "plan.sequence_parallel: expected true or false, got 1"),
     (("micro_batch: 1", "micro_batch: 1, pipelines: 2"), "plan.pipelines: unknown key; a plan has tp, pp, vp"),
     (("tp: 2", "tp: 3"), "plan.tp: expected a divisor of the model's 8 attention heads (Megatron splits whole heads), got 3"),
     (("tp: 2", "tp: '2'"), "plan.tp: expected a positive integer, got '2'"),
@@ -135,3 +135,30 @@ def test_json_is_written_whole_or_not_at_all(tmp_path, capsys):
     assert main(["estimate", str(config), "--json", "-"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["device_num"] == 8 and "step time:" in captured.err
+
+
+def _forward_kinds(plan, consumer: str) -> set[str]:
+    return {step.kind for edge in plan.redistributions if edge.consumer == consumer for step in edge.plan.steps}
+
+
+def test_sequence_parallelism_and_selective_recompute_hold_fewer_activations(tmp_path):
+    from autostrat.report.estimate import estimate
+
+    base = SMALL_TEXT.replace("pp: 2", "pp: 1").replace("global_batch: 8", "global_batch: 2").replace("zero: 1", "zero: 0")
+    found = {}
+    for parallel, recompute in (("false", "none"), ("false", "selective"), ("true", "selective"), ("false", "full")):
+        path = tmp_path / f"{parallel}_{recompute}.yaml"
+        path.write_text(base.replace("sequence_parallel: false, recompute: full",
+                                     f"sequence_parallel: {parallel}, recompute: {recompute}"))
+        found[parallel, recompute] = estimate(path)
+    most = {key: value.memory[0].most_activation_bytes for key, value in found.items()}
+    assert most["false", "full"] < most["true", "selective"] < most["false", "selective"] < most["false", "none"]
+    steps = {key: value.step_time_s for key, value in found.items()}
+    assert steps["false", "none"] < steps["false", "selective"] < steps["false", "full"]  # recomputing costs time
+    # Sequence parallelism: the row-split product's partial output is reduce-scattered onto the
+    # residual's rows, and the next column-split product's input gathered.
+    plan = found["true", "selective"].plan
+    assert "ReduceScatter" in _forward_kinds(plan, "blocks.0.attention.projection.bias_add")
+    assert "AllGather" in _forward_kinds(plan, "blocks.0.ffn1.matmul")
+    assert plan.ops["blocks.0.ln2.layer_norm"].strategy.to_tuples()[0] == (4, 1)
+    assert "AllGather" not in _forward_kinds(found["false", "selective"].plan, "blocks.0.ffn1.matmul")

@@ -1,5 +1,5 @@
-"""Model FLOPs of a training step and Megatron-LM's tensor-parallel seeds, per model family: what
-`autostrat estimate` divides by the step time (model FLOP/s, MFU) and how it places a plan's TP.
+"""Model FLOPs of a training step, per model family: what `autostrat estimate` divides by the
+step time (model FLOP/s per device, MFU).
 
 Model FLOPs count what the model needs, not what a plan runs: recomputation is left out, as in
 the papers the formulas come from, so that MFU compares plans on one scale.
@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 
 from autostrat.errors import ConfigError
-from autostrat.models.gpt import GPT, megatron_seeds
-from autostrat.models.llama import LLaMA, llama_megatron_seeds
+from autostrat.models.gpt import GPT
+from autostrat.models.llama import LLaMA
 
 
 def model_flops(net, batch: int) -> tuple[int, str]:
@@ -45,26 +45,3 @@ def model_flops(net, batch: int) -> tuple[int, str]:
         return value, (f"6·N·B·s + 12·l·h·s·B·s with N={weights} (matrix weights with the LM head), B={batch}, s={seq}, "
                        f"l={layers}, h={hidden} (PaLM's count)")
     raise ConfigError(f"model FLOPs are known for GPT and LLaMA shapes, got {type(net).__name__}")
-
-
-def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: str = "plan.tp") -> dict:
-    """Megatron-LM's tensor parallelism over `tensor_parallel` devices and data parallelism over
-    `data_parallel` on every block of `net` (`megatron_seeds`, `llama_megatron_seeds`); a
-    `tensor_parallel` that does not divide the heads (LLaMA: the kv heads) is a ConfigError at `where`.
-
-    Example:
-        >>> net = GPT(layers=2, hidden=32, heads=4, seq=8, batch=2, vocab=64)
-        >>> tensor_parallel_seeds(net, 2, 4)["blocks.1.ffn2.matmul"]
-        (((4, 2), (1, 2)), None)
-    """
-    attention = net.blocks[0].attention
-    heads = attention.kv_heads if isinstance(net, LLaMA) else attention.heads
-    if heads % tensor_parallel:
-        kind = "key-value heads" if isinstance(net, LLaMA) else "attention heads"
-        raise ConfigError(f"{where}: expected a divisor of the model's {heads} {kind} (Megatron splits whole heads), "
-                          f"got {tensor_parallel}")
-    if isinstance(net, LLaMA):
-        return llama_megatron_seeds(len(net.blocks), tensor_parallel, data_parallel)
-    if isinstance(net, GPT):
-        return megatron_seeds(len(net.blocks), tensor_parallel, data_parallel=data_parallel)
-    raise ConfigError(f"{where}: Megatron's tensor parallelism is placed on GPT and LLaMA shapes, got {type(net).__name__}")

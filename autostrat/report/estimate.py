@@ -10,24 +10,28 @@ model (cases):
 - ``pp``: ``pipeline_stages``, the stage split searched as the search splits stages (1F1B).
 - ``micro_batch`` and ``global_batch``: ``global_batch / (dp · micro_batch)`` micro-batches per
   step (gradient accumulation when ``pp`` is 1), each of ``dp · micro_batch`` sequences.
-- ``recompute``: ``none``, or ``full`` (every block recomputed in the backward).
+- ``sequence_parallel``: the norms, residual adds and biases between the tensor-parallel regions
+  split by rows over ``dp · tp`` devices (`models.megatron_plan.sequence_parallel_seeds`).
+- ``recompute``: ``none``, ``full`` (every block recomputed in the backward) or ``selective``
+  (every block's attention core: `models.megatron_plan.mark_selective_recompute`).
 - ``zero``: 0, or 1 (the optimiser state split over the data-parallel replicas, Megatron's
   distributed optimizer; ``enable_parallel_optimizer`` with no size threshold).
 - What the machinery cannot express yet is a ConfigError naming the key, the value and "not yet
-  expressible" (``vp``, ``cp``, ``ep`` above 1, ``sequence_parallel: true``, selective
-  recompute, ZeRO 2 and 3), never a number for another plan.
+  expressible" (``vp``, ``cp``, ``ep`` above 1, ZeRO 2 and 3), never a number for another plan.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, replace
 
 from autostrat.errors import ConfigError
 from autostrat.frontend.config import config_from_data, with_recompute
 from autostrat.frontend.run import plan_config
 from autostrat.frontend.yaml_text import parse_config_text
-from autostrat.models.flops import model_flops, tensor_parallel_seeds
+from autostrat.models.flops import model_flops
+from autostrat.models.megatron_plan import mark_selective_recompute, sequence_parallel_seeds, tensor_parallel_seeds
 from autostrat.reading import read_text
 from autostrat.search.memory_breakdown import KINDS, memory_breakdowns
 from autostrat.search.precision import PRECISION_MEMORY
@@ -41,8 +45,6 @@ NOT_YET = {
     "vp": "the interleaved pipeline schedule is not a plan choice yet",
     "cp": "context parallelism is not a plan choice yet",
     "ep": "expert parallelism needs a mixture-of-experts model",
-    "sequence_parallel": "sequence parallelism is not a plan choice yet",
-    "recompute": "selective recompute (the attention core only) is not built yet",
     "zero": "autostrat's optimiser shard splits the optimiser state only (ZeRO 1); gradients and parameters stay whole",
 }
 RECOMPUTE = ("none", "full", "selective")
@@ -61,6 +63,7 @@ class GivenPlan:
     zero: int
     micro_batch: int
     global_batch: int
+    sequence_parallel: bool = False
 
     @property
     def device_num(self) -> int:
@@ -93,15 +96,15 @@ def read_given_plan(data: dict, path) -> GivenPlan:
         raise ConfigError(f"{path}: plan.recompute: expected one of {', '.join(RECOMPUTE)}, got {values['recompute']!r}")
     if values["zero"] not in (0, 1, 2, 3) or isinstance(values["zero"], bool):
         raise ConfigError(f"{path}: plan.zero: expected a ZeRO level 0, 1, 2 or 3, got {values['zero']!r}")
-    blocked = [key for key in ("vp", "cp", "ep") if values[key] != 1] + ["sequence_parallel"] * values["sequence_parallel"]
-    blocked += ["recompute"] * (values["recompute"] == "selective") + ["zero"] * (values["zero"] > 1)
+    blocked = [key for key in ("vp", "cp", "ep") if values[key] != 1] + ["zero"] * (values["zero"] > 1)
     if blocked:
         raise ConfigError(f"{path}: plan.{blocked[0]}: {values[blocked[0]]!r} is not yet expressible ({NOT_YET[blocked[0]]})")
     rows = values["dp"] * values["micro_batch"]
     batch = _positive(data.get("global_batch", rows), f"{path}: global_batch")
     if batch % rows:
         raise ConfigError(f"{path}: global_batch: expected a multiple of dp × micro_batch = {rows}, got {batch}")
-    return GivenPlan(values["tp"], values["pp"], values["dp"], values["recompute"], values["zero"], values["micro_batch"], batch)
+    return GivenPlan(values["tp"], values["pp"], values["dp"], values["recompute"], values["zero"], values["micro_batch"], batch,
+                     values["sequence_parallel"])
 
 
 def _positive(value, where: str) -> int:
@@ -138,7 +141,12 @@ def given_plan_config(path):
     if given.zero:
         keys |= {"enable_parallel_optimizer": True, "parallel_optimizer_config": {"parallel_optimizer_threshold": 0}}
     config = config_from_data(keys, text, path, given.micro_batches, example_inputs=True)
-    config = replace(config, strategies=tensor_parallel_seeds(config.net, given.tp, given.dp, f"{path}: plan.tp"))
+    seeds = tensor_parallel_seeds(config.net, given.tp, given.dp, f"{path}: plan.tp")
+    if given.sequence_parallel:
+        seeds |= sequence_parallel_seeds(config.net, given.tp, given.dp)
+    config = replace(config, strategies=seeds)
+    if given.recompute == "selective":
+        mark_selective_recompute(config.net)  # the net's own marks: planned as Primitive.recompute
     if given.recompute == "full":
         config = with_recompute(config, [f"blocks.{index}" for index in range(len(config.net.blocks))], f"{path}: plan.recompute")
     return config, given
@@ -187,7 +195,8 @@ class Estimate:
     def to_dict(self) -> dict:
         given = self.given
         return {
-            "plan": {"tp": given.tp, "pp": given.pp, "dp": given.dp, "recompute": given.recompute, "zero": given.zero,
+            "plan": {"tp": given.tp, "pp": given.pp, "dp": given.dp, "sequence_parallel": given.sequence_parallel,
+                     "recompute": given.recompute, "zero": given.zero,
                      "micro_batch": given.micro_batch, "global_batch": given.global_batch,
                      "micro_batches": given.micro_batches},
             "device_num": given.device_num, "hardware": self.plan.hardware.name, "precision": self.plan.precision,
@@ -196,16 +205,16 @@ class Estimate:
             "model_flops_per_step": self.model_flops, "model_flops_formula": self.formula,
             "model_tflops_per_device": self.model_tflops_per_device, "peak_tflops_per_device": self.peak_tflops_per_device,
             "mfu": self.mfu, "peak_bytes_per_device": max(stage.peak_bytes for stage in self.memory),
-            "stages": [{"stage": index, "peak_bytes": stage.peak_bytes, **stage.bytes_by_kind}
-                       for index, stage in enumerate(self.memory)],
+            "stages": [{"stage": index, "peak_bytes": stage.peak_bytes, **stage.bytes_by_kind,
+                        "most_activation_bytes": stage.most_activation_bytes} for index, stage in enumerate(self.memory)],
         }
 
     def lines(self, path) -> list[str]:
         """The human-readable estimate of the config at `path`."""
         given, plan = self.given, self.plan
         lines = [f"{path}: {self.model} on {given.device_num} devices: tp {given.tp} x pp {given.pp} x dp {given.dp}, "
-                 f"micro-batch {given.micro_batch}, {given.micro_batches} micro-batch(es) of global batch {given.global_batch}, "
-                 f"recompute {given.recompute}, zero {given.zero}; hardware {plan.hardware.name or 'given field by field'}, "
+                 f"{'sequence parallel, ' if given.sequence_parallel else ''}micro-batch {given.micro_batch}, "
+                 f"{given.micro_batches} micro-batch(es) of global batch {given.global_batch}, recompute {given.recompute}, zero {given.zero}; hardware {plan.hardware.name or 'given field by field'}, "
                  f"precision {plan.precision}"]
         if plan.precision != "fp32":
             lines.append(f"precision {plan.precision}: {PRECISION_MEMORY}")
@@ -221,9 +230,9 @@ class Estimate:
         unit, size = next((unit, size) for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
                           if max(stage.peak_bytes for stage in self.memory) >= size or size == 1)
         lines.append(f"peak memory per device, by stage ({unit}):")
-        headers = ["stage", *(kind.replace("_", " ") for kind in KINDS), "peak"]
-        rows = [[str(index), *(f"{stage.bytes_by_kind[kind] / size:,.2f}" for kind in KINDS), f"{stage.peak_bytes / size:,.2f}"]
-                for index, stage in enumerate(self.memory)]
+        headers = ["stage", *(kind.replace("_", " ") for kind in KINDS), "peak", "most activations held"]
+        rows = [[str(index), *(f"{stage.bytes_by_kind[kind] / size:,.2f}" for kind in KINDS), f"{stage.peak_bytes / size:,.2f}",
+                 f"{stage.most_activation_bytes / size:,.2f}"] for index, stage in enumerate(self.memory)]
         return lines + [format_table(headers, rows, "  ")]
 
     def to_json(self) -> str:
@@ -239,7 +248,10 @@ def estimate(path) -> Estimate:
         (True, 2)
     """
     config, given = given_plan_config(path)
-    plan, _ = plan_config(config)
+    with warnings.catch_warnings():
+        if given.sequence_parallel:  # its seeds disagree by design: the AllGathers and ReduceScatters it trades for AllReduces
+            warnings.filterwarnings("ignore", message="seeds of .* disagree on .*: a redistribution")
+        plan, _ = plan_config(config)
     return estimate_of(plan, config.net, given)
 
 

@@ -83,19 +83,21 @@ def memory_over_step(plan) -> tuple[tuple[str, int], ...]:
     return _replay(plan, LiveBytes())
 
 
-def peak_buffers(plan) -> tuple[tuple[str, int], ...]:
+def peak_buffers(plan, counted=None) -> tuple[tuple[tuple[str, int], ...], int]:
     """The (key, bytes) pairs one rank holds at its peak over a step of `plan` (they sum to
-    `plan_peak`): a tensor's name, or for a copy its name, ``>`` and whom it is for.
+    `plan_peak`: a tensor's name, or for a copy its name, ``>`` and whom it is for), and the
+    most bytes of the keys `counted` accepts held at once (0 without it).
 
-    Example (the tutorial FFN's forward pass: its inputs, weights and the ReduceScatter's copy):
+    Example (the tutorial FFN's forward pass; its input x is 8 192 bytes on each device):
         >>> from autostrat.models import tutorial_plan
         >>> plan = tutorial_plan(seed=None)
-        >>> sum(size for _, size in peak_buffers(plan)) == plan_peak(plan)
-        True
+        >>> pairs, most_x = peak_buffers(plan, lambda key: key == "x")
+        >>> sum(size for _, size in pairs) == plan_peak(plan), most_x
+        (True, 8192)
     """
-    memory = LiveBytes(keep_peak=True)
+    memory = LiveBytes(keep_peak=True, counted=counted)
     _replay(plan, memory)
-    return memory.at_peak
+    return memory.at_peak, memory.counted_peak
 
 
 def _replay(plan, memory: LiveBytes) -> tuple[tuple[str, int], ...]:

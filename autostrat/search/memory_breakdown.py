@@ -27,9 +27,12 @@ KINDS = ("parameters", "gradients", "optimizer_state", "activations", "communica
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """One device's bytes at its peak, per kind (`KINDS`); `peak_bytes` is their sum."""
+    """One device's bytes at its peak, per kind (`KINDS`; `peak_bytes` is their sum), and the
+    most activation bytes it holds at any moment (at the end of the forward passes in flight,
+    while the peak may fall in the update)."""
 
     bytes_by_kind: dict
+    most_activation_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -49,13 +52,16 @@ def memory_breakdowns(plan) -> tuple[MemoryBreakdown, ...]:
         (True, True)
     """
     kind_of = _classifier(plan)
-    held = stage_peak_buffers(plan) if plan.pipeline else (peak_buffers(plan),)
+    def activation(key: str) -> bool:
+        return kind_of(key) == "activations"
+
+    held = stage_peak_buffers(plan, activation) if plan.pipeline else (peak_buffers(plan, activation),)
     breakdowns = []
-    for pairs in held:
+    for pairs, most_activations in held:
         totals = dict.fromkeys(KINDS, 0)
         for key, size in pairs:
             totals[kind_of(key)] += size
-        breakdowns.append(MemoryBreakdown(totals))
+        breakdowns.append(MemoryBreakdown(totals, most_activations))
     return tuple(breakdowns)
 
 

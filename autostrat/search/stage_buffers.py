@@ -63,20 +63,23 @@ def stage_peaks(plan) -> tuple[int, ...]:
     return tuple(replay.memory.peak for replay in _replays(plan))
 
 
-def stage_peak_buffers(plan) -> tuple[tuple[tuple[str, int], ...], ...]:
-    """Per stage of the pipeline plan `plan`, the (key, bytes) pairs one of its devices holds at
-    its peak (`buffers.peak_buffers`; a key of a micro-batch's buffer once per micro-batch held).
+def stage_peak_buffers(plan, counted=None) -> tuple[tuple[tuple[tuple[str, int], ...], int], ...]:
+    """Per stage of the pipeline plan `plan`, what `buffers.peak_buffers` gives for a plan
+    without stages: the (key, bytes) pairs one of its devices holds at its peak (a key of a
+    micro-batch's buffer once per micro-batch held), and the most bytes of keys `counted`
+    accepts held at once.
 
     Example: see `stage_peaks` (the pairs of stage s sum to its peak).
     """
-    return tuple(tuple((key, size) for (_, key), size in replay.memory.at_peak) for replay in _replays(plan, True))
+    return tuple((tuple((key, size) for (_, key), size in replay.memory.at_peak), replay.memory.counted_peak)
+                 for replay in _replays(plan, True, counted))
 
 
-def _replays(plan, keep_peak: bool = False) -> list:
+def _replays(plan, keep_peak: bool = False, counted=None) -> list:
     cut = _StageCut(plan, device_program(plan))
     pipeline, replays = plan.pipeline, []
     for stage in range(pipeline.stages):
-        replay = _Replay(cut.steps(stage), keep_peak)
+        replay = _Replay(cut.steps(stage), keep_peak, None if counted is None else lambda key: counted(key[1]))
         replay.run(slot_order(stage, pipeline.stages, pipeline.micro_batches, pipeline.schedule))
         replays.append(replay)
     return replays
@@ -177,8 +180,8 @@ class _Replay:
     """The live bytes of a stage device's buffers: the step's own (space "") and each
     micro-batch's (space: its index)."""
 
-    def __init__(self, steps: StageSteps, keep_peak: bool = False):
-        self.steps, self.memory = steps, LiveBytes(keep_peak)
+    def __init__(self, steps: StageSteps, keep_peak: bool = False, counted=None):
+        self.steps, self.memory = steps, LiveBytes(keep_peak, counted)
         micro = steps.slots["forward"] + steps.slots["backward"]
         self.micro_release = release_after((event.touched for event in micro), steps.accumulated | set(steps.outputs))
         updated = {key for _, key in steps.updates}
