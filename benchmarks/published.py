@@ -12,11 +12,12 @@ Each entry is `autostrat estimate`'s figure (`autostrat.report.estimate`) for th
 - time, full recompute: ``plan: {tp, pp, vp: interleave, dp, recompute: full}``; step_time_s;
 - parameters + optimiser: that estimate's parameters + gradients + optimiser state of the stage
   holding the most (Fig. 1's bar counts all three);
-- activations without SP/selective: the plan with ``recompute: none``, the most any stage's
-  device holds in activations at its peak;
-- the SP + selective columns: ``sequence_parallel: true, recompute: selective``.
-An entry the estimate refuses (interleaving, sequence parallelism, selective recompute: not yet
-expressible) is printed with the estimate's reason, never as a number.
+- activations without SP/selective: the plan with ``recompute: none``, the most activation bytes
+  a device of any stage holds at once (`memory_breakdown.MemoryBreakdown.most_activation_bytes`);
+- the SP + selective columns: ``sequence_parallel: true, recompute: selective``, its step time
+  and its activations as above.
+An entry the estimate refuses (interleaving: not yet expressible) is printed with the
+estimate's reason, never as a number.
 
 Efficiency factors: ``matmul_efficiency`` of the profile is fitted once over every expressible
 step-time entry (least squares of the log ratio over (0, 1]), with the leave-one-out error: each
@@ -117,12 +118,12 @@ def predictions(row: Row, folder: Path) -> dict:
         weights = max(sum(stage.bytes_by_kind[k] for k in ("parameters", "gradients", "optimizer_state"))
                       for stage in full.memory) / GIB
     if not isinstance(none, str):
-        activations = max(stage.bytes_by_kind["activations"] for stage in none.memory) / GIB
+        activations = max(stage.most_activation_bytes for stage in none.memory) / GIB
     return {"full": full if isinstance(full, str) else full.step_time_s,
             "selective": selective if isinstance(selective, str) else selective.step_time_s,
             "weights": weights, "activations": activations,
             "selective_activations": selective if isinstance(selective, str) else max(
-                stage.bytes_by_kind["activations"] for stage in selective.memory) / GIB}
+                stage.most_activation_bytes for stage in selective.memory) / GIB}
 
 
 def table(rows, predicted: dict) -> str:

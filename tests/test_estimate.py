@@ -109,6 +109,8 @@ def test_llama_counts_six_n_plus_attention(tmp_path, capsys):
     (("recompute: full", "recompute: some"), "plan.recompute: expected one of none, full, selective, got 'some'"),
     (("global_batch: 8", "global_batch: 7"), "global_batch: expected a multiple of dp × micro_batch = 2, got 7"),
     (("global_batch: 8", "global_batch: 8\nmicro_size: 2"), "micro_size: the plan section decides it"),
+    (("global_batch: 8", "global_batch: 8\ndevice_num: 16"), "device_num: the plan section decides it; leave it out"),
+    (("global_batch: 8", "global_batch: 8\nstrategies: {}"), "strategies: the plan section decides it; leave it out"),
     (("vocab: 128}", "vocab: 128, batch: 4}"), "model.params.batch: the global batch comes from global_batch (8); got 4"),
 ])
 def test_a_bad_or_inexpressible_plan_is_an_error_naming_the_key(tmp_path, capsys, change, message):

@@ -6,7 +6,7 @@ search uses (`frontend.run.plan_config`), so a given plan and a searched one are
 model (cases):
 
 - ``tp`` and ``dp``: Megatron's tensor-parallel seeds on every block over ``tp`` devices, the
-  activations' rows over ``dp`` (`models.flops.tensor_parallel_seeds`); the other ops propagate.
+  activations' rows over ``dp`` (`models.megatron_plan.tensor_parallel_seeds`); the other ops propagate.
 - ``pp``: ``pipeline_stages``, the stage split searched as the search splits stages (1F1B).
 - ``micro_batch`` and ``global_batch``: ``global_batch / (dp · micro_batch)`` micro-batches per
   step (gradient accumulation when ``pp`` is 1), each of ``dp · micro_batch`` sequences.
@@ -38,9 +38,10 @@ from autostrat.search.precision import PRECISION_MEMORY
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.tables import format_table
 
-# Each plan key, its default, and for values the machinery cannot express yet, the reason.
+# Each plan key and its default.
 PLAN_KEYS = {"tp": 1, "pp": 1, "vp": 1, "dp": 1, "cp": 1, "ep": 1, "sequence_parallel": False, "recompute": "none",
              "zero": 0, "micro_batch": 1}
+# Per key, why some of its values are not yet expressible.
 NOT_YET = {
     "vp": "the interleaved pipeline schedule is not a plan choice yet",
     "cp": "context parallelism is not a plan choice yet",
