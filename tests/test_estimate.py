@@ -40,12 +40,14 @@ def test_throughput_and_mfu_follow_from_the_step_time_by_hand(tmp_path, capsys):
 
 def _seeded_config_text() -> str:
     """The small plan written as an ordinary search config: Megatron's TP 2 x DP 2 seeds by
-    hand (a Dense weight is [out, in]), 2 stages, 4 micro-batches, both blocks recomputed,
+    hand (a Dense weight is [out, in]; the embedding and LM head split the vocabulary), 2 stages, 4 micro-batches, both blocks recomputed,
     Adam's state split over the replicas with no size threshold."""
     column, row = "[[2, 1], [2, 1]]", "[[2, 2], [1, 2]]"
     seeds = {"attention.query": column, "attention.key": column, "attention.value": column,
              "attention.projection": row, "ffn1": column, "ffn2": row}
     lines = [f"  blocks.{i}.{op}.matmul: {strategy}" for i in range(2) for op, strategy in seeds.items()]
+    lines += ["  embedding.gather: {layout: {device_matrix: [2, 2], alias_name: [dp, tp]}, in: [[tp, None], [dp, None]]}",
+              f"  lm_head.matmul: {column}"]  # the vocabulary over tp, the table on the inner axis
     return "\n".join([
         "parallel_mode: auto_parallel", "device_num: 8", "pipeline_stages: 2", "micro_size: 4", "gradients_mean: true",
         "hardware: a100-80gb", "precision: bf16", "optimizer: {name: adam}", "enable_parallel_optimizer: true",
@@ -164,3 +166,13 @@ def test_sequence_parallelism_and_selective_recompute_hold_fewer_activations(tmp
     assert "AllGather" in _forward_kinds(plan, "blocks.0.ffn1.matmul")
     assert plan.ops["blocks.0.ln2.layer_norm"].strategy.to_tuples()[0] == (4, 1)
     assert "AllGather" not in _forward_kinds(found["false", "selective"].plan, "blocks.0.ffn1.matmul")
+
+
+def test_the_vocabulary_is_split_over_tp_as_megatron_does():
+    from autostrat.report.estimate import estimate
+
+    plan = estimate(SMALL).plan
+    assert plan.ops["embedding.gather"].strategy.to_tuples() == ((2, 1), (2, 1))  # table rows over tp, ids over dp
+    assert plan.ops["lm_head.matmul"].strategy.to_tuples() == ((2, 1), (2, 1))  # logits' columns over tp
+    gather, head = (plan.ops[name].strategy.input_layouts[index] for name, index in (("embedding.gather", 0), ("lm_head.matmul", 1)))
+    assert gather.slice_shape == head.slice_shape == (64, 64)  # both hold half the 128-row table

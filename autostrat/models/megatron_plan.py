@@ -3,7 +3,11 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
 
 - Tensor parallelism (Shoeybi et al. 2019): `megatron_seeds` / `llama_megatron_seeds` on every
   block, Q, K, V and the FFN's first products split by columns over ``tp`` devices, the output
-  projection and the FFN's last product by rows; the activations' rows over ``dp``.
+  projection and the FFN's last product by rows; the activations' rows over ``dp``. The
+  embedding table and the LM head split the vocabulary over ``tp`` (Megatron's
+  VocabParallelEmbedding and parallel logits) when ``tp`` divides it: the lookup's output is
+  then partial, the logits column-split (the loss gathers their classes: autostrat has no
+  vocabulary-parallel cross-entropy).
 - Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): the ops between two
   tensor-parallel regions (the norms, the residual adds, the biases after a row-split product)
   split their rows (batch x sequence) over the ``dp · tp`` devices, so that each tensor-parallel
@@ -17,6 +21,7 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
 from __future__ import annotations
 
 from autostrat.errors import ConfigError
+from autostrat.layout.named import NamedLayout
 from autostrat.models.gpt import GPT, megatron_seeds
 from autostrat.models.llama import LLaMA, llama_megatron_seeds
 
@@ -46,8 +51,22 @@ def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: 
         raise ConfigError(f"{where}: expected a divisor of the model's {heads} {kind} (Megatron splits whole heads), "
                           f"got {tensor_parallel}")
     if isinstance(net, LLaMA):
-        return llama_megatron_seeds(len(net.blocks), tensor_parallel, data_parallel)
-    return megatron_seeds(len(net.blocks), tensor_parallel, data_parallel=data_parallel)
+        seeds = llama_megatron_seeds(len(net.blocks), tensor_parallel, data_parallel)
+    else:
+        seeds = megatron_seeds(len(net.blocks), tensor_parallel, data_parallel=data_parallel)
+    return seeds | _vocabulary_seeds(net, tensor_parallel, data_parallel)
+
+
+def _vocabulary_seeds(net, tensor_parallel: int, data_parallel: int) -> dict:
+    """The lookup and the LM head with the vocabulary split over the tensor-parallel devices,
+    the inner axis as the blocks' seeds place them (a Layout: a strategy tuple would put the
+    table's first dim on the outer axis); none when `tensor_parallel` is 1 or does not divide it."""
+    if tensor_parallel == 1 or net.embedding.embedding_table.shape[0] % tensor_parallel:
+        return {}
+    named = NamedLayout((data_parallel, tensor_parallel), ("dp", "tp"))
+    head = "lm_head" if net.tie_embeddings else "lm_head.matmul"
+    return {"embedding.gather": ((named("tp", "None"), named("dp", "None")), None),
+            head: (((data_parallel, 1), (tensor_parallel, 1)), None)}
 
 
 def sequence_parallel_seeds(net, tensor_parallel: int, data_parallel: int) -> dict:
