@@ -176,3 +176,26 @@ def test_the_vocabulary_is_split_over_tp_as_megatron_does():
     assert plan.ops["lm_head.matmul"].strategy.to_tuples() == ((2, 1), (2, 1))  # logits' columns over tp
     gather, head = (plan.ops[name].strategy.input_layouts[index] for name, index in (("embedding.gather", 0), ("lm_head.matmul", 1)))
     assert gather.slice_shape == head.slice_shape == (64, 64)  # both hold half the 128-row table
+
+
+def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_device(tmp_path):
+    import numpy as np
+
+    from autostrat.frontend.train import synthetic_batches
+    from autostrat.report.estimate import given_plan_config
+    from autostrat.runtime.executor import graph_values
+    from autostrat.runtime.training import reference_graph, train_locally, train_single_device
+
+    path = tmp_path / "sp.yaml"
+    path.write_text(SMALL_TEXT.replace("precision: bf16", "precision: fp32").replace("pp: 2", "pp: 1")
+                    .replace("global_batch: 8", "global_batch: 2").replace("zero: 1", "zero: 0")
+                    .replace("sequence_parallel: false, recompute: full", "sequence_parallel: true, recompute: selective"))
+    config, _ = given_plan_config(path)
+    with pytest.warns(UserWarning, match="seeds of .* disagree"):  # the AllGathers sequence parallelism trades for
+        plan, _ = plan_config(config)
+    values, batches = graph_values(plan.graph, {}), synthetic_batches(plan.graph, 2)
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
+    np.testing.assert_allclose(run.losses, alone.losses, rtol=1e-5)
+    for tensor, want in alone.parameters.items():
+        np.testing.assert_allclose(run.parameters[tensor], want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())), err_msg=tensor)
+    assert run.bytes_match

@@ -45,7 +45,7 @@ between compute, memory and links matter more than the absolute speed.
 Fitted factors: ``a100-80gb``'s `matmul_efficiency` stays 1.0 by the fit of
 ``benchmarks/published.py`` (once for the profile, over Korthikanti et al. 2022's step times
 the estimate can express: 22B and 1T with full recompute): even at the nominal peak both are
-predicted slower than published (ratios 1.680 and 1.906, leave-one-out errors +68 % and +91 %),
+predicted slower than published (ratios 1.651 and 1.713, leave-one-out errors +65 % and +71 %),
 so the least-squares fit over (0, 1] is its bound. A 16-bit plan's compute is priced at the fp32
 rate (`search.precision`), half the rate those runs had; the factors are fitted again once it is not.
 """
