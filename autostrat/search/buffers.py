@@ -88,12 +88,12 @@ def peak_buffers(plan, counted=None) -> tuple[tuple[tuple[str, int], ...], int]:
     `plan_peak`: a tensor's name, or for a copy its name, ``>`` and whom it is for), and the
     most bytes of the keys `counted` accepts held at once (0 without it).
 
-    Example (the tutorial FFN's forward pass; its input x is 8 192 bytes on each device):
+    Example (the tutorial FFN's forward pass unseeded; its input x, 64 x 64 float32, is whole on each device):
         >>> from autostrat.models import tutorial_plan
         >>> plan = tutorial_plan(seed=None)
         >>> pairs, most_x = peak_buffers(plan, lambda key: key == "x")
         >>> sum(size for _, size in pairs) == plan_peak(plan), most_x
-        (True, 8192)
+        (True, 16384)
     """
     memory = LiveBytes(keep_peak=True, counted=counted)
     _replay(plan, memory)
