@@ -10,6 +10,7 @@
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
                   [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
                   [--strategy-ckpt-save-file F]
+    autostrat estimate CONFIG.yaml [--json OUT]   a given plan's (plan: tp, pp, dp, ...) step time, MFU and memory
     autostrat report PLAN.json -o plan.html [--png DIR]   the plan's HTML report (also --report on search and run)
     autostrat explain PLAN.json OP [--alternatives N]   how OP got its strategy, and its best alternatives
     search, run, report and explain take --import MODULE: register the Cell classes of your own module as models
@@ -121,6 +122,18 @@ def replan(path) -> tuple:
                           f"another plan than the file's (autostrat changed since it was written, or a time-limited "
                           f"solver stopped elsewhere); search again with autostrat search CONFIG --report FILE")
     return plan, seconds, config
+
+
+def estimate_command(args) -> str:
+    """The estimate of a config's given plan (`report.estimate`); writes --json atomically,
+    checked before the search not to clobber the config."""
+    from autostrat.report.estimate import estimate  # a report: off the search's import path
+
+    outputs = [command_line_output(args.json, "--json")] if args.json else []
+    check_outputs(outputs, {"the config": args.config})
+    found = estimate(args.config)
+    lines = found.lines(args.config)
+    return "\n".join(lines + write_outputs({output: ("estimate", found.to_json()) for output in outputs}))
 
 
 def report_command(args) -> str:
@@ -329,6 +342,16 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--alternatives", type=_positive(int), default=3, help="alternatives to weigh exactly (default 3)")
     _add_import(explain)
     _add_run(commands)
+    estimate = commands.add_parser(
+        "estimate", help="predict the step time, throughput and memory of a given Megatron-style plan",
+        description="Plan the config's `plan:` section (tp, pp, vp, dp, cp, ep, sequence_parallel, recompute, zero, "
+                    "micro_batch; with global_batch) with the search's own machinery and print the step time per phase "
+                    "and the bubble, tokens/s and model TFLOP/s per device, MFU, and each stage's peak memory per device "
+                    "by kind. Values not yet expressible are refused, naming the key.")
+    estimate.add_argument("config", help="YAML config with a plan section (see configs/estimate/)")
+    estimate.add_argument("--json", metavar="FILE", help="also write the figures as JSON to this file (-: standard output, "
+                                                          "and the text to standard error)")
+    _add_import(estimate)
     solve = commands.add_parser("solve", help="solve an IOPDDL instance (gzipped or plain JSON) and print its solution",
                                 description="Progress lines '# cost C bound B after T s', then as the last line the "
                                             "solution [s0, s1, ...] ([] when none fits the memory limit, exit 1).")
@@ -373,6 +396,8 @@ def _dispatch(args) -> int:
         elif args.command == "diff":
             from autostrat.plan_diff import diff_plans  # reads plans: off the search's import path
             print(diff_plans(args.plan_a, args.plan_b).text)
+        elif args.command == "estimate":
+            print(estimate_command(args), file=sys.stderr if args.json == "-" else sys.stdout)
         elif args.command == "report":
             print(report_command(args), file=text_stream(args))
         elif args.command == "explain":

@@ -139,6 +139,7 @@ IN_PROCESS = frozenset({
     "test_readme.py::test_readme_block_runs_as_written[8-bash]",
     "test_readme.py::test_readme_block_runs_as_written[12-python]",
     "test_readme.py::test_readme_block_runs_as_written[13-python]",
+    "test_readme.py::test_readme_block_runs_as_written[14-bash]",
     "test_recompute_choice.py::test_auto_recompute_chooses_the_cheapest_count_that_fits",
     "test_recompute_choice.py::test_the_count_search_finds_the_brute_force_best",
     "test_recompute_choice.py::test_yaml_and_the_command_line_turn_auto_recompute_on",

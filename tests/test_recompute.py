@@ -154,3 +154,33 @@ def test_the_command_line_adds_cells_to_recompute(capsys):
     assert "recompute/blocks.1." in out and "recompute/blocks.0." not in out
     assert main(["search", str(ROOT / "configs" / "transformer_stack.yaml"), "--recompute", "block.1"]) != 0
     assert "--recompute: 'block.1' is not a cell of TransformerStack (did you mean 'blocks.1'?)" in capsys.readouterr().err
+
+
+CORE = ("scores", "scale", "mask", "softmax", "context")  # the attention core (Megatron's selective recompute)
+
+
+def test_chained_primitives_are_recomputed_together_and_training_equals_one_device():
+    net = TransformerStack(layers=2, hidden=64, heads=8, seq=16, batch=4)
+    for block in net.blocks:
+        for name in CORE:
+            getattr(block.attention, name).recompute()
+    marked = recomputed_cells(net)
+    forward = apply_seeds(trace(net, *net.example_inputs(), device_num=8), megatron_seeds(2, 4, data_parallel=2), 8)
+    graph = build_training(forward, Adam(1e-3), recompute=marked)
+    copies = sorted(name.removeprefix(RECOMPUTE_PREFIX) for name in graph.ops if name.startswith(RECOMPUTE_PREFIX))
+    # What the backward reads of the chain is rebuilt from its unmarked inputs (Q, K, V, the
+    # constants): each copy reads only copies of the chain's ops, never their originals.
+    assert copies and set(copies) <= set(marked)
+    for name in copies:
+        for tensor in graph.ops[RECOMPUTE_PREFIX + name].inputs:
+            assert graph.tensors[tensor].producer not in marked, (name, tensor)
+    for name in marked:  # no backward op reads an original output of the chain
+        for tensor in graph.ops[name].outputs:
+            assert all(reader in forward.ops for reader, _ in graph.consumers(tensor)), tensor
+    plan = search(graph, 8)
+    values, batches = graph_values(plan.graph, {}), synthetic_batches(plan.graph, 2)
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
+    np.testing.assert_allclose(run.losses, alone.losses, rtol=1e-5)
+    for tensor, want in alone.parameters.items():
+        np.testing.assert_allclose(run.parameters[tensor], want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())), err_msg=tensor)
+    assert run.bytes_match

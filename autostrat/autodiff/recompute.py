@@ -49,12 +49,9 @@ def recompute_cells(graph: Graph, cells: tuple[str, ...], forward: set[str]) -> 
         >>> again.ops["recompute/relu"].outputs, again.consumers("relu:0")
         (('recompute/relu:0',), (('dense2.matmul', 0),))
     """
-    cells = tuple(cell for cell in cells if not any(other != cell and in_cell(cell, other) for other in cells))
-    ops_of = {}  # cell -> its forward ops to copy, in forward order
-    for cell in cells:
-        inside = {name for name in forward if in_cell(name, cell)}
-        if not inside:
-            raise ConfigError(f"recompute: no forward op belongs to cell {cell!r}")
+    units = _units(graph, cells, forward)
+    ops_of = {}  # unit -> its forward ops to copy, in forward order
+    for cell, inside in units.items():
         copied = _copied(graph, inside, forward)
         ops_of[cell] = [name for name in graph.ops if name in copied]
     renamed = {tensor: RECOMPUTE_PREFIX + tensor for names in ops_of.values() for name in names for tensor in graph.ops[name].outputs}
@@ -67,11 +64,48 @@ def recompute_cells(graph: Graph, cells: tuple[str, ...], forward: set[str]) -> 
     pending = {cell: _copies(graph, names, renamed) for cell, names in ops_of.items() if names}
     for name, op in graph.ops.items():
         if name not in forward:
-            for cell in [cell for cell in pending if any(in_cell(graph.tensors[t].producer or "", cell) for t in op.inputs if t in renamed)]:
+            for cell in [cell for cell in pending if any(graph.tensors[t].producer in units[cell] for t in op.inputs if t in renamed)]:
                 ops.update((copy.name, copy) for copy in pending.pop(cell))  # the cell's copies, before their first reader
             op = replace(op, inputs=tuple(renamed.get(tensor, tensor) for tensor in op.inputs))
         ops[name] = op
     return Graph(tensors, ops, graph.outputs, graph.name, graph.values, graph.updates)
+
+
+def _units(graph: Graph, cells: tuple[str, ...], forward: set[str]) -> dict[str, set[str]]:
+    """The recomputed units and their forward ops, each named by one of its cells: a cell with
+    the ops inside it (a cell inside another is part of it); marked primitives (a cell that is
+    an op) reading one another's outputs form one unit, recomputed back to the first unmarked
+    inputs, as MindSpore chains ``Primitive.recompute`` (Megatron's selective recompute of the
+    attention core is such a chain).
+
+    Example (the bias add and the ReLU reading it are one unit, recomputed from the matmul's output):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> forward = trace(FFN(), Tensor(shape=(64, 64)))
+        >>> {unit: sorted(ops) for unit, ops in _units(forward, ("relu", "dense1.bias_add"), set(forward.ops)).items()}
+        {'dense1.bias_add': ['dense1.bias_add', 'relu']}
+    """
+    cells = tuple(cell for cell in cells if not any(other != cell and in_cell(cell, other) for other in cells))
+    parent = {cell: cell for cell in cells}
+
+    def root(cell: str) -> str:
+        while parent[cell] != cell:
+            cell = parent[cell]
+        return cell
+
+    for cell in (cell for cell in cells if cell in forward):
+        for tensor in graph.ops[cell].inputs:
+            producer = graph.tensors[tensor].producer
+            if producer in parent and producer in forward:
+                parent[root(cell)] = root(producer)
+    units: dict[str, set[str]] = {}
+    for cell in cells:
+        inside = {name for name in forward if in_cell(name, cell)}
+        if not inside:
+            raise ConfigError(f"recompute: no forward op belongs to cell {cell!r}")
+        units.setdefault(root(cell), set()).update(inside)
+    return units
 
 
 def _copied(graph: Graph, inside: set[str], forward: set[str]) -> set[str]:

@@ -41,6 +41,13 @@ datasheet and the same NCCL table (its ``hwLat`` is per link type, not per GPU g
 All are nominal peaks; what a kernel or NCCL achieves is lower, which the efficiency factors say
 once they are fitted to published runs. The search compares plans, and for that the ratios
 between compute, memory and links matter more than the absolute speed.
+
+Fitted factors: ``a100-80gb``'s `matmul_efficiency` stays 1.0 by the fit of
+``benchmarks/published.py`` (once for the profile, over Korthikanti et al. 2022's step times
+the estimate can express: 22B and 1T with full recompute): even at the nominal peak both are
+predicted slower than published (ratios 1.651 and 1.713, leave-one-out errors +65 % and +71 %),
+so the least-squares fit over (0, 1] is its bound. A 16-bit plan's compute is priced at the fp32
+rate (`search.precision`), half the rate those runs had; the factors are fitted again once it is not.
 """
 
 from __future__ import annotations

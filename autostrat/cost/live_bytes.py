@@ -35,10 +35,15 @@ class LiveBytes:
         (100, 100)
     """
 
-    def __init__(self):
+    def __init__(self, keep_peak: bool = False, counted=None):
         self.sizes: dict[str, int] = {}
         self.live = self.peak = 0
         self.high = 0  # the most held during the last write
+        # With `keep_peak`, the (key, bytes) pairs held at the peak; with `counted` (a test of a
+        # key), the most bytes of such keys held at once (`counted_peak`): `autostrat
+        # estimate`'s breakdown. Both off in the search, which only needs the peak.
+        self.keep_peak, self.at_peak = keep_peak, ()
+        self.counted, self.counted_live, self.counted_peak = counted, 0, 0
 
     def write(self, written: dict[str, int], over=(), released=()) -> None:
         """Count an instruction's results; `over` are (input, result) pairs whose buffer the
@@ -48,11 +53,22 @@ class LiveBytes:
         # Any other buffer being overwritten is the instruction's input: live until the result is written.
         reused = sum(self.sizes[key] for key in in_place)
         self.high = self.live + sum(written.values()) - reused
+        if self.keep_peak and self.high > self.peak:
+            held = [(key, size) for key, size in self.sizes.items() if key not in in_place]
+            self.at_peak = tuple(held + list(written.items()))
         self.peak = max(self.peak, self.high)
+        if self.counted is not None:
+            high = self.counted_live + sum(size for key, size in written.items() if self.counted(key))
+            self.counted_peak = max(self.counted_peak, high - sum(self.sizes[key] for key in in_place if self.counted(key)))
         for key, size in written.items():
+            if self.counted is not None and self.counted(key):
+                self.counted_live += size - self.sizes.get(key, 0)
             self.live += size - self.sizes.get(key, 0)
             self.sizes[key] = size
 
     def release(self, keys) -> None:
         for key in keys:
-            self.live -= self.sizes.pop(key)
+            size = self.sizes.pop(key)
+            self.live -= size
+            if self.counted is not None and self.counted(key):
+                self.counted_live -= size

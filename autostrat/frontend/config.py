@@ -214,7 +214,19 @@ def parse_config(text: str, path, micro_size: int | None = None, **overrides) ->
         >>> parse_config("model: {name: FFN}\\ninputs: [{shape: [64, 64]}]\\n", "inline.yaml").context.device_num
         1
     """
-    data = parse_config_text(text, path)
+    return config_from_data(parse_config_text(text, path), text, path, micro_size, **overrides)
+
+
+def config_from_data(data: dict, text: str, path, micro_size: int | None = None, example_inputs: bool = False,
+                     **overrides) -> Config:
+    """`parse_config` of a config's parsed YAML `data` (read from `text`); with `example_inputs`,
+    a config without ``inputs`` takes its model's (`example_inputs()`: `autostrat estimate`).
+
+    Example:
+        >>> config = config_from_data({"model": {"name": "GPT", "params": {"batch": 2}}}, "", "inline.yaml", example_inputs=True)
+        >>> [tensor.shape for tensor in config.inputs]
+        [(2, 16), (32,)]
+    """
     unknown = sorted(set(data) - set(KEYS) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(KEYS + SECTIONS))}")
@@ -225,11 +237,15 @@ def parse_config(text: str, path, micro_size: int | None = None, **overrides) ->
         context = ParallelContext(**file_keys | overrides, output_paths_from=str(path) if from_file else "")
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
-    for section in ("model", "inputs"):
-        if section not in data:
-            raise ConfigError(f"{path}: missing key {section!r}")
+    if "model" not in data:
+        raise ConfigError(f"{path}: missing key 'model'")
     net = _build_model(data["model"], f"{path}: model", Path(path).parent)
-    inputs = _build_inputs(data["inputs"], f"{path}: inputs")
+    if "inputs" in data or not (example_inputs and hasattr(net, "example_inputs")):
+        if "inputs" not in data:
+            raise ConfigError(f"{path}: missing key 'inputs'")
+        inputs = _build_inputs(data["inputs"], f"{path}: inputs")
+    else:
+        inputs = tuple(net.example_inputs())
     _check_input_count(net, inputs, f"{path}: inputs")
     optimizer = _build_optimizer(data.get("optimizer"), f"{path}: optimizer")
     if optimizer is not None:

@@ -80,9 +80,29 @@ def memory_over_step(plan) -> tuple[tuple[str, int], ...]:
         >>> [op for op, _ in steps][-2:], max(high for _, high in steps)
         (['dense2.matmul', 'dense2.bias_add'], 66048)
     """
+    return _replay(plan, LiveBytes())
+
+
+def peak_buffers(plan, counted=None) -> tuple[tuple[tuple[str, int], ...], int]:
+    """The (key, bytes) pairs one rank holds at its peak over a step of `plan` (they sum to
+    `plan_peak`: a tensor's name, or for a copy its name, ``>`` and whom it is for), and the
+    most bytes of the keys `counted` accepts held at once (0 without it).
+
+    Example (the tutorial FFN's forward pass unseeded; its input x, 64 x 64 float32, is whole on each device):
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan(seed=None)
+        >>> pairs, most_x = peak_buffers(plan, lambda key: key == "x")
+        >>> sum(size for _, size in pairs) == plan_peak(plan), most_x
+        (True, 16384)
+    """
+    memory = LiveBytes(keep_peak=True, counted=counted)
+    _replay(plan, memory)
+    return memory.at_peak, memory.counted_peak
+
+
+def _replay(plan, memory: LiveBytes) -> tuple[tuple[str, int], ...]:
     program = device_program(plan)
     events = [event for event in program.events if not event.output]
-    memory = LiveBytes()
     schedule = release_after((event.touched for event in events), program.kept)
     highs = []
     for event, released in zip(events, schedule):

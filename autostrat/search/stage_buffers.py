@@ -102,10 +102,30 @@ def stage_peaks(plan) -> tuple[int, ...]:
         >>> stage_peaks(plan) == plan.pipeline.peak_bytes, len(stage_peaks(plan))
         (True, 2)
     """
+    return tuple(replay.memory.peak for replay in _replays(plan))
+
+
+def stage_peak_buffers(plan, counted=None) -> tuple[tuple[tuple[tuple[str, int], ...], int], ...]:
+    """Per device group of the pipeline plan `plan`, what `buffers.peak_buffers` gives for a plan
+    without stages: the (key, bytes) pairs one of its devices holds at its peak (a key of a
+    micro-batch's buffer once per micro-batch held), and the most bytes of keys `counted`
+    accepts held at once.
+
+    Example: see `stage_peaks` (the pairs of stage s sum to its peak).
+    """
+    return tuple((tuple((key, size) for (_, key), size in replay.memory.at_peak), replay.memory.counted_peak)
+                 for replay in _replays(plan, True, counted))
+
+
+def _replays(plan, keep_peak: bool = False, counted=None) -> list:
     cut = _StageCut(plan, device_program(plan))
-    pipeline, orders = plan.pipeline, plan.pipeline.orders
-    return tuple(replay_peak(tuple(cut.steps(orders.stage(device, chunk), chunk == 0) for chunk in range(pipeline.chunks)),
-                             orders.orders[device]) for device in range(pipeline.devices))
+    pipeline, orders, replays = plan.pipeline, plan.pipeline.orders, []
+    for device in range(pipeline.devices):
+        chunks = tuple(cut.steps(orders.stage(device, chunk), chunk == 0) for chunk in range(pipeline.chunks))
+        replay = _Replay(chunks, keep_peak, None if counted is None else lambda key: counted(key[1]))
+        replay.run(orders.orders[device])
+        replays.append(replay)
+    return replays
 
 
 class _StageCut:
@@ -220,18 +240,12 @@ class _StageCut:
                          if self.pipeline.op_stages.get(graph.tensors[tensor].producer) == stage]
 
 
-def replay_peak(chunks: tuple[StageSteps, ...], order) -> int:
-    """The most bytes held at once while a device runs the steps of its `chunks` (its stages)
-    in `order` (`schedules.Instruction`s)."""
-    return _Replay(chunks).run(order)
-
-
 class _Replay:
     """The live bytes of a device's buffers: the step's own (space "") and each micro-batch's
     (space: its index), which the device's stages share."""
 
-    def __init__(self, chunks: tuple[StageSteps, ...]):
-        self.chunks, self.memory = chunks, LiveBytes()
+    def __init__(self, chunks: tuple[StageSteps, ...], keep_peak: bool = False, counted=None):
+        self.chunks, self.memory = chunks, LiveBytes(keep_peak, counted)
         self.micro_release = []
         for steps in chunks:
             micro = steps.slots["forward"] + steps.slots["backward"] + steps.slots["weight"]

@@ -1,0 +1,275 @@
+"""`autostrat estimate`: the predicted step time, throughput and memory of a given Megatron-style plan.
+
+A config with a ``plan:`` section (and optionally ``global_batch``) names the plan as Megatron-LM
+does; the estimate turns it into the search's own inputs and plans it with the same machinery a
+search uses (`frontend.run.plan_config`), so a given plan and a searched one are priced by one
+model (cases):
+
+- ``tp`` and ``dp``: Megatron's tensor-parallel seeds on every block over ``tp`` devices, the
+  activations' rows over ``dp`` (`models.megatron_plan.tensor_parallel_seeds`); the other ops propagate.
+- ``pp``: ``pipeline_stages``, the stage split searched as the search splits stages (1F1B).
+- ``micro_batch`` and ``global_batch``: ``global_batch / (dp · micro_batch)`` micro-batches per
+  step (gradient accumulation when ``pp`` is 1), each of ``dp · micro_batch`` sequences.
+- ``sequence_parallel``: the norms, residual adds and biases between the tensor-parallel regions
+  split by rows over ``dp · tp`` devices (`models.megatron_plan.sequence_parallel_seeds`).
+- ``recompute``: ``none``, ``full`` (every block recomputed in the backward) or ``selective``
+  (every block's attention core: `models.megatron_plan.mark_selective_recompute`).
+- ``zero``: 0, or 1 (the optimiser state split over the data-parallel replicas, Megatron's
+  distributed optimizer; ``enable_parallel_optimizer`` with no size threshold).
+- What the machinery cannot express yet is a ConfigError naming the key, the value and "not yet
+  expressible" (``vp``, ``cp``, ``ep`` above 1, ZeRO 2 and 3), never a number for another plan.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, replace
+
+from autostrat.errors import ConfigError
+from autostrat.frontend.config import config_from_data, with_recompute
+from autostrat.frontend.run import plan_config
+from autostrat.frontend.yaml_text import parse_config_text
+from autostrat.models.flops import model_flops
+from autostrat.models.megatron_plan import mark_selective_recompute, sequence_parallel_seeds, tensor_parallel_seeds
+from autostrat.reading import read_text
+from autostrat.search.memory_breakdown import KINDS, memory_breakdowns
+from autostrat.search.precision import PRECISION_MEMORY
+from autostrat.search.prediction import format_nanoseconds
+from autostrat.tables import format_table
+
+# Each plan key and its default.
+PLAN_KEYS = {"tp": 1, "pp": 1, "vp": 1, "dp": 1, "cp": 1, "ep": 1, "sequence_parallel": False, "recompute": "none",
+             "zero": 0, "micro_batch": 1}
+# Per key, why some of its values are not yet expressible.
+NOT_YET = {
+    "vp": "the interleaved pipeline schedule is not a plan choice yet",
+    "cp": "context parallelism is not a plan choice yet",
+    "ep": "expert parallelism needs a mixture-of-experts model",
+    "zero": "autostrat's optimiser shard splits the optimiser state only (ZeRO 1); gradients and parameters stay whole",
+}
+RECOMPUTE = ("none", "full", "selective")
+SET_BY_PLAN = ("device_num", "enable_parallel_optimizer", "inputs", "micro_size", "parallel_optimizer_config",
+               "pipeline_stage", "pipeline_stages", "recompute", "strategies")  # keys a plan decides itself
+
+
+@dataclass(frozen=True)
+class GivenPlan:
+    """A config's ``plan:`` section, checked."""
+
+    tp: int
+    pp: int
+    dp: int
+    recompute: str
+    zero: int
+    micro_batch: int
+    global_batch: int
+    sequence_parallel: bool = False
+
+    @property
+    def device_num(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+
+def read_given_plan(data: dict, path) -> GivenPlan:
+    """The checked ``plan`` and ``global_batch`` of a config's YAML `data` (read from `path`).
+
+    Example:
+        >>> read_given_plan({"plan": {"tp": 8, "pp": 2}, "global_batch": 4}, "x.yaml").micro_batches
+        4
+    """
+    section = data.get("plan")
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: plan: expected a mapping of {', '.join(PLAN_KEYS)}, got {section!r}")
+    unknown = sorted(set(section) - set(PLAN_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: plan.{unknown[0]}: unknown key; a plan has {', '.join(PLAN_KEYS)}")
+    values = PLAN_KEYS | section
+    for key in ("tp", "pp", "vp", "dp", "cp", "ep", "micro_batch"):
+        _positive(values[key], f"{path}: plan.{key}")
+    if not isinstance(values["sequence_parallel"], bool):
+        raise ConfigError(f"{path}: plan.sequence_parallel: expected true or false, got {values['sequence_parallel']!r}")
+    if values["recompute"] not in RECOMPUTE:
+        raise ConfigError(f"{path}: plan.recompute: expected one of {', '.join(RECOMPUTE)}, got {values['recompute']!r}")
+    if values["zero"] not in (0, 1, 2, 3) or isinstance(values["zero"], bool):
+        raise ConfigError(f"{path}: plan.zero: expected a ZeRO level 0, 1, 2 or 3, got {values['zero']!r}")
+    blocked = [key for key in ("vp", "cp", "ep") if values[key] != 1] + ["zero"] * (values["zero"] > 1)
+    if blocked:
+        raise ConfigError(f"{path}: plan.{blocked[0]}: {values[blocked[0]]!r} is not yet expressible ({NOT_YET[blocked[0]]})")
+    rows = values["dp"] * values["micro_batch"]
+    batch = _positive(data.get("global_batch", rows), f"{path}: global_batch")
+    if batch % rows:
+        raise ConfigError(f"{path}: global_batch: expected a multiple of dp × micro_batch = {rows}, got {batch}")
+    return GivenPlan(values["tp"], values["pp"], values["dp"], values["recompute"], values["zero"], values["micro_batch"], batch,
+                     values["sequence_parallel"])
+
+
+def _positive(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: expected a positive integer, got {value!r}")
+    return value
+
+
+def given_plan_config(path):
+    """The config of a YAML file with a ``plan:`` section, as the search takes it (the module
+    docstring's cases), and the plan.
+
+    Example:
+        >>> config, given = given_plan_config("configs/estimate/gpt_small.yaml")
+        >>> config.context.device_num, config.context.pipeline_stages, config.micro_size, len(config.recompute)
+        (8, 2, 4, 2)
+    """
+    text = read_text(path, "config")
+    data = parse_config_text(text, path)
+    given = read_given_plan(data, path)
+    taken = sorted(set(data) & set(SET_BY_PLAN))
+    if taken:
+        raise ConfigError(f"{path}: {taken[0]}: the plan section decides it; leave it out of a config with a plan")
+    model = data.get("model")
+    if isinstance(model, dict):
+        params = model.get("params") or {}
+        if isinstance(params, dict) and params.get("batch", given.global_batch) != given.global_batch:
+            raise ConfigError(f"{path}: model.params.batch: the global batch comes from global_batch "
+                              f"({given.global_batch}); got {params['batch']!r}")
+        data["model"] = model | {"params": (params if isinstance(params, dict) else {}) | {"batch": given.global_batch}}
+    keys = {"parallel_mode": "auto_parallel", "search_mode": "sharding_propagation", "gradients_mean": True,
+            "optimizer": {"name": "adam"}} | {key: value for key, value in data.items() if key not in ("plan", "global_batch")}
+    keys |= {"device_num": given.device_num, "pipeline_stages": given.pp}
+    if given.zero:
+        keys |= {"enable_parallel_optimizer": True, "parallel_optimizer_config": {"parallel_optimizer_threshold": 0}}
+    config = config_from_data(keys, text, path, given.micro_batches, example_inputs=True)
+    seeds = tensor_parallel_seeds(config.net, given.tp, given.dp, f"{path}: plan.tp")
+    if given.sequence_parallel:
+        seeds |= sequence_parallel_seeds(config.net, given.tp, given.dp)
+    config = replace(config, strategies=seeds)
+    if given.recompute == "selective":
+        mark_selective_recompute(config.net)  # the net's own marks: planned as Primitive.recompute
+    if given.recompute == "full":
+        config = with_recompute(config, [f"blocks.{index}" for index in range(len(config.net.blocks))], f"{path}: plan.recompute")
+    return config, given
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A given plan's predicted step: `phases_ns` sum to the step time (a pipeline's: its
+    micro-batches' slots, the bubble, the slowest stage's synchronisation and updates), the
+    bubble's idle share, the model FLOPs of a step and their formula, and per stage the memory
+    one device holds at its peak (`memory_breakdown`)."""
+
+    given: GivenPlan
+    plan: object
+    model: str
+    seq: int
+    model_flops: int
+    formula: str
+    phases_ns: dict
+    bubble: float
+    memory: tuple
+
+    @property
+    def step_time_s(self) -> float:
+        return sum(self.phases_ns.values()) / 1e9
+
+    @property
+    def tokens_per_s_per_device(self) -> float:
+        return self.given.global_batch * self.seq / self.step_time_s / self.given.device_num
+
+    @property
+    def model_tflops_per_device(self) -> float:
+        return self.model_flops / self.step_time_s / self.given.device_num / 1e12
+
+    @property
+    def peak_tflops_per_device(self) -> float:
+        """The nominal matrix rate of the plan's precision (fp32 runs at half the 16-bit rate, as
+        `Hardware.compute_nanoseconds` charges it), without efficiency factors."""
+        full = self.plan.hardware.device_flops / 1e12
+        return full if self.plan.precision != "fp32" else full / 2
+
+    @property
+    def mfu(self) -> float:
+        return self.model_tflops_per_device / self.peak_tflops_per_device
+
+    def to_dict(self) -> dict:
+        given = self.given
+        return {
+            "plan": {"tp": given.tp, "pp": given.pp, "dp": given.dp, "sequence_parallel": given.sequence_parallel,
+                     "recompute": given.recompute, "zero": given.zero,
+                     "micro_batch": given.micro_batch, "global_batch": given.global_batch,
+                     "micro_batches": given.micro_batches},
+            "device_num": given.device_num, "hardware": self.plan.hardware.name, "precision": self.plan.precision,
+            "step_time_s": self.step_time_s, "phases_s": {name: ns / 1e9 for name, ns in self.phases_ns.items()},
+            "bubble": self.bubble, "tokens_per_s_per_device": self.tokens_per_s_per_device,
+            "model_flops_per_step": self.model_flops, "model_flops_formula": self.formula,
+            "model_tflops_per_device": self.model_tflops_per_device, "peak_tflops_per_device": self.peak_tflops_per_device,
+            "mfu": self.mfu, "peak_bytes_per_device": max(stage.peak_bytes for stage in self.memory),
+            "stages": [{"stage": index, "peak_bytes": stage.peak_bytes, **stage.bytes_by_kind,
+                        "most_activation_bytes": stage.most_activation_bytes} for index, stage in enumerate(self.memory)],
+        }
+
+    def lines(self, path) -> list[str]:
+        """The human-readable estimate of the config at `path`."""
+        given, plan = self.given, self.plan
+        lines = [f"{path}: {self.model} on {given.device_num} devices: tp {given.tp} x pp {given.pp} x dp {given.dp}, "
+                 f"{'sequence parallel, ' if given.sequence_parallel else ''}micro-batch {given.micro_batch}, "
+                 f"{given.micro_batches} micro-batch(es) of global batch {given.global_batch}, recompute {given.recompute}, zero {given.zero}; hardware {plan.hardware.name or 'given field by field'}, "
+                 f"precision {plan.precision}"]
+        if plan.precision != "fp32":
+            lines.append(f"precision {plan.precision}: {PRECISION_MEMORY}")
+        if plan.pipeline:
+            lines.append(plan.pipeline.summary())
+        lines.append(f"step time: {format_nanoseconds(round(self.step_time_s * 1e9))}")
+        lines += [f"  {name}: {format_nanoseconds(ns)}" for name, ns in self.phases_ns.items()]
+        lines.append(f"  bubble: {self.bubble:.1%} of the step idle on average over the stages")
+        lines.append(f"tokens/s per device: {self.tokens_per_s_per_device:,.1f}")
+        lines.append(f"model TFLOP/s per device: {self.model_tflops_per_device:,.4g}; MFU {self.mfu:.2%} of "
+                     f"{self.peak_tflops_per_device:,.1f} TFLOP/s")
+        lines.append(f"  model FLOPs per step: {self.model_flops:.4e} = {self.formula}")
+        unit, size = next((unit, size) for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
+                          if max(stage.peak_bytes for stage in self.memory) >= size or size == 1)
+        lines.append(f"peak memory per device, by stage ({unit}):")
+        headers = ["stage", *(kind.replace("_", " ") for kind in KINDS), "peak", "most activations held"]
+        rows = [[str(index), *(f"{stage.bytes_by_kind[kind] / size:,.2f}" for kind in KINDS), f"{stage.peak_bytes / size:,.2f}",
+                 f"{stage.most_activation_bytes / size:,.2f}"] for index, stage in enumerate(self.memory)]
+        return lines + [format_table(headers, rows, "  ")]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+def estimate(path) -> Estimate:
+    """The estimate of the given plan in the config at `path` (see the module docstring).
+
+    Example (2 stages of tp 2 x dp 2, 4 micro-batches: the phases sum to the pipeline's step):
+        >>> found = estimate("configs/estimate/gpt_small.yaml")
+        >>> sum(found.phases_ns.values()) == found.plan.pipeline.step_time_ns, len(found.memory)
+        (True, 2)
+    """
+    config, given = given_plan_config(path)
+    with warnings.catch_warnings():
+        if given.sequence_parallel:  # its seeds disagree by design: the AllGathers and ReduceScatters it trades for AllReduces
+            warnings.filterwarnings("ignore", message="seeds of .* disagree on .*: a redistribution")
+        plan, _ = plan_config(config)
+    return estimate_of(plan, config.net, given)
+
+
+def estimate_of(plan, net, given: GivenPlan) -> Estimate:
+    """The `Estimate` of `plan` (a plan of `net`, given or searched, in `given`'s terms): the
+    figures the search's prediction of it gives.
+
+    Example: see `estimate`.
+    """
+    flops, formula = model_flops(net, given.global_batch)
+    if plan.pipeline:
+        pipeline = plan.pipeline
+        slot = max(pipeline.split.slot_ns)
+        phases = {f"forward and backward of {given.micro_batches} micro-batch(es)": given.micro_batches * slot,
+                  "pipeline fill and drain (bubble)": (pipeline.stages - 1) * slot,
+                  "gradient synchronisation and update (slowest stage)": max(pipeline.once_ns, default=0)}
+        bubble = pipeline.split.bubble
+    else:
+        phases, bubble = {name: phase.time_ns for name, phase in plan.prediction.phases.items()}, 0.0
+    return Estimate(given, plan, type(net).__name__, net.seq, flops, formula, phases, bubble, memory_breakdowns(plan))
