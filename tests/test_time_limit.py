@@ -100,6 +100,27 @@ def test_the_retries_under_a_tighter_budget_share_the_time_limit(monkeypatch, cl
     assert clock.given == [60.0]
 
 
+def test_the_refinement_keeps_twice_the_start_plans_build_time_for_its_own_plan(monkeypatch, clock):
+    # Building a plan takes 1 s here: the start's is built first, and the solve, which would
+    # have had the whole 60 s, stops 2 s earlier, so that its plan is built within the limit.
+    plan_of = search_module._plan_of
+
+    def slow_plan_of(*args):
+        clock.now += 1.0
+        return plan_of(*args)
+
+    def refine_fake(problem, hint, time_limit, workers, budget, progress, level, starts, deadline):
+        clock.spend(deadline.left())
+        cost = problem.cost(hint)
+        return RefineResult(dict(hint), cost, 0, "FEASIBLE", time_limit, cost)
+
+    monkeypatch.setattr(search_module, "_plan_of", slow_plan_of)
+    monkeypatch.setattr(search_module, "refine", refine_fake)
+    problem = small_problem(8, 0)
+    search(problem.graph, 8, SearchOptions(refine="cpsat", refine_time_limit=60))
+    assert clock.given == [57.0] and clock.now == 1000.0 + 59.0  # start plan 1 s, solve 57 s, its plan 1 s: within 60
+
+
 def test_a_slow_model_build_returns_the_start_saying_where_the_time_ran_out(monkeypatch, clock):
     # Each edge's pair variables take 1 s of the 3 s limit: the model is never finished, nothing
     # is solved, and the plan is the start, not a solver's plan called OPTIMAL.

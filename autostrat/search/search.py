@@ -26,6 +26,7 @@ COST_MODELS = ("bytes", "time")
 # Under a budget, how many times the solver may be asked again when the plan's buffers
 # (`buffers.plan_peak`) exceed what its per-op model allowed.
 BUDGET_ROUNDS = 4
+PLAN_RESERVE = 2.0  # the refinement stops this many times the start plan's build time before the limit
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,10 @@ class SearchOptions:
       a plan never worse than the BFS one, FEASIBLE, not proven. A budget alone means "cpsat".
     - `refine_time_limit`: seconds a refining search may take, from its start: the problem and
       the propagation (which do not look at the clock: their plan is the floor) and then the
-      extra starts, cost tables, coarsening, model building, solves and retries (`deadline`);
-      when they run out before the solve, the plan is the best start and its summary says so.
+      extra starts, cost tables, coarsening, model building, solves and retries (`deadline`),
+      which end twice the start plan's build time early, so that the plan of what they found is
+      built within the limit; when they run out before the solve, the plan is the best start
+      and its summary says so.
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
     - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
       optimum, "layers" also shares the variables of identical repeated layers (the optimum
@@ -243,9 +246,15 @@ def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions
     extra starts, and each solve's pricing, coarsening and model building, which get the time
     the earlier left."""
     budget, plan = options.max_device_memory, None
+    # The plan of what the refinement finds is built after it, within the limit too: build the
+    # start's plan first (the fallback needs it anyway) and keep twice its time for that build
+    # and the garbage collection the search's end sets off (7B at 64 devices: 2.0 s and 2.1 s).
+    began = deadline.elapsed()
+    first = _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
+    deadline = deadline.reserving(PLAN_RESERVE * (deadline.elapsed() - began))
     # integer_programming starts from the data-parallel plan around the seeds already.
     starts = _extra_starts(problem, graph, device_num, options, deadline) if not options.automatic else []
-    start = _StartPlan(problem, graph, device_num, options, assignment, progress, deadline, tuple(starts))
+    start = _StartPlan(problem, graph, device_num, options, assignment, progress, deadline, tuple(starts), first)
     for attempt in range(BUDGET_ROUNDS):
         if plan is not None and deadline.passed():
             return start.if_it_fits(plan, attempt, None)
@@ -293,6 +302,7 @@ class _StartPlan:
     progress: object
     deadline: Deadline
     starts: tuple[dict[str, int], ...]
+    first: Plan  # the plan of the propagated assignment
 
     def if_it_fits(self, last: Plan, solves: int, error) -> Plan:
         """The plan of the cheapest start (the propagated one, then `starts`) whose peak fits
@@ -302,7 +312,8 @@ class _StartPlan:
 
         budget, before = self.options.max_device_memory, self.problem.cost(self.assignment.choice, shared=True)
         for choice in sorted([self.assignment.choice, *self.starts], key=lambda c: self.problem.cost(c, shared=True)):
-            plan = _plan_of(self.problem, self.graph, self.device_num, self.options, self.assignment, choice, self.progress)
+            plan = self.first if choice is self.assignment.choice else _plan_of(
+                self.problem, self.graph, self.device_num, self.options, self.assignment, choice, self.progress)
             if plan.prediction.peak_bytes <= budget:
                 break
         else:
