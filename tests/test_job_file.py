@@ -115,7 +115,7 @@ def test_a_changed_byte_of_the_arrays_is_refused(saved):
 
 def test_a_changed_value_of_the_json_is_refused(saved):
     run_dir, digest, folder = saved
-    (folder / JOB_JSON).write_text((folder / JOB_JSON).read_text().replace('"plan_bytes": ', '"plan_bytes": 1', 1))
+    (folder / JOB_JSON).write_text((folder / JOB_JSON).read_text().replace('"plan_bytes":', '"plan_bytes":1', 1))
     with pytest.raises(RuntimeBackendError, match=rf"job file .*{JOB_JSON}: expected SHA-256 {digest} \(the digest the launcher gave\)"):
         load_job(run_dir, digest)
 
@@ -231,7 +231,7 @@ def test_the_digest_goes_on_every_rank_command_line(tmp_path):
 
 def test_mpi_ranks_refuse_a_changed_job(saved):
     run_dir, digest, folder = saved
-    (folder / JOB_JSON).write_text((folder / JOB_JSON).read_text().replace('"stall_timeout": ', '"stall_timeout": 1', 1))
+    (folder / JOB_JSON).write_text((folder / JOB_JSON).read_text().replace('"stall_timeout":', '"stall_timeout":1', 1))
     result = launcher.launch(run_dir, 8, timeout=60, digest=digest)
     assert result.returncode != 0
     assert re.search(rf"job failed: rank \d+: RuntimeBackendError: job file .*{JOB_JSON}: expected SHA-256 {digest}", result.message)

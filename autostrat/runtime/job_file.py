@@ -151,7 +151,7 @@ def save_job(job: Job, run_dir) -> str:
     arrays = checkpoint_bytes(_flat_arrays(job))
     document = {"format": FORMAT, "version": VERSION, "files": [ARRAYS, _sha256(arrays)], "arrays": _array_names(job)}
     document |= {field: encode(getattr(job, field), form, field) for field, form in JOB_FIELDS.items()}
-    text = (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
+    text = (json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n").encode()  # compact: the C encoder (indent takes the Python one, 7x slower)
     folder = Path(run_dir) / JOB_FOLDER
     write_atomically(folder / ARRAYS, arrays, private=True)
     write_atomically(folder / JOB_JSON, text, private=True)
