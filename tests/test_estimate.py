@@ -179,12 +179,8 @@ def test_the_vocabulary_is_split_over_tp_as_megatron_does():
 
 
 def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_device(tmp_path):
-    import numpy as np
-
-    from autostrat.frontend.train import synthetic_batches
     from autostrat.report.estimate import given_plan_config
-    from autostrat.runtime.executor import graph_values
-    from autostrat.runtime.training import reference_graph, train_locally, train_single_device
+    from tests.test_recompute import assert_trains_like_one_device
 
     path = tmp_path / "sp.yaml"
     path.write_text(SMALL_TEXT.replace("precision: bf16", "precision: fp32").replace("pp: 2", "pp: 1")
@@ -193,9 +189,4 @@ def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_devic
     config, _ = given_plan_config(path)
     with pytest.warns(UserWarning, match="seeds of .* disagree"):  # the AllGathers sequence parallelism trades for
         plan, _ = plan_config(config)
-    values, batches = graph_values(plan.graph, {}), synthetic_batches(plan.graph, 2)
-    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
-    np.testing.assert_allclose(run.losses, alone.losses, rtol=1e-5)
-    for tensor, want in alone.parameters.items():
-        np.testing.assert_allclose(run.parameters[tensor], want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())), err_msg=tensor)
-    assert run.bytes_match
+    assert_trains_like_one_device(plan)
