@@ -24,7 +24,9 @@ from autostrat.runtime.training import train_locally
 from autostrat.search import SearchOptions
 from autostrat.search.pipeline import _Layout, _Staging, plan_pipeline
 from autostrat.search.schedules import schedule_orders
-from autostrat.search.stages import held_moments, in_flight, op_units, priced_split, slot_order, unit_costs
+from autostrat.search.schedule_simulation import StageTimes, simulate
+from autostrat.search.schedule_split import group_peaks, priced_split
+from autostrat.search.stages import UnitCosts, op_units, unit_costs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,17 +126,19 @@ def test_a_budget_the_fastest_splits_exact_peak_fits_keeps_it_though_its_model_i
     assert kept.pipeline.split.bounds == free.pipeline.split.bounds and kept.pipeline.peak_bytes == free.pipeline.peak_bytes
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize("stages, micro", [(1, 3), (2, 1), (2, 4), (4, 2), (4, 8)])
-def test_the_plans_schedule_is_the_one_the_ranks_run_and_its_moments_hold_the_micro_batches_in_flight(schedule, stages, micro):
-    for stage in range(stages):
-        ran = schedule_orders(schedule, stages, micro).orders[stage]  # what the ranks run (`StageProgram.order`)
-        assert slot_order(stage, stages, micro, schedule) == tuple(({"F": "forward", "B": "backward"}[i.kind], i.micro_batch) for i in ran)
-        moments = held_moments(stage, stages, micro, schedule)
-        assert max(kept for _, kept, _ in moments) == in_flight(stage, stages, micro, schedule)
-        assert max(sums for sums, _, _ in moments) == (2 if micro > 1 else 1)  # the sums and one micro-batch's gradients
-        # A backward starts while every micro-batch in flight is held.
-        assert any(starting and kept == in_flight(stage, stages, micro, schedule) for _, kept, starting in moments)
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2), ("zero_bubble_h1", 1), ("zbv", 2)])
+@pytest.mark.parametrize("stages, micro", [(1, 3), (2, 2), (2, 4), (4, 4), (4, 8)])
+def test_the_splits_memory_model_replays_the_orders_the_ranks_run(schedule, chunks, stages, micro):
+    """The model holds, per device group, the micro-batch chunks in flight the simulation of the
+    same orders counts (to W where the backward is split); the gradient sums and one micro-batch's
+    gradients next to them on every chunk."""
+    orders = schedule_orders(schedule, stages, micro, chunks)  # what the ranks run (`StageProgram.order`)
+    count = orders.stages
+    bounds = tuple((k, k + 1) for k in range(count))
+    run = simulate(orders, StageTimes.uniform(count, 1, 1, 1))
+    assert group_peaks(UnitCosts((1,) * count, (1,) * count, (0,) * count), bounds, orders) == run.peak_activations
+    sums = group_peaks(UnitCosts((1,) * count, (0,) * count, (0,) * count, gradient_bytes=(1,) * count), bounds, orders)
+    assert all(chunks <= peak <= chunks + 1 for peak in sums) and (micro == 1 or max(sums) == chunks + 1)
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -146,15 +150,16 @@ def test_under_any_budget_the_split_is_the_fastest_of_every_split_whose_exact_pe
     device_num, options = 2 * stages, SearchOptions()
     free = plan_pipeline(graph, device_num, stages, 4, options)
     units = op_units(graph)
-    staging = _Staging(replace(free, pipeline=None), units, _Layout(stages, 2, 4, "1f1b", 1), options.hardware)
+    layout = _Layout(stages, 2, 4, "1f1b", 1)
+    staging = _Staging(replace(free, pipeline=None), units, layout, options.hardware)
     costs = unit_costs(staging.plan, options.hardware, units)
     count = len(costs.time_ns)
-    splits = [staging.staged(priced_split(costs, tuple(zip((0, *cuts), (*cuts, count))), 4), "every split").pipeline
+    splits = [staging.staged(priced_split(costs, tuple(zip((0, *cuts), (*cuts, count))), layout.orders), "every split").pipeline
               for cuts in itertools.combinations(range(1, count), stages - 1)]
     for budget in sorted({max(split.peak_bytes) for split in splits}):
-        fastest = min(max(split.split.slot_ns) for split in splits if max(split.peak_bytes) <= budget)
+        fastest = min(split.step_time_ns for split in splits if max(split.peak_bytes) <= budget)
         plan = plan_pipeline(graph, device_num, stages, 4, replace(options, max_device_memory=budget))
-        assert max(plan.pipeline.peak_bytes) <= budget and max(plan.pipeline.split.slot_ns) == fastest, budget
+        assert max(plan.pipeline.peak_bytes) <= budget and plan.pipeline.step_time_ns == fastest, budget
 
 
 def _config_with(tmp_path, extra: str):

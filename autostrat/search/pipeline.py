@@ -12,7 +12,7 @@ redistributions stay the ones on every stage.
 Which stage runs what (cases):
 1. Searched: the stages split the model's units (`stages.op_units`: what precedes the
    repeated layers, each repeated layer, what follows) into contiguous ranges
-   (`stages.split_stages`). Given by the cells' ``pipeline_stage`` (any cells, as MindSpore
+   (`schedule_split.split_stages`). Given by the cells' ``pipeline_stage`` (any cells, as MindSpore
    marks them): every op takes its stage by MindSpore's rule (`cell_stages`), each stage one unit.
 2. A backward op runs where its forward op runs, a parameter's update where the parameter is
    first read; the sum of a tensor's gradients from several readers (``accumulate/``) runs on
@@ -34,7 +34,8 @@ from autostrat.search.prediction import op_times
 from autostrat.search.schedules import SCHEDULE_ORDERS, Schedule, schedule_orders
 from autostrat.search.search import search
 from autostrat.search.stage_buffers import stage_peaks
-from autostrat.search.stages import SCHEDULES, StageSplit, op_units, priced_split, split_stages, unit_costs
+from autostrat.search.schedule_split import priced_split, split_stages
+from autostrat.search.stages import StageSplit, op_units, unit_costs
 
 BUDGET_ROUNDS = 16  # splits tried under a budget before the search gives up (`_fitting`)
 MODEL_MARGIN = 10  # percent: how far the split's model may miss a stage's exact peak, either way (tested)
@@ -158,9 +159,8 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
     group's devices, then the split into ``stages * chunks`` model stages, searched under
     ``options.max_device_memory`` (a budget for a group's share, checked on every group's exact
     peak: `_fitting`) or given by `marks` (cell path -> ``pipeline_stage``: `cell_stages`,
-    checked before the search). The split is searched with 1F1B's model for the schedules
-    it has none of (interleaved_1f1b, zero_bubble_h1, zbv); their exact peaks are replayed
-    from their orders.
+    checked before the search). The split is priced by its schedule's orders
+    (`schedule_split`: the simulated step, the memory model replayed per device group).
 
     Example (a 4-block stack on 8 devices as 2 stages of 4, 4 micro-batches):
         >>> from autostrat.autodiff import Adam, build_training
@@ -189,7 +189,7 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
         return _fitting(staging, unit_costs(plan, options.hardware, units), options.max_device_memory)
     staging = _Staging(plan, marked, layout, options.hardware)
     split = priced_split(unit_costs(plan, options.hardware, marked, stage_units=True),
-                         tuple((stage, stage + 1) for stage in range(model_stages)), micro_batches, layout.split_schedule)
+                         tuple((stage, stage + 1) for stage in range(model_stages)), layout.orders)
     staged = staging.staged(split, "pipeline_stage of cells")
     staged = replace(staged, pipeline=replace(staged.pipeline, cells=stage_cells(graph, marks, marked, model_stages)))
     peak, budget = max(staged.pipeline.peak_bytes), options.max_device_memory
@@ -210,9 +210,9 @@ class _Layout:
     chunks: int
 
     @property
-    def split_schedule(self) -> str:
-        """The schedule whose model the split is searched with (`stages.SCHEDULES`)."""
-        return self.schedule if self.schedule in SCHEDULES else "1f1b"
+    def orders(self) -> Schedule:
+        """The orders the device groups run (`schedules.schedule_orders`)."""
+        return _orders(self.schedule, self.stages // self.chunks, self.micro_batches, self.chunks)
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ class _Staging:
 def _fitting(staging: _Staging, costs, budget: int | None):
     """The searched split's pipeline plan whose stages' exact peaks fit `budget`.
 
-    The split is searched with its model (`stages.stage_cost`), which misses a stage's exact
+    The split is searched with its model (`schedule_split.group_peaks`), which misses a stage's exact
     peak by up to `MODEL_MARGIN` either way (it counts whole micro-batches' activations and
     gradients, not each buffer): it allows stages whose model is that much over `budget`, so
     that no split that fits is left out, and the exact peak decides. A stage's exact peak
@@ -254,8 +254,7 @@ def _fitting(staging: _Staging, costs, budget: int | None):
     layout = staging.layout
     for _ in range(BUDGET_ROUNDS):
         try:
-            split = split_stages(costs, layout.stages, layout.micro_batches, budget, layout.split_schedule, allowed,
-                                 frozenset(excluded))
+            split = split_stages(costs, layout.orders, budget, allowed, frozenset(excluded))
         except InfeasibleError:
             if staged is None:
                 raise

@@ -1,0 +1,213 @@
+"""The stage split priced by its schedule: a split of the model's units into the model stages of
+a pipeline schedule (`schedules.Schedule`), its step time simulated from the schedule's orders
+and its memory replayed from them.
+
+Prices of a split (`priced_split`), per model stage from its units' `stages.UnitCosts`:
+
+- F, B and W (`stage_times`): the units' forward, input-gradient and weight-gradient
+  nanoseconds of one micro-batch (`stages.unit_costs` classifies backward ops by the runtime's
+  B/W rule: `stages.weight_ops`), a send of the stage's output counted in its F and of its input's
+  gradient in its B when the next (previous) stage is on another device group (the ranks block
+  on a send; two chunks of one device group pass nothing). Schedules that do not split the
+  backward run B and W as one.
+- The step and bubble: `schedule_simulation.simulate` of the orders on those times. Every
+  per-micro-batch cost (its compute and communication) is paid once per micro-batch by
+  construction: the orders run each micro-batch's F, B and W.
+- Memory per device group (`group_peaks`): its chunks' parameters and optimiser state, plus the
+  most it holds at any moment of its order: per chunk the activations of the micro-batches in
+  flight (from a forward to its backward, or to its weight gradient where the backward is
+  split), the gradient sums once the chunk's first backward made them, the gradients a backward
+  writes next to them, and, where a backward starts, the first activation gradient it writes.
+  For 1F1B and GPipe this is the model the split was searched with before schedules (tested).
+
+`split_stages` finds the split with the least simulated step whose model fits the budget:
+every split when there are at most `EXHAUSTIVE_SPLITS` (so exact: tested against brute force),
+else the split with the least slowest stage (`stages.min_max_split`, by dynamic programming),
+then boundaries moved one unit at a time while the simulated step falls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from autostrat.errors import ConfigError, InfeasibleError
+from autostrat.search.schedule_simulation import StageTimes, simulate
+from autostrat.search.schedules import Schedule
+from autostrat.search.stages import StageSplit, UnitCosts, min_max_split
+
+EXHAUSTIVE_SPLITS = 2048  # splits priced one by one (each a simulation) before the DP and descent take over
+DESCENT_ROUNDS = 64  # passes over the boundaries moving each one unit (a pass that improves nothing ends it)
+
+
+def stage_times(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule: Schedule) -> StageTimes:
+    """Per model stage of `bounds` (``[first, end)`` unit ranges, one per stage of `schedule`),
+    one micro-batch's F, B and W nanoseconds, sends included (module docstring).
+
+    Example (2 stages on 2 devices, send 5: stage 0's forward sends on, stage 1's backward back):
+        >>> from autostrat.search.schedules import schedule_orders
+        >>> costs = UnitCosts((30, 30), (1, 1), (1, 1), 5, forward_ns=(10, 10), weight_gradient_ns=(5, 5))
+        >>> stage_times(costs, ((0, 1), (1, 2)), schedule_orders("1f1b", 2, 2))
+        StageTimes(forward_ns=(15, 10), backward_ns=(15, 20), weight_ns=(5, 5), send_ns=(0,))
+    """
+    stages, forward, backward, weight = len(bounds), [], [], []
+    for stage, (first, end) in enumerate(bounds):
+        on = stage < stages - 1 and schedule.device(stage + 1) != schedule.device(stage)
+        back = stage > 0 and schedule.device(stage - 1) != schedule.device(stage)
+        f, w = sum(costs.forward_ns[first:end]), sum(costs.weight_gradient_ns[first:end])
+        forward.append(f + costs.send_ns * on)
+        backward.append(sum(costs.time_ns[first:end]) - f - w + costs.send_ns * back)
+        weight.append(w)
+    return StageTimes(tuple(forward), tuple(backward), tuple(weight), (0,) * (stages - 1))
+
+
+def group_peaks(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule: Schedule) -> tuple[int, ...]:
+    """Per device group of `schedule`, the most bytes one of its devices holds by the split's
+    memory model (module docstring), replaying the group's order.
+
+    Example (1F1B's first of 2 stages holds 2 micro-batches, the last 1; 10 bytes each, weights 1):
+        >>> from autostrat.search.schedules import schedule_orders
+        >>> group_peaks(UnitCosts((1, 1), (10, 10), (1, 1)), ((0, 1), (1, 2)), schedule_orders("1f1b", 2, 4))
+        (21, 11)
+    """
+    return tuple(_group_peak(costs, bounds, schedule, device) for device in range(schedule.devices))
+
+
+def _group_peak(costs: UnitCosts, bounds, schedule: Schedule, device: int) -> int:
+    """One device group's peak by the split's model (`group_peaks`)."""
+    stages = [schedule.stage(device, chunk) for chunk in range(schedule.chunks)]
+    activations, gradients, firsts = [], [], []
+    for stage in stages:
+        first, end = bounds[stage]
+        activations.append(sum(costs.activation_bytes[first:end]) + costs.send_bytes * (stage > 0))
+        gradients.append(sum(costs.gradient_bytes[first:end]))
+        firsts.append(costs.transient_bytes[end - 1] if costs.transient_bytes else 0)  # the backward starts at the last unit
+    kept, sums, peak = [0] * schedule.chunks, [0] * schedule.chunks, 0
+    frees = "W" if schedule.split_backward else "B"  # what frees a micro-batch's activations
+    for instruction in schedule.orders[device]:
+        chunk = instruction.chunk
+        if instruction.kind == "F":
+            kept[chunk] += 1
+            extra = firsts[chunk]  # a backward may start now, all of these held
+        elif instruction.kind == frees:
+            kept[chunk] -= 1
+            extra, sums[chunk] = gradients[chunk] * sums[chunk], 1  # the sums, once made, and its gradients
+        else:
+            continue
+        held = sum(k * a + s * g for k, a, s, g in zip(kept, activations, sums, gradients))
+        peak = max(peak, held + extra)
+    weights = sum(sum(costs.weight_bytes[first:end]) for first, end in (bounds[stage] for stage in stages))
+    return weights + peak
+
+
+def priced_split(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule: Schedule) -> StageSplit:
+    """The `StageSplit` of the given bounds run in `schedule`'s orders: slots, simulated step and
+    bubble, and the model's peak per device group.
+
+    Example (one heavy unit, then two: 1F1B on 2 stages, 4 micro-batches):
+        >>> from autostrat.search.schedules import schedule_orders
+        >>> split = priced_split(UnitCosts((30, 10, 10), (1, 1, 1), (5, 1, 1)), ((0, 1), (1, 3)), schedule_orders("1f1b", 2, 4))
+        >>> split.slot_ns, split.step_time_ns
+        ((30, 20), 140)
+    """
+    times = stage_times(costs, bounds, schedule)
+    run = simulate(schedule, times)
+    slots = tuple(round(f + b + w) for f, b, w in zip(times.forward_ns, times.backward_ns, times.weight_ns))
+    weights = tuple(sum(costs.weight_bytes[first:end]) for first, end in bounds)
+    return StageSplit(bounds, slots, group_peaks(costs, bounds, schedule), schedule.micro_batches, weights,
+                      round(run.step_ns), run.bubble)
+
+
+def split_stages(costs: UnitCosts, schedule: Schedule, budget: int | None = None, allowed: int | None = None,
+                 excluded: frozenset = frozenset()) -> StageSplit:
+    """The split of the units into `schedule`'s model stages (contiguous, non-empty) with the
+    least simulated step whose every device group's model fits `allowed` bytes (default
+    `budget`) and none of whose stages, as ``(stage, first, end)``, is `excluded` (a caller
+    checking exact peaks against `budget` allows more and excludes the stages found over:
+    `pipeline.plan_pipeline`); among equally fast splits, the first in order of boundaries.
+
+    Example (four equal layers after a heavy embedding: the embedding's stage takes one layer):
+        >>> from autostrat.search.schedules import schedule_orders
+        >>> costs = UnitCosts((30, 10, 10, 10, 10), (1, 1, 1, 1, 1), (5, 1, 1, 1, 1))
+        >>> split = split_stages(costs, schedule_orders("1f1b", 2, 4))
+        >>> split.bounds, split.slot_ns, split.step_time_ns
+        (((0, 1), (1, 5)), (30, 40), 190)
+    """
+    units, stages = len(costs.time_ns), schedule.stages
+    if not 1 <= stages <= units:
+        raise ConfigError(f"{stages} pipeline stages cannot split {units} layer unit(s): each stage needs one at least")
+    allowed = budget if allowed is None else allowed
+
+    def fits(split: StageSplit) -> bool:
+        over = allowed is not None and max(split.peak_bytes) > allowed
+        return not over and not any((stage, *bound) in excluded for stage, bound in enumerate(split.bounds))
+
+    if math.comb(units - 1, stages - 1) <= EXHAUSTIVE_SPLITS:
+        found = _best_of_every_split(costs, schedule, fits)
+    else:
+        found = _descended(costs, schedule, fits, allowed)
+    if found is None:
+        over = f" (the model allows {allowed:,})" if allowed != budget else ""
+        raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
+                              f"device: {_least_peak(costs, schedule)}{over}")
+    return found
+
+
+def _least_peak(costs: UnitCosts, schedule: Schedule) -> str:
+    """What the split's memory model gives at least: over every split, or over the splits with
+    the least largest stage weights (the DP) when there are too many."""
+    units, stages = len(costs.time_ns), schedule.stages
+    if math.comb(units - 1, stages - 1) <= EXHAUSTIVE_SPLITS:
+        least = min(max(group_peaks(costs, _bounds(ends), schedule)) for ends in _every_split(units, stages))
+        return f"the least stage peak the split's memory model gives any split is {least:,} bytes"
+    ends = min_max_split(units, stages, lambda stage, first, end: sum(costs.weight_bytes[first:end]))[1]
+    return (f"the split with the least weights on its largest stage peaks at "
+            f"{max(group_peaks(costs, _bounds(ends), schedule)):,} bytes by the split's memory model")
+
+
+def _every_split(units: int, stages: int):
+    for cuts in itertools.combinations(range(1, units), stages - 1):
+        yield cuts + (units,)
+
+
+def _bounds(ends: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple(zip((0,) + ends[:-1], ends))
+
+
+def _best_of_every_split(costs: UnitCosts, schedule: Schedule, fits) -> StageSplit | None:
+    best = None
+    for ends in _every_split(len(costs.time_ns), schedule.stages):
+        split = priced_split(costs, _bounds(ends), schedule)
+        if fits(split) and (best is None or split.step_time_ns < best.step_time_ns):
+            best = split
+    return best
+
+
+def _descended(costs: UnitCosts, schedule: Schedule, fits, allowed: int | None) -> StageSplit | None:
+    """The least-slowest-slot split (each stage's own share of the budget: `allowed` over the
+    chunks of a group), then each boundary moved one unit either way while the step falls."""
+    units, stages = len(costs.time_ns), schedule.stages
+    share = None if allowed is None else allowed // schedule.chunks
+
+    def slot(stage: int, first: int, end: int) -> int | None:  # the DP's memory: the stage's weights
+        return None if share is not None and sum(costs.weight_bytes[first:end]) > share else sum(costs.time_ns[first:end])
+
+    start = min_max_split(units, stages, slot)
+    if start is None:
+        return None
+    best = priced_split(costs, _bounds(start[1]), schedule)
+    if not fits(best):
+        return None
+    for _ in range(DESCENT_ROUNDS):
+        improved = False
+        for boundary, move in itertools.product(range(stages - 1), (-1, 1)):
+            ends = list(best.bounds[i][1] for i in range(stages))
+            ends[boundary] += move
+            if not all(a < b for a, b in zip((0, *ends), ends)):
+                continue
+            split = priced_split(costs, _bounds(tuple(ends)), schedule)
+            if fits(split) and split.step_time_ns < best.step_time_ns:
+                best, improved = split, True
+        if not improved:
+            break
+    return best
