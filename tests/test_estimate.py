@@ -99,7 +99,7 @@ def test_llama_counts_six_n_plus_attention(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, message", [
-    (("vp: 1", "vp: 2"), "plan.vp: 2 is not yet expressible (the interleaved pipeline schedule is not a plan choice yet)"),
+    (("pp: 2, vp: 1", "pp: 1, vp: 2"), "plan.vp: virtual stages interleave a pipeline: expected 1 with pp 1, got 2"),
     (("cp: 1", "cp: 2"), "plan.cp: 2 is not yet expressible"),
     (("ep: 1", "ep: 2"), "plan.ep: 2 is not yet expressible"),
     (("zero: 1", "zero: 2"), "plan.zero: 2 is not yet expressible"),
@@ -199,3 +199,18 @@ def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_devic
     for tensor, want in alone.parameters.items():
         np.testing.assert_allclose(run.parameters[tensor], want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())), err_msg=tensor)
     assert run.bytes_match
+
+
+def test_virtual_stages_estimate_megatrons_interleaved_schedule(tmp_path, capsys):
+    """plan.vp 2: the pipeline runs interleaved_1f1b with 2 model stages per rank (4 on 2 ranks),
+    its phases sum to the simulated step, and it predicts less bubble than vp 1."""
+    from autostrat.report.estimate import estimate, given_plan_config
+
+    plain, _ = _estimate(tmp_path, capsys)
+    figures, _ = _estimate(tmp_path, capsys, SMALL_TEXT.replace("vp: 1", "vp: 2"))
+    plan, _ = given_plan_config(tmp_path / "plan.yaml")
+    assert plan.context.pipeline_schedule_chunks() == ("interleaved_1f1b", 2)
+    found = estimate(tmp_path / "plan.yaml")
+    assert found.plan.pipeline.stages == 4 and found.plan.pipeline.chunks == 2
+    assert sum(found.phases_ns.values()) == found.plan.pipeline.step_time_ns
+    assert figures["bubble"] < plain["bubble"]

@@ -189,3 +189,31 @@ def test_one_repeated_layer_sequence_is_needed():
 
     with pytest.raises(ConfigError, match="pipeline stages split one sequence of repeated layers"):
         op_units(build_training(trace(FFN(), Tensor(shape=(64, 64))), Adam()))
+
+
+def test_the_choice_is_the_best_of_every_schedule_chunks_and_micro_batches_by_hand():
+    """Every (schedule, chunks, micro-batches) on 2 device groups of a 6-unit model, each split
+    tried, written out here: `choose_schedule`'s first is the fastest that fits (ties: fewer
+    micro-batches, then the candidates' order); a micro-batch's work shrinks with their count,
+    its send does not."""
+    time, weights = (24, 12, 12, 12, 12, 30), (9, 1, 1, 1, 1, 9)
+
+    def costs_of(m: int) -> UnitCosts:
+        share = tuple(t * 8 // m for t in time)
+        return UnitCosts(share, tuple(8 * 8 // m for _ in time), weights, 6, forward_ns=tuple(s // 3 for s in share),
+                         weight_gradient_ns=tuple(s // 3 for s in share))
+
+    by_hand = [("1f1b", 1), ("gpipe", 1), ("zero_bubble_h1", 1), ("zbv", 2), ("interleaved_1f1b", 2), ("interleaved_1f1b", 3)]
+    for budget in (None, 120, 60):
+        found = []
+        for m in (2, 4, 8):
+            for rank, (name, chunks) in enumerate(by_hand):
+                schedule = schedule_orders(name, 2, m, chunks)
+                steps = [_step(costs_of(m), bounds, schedule) for bounds in
+                         (tuple(zip((0,) + e[:-1], e)) for e in _every_split(6, schedule.stages))
+                         if budget is None or max(group_peaks(costs_of(m), bounds, schedule)) <= budget]
+                found += [(min(steps), m, rank, name, chunks)] if steps else []
+        best = min(found)
+        choice = schedule_split.choose_schedule(costs_of, 2, (8, 2, 4), budget)[0]
+        assert (choice.split.step_time_ns, choice.micro_batches, choice.schedule, choice.chunks) == (best[0], best[1], *best[3:])
+        assert len(schedule_split.choose_schedule(costs_of, 2, (8, 2, 4), budget)) == len(found)

@@ -34,7 +34,7 @@ from autostrat.search.prediction import op_times
 from autostrat.search.schedules import SCHEDULE_ORDERS, Schedule, schedule_orders
 from autostrat.search.search import search
 from autostrat.search.stage_buffers import stage_peaks
-from autostrat.search.schedule_split import priced_split, split_stages
+from autostrat.search.schedule_split import AUTO, choose_schedule, priced_split, split_stages
 from autostrat.search.stages import StageSplit, op_units, unit_costs
 
 BUDGET_ROUNDS = 16  # splits tried under a budget before the search gives up (`_fitting`)
@@ -174,10 +174,15 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
         >>> plan.pipeline.summary().splitlines()[0]
         'pipeline: 2 stages x 4 devices, 4 micro-batches, 1f1b (searched; 0: units 0-2, 1: units 3-5)'
     """
-    if schedule not in SCHEDULE_ORDERS:
-        raise ConfigError(f"pipeline_schedule must be one of {', '.join(SCHEDULE_ORDERS)}, got {schedule!r}")
+    if schedule not in SCHEDULE_ORDERS + (AUTO,):
+        raise ConfigError(f"pipeline_schedule must be one of {', '.join(SCHEDULE_ORDERS + (AUTO,))}, got {schedule!r}")
     if stages < 1 or device_num % stages:
         raise ConfigError(f"pipeline_stages must divide device_num: {stages} stages on {device_num} devices")
+    if schedule == AUTO:
+        if marks:
+            raise ConfigError("pipeline_schedule auto chooses the schedule with the split, but cells set pipeline_stage: "
+                              "name a schedule for marked stages, or leave the split to the search")
+        return _chosen(graph, device_num, stages, micro_batches, options, progress, chunks)
     chunks = schedule_orders(schedule, stages, micro_batches, chunks).chunks  # checks the chunks and micro-batches
     group, model_stages = device_num // stages, stages * chunks
     marked = marked_units(graph, marks, model_stages) if marks else None
@@ -197,6 +202,29 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
         raise InfeasibleError(f"the stages the cells' pipeline_stage gives peak at {peak:,} bytes per device, over "
                               f"max_device_memory = {budget:,}; mark other stages or let the split be searched")
     return staged
+
+
+def _chosen(graph, device_num: int, stages: int, micro_batches: int, options, progress, chunks: int | None):
+    """`plan_pipeline` with ``pipeline_schedule: auto``: every candidate schedule and chunks
+    (`schedule_split.choose_schedule`) split under the budget by the split's model, the
+    fastest whose exact peaks fit (`_fitting`), as the search's choice."""
+    group = device_num // stages
+    plan = search(graph, group, replace(options, max_device_memory=None), progress)
+    units = op_units(graph) if stages > 1 else dict.fromkeys(graph.ops, 0)
+    costs, budget = unit_costs(plan, options.hardware, units), options.max_device_memory
+    allowed = None if budget is None else budget * (100 + MODEL_MARGIN) // 100
+    refused = []
+    for choice in choose_schedule(lambda m: costs, stages, (micro_batches,), budget, allowed, chunks):
+        layout = _Layout(stages * choice.chunks, group, micro_batches, choice.schedule, choice.chunks)
+        try:
+            staged = _fitting(_Staging(plan, units, layout, options.hardware), costs, budget)
+        except InfeasibleError as error:
+            refused.append(f"{choice.schedule} x {choice.chunks}: {error}")
+            continue
+        return replace(staged, pipeline=replace(staged.pipeline, origin="schedule and split searched"))
+    reasons = "; ".join(refused) or "no schedule's split fits by the split's memory model"
+    raise InfeasibleError(f"pipeline_schedule auto: no schedule of {stages} device groups x {group} devices with "
+                          f"{micro_batches} micro-batches fits max_device_memory = {budget:,}: {reasons}")
 
 
 @dataclass(frozen=True)

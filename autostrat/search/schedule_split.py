@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.search.schedule_simulation import StageTimes, simulate
-from autostrat.search.schedules import Schedule
+from autostrat.search.schedules import Schedule, schedule_orders
 from autostrat.search.stages import StageSplit, UnitCosts, min_max_split
 
 EXHAUSTIVE_SPLITS = 2048  # splits priced one by one (each a simulation) before the DP and descent take over
@@ -211,3 +212,62 @@ def _descended(costs: UnitCosts, schedule: Schedule, fits, allowed: int | None) 
         if not improved:
             break
     return best
+
+
+AUTO = "auto"  # `pipeline_schedule: auto`: the search chooses the schedule and its virtual stages
+MAX_CHUNKS = 8  # interleaved_1f1b's virtual stages per device group tried by `schedule_candidates`
+
+
+@dataclass(frozen=True)
+class ScheduleChoice:
+    """A schedule with its model chunks per device group, micro-batches and best split."""
+
+    schedule: str
+    chunks: int
+    micro_batches: int
+    split: StageSplit
+
+
+def schedule_candidates(devices: int, units: int, micro_batches: int, chunks: int | None = None) -> tuple[tuple[str, int], ...]:
+    """The (schedule, chunks) pairs `pipeline_schedule: auto` tries on `devices` device groups,
+    `units` units and `micro_batches`: 1F1B, GPipe and ZB-H1; zbv when every one of its
+    ``2 p`` stages gets a unit; interleaved 1F1B with 2 to `MAX_CHUNKS` chunks (or the given
+    `chunks`, `pipeline_interleave_num`) when its stages get a unit each and the micro-batches
+    come in groups of the devices.
+
+    Example:
+        >>> schedule_candidates(2, 5, 4)
+        (('1f1b', 1), ('gpipe', 1), ('zero_bubble_h1', 1), ('zbv', 2), ('interleaved_1f1b', 2))
+    """
+    found = [("1f1b", 1), ("gpipe", 1), ("zero_bubble_h1", 1)]
+    if devices > 1 and 2 * devices <= units:
+        found.append(("zbv", 2))
+    if devices > 1 and micro_batches % devices == 0:
+        tried = range(2, MAX_CHUNKS + 1) if chunks is None else (chunks,)
+        found += [("interleaved_1f1b", v) for v in tried if devices * v <= units]
+    return tuple(found)
+
+
+def choose_schedule(costs_of, devices: int, micro_batch_counts, budget: int | None = None, allowed: int | None = None,
+                    chunks: int | None = None) -> tuple[ScheduleChoice, ...]:
+    """Every (schedule, chunks, micro-batches) of `schedule_candidates` for each of
+    `micro_batch_counts` with a split that fits, fastest simulated step first (ties: the
+    candidates' order, fewer micro-batches first); `costs_of(m)` gives the `UnitCosts` of one
+    of `m` micro-batches (its work shrinks with `m`; its weights do not).
+
+    Example (four equal units on 2 device groups, 4 micro-batches: zbv's V fills the bubble):
+        >>> costs = UnitCosts((9,) * 4, (1,) * 4, (1,) * 4, forward_ns=(3,) * 4, weight_gradient_ns=(3,) * 4)
+        >>> best = choose_schedule(lambda m: costs, 2, (4,))[0]
+        >>> best.schedule, best.chunks, best.split.step_time_ns
+        ('zbv', 2, 75)
+    """
+    choices = []
+    for order, micro_batches in enumerate(sorted(micro_batch_counts)):
+        costs = costs_of(micro_batches)
+        for rank, (name, count) in enumerate(schedule_candidates(devices, len(costs.time_ns), micro_batches, chunks)):
+            try:
+                split = split_stages(costs, schedule_orders(name, devices, micro_batches, count), budget, allowed)
+            except InfeasibleError:
+                continue
+            choices.append(((split.step_time_ns, order, rank), ScheduleChoice(name, count, micro_batches, split)))
+    return tuple(choice for _, choice in sorted(choices, key=lambda pair: pair[0]))
