@@ -217,3 +217,16 @@ def test_the_choice_is_the_best_of_every_schedule_chunks_and_micro_batches_by_ha
         choice = schedule_split.choose_schedule(costs_of, 2, (8, 2, 4), budget)[0]
         assert (choice.split.step_time_ns, choice.micro_batches, choice.schedule, choice.chunks) == (best[0], best[1], *best[3:])
         assert len(schedule_split.choose_schedule(costs_of, 2, (8, 2, 4), budget)) == len(found)
+
+
+def test_past_every_split_the_descent_moves_a_split_over_the_budget_until_it_fits(monkeypatch):
+    """The DP sees weights only: its even split holds 1F1B's 2 micro-batches of 3 units on the
+    first stage, over 45 bytes; moving the boundary one unit brings it to 40, which fits."""
+    monkeypatch.setattr(schedule_split, "EXHAUSTIVE_SPLITS", 0)
+    costs = UnitCosts((10,) * 6, (10,) * 6, (0,) * 6)
+    schedule = schedule_orders("1f1b", 2, 4)
+    assert split_stages(costs, schedule).bounds == ((0, 3), (3, 6))
+    split = split_stages(costs, schedule, budget=45)
+    assert split.bounds == ((0, 2), (2, 6)) and split.peak_bytes == (40, 40)
+    with pytest.raises(InfeasibleError, match="no split into 2 pipeline stages fits max_device_memory = 15 bytes"):
+        split_stages(costs, schedule, budget=15)

@@ -139,14 +139,15 @@ def split_stages(costs: UnitCosts, schedule: Schedule, budget: int | None = None
         raise ConfigError(f"{stages} pipeline stages cannot split {units} layer unit(s): each stage needs one at least")
     allowed = budget if allowed is None else allowed
 
-    def fits(split: StageSplit) -> bool:
-        over = allowed is not None and max(split.peak_bytes) > allowed
-        return not over and not any((stage, *bound) in excluded for stage, bound in enumerate(split.bounds))
+    def misfit(split: StageSplit) -> tuple[int, int]:
+        """(bytes the largest group is over `allowed`, excluded stages): (0, 0) when it fits."""
+        over = 0 if allowed is None else max(0, max(split.peak_bytes) - allowed)
+        return over, sum((stage, *bound) in excluded for stage, bound in enumerate(split.bounds))
 
     if math.comb(units - 1, stages - 1) <= EXHAUSTIVE_SPLITS:
-        found = _best_of_every_split(costs, schedule, fits)
+        found = _best_of_every_split(costs, schedule, misfit)
     else:
-        found = _descended(costs, schedule, fits, allowed)
+        found = _descended(costs, schedule, misfit, allowed)
     if found is None:
         over = f" (the model allows {allowed:,})" if allowed != budget else ""
         raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
@@ -175,18 +176,19 @@ def _bounds(ends: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple(zip((0,) + ends[:-1], ends))
 
 
-def _best_of_every_split(costs: UnitCosts, schedule: Schedule, fits) -> StageSplit | None:
+def _best_of_every_split(costs: UnitCosts, schedule: Schedule, misfit) -> StageSplit | None:
     best = None
     for ends in _every_split(len(costs.time_ns), schedule.stages):
         split = priced_split(costs, _bounds(ends), schedule)
-        if fits(split) and (best is None or split.step_time_ns < best.step_time_ns):
+        if misfit(split) == (0, 0) and (best is None or split.step_time_ns < best.step_time_ns):
             best = split
     return best
 
 
-def _descended(costs: UnitCosts, schedule: Schedule, fits, allowed: int | None) -> StageSplit | None:
-    """The least-slowest-slot split (each stage's own share of the budget: `allowed` over the
-    chunks of a group), then each boundary moved one unit either way while the step falls."""
+def _descended(costs: UnitCosts, schedule: Schedule, misfit, allowed: int | None) -> StageSplit | None:
+    """The least-slowest-slot split (each stage's weights within its share of the budget:
+    `allowed` over the chunks of a group), then each boundary moved one unit either way while
+    the split gets nearer to fitting (`misfit`) or, fitting, faster; None when it never fits."""
     units, stages = len(costs.time_ns), schedule.stages
     share = None if allowed is None else allowed // schedule.chunks
 
@@ -197,21 +199,21 @@ def _descended(costs: UnitCosts, schedule: Schedule, fits, allowed: int | None) 
     if start is None:
         return None
     best = priced_split(costs, _bounds(start[1]), schedule)
-    if not fits(best):
-        return None
+    best_key = (misfit(best), best.step_time_ns)
     for _ in range(DESCENT_ROUNDS):
         improved = False
         for boundary, move in itertools.product(range(stages - 1), (-1, 1)):
-            ends = list(best.bounds[i][1] for i in range(stages))
+            ends = [end for _, end in best.bounds]
             ends[boundary] += move
             if not all(a < b for a, b in zip((0, *ends), ends)):
                 continue
             split = priced_split(costs, _bounds(tuple(ends)), schedule)
-            if fits(split) and split.step_time_ns < best.step_time_ns:
-                best, improved = split, True
+            key = (misfit(split), split.step_time_ns)
+            if key < best_key:
+                best, best_key, improved = split, key, True
         if not improved:
             break
-    return best
+    return best if best_key[0] == (0, 0) else None
 
 
 AUTO = "auto"  # `pipeline_schedule: auto`: the search chooses the schedule and its virtual stages
