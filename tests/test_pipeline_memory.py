@@ -101,28 +101,39 @@ def test_a_budget_just_under_the_pipeline_configs_exact_peak_is_refused(tmp_path
 
 
 def test_a_budget_just_under_a_splits_exact_peak_gives_a_split_whose_run_fits():
-    """A 6-block stack on 2 stages: under its free split's exact peak less 1 byte, which the
-    split's model says the free split fits, the search moves a block to the last stage; every
-    rank of that plan, run, peaks within the budget (and at its stage's predicted peak)."""
-    free, _ = _trained(_stack(6, 8), 6, 2, 4, "1f1b", False, _momentum)
+    """A 6-block stack on 2 stages, 2 micro-batches: under its free split's exact peak less 1
+    byte, which the split's model says the free split fits, the search moves a block to the
+    last stage; every rank of that plan, run, peaks within the budget (and at its stage's
+    predicted peak). (At 4 micro-batches, searched with the sync weighed 1/4, no other split fits.)"""
+    free, _ = _trained(_stack(6, 8), 6, 2, 2, "1f1b", False, _momentum)
     budget = max(free.pipeline.peak_bytes) - 1
     assert max(free.pipeline.split.peak_bytes) <= budget
     reset_auto_parallel_context()
-    plan, measured = _trained(_stack(6, 8), 6, 2, 4, "1f1b", False, _momentum, budget)
+    plan, measured = _trained(_stack(6, 8), 6, 2, 2, "1f1b", False, _momentum, budget)
     assert plan.pipeline.split.bounds != free.pipeline.split.bounds
     assert max(measured) <= budget, (measured, budget)
     assert measured == _stage_of_each_rank(plan, plan.pipeline.peak_bytes)
 
 
-def test_a_budget_the_fastest_splits_exact_peak_fits_keeps_it_though_its_model_is_over():
-    """4 blocks on 4 stages: the split's model puts a middle stage a little over its exact peak;
-    a budget of the exact peak keeps the fastest split (the model may miss either way, so it
-    only narrows the search: the exact peak decides)."""
+def test_a_budget_the_fastest_splits_exact_peak_fits_keeps_it_though_its_model_is_over(monkeypatch):
+    """4 blocks on 4 stages, the split's model set 5 % over (every unit's bytes: the model may
+    miss either way, and on this stack it now misses under): a budget of the exact peak keeps
+    the fastest split (the model only narrows the search: the exact peak decides)."""
+    from autostrat.search import pipeline as pipeline_module
+
     graph = build_training(trace(_stack(4, 8), *_stack(4, 8).example_inputs()), Adam())
     free = plan_pipeline(graph, 8, 4, 2, SearchOptions())
     budget = max(free.pipeline.peak_bytes)
-    assert max(free.pipeline.split.peak_bytes) > budget
+    priced = pipeline_module.unit_costs
+
+    def over(*args, **kwargs) -> UnitCosts:
+        costs = priced(*args, **kwargs)
+        return replace(costs, weight_bytes=tuple(w * 105 // 100 for w in costs.weight_bytes),
+                       activation_bytes=tuple(a * 105 // 100 for a in costs.activation_bytes))
+
+    monkeypatch.setattr(pipeline_module, "unit_costs", over)
     kept = plan_pipeline(graph, 8, 4, 2, SearchOptions(max_device_memory=budget))
+    assert max(kept.pipeline.split.peak_bytes) > budget
     assert kept.pipeline.split.bounds == free.pipeline.split.bounds and kept.pipeline.peak_bytes == free.pipeline.peak_bytes
 
 

@@ -186,7 +186,7 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
     chunks = schedule_orders(schedule, stages, micro_batches, chunks).chunks  # checks the chunks and micro-batches
     group, model_stages = device_num // stages, stages * chunks
     marked = marked_units(graph, marks, model_stages) if marks else None
-    plan = search(graph, group, replace(options, max_device_memory=None), progress)
+    plan = search(graph, group, replace(options, max_device_memory=None, micro_batches=micro_batches), progress)
     layout = _Layout(model_stages, group, micro_batches, schedule, chunks)
     if marked is None:
         units = op_units(graph) if model_stages > 1 else dict.fromkeys(graph.ops, 0)  # micro-batches alone: one unit
@@ -209,7 +209,7 @@ def _chosen(graph, device_num: int, stages: int, micro_batches: int, options, pr
     (`schedule_split.choose_schedule`) split under the budget by the split's model, the
     fastest whose exact peaks fit (`_fitting`), as the search's choice."""
     group = device_num // stages
-    plan = search(graph, group, replace(options, max_device_memory=None), progress)
+    plan = search(graph, group, replace(options, max_device_memory=None, micro_batches=micro_batches), progress)
     units = op_units(graph) if stages > 1 else dict.fromkeys(graph.ops, 0)
     costs, budget = unit_costs(plan, options.hardware, units), options.max_device_memory
     allowed = None if budget is None else budget * (100 + MODEL_MARGIN) // 100
