@@ -280,9 +280,10 @@ def _add_phase(command) -> None:
     command.add_argument("--pipeline-stages", type=_positive(int),
                          help="split the devices into this many pipeline stages, each running a contiguous part of "
                               "the layers (the split is searched unless the config sets pipeline_stage); training only")
-    command.add_argument("--pipeline-schedule", choices=SCHEDULE_ORDERS,
+    command.add_argument("--pipeline-schedule", choices=(*SCHEDULE_ORDERS, "auto"),
                          help="the order each pipeline stage runs its micro-batches' forward, backward and weight-gradient "
-                              "work in (default: the config's pipeline_schedule, or 1f1b)")
+                              "work in; auto: the search chooses it and its virtual stages (default: the config's "
+                              "pipeline_schedule, or 1f1b)")
     command.add_argument("--pipeline-interleave-num", type=_positive(int),
                          help="model stages per device group (virtual stages): interleaved_1f1b any (default 2), zbv 2")
     command.add_argument("--micro-size", type=_positive(int),

@@ -43,13 +43,13 @@ under the per-device budget ``--budget`` (80 GB):
   equal slots.
 
 Pipeline columns: layers (blocks) per stage; the slowest stage's slot (one micro-batch's forward,
-backward and sends); the predicted step time (``(m + S - 1)`` slots, plus the slowest stage's
-gradient synchronisation and updates, which run once per step:
-`search.pipeline.Pipeline.step_time_ns`; without a pipeline the plan's prediction); the bubble
-(the share of the step a stage idles, averaged over the stages: `search.stages.StageSplit.bubble`);
-the largest stage's peak per device (weights and optimiser state plus 1F1B's in-flight
-micro-batches' activations, per unit: `search.stages`; without a pipeline the plan's exact
-peak); and the seconds to trace, search and split (tracing included here, unlike the table above).
+backward and sends); the predicted step time (1F1B's orders simulated on the stages' F, B
+and W times, plus the slowest stage's gradient synchronisation and updates, which run once per
+step: `search.pipeline.Pipeline.step_time_ns`; without a pipeline the plan's prediction); the
+bubble (the devices' idle share of the simulated step: `search.stages.StageSplit.bubble`);
+the largest stage's peak per device by the split's model (weights and optimiser state plus
+1F1B's in-flight micro-batches' activations, replayed from the orders:
+`search.schedule_split.group_peaks`; without a pipeline the plan's exact peak); and the seconds to trace, search and split (tracing included here, unlike the table above).
 Target: <= 15 s per row at 1024 devices.
 
 Run: .venv/bin/python benchmarks/quality.py [--models stack-8 stack-32 stack-96 7b] [--time-limit 60]

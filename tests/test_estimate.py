@@ -99,7 +99,7 @@ def test_llama_counts_six_n_plus_attention(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, message", [
-    (("vp: 1", "vp: 2"), "plan.vp: 2 is not yet expressible (the interleaved pipeline schedule is not a plan choice yet)"),
+    (("pp: 2, vp: 1", "pp: 1, vp: 2"), "plan.vp: virtual stages interleave a pipeline: expected 1 with pp 1, got 2"),
     (("cp: 1", "cp: 2"), "plan.cp: 2 is not yet expressible"),
     (("ep: 1", "ep: 2"), "plan.ep: 2 is not yet expressible"),
     (("zero: 1", "zero: 2"), "plan.zero: 2 is not yet expressible"),
@@ -190,3 +190,18 @@ def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_devic
     with pytest.warns(UserWarning, match="seeds of .* disagree"):  # the AllGathers sequence parallelism trades for
         plan, _ = plan_config(config)
     assert_trains_like_one_device(plan)
+
+
+def test_virtual_stages_estimate_megatrons_interleaved_schedule(tmp_path, capsys):
+    """plan.vp 2: the pipeline runs interleaved_1f1b with 2 model stages per rank (4 on 2 ranks),
+    its phases sum to the simulated step, and it predicts less bubble than vp 1."""
+    from autostrat.report.estimate import estimate, given_plan_config
+
+    plain, _ = _estimate(tmp_path, capsys)
+    figures, _ = _estimate(tmp_path, capsys, SMALL_TEXT.replace("vp: 1", "vp: 2"))
+    plan, _ = given_plan_config(tmp_path / "plan.yaml")
+    assert plan.context.pipeline_schedule_chunks() == ("interleaved_1f1b", 2)
+    found = estimate(tmp_path / "plan.yaml")
+    assert found.plan.pipeline.stages == 4 and found.plan.pipeline.chunks == 2
+    assert sum(found.phases_ns.values()) == found.plan.pipeline.step_time_ns
+    assert figures["bubble"] < plain["bubble"]

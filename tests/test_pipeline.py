@@ -26,7 +26,8 @@ from autostrat.runtime.training import reference_graph, train_locally
 from autostrat.search import SearchOptions
 from autostrat.search.pipeline import plan_pipeline, shared_update_ops
 from autostrat.search.schedules import schedule_orders
-from autostrat.search.stages import in_flight, op_units, priced_split, unit_costs
+from autostrat.search.schedule_split import priced_split
+from autostrat.search.stages import op_units, unit_costs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,14 +60,15 @@ def _pipeline_cell(net, layers: int, stages: int, micro: int = 4, schedule: str 
 
 def test_the_searched_split_of_a_real_model_is_the_best_of_every_split():
     """A 5-block GPT's units (embedding, 5 blocks, head) on 3 stages: the split `plan_pipeline`
-    returns has the least slowest slot of every split, priced from the same plan."""
+    returns has the least simulated step of every split, priced from the same plan."""
     net = GPT(layers=5, hidden=32, heads=4, seq=8, batch=2, vocab=256)
     graph = build_training(trace(net, *net.example_inputs()), Adam())
     plan = plan_pipeline(graph, 6, 3, 4, SearchOptions())
     costs = unit_costs(plan, SearchOptions().hardware)
-    best = min(max(priced_split(costs, tuple(zip((0,) + ends[:-1], ends)), 4).slot_ns)
+    orders = schedule_orders("1f1b", 3, 4)
+    best = min(priced_split(costs, tuple(zip((0,) + ends[:-1], ends)), orders).step_time_ns
                for ends in (cuts + (7,) for cuts in itertools.combinations(range(1, 7), 2)))
-    assert max(plan.pipeline.split.slot_ns) == best
+    assert plan.pipeline.split.step_time_ns == best
     units = op_units(graph)
     for name, stage in plan.pipeline.op_stages.items():  # every op on the stage of its unit's range
         first, end = plan.pipeline.split.bounds[stage]
@@ -79,13 +81,13 @@ def test_the_memory_budget_moves_the_split():
     the free split under that budget, so the search finds its exact peak over and searches
     again; the split it returns is slower, and its stages' exact peaks fit."""
     graph = build_training(trace(_stack(6, 4), *_stack(6, 4).example_inputs()), Adam())
-    free = plan_pipeline(graph, 4, 2, 4, SearchOptions())
+    free = plan_pipeline(graph, 4, 2, 2, SearchOptions())  # 2 micro-batches: at 4 no other split fits
     budget = max(free.pipeline.peak_bytes) - 1
     assert max(free.pipeline.split.peak_bytes) <= budget  # the model alone would keep the free split
-    tight = plan_pipeline(graph, 4, 2, 4, SearchOptions(max_device_memory=budget))
+    tight = plan_pipeline(graph, 4, 2, 2, SearchOptions(max_device_memory=budget))
     assert max(tight.pipeline.peak_bytes) <= budget
     assert tight.pipeline.split.bounds != free.pipeline.split.bounds
-    assert max(tight.pipeline.split.slot_ns) >= max(free.pipeline.split.slot_ns)
+    assert tight.pipeline.split.step_time_ns >= free.pipeline.split.step_time_ns
 
 
 def test_adams_step_counters_run_on_every_stage():
@@ -110,7 +112,7 @@ def test_every_schedule_runs_each_micro_batch_once_and_holds_what_the_split_mode
             assert kind == "forward" or ("forward", index) in slots[:slots.index((kind, index))]
             held += 1 if kind == "forward" else -1
             most = max(most, held)
-        assert most == in_flight(stage, stages, micro, schedule)
+        assert most == (micro if schedule == "gpipe" else min(stages - stage, micro))
 
 
 # -- runs ----------------------------------------------------------------------------------
@@ -336,3 +338,30 @@ def test_every_pipeline_rank_reports_each_instruction_it_runs():
         per_step = per_micro_batch * program.micro_batches + len(program.update)
         assert [index for index, _ in seen[rank]] == list(range(2 * per_step)), rank
         assert {"Recv", "Send"} <= {kind for _, kind in seen[rank]}, rank  # waits on other stages are reported too
+
+
+def test_every_micro_batch_pays_its_communication_in_the_strategy_search():
+    """Issue #34's finding 1: the search of a pipeline's micro-batch graph weighed a micro-batch's
+    redistributions once against the once-per-step gradient synchronisation, and kept the LM
+    head's weight-gradient matmul on one device (all ones) to spare the sync. Weighing the
+    once-per-step costs 1/m, 32 micro-batches split it over the devices, its unit several times
+    cheaper per micro-batch; the sync tables are the unweighted ones over m, the others equal."""
+    from autostrat.frontend.config import apply_seeds
+    from autostrat.search.problem import build_problem
+    from autostrat.search.search import search
+
+    net = GPT(layers=2, hidden=128, heads=8, seq=64, batch=2, vocab=8192)
+    graph = build_training(apply_seeds(trace(net, *net.example_inputs(), device_num=16), megatron_seeds(2, 8, data_parallel=2), 16),
+                           Adam())
+    once = search(graph, 16, SearchOptions())
+    pipelined = plan_pipeline(graph, 32, 2, 32, SearchOptions())
+    head = "bprop/lm_head.matmul/mat_mul_1"
+    assert set(once.ops[head].strategy.splits) == {1}  # the finding, with one micro-batch: on one device
+    assert set(pipelined.ops[head].strategy.splits) != {1}
+    hardware = SearchOptions().hardware
+    assert unit_costs(pipelined, hardware).time_ns[-1] * 5 < unit_costs(once, hardware).time_ns[-1]
+    one, four = build_problem(graph, 16), build_problem(graph, 16, micro_batches=4)
+    for a, b in zip(one.edges, four.edges):
+        assert a.sync == b.sync and np.allclose(b.table[0], a.table[0] / (4 if a.sync else 1))  # a row: every table whole is slow
+    with pytest.raises(ConfigError, match="micro_batches must be a positive integer, got 0"):
+        SearchOptions(micro_batches=0)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from autostrat.errors import ConfigError
 from autostrat.search.schedule_simulation import StageTimes, check_orders, simulate
 from autostrat.search.schedules import SCHEDULE_ORDERS, Instruction, Schedule, schedule_orders
-from autostrat.search.stages import UnitCosts, in_flight, priced_split, slot_order
+from autostrat.search.schedule_split import priced_split
+from autostrat.search.stages import UnitCosts
 
 _TIMES = st.integers(1, 9)
 
@@ -115,18 +116,15 @@ def test_peak_activations_are_the_published_figures(p, m):
 @settings(max_examples=100, deadline=None)
 @given(st.sampled_from(["gpipe", "1f1b"]), st.integers(1, 8), st.integers(1, 24), _TIMES, _TIMES)
 def test_gpipe_and_1f1b_agree_with_the_stage_splits_slot_model(name, p, m, forward, backward):
-    """On uniform stages and free sends, the same orders (`stages.slot_order`), step and bubble
-    (`stages.priced_split`'s `StageSplit`) and micro-batches in flight (`stages.in_flight`) as
-    the stage split's model."""
+    """On uniform stages and free sends, the closed-form step and bubble ((m + p - 1) slots) and
+    the micro-batches in flight are those of the stage split's model (`schedule_split.priced_split`)."""
     schedule = schedule_orders(name, p, m)
     run = simulate(schedule, StageTimes.uniform(p, forward, backward))
-    costs = UnitCosts((forward + backward,) * p, (1,) * p, (0,) * p)  # one unit per stage
-    split = priced_split(costs, tuple((d, d + 1) for d in range(p)), m, name)
-    assert run.step_ns == split.step_time_ns
+    costs = UnitCosts((forward + backward,) * p, (1,) * p, (0,) * p, forward_ns=(forward,) * p)  # one unit per stage
+    split = priced_split(costs, tuple((d, d + 1) for d in range(p)), schedule)
+    assert run.step_ns == split.step_time_ns == (m + p - 1) * (forward + backward)
     assert run.bubble == pytest.approx(split.bubble)
-    assert run.peak_activations == tuple(in_flight(d, p, m, name) for d in range(p))
-    for d, order in enumerate(schedule.orders):
-        assert [("forward" if i.kind == "F" else "backward", i.micro_batch) for i in order] == list(slot_order(d, p, m, name))
+    assert run.peak_activations == split.peak_bytes == tuple(m if name == "gpipe" else min(p - d, m) for d in range(p))
 
 
 def _stage_of(schedule: Schedule, device: int, chunk: int) -> int:

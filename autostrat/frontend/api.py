@@ -53,6 +53,7 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
         return apply_seeds(graph, checkpoint["forward"], device_num, where=where) if checkpoint else graph
 
     schedule, chunks = context.pipeline_schedule_chunks()
+    chunks = chunks or 1  # auto without pipeline_interleave_num: the search chooses them
     if context.pipeline_stages > 1 or micro_batches > 1 or chunks > 1:
         if optimizer is None:
             virtual = f" of {chunks} model stages each ({schedule}, pipeline_interleave_num)" if chunks > 1 else ""

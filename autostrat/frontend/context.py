@@ -103,7 +103,9 @@ class ParallelContext:
       group's work (`search.schedules`): "1f1b" (default), "gpipe", "interleaved_1f1b"
       (Megatron's virtual stages), "zero_bubble_h1" or "zbv" (zero bubble, the backward split
       into input and weight gradients); `pipeline_interleave_num` is the model stages each group
-      holds (interleaved_1f1b: any, default 2; zbv: 2; else 1). MindSpore's `pipeline_config`
+      holds (interleaved_1f1b: any, default 2; zbv: 2; else 1). "auto" lets the search choose
+      the schedule and its model stages per group with the split (`search.schedule_split`):
+      the fastest predicted under max_device_memory. MindSpore's `pipeline_config`
       maps onto them: ``pipeline_scheduler`` ("1f1b", "gpipe", "zero_bubble_v" or any of
       autostrat's names) and ``pipeline_interleave`` (True: 1F1B interleaved); naming another
       schedule than `pipeline_schedule` is refused, naming both keys.

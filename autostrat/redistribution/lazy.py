@@ -23,7 +23,8 @@ class LazyCostTable:
 
     Reads that touch only some entries: ``t[i, j]`` (a float), ``t[i]``, ``t[i, :]`` and
     ``t[:, j]`` (fresh arrays). `full()` (or ``np.asarray(t)``, or any other index) computes
-    every entry; `computed` counts the entries computed so far.
+    every entry; `computed` counts the entries computed so far. Every entry is multiplied by
+    `scale` (a once-per-step cost weighed against a micro-batch's: `search.problem`).
 
     Example:
         >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
@@ -36,7 +37,8 @@ class LazyCostTable:
         ([[0.0, 192.0], [0.0, 0.0]], 4)
     """
 
-    def __init__(self, producer_layouts, consumer_layouts, dtype="float32", model=None, then=None) -> None:
+    def __init__(self, producer_layouts, consumer_layouts, dtype="float32", model=None, then=None, scale: float = 1.0) -> None:
+        self.scale = scale
         self.producer_layouts = tuple(producer_layouts)
         self.consumer_layouts = tuple(consumer_layouts)
         self.dtype, self.model = dtype, model
@@ -118,7 +120,7 @@ class LazyCostTable:
         block = cost_table([self.producer_layouts[i] for i in row_ids], [self.consumer_layouts[j] for j in column_ids],
                            self.dtype, self.model)
         block += self._then_costs(column_ids)
-        self._values[np.ix_(row_ids, column_ids)] = block
+        self._values[np.ix_(row_ids, column_ids)] = block * self.scale
         self._known[np.ix_(row_ids, column_ids)] = True
 
 

@@ -8,6 +8,8 @@ model (cases):
 - ``tp`` and ``dp``: Megatron's tensor-parallel seeds on every block over ``tp`` devices, the
   activations' rows over ``dp`` (`models.megatron_plan.tensor_parallel_seeds`); the other ops propagate.
 - ``pp``: ``pipeline_stages``, the stage split searched as the search splits stages (1F1B).
+- ``vp``: virtual stages per pipeline rank: Megatron's interleaved 1F1B
+  (``pipeline_schedule: interleaved_1f1b``, ``pipeline_interleave_num: vp``); ``pp`` above 1.
 - ``micro_batch`` and ``global_batch``: ``global_batch / (dp · micro_batch)`` micro-batches per
   step (gradient accumulation when ``pp`` is 1), each of ``dp · micro_batch`` sequences.
 - ``sequence_parallel``: the norms, residual adds and biases between the tensor-parallel regions
@@ -17,7 +19,7 @@ model (cases):
 - ``zero``: 0, or 1 (the optimiser state split over the data-parallel replicas, Megatron's
   distributed optimizer; ``enable_parallel_optimizer`` with no size threshold).
 - What the machinery cannot express yet is a ConfigError naming the key, the value and "not yet
-  expressible" (``vp``, ``cp``, ``ep`` above 1, ZeRO 2 and 3), never a number for another plan.
+  expressible" (``cp``, ``ep`` above 1, ZeRO 2 and 3), never a number for another plan.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ PLAN_KEYS = {"tp": 1, "pp": 1, "vp": 1, "dp": 1, "cp": 1, "ep": 1, "sequence_par
              "zero": 0, "micro_batch": 1}
 # Per key, why some of its values are not yet expressible.
 NOT_YET = {
-    "vp": "the interleaved pipeline schedule is not a plan choice yet",
     "cp": "context parallelism is not a plan choice yet",
     "ep": "expert parallelism needs a mixture-of-experts model",
     "zero": "autostrat's optimiser shard splits the optimiser state only (ZeRO 1); gradients and parameters stay whole",
@@ -65,6 +66,7 @@ class GivenPlan:
     micro_batch: int
     global_batch: int
     sequence_parallel: bool = False
+    vp: int = 1  # model stages per pipeline rank (interleaved 1F1B)
 
     @property
     def device_num(self) -> int:
@@ -97,15 +99,25 @@ def read_given_plan(data: dict, path) -> GivenPlan:
         raise ConfigError(f"{path}: plan.recompute: expected one of {', '.join(RECOMPUTE)}, got {values['recompute']!r}")
     if values["zero"] not in (0, 1, 2, 3) or isinstance(values["zero"], bool):
         raise ConfigError(f"{path}: plan.zero: expected a ZeRO level 0, 1, 2 or 3, got {values['zero']!r}")
-    blocked = [key for key in ("vp", "cp", "ep") if values[key] != 1] + ["zero"] * (values["zero"] > 1)
+    blocked = [key for key in ("cp", "ep") if values[key] != 1] + ["zero"] * (values["zero"] > 1)
     if blocked:
         raise ConfigError(f"{path}: plan.{blocked[0]}: {values[blocked[0]]!r} is not yet expressible ({NOT_YET[blocked[0]]})")
     rows = values["dp"] * values["micro_batch"]
     batch = _positive(data.get("global_batch", rows), f"{path}: global_batch")
     if batch % rows:
         raise ConfigError(f"{path}: global_batch: expected a multiple of dp × micro_batch = {rows}, got {batch}")
+    if values["vp"] > 1 and values["pp"] == 1:
+        raise ConfigError(f"{path}: plan.vp: virtual stages interleave a pipeline: expected 1 with pp 1, got {values['vp']}")
     return GivenPlan(values["tp"], values["pp"], values["dp"], values["recompute"], values["zero"], values["micro_batch"], batch,
-                     values["sequence_parallel"])
+                     values["sequence_parallel"], values["vp"])
+
+
+def _busiest_group_ns(pipeline) -> int:
+    """One micro-batch's work on the busiest device group: the slots of its chunks."""
+    groups = [0] * pipeline.devices
+    for stage, slot in enumerate(pipeline.split.slot_ns):
+        groups[pipeline.device_of(stage)] += slot
+    return max(groups)
 
 
 def _positive(value, where: str) -> int:
@@ -139,6 +151,8 @@ def given_plan_config(path):
     keys = {"parallel_mode": "auto_parallel", "search_mode": "sharding_propagation", "gradients_mean": True,
             "optimizer": {"name": "adam"}} | {key: value for key, value in data.items() if key not in ("plan", "global_batch")}
     keys |= {"device_num": given.device_num, "pipeline_stages": given.pp}
+    if given.vp > 1:
+        keys |= {"pipeline_schedule": "interleaved_1f1b", "pipeline_interleave_num": given.vp}
     if given.zero:
         keys |= {"enable_parallel_optimizer": True, "parallel_optimizer_config": {"parallel_optimizer_threshold": 0}}
     config = config_from_data(keys, text, path, given.micro_batches, example_inputs=True)
@@ -265,9 +279,9 @@ def estimate_of(plan, net, given: GivenPlan) -> Estimate:
     flops, formula = model_flops(net, given.global_batch)
     if plan.pipeline:
         pipeline = plan.pipeline
-        slot = max(pipeline.split.slot_ns)
-        phases = {f"forward and backward of {given.micro_batches} micro-batch(es)": given.micro_batches * slot,
-                  "pipeline fill and drain (bubble)": (pipeline.stages - 1) * slot,
+        busy = given.micro_batches * _busiest_group_ns(pipeline)
+        phases = {f"forward and backward of {given.micro_batches} micro-batch(es)": busy,
+                  "pipeline fill and drain (bubble)": pipeline.split.step_time_ns - busy,
                   "gradient synchronisation and update (slowest stage)": max(pipeline.once_ns, default=0)}
         bubble = pipeline.split.bubble
     else:

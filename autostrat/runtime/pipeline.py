@@ -301,7 +301,7 @@ def _result(plan, programs, runs, losses, slices_by_rank):
         f"pipeline bubble: predicted {split.bubble:.1%}, measured {np.mean([run.bubble for run in runs]):.1%} "
         f"(the share of the micro-batch slots a rank waits for another stage, mean over ranks)",
         f"the stage split's memory model (weights, state and gradients, activations of the micro-batches in flight) "
-        f"per stage: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
+        f"per device group: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
     )
     return TrainingResult(losses, parameters, tuple(phase_bytes(p) for p in programs), tuple(run.measured for run in runs),
                           max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines,

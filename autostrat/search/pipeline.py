@@ -12,7 +12,7 @@ redistributions stay the ones on every stage.
 Which stage runs what (cases):
 1. Searched: the stages split the model's units (`stages.op_units`: what precedes the
    repeated layers, each repeated layer, what follows) into contiguous ranges
-   (`stages.split_stages`). Given by the cells' ``pipeline_stage`` (any cells, as MindSpore
+   (`schedule_split.split_stages`). Given by the cells' ``pipeline_stage`` (any cells, as MindSpore
    marks them): every op takes its stage by MindSpore's rule (`cell_stages`), each stage one unit.
 2. A backward op runs where its forward op runs, a parameter's update where the parameter is
    first read; the sum of a tensor's gradients from several readers (``accumulate/``) runs on
@@ -34,7 +34,8 @@ from autostrat.search.prediction import op_times
 from autostrat.search.schedules import SCHEDULE_ORDERS, Schedule, schedule_orders
 from autostrat.search.search import search
 from autostrat.search.stage_buffers import stage_peaks
-from autostrat.search.stages import SCHEDULES, StageSplit, op_units, priced_split, split_stages, unit_costs
+from autostrat.search.schedule_split import AUTO, choose_schedule, priced_split, split_stages
+from autostrat.search.stages import StageSplit, op_units, unit_costs
 
 BUDGET_ROUNDS = 16  # splits tried under a budget before the search gives up (`_fitting`)
 MODEL_MARGIN = 10  # percent: how far the split's model may miss a stage's exact peak, either way (tested)
@@ -158,9 +159,8 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
     group's devices, then the split into ``stages * chunks`` model stages, searched under
     ``options.max_device_memory`` (a budget for a group's share, checked on every group's exact
     peak: `_fitting`) or given by `marks` (cell path -> ``pipeline_stage``: `cell_stages`,
-    checked before the search). The split is searched with 1F1B's model for the schedules
-    it has none of (interleaved_1f1b, zero_bubble_h1, zbv); their exact peaks are replayed
-    from their orders.
+    checked before the search). The split is priced by its schedule's orders
+    (`schedule_split`: the simulated step, the memory model replayed per device group).
 
     Example (a 4-block stack on 8 devices as 2 stages of 4, 4 micro-batches):
         >>> from autostrat.autodiff import Adam, build_training
@@ -174,14 +174,19 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
         >>> plan.pipeline.summary().splitlines()[0]
         'pipeline: 2 stages x 4 devices, 4 micro-batches, 1f1b (searched; 0: units 0-2, 1: units 3-5)'
     """
-    if schedule not in SCHEDULE_ORDERS:
-        raise ConfigError(f"pipeline_schedule must be one of {', '.join(SCHEDULE_ORDERS)}, got {schedule!r}")
+    if schedule not in SCHEDULE_ORDERS + (AUTO,):
+        raise ConfigError(f"pipeline_schedule must be one of {', '.join(SCHEDULE_ORDERS + (AUTO,))}, got {schedule!r}")
     if stages < 1 or device_num % stages:
         raise ConfigError(f"pipeline_stages must divide device_num: {stages} stages on {device_num} devices")
+    if schedule == AUTO:
+        if marks:
+            raise ConfigError("pipeline_schedule auto chooses the schedule with the split, but cells set pipeline_stage: "
+                              "name a schedule for marked stages, or leave the split to the search")
+        return _chosen(graph, device_num, stages, micro_batches, options, progress, chunks)
     chunks = schedule_orders(schedule, stages, micro_batches, chunks).chunks  # checks the chunks and micro-batches
     group, model_stages = device_num // stages, stages * chunks
     marked = marked_units(graph, marks, model_stages) if marks else None
-    plan = search(graph, group, replace(options, max_device_memory=None), progress)
+    plan = search(graph, group, replace(options, max_device_memory=None, micro_batches=micro_batches), progress)
     layout = _Layout(model_stages, group, micro_batches, schedule, chunks)
     if marked is None:
         units = op_units(graph) if model_stages > 1 else dict.fromkeys(graph.ops, 0)  # micro-batches alone: one unit
@@ -189,7 +194,7 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
         return _fitting(staging, unit_costs(plan, options.hardware, units), options.max_device_memory)
     staging = _Staging(plan, marked, layout, options.hardware)
     split = priced_split(unit_costs(plan, options.hardware, marked, stage_units=True),
-                         tuple((stage, stage + 1) for stage in range(model_stages)), micro_batches, layout.split_schedule)
+                         tuple((stage, stage + 1) for stage in range(model_stages)), layout.orders)
     staged = staging.staged(split, "pipeline_stage of cells")
     staged = replace(staged, pipeline=replace(staged.pipeline, cells=stage_cells(graph, marks, marked, model_stages)))
     peak, budget = max(staged.pipeline.peak_bytes), options.max_device_memory
@@ -197,6 +202,29 @@ def plan_pipeline(graph, device_num: int, stages: int, micro_batches: int, optio
         raise InfeasibleError(f"the stages the cells' pipeline_stage gives peak at {peak:,} bytes per device, over "
                               f"max_device_memory = {budget:,}; mark other stages or let the split be searched")
     return staged
+
+
+def _chosen(graph, device_num: int, stages: int, micro_batches: int, options, progress, chunks: int | None):
+    """`plan_pipeline` with ``pipeline_schedule: auto``: every candidate schedule and chunks
+    (`schedule_split.choose_schedule`) split under the budget by the split's model, the
+    fastest whose exact peaks fit (`_fitting`), as the search's choice."""
+    group = device_num // stages
+    plan = search(graph, group, replace(options, max_device_memory=None, micro_batches=micro_batches), progress)
+    units = op_units(graph) if stages > 1 else dict.fromkeys(graph.ops, 0)
+    costs, budget = unit_costs(plan, options.hardware, units), options.max_device_memory
+    allowed = None if budget is None else budget * (100 + MODEL_MARGIN) // 100
+    refused = []
+    for choice in choose_schedule(lambda m: costs, stages, (micro_batches,), budget, allowed, chunks):
+        layout = _Layout(stages * choice.chunks, group, micro_batches, choice.schedule, choice.chunks)
+        try:
+            staged = _fitting(_Staging(plan, units, layout, options.hardware), costs, budget)
+        except InfeasibleError as error:
+            refused.append(f"{choice.schedule} x {choice.chunks}: {error}")
+            continue
+        return replace(staged, pipeline=replace(staged.pipeline, origin="schedule and split searched"))
+    reasons = "; ".join(refused) or "no schedule's split fits by the split's memory model"
+    raise InfeasibleError(f"pipeline_schedule auto: no schedule of {stages} device groups x {group} devices with "
+                          f"{micro_batches} micro-batches fits max_device_memory = {budget:,}: {reasons}")
 
 
 @dataclass(frozen=True)
@@ -210,9 +238,9 @@ class _Layout:
     chunks: int
 
     @property
-    def split_schedule(self) -> str:
-        """The schedule whose model the split is searched with (`stages.SCHEDULES`)."""
-        return self.schedule if self.schedule in SCHEDULES else "1f1b"
+    def orders(self) -> Schedule:
+        """The orders the device groups run (`schedules.schedule_orders`)."""
+        return _orders(self.schedule, self.stages // self.chunks, self.micro_batches, self.chunks)
 
 
 @dataclass(frozen=True)
@@ -244,7 +272,7 @@ class _Staging:
 def _fitting(staging: _Staging, costs, budget: int | None):
     """The searched split's pipeline plan whose stages' exact peaks fit `budget`.
 
-    The split is searched with its model (`stages.stage_cost`), which misses a stage's exact
+    The split is searched with its model (`schedule_split.group_peaks`), which misses a stage's exact
     peak by up to `MODEL_MARGIN` either way (it counts whole micro-batches' activations and
     gradients, not each buffer): it allows stages whose model is that much over `budget`, so
     that no split that fits is left out, and the exact peak decides. A stage's exact peak
@@ -254,8 +282,7 @@ def _fitting(staging: _Staging, costs, budget: int | None):
     layout = staging.layout
     for _ in range(BUDGET_ROUNDS):
         try:
-            split = split_stages(costs, layout.stages, layout.micro_batches, budget, layout.split_schedule, allowed,
-                                 frozenset(excluded))
+            split = split_stages(costs, layout.orders, budget, allowed, frozenset(excluded))
         except InfeasibleError:
             if staged is None:
                 raise

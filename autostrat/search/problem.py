@@ -265,25 +265,30 @@ def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], hardwar
 @cache
 def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int,
                 dtype: str, from_input: bool = False, model: AlphaBeta | None = None,
-                sharding: OptimizerShard | None = None) -> LazyCostTable:
+                sharding: OptimizerShard | None = None, scale: float = 1.0) -> LazyCostTable:
     # Repeated layers have equal rules and candidates, so they share one table: an entry one
     # layer's search computed serves every other layer.
     if from_input:  # a parameter or graph input, from where its first reader keeps it
         sources = [rest_layout(sharding, s, output_index, dtype) for s in producer]
     else:
         sources = [s.output_layouts[output_index] for s in producer]
-    return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], dtype, model)
+    return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], dtype, model, scale=scale)
 
 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
                   lazy: bool = True, mesh="auto", hardware: Hardware | None = None,
-                  optimizer_shard: OptimizerShard | None = None, precision: str = "fp32") -> SearchProblem:
+                  optimizer_shard: OptimizerShard | None = None, precision: str = "fp32",
+                  micro_batches: int = 1) -> SearchProblem:
     """Candidates on `mesh` (`candidate_values`), own costs and edge tables of every op and edge
     of `graph`; the tables' entries are computed as the search reads them, or all at once
     without `lazy` (tests compare the two). Costs are bytes, or nanoseconds on `hardware`.
     With `optimizer_shard`, parameters' updates run split over their replicas: gradients are
     priced into the shard layout, and the parameter's first reader pays the gather back. Memory
-    counts trained parameters' state as `precision` keeps it (`search.precision`)."""
+    counts trained parameters' state as `precision` keeps it (`search.precision`). A step runs
+    the graph for `micro_batches` micro-batches (a pipeline's micro-batch graph) and its
+    updates once: what runs once per step (gradient synchronisation, the updates' compute and
+    gathers, writebacks) is weighed ``1 / micro_batches`` against the rest, which every
+    micro-batch pays (issue #34's finding 1)."""
     full = graph
     graph, followers = searched_graph(graph)
     seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
@@ -293,18 +298,19 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         op, device_num, allow_repeated, full_only, values, axes)) for name, op in graph.ops.items()}
     candidates = _rest_variants(graph, order_variants(graph, candidates), followers, optimizer_shard)
     model = None if hardware is None else hardware.alpha_beta(device_num)
-    costs = _own_costs(full, graph, candidates, followers, hardware, optimizer_shard, device_num)
+    once = 1.0 / micro_batches  # a per-step cost's weight against a micro-batch's
+    costs = _own_costs(full, graph, candidates, followers, hardware, optimizer_shard, device_num, once)
     edges = []
     for op in graph.ops.values():
         for index, tensor in enumerate(op.inputs):
             edge = _edge_into(graph, candidates, tensor, op.name, index, model, optimizer_shard)
             if edge is not None:
                 edges.append(edge)
-    edges += _sync_edges(graph, candidates, followers, model, optimizer_shard)
+    edges += _sync_edges(graph, candidates, followers, model, optimizer_shard, once)
     for parameter, value in graph.updates:
         if graph.tensors[value].producer in followers:
             continue
-        edge = _writeback_edge(graph, candidates, parameter, value, model)
+        edge = _writeback_edge(graph, candidates, parameter, value, model, once)
         if edge.producer != edge.consumer:
             edges.append(edge)
         else:  # the op reads and updates its own state: only its own candidate's cost counts
@@ -345,12 +351,13 @@ def _rest_variants(graph: Graph, candidates, followers: dict[str, str], sharding
 
 
 def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str], hardware: Hardware | None,
-               sharding: OptimizerShard | None, device_num: int) -> dict[str, OpCosts]:
+               sharding: OptimizerShard | None, device_num: int, once: float = 1.0) -> dict[str, OpCosts]:
     """Every searched op's `OpCosts`; on `hardware`, a parameter's first reader also pays, per
     candidate, the compute of the parameter's update in the layout it runs in. The gather of a
     sharded parameter's new value goes with its gradient's sync edge (`_sync_edges`), which
     then costs what the AllReduce it replaces costs: a propagation weighing an op's own cost
-    before its gradient's edge would otherwise see only the gather's price."""
+    before its gradient's edge would otherwise see only the gather's price. What the update
+    adds runs once per step: weighed `once` (`build_problem`)."""
     costs = {}
     for name, op in graph.ops.items():
         costs[name] = _op_costs(candidates[name], tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs), hardware)
@@ -372,7 +379,7 @@ def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str],
             if hardware is not None:
                 extra[number] += _followed_nanoseconds(op.rule, updated, dtypes, hardware)
         own = costs[owner]
-        costs[owner] = OpCosts(own.comm + extra, own.flops, own.memory)
+        costs[owner] = OpCosts(own.comm + extra * once, own.flops, own.memory)
     return costs
 
 
@@ -434,11 +441,11 @@ def searched_graph(graph: Graph) -> tuple[Graph, dict[str, str]]:
 
 
 def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
-                sharding: OptimizerShard | None = None) -> list[SearchEdge]:
+                sharding: OptimizerShard | None = None, once: float = 1.0) -> list[SearchEdge]:
     """Per update op, an edge from each computed operand of its parameter's shape (the
     gradient) to the parameter's first reader, priced to the layout the parameter is updated
     in: the one it lives in, or with optimizer sharding its shard layout, plus the gather of
-    the new value back into the layout it lives in."""
+    the new value back into the layout it lives in; weighed `once` (`build_problem`)."""
     edges = []
     for parameter in followers.values():
         readers = graph.consumers(parameter)
@@ -452,7 +459,8 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
         output_index = producer.outputs.index(gradient)
         dtype = graph.tensors[gradient].dtype
         if sharding is None:
-            table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, dtype, False, model)
+            table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, dtype, False, model,
+                                scale=once)
         else:
             sources = [s.output_layouts[output_index] for s in candidates[producer.name]]
             used = [s.input_layouts[owner_index] for s in candidates[owner]]
@@ -460,18 +468,19 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
             # At rest (ZeRO-3) a parameter's new value stays in its shard layout: no gather back.
             gathers = [None if new is old or owner_index in s.at_rest else (new, old)
                        for new, old, s in zip(updated, used, candidates[owner])]
-            table = LazyCostTable(sources, updated, dtype, model, gathers)
+            table = LazyCostTable(sources, updated, dtype, model, gathers, once)
         edges.append(SearchEdge(gradient, producer.name, output_index, owner, owner_index, table, sync=True))
     return edges
 
 
-def _writeback_edge(graph: Graph, candidates, parameter: str, value: str, model=None) -> SearchEdge:
-    """The edge from the op computing `parameter`'s next value to the parameter's first consumer."""
+def _writeback_edge(graph: Graph, candidates, parameter: str, value: str, model=None, once: float = 1.0) -> SearchEdge:
+    """The edge from the op computing `parameter`'s next value to the parameter's first consumer
+    (once per step: weighed `once`)."""
     producer = graph.producer(value)
     owner, owner_index = graph.consumers(parameter)[0]
     output_index = producer.outputs.index(value)
     table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index,
-                        graph.tensors[value].dtype, False, model)
+                        graph.tensors[value].dtype, False, model, scale=once)
     return SearchEdge(value, producer.name, output_index, owner, owner_index, table, sync=True)
 
 

@@ -9,7 +9,7 @@ of device ``d`` is model stage `Schedule.stage` (``c * p + d``; zbv's V: ``d``, 
 
 1. ``gpipe``: every forward, then every backward.
 2. ``1f1b``: ``p - d - 1`` forwards, then one forward and one backward in turn, then the
-   remaining backwards (`stages.slot_order`, Megatron's non-interleaved schedule).
+   remaining backwards (Megatron's non-interleaved schedule).
 3. ``interleaved_1f1b``: Megatron's with ``v`` chunks: micro-batches in groups of ``p``, each
    group through chunk 0, then chunk 1, ...; ``2 (p - d - 1) + (v - 1) p`` warm-up forwards,
    then one forward and one backward (chunks in reverse) in turn; ``m`` a multiple of ``p``

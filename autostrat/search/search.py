@@ -71,6 +71,10 @@ class SearchOptions:
       default, 16-bit as Megatron's distributed optimizer keeps it: `search.precision`).
     - `seeds_from_one_plan`: the seeds were read from one saved plan (a strategy checkpoint), so
       a redistribution between two of them is not a disagreement to warn about.
+    - `micro_batches`: how many micro-batches a step runs the graph for (a pipeline's
+      micro-batch graph, `pipeline.plan_pipeline`): what runs once per step (gradient
+      synchronisation, updates) weighs ``1 / micro_batches`` against what every micro-batch
+      pays (`problem.build_problem`).
     """
 
     mode: str = "auto_parallel"
@@ -88,6 +92,7 @@ class SearchOptions:
     optimizer_shard: OptimizerShard | None = None
     seeds_from_one_plan: bool = False
     precision: str = "fp32"
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
         for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES),
@@ -96,6 +101,8 @@ class SearchOptions:
             if value not in valid:
                 raise ConfigError(f"{key} must be one of {', '.join(map(str, valid))}; got {value!r}")
         object.__setattr__(self, "mesh", check_mesh(self.mesh))
+        if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
+            raise ConfigError(f"micro_batches must be a positive integer, got {self.micro_batches!r}")
         check_precision(self.precision)
 
     @property
@@ -149,7 +156,7 @@ def _extra_starts(problem, graph: Graph, device_num: int, options: SearchOptions
     starts = [data_parallel(problem, keep_seeds=True).choice]
     if problem.model is not None and options.mode == "auto_parallel":
         by_bytes = build_problem(graph, device_num, options.repeated, mesh=options.mesh, optimizer_shard=options.optimizer_shard,
-                                 precision=options.precision)
+                                 precision=options.precision, micro_batches=options.micro_batches)
         try:
             starts.append(propagate(by_bytes, _CheckingDeadline(deadline), options.follow_layers).choice)
         except TimeRanOut:
@@ -223,7 +230,8 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
         graph = _unseeded(graph)
     hardware = options.hardware if options.cost_model == "time" else None
     problem = build_problem(graph, device_num, options.repeated, full_only=options.automatic, mesh=options.mesh,
-                            hardware=hardware, optimizer_shard=options.optimizer_shard, precision=options.precision)
+                            hardware=hardware, optimizer_shard=options.optimizer_shard, precision=options.precision,
+                            micro_batches=options.micro_batches)
     _check_shared_parameters(problem.graph, problem)
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True, seeds_from_one_plan=options.seeds_from_one_plan)

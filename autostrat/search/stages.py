@@ -1,56 +1,41 @@
-"""Pipeline stages: the split of a layer sequence into contiguous stages that minimises the
-predicted step time of the pipeline under a per-device memory budget (Alpa's inter-op pass).
+"""Pipeline stages: a layer sequence's *units* and what each costs one micro-batch, the input of
+the split into contiguous stages (`schedule_split`, Alpa's inter-op pass, priced by simulating
+the pipeline schedule's orders).
 
-A model is a sequence of *units* (the layers before the repeated ones, each repeated layer, the
-layers after: `UnitCosts`), each priced per micro-batch on one stage's devices. ``S`` stages
-run ``m`` micro-batches; a stage's *slot* is what one micro-batch costs it: the forward and
-backward of its units, plus sending its output activation on and its input's gradient back.
-Every micro-batch passes every stage, and a stage starts a micro-batch only when the one
-before has left it, so a step takes ``(m + S - 1)`` slots of the slowest stage (the classic
-fill-and-drain bound, the same for GPipe and 1F1B); the bubble is the idle share
-``(S - 1) / (m + S - 1)`` of it.
+A model is a sequence of units (the layers before the repeated ones, each repeated layer, the
+layers after: `op_units`), each priced per micro-batch on one stage's devices (`unit_costs`):
+its forward, its backward's input-gradient part B and weight-gradient part W (`weight_ops`,
+the runtime's rule), the activations its backward reads, its parameters, optimiser state and
+gradients, the largest activation gradient its backward writes, and the send between stages.
+Gradient synchronisation and the update run once per step, outside the micro-batches
+(`pipeline.Pipeline.once_ns`).
 
-Memory of stage ``s`` (from 0), the model the split is searched with: its units' parameters
-and optimiser state, plus the most it holds at the end of a micro-batch's forward or backward
-as its schedule runs them (`held_moments`): the saved activations of the micro-batches in
-flight (1F1B starts the backward of micro-batch 0 after ``S - s`` forwards, so it holds
-``min(S - s, m)`` micro-batches; GPipe runs every forward first and holds all ``m``), each with
-the activation the stage received (on every stage but the first), the gradient sums once the
-first backward has made them, and the gradients a backward writes next to them. The exact
-peak of the plan's buffers (`stage_buffers.stage_peaks`) is what a budget is checked against
-(`pipeline.plan_pipeline`).
-
-`split_stages` minimises the slowest slot by dynamic programming over (units, stages), exact
-(tested against every split on small models): the best last stage ``[j, n)`` of a split of
-the first ``n`` units into ``k`` stages leaves the best split of the first ``j`` units into
-``k - 1``, whose slowest slot is what the earlier stages contribute, and a stage's memory
-depends only on its own units and its position.
+`min_max_split` is the dynamic programme over (units, stages) for the split with the least
+largest per-stage value: the best last stage ``[j, n)`` of a split of the first ``n`` units
+into ``k`` stages leaves the best split of the first ``j`` units into ``k - 1``.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from dataclasses import dataclass
-from functools import cached_property
 
 from autostrat.autodiff import BACKWARD_PREFIXES, op_phase
 from autostrat.autodiff.optimizers import UPDATE_PREFIX
 from autostrat.cost import Hardware
-from autostrat.errors import ConfigError, InfeasibleError
+from autostrat.errors import ConfigError
 from autostrat.search.prediction import op_times
 from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import layers_of
-
-SCHEDULES = ("1f1b", "gpipe")
-
 
 @dataclass(frozen=True)
 class UnitCosts:
     """Per unit (in model order), on one stage's devices, per micro-batch: forward plus backward
     nanoseconds, saved activation bytes, and parameter plus optimiser-state bytes; `send_ns` is
-    one activation's (or its gradient's) send between two stages."""
+    one activation's (or its gradient's) send between two stages; `forward_ns` and
+    `weight_gradient_ns` the parts of `time_ns` that are the forward and W (the weight gradient:
+    `schedule_split.weight_ops`), the rest B (none given: zeros, the whole time B)."""
 
     time_ns: tuple[int, ...]
     activation_bytes: tuple[int, ...]
@@ -59,168 +44,44 @@ class UnitCosts:
     gradient_bytes: tuple[int, ...] = ()  # per unit, its parameters' gradients (none given: zeros)
     send_bytes: int = 0  # the activation a stage receives per micro-batch (`send_ns`'s)
     transient_bytes: tuple[int, ...] = ()  # per unit, the largest activation gradient its backward writes
+    forward_ns: tuple[int, ...] = ()
+    weight_gradient_ns: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.time_ns or not len(self.time_ns) == len(self.activation_bytes) == len(self.weight_bytes):
             raise ConfigError(f"unit costs need one time, activation and weight figure per unit, got "
                               f"{len(self.time_ns)}, {len(self.activation_bytes)} and {len(self.weight_bytes)}")
-        for name, figures in (("gradient", self.gradient_bytes), ("transient", self.transient_bytes)):
+        for name in ("gradient_bytes", "transient_bytes", "forward_ns", "weight_gradient_ns"):
+            figures = getattr(self, name)
             if figures and len(figures) != len(self.time_ns):
                 raise ConfigError(f"unit costs need one {name} figure per unit, got {len(figures)} for {len(self.time_ns)} units")
+            if not figures:
+                object.__setattr__(self, name, (0,) * len(self.time_ns))  # frozen: filled once, here
+        if any(f + w > t for f, w, t in zip(self.forward_ns, self.weight_gradient_ns, self.time_ns)):
+            raise ConfigError("unit costs' forward and weight-gradient parts must fit in each unit's time")
 
 
 @dataclass(frozen=True)
 class StageSplit:
-    """Stages as ``[first unit, end)`` ranges, and what the pipeline is predicted to cost."""
+    """Model stages as ``[first unit, end)`` ranges, and what the pipeline is predicted to cost
+    (`schedule_split.priced_split`): per stage one micro-batch's slot (F, B, W and sends), per
+    device group the split's memory model, the simulated step and its bubble (the idle share
+    of the devices' time)."""
 
     bounds: tuple[tuple[int, int], ...]
-    slot_ns: tuple[int, ...]  # per stage, one micro-batch's forward, backward and sends
-    peak_bytes: tuple[int, ...]  # per stage, per device
+    slot_ns: tuple[int, ...]  # per model stage, one micro-batch's forward, backward and sends
+    peak_bytes: tuple[int, ...]  # per device group, per device
     micro_batches: int
-    weight_bytes: tuple[int, ...] = ()  # per stage, per device: parameters and optimiser state
+    weight_bytes: tuple[int, ...] = ()  # per model stage, per device: parameters and optimiser state
+    step_time_ns: int = 0  # the micro-batches' part of the step, simulated
+    bubble: float = 0.0
 
     @property
     def stages(self) -> int:
         return len(self.bounds)
 
-    @cached_property
-    def step_time_ns(self) -> int:
-        return (self.micro_batches + self.stages - 1) * max(self.slot_ns)
 
-    @property
-    def bubble(self) -> float:
-        """The share of the step a stage is idle, on average over the stages."""
-        busy = self.micro_batches * sum(self.slot_ns)
-        return 1 - busy / (self.stages * self.step_time_ns)
-
-
-def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
-    """How many micro-batches' activations stage `stage` holds at most.
-
-    Example (4 stages, 8 micro-batches: 1F1B's first stage holds 4, its last 1; GPipe all 8):
-        >>> [in_flight(s, 4, 8, "1f1b") for s in range(4)], in_flight(3, 4, 8, "gpipe")
-        ([4, 3, 2, 1], 8)
-    """
-    return micro_batches if schedule == "gpipe" else min(stages - stage, micro_batches)
-
-
-def slot_order(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[str, int], ...]:
-    """The order stage `stage` runs its micro-batches' forward and backward slots in, as the
-    plan's schedule says: 1F1B (Megatron's non-interleaved) fills the pipeline with
-    ``stages - stage - 1`` forwards, then alternates one forward and one backward, then drains;
-    GPipe runs every forward, then every backward. (The ranks run `search.schedules`'s orders,
-    the same for these two: tested.)
-
-    Example (the first of 2 stages, 3 micro-batches):
-        >>> slot_order(0, 2, 3, "1f1b")
-        (('forward', 0), ('forward', 1), ('backward', 0), ('forward', 2), ('backward', 1), ('backward', 2))
-    """
-    if schedule == "gpipe":
-        return tuple(("forward", i) for i in range(micro_batches)) + tuple(("backward", i) for i in range(micro_batches))
-    warmup = min(stages - stage - 1, micro_batches)
-    slots = [("forward", i) for i in range(warmup)]
-    for i in range(micro_batches - warmup):
-        slots += [("forward", warmup + i), ("backward", i)]
-    return tuple(slots + [("backward", i) for i in range(micro_batches - warmup, micro_batches)])
-
-
-@functools.lru_cache(maxsize=4096)
-def held_moments(stage: int, stages: int, micro_batches: int, schedule: str) -> tuple[tuple[int, int, int], ...]:
-    """What stage `stage` holds at the moments its memory peaks as its schedule runs, as
-    (gradient sets, micro-batches' activations, whether a backward's first activation gradient
-    is there): where a backward starts, after a forward, the activations of the micro-batches in
-    flight, the sums (there once the first backward made them) and the gradient the backward
-    writes first; at the end of a backward, its gradients next to the sums, its micro-batch's
-    activations freed. Only the moments no other one covers.
-
-    Example (the first of 2 stages, 3 micro-batches, 1F1B: two micro-batches in flight next to
-    the sums; a backward's gradients next to the sums and the other micro-batch):
-        >>> held_moments(0, 2, 3, "1f1b")
-        ((1, 2, 1), (2, 1, 0))
-    """
-    moments, sums, activations = set(), 0, 0
-    for slot, _ in slot_order(stage, stages, micro_batches, schedule):
-        if slot == "forward":
-            activations += 1
-            moments.add((sums, activations, 1))
-        else:
-            activations -= 1
-            moments.add((sums + 1, activations, 0))
-            sums = 1
-    covered = {m for m in moments for n in moments if n != m and all(a >= b for a, b in zip(n, m))}
-    return tuple(sorted(moments - covered))
-
-
-def stage_cost(costs: UnitCosts, first: int, end: int, stage: int, stages: int, micro_batches: int,
-               schedule: str) -> tuple[int, int]:
-    """(slot nanoseconds, peak bytes per device) of units ``[first, end)`` as stage `stage`."""
-    sends = costs.send_ns * ((stage < stages - 1) + (stage > 0))  # output on, input's gradient back
-    slot = sum(costs.time_ns[first:end]) + sends
-    activations = sum(costs.activation_bytes[first:end]) + costs.send_bytes * (stage > 0)
-    gradients = sum(costs.gradient_bytes[first:end])
-    first_gradient = costs.transient_bytes[end - 1] if costs.transient_bytes else 0  # the backward starts at the last unit
-    held = max(count * gradients + kept * activations + starting * first_gradient
-               for count, kept, starting in held_moments(stage, stages, micro_batches, schedule))
-    return slot, sum(costs.weight_bytes[first:end]) + held
-
-
-def split_stages(costs: UnitCosts, stages: int, micro_batches: int, budget: int | None = None,
-                 schedule: str = "1f1b", allowed: int | None = None, excluded: frozenset = frozenset()) -> StageSplit:
-    """The split of the units into `stages` contiguous non-empty stages with the smallest slowest
-    slot whose every stage's model fits `allowed` bytes per device (default `budget`) and none
-    of whose stages, as ``(stage, first, end)``, is `excluded` (a caller checking the exact
-    peaks against `budget` allows more and excludes the stages found over:
-    `pipeline.plan_pipeline`); among equally slow splits, the first the DP keeps: at every
-    prefix the least slow, then the earliest boundaries (deterministic).
-
-    Example (four equal layers after a heavy embedding: the embedding's stage takes one layer):
-        >>> costs = UnitCosts((30, 10, 10, 10, 10), (1, 1, 1, 1, 1), (5, 1, 1, 1, 1))
-        >>> split = split_stages(costs, 2, micro_batches=4)
-        >>> split.bounds, split.slot_ns, split.step_time_ns
-        (((0, 1), (1, 5)), (30, 40), 200)
-    """
-    units = len(costs.time_ns)
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"pipeline schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    if not 1 <= stages <= units:
-        raise ConfigError(f"{stages} pipeline stages cannot split {units} layer unit(s): each stage needs one at least")
-    if micro_batches < 1:
-        raise ConfigError(f"micro_batches must be a positive integer, got {micro_batches!r}")
-
-    allowed = budget if allowed is None else allowed
-
-    def slot(stage: int, first: int, end: int) -> int | None:
-        time_ns, peak = stage_cost(costs, first, end, stage, stages, micro_batches, schedule)
-        return None if (allowed is not None and peak > allowed) or (stage, first, end) in excluded else time_ns
-
-    def peak(stage: int, first: int, end: int) -> int:
-        return stage_cost(costs, first, end, stage, stages, micro_batches, schedule)[1]
-
-    found = _min_max_split(units, stages, slot)
-    if found is None:
-        smallest = _min_max_split(units, stages, peak)[0]
-        over = f" (the model allows {allowed:,})" if allowed != budget else ""
-        raise InfeasibleError(f"no split into {stages} pipeline stages fits max_device_memory = {budget:,} bytes per "
-                              f"device: the least stage peak the split's memory model gives any split is "
-                              f"{smallest:,} bytes{over}")
-    ends = found[1]
-    return priced_split(costs, tuple(zip((0,) + ends[:-1], ends)), micro_batches, schedule)
-
-
-def priced_split(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], micro_batches: int, schedule: str = "1f1b") -> StageSplit:
-    """The `StageSplit` of the given stage bounds (contiguous ``[first, end)`` unit ranges).
-
-    Example:
-        >>> priced_split(UnitCosts((30, 10, 10), (1, 1, 1), (5, 1, 1)), ((0, 1), (1, 3)), 4).slot_ns
-        (30, 20)
-    """
-    stages = len(bounds)
-    priced = [stage_cost(costs, first, end, stage, stages, micro_batches, schedule) for stage, (first, end) in enumerate(bounds)]
-    weights = tuple(sum(costs.weight_bytes[first:end]) for first, end in bounds)
-    return StageSplit(bounds, tuple(time_ns for time_ns, _ in priced), tuple(held for _, held in priced), micro_batches, weights)
-
-
-def _min_max_split(units: int, stages: int, value) -> tuple[int, tuple[int, ...]] | None:
+def min_max_split(units: int, stages: int, value) -> tuple[int, tuple[int, ...]] | None:
     """(the largest ``value(stage, first, end)``, the end boundaries) of the split of `units`
     into `stages` contiguous non-empty stages where that largest is least, a stage whose value
     is None not allowed; None when no split allows every stage. By dynamic programming: the best
@@ -243,6 +104,39 @@ def _min_max_split(units: int, stages: int, value) -> tuple[int, tuple[int, ...]
 
 
 _WRAPPERS = (*BACKWARD_PREFIXES, UPDATE_PREFIX)
+
+
+def weight_ops(graph) -> frozenset[str]:
+    """The backward ops of a training graph that are W (the weight gradient): by the runtime's
+    rule (`runtime.stage_program.weight_part`, there per instruction of a stage, here per op):
+    walking back from the last op, an op is B when it writes an activation gradient (``grad/``
+    of a tensor other than a parameter) or a tensor a B op reads; a backward op that is not B
+    is W.
+
+    Example (an FFN's weight and bias gradients are W; the matmul's input gradient is B):
+        >>> from autostrat.autodiff import SGD, build_training
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> weights = weight_ops(build_training(trace(FFN(), Tensor(shape=(8, 64))), SGD()))
+        >>> "bprop/dense2.matmul/mat_mul_1" in weights, "bprop/dense2.matmul/mat_mul" in weights
+        (True, False)
+    """
+    needed: set[str] = set()
+    backward = [name for name in graph.ops if op_phase(name) == "backward"]
+    weight = set()
+    for name in reversed(backward):
+        outputs = graph.ops[name].outputs
+        if any(tensor in needed or _activation_gradient(graph, tensor) for tensor in outputs):
+            needed.update(graph.ops[name].inputs)
+        else:
+            weight.add(name)
+    return frozenset(weight)
+
+
+def _activation_gradient(graph, tensor: str) -> bool:
+    info = graph.tensors.get(tensor.removeprefix("grad/")) if tensor.startswith("grad/") else None
+    return info is not None and info.kind != "parameter"
 
 
 def op_units(graph) -> dict[str, int]:
@@ -313,7 +207,7 @@ def spread_units(graph, forward_units: dict[str, int], rest: int) -> dict[str, i
 def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, stage_units: bool = False) -> UnitCosts:
     """`UnitCosts` of a training plan (one micro-batch on one stage's devices), on `hardware`:
     per unit (`units`, default `op_units`) the compute of its forward and backward ops and the redistributions
-    into them, the activations its forward ops produce that a backward op reads, and its
+    into them (its forward's and its W ops' apart: `weight_ops`), the activations its forward ops produce that a backward op reads, and its
     parameters with their optimiser state and their parameters' gradients (each in the plan's
     layouts); a send moves the largest activation passed from one repeated layer to the next,
     each device its slice, across servers (`send_bytes`, which a stage also holds per micro-batch);
@@ -337,9 +231,12 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
     graph = plan.graph
     units = op_units(graph) if units is None else units
     count = max(units.values()) + 1
-    time, activations, weights, gradients, transients = ([0] * count for _ in range(5))
+    time, forward, weight, activations, weights, gradients, transients = ([0] * count for _ in range(7))
+    weight_parts = weight_ops(graph)
     for name, time_ns in op_times(plan, hardware, ("forward", "backward")).items():
         time[units[name]] += time_ns
+        forward[units[name]] += time_ns * (op_phase(name) == "forward")
+        weight[units[name]] += time_ns * (name in weight_parts)
     parameter_gradients, sizes = set(), TensorSizes.of(graph, plan.precision)
     for name, info in graph.tensors.items():
         readers = [reader for reader, _ in graph.consumers(name)]
@@ -355,7 +252,8 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
     sent = _sent_bytes(plan, units, (lambda a, b: a < b) if stage_units else (lambda a, b: (a, b) == (1, 2)))
     latency, bandwidth = hardware.link(across_servers=True)
     send_ns = round(latency * 1e9 + sent / bandwidth * 1e9)
-    return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients))
+    return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients),
+                     tuple(forward), tuple(weight))
 
 
 def _slice_bytes(plan, tensor: str, sizes: TensorSizes) -> int:

@@ -1,0 +1,108 @@
+"""Issue #34: the schedule the search chooses on the published LLaMA 3.1 405B shape, against
+torchtitan's measurement (interleaved 1F1B 128 tokens/s/GPU over 1F1B's 100: ratio 1.28).
+
+Shape: configs/models/llama-3.1-405b.json (126 layers, hidden 16 384, 128 heads, 8 KV heads),
+sequence 8192, on 512 H100s (the ``h100-sxm-80gb`` profile) as FSDP 8 x TP 8 x PP 8, local
+batch 32 sequences per data-parallel rank, bf16, full recompute, Adam state split over the 8
+data-parallel ranks (autostrat's ZeRO 1 stands for FSDP; parameters and gradients stay whole).
+torchtitan's micro-batches default to the pipeline degree: 8 micro-batches of 4 sequences.
+
+How (cases):
+- Unit costs: `autostrat estimate`'s planning (`report.estimate.given_plan_config`) of the
+  same shape with 2 layers on one stage's 64 devices (tp 8 x dp 8), one micro-batch of
+  ``8 x 32 / m`` sequences; its units (embedding, block 0, block 1, head and loss:
+  `search.stages.unit_costs`) are extended to 126 blocks (block 0 once, block 1's costs for the
+  other 125: alike blocks cost alike, tested in tests/test_stages.py).
+- Each row: a schedule (1F1B, interleaved 1F1B with v = 2, 4, 8, ZB-H1, zbv) split by
+  `search.schedule_split.split_stages` on 8 device groups, its simulated step (the
+  micro-batches' part: the once-per-step gradient synchronisation and update, the same for
+  every schedule, are left out of all rows) and bubble, the split model's largest group peak,
+  and tokens/s/device; the ratio to 1F1B. The search's own choice: `choose_schedule` over every
+  candidate schedule and v and m in {8, 16, 32}, under 80 GB per device.
+
+Run: .venv/bin/python benchmarks/schedule_choice.py   (three 2-layer plans: a minute or two)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autostrat.frontend.run import plan_config  # noqa: E402
+from autostrat.report.estimate import given_plan_config  # noqa: E402
+from autostrat.search.schedule_split import choose_schedule, split_stages  # noqa: E402
+from autostrat.search.schedules import schedule_orders  # noqa: E402
+from autostrat.search.stages import UnitCosts, unit_costs  # noqa: E402
+from autostrat.tables import format_table  # noqa: E402
+
+LAYERS, SEQ, DP, TP, PP, LOCAL_BATCH = 126, 8192, 8, 8, 8, 32
+BUDGET = 80 * 10**9
+ROWS = [("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4), ("interleaved_1f1b", 8), ("zero_bubble_h1", 1), ("zbv", 2)]
+CONFIG = """hardware: h100-sxm-80gb
+precision: bf16
+model: {{hf_config: {model}, params: {{seq: {seq}}}}}
+global_batch: {batch}
+plan: {{tp: {tp}, pp: 1, dp: {dp}, recompute: full, zero: 1, micro_batch: {per_rank}}}
+"""
+
+
+def micro_batch_costs(micro_batches: int) -> UnitCosts:
+    """The 405B shape's unit costs of one of `micro_batches` micro-batches on one stage's devices."""
+    per_rank = LOCAL_BATCH // micro_batches
+    with tempfile.TemporaryDirectory() as folder:
+        model = json.loads((ROOT / "configs/models/llama-3.1-405b.json").read_text()) | {"num_hidden_layers": 2}
+        (Path(folder) / "405b-2.json").write_text(json.dumps(model))
+        path = Path(folder) / "405b.yaml"
+        path.write_text(CONFIG.format(model=Path(folder) / "405b-2.json", seq=SEQ, batch=DP * per_rank, tp=TP, dp=DP,
+                                      per_rank=per_rank))
+        config, _ = given_plan_config(path)
+        plan, _ = plan_config(config)
+    return _extended(unit_costs(plan, plan.hardware))
+
+
+def _extended(costs: UnitCosts) -> UnitCosts:
+    """The 2-layer units (embedding, block 0, block 1, head) with block 1's repeated to `LAYERS` blocks."""
+    picks = [0, 1] + [2] * (LAYERS - 1) + [3]
+
+    def spread(figures):
+        return tuple(figures[index] for index in picks)
+
+    return replace(costs, time_ns=spread(costs.time_ns), activation_bytes=spread(costs.activation_bytes),
+                   weight_bytes=spread(costs.weight_bytes), gradient_bytes=spread(costs.gradient_bytes),
+                   transient_bytes=spread(costs.transient_bytes), forward_ns=spread(costs.forward_ns),
+                   weight_gradient_ns=spread(costs.weight_gradient_ns))
+
+
+def _tokens_per_s(step_ns: int) -> float:
+    return DP * LOCAL_BATCH * SEQ / (step_ns / 1e9) / (DP * TP * PP)
+
+
+def main() -> None:
+    costs = {m: micro_batch_costs(m) for m in (8, 16, 32)}
+    rows, base = [], None
+    for name, chunks in ROWS:
+        split = split_stages(costs[8], schedule_orders(name, PP, 8, chunks))
+        base = base or split.step_time_ns
+        rows.append([f"{name} v={chunks}", "8", f"{split.step_time_ns / 1e9:,.3f}", f"{split.bubble:.3f}",
+                     f"{max(split.peak_bytes) / 1e9:,.1f}", f"{_tokens_per_s(split.step_time_ns):,.1f}",
+                     f"{base / split.step_time_ns:.3f}"])
+    choices = choose_schedule(lambda m: costs[m], PP, (8, 16, 32), BUDGET)
+    if choices:
+        best = choices[0]
+        rows.append([f"search: {best.schedule} v={best.chunks}", str(best.micro_batches), f"{best.split.step_time_ns / 1e9:,.3f}",
+                     f"{best.split.bubble:.3f}", f"{max(best.split.peak_bytes) / 1e9:,.1f}",
+                     f"{_tokens_per_s(best.split.step_time_ns):,.1f}", f"{base / best.split.step_time_ns:.3f}"])
+    else:
+        rows.append(["search: no schedule fits 80 GB by the split's model", "", "", "", "", "", ""])
+    headers = ["schedule", "m", "step (s)", "bubble", "model peak (GB)", "tokens/s/device", "vs 1F1B (target 1.28 ± 0.10)"]
+    print(format_table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
