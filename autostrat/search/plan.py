@@ -353,7 +353,7 @@ def describe(hardware: Hardware) -> str:
         '989.4 TFLOP/s (16-bit), memory 3350 GB/s, 8 devices per server linked at 450 GB/s and 2 us, servers at 50 GB/s and 4 us'
         >>> from autostrat.cost import PROFILES
         >>> describe(PROFILES["a100-80gb"])
-        'a100-80gb: 312 TFLOP/s (16-bit), memory 2039 GB/s, 8 devices per server linked at 300 GB/s and 2 us, servers at 25 GB/s and 4 us'
+        'a100-80gb: 312 TFLOP/s (16-bit), memory 2039 GB/s, 8 devices per server linked at 300 GB/s and 2 us, servers at 25 GB/s and 4 us; matmul_efficiency 0.7977'
     """
     efficiencies = ", ".join(f"{field} {getattr(hardware, field):g}" for field in EFFICIENCIES if getattr(hardware, field) != 1)
     return (f"{hardware.name + ': ' if hardware.name else ''}"
