@@ -35,7 +35,9 @@ accounting as much as modelling:
   layers' matrices only; the estimate counts the fp16 table's 20 (`search.precision`) for every
   parameter on the stage (embedding and position tables, biases, norms too) and, at its peak
   with gradient accumulation, a micro-batch's gradients next to their sum (a runtime adding each
-  micro-batch's gradients into the step's sums; Megatron accumulates in place): 22 bytes.
+  micro-batch's gradients into the step's sums; Megatron accumulates in place): 22 bytes on
+  22B, where the gradients at the peak are two 16-bit copies; a pipeline stage's peak can hold
+  more (2.27 copies on the first stage of a 2-layer GPT at tp 2, pp 2).
 - activations: the paper's layers have dropout (its masks and outputs: 3·a·s/(h·t) + 2 of the
   s·b·h units above); the GPT configs have none (``*_pdrop: 0``). Its 22B bars count 4
   sequences (the formula at b = 4); the estimate's plan has micro-batches of 1. And without
