@@ -20,11 +20,30 @@ An entry the estimate refuses (interleaving: not yet expressible) is printed wit
 estimate's reason, never as a number.
 
 Efficiency factors: ``matmul_efficiency`` of the profile is fitted once over every expressible
-step-time entry (least squares of the log ratio over (0, 1]), with the leave-one-out error: each
-entry predicted with the factor fitted on the others. A prediction falls as the factor grows,
-so when every entry is predicted slower than published at the bound 1.0, 1.0 is the fit (and
-the fit on any subset) without further planning; otherwise the factor is searched by golden
-section, each point one estimate per entry.
+step-time entry (both time columns; least squares of the log ratio over (0, 1]), with the
+leave-one-out error: each entry predicted with the factor fitted on the others. The factor
+divides the flop time of every op, so an entry's step time is T(e) = F / e + R (R: memory
+traffic, communication, the bubble's share of them); the table's estimate (the profile as
+shipped, `cost.hardware`, with the factor e this fit printed) and one more at e / 2 give F and
+R, and the fits run on that model: at the shipped factor the model is the table, elsewhere it
+is exact up to the nanosecond rounding of each op, unless the stage split moves.
+
+Memory: after the table, `paper_accounting` prints what Fig. 1 counts, which its formulas
+reproduce exactly; it differs from what the estimate counts, so the memory ratios measure
+accounting as much as modelling:
+- parameters + optimiser: the paper counts 18 bytes per parameter (fp32 gradients) of the
+  layers' matrices only; the estimate counts the fp16 table's 20 (`search.precision`) for every
+  parameter on the stage (embedding and position tables, biases, norms too) and, at its peak
+  with gradient accumulation, a micro-batch's gradients next to their sum (a runtime adding each
+  micro-batch's gradients into the step's sums; Megatron accumulates in place): 22 bytes on
+  22B, where the gradients at the peak are two 16-bit copies; a pipeline stage's peak can hold
+  more (2.27 copies on the first stage of a 2-layer GPT at tp 2, pp 2).
+- activations: the paper's layers have dropout (its masks and outputs: 3·a·s/(h·t) + 2 of the
+  s·b·h units above); the GPT configs have none (``*_pdrop: 0``). Its 22B bars count 4
+  sequences (the formula at b = 4); the estimate's plan has micro-batches of 1. And without
+  SP the estimate's given plan is not quite Megatron's: the propagation splits the residual
+  adds (the norms' inputs, unseeded) by rows over the tp devices, where Megatron keeps them
+  whole: 4/t instead of 4 s·b·h units per layer (seen on a 2-layer GPT at tp 2).
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T]   (the 1T row plans 512 devices
 in 64 stages: minutes, not seconds)
@@ -33,6 +52,7 @@ in 64 stages: minutes, not seconds)
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -43,6 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
 
+from autostrat.cost import PROFILES  # noqa: E402
 from autostrat.errors import ConfigError  # noqa: E402
 from autostrat.report.estimate import estimate  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
@@ -144,33 +165,63 @@ def table(rows, predicted: dict) -> str:
     return format_table(headers, lines) + "\n" + "\n".join(reasons)
 
 
-def fit_efficiency(rows, folder: Path, at_bound: dict) -> tuple[float, dict]:
-    """The fitted matmul_efficiency over the rows' expressible full-recompute times and, per
-    row, the ratio predicted with the factor fitted on the other rows (see the module docstring)."""
-    published = {row.name: row.published["full"] for row in rows}
-    if all(at_bound[name] >= published[name] for name in at_bound):
-        return 1.0, {name: at_bound[name] / published[name] for name in at_bound}
-    cache = {}
+def paper_accounting(row: Row) -> str:
+    """What Fig. 1 counts for `row`, from the paper's formulas (Korthikanti et al. §4, Table 2),
+    next to the published figures: parameters + optimiser 18 bytes (16-bit parameter, fp32
+    gradient, fp32 main parameter and two Adam moments) per parameter of the layers' matrices,
+    12·h²·l / (p·t) (no embedding, biases or norms); activations per layer s·b·h·(10 + 24/t +
+    5·a·s/(h·t)) bytes without SP/selective and s·b·h·34/t with both (dropout masks and outputs
+    included), times the layers a first stage holds in flight: l (1F1B: p micro-batches of l/p
+    layers), times 1 + (p - 1)/(p·v) when interleaved over v > 1, with b sequences per micro-batch."""
+    shape = json.loads((ROOT / "configs" / "models" / row.model).read_text())
+    h, a, l, s = shape["n_embd"], shape["n_head"], shape["n_layer"], 2048
+    t, p, v = row.tp, row.pp, row.interleave
+    weights = 18 * 12 * h * h * l // (p * t)
+    factor = l * (1 + (p - 1) / (p * v)) if v > 1 else l
+    parts = []
+    for b in (1, 4) if p == 1 else (1,):
+        full = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * factor
+        selective = s * b * h * 34 / t * factor
+        parts.append(f"b = {b}: activations {full / GIB:.2f} (published {row.published['activations']:g}), "
+                     f"SP + selective {selective / GIB:.2f} (published {row.published['selective_activations']:g})")
+    return (f"{row.name}: params + optimiser {weights / GIB:.2f} GiB (published {row.published['weights']:g}); "
+            + "; ".join(parts))
 
-    def time_at(row: Row, efficiency: float) -> float:
-        if (row.name, efficiency) not in cache:
-            cache[row.name, efficiency] = estimated(row, folder, f"e{efficiency:.6f}", recompute="full",
-                                                    efficiency=efficiency).step_time_s
-        return cache[row.name, efficiency]
 
-    def fitted(subset) -> float:
+STEP_TIMES = ("full", "selective")  # the step-time columns the fit reads
+
+
+def fit_efficiency(rows, folder: Path, predicted: dict) -> tuple[float, dict, dict]:
+    """The fitted matmul_efficiency over every expressible step-time entry (`STEP_TIMES`), per
+    entry the ratio predicted with the factor fitted on the other entries, and per entry its
+    two-point model (see the module docstring)."""
+    models = {}
+    for row in rows:
+        for column in STEP_TIMES:
+            if isinstance(predicted[row.name][column], str):
+                continue
+            shipped, half = predicted[row.name][column], PROFILES["a100-80gb"].matmul_efficiency / 2
+            slower = estimated(row, folder, f"{column}_e{half}", recompute="full", selective=column == "selective",
+                               efficiency=half).step_time_s
+            flops = (slower - shipped) * half * 2  # T(e) = flops / e + rest, at e and at e / 2
+            models[row.name, column] = (flops, shipped - flops / (half * 2), row.published[column])
+
+    def ratio(entry, efficiency: float) -> float:
+        flops, rest, published = models[entry]
+        return (flops / efficiency + rest) / published
+
+    def fitted(entries) -> float:
         def loss(efficiency):
-            return sum(math.log(time_at(row, efficiency) / published[row.name]) ** 2 for row in subset)
+            return sum(math.log(ratio(entry, efficiency)) ** 2 for entry in entries)
         low, high = 0.05, 1.0
-        for _ in range(12):  # golden section: the bracket shrinks to 0.3 % of its width
+        for _ in range(60):  # golden section on the model: the bracket shrinks below 1e-6
             a, b = high - (high - low) / 1.618034, low + (high - low) / 1.618034
             low, high = (low, b) if loss(a) <= loss(b) else (a, high)
-        return round((low + high) / 2, 6)
+        return round((low + high) / 2, 4)
 
-    rows = [row for row in rows if row.name in at_bound]
-    leave_one_out = {row.name: time_at(row, fitted([r for r in rows if r is not row])) / published[row.name]
-                     for row in rows if len(rows) > 1}
-    return fitted(rows), leave_one_out
+    leave_one_out = {entry: ratio(entry, fitted([other for other in models if other != entry]))
+                     for entry in models if len(models) > 1}
+    return fitted(list(models)), leave_one_out, models
 
 
 def main() -> None:
@@ -188,11 +239,18 @@ def main() -> None:
         print("Korthikanti et al. 2022 (arXiv 2205.05198), Table 5 and Fig. 1, against autostrat estimate "
               "(a100-80gb as shipped, fp16):")
         print(table(rows, predicted))
-        at_bound = {row.name: predicted[row.name]["full"] for row in rows if not isinstance(predicted[row.name]["full"], str)}
-        efficiency, leave_one_out = fit_efficiency(rows, folder, at_bound)
-    print(f"\nfitted a100-80gb matmul_efficiency over {', '.join(at_bound) or 'no'} step-time entries: {efficiency:g}")
-    for name, ratio in leave_one_out.items():
-        print(f"  leave-one-out: {name} predicted / published = {ratio:.3f} (error {ratio - 1:+.1%})")
+        fit_started = time.perf_counter()
+        efficiency, leave_one_out, models = fit_efficiency(rows, folder, predicted)
+    entries = ", ".join(f"{name} {column}" for name, column in models) or "no"
+    print(f"\nfitted a100-80gb matmul_efficiency over the step-time entries {entries}: {efficiency:g} "
+          f"(fit: {time.perf_counter() - fit_started:.1f} s; shipped: {PROFILES['a100-80gb'].matmul_efficiency:g})")
+    for (name, column), (flops, rest, published) in models.items():
+        at_fit = (flops / efficiency + rest) / published
+        print(f"  {name} {column}: T(e) = {flops:.3f} s / e + {rest:.3f} s; at the fit predicted / published = {at_fit:.3f}; "
+              f"leave-one-out {leave_one_out.get((name, column), at_fit):.3f} (error {leave_one_out.get((name, column), at_fit) - 1:+.1%})")
+    print("\nWhat Fig. 1 counts (`paper_accounting`), in GiB:")
+    for row in rows:
+        print("  " + paper_accounting(row))
     print(f"total {time.perf_counter() - started:.1f} s")
 
 

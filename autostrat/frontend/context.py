@@ -122,7 +122,8 @@ class ParallelContext:
     - `precision`: "fp32" (default), "fp16" or "bf16": what the search's memory counts — in
       16 bits, parameters and activations at 2 bytes, gradients at 2 (fp16) or 4 (bf16), fp32
       main copies beside the optimiser state, as Megatron's distributed optimizer keeps them
-      (`search.precision`); communication and compute stay priced in fp32. Runs execute fp32
+      (`search.precision`); time is priced in it too (16-bit peak; activations move in 16 bits,
+      gradients as kept: fp16 in fp16, bf16 in fp32). Runs execute fp32
       only: a plan in another precision is searched and reported, never run.
     - The hardware the step time is predicted on: `hardware`, a profile (sources in
       `autostrat.cost.hardware`): "h100-sxm-80gb" (default, one 8 x H100 SXM5 server),

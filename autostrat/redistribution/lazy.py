@@ -37,13 +37,16 @@ class LazyCostTable:
         ([[0.0, 192.0], [0.0, 0.0]], 4)
     """
 
-    def __init__(self, producer_layouts, consumer_layouts, dtype="float32", model=None, then=None, scale: float = 1.0) -> None:
+    def __init__(self, producer_layouts, consumer_layouts, dtype="float32", model=None, then=None,
+                 then_dtype=None, scale: float = 1.0) -> None:
         self.scale = scale
         self.producer_layouts = tuple(producer_layouts)
         self.consumer_layouts = tuple(consumer_layouts)
         self.dtype, self.model = dtype, model
         # Per column, None or a further redistribution ``(layout, layout)`` every entry of the
-        # column also pays (a sharded parameter's gather after its update, `search.problem`).
+        # column also pays (a sharded parameter's gather after its update, `search.problem`),
+        # of a tensor in `then_dtype` (default `dtype`: a 16-bit parameter after an fp32 gradient differs).
+        self.then_dtype = then_dtype or dtype
         self.then = tuple(then) if then is not None else (None,) * len(self.consumer_layouts)
         self._then = np.full(len(self.then), np.nan)  # their prices, once computed
         self._values = np.zeros((len(self.producer_layouts), len(self.consumer_layouts)))
@@ -111,7 +114,7 @@ class LazyCostTable:
         for column in column_ids:
             if np.isnan(self._then[column]):
                 pair = self.then[column]
-                self._then[column] = 0.0 if pair is None else cost_table([pair[0]], [pair[1]], self.dtype, self.model)[0, 0]
+                self._then[column] = 0.0 if pair is None else cost_table([pair[0]], [pair[1]], self.then_dtype, self.model)[0, 0]
         return self._then[column_ids]
 
     def _compute(self, row_ids: np.ndarray, column_ids: np.ndarray) -> None:

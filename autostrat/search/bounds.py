@@ -115,7 +115,7 @@ def _op_bound(plan, op: str, charges: dict[str, int]) -> OpBound | None:
     dims = matmul_dims(node.rule)
     if dims is None:
         return None
-    itemsize = dtype_size(plan.graph.tensors[node.outputs[0]].dtype)
+    itemsize = dtype_size(plan.sizes.priced(node.outputs[0]))  # the bytes its charges are priced in
     return OpBound(op, communication_bound(dims, plan.device_num, itemsize), charges[op])
 
 

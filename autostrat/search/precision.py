@@ -9,9 +9,16 @@ two fp32 moments are the graph's own state tensors, counted as before).
 
 Activations (graph inputs and op outputs, the backward's too) count 2 bytes per element in
 16 bits, in the search's memory model, the plan's buffers and the pipeline split's model alike.
-The bytes priced for redistributions (the objective, the predicted time) and the compute time
-keep each tensor's dtype (fp32), so a 16-bit plan moves what its fp32 plan moves. fp32 counts
-every tensor at its dtype's size: every fp32 plan is the one it was.
+
+Time is priced as Megatron-LM runs a 16-bit step (`TensorSizes.priced`, `TensorSizes.rate_dtypes`,
+read by the search's cost tables, the plan's redistributions and the prediction alike): every
+tensor moves and is read or written at the size the memory counts, so activations and their
+gradients travel in 16 bits, a weight gradient's synchronisation in fp16 under fp16 (Megatron's
+fp16 gradients) and in fp32 under bf16 (its fp32 gradient buffer, reduced in fp32); an op's
+flops run at the profile's 16-bit peak (`Hardware.compute_nanoseconds`) unless one of the
+tensors it computes from is kept in fp32 (the optimiser's state), the fp32 gradient buffer
+excepted: Megatron's bf16 weight-gradient GEMMs read 16-bit operands and accumulate into it.
+fp32 counts and prices every tensor at its dtype: every fp32 plan is the one it was.
 """
 
 from __future__ import annotations
@@ -29,7 +36,10 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 _BYTES = {"fp32": (4, 4, 0), "fp16": (2, 2, 8), "bf16": (2, 4, 4)}
 # What a plan's summary says its memory counts under a 16-bit precision.
 PRECISION_MEMORY = ("parameters, gradients and fp32 main copies as Megatron's distributed optimizer keeps them, "
-                    "activations in 16 bits; communication and compute priced in fp32")
+                    "activations in 16 bits; compute at the 16-bit peak, communication at the sizes kept")
+# The dtype a 16-bit tensor is priced in: bf16 has float16's size and, on A100 and H100, its
+# dense tensor-core peak (vendor datasheets), and numpy names float16 without ml_dtypes.
+HALF = "float16"
 
 
 def check_precision(precision) -> str:
@@ -87,6 +97,29 @@ class TensorSizes:
 
     def __call__(self, tensor: str) -> int:
         return self.own.get(tensor) or dtype_size(self.dtypes[tensor])
+
+    def priced(self, tensor: str) -> str:
+        """The dtype `tensor` is moved and read in: its own in fp32, else its size's (module
+        docstring): `HALF` for 2 bytes, float32 for 4.
+
+        Example (bf16: an activation in 16 bits, a weight gradient in the fp32 buffer):
+            >>> sizes = TensorSizes({"x": "float32", "g": "float32"}, {"x": 2, "g": 4}, frozenset(), frozenset({"g"}), 4)
+            >>> sizes.priced("x"), sizes.priced("g")
+            ('float16', 'float32')
+        """
+        return {2: HALF, 4: "float32"}.get(self.own.get(tensor), self.dtypes[tensor])
+
+    def rate_dtypes(self, tensors) -> tuple[str, ...]:
+        """The dtypes that set the FLOP rate of an op reading and writing `tensors`
+        (`Hardware.compute_nanoseconds`): each priced, except a gradient a 16-bit plan keeps in
+        fp32, which the 16-bit GEMM computing it only accumulates into (module docstring).
+
+        Example (the bf16 weight-gradient GEMM runs at the 16-bit rate):
+            >>> sizes = TensorSizes({"x": "float32", "g": "float32"}, {"x": 2, "g": 4}, frozenset(), frozenset({"g"}), 4)
+            >>> sizes.rate_dtypes(["x", "g"])
+            ('float16', 'float16')
+        """
+        return tuple(HALF if tensor in self.gradients and tensor in self.own else self.priced(tensor) for tensor in tensors)
 
 
 def check_runnable(precision: str, where: str = "") -> None:

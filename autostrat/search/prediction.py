@@ -21,7 +21,6 @@ from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware, op_cost
 from autostrat.search.buffers import plan_peak
 from autostrat.search.memory import peak_bytes
-from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import SearchProblem, optimizer_state, searched_graph
 
 
@@ -97,9 +96,9 @@ def format_nanoseconds(value: int) -> str:
 
 def compute_ns(plan, name: str, hardware: Hardware) -> int:
     """The predicted compute time of op `name` of `plan` (its strategy's local work) on `hardware`."""
-    op = plan.graph.ops[name]
-    dtypes = tuple(plan.graph.tensors[t].dtype for t in op.inputs + op.outputs)
-    return hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), dtypes)
+    operands, sizes = plan.graph.ops[name].inputs + plan.graph.ops[name].outputs, plan.sizes
+    dtypes = tuple(map(sizes.priced, operands))  # the precision's (`search.precision`)
+    return hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), sizes.rate_dtypes(operands))
 
 
 def op_times(plan, hardware: Hardware, phases: tuple[str, ...]) -> dict[str, int]:
@@ -148,5 +147,5 @@ def plan_peak_bytes(plan) -> int:
     candidates = {name: (plan.ops[name].strategy,) for name in graph.ops}
     fixed = SearchProblem(graph, plan.device_num, False, candidates, (), {}, {}, optimizer_state(plan.graph, followers),
                           optimizer_shard=plan.optimizer_shard,
-                          sizes=TensorSizes.of(plan.graph, plan.precision))
+                          sizes=plan.sizes)
     return peak_bytes(fixed, dict.fromkeys(graph.ops, 0))

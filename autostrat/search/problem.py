@@ -74,12 +74,13 @@ class SearchEdge:
     from_input: bool = False
     sync: bool = False  # a gradient-synchronisation or writeback edge (training graphs)
     sharding: OptimizerShard | None = None  # from_input: where a parameter at rest is held
+    dtype: str = "float32"  # from_input: the tensor's own dtype, whose size the rest layout's threshold counts
 
     def source_layout(self, strategy: Strategy):
         """The layout the tensor is held in when the producer runs `strategy` (from an input:
         where it rests, `optimizer_shard.rest_layout`)."""
         if self.from_input:
-            return rest_layout(self.sharding, strategy, self.output_index, self.table.dtype)
+            return rest_layout(self.sharding, strategy, self.output_index, self.dtype)
         return strategy.output_layouts[self.output_index]
 
 
@@ -158,7 +159,7 @@ class SearchProblem:
         consumer = self.graph.ops[edge.consumer]
         options = generate_strategies(consumer.rule, self.device_num, self.allow_repeated, self.split_values, self.mesh)
         source = edge.source_layout(self.candidates[edge.producer][producer_choice])
-        dtype = self.graph.tensors[edge.tensor].dtype
+        dtype = (self.sizes or TensorSizes.of(self.graph)).priced(edge.tensor)
         return float(cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype, self.model).min())
 
 
@@ -243,12 +244,14 @@ def candidate_values(seeds, device_num: int, mesh="auto") -> frozenset[int] | No
 
 
 @cache
-def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], hardware: Hardware | None = None) -> OpCosts:
+def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], rates: tuple[str, ...],
+              hardware: Hardware | None = None) -> OpCosts:
+    # `dtypes`: the operands' priced dtypes (bytes); `rates`: those setting the FLOP rate (`TensorSizes`).
     costs = [op_cost(strategy, dtypes) for strategy in candidates]
     if hardware is None:
         own = [c.comm_bytes for c in costs]
     else:  # op_cost's own communication is 0 (edges carry it), so the time is the compute's
-        own = [hardware.compute_nanoseconds(c, dtypes) for c in costs]
+        own = [hardware.compute_nanoseconds(c, rates) for c in costs]
     return OpCosts(
         np.array(own, dtype=float),
         np.array([c.flops_per_device for c in costs], dtype=float),
@@ -257,22 +260,23 @@ def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], hardwar
 
 
 @cache
-def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], hardware: Hardware) -> int:
+def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], rates: tuple[str, ...], hardware: Hardware) -> int:
     """Compute time of an op running in `layout` (an optimiser update, `layout.FollowedStrategy`)."""
-    return hardware.compute_nanoseconds(op_cost(FollowedStrategy(rule, layout), dtypes), dtypes)
+    return hardware.compute_nanoseconds(op_cost(FollowedStrategy(rule, layout), dtypes), rates)
 
 
 @cache
 def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int,
                 dtype: str, from_input: bool = False, model: AlphaBeta | None = None,
-                sharding: OptimizerShard | None = None, scale: float = 1.0) -> LazyCostTable:
+                sharding: OptimizerShard | None = None, priced: str | None = None, scale: float = 1.0) -> LazyCostTable:
     # Repeated layers have equal rules and candidates, so they share one table: an entry one
-    # layer's search computed serves every other layer.
+    # layer's search computed serves every other layer. `dtype` is the tensor's own (a rest
+    # layout's threshold counts it), `priced` what its bytes are priced in (`TensorSizes.priced`).
     if from_input:  # a parameter or graph input, from where its first reader keeps it
         sources = [rest_layout(sharding, s, output_index, dtype) for s in producer]
     else:
         sources = [s.output_layouts[output_index] for s in producer]
-    return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], dtype, model, scale=scale)
+    return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], priced or dtype, model, scale=scale)
 
 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
@@ -284,12 +288,12 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     without `lazy` (tests compare the two). Costs are bytes, or nanoseconds on `hardware`.
     With `optimizer_shard`, parameters' updates run split over their replicas: gradients are
     priced into the shard layout, and the parameter's first reader pays the gather back. Memory
-    counts trained parameters' state as `precision` keeps it (`search.precision`). A step runs
-    the graph for `micro_batches` micro-batches (a pipeline's micro-batch graph) and its
-    updates once: what runs once per step (gradient synchronisation, the updates' compute and
-    gathers, writebacks) is weighed ``1 / micro_batches`` against the rest, which every
-    micro-batch pays (issue #34's finding 1)."""
-    full = graph
+    counts trained parameters' state, and the costs price every tensor, as `precision` keeps it
+    (`search.precision`). A step runs the graph for `micro_batches` micro-batches (a pipeline's
+    micro-batch graph) and its updates once: what runs once per step (gradient synchronisation,
+    the updates' compute and gathers, writebacks) is weighed ``1 / micro_batches`` against the
+    rest, which every micro-batch pays (issue #34's finding 1)."""
+    full, sizes = graph, TensorSizes.of(graph, precision)
     graph, followers = searched_graph(graph)
     seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
     values = candidate_values((seed for seed, in seeds.values()), device_num, mesh)
@@ -299,18 +303,18 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     candidates = _rest_variants(graph, order_variants(graph, candidates), followers, optimizer_shard)
     model = None if hardware is None else hardware.alpha_beta(device_num)
     once = 1.0 / micro_batches  # a per-step cost's weight against a micro-batch's
-    costs = _own_costs(full, graph, candidates, followers, hardware, optimizer_shard, device_num, once)
+    costs = _own_costs(full, graph, candidates, followers, hardware, optimizer_shard, device_num, sizes, once)
     edges = []
     for op in graph.ops.values():
         for index, tensor in enumerate(op.inputs):
-            edge = _edge_into(graph, candidates, tensor, op.name, index, model, optimizer_shard)
+            edge = _edge_into(graph, candidates, tensor, op.name, index, model, optimizer_shard, sizes)
             if edge is not None:
                 edges.append(edge)
-    edges += _sync_edges(graph, candidates, followers, model, optimizer_shard, once)
+    edges += _sync_edges(graph, candidates, followers, model, optimizer_shard, sizes, once)
     for parameter, value in graph.updates:
         if graph.tensors[value].producer in followers:
             continue
-        edge = _writeback_edge(graph, candidates, parameter, value, model, once)
+        edge = _writeback_edge(graph, candidates, parameter, value, model, sizes, once)
         if edge.producer != edge.consumer:
             edges.append(edge)
         else:  # the op reads and updates its own state: only its own candidate's cost counts
@@ -320,8 +324,7 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         for edge in edges:
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
-                         optimizer_state(full, followers), values, axes, model, optimizer_shard,
-                         TensorSizes.of(full, precision))
+                         optimizer_state(full, followers), values, axes, model, optimizer_shard, sizes)
 
 
 def _rest_variants(graph: Graph, candidates, followers: dict[str, str], sharding: OptimizerShard | None):
@@ -351,7 +354,7 @@ def _rest_variants(graph: Graph, candidates, followers: dict[str, str], sharding
 
 
 def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str], hardware: Hardware | None,
-               sharding: OptimizerShard | None, device_num: int, once: float = 1.0) -> dict[str, OpCosts]:
+               sharding: OptimizerShard | None, device_num: int, sizes: TensorSizes, once: float = 1.0) -> dict[str, OpCosts]:
     """Every searched op's `OpCosts`; on `hardware`, a parameter's first reader also pays, per
     candidate, the compute of the parameter's update in the layout it runs in. The gather of a
     sharded parameter's new value goes with its gradient's sync edge (`_sync_edges`), which
@@ -360,14 +363,15 @@ def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str],
     adds runs once per step: weighed `once` (`build_problem`)."""
     costs = {}
     for name, op in graph.ops.items():
-        costs[name] = _op_costs(candidates[name], tuple(graph.tensors[t].dtype for t in op.inputs + op.outputs), hardware)
+        operands = op.inputs + op.outputs
+        costs[name] = _op_costs(candidates[name], tuple(map(sizes.priced, operands)), sizes.rate_dtypes(operands), hardware)
     model = None if hardware is None else hardware.alpha_beta(device_num)
     for update, parameter in followers.items():
         if not graph.consumers(parameter):
             continue  # only its update reads it: stored whole whatever the choice, a constant
         owner, index = graph.consumers(parameter)[0]
         op = full.ops[update]
-        dtypes = tuple(full.tensors[t].dtype for t in op.inputs + op.outputs)
+        dtypes, rates = tuple(map(sizes.priced, op.inputs + op.outputs)), sizes.rate_dtypes(op.inputs + op.outputs)
         extra = np.zeros(len(candidates[owner]))
         for number, strategy in enumerate(candidates[owner]):
             used = strategy.input_layouts[index]
@@ -375,9 +379,9 @@ def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str],
             if index in strategy.at_rest or (updated is not used and not _synced(graph, parameter)):
                 # At rest: its gather for this reader. Else a parameter with no gradient has no
                 # sync edge to carry the gather of its new value (`_sync_edges`).
-                extra[number] += cost_table([updated], [used], graph.tensors[parameter].dtype, model)[0, 0]
+                extra[number] += cost_table([updated], [used], sizes.priced(parameter), model)[0, 0]
             if hardware is not None:
-                extra[number] += _followed_nanoseconds(op.rule, updated, dtypes, hardware)
+                extra[number] += _followed_nanoseconds(op.rule, updated, dtypes, rates, hardware)
         own = costs[owner]
         costs[owner] = OpCosts(own.comm + extra * once, own.flops, own.memory)
     return costs
@@ -390,20 +394,22 @@ def _synced(graph: Graph, parameter: str) -> bool:
 
 
 def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int, model=None,
-               sharding: OptimizerShard | None = None) -> SearchEdge | None:
+               sharding: OptimizerShard | None = None, sizes: TensorSizes | None = None) -> SearchEdge | None:
     """The edge bringing `tensor` to input `index` of `consumer`: from its producer, or from its
-    first consumer when it is a parameter or graph input (None for that first consumer itself)."""
+    first consumer when it is a parameter or graph input (None for that first consumer itself);
+    priced as `sizes` says (None: at its dtype)."""
     dtype = graph.tensors[tensor].dtype
+    priced = dtype if sizes is None else sizes.priced(tensor)
     producer = graph.producer(tensor)
     if producer is not None:
         output_index = producer.outputs.index(tensor)
-        table = _edge_table(candidates[producer.name], output_index, candidates[consumer], index, dtype, False, model)
+        table = _edge_table(candidates[producer.name], output_index, candidates[consumer], index, priced, False, model)
         return SearchEdge(tensor, producer.name, output_index, consumer, index, table)
     owner, owner_index = graph.consumers(tensor)[0]
     if (owner, owner_index) == (consumer, index):
         return None
-    table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True, model, sharding)
-    return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True, sharding=sharding)
+    table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True, model, sharding, priced)
+    return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True, sharding=sharding, dtype=dtype)
 
 
 def optimizer_state(graph: Graph, followers: dict[str, str]) -> dict[str, str]:
@@ -441,7 +447,7 @@ def searched_graph(graph: Graph) -> tuple[Graph, dict[str, str]]:
 
 
 def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
-                sharding: OptimizerShard | None = None, once: float = 1.0) -> list[SearchEdge]:
+                sharding: OptimizerShard | None = None, sizes: TensorSizes | None = None, once: float = 1.0) -> list[SearchEdge]:
     """Per update op, an edge from each computed operand of its parameter's shape (the
     gradient) to the parameter's first reader, priced to the layout the parameter is updated
     in: the one it lives in, or with optimizer sharding its shard layout, plus the gather of
@@ -458,8 +464,9 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
             continue
         output_index = producer.outputs.index(gradient)
         dtype = graph.tensors[gradient].dtype
+        priced = dtype if sizes is None else sizes.priced(gradient)  # fp16 under fp16, fp32 under bf16
         if sharding is None:
-            table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, dtype, False, model,
+            table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, priced, False, model,
                                 scale=once)
         else:
             sources = [s.output_layouts[output_index] for s in candidates[producer.name]]
@@ -468,19 +475,21 @@ def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
             # At rest (ZeRO-3) a parameter's new value stays in its shard layout: no gather back.
             gathers = [None if new is old or owner_index in s.at_rest else (new, old)
                        for new, old, s in zip(updated, used, candidates[owner])]
-            table = LazyCostTable(sources, updated, dtype, model, gathers, once)
+            table = LazyCostTable(sources, updated, priced, model, gathers,
+                                  None if sizes is None else sizes.priced(parameter), once)
         edges.append(SearchEdge(gradient, producer.name, output_index, owner, owner_index, table, sync=True))
     return edges
 
 
-def _writeback_edge(graph: Graph, candidates, parameter: str, value: str, model=None, once: float = 1.0) -> SearchEdge:
+def _writeback_edge(graph: Graph, candidates, parameter: str, value: str, model=None,
+                    sizes: TensorSizes | None = None, once: float = 1.0) -> SearchEdge:
     """The edge from the op computing `parameter`'s next value to the parameter's first consumer
     (once per step: weighed `once`)."""
     producer = graph.producer(value)
     owner, owner_index = graph.consumers(parameter)[0]
     output_index = producer.outputs.index(value)
     table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index,
-                        graph.tensors[value].dtype, False, model, scale=once)
+                        graph.tensors[value].dtype if sizes is None else sizes.priced(value), False, model, scale=once)
     return SearchEdge(value, producer.name, output_index, owner, owner_index, table, sync=True)
 
 

@@ -44,6 +44,7 @@ from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
 from autostrat.layout import Strategy
 from autostrat.layout.nd_tp import gathers_by_design
 from autostrat.redistribution import cost_table
+from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import SearchProblem, layers_of
 
 GRADIENT_PREFIX = gradient_name("")
@@ -312,7 +313,8 @@ def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, in
         if reader is not None:
             wanted = problem.candidates[reader[0]][choice[reader[0]]].input_layouts[reader[1]]
             held = [candidate.output_layouts[index] for candidate in problem.candidates[op]]
-            terms.append(_destination_term(held, wanted, graph.tensors[tensor].dtype, problem.model))
+            dtype = (problem.sizes or TensorSizes.of(graph)).priced(tensor)
+            terms.append(_destination_term(held, wanted, dtype, problem.model))
     return terms
 
 

@@ -277,7 +277,7 @@ def _sent_bytes(plan, units: dict[str, int], crossing) -> int:
     """One device's slice of the largest forward activation from a unit ``a`` to a unit ``b``
     where ``crossing(a, b)`` (layer 1 to layer 2, or any stage to a later one): what a stage
     sends on per micro-batch (and its gradient back), sent once across servers."""
-    graph, largest, sizes = plan.graph, 0, TensorSizes.of(plan.graph)  # activations keep their dtype's size
+    graph, largest, sizes = plan.graph, 0, plan.sizes  # in the precision's size (`search.precision`)
     for name, info in graph.tensors.items():
         if info.producer in graph.ops and op_phase(info.producer) == "forward":
             if any(crossing(units[info.producer], units[reader]) and op_phase(reader) == "forward"
