@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installe
 from autostrat.errors import AutostratError  # noqa: E402
 from autostrat.frontend.config import config_from_data  # noqa: E402
 from autostrat.frontend.run import plan_config  # noqa: E402
+from autostrat.frontend.yaml_text import parse_config_text  # noqa: E402
 from autostrat.report.estimate import estimate  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
@@ -69,7 +70,8 @@ def model_section(seq: int) -> str:
     params = {"layers": data["num_hidden_layers"], "hidden": data["hidden_size"], "ffn": data["intermediate_size"],
               "heads": data["num_attention_heads"], "kv_heads": data["num_key_value_heads"], "vocab": data["vocab_size"],
               "epsilon": data["rms_norm_eps"], "rope_theta": data["rope_theta"], "seq": seq, "fused_attention": True}
-    written = {key: f"{value:.6e}" if isinstance(value, float) else json.dumps(value) for key, value in params.items()}  # YAML floats need a dot
+    # YAML reads 1e-05 as a string: floats are written with a dot.
+    written = {key: f"{value:.6e}" if isinstance(value, float) else json.dumps(value) for key, value in params.items()}
     return "model:\n  name: LLaMA\n  params: {" + ", ".join(f"{key}: {value}" for key, value in written.items()) + "}\n"
 
 
@@ -90,8 +92,6 @@ def searched(row: Row, folder: Path) -> tuple[float, str]:
             "enable_parallel_optimizer: true\nparallel_optimizer_config: {optimizer_level: level3, parallel_optimizer_threshold: 0}\n"
             f"optimizer: {{name: adam}}\n{model_section(row.seq)}")
     path.write_text(text)
-    from autostrat.frontend.yaml_text import parse_config_text
-
     data = parse_config_text(text, path)
     data["model"]["params"]["batch"] = row.fsdp
     config = config_from_data(data, text, path, example_inputs=True)

@@ -27,17 +27,19 @@ def _splits(plan, op_type):
     return dict(zip(op.strategy.rule.factors, op.strategy.splits))
 
 
-def _train_with_sequence_split(attention_seed):
-    """A 1-block fused LLaMA (batch 2, sequence 16) on dp 2 x cp 4: every Dense splits its rows
-    (batch x sequence) over the 8 devices, weights whole; attention as `attention_seed` says."""
-    net = LLaMA(layers=1, hidden=32, ffn=40, heads=4, seq=16, batch=DP, vocab=64, fused_attention=True)
+def _train_with_sequence_split(attention_seed, fused=True):
+    """A 1-block LLaMA (batch 2, sequence 16) on dp 2 x cp 4: every Dense splits its rows
+    (batch x sequence) over the 8 devices, weights whole; the fused attention as
+    `attention_seed` says, or (not `fused`) both BatchMatMuls of the unfused one."""
+    net = LLaMA(layers=1, hidden=32, ffn=40, heads=4, seq=16, batch=DP, vocab=64, fused_attention=fused)
     block = net.blocks[0]
     try:
         set_auto_parallel_context(parallel_mode="auto_parallel", device_num=DP * CP, gradients_mean=True)
         for dense in (block.attention.query, block.attention.key, block.attention.value, block.attention.projection,
                       block.ffn_gate, block.ffn_up, block.ffn_down):
             dense.matmul.shard(((DP * CP, 1), (1, 1)))
-        block.attention.attend.shard(attention_seed)
+        for primitive in (block.attention.attend,) if fused else (block.attention.scores, block.attention.context):
+            primitive.shard(attention_seed)
         cell = TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3))
         plan, values, batches = training_plan(cell, None, net.example_inputs(), 2)
         run, alone = train_locally(plan, values, batches), train_reference(reference_graph(plan), values, batches)
@@ -65,6 +67,16 @@ def test_all_gather_form_trains_like_one_device():
     assert _forward_steps(plan) == {"rotary_key": {"AllGather"}, "attend": {"AllGather"}}
 
 
+@pytest.mark.parametrize("form", ["all-gather", "ulysses"])
+def test_unfused_attention_expresses_both_forms(form):
+    """The same layouts on the unfused attention: QKᵀ and ·V split the query rows (the causal
+    mask, a constant, sliced to the rank's rows; the softmax over whole key rows) or the heads."""
+    seed = ((DP, 1, CP, 1), (DP, 1, 1, 1)) if form == "all-gather" else ((DP, CP, 1, 1),) * 2
+    plan = _train_with_sequence_split(seed, fused=False)
+    softmax = plan.ops["blocks.0.attention.softmax"].strategy.to_tuples()[0]
+    assert softmax == ((DP, 1, CP, 1) if form == "all-gather" else (DP, CP, 1, 1))
+
+
 def test_ulysses_form_trains_like_one_device():
     """Heads split 4 ways: an all-to-all turns the sequence split into a head split before
     attention and another turns it back after; no gather of K or V."""
@@ -77,9 +89,9 @@ def test_ulysses_form_trains_like_one_device():
 @pytest.mark.parametrize(("kv_heads", "query_rows"), [(1, 8), (8, 1)])
 def test_search_chooses_the_all_gather_form_when_key_and_value_are_small(kv_heads, query_rows):
     """Fully automatic search of the step time, batch 1, sequence 512: with one key-value head
-    (multi-query attention) gathering K and V costs an eighth of Megatron's activation
-    all-reduces, and the proven optimum splits the query rows over all 8 devices; with 8
-    key-value heads it does not (tensor parallelism over the heads wins)."""
+    (multi-query attention) K and V are an eighth of the queries' width, gathering them costs
+    less than Megatron's activation all-reduces, and the proven optimum splits the query rows
+    over all 8 devices; with 8 key-value heads it does not (the heads split over the devices)."""
     net = LLaMA(layers=1, hidden=32, ffn=64, heads=8, kv_heads=kv_heads, seq=512, batch=1, vocab=64, fused_attention=True)
     try:
         set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, gradients_mean=True,
