@@ -205,3 +205,46 @@ def test_virtual_stages_estimate_megatrons_interleaved_schedule(tmp_path, capsys
     assert found.plan.pipeline.stages == 4 and found.plan.pipeline.chunks == 2
     assert sum(found.phases_ns.values()) == found.plan.pipeline.step_time_ns
     assert figures["bubble"] < plain["bubble"]
+
+CONTEXT_TEXT = ("precision: fp32\nmodel:\n  name: LLaMA\n"
+                "  params: {layers: 2, hidden: 32, ffn: 48, heads: 4, kv_heads: 2, seq: 16, vocab: 64, fused_attention: true}\n"
+                "global_batch: 2\nplan: {tp: 2, dp: 2, cp: 2, micro_batch: 1}\n")
+
+
+def test_a_context_parallel_plan_trains_like_one_device(tmp_path):
+    """tp 2 x dp 2 x cp 2: each sequence's rows on 2 devices, the fused attention's query rows
+    split over cp with K and V gathered; the run equals one device, bytes counted = predicted."""
+    from autostrat.frontend.train import compare, synthetic_batches
+    from autostrat.report.estimate import estimate_of, given_plan_config
+    from autostrat.runtime.executor import graph_values
+    from autostrat.runtime.training import reference_graph, train_locally, train_reference
+
+    path = tmp_path / "cp.yaml"
+    path.write_text(CONTEXT_TEXT)
+    config, given = given_plan_config(path)
+    plan, _ = plan_config(config)
+    assert given.device_num == 8 and estimate_of(plan, config.net, given).to_dict()["plan"]["cp"] == 2
+    attend = plan.ops["blocks.1.attention.attend"].strategy
+    assert dict(zip(attend.rule.factors, attend.splits)) == {"b": 2, "n": 2, "s": 2, "d": 1, "t": 1}
+    for tensor in ("key", "value"):  # grouped K and V gathered over cp (axis 1 of [dp, cp, tp]) before their repeat
+        [edge] = [edge for edge in plan.redistributions if edge.consumer == f"blocks.1.attention.expand_{tensor}"]
+        assert [(step.kind, step.axes) for step in edge.plan.steps] == [("AllGather", (1,))]
+    assert plan.ops["blocks.1.ffn_up.matmul"].strategy.to_tuples() == ((4, 1), (2, 1))  # rows over dp x cp
+    values, batches = graph_values(plan.graph, {}), synthetic_batches(plan.graph, 2)
+    report = compare(plan, train_locally(plan, values, batches), train_reference(reference_graph(plan), values, batches))
+    assert report.ok, report.text
+
+
+@pytest.mark.parametrize("change, message", [
+    (("micro_batch: 1", "micro_batch: 2"), "plan.cp: 2 is not yet expressible (context parallelism splits one sequence "
+                                           "per data-parallel rank: micro_batch must be 1)"),
+    (("cp: 2", "cp: 3"), "plan.cp: expected a divisor of the sequence length 16, got 3"),
+    ((", fused_attention: true", ""), "plan.cp: 2 is not yet expressible for LLaMA without fused attention"),
+])
+def test_a_context_parallel_plan_that_cannot_be_expressed_is_an_error(tmp_path, capsys, change, message):
+    config = tmp_path / "cp.yaml"
+    assert change[0] in CONTEXT_TEXT
+    config.write_text(CONTEXT_TEXT.replace(*change).replace("global_batch: 2", "global_batch: 4"))
+    assert main(["estimate", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"autostrat: error: {config}: ") and message in err and "Traceback" not in err

@@ -14,6 +14,10 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
   rank holds its part of the sequence; the row-split product's partial output then becomes a
   ReduceScatter and the column-split product's input an AllGather, chosen by the planner as for
   any edge (`DESIGN.md`: partial is a state).
+- Context parallelism (Llama 3's all-gather form, Dubey et al. 2024, section 3.3.2): the rows of
+  a data-parallel rank's sequence split over ``cp`` devices (the products' rows over ``dp · cp``),
+  every fused attention's query rows over ``cp`` with K and V whole, which the planner gathers
+  (`context_parallel_seeds`; tests/test_context_parallel.py has the Ulysses form as well).
 - Selective recompute (ibid., section 5): the attention core, QKᵀ, its scale and mask, the
   softmax and ·V, is computed again in the backward instead of kept (`Primitive.recompute`).
 """
@@ -33,10 +37,12 @@ SEQUENCE_OPS = {"ln1.layer_norm": (2, 1, 1), "ln1.rms_norm": (2, 1), "attention.
 ATTENTION_CORE = ("scores", "scale", "mask", "softmax", "context")  # unfused attention's ops between Q, K, V and merge
 
 
-def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: str = "plan.tp") -> dict:
+def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: str = "plan.tp",
+                          context_parallel: int = 1) -> dict:
     """Megatron-LM's tensor parallelism over `tensor_parallel` devices and data parallelism over
-    `data_parallel` on every block of `net`; a `tensor_parallel` that does not divide the heads
-    (LLaMA: the kv heads) is a ConfigError at `where`.
+    `data_parallel` on every block of `net`, each data-parallel rank's rows (one sequence, with
+    context parallelism) split further over `context_parallel` devices; a `tensor_parallel` that
+    does not divide the heads (LLaMA: the kv heads) is a ConfigError at `where`.
 
     Example:
         >>> net = GPT(layers=2, hidden=32, heads=4, seq=8, batch=2, vocab=64)
@@ -50,23 +56,69 @@ def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: 
         kind = "key-value heads" if isinstance(net, LLaMA) else "attention heads"
         raise ConfigError(f"{where}: expected a divisor of the model's {heads} {kind} (Megatron splits whole heads), "
                           f"got {tensor_parallel}")
+    rows = data_parallel * context_parallel
     if isinstance(net, LLaMA):
-        seeds = llama_megatron_seeds(len(net.blocks), tensor_parallel, data_parallel)
+        seeds = llama_megatron_seeds(len(net.blocks), tensor_parallel, rows)
     else:
-        seeds = megatron_seeds(len(net.blocks), tensor_parallel, data_parallel=data_parallel)
-    return seeds | _vocabulary_seeds(net, tensor_parallel, data_parallel)
+        seeds = megatron_seeds(len(net.blocks), tensor_parallel, data_parallel=rows)
+    return seeds | _vocabulary_seeds(net, tensor_parallel, data_parallel, context_parallel)
 
 
-def _vocabulary_seeds(net, tensor_parallel: int, data_parallel: int) -> dict:
+def _vocabulary_seeds(net, tensor_parallel: int, data_parallel: int, context_parallel: int) -> dict:
     """The lookup and the LM head with the vocabulary split over the tensor-parallel devices,
     the inner axis as the blocks' seeds place them (a Layout: a strategy tuple would put the
-    table's first dim on the outer axis); none when `tensor_parallel` is 1 or does not divide it."""
+    table's first dim on the outer axis), the ids' sequence over the context-parallel axis; none
+    when `tensor_parallel` is 1 or does not divide it."""
     if tensor_parallel == 1 or net.embedding.embedding_table.shape[0] % tensor_parallel:
         return {}
-    named = NamedLayout((data_parallel, tensor_parallel), ("dp", "tp"))
+    rows = data_parallel * context_parallel
     head = "lm_head" if net.tie_embeddings else "lm_head.matmul"
-    return {"embedding.gather": ((named("tp", "None"), named("dp", "None")), None),
-            head: (((data_parallel, 1), (tensor_parallel, 1)), None)}
+    if context_parallel == 1:
+        named = NamedLayout((data_parallel, tensor_parallel), ("dp", "tp"))
+        ids = named("dp", "None")
+    else:
+        named = NamedLayout((data_parallel, context_parallel, tensor_parallel), ("dp", "cp", "tp"))
+        ids = named("dp", "cp")
+    return {"embedding.gather": ((named("tp", "None"), ids), None), head: (((rows, 1), (tensor_parallel, 1)), None)}
+
+
+def context_parallel_seeds(net, tensor_parallel: int, data_parallel: int, context_parallel: int,
+                           where: str = "plan.cp") -> dict:
+    """Every block's fused attention with its query rows split over `context_parallel` devices,
+    batch over `data_parallel`, heads over `tensor_parallel`, K and V whole on the sequence, on
+    the device matrix ``[dp, cp, tp]`` that `tensor_parallel_seeds` gives the products; the
+    queries' rotary embedding on their own rows, and grouped K and V repeated whole. A net
+    without fused attention, or a sequence `context_parallel` does not divide, is a ConfigError
+    at `where`.
+
+    Example:
+        >>> net = LLaMA(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64, fused_attention=True)
+        >>> query, key, _ = context_parallel_seeds(net, 2, 1, 4)["blocks.0.attention.attend"][0]
+        >>> query.tensor_map, key.tensor_map
+        ((2, 0, 1, -1), (2, 0, -1, -1))
+    """
+    _check_family(net, where)
+    if not getattr(net.blocks[0].attention, "fused", False):
+        raise ConfigError(f"{where}: {context_parallel} is not yet expressible for {type(net).__name__} without fused "
+                          "attention (context parallelism splits FlashAttentionScore's query rows; set "
+                          "model.params.fused_attention: true)")
+    if net.seq % context_parallel:
+        raise ConfigError(f"{where}: expected a divisor of the sequence length {net.seq}, got {context_parallel}")
+    named = NamedLayout((data_parallel, context_parallel, tensor_parallel), ("dp", "cp", "tp"))
+    query, whole = named("dp", "tp", "cp", "None"), named("dp", "tp", "None", "None")
+    seeds = {}
+    for index, block in enumerate(net.blocks):
+        seeds[f"blocks.{index}.attention.attend"] = ((query, whole, whole), None)
+        # The queries' rotary embedding on their own rows (cos and sin rows over cp too): left to
+        # propagation, it may run on the whole sequence and the query be sliced after it.
+        table = named("cp", "None")
+        seeds[f"blocks.{index}.attention.rotary_query"] = ((query, table, table), None)
+        if block.attention.group > 1:  # grouped K and V repeated whole on the sequence, kv heads over tp
+            repeated = named("dp", "tp", "None", "None", "None")
+            for tensor in ("key", "value"):
+                seeds[f"blocks.{index}.attention.expand_{tensor}"] = ((whole,), None)
+                seeds[f"blocks.{index}.attention.copy_{tensor}"] = ((repeated,) * block.attention.group, None)
+    return seeds
 
 
 def sequence_parallel_seeds(net, tensor_parallel: int, data_parallel: int) -> dict:

@@ -7,6 +7,11 @@ model (cases):
 
 - ``tp`` and ``dp``: Megatron's tensor-parallel seeds on every block over ``tp`` devices, the
   activations' rows over ``dp`` (`models.megatron_plan.tensor_parallel_seeds`); the other ops propagate.
+- ``cp``: context parallelism, Llama 3's all-gather form: each data-parallel rank's sequence split
+  over ``cp`` devices, the products' rows over ``dp · cp``, every fused attention's query rows over
+  ``cp`` with K and V gathered (`models.megatron_plan.context_parallel_seeds`); ``device_num`` is
+  ``tp · pp · dp · cp``. It needs fused attention and ``micro_batch`` 1 (more sequences per rank
+  would put whole sequences, not parts of one, on the ``cp`` devices' rows).
 - ``pp``: ``pipeline_stages``, the stage split searched as the search splits stages (1F1B).
 - ``vp``: virtual stages per pipeline rank: Megatron's interleaved 1F1B
   (``pipeline_schedule: interleaved_1f1b``, ``pipeline_interleave_num: vp``); ``pp`` above 1.
@@ -19,7 +24,7 @@ model (cases):
 - ``zero``: 0, or 1 (the optimiser state split over the data-parallel replicas, Megatron's
   distributed optimizer; ``enable_parallel_optimizer`` with no size threshold).
 - What the machinery cannot express yet is a ConfigError naming the key, the value and "not yet
-  expressible" (``cp``, ``ep`` above 1, ZeRO 2 and 3), never a number for another plan.
+  expressible" (``ep`` above 1, ``cp`` above 1 as said, ZeRO 2 and 3), never a number for another plan.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from autostrat.frontend.config import config_from_data, with_recompute
 from autostrat.frontend.run import plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.models.flops import model_flops
-from autostrat.models.megatron_plan import mark_selective_recompute, sequence_parallel_seeds, tensor_parallel_seeds
+from autostrat.models.megatron_plan import (context_parallel_seeds, mark_selective_recompute, sequence_parallel_seeds,
+                                            tensor_parallel_seeds)
 from autostrat.reading import read_text
 from autostrat.search.memory_breakdown import KINDS, memory_breakdowns
 from autostrat.search.precision import PRECISION_MEMORY
@@ -45,7 +51,7 @@ PLAN_KEYS = {"tp": 1, "pp": 1, "vp": 1, "dp": 1, "cp": 1, "ep": 1, "sequence_par
              "zero": 0, "micro_batch": 1}
 # Per key, why some of its values are not yet expressible.
 NOT_YET = {
-    "cp": "context parallelism is not a plan choice yet",
+    "cp": "context parallelism splits one sequence per data-parallel rank: micro_batch must be 1",
     "ep": "expert parallelism needs a mixture-of-experts model",
     "zero": "autostrat's optimiser shard splits the optimiser state only (ZeRO 1); gradients and parameters stay whole",
 }
@@ -67,10 +73,11 @@ class GivenPlan:
     global_batch: int
     sequence_parallel: bool = False
     vp: int = 1  # model stages per pipeline rank (interleaved 1F1B)
+    cp: int = 1
 
     @property
     def device_num(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     @property
     def micro_batches(self) -> int:
@@ -99,7 +106,8 @@ def read_given_plan(data: dict, path) -> GivenPlan:
         raise ConfigError(f"{path}: plan.recompute: expected one of {', '.join(RECOMPUTE)}, got {values['recompute']!r}")
     if values["zero"] not in (0, 1, 2, 3) or isinstance(values["zero"], bool):
         raise ConfigError(f"{path}: plan.zero: expected a ZeRO level 0, 1, 2 or 3, got {values['zero']!r}")
-    blocked = [key for key in ("cp", "ep") if values[key] != 1] + ["zero"] * (values["zero"] > 1)
+    blocked = [key for key in ("ep",) if values[key] != 1] + ["zero"] * (values["zero"] > 1)
+    blocked += ["cp"] * (values["cp"] > 1 and values["micro_batch"] > 1)
     if blocked:
         raise ConfigError(f"{path}: plan.{blocked[0]}: {values[blocked[0]]!r} is not yet expressible ({NOT_YET[blocked[0]]})")
     rows = values["dp"] * values["micro_batch"]
@@ -109,7 +117,7 @@ def read_given_plan(data: dict, path) -> GivenPlan:
     if values["vp"] > 1 and values["pp"] == 1:
         raise ConfigError(f"{path}: plan.vp: virtual stages interleave a pipeline: expected 1 with pp 1, got {values['vp']}")
     return GivenPlan(values["tp"], values["pp"], values["dp"], values["recompute"], values["zero"], values["micro_batch"], batch,
-                     values["sequence_parallel"], values["vp"])
+                     values["sequence_parallel"], vp=values["vp"], cp=values["cp"])
 
 
 def _busiest_group_ns(pipeline) -> int:
@@ -156,9 +164,12 @@ def given_plan_config(path):
     if given.zero:
         keys |= {"enable_parallel_optimizer": True, "parallel_optimizer_config": {"parallel_optimizer_threshold": 0}}
     config = config_from_data(keys, text, path, given.micro_batches, example_inputs=True)
-    seeds = tensor_parallel_seeds(config.net, given.tp, given.dp, f"{path}: plan.tp")
+    rows = given.dp * given.cp  # the norms' rows: a sequence's parts on cp devices of each data-parallel rank
+    seeds = tensor_parallel_seeds(config.net, given.tp, given.dp, f"{path}: plan.tp", given.cp)
     if given.sequence_parallel:
-        seeds |= sequence_parallel_seeds(config.net, given.tp, given.dp)
+        seeds |= sequence_parallel_seeds(config.net, given.tp, rows)
+    if given.cp > 1:
+        seeds |= context_parallel_seeds(config.net, given.tp, given.dp, given.cp, f"{path}: plan.cp")
     config = replace(config, strategies=seeds)
     if given.recompute == "selective":
         mark_selective_recompute(config.net)  # the net's own marks: planned as Primitive.recompute
@@ -210,7 +221,8 @@ class Estimate:
     def to_dict(self) -> dict:
         given = self.given
         return {
-            "plan": {"tp": given.tp, "pp": given.pp, "dp": given.dp, "sequence_parallel": given.sequence_parallel,
+            "plan": {"tp": given.tp, "pp": given.pp, "vp": given.vp, "dp": given.dp, "cp": given.cp,
+                     "sequence_parallel": given.sequence_parallel,
                      "recompute": given.recompute, "zero": given.zero,
                      "micro_batch": given.micro_batch, "global_batch": given.global_batch,
                      "micro_batches": given.micro_batches},
@@ -227,7 +239,8 @@ class Estimate:
     def lines(self, path) -> list[str]:
         """The human-readable estimate of the config at `path`."""
         given, plan = self.given, self.plan
-        lines = [f"{path}: {self.model} on {given.device_num} devices: tp {given.tp} x pp {given.pp} x dp {given.dp}, "
+        lines = [f"{path}: {self.model} on {given.device_num} devices: tp {given.tp} x pp {given.pp} x dp {given.dp}"
+                 f"{f' x cp {given.cp}' if given.cp > 1 else ''}, "
                  f"{'sequence parallel, ' if given.sequence_parallel else ''}micro-batch {given.micro_batch}, "
                  f"{given.micro_batches} micro-batch(es) of global batch {given.global_batch}, recompute {given.recompute}, zero {given.zero}; hardware {plan.hardware.name or 'given field by field'}, "
                  f"precision {plan.precision}"]

@@ -10,9 +10,16 @@ Refused: another ``input_layout``, ``keep_prob`` < 1 (dropout), ``pre_tokens`` a
 grouped key heads.
 
 Batch, heads and the query sequence pass through (a rank holding query rows [lo, hi) learns lo
-from its slice context, which the causal mask needs); the key sequence and head_dim stay whole:
-a split key sequence is context parallelism with communication inside the op (ring attention,
-K/V all-gather), built on the running-softmax merge of `runtime.kernels.attention`.
+from its slice context, which the causal mask needs); the key sequence and head_dim stay whole.
+Context parallelism (the sequence split over a ``cp`` axis outside attention) is then two layouts
+the planner already prices (tests/test_context_parallel.py): query rows split over ``cp``, K and
+V all-gathered on it by the edge into the op (Llama 3's form), or heads split over ``cp``, an
+AllToAll from the sequence split before the op and back after (Ulysses). Not expressible: Llama
+3's causal load balance (2·cp chunks per sequence, rank i holding chunks i and 2·cp-1-i), since a
+layout gives each rank one contiguous block per dim; the step-time model prices causal attention
+as the full score matrix, evenly split, so it neither charges the imbalance nor credits the
+halved work. A split key sequence (ring attention: K/V blocks passed around with the
+running-softmax merge of `runtime.kernels.attention`) would be communication inside the op.
 """
 
 from __future__ import annotations

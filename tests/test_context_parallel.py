@@ -1,0 +1,102 @@
+"""Context parallelism (issue #35) as layouts the search already prices: the sequence split over
+a ``cp`` axis everywhere, and inside attention either the query rows split with K and V
+all-gathered (Llama 3's form) or the heads split, reached by an all-to-all from the sequence
+split (Ulysses). Both are seeds a user writes; on 8 local ranks each trains like one device with
+the bytes counted on the wire equal to the prediction, and the search picks the all-gather form
+by itself where K and V are small (one key-value head) and the sequence long."""
+
+from __future__ import annotations
+
+import pytest
+
+from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
+from autostrat.frontend.train import TrainOneStepCell, compare, training_plan
+from autostrat.models import LLaMA
+from autostrat.parallel import Layout
+from autostrat.runtime.training import reference_graph, train_locally, train_reference
+
+DP, CP = 2, 4
+MESH = Layout((DP, CP), ("dp", "cp"))
+# The all-gather form: query rows over cp, K and V whole on the sequence (gathered over cp).
+ALL_GATHER = (MESH("dp", "None", "cp", "None"), MESH("dp", "None", "None", "None"), MESH("dp", "None", "None", "None"))
+ULYSSES = ((DP, CP, 1, 1),) * 3  # heads over cp: every rank attends over the whole sequence
+
+
+def _splits(plan, op_type):
+    [op] = [op for op in plan.ops.values() if op.op_type == op_type]
+    return dict(zip(op.strategy.rule.factors, op.strategy.splits))
+
+
+def _train_with_sequence_split(attention_seed, fused=True):
+    """A 1-block LLaMA (batch 2, sequence 16) on dp 2 x cp 4: every Dense splits its rows
+    (batch x sequence) over the 8 devices, weights whole; the fused attention as
+    `attention_seed` says, or (not `fused`) both BatchMatMuls of the unfused one."""
+    net = LLaMA(layers=1, hidden=32, ffn=40, heads=4, seq=16, batch=DP, vocab=64, fused_attention=fused)
+    block = net.blocks[0]
+    try:
+        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=DP * CP, gradients_mean=True)
+        for dense in (block.attention.query, block.attention.key, block.attention.value, block.attention.projection,
+                      block.ffn_gate, block.ffn_up, block.ffn_down):
+            dense.matmul.shard(((DP * CP, 1), (1, 1)))
+        for primitive in (block.attention.attend,) if fused else (block.attention.scores, block.attention.context):
+            primitive.shard(attention_seed)
+        cell = TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3))
+        plan, values, batches = training_plan(cell, None, net.example_inputs(), 2)
+        run, alone = train_locally(plan, values, batches), train_reference(reference_graph(plan), values, batches)
+    finally:
+        reset_auto_parallel_context()
+    report = compare(plan, run, alone)
+    assert report.ok, report.text
+    return plan
+
+
+def _forward_steps(plan):
+    """The collective kinds of the forward's redistributions into attention, per consumer."""
+    kinds = {}
+    for edge in plan.redistributions:
+        if edge.consumer.startswith("blocks.0.attention."):
+            kinds.setdefault(edge.consumer.removeprefix("blocks.0.attention."), set()).update(s.kind for s in edge.plan.steps)
+    return {consumer: steps for consumer, steps in kinds.items() if steps}
+
+
+def test_all_gather_form_trains_like_one_device():
+    """Query rows split 4 ways with their global numbers in the causal mask; K gathered before
+    its rotary embedding (which then runs on the whole sequence), V before attention."""
+    plan = _train_with_sequence_split(ALL_GATHER)
+    assert _splits(plan, "FlashAttentionScore") == {"b": 2, "n": 1, "s": 4, "d": 1, "t": 1}
+    assert _forward_steps(plan) == {"rotary_key": {"AllGather"}, "attend": {"AllGather"}}
+
+
+@pytest.mark.parametrize("form", ["all-gather", "ulysses"])
+def test_unfused_attention_expresses_both_forms(form):
+    """The same layouts on the unfused attention: QKᵀ and ·V split the query rows (the causal
+    mask, a constant, sliced to the rank's rows; the softmax over whole key rows) or the heads."""
+    seed = ((DP, 1, CP, 1), (DP, 1, 1, 1)) if form == "all-gather" else ((DP, CP, 1, 1),) * 2
+    plan = _train_with_sequence_split(seed, fused=False)
+    softmax = plan.ops["blocks.0.attention.softmax"].strategy.to_tuples()[0]
+    assert softmax == ((DP, 1, CP, 1) if form == "all-gather" else (DP, CP, 1, 1))
+
+
+def test_ulysses_form_trains_like_one_device():
+    """Heads split 4 ways: an all-to-all turns the sequence split into a head split before
+    attention and another turns it back after; no gather of K or V."""
+    plan = _train_with_sequence_split(ULYSSES)
+    assert _splits(plan, "FlashAttentionScore") == {"b": 2, "n": 4, "s": 1, "d": 1, "t": 1}
+    assert _forward_steps(plan) == {name: {"AllToAll"} for name in ("query_heads", "key_heads", "value_heads",
+                                                                    "projection.matmul")}
+
+
+@pytest.mark.parametrize(("kv_heads", "query_rows"), [(1, 8), (8, 1)])
+def test_search_chooses_the_all_gather_form_when_key_and_value_are_small(kv_heads, query_rows):
+    """Fully automatic search of the step time, batch 1, sequence 512: with one key-value head
+    (multi-query attention) K and V are an eighth of the queries' width, gathering them costs
+    less than Megatron's activation all-reduces, and the proven optimum splits the query rows
+    over all 8 devices; with 8 key-value heads it does not (the heads split over the devices)."""
+    net = LLaMA(layers=1, hidden=32, ffn=64, heads=8, kv_heads=kv_heads, seq=512, batch=1, vocab=64, fused_attention=True)
+    try:
+        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, gradients_mean=True,
+                                  search_mode="integer_programming", cost_model="time")
+        plan, _, _ = training_plan(TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3)), None, net.example_inputs(), 1)
+    finally:
+        reset_auto_parallel_context()
+    assert _splits(plan, "FlashAttentionScore")["s"] == query_rows
