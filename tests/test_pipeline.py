@@ -254,6 +254,8 @@ def test_a_checkpoint_of_two_stages_continues_on_four(tmp_path):
     (lambda: set_auto_parallel_context(pipeline_config=None, pipeline_schedule="interleaved_1f1b", pipeline_stages=8),
      "interleaved_1f1b runs micro-batches in groups of the 8 devices: micro_batches must be a multiple of 8, got 4"),
     (lambda: set_auto_parallel_context(pipeline_config={"stages": 2}), "takes the keys pipeline_scheduler"),
+    (lambda: set_auto_parallel_context(pipeline_config={"pipeline_scheduler": [1]}),
+     r"pipeline_config.pipeline_scheduler must be one of .*; got \[1\]"),  # the fuzz's list, once a TypeError
 ])
 def test_bad_pipeline_settings_are_refused(setup, message):
     net = _stack()

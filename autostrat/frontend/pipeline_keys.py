@@ -38,7 +38,7 @@ def configured_schedule(pipeline_config) -> str | None:
     if "pipeline_scheduler" not in config and not interleave:
         return None
     named = config.get("pipeline_scheduler", "1f1b")
-    schedule = MINDSPORE_SCHEDULES.get(named, named)
+    schedule = MINDSPORE_SCHEDULES.get(named, named) if isinstance(named, str) else None
     if schedule not in SCHEDULE_ORDERS:
         raise ConfigError(f"pipeline_config.pipeline_scheduler must be one of "
                           f"{', '.join(SCHEDULE_ORDERS + tuple(MINDSPORE_SCHEDULES))}; got {named!r}")

@@ -260,7 +260,7 @@ def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions
     # the search walks what it left; 7B at 64 devices, loaded machine: builds 1.7-2.0 s, the
     # collection 2.1-3.2 s).
     began = deadline.elapsed()
-    first = _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
+    first = _plan_of(problem, graph, device_num, options, assignment, assignment.choice, None)  # progress: the final plan's
     deadline = deadline.reserving(PLAN_RESERVE * (deadline.elapsed() - began))
     # integer_programming starts from the data-parallel plan around the seeds already.
     starts = _extra_starts(problem, graph, device_num, options, deadline) if not options.automatic else []
