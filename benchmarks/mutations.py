@@ -118,7 +118,8 @@ MUTATIONS = (
         "                found = (max(before[0], cost), before[1] + (n,))\n",
         "                found = (before[0] + cost, before[1] + (n,))\n",
         ("tests/test_pipeline.py::test_the_searched_split_of_a_real_model_is_the_best_of_every_split",
-         "tests/test_stages.py::test_the_split_is_the_best_of_every_split"),
+         "tests/test_stages.py::test_the_least_slowest_stage_split_is_the_brute_force_one",
+         "tests/test_stages.py::test_past_every_split_the_descent_is_no_slower_than_the_least_slowest_stage"),
     ),
 )
 

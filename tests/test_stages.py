@@ -83,6 +83,16 @@ def test_the_split_is_the_fastest_of_every_split_by_its_schedules_simulation(mod
     assert budget is None or max(split.peak_bytes) <= budget
 
 
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_the_least_slowest_stage_split_is_the_brute_force_one(stages):
+    """`min_max_split` (the descent's start past `EXHAUSTIVE_SPLITS`) against every split."""
+    time = (40, 10, 12, 9, 11, 10, 30, 25, 10, 10, 14, 50)
+    slowest = {ends: max(sum(time[a:b]) for a, b in zip((0,) + ends[:-1], ends)) for ends in _every_split(12, stages)}
+    least = min(slowest.values())
+    found = min_max_split(12, stages, lambda stage, first, end: sum(time[first:end]))
+    assert found[0] == least and slowest[found[1]] == least
+
+
 @pytest.mark.parametrize("name, chunks", _SCHEDULES)
 def test_past_every_split_the_descent_is_no_slower_than_the_least_slowest_stage(name, chunks, monkeypatch):
     """Past `EXHAUSTIVE_SPLITS` (here 0): the split starts from the least slowest stage and
