@@ -27,7 +27,6 @@ schedule runs a stage's micro-batches in order, per kind).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -80,7 +79,7 @@ class StageProgram:
     def order(self) -> tuple[Instruction, ...]:
         """The instructions (F, B, W of a micro-batch on a chunk) this rank runs, in order."""
         devices = self.stages // len(self.chunks)
-        return _orders(self.schedule, devices, self.micro_batches, len(self.chunks)).orders[self.stage]
+        return schedule_orders(self.schedule, devices, self.micro_batches, len(self.chunks)).orders[self.stage]
 
     def communications(self) -> tuple:
         """Every instruction that sends, chunk by chunk and slot by slot, each predicting what
@@ -96,11 +95,6 @@ class StageProgram:
         """This rank's slices of the whole arrays in `whole` that its program loads."""
         ranges = {load.tensor: load.ranges for load in self.loads}
         return {name: array[tuple(slice(a, b) for a, b in ranges[name])] for name, array in whole.items() if name in ranges}
-
-
-@functools.lru_cache(maxsize=64)
-def _orders(schedule: str, devices: int, micro_batches: int, chunks: int):
-    return schedule_orders(schedule, devices, micro_batches, chunks)
 
 
 def activation_gradient(graph, key: str) -> bool:

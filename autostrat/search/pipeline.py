@@ -24,7 +24,6 @@ Which stage runs what (cases):
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field, replace
 
 from autostrat.autodiff import op_phase
@@ -79,7 +78,7 @@ class Pipeline:
     @property
     def orders(self) -> Schedule:
         """Every device group's instruction order (`schedules.schedule_orders`)."""
-        return _orders(self.schedule, self.devices, self.micro_batches, self.chunks)
+        return schedule_orders(self.schedule, self.devices, self.micro_batches, self.chunks)
 
     def device_of(self, stage: int) -> int:
         """The device group that runs model stage `stage`."""
@@ -123,11 +122,6 @@ class Pipeline:
             **({"cells": list(self.cells)} if self.cells else {}),
             **({"chunks": self.chunks} if self.chunks > 1 else {}),
         }
-
-
-@functools.lru_cache(maxsize=64)
-def _orders(schedule: str, devices: int, micro_batches: int, chunks: int) -> Schedule:
-    return schedule_orders(schedule, devices, micro_batches, chunks)
 
 
 def shared_update_ops(graph) -> frozenset[str]:
@@ -240,7 +234,7 @@ class _Layout:
     @property
     def orders(self) -> Schedule:
         """The orders the device groups run (`schedules.schedule_orders`)."""
-        return _orders(self.schedule, self.stages // self.chunks, self.micro_batches, self.chunks)
+        return schedule_orders(self.schedule, self.stages // self.chunks, self.micro_batches, self.chunks)
 
 
 @dataclass(frozen=True)

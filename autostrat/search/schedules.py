@@ -37,6 +37,7 @@ backward ``B(i, k)``.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -107,6 +108,7 @@ def waits_for(instruction: Instruction, stage: int, stages: int) -> tuple[str, i
     return ("F", micro_batch, stage) if stage == stages - 1 else ("B", micro_batch, stage + 1)
 
 
+@functools.lru_cache(maxsize=256)  # the search, the memory replay and every rank ask for the same few
 def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | None = None,
                     pass_times: tuple[float, float, float] | None = None) -> Schedule:
     """The orders of schedule `name` on `devices` devices for `micro_batches` micro-batches,
