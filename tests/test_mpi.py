@@ -135,10 +135,15 @@ def test_rank_table_hosts_run_the_job(tmp_path):
     path = tmp_path / "rank_table.json"
     path.write_text(json.dumps(table))
     # Both "servers" are this machine, under two names: the ofi/TCP settings for several hosts apply.
-    code, out, err, run_dir, _ = run(tmp_path, "configs/ffn.yaml", "--rank-table", str(path), "--steps", "1")
+    # The table's 2 servers x 4 make the MLP's gradient AllReduces and its AllGathers over all 8
+    # ranks hierarchical (tests/test_collective_algorithms.py): run as such, with the predicted bytes.
+    code, out, err, run_dir, _ = run(tmp_path, "configs/mlp.yaml", "--rank-table", str(path), "--steps", "1",
+                                     "--phase", "train")
     assert code == 0, err
     assert (run_dir / "hostfile").read_text() == "localhost:4\n127.0.0.1:4\n"
-    assert "ffn.yaml: FFN on 8 ranks (MPI)" in out
+    assert "mlp.yaml: MLP on 8 ranks (MPI)" in out
+    assert "bytes: measured = predicted on every rank" in out and ": OK" in out
+    assert "hierarchical:4" in "".join(p.read_text(errors="replace") for p in run_dir.glob("*") if p.is_file())
 
 
 def test_missing_mpi_runtime_is_a_clear_error(monkeypatch, tmp_path):
