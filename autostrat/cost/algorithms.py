@@ -37,7 +37,7 @@ import math
 from collections import Counter
 from functools import lru_cache
 
-from autostrat.cost.collective import _ring_allreduce_bytes, collective_bytes
+from autostrat.cost.collective import collective_bytes
 from autostrat.cost.time_model import AlphaBeta, ceil_nanoseconds
 from autostrat.errors import LayoutError
 from autostrat.layout import DeviceMatrix
@@ -113,7 +113,7 @@ def _positions(m: int, k: int, position):
 def _hierarchical_member(m: int, k: int, n: int, server: int, index: int) -> int:
     """Elements member (server, index) sends: inside ReduceScatter, across AllReduce, inside AllGather."""
     chunks = _chunks(n, k)
-    across = _ring_allreduce_bytes(m, chunks[index], 1, server)
+    across = collective_bytes("AllReduce", m, chunks[index], 1, server)
     return (n - chunks[index]) + across + (n - chunks[(index + 1) % k])
 
 
@@ -200,7 +200,7 @@ def _hierarchical_nanoseconds(model: AlphaBeta, kind: str, m: int, k: int, s: in
     n = s // itemsize
     chunks = _chunks(n, k)
     scatter = (n - min(chunks)) * itemsize  # the busiest member of each inside phase
-    across_bytes = _ring_allreduce_bytes(m, max(chunks), 1, None) * itemsize
+    across_bytes = collective_bytes("AllReduce", m, max(chunks)) * itemsize
     return 2 * _phase(k - 1, scatter, inside) + _phase(2 * (m - 1), across_bytes, across)
 
 
