@@ -167,7 +167,7 @@ def _prepare(config_path, options: RunOptions):
                                         pipeline_interleave_num=options.pipeline_interleave_num,
                                         strategy_ckpt_save_file=options.strategy_ckpt_save_file),
                             options.recompute)
-    check_runnable(config.context.precision, config.path)  # before the search: its plan could not run
+    check_runnable(config.context.precision, config.path, config.context.pipeline_stages > 1)  # before the search
     check_config_outputs(config, options.outputs, {"the rank table": options.rank_table} if options.rank_table else None)
     device_num = run_device_num(config, options, table)
     check_local_ranks(device_num, options)

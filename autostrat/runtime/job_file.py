@@ -105,9 +105,9 @@ RECORDS = {
         "phase": OneOf(PHASES)}),
     "Compute": (Compute, {
         "op": str, "op_type": str, "inputs": _NAMES, "outputs": _NAMES, "attrs": Many(Fixed((str, ATTRIBUTE))),
-        "context": Record(("SliceContext",))}),
+        "context": Record(("SliceContext",)), "dtypes": _NAMES, "main": _NAMES}),
     "Fault": (Fault, {"rank": int, "kind": OneOf(FAULTS), "at": int}),
-    "Load": (Load, {"tensor": str, "ranges": _RANGES}),
+    "Load": (Load, {"tensor": str, "ranges": _RANGES, "dtype": str, "of": str, "via": str}),
     "Recv": (Recv, {"key": str, "source": int, "tag": int, "shape": Many(int), "dtype": str}),
     "Send": (Send, {"key": str, "dest": int, "tag": int, "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
     "ChunkProgram": (ChunkProgram, {

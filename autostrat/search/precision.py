@@ -122,18 +122,57 @@ class TensorSizes:
         return tuple(HALF if tensor in self.gradients and tensor in self.own else self.priced(tensor) for tensor in tensors)
 
 
-def check_runnable(precision: str, where: str = "") -> None:
-    """Refuse to run a plan in a precision the runtime does not execute (it runs fp32 only),
-    before any rank starts; `where` (a config path, or "") opens the message.
+# The numpy dtype each precision holds parameters, activations and 16-bit communication in
+# (ml_dtypes registers "bfloat16" with numpy; numpy has float16 itself).
+HELD = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+MAIN_SUFFIX = ">main"  # the store key (and reference name) of a trained parameter's fp32 main copy
+
+
+def main_name(parameter: str) -> str:
+    """The name of `parameter`'s fp32 main copy in a 16-bit run and its reference.
 
     Example:
-        >>> check_runnable("fp32")
-        >>> check_runnable("bf16", "configs/ffn.yaml")
+        >>> main_name("dense1.weight")
+        'dense1.weight>main'
+    """
+    return parameter + MAIN_SUFFIX
+
+
+def main_gradient_name(parameter: str) -> str:
+    """The name of `parameter`'s fp32 main gradient in an fp16 run (Megatron-LM's copy of the
+    fp16 gradient the fp32 step reads)."""
+    return parameter + MAIN_SUFFIX + " gradient"
+
+
+def held_dtype(sizes: TensorSizes, tensor: str, precision: str) -> str:
+    """The dtype a run holds `tensor` in: the precision's 16-bit dtype where the memory counts
+    2 bytes for it, float32 where a 16-bit plan keeps 4 (bf16's fp32 gradient buffer), else its
+    own (fp32, integers, optimiser state).
+
+    Example:
+        >>> sizes = TensorSizes({"x": "float32", "g": "float32", "i": "int32"}, {"x": 2, "g": 4}, frozenset(), frozenset({"g"}), 4)
+        >>> [held_dtype(sizes, name, "bf16") for name in ("x", "g", "i")]
+        ['bfloat16', 'float32', 'int32']
+    """
+    return {2: HELD[precision], 4: "float32"}.get(sizes.own.get(tensor), sizes.dtypes[tensor])
+
+
+def check_runnable(precision: str, where: str = "", pipeline: bool = False) -> None:
+    """Refuse, before any rank starts, to run a plan in a precision the runtime does not execute
+    that way: fp16 and bf16 run without pipeline stages (a stage program keeps no fp32 main copy);
+    `where` (a config path, or "") opens the message. fp16 runs without loss scaling (a loss
+    scale of 1, as the reference computes it): gradients below float16's smallest subnormal
+    (6e-8) vanish in both.
+
+    Example:
+        >>> check_runnable("bf16")
+        >>> check_runnable("bf16", "configs/gpt_pipeline.yaml", pipeline=True)
         Traceback (most recent call last):
         ...
-        autostrat.errors.ConfigError: configs/ffn.yaml: precision 'bf16' can be searched and reported but not run: runs execute fp32 only (supported: fp32)
+        autostrat.errors.ConfigError: configs/gpt_pipeline.yaml: precision 'bf16' runs without pipeline stages (pipeline_stages 1); got pipeline stages: run it in precision fp32, or plan it without stages
     """
-    if precision != "fp32":
+    check_precision(precision)
+    if precision != "fp32" and pipeline:
         prefix = f"{where}: " if where else ""
-        raise ConfigError(f"{prefix}precision {precision!r} can be searched and reported but not run: runs execute fp32 "
-                          f"only (supported: fp32)")
+        raise ConfigError(f"{prefix}precision {precision!r} runs without pipeline stages (pipeline_stages 1); got pipeline "
+                          f"stages: run it in precision fp32, or plan it without stages")
