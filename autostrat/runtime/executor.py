@@ -137,7 +137,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
             inputs, written = (), {instruction.tensor: load_slice(instruction, values, resident)}
         elif isinstance(instruction, Compute):
             inputs = [store[key] for key in instruction.inputs]
-            written = dict(zip(instruction.outputs, compute(instruction, inputs, store)))
+            written = dict(zip(instruction.outputs, compute(instruction, inputs, store, program.loss_scale)))
         else:
             before, inputs = len(backend.sent), [store[instruction.source]]
             written = {instruction.target: communicate(instruction, backend, inputs[0])}
@@ -155,10 +155,10 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
 
 
-def compute(instruction: Compute, inputs: list, store: dict) -> tuple[np.ndarray, ...]:
+def compute(instruction: Compute, inputs: list, store: dict, loss_scale: float = 1.0) -> tuple[np.ndarray, ...]:
     """The results of one op's kernel on the rank's slices (a 16-bit run's: `sixteen_bit`)."""
     if instruction.dtypes:
-        return run_sixteen_bit(instruction, inputs, store)
+        return run_sixteen_bit(instruction, inputs, store, loss_scale)
     return run_kernel(instruction.op_type, inputs, dict(instruction.attrs), instruction.context)
 
 

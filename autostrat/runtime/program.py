@@ -121,7 +121,9 @@ class Recv:
 @dataclass(frozen=True)
 class Program:
     """What one rank runs. `partitions` lists every set of rank groups the program
-    communicates over, identically on all ranks, so communicators are made once, in one order."""
+    communicates over, identically on all ranks, so communicators are made once, in one order.
+    A 16-bit run's `loss_scale` divides every update's gradient (its backward started from the
+    sensitivity fed scaled by it: `job.make_job`)."""
 
     rank: int
     device_num: int
@@ -130,6 +132,7 @@ class Program:
     inputs: tuple[str, ...]
     outputs: tuple[tuple[str, str], ...]
     updates: tuple[tuple[str, str], ...] = ()
+    loss_scale: float = 1.0
 
     def communications(self) -> tuple[Communicate, ...]:
         return tuple(i for i in self.instructions if isinstance(i, Communicate))

@@ -11,7 +11,8 @@ happens once per op output. The widened copies are the kernel's temporaries (a G
 An update op (Megatron-LM's distributed optimizer) steps the fp32 main copy of its parameter
 (``Compute.main[0]``) with the fp32 optimiser state and an fp32 gradient (fp16: the fp16
 gradient copied into the fp32 main gradient ``main[1]``, kept from step to step as Megatron
-keeps it; bf16 keeps its gradient in fp32 already), writes the new main copy over the old one,
+keeps it; bf16 keeps its gradient in fp32 already), divided by the static loss scale (the
+backward started from the loss's gradient times it), writes the new main copy over the old one,
 and its parameter output is that copy rounded to 16 bits: the working copy the next forward reads.
 """
 
@@ -42,19 +43,24 @@ def rounded(array: np.ndarray, dtype: str) -> np.ndarray:
         >>> rounded(np.float32([1 + 2**-9]), "bfloat16").astype(np.float32).tolist()
         [1.0]
     """
-    return array if not dtype or array.dtype == np.dtype(dtype) else array.astype(dtype)
+    if not dtype or array.dtype == np.dtype(dtype):
+        return array
+    with np.errstate(over="ignore"):  # beyond the dtype's range is its infinity, as a device rounds (a -1e9 mask in fp16)
+        return array.astype(dtype)
 
 
-def run_sixteen_bit(instruction, inputs: list, store: dict) -> tuple[np.ndarray, ...]:
+def run_sixteen_bit(instruction, inputs: list, store: dict, loss_scale: float = 1.0) -> tuple[np.ndarray, ...]:
     """The results of a 16-bit run's `Compute` instruction on its `inputs` (see the module
     docstring); an update's fp32 main copy in `store` is rewritten in place.
 
-    Example (a bf16 MatMul: fp32 products, the sum rounded once):
+    Example (a bf16 MatMul: 1 + 2^-8 + 2^-8 summed in fp32 and rounded once; summed in bf16,
+    each 1 + 2^-8 would round back to 1):
         >>> from autostrat.runtime.program import Compute
         >>> matmul = Compute("m", "MatMul", ("a", "b"), ("c",), (), None, ("bfloat16",))
-        >>> [c] = run_sixteen_bit(matmul, [np.full((1, 3), 1 + 2**-7, "bfloat16"), np.ones((3, 1), "bfloat16")], {})
+        >>> a = np.array([[1, 2**-8, 2**-8]], "bfloat16")
+        >>> [c] = run_sixteen_bit(matmul, [a, np.ones((3, 1), "bfloat16")], {})
         >>> c.dtype.name, float(c[0, 0])
-        ('bfloat16', 3.015625)
+        ('bfloat16', 1.0078125)
     """
     arrays = [widened(np.asarray(array)) for array in inputs]
     if instruction.main:
@@ -62,7 +68,18 @@ def run_sixteen_bit(instruction, inputs: list, store: dict) -> tuple[np.ndarray,
     if len(instruction.main) > 1:
         np.copyto(store[instruction.main[1]], inputs[-1])  # fp16 gradient -> fp32 main gradient
         arrays[-1] = store[instruction.main[1]]
+    if instruction.main and loss_scale != 1:
+        arrays[-1] = _unscaled(arrays[-1], loss_scale, len(instruction.main) > 1)
     results = run_kernel(instruction.op_type, arrays, dict(instruction.attrs), instruction.context)
     if instruction.main:
         np.copyto(store[instruction.main[0]], results[0])  # the step's new main copy, in the old one's buffer
     return tuple(rounded(result, dtype) for result, dtype in zip(results, instruction.dtypes))
+
+
+def _unscaled(gradient: np.ndarray, loss_scale: float, own: bool) -> np.ndarray:
+    """The fp32 gradient divided by the loss scale: in its buffer when it is the rank's main
+    gradient (`own`), else a kernel temporary (an fp32 gradient other ops may still read)."""
+    if own:
+        gradient *= np.float32(1 / loss_scale)
+        return gradient
+    return gradient * np.float32(1 / loss_scale)
