@@ -200,3 +200,19 @@ def check_runnable(precision: str, where: str = "", pipeline: bool = False, loss
     if precision == "fp16" and loss_scale is not None and loss_scale <= 1:
         raise ConfigError(f"{prefix}precision 'fp16' runs with a loss_scale above 1 (e.g. loss_scale: 1024), got loss_scale "
                           f"{loss_scale:g}: unscaled fp16 gradients lose their bits in float16's subnormals")
+
+
+def check_fp32_loop(precision: str, where: str) -> None:
+    """Refuse a 16-bit plan in a training loop that carries whole parameters from call to call
+    (`where`: Model.train, the functional loop): it keeps no fp32 main copies between calls, and
+    checks against the fp32 reference. `autostrat run` trains 16-bit plans.
+
+    Example:
+        >>> check_fp32_loop("fp16", "Model.train")
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: Model.train trains in precision fp32 only, got precision 'fp16' (its fp32 main copies are not carried between calls): train 16-bit plans with autostrat run
+    """
+    if precision != "fp32":
+        raise ConfigError(f"{where} trains in precision fp32 only, got precision {precision!r} (its fp32 main copies are not "
+                          f"carried between calls): train 16-bit plans with autostrat run")
