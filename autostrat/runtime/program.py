@@ -246,9 +246,9 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
     ]
     mains = _main_loads(plan, rank)
     instructions += mains
-    trained = {main.of: () for main in mains}
+    trained: dict[str, tuple[str, ...]] = {}  # parameter -> its main copy (and fp16's main gradient)
     for main in mains:
-        trained[main.of] += (main.tensor,)
+        trained[main.of] = trained.get(main.of, ()) + (main.tensor,)
     for name, op in graph.ops.items():
         keys = []
         for index, tensor in enumerate(op.inputs):
@@ -262,10 +262,7 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
                 instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge),
                                             _itemsize(plan, tensor))
             keys.append(key)
-        strategy = plan.ops[name].strategy
-        main = trained.get(op.inputs[0], ()) if op.op_type in UPDATE_OP_TYPES else ()
-        instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, kernel_attrs(plan, op), strategy.slice_context(rank),
-                                    tuple(held[t] for t in op.outputs) if held else (), main))
+        instructions.append(_compute(plan, op, tuple(keys), rank, held, trained))
     outputs = []
     for tensor in graph.outputs:
         key = tensor
@@ -274,18 +271,33 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
             instructions += lower_steps(output_plans[tensor], rank, tensor, key, f"{tensor} -> output", "output",
                                         _itemsize(plan, tensor))
         outputs.append((tensor, key))
+    updates = _writebacks(plan, rank, instructions)
+    updates += [(main.tensor, main.tensor) for main in mains]  # carried to the next step as they are
+    inputs = tuple(info.name for info in graph.inputs())
+    return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
+
+
+def _writebacks(plan, rank: int, instructions: list) -> list[tuple[str, str]]:
+    """Per updated parameter or state, the key of its next value in its stored layout; the
+    writebacks that bring it there are appended to `instructions`."""
     updates = []
     writebacks = {w.parameter: w for w in plan.writebacks}
-    for parameter, value in graph.updates:
+    for parameter, value in plan.graph.updates:
         key = value
         if parameter in writebacks:
             key = f"{value}>{parameter}"
             instructions += lower_steps(writebacks[parameter].plan, rank, value, key, f"{value} -> {parameter}", "update",
                                         _itemsize(plan, value))
         updates.append((parameter, key))
-    updates += [(main.tensor, main.tensor) for main in mains]  # carried to the next step as they are
-    inputs = tuple(info.name for info in graph.inputs())
-    return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
+    return updates
+
+
+def _compute(plan, op, keys: tuple[str, ...], rank: int, held: dict, trained: dict) -> Compute:
+    """The op's kernel on the rank's slices `keys`; in 16 bits with its outputs' dtypes and,
+    for an update, the main copies it steps (`trained`: parameter -> keys)."""
+    main = trained.get(op.inputs[0], ()) if op.op_type in UPDATE_OP_TYPES else ()
+    return Compute(op.name, op.op_type, keys, op.outputs, kernel_attrs(plan, op), plan.ops[op.name].strategy.slice_context(rank),
+                   tuple(held[t] for t in op.outputs) if held else (), main)
 
 
 def kernel_attrs(plan, op) -> tuple:
