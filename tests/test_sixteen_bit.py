@@ -3,6 +3,7 @@ bf16, fp32 main copies and optimiser state, checked against JAX's mixed-precisio
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (numpy's "bfloat16")
@@ -143,3 +144,14 @@ def test_main_copies_accumulate_updates_below_the_sixteen_bit_spacing_as_the_ref
         moved, reference = slices[main] - start, expected[main] - start
         assert np.max(np.abs(moved - reference)) <= UNIT_ROUNDOFF["bf16"] * np.max(np.abs(reference)), parameter
         assert np.mean(slices[parameter].astype(np.float32) == start) > 0.05  # 16-bit weights that did not move, main copies that did
+
+
+def test_an_fp16_step_whose_scaled_gradients_overflow_fails_its_check():
+    """A loss scale too large for fp16 (gradients past 65504 become infinite, the step NaN): the
+    check fails, NaN against NaN included, rather than passing a comparison NaN never loses."""
+    plan = ffn_plan("fp16", Adam())
+    with warnings.catch_warnings():  # numpy's overflow warnings, from the ranks' threads
+        warnings.simplefilter("ignore", RuntimeWarning)
+        check = run_job_locally(make_job(plan, 1, loss_scale=2.0**15))
+    assert check.bytes_match and not check.results_match
+    assert "(relative inf, limit 0.03125): FAILED" in check.text

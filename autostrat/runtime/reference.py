@@ -165,9 +165,12 @@ def tensor_errors(got: dict, expected: dict, pooled: tuple[str, ...] = (), limit
         reference = np.asarray(reference)
         difference = float(np.max(np.abs(np.asarray(got[name], np.float64) - reference), initial=0.0))
         scale = scales[name]
+        error = difference / scale
+        if not np.isfinite(error):  # a NaN or infinity (an fp16 overflow, say) is never within a limit
+            difference = error = np.inf
         absolute = max(absolute, difference)
-        if difference / scale > relative or not worst:
-            relative, worst = max(relative, difference / scale), name
+        if error > relative or not worst:
+            relative, worst = max(relative, error), name
         tolerance = max(tolerance, TOLERANCE.get(reference.dtype.name, 0.0))
     return absolute, relative, limit or tolerance, worst
 
