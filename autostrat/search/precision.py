@@ -19,6 +19,11 @@ flops run at the profile's 16-bit peak (`Hardware.compute_nanoseconds`) unless o
 tensors it computes from is kept in fp32 (the optimiser's state), the fp32 gradient buffer
 excepted: Megatron's bf16 weight-gradient GEMMs read 16-bit operands and accumulate into it.
 fp32 counts and prices every tensor at its dtype: every fp32 plan is the one it was.
+
+Runs hold every tensor in the dtype its size says (`held_dtype`: the 16-bit one for 2 bytes,
+float32 for bf16's 4-byte gradients), and keep the fp32 main copies (`main_name`; fp16's main
+gradients, `main_gradient_name`) in the layout the memory counts them in (`runtime.program`,
+`runtime.sixteen_bit`), so the bytes a run sends and the peak it holds are the ones priced here.
 """
 
 from __future__ import annotations
