@@ -108,7 +108,7 @@ class Primitive:
         return self
 
     def _split_arguments(self, args) -> tuple[list[Tensor], dict]:
-        if self.op_type == "Concat" and len(args) == 1 and isinstance(args[0], (tuple, list)):
+        if self.op_type in ("Concat", "Einsum") and len(args) == 1 and isinstance(args[0], (tuple, list)):
             args = tuple(args[0])
         count = 0
         while count < len(args) and isinstance(args[count], Tensor):
