@@ -171,6 +171,9 @@ def _snake(op_type: str) -> str:
 
 
 def _functional(cls: type[Primitive]):
+    if cls.op_type == "Einsum":  # MindSpore's ``ops.einsum(equation, *operands)``: the equation first
+        return lambda equation, *operands: cls(equation)(tuple(operands))
+
     def call(*args, **kwargs):
         # Tensors first; then the call arguments (an axis, a shape), then constructor arguments
         # (MindSpore's `ops.mean(x, axis, keep_dims)`, `ops.softmax(x, axis)`).
