@@ -14,7 +14,7 @@ import pytest
 
 from autostrat.errors import ConfigError, RuleError
 from autostrat.frontend.run import RunOptions, run_config
-from autostrat.models import from_hf_config
+from autostrat.models import from_hf_config, moe_seeds
 from autostrat.rules import get_op, make_rule
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.reference_jax import FORWARD
@@ -129,8 +129,7 @@ def test_a_capacity_factor_needs_experts():
         from_hf_config(ROOT / "configs/models/mixtral-tiny.json", capacity_factor=-1)
 
 
-EP_ONLY = {f"blocks.{i}.moe.{op}": strategy for i in (0,) for op, strategy in (
-    ("expert_gate", [[8, 1, 1, 1], [8, 1, 1]]), ("expert_up", [[8, 1, 1, 1], [8, 1, 1]]), ("expert_down", [[8, 1, 1, 1], [8, 1, 1]]))}
+EP_ONLY = {op: [list(part) for part in strategy] for op, (strategy, _) in moe_seeds(1, 8).items()}
 
 
 @pytest.mark.parametrize("seeds", ["ep4_etp2", "ep8"])
@@ -140,6 +139,7 @@ def test_the_tiny_mixtral_trains_on_8_local_ranks_like_one_device(tmp_path, seed
 
     config = yaml.safe_load((ROOT / "configs/moe_train.yaml").read_text())
     if seeds == "ep8":
+        assert set(EP_ONLY) <= set(config["strategies"])  # the shipped EP 4 x ETP 2 seeds, replaced
         config["strategies"] |= EP_ONLY
     config["model"]["hf_config"] = str(ROOT / "configs/models/mixtral-tiny.json")
     path = tmp_path / "moe.yaml"
