@@ -20,6 +20,8 @@ not that code):
    (`weight_part`). A micro-batch drops its loss after its forward; after a stage's last part
    of the backward, the gradients the update reads are added into the step's sums (the first
    micro-batch's buffers become them).
+   A partial tensor a stage of another device reads is resolved before it is sent, where it
+   is written (`crossed`, as `search.crossings` decides).
 3. The update slot, once: every stage's synchronisation, updates, writebacks (an op every
    stage runs, once per device); a parameter read on several devices is updated on one and
    its next value received by the others, the receives last.
@@ -29,7 +31,8 @@ Buffers are counted by `cost.live_bytes`'s rule: dropped after their last use in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 from autostrat.autodiff import op_phase
 from autostrat.cost.live_bytes import LiveBytes, release_after
@@ -118,7 +121,7 @@ def stage_peak_buffers(plan, counted=None) -> tuple[tuple[tuple[tuple[str, int],
 
 
 def _replays(plan, keep_peak: bool = False, counted=None) -> list:
-    cut = _StageCut(plan, device_program(plan))
+    cut = _StageCut(plan, crossed(plan, device_program(plan)))
     pipeline, orders, replays = plan.pipeline, plan.pipeline.orders, []
     for device in range(pipeline.devices):
         chunks = tuple(cut.steps(orders.stage(device, chunk), chunk == 0) for chunk in range(pipeline.chunks))
@@ -126,6 +129,57 @@ def _replays(plan, keep_peak: bool = False, counted=None) -> list:
         replay.run(orders.orders[device])
         replays.append(replay)
     return replays
+
+
+def crossed(plan, program: DeviceProgram) -> DeviceProgram:
+    """The device's step `program` with every crossing of the pipeline plan `plan`
+    (`crossings.Crossing`) resolved where it is written: its reduce right after the tensor's last
+    write, as the producer's, into the crossing's key; each reader's steps replaced by its rest
+    from that key (a reader left with no steps reads the key).
+
+    Example (no crossing: the step as it was):
+        >>> from types import SimpleNamespace
+        >>> program = DeviceProgram([Event((), {"x": 4})])
+        >>> crossed(SimpleNamespace(pipeline=SimpleNamespace(crossings=())), program) is program
+        True
+    """
+    if not plan.pipeline.crossings:
+        return program
+    size, events = plan.sizes, program.events
+    last_write = {key: index for index, event in enumerate(events) for key in event.writes}
+    after, instead, removed, renamed = {}, {}, set(), {}
+    for crossing in plan.pipeline.crossings:
+        tensor, written = crossing.tensor, last_write[crossing.tensor]
+        owner = events[written].owner
+        after.setdefault(written, []).extend(_step_events(crossing.reduce, tensor, crossing.key, size(tensor), owner))
+        for (consumer, index), rest in crossing.rests:
+            key = f"{tensor}>{consumer}[{index}]"
+            steps = [position for position, event in enumerate(events) if event.owner == consumer and key in event.writes]
+            removed.update(steps)
+            instead[steps[0]] = _step_events(rest, crossing.key, key, size(tensor), consumer)
+            if not rest.steps:
+                renamed[key] = crossing.key
+    found = []
+    for index, event in enumerate(events):
+        kept = [] if index in removed else [_renamed(event, renamed)]
+        found += instead.get(index, []) + kept + after.get(index, [])
+    return replace(program, events=found)
+
+
+def _step_events(redistribution, source: str, target: str, size: int, owner: str) -> list[Event]:
+    """A redistribution's steps as events (as `buffers.device_program` counts them)."""
+    events = []
+    for step in redistribution.steps:
+        events.append(Event((source,), {target: math.prod(step.after.slice_shape) * size}, (), owner, owner))
+        source = target
+    return events
+
+
+def _renamed(event: Event, renamed: dict[str, str]) -> Event:
+    if not any(key in renamed for key in event.reads):
+        return event
+    over = tuple((renamed.get(read, read), written) for read, written in event.over)
+    return replace(event, reads=tuple(renamed.get(key, key) for key in event.reads), over=over)
 
 
 class _StageCut:
