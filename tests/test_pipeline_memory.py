@@ -196,3 +196,18 @@ def test_a_budget_no_splits_model_comes_near_is_refused_with_the_least_the_model
                 r"the split's memory model gives any split is [0-9,]+ bytes \(the model allows 330,000\)")
     with pytest.raises(InfeasibleError, match=expected):
         plan_config(_config_with(tmp_path, "max_device_memory: 300000\n"))
+
+
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("zero_bubble_h1", 1)])
+def test_a_replay_repeating_instructions_by_their_summary_holds_what_running_every_event_holds(schedule, chunks, monkeypatch):
+    """`stage_buffers` applies an instruction's bytes from an earlier one of the same signature;
+    the peaks, the buffers at the peak and the counted peak equal those of running every event."""
+    from autostrat.search import stage_buffers
+
+    graph = build_training(trace(_stack(4, 8), *_stack(4, 8).example_inputs()), Adam())
+    plan = plan_pipeline(graph, 4, 2, 8, SearchOptions(), schedule=schedule, chunks=chunks)
+    counted = lambda key: key.startswith("grad/")  # noqa: E731
+    fast = stage_buffers.stage_peaks(plan), stage_buffers.stage_peak_buffers(plan, counted)
+    monkeypatch.setattr(stage_buffers._Replay, "_repeated", lambda *_: False)
+    assert fast == (stage_buffers.stage_peaks(plan), stage_buffers.stage_peak_buffers(plan, counted))
+    assert fast[0] == plan.pipeline.peak_bytes

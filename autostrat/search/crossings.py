@@ -26,10 +26,11 @@ Cases, per (partial tensor, reading stage on another device group):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autostrat.layout import Layout
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
+from autostrat.search.buffers import DeviceProgram, Event
 
 
 @dataclass(frozen=True)
@@ -140,3 +141,54 @@ def stage_crossings(plan, pipeline) -> tuple[Crossing, ...]:
             if resolved is not None:
                 found.append(Crossing(name, stage, *resolved))
     return tuple(found)
+
+
+def crossed(plan, program: DeviceProgram) -> DeviceProgram:
+    """The device's step `program` with every crossing of the pipeline plan `plan`
+    (`crossings.Crossing`) resolved where it is written: its reduce right after the tensor's last
+    write, as the producer's, into the crossing's key; each reader's steps replaced by its rest
+    from that key (a reader left with no steps reads the key).
+
+    Example (no crossing: the step as it was):
+        >>> from types import SimpleNamespace
+        >>> program = DeviceProgram([Event((), {"x": 4})])
+        >>> crossed(SimpleNamespace(pipeline=SimpleNamespace(crossings=())), program) is program
+        True
+    """
+    if not plan.pipeline.crossings:
+        return program
+    size, events = plan.sizes, program.events
+    last_write = {key: index for index, event in enumerate(events) for key in event.writes}
+    after, instead, removed, renamed = {}, {}, set(), {}
+    for crossing in plan.pipeline.crossings:
+        tensor, written = crossing.tensor, last_write[crossing.tensor]
+        owner = events[written].owner
+        after.setdefault(written, []).extend(_step_events(crossing.reduce, tensor, crossing.key, size(tensor), owner))
+        for (consumer, index), rest in crossing.rests:
+            key = f"{tensor}>{consumer}[{index}]"
+            steps = [position for position, event in enumerate(events) if event.owner == consumer and key in event.writes]
+            removed.update(steps)
+            instead[steps[0]] = _step_events(rest, crossing.key, key, size(tensor), consumer)
+            if not rest.steps:
+                renamed[key] = crossing.key
+    found = []
+    for index, event in enumerate(events):
+        kept = [] if index in removed else [_renamed(event, renamed)]
+        found += instead.get(index, []) + kept + after.get(index, [])
+    return replace(program, events=found)
+
+
+def _step_events(redistribution, source: str, target: str, size: int, owner: str) -> list[Event]:
+    """A redistribution's steps as events (as `buffers.device_program` counts them)."""
+    events = []
+    for step in redistribution.steps:
+        events.append(Event((source,), {target: math.prod(step.after.slice_shape) * size}, (), owner, owner))
+        source = target
+    return events
+
+
+def _renamed(event: Event, renamed: dict[str, str]) -> Event:
+    if not any(key in renamed for key in event.reads):
+        return event
+    over = tuple((renamed.get(read, read), written) for read, written in event.over)
+    return replace(event, reads=tuple(renamed.get(key, key) for key in event.reads), over=over)

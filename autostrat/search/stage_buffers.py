@@ -21,7 +21,7 @@ not that code):
    of the backward, the gradients the update reads are added into the step's sums (the first
    micro-batch's buffers become them).
    A partial tensor a stage of another device reads is resolved before it is sent, where it
-   is written (`crossed`, as `search.crossings` decides).
+   is written (`crossings.crossed`).
 3. The update slot, once: every stage's synchronisation, updates, writebacks (an op every
    stage runs, once per device); a parameter read on several devices is updated on one and
    its next value received by the others, the receives last.
@@ -31,12 +31,12 @@ Buffers are counted by `cost.live_bytes`'s rule: dropped after their last use in
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from autostrat.autodiff import op_phase
 from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.search.buffers import DeviceProgram, Event, device_program
+from autostrat.search.crossings import crossed
 
 SLOTS = ("forward", "backward", "weight", "update")
 PARTS = {"F": "forward", "B": "backward", "W": "weight"}  # a schedule's instruction kinds -> the slots they run
@@ -110,13 +110,13 @@ def stage_peaks(plan) -> tuple[int, ...]:
 
 def stage_peak_buffers(plan, counted=None) -> tuple[tuple[tuple[tuple[str, int], ...], int], ...]:
     """Per device group of the pipeline plan `plan`, what `buffers.peak_buffers` gives for a plan
-    without stages: the (key, bytes) pairs one of its devices holds at its peak (a key of a
+    without stages: the (key, bytes) pairs one of its devices holds at its peak, sorted (a key of a
     micro-batch's buffer once per micro-batch held), and the most bytes of keys `counted`
     accepts held at once.
 
     Example: see `stage_peaks` (the pairs of stage s sum to its peak).
     """
-    return tuple((tuple((key, size) for (_, key), size in replay.memory.at_peak), replay.memory.counted_peak)
+    return tuple((tuple(sorted((key, size) for (_, key), size in replay.memory.at_peak)), replay.memory.counted_peak)
                  for replay in _replays(plan, True, counted))
 
 
@@ -129,57 +129,6 @@ def _replays(plan, keep_peak: bool = False, counted=None) -> list:
         replay.run(orders.orders[device])
         replays.append(replay)
     return replays
-
-
-def crossed(plan, program: DeviceProgram) -> DeviceProgram:
-    """The device's step `program` with every crossing of the pipeline plan `plan`
-    (`crossings.Crossing`) resolved where it is written: its reduce right after the tensor's last
-    write, as the producer's, into the crossing's key; each reader's steps replaced by its rest
-    from that key (a reader left with no steps reads the key).
-
-    Example (no crossing: the step as it was):
-        >>> from types import SimpleNamespace
-        >>> program = DeviceProgram([Event((), {"x": 4})])
-        >>> crossed(SimpleNamespace(pipeline=SimpleNamespace(crossings=())), program) is program
-        True
-    """
-    if not plan.pipeline.crossings:
-        return program
-    size, events = plan.sizes, program.events
-    last_write = {key: index for index, event in enumerate(events) for key in event.writes}
-    after, instead, removed, renamed = {}, {}, set(), {}
-    for crossing in plan.pipeline.crossings:
-        tensor, written = crossing.tensor, last_write[crossing.tensor]
-        owner = events[written].owner
-        after.setdefault(written, []).extend(_step_events(crossing.reduce, tensor, crossing.key, size(tensor), owner))
-        for (consumer, index), rest in crossing.rests:
-            key = f"{tensor}>{consumer}[{index}]"
-            steps = [position for position, event in enumerate(events) if event.owner == consumer and key in event.writes]
-            removed.update(steps)
-            instead[steps[0]] = _step_events(rest, crossing.key, key, size(tensor), consumer)
-            if not rest.steps:
-                renamed[key] = crossing.key
-    found = []
-    for index, event in enumerate(events):
-        kept = [] if index in removed else [_renamed(event, renamed)]
-        found += instead.get(index, []) + kept + after.get(index, [])
-    return replace(program, events=found)
-
-
-def _step_events(redistribution, source: str, target: str, size: int, owner: str) -> list[Event]:
-    """A redistribution's steps as events (as `buffers.device_program` counts them)."""
-    events = []
-    for step in redistribution.steps:
-        events.append(Event((source,), {target: math.prod(step.after.slice_shape) * size}, (), owner, owner))
-        source = target
-    return events
-
-
-def _renamed(event: Event, renamed: dict[str, str]) -> Event:
-    if not any(key in renamed for key in event.reads):
-        return event
-    over = tuple((renamed.get(read, read), written) for read, written in event.over)
-    return replace(event, reads=tuple(renamed.get(key, key) for key in event.reads), over=over)
 
 
 class _StageCut:
@@ -300,6 +249,7 @@ class _Replay:
 
     def __init__(self, chunks: tuple[StageSteps, ...], keep_peak: bool = False, counted=None):
         self.chunks, self.memory = chunks, LiveBytes(keep_peak, counted)
+        self.summaries: dict[tuple, tuple] = {}  # an instruction's signature -> what its events did (`_slot`)
         self.micro_release = []
         for steps in chunks:
             micro = steps.slots["forward"] + steps.slots["backward"] + steps.slots["weight"]
@@ -317,21 +267,57 @@ class _Replay:
         self.memory.write({("", key): size for key, size in shared.items()})
         last = "weight" if any(instruction.kind == "W" for instruction in order) else "backward"
         for instruction in order:
-            steps, slot, index = self.chunks[instruction.chunk], PARTS[instruction.kind], instruction.micro_batch
-            store = stores.setdefault(index, {})
-            offset = {"forward": 0, "backward": len(steps.slots["forward"]),
-                      "weight": len(steps.slots["forward"]) + len(steps.slots["backward"])}[slot]
-            for position, event in enumerate(steps.slots[slot]):
-                self._event(event, store, index, self.micro_release[instruction.chunk][offset + position])
-            if slot == "forward":
-                for key in steps.outputs:  # the loss leaves with the micro-batch's forward
-                    store.pop(key)
-                    self.memory.release(((index, key),))
-            elif slot == last:
-                self._accumulate(steps, store, shared, index)
+            store = stores.setdefault(instruction.micro_batch, {})
+            if not self._repeated(instruction, store, shared):
+                self._slot(instruction, store, shared, last)
         for event, released in zip(self.update, self.update_release):
             self._event(event, shared, "", released)
         return self.memory.peak
+
+    def _slot(self, instruction, store: dict, shared: dict, last: str) -> None:
+        """Run one instruction's events, and keep what they did to the bytes held (`_repeated`)."""
+        steps, slot, index = self.chunks[instruction.chunk], PARTS[instruction.kind], instruction.micro_batch
+        signature, memory = self._signature(instruction, store, shared), self.memory
+        live, counted, before = memory.live, memory.counted_live, set(shared)
+        memory.mark()
+        offset = {"forward": 0, "backward": len(steps.slots["forward"]),
+                  "weight": len(steps.slots["forward"]) + len(steps.slots["backward"])}[slot]
+        for position, event in enumerate(steps.slots[slot]):
+            self._event(event, store, index, self.micro_release[instruction.chunk][offset + position])
+        if slot == "forward":
+            for key in steps.outputs:  # the loss leaves with the micro-batch's forward
+                store.pop(key)
+                memory.release(((index, key),))
+        elif slot == last:
+            self._accumulate(steps, store, shared, index)
+        self.summaries[signature] = (memory.since - live, memory.live - live, memory.counted_since - counted,
+                                     memory.counted_live - counted, dict(store), {key: shared[key] for key in set(shared) - before})
+
+    def _signature(self, instruction, store: dict, shared: dict) -> tuple:
+        """What an instruction's events depend on: its chunk and kind, the keys its micro-batch
+        holds, and which of the chunk's sums exist (each key's size is fixed)."""
+        accumulated = self.chunks[instruction.chunk].accumulated
+        return instruction.chunk, instruction.kind, frozenset(store), frozenset(key for key in accumulated if key in shared)
+
+    def _repeated(self, instruction, store: dict, shared: dict) -> bool:
+        """Apply what an instruction of the same signature did before, when it cannot raise a
+        peak (then its events run, `keep_peak` noting what is held): a steady pipeline repeats
+        a few instructions hundreds of times. False when it must run."""
+        summary, memory = self.summaries.get(self._signature(instruction, store, shared)), self.memory
+        if summary is None:
+            return False
+        most, change, counted_most, counted_change, held, made = summary
+        if memory.live + most > memory.peak or (memory.counted is not None and memory.counted_live + counted_most > memory.counted_peak):
+            return False
+        index = instruction.micro_batch
+        for key in store:
+            del memory.sizes[(index, key)]
+        store.clear()
+        store.update(held)
+        memory.sizes.update({(index, key): size for key, size in held.items()} | {("", key): size for key, size in made.items()})
+        shared.update(made)
+        memory.live, memory.counted_live = memory.live + change, memory.counted_live + counted_change
+        return True
 
     def _event(self, event: Event, store: dict, space, released) -> None:
         def named(key: str):
