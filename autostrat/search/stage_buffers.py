@@ -31,6 +31,7 @@ Buffers are counted by `cost.live_bytes`'s rule: dropped after their last use in
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from autostrat.autodiff import op_phase
@@ -155,6 +156,11 @@ class _StageCut:
                         self.receivers.setdefault((writer, key), []).append(stage)
         self.sizes = {key: size for event in program.events for key, size in event.writes.items()}
         self.broadcasts = self._broadcasts()
+        self.runs: dict[int | None, list[int]] = {}  # stage (None: every stage) -> its events' indices, in order
+        for index, event in enumerate(program.events):
+            if event.owner is not None:
+                self.runs.setdefault(None if event.owner in self.pipeline.shared else self.pipeline.op_stages[event.owner], []).append(index)
+        self.values, self.load_events = dict(plan.graph.updates), [event for event in program.events if event.owner is None]
 
     def _stages_of(self, owner: str):
         return range(self.pipeline.stages) if owner in self.pipeline.shared else (self.pipeline.op_stages[owner],)
@@ -186,11 +192,8 @@ class _StageCut:
         `first_chunk` only."""
         steps = StageSteps()
         received: set[str] = set()
-        for index, event in enumerate(self.program.events):
-            if event.owner is None or stage not in self._stages_of(event.owner):
-                continue
-            if event.owner in self.pipeline.shared and not first_chunk:
-                continue
+        for index in heapq.merge(self.runs.get(stage, ()), self.runs.get(None, ()) if first_chunk else ()):
+            event = self.program.events[index]
             slot = steps.slots[op_phase(event.owner)]
             for key in event.reads:
                 if (key, stage) in self.received and key not in received:  # its first reader on this stage
@@ -214,9 +217,8 @@ class _StageCut:
     def _updates(self, steps: StageSteps, stage: int, first_chunk: bool) -> None:
         """The stage's next values; a parameter another device updates arrives at the end of
         the step (`StageSteps.receives`)."""
-        values = dict(self.plan.graph.updates)
         for parameter, key in self.program.updates:
-            updater = self.writer.get(values[parameter])
+            updater = self.writer.get(self.values[parameter])
             if (updater is None and first_chunk) or updater == stage:
                 steps.updates.append((parameter, key))
             updater, others = self.broadcasts.get(parameter, (None, {}))
@@ -230,7 +232,7 @@ class _StageCut:
         graph = self.plan.graph
         read = {key for events in steps.slots.values() for event in events for key in event.reads}
         batch = []
-        for event in (event for event in self.program.events if event.owner is None):
+        for event in self.load_events:
             [(key, size)] = event.writes.items()
             if key in read and key in graph.tensors and graph.tensors[key].kind == "input":  # not a main copy
                 batch.append(event)
@@ -300,15 +302,16 @@ class _Replay:
         return instruction.chunk, instruction.kind, frozenset(store), frozenset(key for key in accumulated if key in shared)
 
     def _repeated(self, instruction, store: dict, shared: dict) -> bool:
-        """Apply what an instruction of the same signature did before, when it cannot raise a
-        peak (then its events run, `keep_peak` noting what is held): a steady pipeline repeats
-        a few instructions hundreds of times. False when it must run."""
+        """Apply what an instruction of the same signature did before (a steady pipeline repeats
+        a few instructions hundreds of times), unless it raises the peak while `keep_peak` must
+        note what is held then; False when its events must run."""
         summary, memory = self.summaries.get(self._signature(instruction, store, shared)), self.memory
         if summary is None:
             return False
         most, change, counted_most, counted_change, held, made = summary
-        if memory.live + most > memory.peak or (memory.counted is not None and memory.counted_live + counted_most > memory.counted_peak):
+        if memory.keep_peak and memory.live + most > memory.peak:
             return False
+        memory.peak, memory.counted_peak = max(memory.peak, memory.live + most), max(memory.counted_peak, memory.counted_live + counted_most)
         index = instruction.micro_batch
         for key in store:
             del memory.sizes[(index, key)]
