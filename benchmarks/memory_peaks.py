@@ -1,7 +1,7 @@
 """Issue #30, part 2: the predicted peak memory per device next to what every rank holds.
 
 Every config of configs/ (training ones for two steps with their optimiser, forward ones for
-one step), the tutorial FFN (Momentum, Adam) and the 2-layer GPT (hidden 64, 4 heads, seq 16,
+one step), the tiny LLaMA's training config in fp16 and bf16, the tutorial FFN (Momentum, Adam) and the 2-layer GPT (hidden 64, 4 heads, seq 16,
 batch 8, Adam) under a few strategies, run on LocalBackend threads. Columns: case; devices; the
 plan's predicted peak (`plan.prediction.peak_bytes`; a pipeline's per stage, from its plan:
 `Pipeline.peak_bytes`); the smallest and largest peak a rank measured from the arrays it holds
@@ -18,6 +18,7 @@ Run: .venv/bin/python benchmarks/memory_peaks.py
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,9 @@ def gpt_plan(mode: str, device_num: int, model_parallel: int):
 def cases():
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         yield f"configs/{path.name}", plan_config(load_config(path))[0]
+    for precision in ("fp16", "bf16"):  # 16-bit runs (runtime.sixteen_bit): fp32 main copies beside 16-bit tensors
+        config = load_config(ROOT / "configs/llama_train.yaml")
+        yield f"configs/llama_train.yaml, {precision}", plan_config(replace(config, context=replace(config.context, precision=precision)))[0]
     yield "tutorial FFN, Momentum", tutorial_plan(optimizer=Momentum(0.01, 0.9))
     yield "tutorial FFN, Adam", tutorial_plan(optimizer=Adam())
     for name, mode, device_num, model_parallel in (("megatron tp4 dp2", "auto_parallel", 8, 4),

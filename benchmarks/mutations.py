@@ -106,6 +106,19 @@ MUTATIONS = (
          "tests/test_mpi.py::test_a_training_config_trains_on_8_mpi_ranks"),
     ),
     Mutation(
+        "main-copy-dropped", "autostrat/runtime/sixteen_bit.py",
+        "        arrays[0] = store[instruction.main[0]]\n",
+        "        arrays[0] = widened(np.asarray(inputs[0]))  # each step from the 16-bit weight\n",
+        ("tests/test_sixteen_bit.py::test_main_copies_accumulate_updates_below_the_sixteen_bit_spacing_as_the_reference",),
+    ),
+    Mutation(
+        "sixteen-bit-results-unrounded", "autostrat/runtime/sixteen_bit.py",
+        "    if not dtype or array.dtype == np.dtype(dtype):\n",
+        "    if True:\n",
+        ("tests/test_sixteen_bit.py::test_sixteen_bits_move_half_the_bytes_and_bf16_syncs_its_fp32_gradients",
+         "tests/test_sixteen_bit.py::test_fp16_with_a_loss_scale_trains_the_tiny_llama_on_local_ranks_like_the_reference"),
+    ),
+    Mutation(
         "solver-returns-start", "autostrat/search/refine.py",
         "    best = min(candidates, key=lambda s: s.bytes)",
         "    best = _hint_start(known, budget)",

@@ -16,8 +16,8 @@ Each entry is `autostrat estimate`'s figure (`autostrat.report.estimate`) for th
   a device of any stage holds at once (`memory_breakdown.MemoryBreakdown.most_activation_bytes`);
 - the SP + selective columns: ``sequence_parallel: true, recompute: selective``, its step time
   and its activations as above.
-An entry the estimate refuses (interleaving: not yet expressible) is printed with the
-estimate's reason, never as a number.
+An entry the estimate refuses is printed with the estimate's reason, never as a number. The
+175B and 530B rows run interleaved 1F1B with 3 model stages per pipeline rank (``vp: 3``).
 
 Efficiency factors: ``matmul_efficiency`` of the profile is fitted once over every expressible
 step-time entry (both time columns; least squares of the log ratio over (0, 1]), with the
@@ -46,7 +46,8 @@ accounting as much as modelling:
   whole: 4/t instead of 4 s·b·h units per layer (seen on a 2-layer GPT at tp 2).
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T]   (the 1T row plans 512 devices
-in 64 stages: minutes, not seconds)
+in 64 stages: minutes, not seconds; 175B and 530B took 157 and 230 s for their three plans at a
+load of 15-18 on 2 cores, and the fit's four more about as long)
 """
 
 from __future__ import annotations

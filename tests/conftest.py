@@ -156,6 +156,7 @@ SPAWNING_TESTS = frozenset({
     "test_job_file.py::test_mpi_ranks_refuse_a_changed_job",
     "test_layout_2d.py::test_both_samples_train_on_8_mpi_ranks_as_one_device",
     "test_pipeline_schedules.py::test_virtual_stage_schedules_train_on_4_mpi_ranks",
+    "test_sixteen_bit.py::test_bf16_tiny_llama_trains_on_8_mpi_ranks_like_the_mixed_precision_reference",
 })
 
 

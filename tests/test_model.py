@@ -162,3 +162,11 @@ def test_train_arguments_are_checked(arguments, message):
     model = Model(net, loss, arguments.get("optimizer", optimizer))
     with pytest.raises(ConfigError, match=message):
         model.train(arguments.get("epoch", 1), arguments.get("dataset", _dataset(1)))
+
+
+def test_model_train_refuses_a_sixteen_bit_plan_it_would_not_carry():
+    set_auto_parallel_context(precision="bf16")
+    net, loss, optimizer = _parts()
+    with pytest.raises(ConfigError, match=r"^Model.train trains in precision fp32 only, got precision 'bf16' \(its fp32 "
+                                          r"main copies are not carried between calls\): train 16-bit plans with autostrat run$"):
+        Model(net, loss, optimizer).train(1, _dataset(2))

@@ -215,10 +215,13 @@ def test_a_training_config_trains_on_8_mpi_ranks(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_llama_from_config_json_trains_on_8_mpi_ranks(tmp_path):
+@pytest.mark.parametrize("config", ["llama_train", "moe_train"])
+def test_a_llama_from_config_json_trains_on_8_mpi_ranks(tmp_path, config):
     """configs/llama_train.yaml: the tiny LLaMA of configs/models/llama-tiny.json (RMSNorm,
-    rotary embeddings, 8 query heads over 4 kv heads, SwiGLU), TP 4 x DP 2, Adam."""
-    code, out, err, run_dir, _ = run(tmp_path, "configs/llama_train.yaml", "--steps", "2", timeout=180)
+    rotary embeddings, 8 query heads over 4 kv heads, SwiGLU), TP 4 x DP 2, Adam;
+    configs/moe_train.yaml: the tiny Mixtral of configs/models/mixtral-tiny.json, 8 experts
+    split EP 4 x ETP 2, tokens dispatched by AllToAll from the split by sequence."""
+    code, out, err, run_dir, _ = run(tmp_path, f"configs/{config}.yaml", "--steps", "2", timeout=180)
     assert code == 0, err
     assert "2 training step(s)" in out and "bytes: measured = predicted on every rank" in out
     assert ": OK" in out and "reference: JAX" in out

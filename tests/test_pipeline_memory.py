@@ -22,7 +22,7 @@ from autostrat.frontend.train import training_plan
 from autostrat.models import GPT, TransformerStack, megatron_seeds
 from autostrat.runtime.training import train_locally
 from autostrat.search import SearchOptions
-from autostrat.search.pipeline import _Layout, _Staging, plan_pipeline
+from autostrat.search.pipeline import MODEL_MARGIN, _Layout, _Staging, plan_pipeline
 from autostrat.search.schedules import schedule_orders
 from autostrat.search.schedule_simulation import StageTimes, simulate
 from autostrat.search.schedule_split import group_peaks, priced_split
@@ -89,11 +89,12 @@ def test_the_pipeline_configs_split_model_and_exact_peak_are_dumped_and_shown():
 
 
 def test_a_budget_just_under_the_pipeline_configs_exact_peak_is_refused(tmp_path):
-    """The split's model puts the config's split under the budget; its exact peak is 1 byte over,
-    and no other split's model fits: refused, the message giving the exact peaks."""
+    """The split's model lets the config's split through (within its margin of the budget);
+    its exact peak is 1 byte over, and no other split fits: refused, the message giving the
+    exact peaks."""
     free, _ = plan_config(load_config(ROOT / "configs" / "gpt_pipeline.yaml"))
     peaks, budget = free.pipeline.peak_bytes, max(free.pipeline.peak_bytes) - 1
-    assert max(free.pipeline.split.peak_bytes) <= budget
+    assert max(free.pipeline.split.peak_bytes) <= budget * (100 + MODEL_MARGIN) // 100
     expected = (f"no split into 2 pipeline stages found that fits max_device_memory = {budget:,} bytes per device: the last "
                 f"split's stages peak at {peaks[0]:,}, {peaks[1]:,} bytes")
     with pytest.raises(InfeasibleError, match=expected):
@@ -115,23 +116,14 @@ def test_a_budget_just_under_a_splits_exact_peak_gives_a_split_whose_run_fits():
     assert measured == _stage_of_each_rank(plan, plan.pipeline.peak_bytes)
 
 
-def test_a_budget_the_fastest_splits_exact_peak_fits_keeps_it_though_its_model_is_over(monkeypatch):
-    """4 blocks on 4 stages, the split's model set 5 % over (every unit's bytes: the model may
-    miss either way, and on this stack it now misses under): a budget of the exact peak keeps
-    the fastest split (the model only narrows the search: the exact peak decides)."""
-    from autostrat.search import pipeline as pipeline_module
-
+def test_a_budget_the_fastest_splits_exact_peak_fits_keeps_it_though_its_model_is_over():
+    """4 blocks on 4 stages: the split's model is over the exact peaks (a one-block stage's
+    backward counted with all of its activations and gradients at once, `_overlap`); a budget
+    of the exact peak keeps the fastest split (the model only narrows the search: the exact
+    peak decides)."""
     graph = build_training(trace(_stack(4, 8), *_stack(4, 8).example_inputs()), Adam())
     free = plan_pipeline(graph, 8, 4, 2, SearchOptions())
     budget = max(free.pipeline.peak_bytes)
-    priced = pipeline_module.unit_costs
-
-    def over(*args, **kwargs) -> UnitCosts:
-        costs = priced(*args, **kwargs)
-        return replace(costs, weight_bytes=tuple(w * 105 // 100 for w in costs.weight_bytes),
-                       activation_bytes=tuple(a * 105 // 100 for a in costs.activation_bytes))
-
-    monkeypatch.setattr(pipeline_module, "unit_costs", over)
     kept = plan_pipeline(graph, 8, 4, 2, SearchOptions(max_device_memory=budget))
     assert max(kept.pipeline.split.peak_bytes) > budget
     assert kept.pipeline.split.bounds == free.pipeline.split.bounds and kept.pipeline.peak_bytes == free.pipeline.peak_bytes
@@ -196,3 +188,18 @@ def test_a_budget_no_splits_model_comes_near_is_refused_with_the_least_the_model
                 r"the split's memory model gives any split is [0-9,]+ bytes \(the model allows 330,000\)")
     with pytest.raises(InfeasibleError, match=expected):
         plan_config(_config_with(tmp_path, "max_device_memory: 300000\n"))
+
+
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("zero_bubble_h1", 1)])
+def test_a_replay_repeating_instructions_by_their_summary_holds_what_running_every_event_holds(schedule, chunks, monkeypatch):
+    """`stage_buffers` applies an instruction's bytes from an earlier one of the same signature;
+    the peaks, the buffers at the peak and the counted peak equal those of running every event."""
+    from autostrat.search import stage_buffers
+
+    graph = build_training(trace(_stack(4, 8), *_stack(4, 8).example_inputs()), Adam())
+    plan = plan_pipeline(graph, 4, 2, 8, SearchOptions(), schedule=schedule, chunks=chunks)
+    counted = lambda key: key.startswith("grad/")  # noqa: E731
+    fast = stage_buffers.stage_peaks(plan), stage_buffers.stage_peak_buffers(plan, counted)
+    monkeypatch.setattr(stage_buffers._Replay, "_repeated", lambda *_: False)
+    assert fast == (stage_buffers.stage_peaks(plan), stage_buffers.stage_peak_buffers(plan, counted))
+    assert fast[0] == plan.pipeline.peak_bytes

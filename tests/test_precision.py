@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
@@ -166,20 +165,3 @@ def test_search_and_report_take_the_precision_and_say_it(tmp_path, capsys):
     assert main(["report", str(out), "-o", str(again)]) == 0  # planned again from the plan's source
     for html in (page, again):
         assert "cost model bytes, precision fp16 (memory: parameters, gradients" in html.read_text()
-
-
-def test_run_refuses_a_precision_it_cannot_execute(tmp_path, capsys):
-    config = tmp_path / "ffn_bf16.yaml"
-    config.write_text(Path("configs/ffn.yaml").read_text() + "\nprecision: bf16\n")
-    assert main(["run", str(config), "--run-dir", str(tmp_path / "run")]) == 2
-    assert capsys.readouterr().err == (f"autostrat: error: {config}: precision 'bf16' can be searched and reported but "
-                                       f"not run: runs execute fp32 only (supported: fp32)\n")
-    assert not (tmp_path / "run").exists()
-
-
-def test_lowering_a_sixteen_bit_plan_for_ranks_is_refused():
-    from autostrat.runtime.program import lower_programs
-
-    graph = build_training(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), Adam())
-    with pytest.raises(ConfigError, match=r"^precision 'fp16' can be searched and reported but not run"):
-        lower_programs(search(graph, 8, SearchOptions(precision="fp16")))

@@ -1,7 +1,7 @@
 """Automatic differentiation of ir graphs: a bprop per op type composed of registered ops
 (MindSpore's bprop style), so the training graph is an ordinary graph the search can shard."""
 
-from autostrat.autodiff import elementwise, matmul, nn, reduce, shape  # noqa: F401  (they register bprops)
+from autostrat.autodiff import elementwise, matmul, moe, nn, reduce, shape  # noqa: F401  (they register bprops)
 from autostrat.autodiff.backward import build_backward, gradient_name
 from autostrat.autodiff.builder import Constant, GradBuilder
 from autostrat.autodiff.optimizers import OPTIMIZERS, SGD, UPDATE_OP_TYPES, Adam, Momentum

@@ -35,6 +35,7 @@ WITHOUT_BPROP: dict[str, str] = {
     "LogSoftmaxGrad": _BACKWARD_OP,
     "MaximumGrad": _BACKWARD_OP,
     "MinimumGrad": _BACKWARD_OP,
+    "MoeCombineWeightsGrad": _BACKWARD_OP,
     "OneHot": "its only input is integer class indices, so no gradient flows through it",
     "ReduceMaxGrad": _BACKWARD_OP,
     "ReluGrad": _BACKWARD_OP,

@@ -44,6 +44,12 @@ class LiveBytes:
         # estimate`'s breakdown. Both off in the search, which only needs the peak.
         self.keep_peak, self.at_peak = keep_peak, ()
         self.counted, self.counted_live, self.counted_peak = counted, 0, 0
+        self.since = self.counted_since = 0  # the most held, and counted, since the last `mark`
+
+    def mark(self) -> None:
+        """Start watching the most held from now (`since`, `counted_since`): a replay's summary
+        of a run of instructions (`search.stage_buffers`)."""
+        self.since, self.counted_since = self.live, self.counted_live
 
     def write(self, written: dict[str, int], over=(), released=()) -> None:
         """Count an instruction's results; `over` are (input, result) pairs whose buffer the
@@ -56,10 +62,11 @@ class LiveBytes:
         if self.keep_peak and self.high > self.peak:
             held = [(key, size) for key, size in self.sizes.items() if key not in in_place]
             self.at_peak = tuple(held + list(written.items()))
-        self.peak = max(self.peak, self.high)
+        self.peak, self.since = max(self.peak, self.high), max(self.since, self.high)
         if self.counted is not None:
             high = self.counted_live + sum(size for key, size in written.items() if self.counted(key))
-            self.counted_peak = max(self.counted_peak, high - sum(self.sizes[key] for key in in_place if self.counted(key)))
+            high -= sum(self.sizes[key] for key in in_place if self.counted(key))
+            self.counted_peak, self.counted_since = max(self.counted_peak, high), max(self.counted_since, high)
         for key, size in written.items():
             if self.counted is not None and self.counted(key):
                 self.counted_live += size - self.sizes.get(key, 0)

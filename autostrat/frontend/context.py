@@ -22,7 +22,7 @@ from autostrat.io import OutputPath
 from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
-from autostrat.search.precision import PRECISIONS
+from autostrat.search.precision import PRECISIONS, check_loss_scale
 from autostrat.frontend.pipeline_keys import schedule_and_chunks
 from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
@@ -123,8 +123,12 @@ class ParallelContext:
       16 bits, parameters and activations at 2 bytes, gradients at 2 (fp16) or 4 (bf16), fp32
       main copies beside the optimiser state, as Megatron's distributed optimizer keeps them
       (`search.precision`); time is priced in it too (16-bit peak; activations move in 16 bits,
-      gradients as kept: fp16 in fp16, bf16 in fp32). Runs execute fp32
-      only: a plan in another precision is searched and reported, never run.
+      gradients as kept: fp16 in fp16, bf16 in fp32). Runs execute it (`runtime.sixteen_bit`),
+      checked against JAX's mixed-precision step (`runtime.reference_mixed`).
+    - `loss_scale`: the static loss scale of a 16-bit run (1: none, the default): the backward
+      starts from this many times the loss's gradient, and every update divides its fp32 gradient
+      by it, so that small fp16 gradients stay above float16's subnormals. A run in fp16 needs
+      one above 1 (a power of two keeps the scaling exact); fp32 takes none.
     - The hardware the step time is predicted on: `hardware`, a profile (sources in
       `autostrat.cost.hardware`): "h100-sxm-80gb" (default, one 8 x H100 SXM5 server),
       "a100-80gb" (one 8 x A100 SXM4 80GB server), a ``.yaml`` file of a profile's fields
@@ -161,6 +165,7 @@ class ParallelContext:
     gradients_mean: bool = False
     cost_model: str = "bytes"
     precision: str = "fp32"
+    loss_scale: float = 1.0
     enable_parallel_optimizer: bool = False
     parallel_optimizer_config: dict | None = None
     auto_recompute: bool = False
@@ -187,6 +192,7 @@ class ParallelContext:
         self._mindspore_keys()
         _check_choice("cost_model", self.cost_model, COST_MODELS)
         _check_choice("precision", self.precision, PRECISIONS)
+        object.__setattr__(self, "loss_scale", check_loss_scale(self.loss_scale, self.precision))
         object.__setattr__(self, "hardware", resolve_hardware(self.hardware))  # read once: the context is a value
         for key in HARDWARE_KEYS:
             object.__setattr__(self, key, hardware_number(key, getattr(self, key)))

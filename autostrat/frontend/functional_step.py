@@ -39,6 +39,7 @@ from autostrat.ir import Graph, TensorInfo
 from autostrat.runtime.executor import graph_values, single_device_step
 from autostrat.runtime.job import check_indices
 from autostrat.runtime.training import reference_graph, train_collective, train_locally, train_reference
+from autostrat.search.precision import check_fp32_loop
 
 
 def whole_step_settings(context, cell=None) -> list[str]:
@@ -114,6 +115,7 @@ class PlannedStep:
         self.optimizer, self.context = optimizer, context
         network = planned_network(FunctionCell(grad_fn.fn, loss_only=True), stand_ins(whole), context.device_num)
         self.plan = plan_for(network, stand_ins(whole), context, optimizer=optimizer)
+        check_fp32_loop(self.plan.precision, "the functional loop (value_and_grad with an optimizer)")
         self.graph = reference_graph(self.plan)
         trained = {id(value) for name, value in self.graph.values.items() if gradient_name(name) in self.graph.tensors}
         if trained != {id(p) for p in optimizer.parameters}:

@@ -48,6 +48,7 @@ from autostrat.runtime.job import check_indices
 from autostrat.runtime.local import execute_on_ranks
 from autostrat.runtime.program import lower_programs
 from autostrat.runtime.training import loss_value, train_collective, train_locally, train_reference
+from autostrat.search.precision import check_fp32_loop
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,7 @@ class Model:
             raise ConfigError(f"Model.train: epoch must be a positive integer, got {epoch!r}")
         backend = world_backend()
         plan, graph, batches = self._plan_and_batches(train_dataset, backend)
+        check_fp32_loop(plan.precision, "Model.train")
         values = graph_values(graph, {}) | self._state
         rank = 0 if backend is None else backend.rank
         # Callbacks run on rank 0 (one log), those that write per-rank files (`every_rank`) on every rank.

@@ -108,7 +108,7 @@ class Primitive:
         return self
 
     def _split_arguments(self, args) -> tuple[list[Tensor], dict]:
-        if self.op_type == "Concat" and len(args) == 1 and isinstance(args[0], (tuple, list)):
+        if self.op_type in ("Concat", "Einsum") and len(args) == 1 and isinstance(args[0], (tuple, list)):
             args = tuple(args[0])
         count = 0
         while count < len(args) and isinstance(args[count], Tensor):
@@ -171,6 +171,9 @@ def _snake(op_type: str) -> str:
 
 
 def _functional(cls: type[Primitive]):
+    if cls.op_type == "Einsum":  # MindSpore's ``ops.einsum(equation, *operands)``: the equation first
+        return lambda equation, *operands: cls(equation)(tuple(operands))
+
     def call(*args, **kwargs):
         # Tensors first; then the call arguments (an axis, a shape), then constructor arguments
         # (MindSpore's `ops.mean(x, axis, keep_dims)`, `ops.softmax(x, axis)`).

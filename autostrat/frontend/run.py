@@ -167,7 +167,8 @@ def _prepare(config_path, options: RunOptions):
                                         pipeline_interleave_num=options.pipeline_interleave_num,
                                         strategy_ckpt_save_file=options.strategy_ckpt_save_file),
                             options.recompute)
-    check_runnable(config.context.precision, config.path)  # before the search: its plan could not run
+    context = config.context
+    check_runnable(context.precision, config.path, context.pipeline_stages > 1, context.loss_scale)  # before the search
     check_config_outputs(config, options.outputs, {"the rank table": options.rank_table} if options.rank_table else None)
     device_num = run_device_num(config, options, table)
     check_local_ranks(device_num, options)
@@ -175,7 +176,7 @@ def _prepare(config_path, options: RunOptions):
     plan, notes = plan_config(with_table_servers(with_table_mesh(config, table, device_num), table), device_num)
     planned = Planned(plan, config, time.perf_counter() - started)
     name = f"{Path(str(config_path)).name}: {type(config.net).__name__}"
-    job = make_job(plan, options.steps, options.seed, options.stall_timeout, options.fault, name)
+    job = make_job(plan, options.steps, options.seed, options.stall_timeout, options.fault, name, context.loss_scale)
     return job, table, notes, planned
 
 

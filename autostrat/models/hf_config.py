@@ -1,5 +1,5 @@
-"""Models from a HuggingFace ``config.json``: the LLaMA family (model_type llama, mistral, qwen2)
-becomes `LLaMA`, GPT-2 (gpt2) becomes `GPT`.
+"""Models from a HuggingFace ``config.json``: the LLaMA family (model_type llama, mistral, qwen2,
+and mixtral, a mixture of experts) becomes `LLaMA`, GPT-2 (gpt2) becomes `GPT`.
 
 The file is data (`reading.read_json`, never code). Each model_type lists the fields it reads,
 the fields whose value changes what the model computes (each must hold a value autostrat
@@ -12,6 +12,8 @@ naming the file, the field and the value.
 The training sequence length and batch are no part of a config.json: ``seq`` defaults to
 ``max_position_embeddings`` (gpt2: ``n_positions``) and may not exceed it; ``batch`` to 1.
 GPT's learned positions are a ``[seq, hidden]`` table (GPT-2's holds ``n_positions`` rows).
+Nor is an expert's capacity (Mixtral routes without dropping): ``capacity_factor`` defaults to
+null, dropless (`models.moe.expert_capacity`), and is refused for a model without experts.
 """
 
 from __future__ import annotations
@@ -60,14 +62,20 @@ FAMILIES = {
                     descriptive=frozenset({"pretraining_tp"})),
     "mistral": Family(read=_LLAMA_READ | {"max_position_embeddings": 4096 * 32, "head_dim": None, "sliding_window": 4096},
                       fixed=_LLAMA_FIXED),
+    "mixtral": Family(read=_LLAMA_READ | {"max_position_embeddings": 4096 * 32, "head_dim": None, "sliding_window": None,
+                                          "num_local_experts": 8, "num_experts_per_tok": 2},
+                      fixed=_LLAMA_FIXED | {"output_router_logits": (False, (False,), "no auxiliary load-balancing loss"),
+                                            "router_jitter_noise": (0.0, (0, 0.0), "no router jitter")},
+                      descriptive=frozenset({"router_aux_loss_coef"})),  # read by HuggingFace only with output_router_logits
     "qwen2": Family(read=_LLAMA_READ | {"max_position_embeddings": 32768, "sliding_window": 4096},
                     fixed=_LLAMA_FIXED | {"use_sliding_window": (False, (False,), "full causal attention")},
                     descriptive=frozenset({"max_window_layers"})),
 }
 
 
-def from_hf_config(path, seq: int | None = None, batch: int = 1):
-    """The model a HuggingFace ``config.json`` describes, for `batch` sequences of `seq` tokens.
+def from_hf_config(path, seq: int | None = None, batch: int = 1, capacity_factor: float | None = None):
+    """The model a HuggingFace ``config.json`` describes, for `batch` sequences of `seq` tokens
+    (and a mixture of experts' `capacity_factor`).
 
     Example:
         >>> net = from_hf_config("configs/models/llama-tiny.json", seq=8, batch=2)
@@ -95,8 +103,12 @@ def from_hf_config(path, seq: int | None = None, batch: int = 1):
             absent = "" if field in data else " (HuggingFace's default: the field is absent)"
             raise ConfigError(f"{path}: {field}: autostrat computes {meaning}; cannot honour {value!r}{absent}")
     fields = {field: data.get(field, default) for field, default in family.read.items()}
-    build = _gpt if model_type == "gpt2" else _llama
-    return build(_Fields(path, fields), model_type, seq, batch)
+    if model_type != "mixtral" and capacity_factor is not None:
+        raise ConfigError(f"{path}: capacity_factor applies to a mixture of experts (model_type mixtral), "
+                          f"got {capacity_factor!r} for model_type {model_type}")
+    if model_type == "gpt2":
+        return _gpt(_Fields(path, fields), model_type, seq, batch)
+    return _llama(_Fields(path, fields), model_type, seq, batch, capacity_factor)
 
 
 class _Fields:
@@ -140,7 +152,7 @@ class _Fields:
         return seq
 
 
-def _llama(fields: _Fields, model_type: str, seq, batch):
+def _llama(fields: _Fields, model_type: str, seq, batch, capacity_factor=None):
     hidden, heads = fields.integer("hidden_size"), fields.integer("num_attention_heads")
     kv_heads = fields.integer("num_key_value_heads", absent=heads)  # HuggingFace: multi-head attention
     if hidden % heads:
@@ -151,13 +163,23 @@ def _llama(fields: _Fields, model_type: str, seq, batch):
         raise fields.fail("head_dim", f"autostrat's head size is hidden_size / num_attention_heads = {hidden // heads}")
     seq = fields.seq("max_position_embeddings", seq)
     window = fields.values.get("sliding_window")
-    if model_type == "mistral" and window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < seq):
+    if model_type in ("mistral", "mixtral") and window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < seq):
         raise fields.fail("sliding_window", f"autostrat computes full causal attention: expected null or at least seq {seq}")
     bias = fields.flag("attention_bias") if model_type == "llama" else False
     return LLaMA(layers=fields.integer("num_hidden_layers"), hidden=hidden, ffn=fields.integer("intermediate_size"), heads=heads,
                  kv_heads=kv_heads, seq=seq, batch=batch, vocab=fields.integer("vocab_size"), epsilon=fields.number("rms_norm_eps"),
                  rope_theta=fields.number("rope_theta"), tie_embeddings=fields.flag("tie_word_embeddings"),
-                 qkv_bias=bias or model_type == "qwen2", output_bias=bias)
+                 qkv_bias=bias or model_type == "qwen2", output_bias=bias, **_experts(fields, model_type, capacity_factor))
+
+
+def _experts(fields: _Fields, model_type: str, capacity_factor) -> dict:
+    """LLaMA's mixture-of-experts arguments of a mixtral config (none for the dense families)."""
+    if model_type != "mixtral":
+        return {}
+    experts, top_k = fields.integer("num_local_experts"), fields.integer("num_experts_per_tok")
+    if top_k > experts:
+        raise fields.fail("num_experts_per_tok", f"expected at most num_local_experts {experts}")
+    return {"experts": experts, "experts_per_token": top_k, "capacity_factor": capacity_factor}
 
 
 def _gpt(fields: _Fields, model_type: str, seq, batch):

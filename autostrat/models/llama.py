@@ -26,6 +26,7 @@ from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import Dense, Embedding, RMSNorm, SoftmaxCrossEntropyWithLogits
 from autostrat.frontend.tensor import Tensor
 from autostrat.models.gpt import LanguageModel, causal_mask
+from autostrat.models.moe import MoeFeedForward, expert_capacity
 from autostrat.models.sizes import check_sizes
 
 
@@ -132,20 +133,30 @@ class Attention(Cell):
 
 
 class Block(Cell):
-    def __init__(self, seq: int, hidden: int, ffn: int, heads: int, kv_heads: int, theta: float, epsilon: float, **options):
+    """Attention and a SwiGLU FFN, or with `moe` (`MoeFeedForward`'s routing arguments) a
+    mixture of experts of that FFN's width."""
+
+    def __init__(self, seq: int, hidden: int, ffn: int, heads: int, kv_heads: int, theta: float, epsilon: float, moe: dict | None = None,
+                 **options):
         super().__init__()
         self.ln1 = RMSNorm((hidden,), epsilon)
         self.attention = Attention(seq, hidden, heads, kv_heads, theta, **options)
         self.residual1 = ops.Add()
         self.ln2 = RMSNorm((hidden,), epsilon)
-        self.ffn_gate, self.ffn_up = Dense(hidden, ffn, has_bias=False), Dense(hidden, ffn, has_bias=False)
-        self.gate, self.glu = ops.SiLU(), ops.Mul()
-        self.ffn_down = Dense(ffn, hidden, has_bias=False)
+        self.sparse = moe is not None
+        if self.sparse:
+            self.moe = MoeFeedForward(seq, hidden, ffn, **moe)
+        else:
+            self.ffn_gate, self.ffn_up = Dense(hidden, ffn, has_bias=False), Dense(hidden, ffn, has_bias=False)
+            self.gate, self.glu = ops.SiLU(), ops.Mul()
+            self.ffn_down = Dense(ffn, hidden, has_bias=False)
         self.residual2 = ops.Add()
 
     def construct(self, x):
         x = self.residual1(x, self.attention(self.ln1(x)))
         h = self.ln2(x)
+        if self.sparse:
+            return self.residual2(x, self.moe(h))
         return self.residual2(x, self.ffn_down(self.glu(self.gate(self.ffn_gate(h)), self.ffn_up(h))))
 
 
@@ -154,6 +165,8 @@ class LLaMA(LanguageModel):
     mean loss. `kv_heads` below `heads` is grouped-query attention; `tie_embeddings` makes the
     LM head the embedding table's transpose; `fused_attention` computes attention with one
     ``FlashAttentionScore`` op (causal, BNSD) instead of BatchMatMul, mask, Softmax, BatchMatMul.
+    `experts` makes every FFN a mixture of that many experts of width `ffn` (Mixtral), each token
+    routed to `experts_per_token` of them with `models.moe.expert_capacity` slots per expert.
 
     Example:
         >>> net = LLaMA(layers=1, hidden=32, ffn=48, heads=4, kv_heads=2, seq=8, batch=2, vocab=64)
@@ -163,16 +176,18 @@ class LLaMA(LanguageModel):
 
     def __init__(self, layers: int = 2, hidden: int = 64, ffn: int = 172, heads: int = 4, kv_heads: int | None = None,
                  seq: int = 16, batch: int = 4, vocab: int = 128, epsilon: float = 1e-6, rope_theta: float = 10000.0,
-                 tie_embeddings: bool = False, qkv_bias: bool = False, output_bias: bool = False, fused_attention: bool = False):
+                 tie_embeddings: bool = False, qkv_bias: bool = False, output_bias: bool = False, fused_attention: bool = False,
+                 experts: int | None = None, experts_per_token: int = 2, capacity_factor: float | None = None):
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
         check_sizes("LLaMA", layers=layers, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, seq=seq, batch=batch, vocab=vocab)
         _check_shape(hidden, heads, kv_heads, epsilon, rope_theta)
+        moe = None if experts is None else _moe_routing(seq, experts, experts_per_token, capacity_factor)
         self.batch, self.seq, self.hidden, self.tie_embeddings = batch, seq, hidden, bool(tie_embeddings)
         self.embedding = Embedding(vocab, hidden)
         self.flatten = ops.Reshape()
         self.blocks = CellList(Block(seq, hidden, ffn, heads, kv_heads, rope_theta, epsilon, qkv_bias=qkv_bias, output_bias=output_bias,
-                                     fused=bool(fused_attention))
+                                     fused=bool(fused_attention), moe=moe)
                                for _ in range(layers))
         self.ln_final = RMSNorm((hidden,), epsilon)
         self.lm_head = ops.MatMul(transpose_b=True) if self.tie_embeddings else Dense(hidden, vocab, has_bias=False)
@@ -183,6 +198,14 @@ class LLaMA(LanguageModel):
         for block in self.blocks:
             x = block(x)
         return self.head_loss(x, labels)
+
+
+def _moe_routing(seq: int, experts: int, experts_per_token: int, capacity_factor) -> dict:
+    check_sizes("LLaMA", experts=experts, experts_per_token=experts_per_token)
+    if experts_per_token > experts:
+        raise ConfigError(f"LLaMA: experts_per_token must be at most experts {experts}, got {experts_per_token}")
+    return {"experts": experts, "top_k": experts_per_token,
+            "capacity": expert_capacity(seq, experts, experts_per_token, capacity_factor)}
 
 
 def _check_shape(hidden: int, heads: int, kv_heads: int, epsilon, rope_theta) -> None:

@@ -43,3 +43,47 @@ def batch_matmul(shapes, transpose_a: bool = False, transpose_b: bool = False) -
     batch_a, batch_b = (part if len(shape) > 2 else "" for part, shape in zip(batch_in.split(", "), shapes))
     a, b = _operands(transpose_a, transpose_b)
     return RuleSpec(f"{batch_a} {a}, {batch_b} {b} -> {batch_out} m n")
+
+
+_EINSUM_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz")
+
+
+def einsum_operands(equation, count: int) -> tuple[list[str], str]:
+    """The index strings of `count` operands and of the output of an explicit einsum equation.
+
+    Supported: lowercase letters, ``->`` with an explicit output, no index twice in one operand
+    (a trace or diagonal), every output index in some input. Refused otherwise with `RuleError`.
+
+    Example:
+        >>> einsum_operands("gsec,gsh->egch", 2)
+        (['gsec', 'gsh'], 'egch')
+    """
+    if not isinstance(equation, str) or equation.count("->") != 1:
+        raise RuleError(f"Einsum: equation must be explicit, such as 'ij,jk->ik', got {equation!r}")
+    inputs, output = equation.replace(" ", "").split("->")
+    operands = inputs.split(",")
+    for text in operands + [output]:
+        if not set(text) <= _EINSUM_LETTERS or len(set(text)) != len(text):
+            raise RuleError(f"Einsum: each operand must be distinct lowercase indices (no '...', no repeated index), "
+                            f"got {text!r} in {equation!r}")
+    if len(operands) != count:
+        raise RuleError(f"Einsum: {equation!r} names {len(operands)} operands, got {count} inputs")
+    missing = sorted(set(output) - set(inputs))
+    if missing:
+        raise RuleError(f"Einsum: output index {missing[0]!r} of {equation!r} is in no input")
+    return operands, output
+
+
+@register(
+    "Einsum",
+    examples=[
+        Example(((4, 6, 2, 3), (4, 6, 8)), {"equation": "gsec,gsh->egch"}),
+        Example(((2, 4, 3, 8), (2, 8, 6)), {"equation": "egch,ehf->egcf"}),
+        Example(((12, 8), (8, 6), (6,)), {"equation": "ij,jk,k->i"}),
+    ],
+)
+def einsum(shapes, equation: str = "") -> RuleSpec:
+    """MindSpore's ``ops.Einsum(equation)``: each index a factor, an index in no output a
+    reduction (the contraction), so every split of every index is a candidate."""
+    operands, output = einsum_operands(equation, len(shapes))
+    return RuleSpec(f"{', '.join(' '.join(text) for text in operands)} -> {' '.join(output)}")

@@ -39,6 +39,7 @@ from autostrat.runtime.backend import Backend
 from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, Send
+from autostrat.runtime.sixteen_bit import rounded, run_sixteen_bit
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
             inputs, written = (), {instruction.tensor: load_slice(instruction, values, resident)}
         elif isinstance(instruction, Compute):
             inputs = [store[key] for key in instruction.inputs]
-            written = dict(zip(instruction.outputs, run_kernel(instruction.op_type, inputs, dict(instruction.attrs), instruction.context)))
+            written = dict(zip(instruction.outputs, compute(instruction, inputs, store, program.loss_scale)))
         else:
             before, inputs = len(backend.sent), [store[instruction.source]]
             written = {instruction.target: communicate(instruction, backend, inputs[0])}
@@ -152,6 +153,13 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     outputs = {tensor: store[key] for tensor, key in program.outputs}
     updated = {name: store[key] for name, key in program.updates}
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
+
+
+def compute(instruction: Compute, inputs: list, store: dict, loss_scale: float = 1.0) -> tuple[np.ndarray, ...]:
+    """The results of one op's kernel on the rank's slices (a 16-bit run's: `sixteen_bit`)."""
+    if instruction.dtypes:
+        return run_sixteen_bit(instruction, inputs, store, loss_scale)
+    return run_kernel(instruction.op_type, inputs, dict(instruction.attrs), instruction.context)
 
 
 def counted(instruction) -> bool:
@@ -240,8 +248,11 @@ def load_slice(instruction: Load, values: dict, resident: dict | None) -> np.nda
             raise RuntimeBackendError(f"{instruction.tensor}: the carried slice has shape {list(piece.shape)}, "
                                       f"the program loads {list(expected)}")
         return piece
-    whole = np.asarray(values[instruction.tensor])
-    return np.array(whole[tuple(slice(a, b) for a, b in instruction.ranges)], order="C")  # a scalar stays 0-d
+    whole = np.asarray(values[instruction.of or instruction.tensor])
+    piece = whole[tuple(slice(a, b) for a, b in instruction.ranges)]
+    if instruction.via:  # a main copy starts as its 16-bit parameter's value (`program.Load`)
+        piece = rounded(piece, instruction.via)
+    return np.array(rounded(piece, instruction.dtype), order="C")  # a scalar stays 0-d
 
 
 def communicate(step: Communicate, backend: Backend, piece: np.ndarray) -> np.ndarray:

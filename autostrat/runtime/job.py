@@ -11,7 +11,7 @@ a filesystem every host sees.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -21,9 +21,10 @@ from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.pipeline import StageRunner, pipeline_values, stage_peaks_per_rank
 from autostrat.runtime.program import LOCAL_KINDS, Load, Program, lower_programs
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
-from autostrat.runtime.reference import reference_run, tensor_errors
+from autostrat.runtime.reference import reference_run, sixteen_bit_tolerance, tensor_errors
 from autostrat.runtime.report import rank_summary
 from autostrat.runtime.training import reference_graph
+from autostrat.search.precision import check_runnable
 
 FAULTS = ("hang", "kill", "loop", "raise", "stop")
 
@@ -57,6 +58,7 @@ class Job:
     pooled: tuple[str, ...] = ()  # parameters compared on their kind's scale (`reference.Reference.noise_driven`)
     gradient_worst: str = ""  # the gradient of autostrat's stand-alone run furthest from the reference's
     gradient_error: float = 0.0  # its relative error (each gradient on its own scale)
+    tolerance: float = 0.0  # a 16-bit run's limit on every tensor (`reference.sixteen_bit_tolerance`); 0: by dtype
 
     def checked_names(self) -> tuple[str, ...]:
         """The tensors a rank compares, in the order `rank_summary` indexes its worst one by."""
@@ -159,9 +161,13 @@ def _checked_fault(fault: Fault, plan, programs) -> Fault:
     return fault
 
 
-def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, fault: Fault | None = None, name: str = "") -> Job:
+def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, fault: Fault | None = None, name: str = "",
+             loss_scale: float = 1.0) -> Job:
     """Lower `plan` and prepare `steps` random batches with their single-device results (a
-    pipeline plan's: its stage programs, and the whole batch's reference; `reference_graph`)."""
+    pipeline plan's: its stage programs, and the whole batch's reference; `reference_graph`).
+    A 16-bit plan runs with the static `loss_scale` (`precision.check_runnable` refuses fp16
+    without one): the ranks are fed the sensitivity scaled by it and unscale every gradient."""
+    check_runnable(plan.precision, pipeline=plan.pipeline is not None, loss_scale=loss_scale)
     graph = reference_graph(plan)
     programs = lower_programs(plan) if plan.pipeline is None else lower_stage_programs(plan)
     device_num = len(programs)
@@ -170,17 +176,32 @@ def make_job(plan, steps: int = 1, seed: int = 0, stall_timeout: float = 10.0, f
     rng = np.random.default_rng(seed)
     values = graph_values(graph, {})
     batches = tuple(random_batch(graph, rng) for _ in range(steps))
-    reference = reference_run(graph, values, batches)
+    reference = reference_run(graph, values, batches, plan.precision, loss_scale)
     started = time.perf_counter()
     gradient_names = tuple(f"grad/{name}" for name in (reference.gradients[0] if reference.gradients else ()))
     own, _ = single_device_run(graph, values, batches, keep=gradient_names)
     single = (time.perf_counter() - started) / max(steps, 1)
-    gradients = _gradient_errors(reference, own)
+    # autostrat's stand-alone run is fp32: its gradients are checked against an fp32 reference only
+    gradients = _gradient_errors(reference, own) if plan.precision == "fp32" else (0.0, 0.0, 0.0, "")
     peaks = () if plan.pipeline is None else stage_peaks_per_rank(plan)
     values = values if plan.pipeline is None else pipeline_values(plan, values)
+    if loss_scale != 1:
+        programs, values = _loss_scaled(plan.graph, programs, values, loss_scale)
     return Job(name or plan.graph.name, device_num, programs, values, batches, reference.outputs, plan.table(), plan.total_bytes,
                max(peaks, default=plan.prediction.peak_bytes), single, stall_timeout, fault, reference.final or None, peaks,
-               reference.library, reference.noise_driven, gradients[3], gradients[1])
+               reference.library, reference.noise_driven, gradients[3], gradients[1], sixteen_bit_tolerance(plan.precision, steps))
+
+
+def _loss_scaled(graph, programs: tuple, values: dict, loss_scale: float) -> tuple[tuple, dict]:
+    """The programs with their `loss_scale`, and `values` with the backward's sensitivity
+    (``grad/<loss>``, ones: `autodiff.backward`) scaled by it."""
+    sensitivity = f"grad/{graph.outputs[0]}"
+    if sensitivity not in values:
+        raise ConfigError(f"loss_scale {loss_scale:g}: the graph {graph.name} has no sensitivity {sensitivity} to scale "
+                          f"(a loss scale needs a training graph)")
+    ones = np.asarray(values[sensitivity])
+    scaled = values | {sensitivity: np.asarray(ones * loss_scale, ones.dtype)}  # an array even when 0-d
+    return tuple(replace(program, loss_scale=loss_scale) for program in programs), scaled
 
 
 def _gradient_errors(reference, own: tuple[dict, ...]) -> tuple:
@@ -225,10 +246,10 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
         sums += result.sent()
         sent_to += result.sent_to(job.device_num)
         peak = max(peak, result.peak_bytes)
-        errors = _worst(errors, tensor_errors(result.outputs, expected))
+        errors = _worst(errors, tensor_errors(result.outputs, expected, limit=job.tolerance))
     seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
     if job.training:
-        errors = _worst(errors, tensor_errors(resident, own_slices(program, job.final), job.pooled))
+        errors = _worst(errors, tensor_errors(resident, own_slices(program, job.final), job.pooled, job.tolerance))
     if on_gather is not None:
         on_gather()
     if log is not None:

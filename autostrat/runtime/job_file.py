@@ -105,9 +105,9 @@ RECORDS = {
         "phase": OneOf(PHASES), "algorithm": str}),
     "Compute": (Compute, {
         "op": str, "op_type": str, "inputs": _NAMES, "outputs": _NAMES, "attrs": Many(Fixed((str, ATTRIBUTE))),
-        "context": Record(("SliceContext",))}),
+        "context": Record(("SliceContext",)), "dtypes": _NAMES, "main": _NAMES}),
     "Fault": (Fault, {"rank": int, "kind": OneOf(FAULTS), "at": int}),
-    "Load": (Load, {"tensor": str, "ranges": _RANGES}),
+    "Load": (Load, {"tensor": str, "ranges": _RANGES, "dtype": str, "of": str, "via": str}),
     "Recv": (Recv, {"key": str, "source": int, "tag": int, "shape": Many(int), "dtype": str}),
     "Send": (Send, {"key": str, "dest": int, "tag": int, "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
     "ChunkProgram": (ChunkProgram, {
@@ -120,7 +120,7 @@ RECORDS = {
     "Program": (Program, {
         "rank": int, "device_num": int, "partitions": Many(Many(Many(int))),
         "instructions": Many(Record(("Communicate", "Compute", "Load"))), "inputs": _NAMES, "outputs": _NAME_PAIRS,
-        "updates": _NAME_PAIRS}),
+        "updates": _NAME_PAIRS, "loss_scale": float}),
     "SliceContext": (SliceContext, {
         "input_ranges": Many(_RANGES), "input_shapes": _SHAPES, "output_ranges": Many(_RANGES),
         "output_shapes": _SHAPES}),
@@ -130,6 +130,7 @@ JOB_FIELDS = {
     "name": str, "device_num": int, "programs": Many(Record(("Program", "StageProgram"))), "plan_table": str, "plan_bytes": int,
     "predicted_peak": int, "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
     "predicted_peaks": Many(int), "reference": str, "pooled": Many(str), "gradient_worst": str, "gradient_error": float,
+    "tolerance": float,
 }
 _HEADER = {"format": OneOf((FORMAT,)), "version": int, "files": Fixed((str, str)), "arrays": None}
 
@@ -201,7 +202,7 @@ class Programs(Sequence):
         >>> program = Program(0, 1, (), (Load("x", ((0, 4),)),), ("x",), ())
         >>> programs = Programs([encode(program, JOB_FIELDS["programs"].item, "program")], "job")
         >>> len(programs), programs[0].instructions, programs == (program,)
-        (1, (Load(tensor='x', ranges=((0, 4),)),), True)
+        (1, (Load(tensor='x', ranges=((0, 4),), dtype='', of='', via=''),), True)
     """
 
     def __init__(self, data, where: str):
@@ -362,7 +363,7 @@ def encode(value, form, where: str):
 
     Example:
         >>> encode(Load("x", ((0, 4), (0, 8))), Record(("Load",)), "instruction")
-        {'type': 'Load', 'tensor': 'x', 'ranges': [[0, 4], [0, 8]]}
+        {'type': 'Load', 'tensor': 'x', 'ranges': [[0, 4], [0, 8]], 'dtype': '', 'of': '', 'via': ''}
     """
     if form is ATTRIBUTE and isinstance(value, tuple):
         return [encode(item, ATTRIBUTE, f"{where}[{i}]") for i, item in enumerate(value)]
@@ -384,8 +385,8 @@ def decode(data, form, where: str):
     """The value of form `form` that `encode` wrote as `data`, every part checked.
 
     Example:
-        >>> decode({"type": "Load", "tensor": "x", "ranges": [[0, 4]]}, Record(("Load",)), "instruction")
-        Load(tensor='x', ranges=((0, 4),))
+        >>> decode({"type": "Load", "tensor": "x", "ranges": [[0, 4]], "dtype": "", "of": "", "via": ""}, Record(("Load",)), "instruction")
+        Load(tensor='x', ranges=((0, 4),), dtype='', of='', via='')
     """
     if form is ATTRIBUTE and isinstance(data, list):
         return tuple(decode(item, ATTRIBUTE, f"{where}[{i}]") for i, item in enumerate(data))

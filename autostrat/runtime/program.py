@@ -25,12 +25,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from autostrat.cost import dtype_size
+from autostrat.autodiff import UPDATE_OP_TYPES
 from autostrat.cost.algorithms import algorithm_bytes, server_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
-from autostrat.search.precision import check_runnable
+from autostrat.search.precision import check_runnable, held_dtype, main_gradient_name, main_name
 
 PHASES = ("forward", "backward", "sync", "update", "gather", "pipeline", "output")
 LOCAL_KINDS = ("PartialCreate", "Slice")  # `Communicate` kinds that send nothing
@@ -38,15 +38,25 @@ LOCAL_KINDS = ("PartialCreate", "Slice")  # `Communicate` kinds that send nothin
 
 @dataclass(frozen=True)
 class Load:
-    """Take the rank's slice of a graph input, parameter or constant (no communication)."""
+    """Take the rank's slice of a graph input, parameter or constant (no communication), held
+    in `dtype` ("": as given). A 16-bit run's fp32 main copy of parameter `of` is first made
+    from its whole value rounded through `via` (the 16-bit model's parameter, as Megatron-LM
+    copies its main parameters from the 16-bit ones); later steps carry it."""
 
     tensor: str
     ranges: tuple[tuple[int, int], ...]
+    dtype: str = ""
+    of: str = ""
+    via: str = ""
 
 
 @dataclass(frozen=True)
 class Compute:
-    """Run one op's kernel on the rank's slices (store keys in, store keys out)."""
+    """Run one op's kernel on the rank's slices (store keys in, store keys out). In a 16-bit
+    run the kernel computes in float32 and its outputs are rounded to `dtypes` (as tensor cores
+    accumulate in fp32); an update reads and rewrites the fp32 main copy ``main[0]`` in place
+    of its 16-bit parameter, whose next value is that copy rounded, and under fp16 first copies
+    its fp16 gradient into the fp32 main gradient ``main[1]`` (`runtime.sixteen_bit`)."""
 
     op: str
     op_type: str
@@ -54,6 +64,8 @@ class Compute:
     outputs: tuple[str, ...]
     attrs: tuple[tuple[str, Any], ...]
     context: SliceContext
+    dtypes: tuple[str, ...] = ()
+    main: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,9 @@ class Recv:
 @dataclass(frozen=True)
 class Program:
     """What one rank runs. `partitions` lists every set of rank groups the program
-    communicates over, identically on all ranks, so communicators are made once, in one order."""
+    communicates over, identically on all ranks, so communicators are made once, in one order.
+    A 16-bit run's `loss_scale` divides every update's gradient (its backward started from the
+    sensitivity fed scaled by it: `job.make_job`)."""
 
     rank: int
     device_num: int
@@ -119,6 +133,7 @@ class Program:
     inputs: tuple[str, ...]
     outputs: tuple[tuple[str, str], ...]
     updates: tuple[tuple[str, str], ...] = ()
+    loss_scale: float = 1.0
 
     def communications(self) -> tuple[Communicate, ...]:
         return tuple(i for i in self.instructions if isinstance(i, Communicate))
@@ -140,7 +155,7 @@ def lower_programs(plan) -> tuple[Program, ...]:
     A plan is immutable: its programs are lowered once and kept with it (a functional loop runs
     one plan step after step, and every rank lowered every rank's program at each step).
     """
-    check_runnable(plan.precision)  # every run lowers its plan first: none starts in a precision it cannot run
+    check_runnable(plan.precision, pipeline=plan.pipeline is not None)  # every run lowers its plan first
     lowered = plan.__dict__.get("_programs")  # not a field: equality and the plan's JSON ignore it
     if lowered is None:
         check_plan(plan)
@@ -201,7 +216,7 @@ def _output_plans(plan) -> dict[str, RedistributionPlan]:
         layout = plan.layouts[tensor]
         whole = replicated(layout)
         if not layout.equivalent(whole):
-            plans[tensor] = plan_redistribution(layout, whole, plan.graph.tensors[tensor].dtype)
+            plans[tensor] = plan_redistribution(layout, whole, plan.sizes.priced(tensor))
     return plans
 
 
@@ -224,11 +239,17 @@ def _edge_key(tensor: str, consumer: str, index: int) -> str:
 def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
     graph = plan.graph
     edges = {(e.consumer, e.input_index): e for e in plan.redistributions}
+    held = _held(plan)
     instructions: list = [
-        Load(name, plan.layouts[name].slice_range(rank))
+        Load(name, plan.layouts[name].slice_range(rank), held.get(name, ""))
         for name, info in graph.tensors.items()
         if info.kind != "output" and graph.consumers(name)
     ]
+    mains = _main_loads(plan, rank)
+    instructions += mains
+    trained: dict[str, tuple[str, ...]] = {}  # parameter -> its main copy (and fp16's main gradient)
+    for main in mains:
+        trained[main.of] = trained.get(main.of, ()) + (main.tensor,)
     for name, op in graph.ops.items():
         keys = []
         for index, tensor in enumerate(op.inputs):
@@ -242,8 +263,7 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
                 instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge),
                                             _itemsize(plan, tensor))
             keys.append(key)
-        strategy = plan.ops[name].strategy
-        instructions.append(Compute(name, op.op_type, tuple(keys), op.outputs, kernel_attrs(plan, op), strategy.slice_context(rank)))
+        instructions.append(_compute(plan, op, tuple(keys), rank, held, trained))
     outputs = []
     for tensor in graph.outputs:
         key = tensor
@@ -252,17 +272,33 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
             instructions += lower_steps(output_plans[tensor], rank, tensor, key, f"{tensor} -> output", "output",
                                         _itemsize(plan, tensor))
         outputs.append((tensor, key))
+    updates = _writebacks(plan, rank, instructions)
+    updates += [(main.tensor, main.tensor) for main in mains]  # carried to the next step as they are
+    inputs = tuple(info.name for info in graph.inputs())
+    return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
+
+
+def _writebacks(plan, rank: int, instructions: list) -> list[tuple[str, str]]:
+    """Per updated parameter or state, the key of its next value in its stored layout; the
+    writebacks that bring it there are appended to `instructions`."""
     updates = []
     writebacks = {w.parameter: w for w in plan.writebacks}
-    for parameter, value in graph.updates:
+    for parameter, value in plan.graph.updates:
         key = value
         if parameter in writebacks:
             key = f"{value}>{parameter}"
             instructions += lower_steps(writebacks[parameter].plan, rank, value, key, f"{value} -> {parameter}", "update",
                                         _itemsize(plan, value))
         updates.append((parameter, key))
-    inputs = tuple(info.name for info in graph.inputs())
-    return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
+    return updates
+
+
+def _compute(plan, op, keys: tuple[str, ...], rank: int, held: dict, trained: dict) -> Compute:
+    """The op's kernel on the rank's slices `keys`; in 16 bits with its outputs' dtypes and,
+    for an update, the main copies it steps (`trained`: parameter -> keys)."""
+    main = trained.get(op.inputs[0], ()) if op.op_type in UPDATE_OP_TYPES else ()
+    return Compute(op.name, op.op_type, keys, op.outputs, kernel_attrs(plan, op), plan.ops[op.name].strategy.slice_context(rank),
+                   tuple(held[t] for t in op.outputs) if held else (), main)
 
 
 def kernel_attrs(plan, op) -> tuple:
@@ -276,7 +312,34 @@ def kernel_attrs(plan, op) -> tuple:
 
 
 def _itemsize(plan, tensor: str) -> int:
-    return dtype_size(plan.graph.tensors[tensor].dtype)
+    """Bytes per element `tensor` moves in: what the plan prices (`TensorSizes`)."""
+    return plan.sizes(tensor)
+
+
+def _held(plan) -> dict[str, str]:
+    """Every tensor's dtype in a 16-bit run (`precision.held_dtype`); empty in fp32, whose
+    programs hold every tensor in its own dtype."""
+    if plan.precision == "fp32":
+        return {}
+    return {name: held_dtype(plan.sizes, name, plan.precision) for name in plan.graph.tensors}
+
+
+def _main_loads(plan, rank: int) -> list[Load]:
+    """In 16 bits, the rank's fp32 main copy of each trained parameter, and under fp16 its fp32
+    main gradient, in the layout its update reads them in (its optimiser state's, as the memory
+    model holds them: `search.buffers`). A main gradient's first content (the parameter's) is
+    never read: each step's update overwrites it with the step's gradient first."""
+    if plan.precision == "fp32":
+        return []
+    loads = []
+    for name, op in plan.graph.ops.items():
+        if op.op_type in UPDATE_OP_TYPES and op.inputs[0] in plan.sizes.parameters:
+            ranges = plan.ops[name].strategy.input_layouts[0].slice_range(rank)
+            via = held_dtype(plan.sizes, op.inputs[0], plan.precision)
+            loads.append(Load(main_name(op.inputs[0]), ranges, "float32", op.inputs[0], via))
+            if held_dtype(plan.sizes, op.inputs[-1], plan.precision) != "float32":  # fp16's gradient: an fp32 main one
+                loads.append(Load(main_gradient_name(op.inputs[0]), ranges, "float32", op.inputs[0], via))
+    return loads
 
 
 def lower_steps(redistribution: RedistributionPlan, rank: int, source: str, target: str, edge: str, phase: str,

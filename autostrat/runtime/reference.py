@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.autodiff import forward_name
+from autostrat.errors import ConfigError
 from autostrat.runtime.executor import single_device_run
 
 OWN_KERNELS = "autostrat's own kernels"
@@ -34,6 +35,10 @@ OWN_KERNELS = "autostrat's own kernels"
 # (cancellation in float32 sums), which Adam turns into parameters off by 3.3e-5 after two steps
 # (gpt_train.yaml); a wrong kernel or update is off by 1e-3 or more.
 TOLERANCE = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-10}
+# Half the distance from 1 to the next 16-bit number (bf16 keeps 8 significant bits, fp16 11),
+# and how many of them a step's tensors may differ by (`sixteen_bit_tolerance`).
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+ROUNDINGS = 64
 # The floor of a tensor's scale: a tensor the reference holds at exact zeros is compared absolutely.
 TINY = 1e-30
 NOISE = 2.0**-20  # a gradient this small next to the step's largest is float32 rounding noise
@@ -62,9 +67,11 @@ class Reference:
         return not self.library.startswith(OWN_KERNELS)
 
 
-def reference_run(graph, values: dict, batches) -> Reference:
+def reference_run(graph, values: dict, batches, precision: str = "fp32", loss_scale: float = 1.0) -> Reference:
     """The reference of a run of `graph` from `values` (initial parameters, state, constants)
-    on `batches`: JAX where it is installed and translates every op, else autostrat's kernels.
+    on `batches`: JAX where it is installed and translates every op, else autostrat's kernels;
+    in fp16 or bf16, JAX's mixed-precision step (`reference_mixed`, with its static `loss_scale`),
+    which has no fallback.
 
     Example (the tutorial FFN's training graph, one step):
         >>> from autostrat.autodiff import SGD
@@ -76,6 +83,8 @@ def reference_run(graph, values: dict, batches) -> Reference:
         >>> reference.library.startswith("JAX"), sorted(reference.gradients[0])[:1]
         (True, ['dense1.bias'])
     """
+    if precision != "fp32":
+        return _mixed_reference(graph, values, batches, precision, loss_scale)
     try:
         reference_jax = importlib.import_module("autostrat.runtime.reference_jax")
     except ImportError:
@@ -85,6 +94,39 @@ def reference_run(graph, values: dict, batches) -> Reference:
     except reference_jax.Untranslatable as missing:
         return _own_kernels(graph, values, batches, f"JAX has no translation of {missing}")
     return Reference(outputs, gradients, final, reference_jax.LIBRARY)
+
+
+def _mixed_reference(graph, values: dict, batches, precision: str, loss_scale: float) -> Reference:
+    """JAX's mixed-precision run: autostrat's own kernels cannot stand in for it (they would
+    check the runtime's 16-bit arithmetic against itself), so a missing JAX or translation is
+    a `ConfigError` naming the precision, before any rank starts."""
+    try:
+        reference_jax = importlib.import_module("autostrat.runtime.reference_jax")
+        reference_mixed = importlib.import_module("autostrat.runtime.reference_mixed")
+    except ImportError:
+        raise ConfigError(f"precision {precision!r}: a 16-bit run is checked against JAX's mixed-precision step, "
+                          f"and JAX is not installed (pip install jax)") from None
+    try:
+        outputs, gradients, final = reference_mixed.mixed_run(graph, values, batches, precision, loss_scale)
+    except reference_jax.Untranslatable as missing:
+        raise ConfigError(f"precision {precision!r}: the JAX reference of a 16-bit run has no translation of {missing}; "
+                          f"run it in precision fp32") from None
+    return Reference(outputs, gradients, final, f"{reference_jax.LIBRARY}, {precision} mixed precision")
+
+
+def sixteen_bit_tolerance(precision: str, steps: int) -> float:
+    """The largest relative error of a tensor of a 16-bit run against the mixed-precision
+    reference, each tensor on its own scale: `ROUNDINGS` unit roundoffs of the 16-bit dtype
+    (2^-8 for bf16's 8 significant bits, 2^-11 for fp16's 11) per step, as a step's rounding
+    differences add up over the steps (two correct runs round at different points: a kernel's
+    fp32 against the reference's float64, the ring's order of a 16-bit sum, a bprop's ops
+    against JAX's VJP of the op, a main copy rounded either side of a tie). fp32 keeps `TOLERANCE`.
+
+    Example:
+        >>> sixteen_bit_tolerance("bf16", 2), sixteen_bit_tolerance("fp16", 2)
+        (0.5, 0.0625)
+    """
+    return ROUNDINGS * UNIT_ROUNDOFF[precision] * max(steps, 1) if precision in UNIT_ROUNDOFF else 0.0
 
 
 def _own_kernels(graph, values: dict, batches, why: str) -> Reference:
@@ -105,11 +147,12 @@ def _scales(expected: dict, pooled: tuple[str, ...]) -> dict[str, float]:
     return {name: max(kinds[_kind(name)] if forward_name(name) in pooled else scale, TINY) for name, scale in own.items()}
 
 
-def tensor_errors(got: dict, expected: dict, pooled: tuple[str, ...] = ()) -> tuple[float, float, float, str]:
+def tensor_errors(got: dict, expected: dict, pooled: tuple[str, ...] = (), limit: float = 0.0) -> tuple[float, float, float, str]:
     """The worst tensor of `got` against `expected`, each on its own scale: the largest
     absolute error, the largest relative error max|a - b| / max(max|b|, TINY), the tolerance
     of the coarsest dtype, and the name of the tensor with that relative error ("" if none).
     The tensors of the parameters in `pooled` (and their state) are on their kind's scale.
+    A `limit` (a 16-bit run's, `sixteen_bit_tolerance`) replaces the dtypes' tolerances.
 
     Example:
         >>> tensor_errors({"w": np.float32([1, 2]), "v": np.float32([1e-6, 0])}, {"w": np.float32([1, 2]), "v": np.float32([1.15e-6, 0])})
@@ -122,11 +165,14 @@ def tensor_errors(got: dict, expected: dict, pooled: tuple[str, ...] = ()) -> tu
         reference = np.asarray(reference)
         difference = float(np.max(np.abs(np.asarray(got[name], np.float64) - reference), initial=0.0))
         scale = scales[name]
+        error = difference / scale
+        if not np.isfinite(error):  # a NaN or infinity (an fp16 overflow, say) is never within a limit
+            difference = error = np.inf
         absolute = max(absolute, difference)
-        if difference / scale > relative or not worst:
-            relative, worst = max(relative, difference / scale), name
+        if error > relative or not worst:
+            relative, worst = max(relative, error), name
         tolerance = max(tolerance, TOLERANCE.get(reference.dtype.name, 0.0))
-    return absolute, relative, tolerance, worst
+    return absolute, relative, limit or tolerance, worst
 
 
 def reference_line(library: str, worst: str, relative: float, tolerance: float) -> str:
@@ -139,4 +185,4 @@ def reference_line(library: str, worst: str, relative: float, tolerance: float) 
     return f"reference: {library}; worst tensor {worst or '(none)'} {relative:.2g} (limit {tolerance:g})"
 
 
-__all__ = ["OWN_KERNELS", "Reference", "reference_line", "reference_run", "tensor_errors"]
+__all__ = ["OWN_KERNELS", "Reference", "reference_line", "reference_run", "sixteen_bit_tolerance", "tensor_errors"]

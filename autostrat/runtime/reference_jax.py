@@ -99,6 +99,22 @@ def _flash_attention_score(query, key, value, head_num=None, keep_prob=1.0, scal
     return jnp.einsum("bnst,bntd->bnsd", jax.nn.softmax(scores, axis=-1), value)
 
 
+def _moe_routing(logits, top_k, capacity, gate, norm_topk_prob):
+    """(dispatch mask, combine weights) [g, s, e, c] of GShard's routing: top_k experts per
+    token, buffer positions by one running count over the group's choices ordered choice rank
+    first, token second, positions from `capacity` on dropped."""
+    groups, tokens, experts = logits.shape
+    scores = jax.nn.softmax(logits, axis=-1) if gate == "softmax" else jax.nn.sigmoid(logits)
+    weights, choices = jax.lax.top_k(scores, top_k)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    hot = jax.nn.one_hot(choices, experts, dtype=jnp.int32)  # [g, s, k, e]
+    by_rank = jnp.swapaxes(hot, 1, 2).reshape(groups, top_k * tokens, experts)
+    position = jnp.swapaxes((jnp.cumsum(by_rank, axis=1) - 1).reshape(groups, top_k, tokens, experts), 1, 2)
+    slot = jax.nn.one_hot(jnp.where(hot == 1, position, -1), capacity, dtype=logits.dtype)  # -1 and >= capacity: none
+    return jnp.sum(slot, axis=2), jnp.einsum("gsk,gskec->gsec", weights, slot)
+
+
 def _one_hot(indices, depth=2, on_value=1.0, off_value=0.0, axis=-1):
     hot = jax.nn.one_hot(indices, depth, axis=axis, dtype=jnp.float64)
     return hot * (on_value - off_value) + off_value
@@ -165,6 +181,11 @@ FORWARD = {
     "ExpandDims": lambda x, axis=0: jnp.expand_dims(x, axis),
     "Squeeze": _squeeze, "Concat": lambda *xs, axis=0: jnp.concatenate(xs, axis=axis),
     "BroadcastTo": _broadcast_to, "Slice": _slice,
+    "Einsum": lambda *operands, equation="": jnp.einsum(equation, *operands),
+    "MoeDispatchMask": lambda logits, top_k=2, capacity=1, gate="softmax", norm_topk_prob=False:
+        _moe_routing(logits, top_k, capacity, gate, norm_topk_prob)[0],
+    "MoeCombineWeights": lambda logits, top_k=2, capacity=1, gate="softmax", norm_topk_prob=False:
+        _moe_routing(logits, top_k, capacity, gate, norm_topk_prob)[1],
 }
 
 

@@ -135,6 +135,9 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
     headers += ["peak predicted", "peak measured"]
     compared = ("every step's outputs and the final parameters and optimiser state, each tensor on its own scale; the "
                 "stand-alone run's gradients" if job.training else "every step's outputs, each tensor on its own scale")
+    if job.tolerance:  # a 16-bit run (`reference.sixteen_bit_tolerance`): no fp32 stand-alone gradients to compare
+        compared = ("every step's outputs, the final 16-bit parameters, their fp32 main copies and the optimiser state, "
+                    "each tensor on its own scale")
     lines = [
         f"{job.name} on {job.device_num} ranks ({backend}), {steps} {kind} step(s)",
         job.plan_table,

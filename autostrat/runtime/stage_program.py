@@ -35,6 +35,7 @@ from autostrat.cost import dtype_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout.layout import Layout
 from autostrat.runtime.program import Communicate, Compute, Load, Recv, Send, lower_programs
+from autostrat.runtime.stage_crossings import cross_stages
 from autostrat.search.schedules import SCHEDULE_ORDERS, Instruction, schedule_orders
 
 SLOTS = ("forward", "backward", "weight")  # a micro-batch's; the update runs once per step
@@ -158,7 +159,7 @@ def lower_stage_programs(plan) -> tuple[StageProgram, ...]:
     """
     pipeline = plan.pipeline
     local = lower_programs(plan)
-    owners = _owners(plan.graph, local[0].instructions)
+    local, owners = cross_stages(plan, local, _owners(plan.graph, local[0].instructions))
     cutter = _Cutter(plan, local[0], owners)
     return tuple(cutter.program(local[rank % pipeline.group_size], rank) for rank in range(pipeline.device_num))
 
@@ -271,6 +272,8 @@ class _Cutter:
             layouts[f"{edge.tensor}>{edge.consumer}[{edge.input_index}]"] = edge.plan.dst
         for writeback in self.plan.writebacks:
             layouts[f"{writeback.value}>{writeback.parameter}"] = writeback.plan.dst
+        for crossing in self.pipeline.crossings:
+            layouts[crossing.key] = crossing.layout
         return layouts
 
     def _piece(self, key: str, device: int) -> tuple[tuple[int, ...], str]:

@@ -7,7 +7,9 @@ seeds included), plus the stage every op runs on (`Pipeline`). Rank ``r`` is dev
 and a tensor one stage produces and another reads is sent point to point, each device its slice
 to the same device of the other stage, in the producer's layout; the receiving stage then
 redistributes it like any edge (the sender's layout to the consumer's), so the plan's
-redistributions stay the ones on every stage.
+redistributions stay the ones on every stage. A partial tensor is first resolved on the
+sending stage into the layout its readers want (`crossings`: the same steps, run there), and
+its smaller pieces sent.
 
 Which stage runs what (cases):
 1. Searched: the stages split the model's units (`stages.op_units`: what precedes the
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from autostrat.autodiff import op_phase
 from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.search.cell_stages import marked_units, stage_cells
+from autostrat.search.crossings import stage_crossings
 from autostrat.search.prediction import op_times
 from autostrat.search.schedules import SCHEDULE_ORDERS, Schedule, schedule_orders
 from autostrat.search.search import search
@@ -64,6 +67,7 @@ class Pipeline:
     peak_bytes: tuple[int, ...] = ()  # per stage, per device: the exact peak of its buffers
     cells: tuple[str, ...] = ()  # per stage, its marked cells and unmarked ops (`cell_stages.stage_cells`), when marked
     chunks: int = 1  # model stages per device group (virtual stages: interleaved_1f1b, zbv)
+    crossings: tuple = ()  # partial tensors reduced on the sending stage before they are sent (`crossings.Crossing`)
     batch_graph: object = field(default=None, compare=False, repr=False)  # the whole batch's training graph (the reference)
 
     @property
@@ -259,6 +263,7 @@ class _Staging:
         once = _once_ns(self.plan, op_stages, shared, layout.stages, self.hardware)
         pipeline = Pipeline(layout.stages, layout.group, layout.micro_batches, layout.schedule, split, op_stages, shared,
                             origin, once, chunks=layout.chunks)
+        pipeline = replace(pipeline, crossings=stage_crossings(self.plan, pipeline))
         staged = replace(self.plan, pipeline=pipeline)
         return replace(staged, pipeline=replace(pipeline, peak_bytes=stage_peaks(staged)))
 

@@ -19,6 +19,11 @@ flops run at the profile's 16-bit peak (`Hardware.compute_nanoseconds`) unless o
 tensors it computes from is kept in fp32 (the optimiser's state), the fp32 gradient buffer
 excepted: Megatron's bf16 weight-gradient GEMMs read 16-bit operands and accumulate into it.
 fp32 counts and prices every tensor at its dtype: every fp32 plan is the one it was.
+
+Runs hold every tensor in the dtype its size says (`held_dtype`: the 16-bit one for 2 bytes,
+float32 for bf16's 4-byte gradients), and keep the fp32 main copies (`main_name`; fp16's main
+gradients, `main_gradient_name`) in the layout the memory counts them in (`runtime.program`,
+`runtime.sixteen_bit`), so the bytes a run sends and the peak it holds are the ones priced here.
 """
 
 from __future__ import annotations
@@ -122,18 +127,97 @@ class TensorSizes:
         return tuple(HALF if tensor in self.gradients and tensor in self.own else self.priced(tensor) for tensor in tensors)
 
 
-def check_runnable(precision: str, where: str = "") -> None:
-    """Refuse to run a plan in a precision the runtime does not execute (it runs fp32 only),
-    before any rank starts; `where` (a config path, or "") opens the message.
+# The numpy dtype each precision holds parameters, activations and 16-bit communication in
+# (ml_dtypes registers "bfloat16" with numpy; numpy has float16 itself).
+HELD = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+MAIN_SUFFIX = ">main"  # the store key (and reference name) of a trained parameter's fp32 main copy
+
+
+def main_name(parameter: str) -> str:
+    """The name of `parameter`'s fp32 main copy in a 16-bit run and its reference.
 
     Example:
-        >>> check_runnable("fp32")
-        >>> check_runnable("bf16", "configs/ffn.yaml")
+        >>> main_name("dense1.weight")
+        'dense1.weight>main'
+    """
+    return parameter + MAIN_SUFFIX
+
+
+def main_gradient_name(parameter: str) -> str:
+    """The name of `parameter`'s fp32 main gradient in an fp16 run (Megatron-LM's copy of the
+    fp16 gradient the fp32 step reads)."""
+    return parameter + MAIN_SUFFIX + " gradient"
+
+
+def held_dtype(sizes: TensorSizes, tensor: str, precision: str) -> str:
+    """The dtype a run holds `tensor` in: the precision's 16-bit dtype where the memory counts
+    2 bytes for it, float32 where a 16-bit plan keeps 4 (bf16's fp32 gradient buffer), else its
+    own (fp32, integers, optimiser state).
+
+    Example:
+        >>> sizes = TensorSizes({"x": "float32", "g": "float32", "i": "int32"}, {"x": 2, "g": 4}, frozenset(), frozenset({"g"}), 4)
+        >>> [held_dtype(sizes, name, "bf16") for name in ("x", "g", "i")]
+        ['bfloat16', 'float32', 'int32']
+    """
+    return {2: HELD[precision], 4: "float32"}.get(sizes.own.get(tensor), sizes.dtypes[tensor])
+
+
+def check_loss_scale(loss_scale, precision: str = "fp32") -> float:
+    """`loss_scale` as a float if it is a finite number >= 1, and 1 unless `precision` is a 16-bit
+    one (the fp32 runtime has no unscaling step); else a ConfigError naming the key.
+
+    Example:
+        >>> check_loss_scale(1024, "fp16")
+        1024.0
+        >>> check_loss_scale(8, "fp32")
         Traceback (most recent call last):
         ...
-        autostrat.errors.ConfigError: configs/ffn.yaml: precision 'bf16' can be searched and reported but not run: runs execute fp32 only (supported: fp32)
+        autostrat.errors.ConfigError: loss_scale scales a 16-bit run's gradients (precision fp16 or bf16); got loss_scale 8 with precision 'fp32'
+    """
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or not 1 <= loss_scale < float("inf"):
+        raise ConfigError(f"loss_scale must be a finite number >= 1 (a power of two keeps the scaling exact); got {loss_scale!r}")
+    if precision == "fp32" and loss_scale != 1:
+        raise ConfigError(f"loss_scale scales a 16-bit run's gradients (precision fp16 or bf16); got loss_scale {loss_scale!r} "
+                          f"with precision {precision!r}")
+    return float(loss_scale)
+
+
+def check_runnable(precision: str, where: str = "", pipeline: bool = False, loss_scale: float | None = None) -> None:
+    """Refuse, before any rank starts, to run a plan in a precision the runtime does not execute
+    that way: fp16 and bf16 run without pipeline stages (a stage program keeps no fp32 main copy);
+    fp16 needs a `loss_scale` above 1 (None: not known here, the run checks it): unscaled, the
+    small gradients of a model fall into float16's subnormals (below 6.1e-5), where they keep
+    few bits (the tiny LLaMA's embedding gradients: its table 4 % off the reference after two
+    steps). `where` (a config path, or "") opens the message.
+
+    Example:
+        >>> check_runnable("bf16")
+        >>> check_runnable("bf16", "configs/gpt_pipeline.yaml", pipeline=True)
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: configs/gpt_pipeline.yaml: precision 'bf16' runs without pipeline stages (pipeline_stages 1); got pipeline stages: run it in precision fp32, or plan it without stages
+    """
+    check_precision(precision)
+    prefix = f"{where}: " if where else ""
+    if precision != "fp32" and pipeline:
+        raise ConfigError(f"{prefix}precision {precision!r} runs without pipeline stages (pipeline_stages 1); got pipeline "
+                          f"stages: run it in precision fp32, or plan it without stages")
+    if precision == "fp16" and loss_scale is not None and loss_scale <= 1:
+        raise ConfigError(f"{prefix}precision 'fp16' runs with a loss_scale above 1 (e.g. loss_scale: 1024), got loss_scale "
+                          f"{loss_scale:g}: unscaled fp16 gradients lose their bits in float16's subnormals")
+
+
+def check_fp32_loop(precision: str, where: str) -> None:
+    """Refuse a 16-bit plan in a training loop that carries whole parameters from call to call
+    (`where`: Model.train, the functional loop): it keeps no fp32 main copies between calls, and
+    checks against the fp32 reference. `autostrat run` trains 16-bit plans.
+
+    Example:
+        >>> check_fp32_loop("fp16", "Model.train")
+        Traceback (most recent call last):
+        ...
+        autostrat.errors.ConfigError: Model.train trains in precision fp32 only, got precision 'fp16' (its fp32 main copies are not carried between calls): train 16-bit plans with autostrat run
     """
     if precision != "fp32":
-        prefix = f"{where}: " if where else ""
-        raise ConfigError(f"{prefix}precision {precision!r} can be searched and reported but not run: runs execute fp32 "
-                          f"only (supported: fp32)")
+        raise ConfigError(f"{where} trains in precision fp32 only, got precision {precision!r} (its fp32 main copies are not "
+                          f"carried between calls): train 16-bit plans with autostrat run")

@@ -16,9 +16,10 @@ Prices of a split (`priced_split`), per model stage from its units' `stages.Unit
 - Memory per device group (`group_peaks`): its chunks' parameters and optimiser state, plus the
   most it holds at any moment of its order: per chunk the activations of the micro-batches in
   flight (from a forward to its backward, or to its weight gradient where the backward is
-  split), the gradient sums once the chunk's first backward made them, the gradients a backward
-  writes next to them, and, where a backward starts, the first activation gradient it writes.
-  For 1F1B and GPipe this is the model the split was searched with before schedules (tested).
+  split), the gradient sums once the chunk's first backward made them, the gradients the
+  instruction freeing a micro-batch's activations writes next to them while the activations of
+  the units it has yet to reach live (`_overlap`, unit by unit), and, where a backward starts,
+  the first activation gradient it writes.
 
 `split_stages` finds the split with the least simulated step whose model fits the budget:
 every split when there are at most `EXHAUSTIVE_SPLITS` (so exact: tested against brute force),
@@ -77,12 +78,14 @@ def group_peaks(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule:
 def _group_peak(costs: UnitCosts, bounds, schedule: Schedule, device: int) -> int:
     """One device group's peak by the split's model (`group_peaks`)."""
     stages = [schedule.stage(device, chunk) for chunk in range(schedule.chunks)]
-    activations, gradients, firsts = [], [], []
+    activations, gradients, firsts, overlaps = [], [], [], []
     for stage in stages:
         first, end = bounds[stage]
-        activations.append(sum(costs.activation_bytes[first:end]) + costs.send_bytes * (stage > 0))
+        received = costs.send_bytes * (stage > 0)
+        activations.append(sum(costs.activation_bytes[first:end]) + received)
         gradients.append(sum(costs.gradient_bytes[first:end]))
         firsts.append(costs.transient_bytes[end - 1] if costs.transient_bytes else 0)  # the backward starts at the last unit
+        overlaps.append(_overlap(costs, first, end, received))
     kept, sums, peak = [0] * schedule.chunks, [0] * schedule.chunks, 0
     frees = "W" if schedule.split_backward else "B"  # what frees a micro-batch's activations
     for instruction in schedule.orders[device]:
@@ -91,14 +94,28 @@ def _group_peak(costs: UnitCosts, bounds, schedule: Schedule, device: int) -> in
             kept[chunk] += 1
             extra = firsts[chunk]  # a backward may start now, all of these held
         elif instruction.kind == frees:
-            kept[chunk] -= 1
-            extra, sums[chunk] = gradients[chunk] * sums[chunk], 1  # the sums, once made, and its gradients
+            kept[chunk] -= 1  # its activations and gradients while it runs (`_overlap`), the sums once made next to them
+            extra, sums[chunk] = overlaps[chunk] - gradients[chunk] * (1 - sums[chunk]), 1
         else:
             continue
         held = sum(k * a + s * g for k, a, s, g in zip(kept, activations, sums, gradients))
         peak = max(peak, held + extra)
     weights = sum(sum(costs.weight_bytes[first:end]) for first, end in (bounds[stage] for stage in stages))
     return weights + peak
+
+
+def _overlap(costs: UnitCosts, first: int, end: int, received: int) -> int:
+    """The most a stage of units ``[first, end)`` holds of one micro-batch while the instruction
+    freeing its activations runs: walking its units back from the last, unit ``u`` still holds
+    the activations of ``u`` and of the units before it (and the stage's received input) when
+    the gradients of ``u`` and of the units after it are written.
+
+    Example (the last unit's big gradient is written while both units' activations live):
+        >>> _overlap(UnitCosts((1, 1), (10, 10), (1, 1), gradient_bytes=(1, 30)), 0, 2, 0)
+        50
+    """
+    return max(received + sum(costs.activation_bytes[first:unit + 1]) + sum(costs.gradient_bytes[unit:end])
+               for unit in range(first, end))
 
 
 def priced_split(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule: Schedule) -> StageSplit:

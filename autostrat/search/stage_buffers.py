@@ -20,6 +20,8 @@ not that code):
    (`weight_part`). A micro-batch drops its loss after its forward; after a stage's last part
    of the backward, the gradients the update reads are added into the step's sums (the first
    micro-batch's buffers become them).
+   A partial tensor a stage of another device reads is resolved before it is sent, where it
+   is written (`crossings.crossed`).
 3. The update slot, once: every stage's synchronisation, updates, writebacks (an op every
    stage runs, once per device); a parameter read on several devices is updated on one and
    its next value received by the others, the receives last.
@@ -29,11 +31,13 @@ Buffers are counted by `cost.live_bytes`'s rule: dropped after their last use in
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from autostrat.autodiff import op_phase
 from autostrat.cost.live_bytes import LiveBytes, release_after
 from autostrat.search.buffers import DeviceProgram, Event, device_program
+from autostrat.search.crossings import crossed
 
 SLOTS = ("forward", "backward", "weight", "update")
 PARTS = {"F": "forward", "B": "backward", "W": "weight"}  # a schedule's instruction kinds -> the slots they run
@@ -107,18 +111,18 @@ def stage_peaks(plan) -> tuple[int, ...]:
 
 def stage_peak_buffers(plan, counted=None) -> tuple[tuple[tuple[tuple[str, int], ...], int], ...]:
     """Per device group of the pipeline plan `plan`, what `buffers.peak_buffers` gives for a plan
-    without stages: the (key, bytes) pairs one of its devices holds at its peak (a key of a
+    without stages: the (key, bytes) pairs one of its devices holds at its peak, sorted (a key of a
     micro-batch's buffer once per micro-batch held), and the most bytes of keys `counted`
     accepts held at once.
 
     Example: see `stage_peaks` (the pairs of stage s sum to its peak).
     """
-    return tuple((tuple((key, size) for (_, key), size in replay.memory.at_peak), replay.memory.counted_peak)
+    return tuple((tuple(sorted((key, size) for (_, key), size in replay.memory.at_peak)), replay.memory.counted_peak)
                  for replay in _replays(plan, True, counted))
 
 
 def _replays(plan, keep_peak: bool = False, counted=None) -> list:
-    cut = _StageCut(plan, device_program(plan))
+    cut = _StageCut(plan, crossed(plan, device_program(plan)))
     pipeline, orders, replays = plan.pipeline, plan.pipeline.orders, []
     for device in range(pipeline.devices):
         chunks = tuple(cut.steps(orders.stage(device, chunk), chunk == 0) for chunk in range(pipeline.chunks))
@@ -152,6 +156,11 @@ class _StageCut:
                         self.receivers.setdefault((writer, key), []).append(stage)
         self.sizes = {key: size for event in program.events for key, size in event.writes.items()}
         self.broadcasts = self._broadcasts()
+        self.runs: dict[int | None, list[int]] = {}  # stage (None: every stage) -> its events' indices, in order
+        for index, event in enumerate(program.events):
+            if event.owner is not None:
+                self.runs.setdefault(None if event.owner in self.pipeline.shared else self.pipeline.op_stages[event.owner], []).append(index)
+        self.values, self.load_events = dict(plan.graph.updates), [event for event in program.events if event.owner is None]
 
     def _stages_of(self, owner: str):
         return range(self.pipeline.stages) if owner in self.pipeline.shared else (self.pipeline.op_stages[owner],)
@@ -183,11 +192,8 @@ class _StageCut:
         `first_chunk` only."""
         steps = StageSteps()
         received: set[str] = set()
-        for index, event in enumerate(self.program.events):
-            if event.owner is None or stage not in self._stages_of(event.owner):
-                continue
-            if event.owner in self.pipeline.shared and not first_chunk:
-                continue
+        for index in heapq.merge(self.runs.get(stage, ()), self.runs.get(None, ()) if first_chunk else ()):
+            event = self.program.events[index]
             slot = steps.slots[op_phase(event.owner)]
             for key in event.reads:
                 if (key, stage) in self.received and key not in received:  # its first reader on this stage
@@ -211,9 +217,8 @@ class _StageCut:
     def _updates(self, steps: StageSteps, stage: int, first_chunk: bool) -> None:
         """The stage's next values; a parameter another device updates arrives at the end of
         the step (`StageSteps.receives`)."""
-        values = dict(self.plan.graph.updates)
         for parameter, key in self.program.updates:
-            updater = self.writer.get(values[parameter])
+            updater = self.writer.get(self.values[parameter])
             if (updater is None and first_chunk) or updater == stage:
                 steps.updates.append((parameter, key))
             updater, others = self.broadcasts.get(parameter, (None, {}))
@@ -227,7 +232,7 @@ class _StageCut:
         graph = self.plan.graph
         read = {key for events in steps.slots.values() for event in events for key in event.reads}
         batch = []
-        for event in (event for event in self.program.events if event.owner is None):
+        for event in self.load_events:
             [(key, size)] = event.writes.items()
             if key in read and key in graph.tensors and graph.tensors[key].kind == "input":  # not a main copy
                 batch.append(event)
@@ -246,6 +251,7 @@ class _Replay:
 
     def __init__(self, chunks: tuple[StageSteps, ...], keep_peak: bool = False, counted=None):
         self.chunks, self.memory = chunks, LiveBytes(keep_peak, counted)
+        self.summaries: dict[tuple, tuple] = {}  # an instruction's signature -> what its events did (`_slot`)
         self.micro_release = []
         for steps in chunks:
             micro = steps.slots["forward"] + steps.slots["backward"] + steps.slots["weight"]
@@ -263,21 +269,58 @@ class _Replay:
         self.memory.write({("", key): size for key, size in shared.items()})
         last = "weight" if any(instruction.kind == "W" for instruction in order) else "backward"
         for instruction in order:
-            steps, slot, index = self.chunks[instruction.chunk], PARTS[instruction.kind], instruction.micro_batch
-            store = stores.setdefault(index, {})
-            offset = {"forward": 0, "backward": len(steps.slots["forward"]),
-                      "weight": len(steps.slots["forward"]) + len(steps.slots["backward"])}[slot]
-            for position, event in enumerate(steps.slots[slot]):
-                self._event(event, store, index, self.micro_release[instruction.chunk][offset + position])
-            if slot == "forward":
-                for key in steps.outputs:  # the loss leaves with the micro-batch's forward
-                    store.pop(key)
-                    self.memory.release(((index, key),))
-            elif slot == last:
-                self._accumulate(steps, store, shared, index)
+            store = stores.setdefault(instruction.micro_batch, {})
+            if not self._repeated(instruction, store, shared):
+                self._slot(instruction, store, shared, last)
         for event, released in zip(self.update, self.update_release):
             self._event(event, shared, "", released)
         return self.memory.peak
+
+    def _slot(self, instruction, store: dict, shared: dict, last: str) -> None:
+        """Run one instruction's events, and keep what they did to the bytes held (`_repeated`)."""
+        steps, slot, index = self.chunks[instruction.chunk], PARTS[instruction.kind], instruction.micro_batch
+        signature, memory = self._signature(instruction, store, shared), self.memory
+        live, counted, before = memory.live, memory.counted_live, set(shared)
+        memory.mark()
+        offset = {"forward": 0, "backward": len(steps.slots["forward"]),
+                  "weight": len(steps.slots["forward"]) + len(steps.slots["backward"])}[slot]
+        for position, event in enumerate(steps.slots[slot]):
+            self._event(event, store, index, self.micro_release[instruction.chunk][offset + position])
+        if slot == "forward":
+            for key in steps.outputs:  # the loss leaves with the micro-batch's forward
+                store.pop(key)
+                memory.release(((index, key),))
+        elif slot == last:
+            self._accumulate(steps, store, shared, index)
+        self.summaries[signature] = (memory.since - live, memory.live - live, memory.counted_since - counted,
+                                     memory.counted_live - counted, dict(store), {key: shared[key] for key in set(shared) - before})
+
+    def _signature(self, instruction, store: dict, shared: dict) -> tuple:
+        """What an instruction's events depend on: its chunk and kind, the keys its micro-batch
+        holds, and which of the chunk's sums exist (each key's size is fixed)."""
+        accumulated = self.chunks[instruction.chunk].accumulated
+        return instruction.chunk, instruction.kind, frozenset(store), frozenset(key for key in accumulated if key in shared)
+
+    def _repeated(self, instruction, store: dict, shared: dict) -> bool:
+        """Apply what an instruction of the same signature did before (a steady pipeline repeats
+        a few instructions hundreds of times), unless it raises the peak while `keep_peak` must
+        note what is held then; False when its events must run."""
+        summary, memory = self.summaries.get(self._signature(instruction, store, shared)), self.memory
+        if summary is None:
+            return False
+        most, change, counted_most, counted_change, held, made = summary
+        if memory.keep_peak and memory.live + most > memory.peak:
+            return False
+        memory.peak, memory.counted_peak = max(memory.peak, memory.live + most), max(memory.counted_peak, memory.counted_live + counted_most)
+        index = instruction.micro_batch
+        for key in store:
+            del memory.sizes[(index, key)]
+        store.clear()
+        store.update(held)
+        memory.sizes.update({(index, key): size for key, size in held.items()} | {("", key): size for key, size in made.items()})
+        shared.update(made)
+        memory.live, memory.counted_live = memory.live + change, memory.counted_live + counted_change
+        return True
 
     def _event(self, event: Event, store: dict, space, released) -> None:
         def named(key: str):

@@ -25,6 +25,7 @@ from autostrat.autodiff import BACKWARD_PREFIXES, op_phase
 from autostrat.autodiff.optimizers import UPDATE_PREFIX
 from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
+from autostrat.search.crossings import resolved_readers
 from autostrat.search.prediction import op_times
 from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import layers_of
@@ -210,7 +211,8 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
     into them (its forward's and its W ops' apart: `weight_ops`), the activations its forward ops produce that a backward op reads, and its
     parameters with their optimiser state and their parameters' gradients (each in the plan's
     layouts); a send moves the largest activation passed from one repeated layer to the next,
-    each device its slice, across servers (`send_bytes`, which a stage also holds per micro-batch);
+    each device its slice, across servers (`send_bytes`, which a stage also holds per micro-batch;
+    a partial one resolved first where it is written, as a pipeline sends it: `crossings`);
     with `stage_units` (each unit a stage of its own, as the cells' ``pipeline_stage`` gives
     them), the largest passed from any unit to a later one.
     Gradient synchronisation and the update run once per step, outside the micro-batch slots.
@@ -237,6 +239,10 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
         time[units[name]] += time_ns
         forward[units[name]] += time_ns * (op_phase(name) == "forward")
         weight[units[name]] += time_ns * (name in weight_parts)
+    for unit, part, time_ns in _crossing_times(plan, hardware, units, weight_parts):
+        time[unit] += time_ns
+        forward[unit] += time_ns * (part == "F")
+        weight[unit] += time_ns * (part == "W")
     parameter_gradients, sizes = set(), TensorSizes.of(graph, plan.precision)
     for name, info in graph.tensors.items():
         readers = [reader for reader, _ in graph.consumers(name)]
@@ -276,11 +282,46 @@ def _main_bytes(plan, parameter: str, sizes: TensorSizes) -> int:
 def _sent_bytes(plan, units: dict[str, int], crossing) -> int:
     """One device's slice of the largest forward activation from a unit ``a`` to a unit ``b``
     where ``crossing(a, b)`` (layer 1 to layer 2, or any stage to a later one): what a stage
-    sends on per micro-batch (and its gradient back), sent once across servers."""
+    sends on per micro-batch (and its gradient back), sent once across servers; a partial one
+    in the layout its readers in ``b`` resolve it into on the sender (`crossings.resolved_readers`)."""
     graph, largest, sizes = plan.graph, 0, plan.sizes  # in the precision's size (`search.precision`)
     for name, info in graph.tensors.items():
         if info.producer in graph.ops and op_phase(info.producer) == "forward":
-            if any(crossing(units[info.producer], units[reader]) and op_phase(reader) == "forward"
-                   for reader, _ in graph.consumers(name)):
-                largest = max(largest, _slice_bytes(plan, name, sizes))
+            for unit, readers in _later_readers(plan, units, name).items():
+                if crossing(units[info.producer], unit) and any(op_phase(reader) == "forward" for reader, _ in readers):
+                    resolved = resolved_readers(plan, name, readers) if plan.layouts[name].partial else None
+                    layout = plan.layouts[name] if resolved is None else resolved[0].dst
+                    largest = max(largest, math.prod(layout.slice_shape) * sizes(name))
     return largest
+
+
+def _later_readers(plan, units: dict[str, int], tensor: str) -> dict[int, list[tuple[str, int]]]:
+    """Per unit other than its producer's, the (consumer, input index) pairs of the forward and
+    backward ops there that read `tensor`."""
+    graph, found = plan.graph, {}
+    for consumer, index in plan.graph.consumers(tensor):
+        if units[consumer] != units[graph.tensors[tensor].producer] and op_phase(consumer) in ("forward", "backward"):
+            found.setdefault(units[consumer], []).append((consumer, index))
+    return found
+
+
+def _crossing_times(plan, hardware: Hardware, units: dict[str, int], weight_parts) -> list[tuple[str, int, int]]:
+    """The time a pipeline moves when a partial tensor's readers in another unit resolve it on
+    the sender (`crossings.resolved_readers`), as (unit, part F, B or W, nanoseconds): the reduce
+    to the producer's unit (its F or B), each reader's redistribution replaced by its rest. Exact
+    once the units run on different device groups; within one stage, the plan's own edges run."""
+    graph, model, moves = plan.graph, hardware.alpha_beta(plan.device_num), []
+    edges = {(edge.consumer, edge.input_index): edge for edge in plan.redistributions}
+    for name, info in graph.tensors.items():
+        if info.producer not in graph.ops or name not in plan.layouts or not plan.layouts[name].partial:
+            continue
+        for readers in _later_readers(plan, units, name).values():
+            resolved = resolved_readers(plan, name, readers)
+            if resolved is None:
+                continue
+            reduce, rests = resolved
+            moves.append((units[info.producer], "F" if op_phase(info.producer) == "forward" else "B", reduce.nanoseconds(model)))
+            for (consumer, index), rest in rests:
+                part = "F" if op_phase(consumer) == "forward" else "W" if consumer in weight_parts else "B"
+                moves.append((units[consumer], part, rest.nanoseconds(model) - edges[(consumer, index)].plan.nanoseconds(model)))
+    return moves

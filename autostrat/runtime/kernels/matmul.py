@@ -21,3 +21,8 @@ def matmul(a, b, transpose_a=False, transpose_b=False):
 @kernel("BatchMatMul")
 def batch_matmul(a, b, transpose_a=False, transpose_b=False):
     return _product(a, b, transpose_a, transpose_b)
+
+
+@kernel("Einsum")
+def einsum(*operands, equation=""):
+    return np.einsum(equation, *operands)
