@@ -135,10 +135,15 @@ def test_rank_table_hosts_run_the_job(tmp_path):
     path = tmp_path / "rank_table.json"
     path.write_text(json.dumps(table))
     # Both "servers" are this machine, under two names: the ofi/TCP settings for several hosts apply.
-    code, out, err, run_dir, _ = run(tmp_path, "configs/ffn.yaml", "--rank-table", str(path), "--steps", "1")
+    # The table's 2 servers x 4 make the MLP's gradient AllReduces and its AllGathers over all 8
+    # ranks hierarchical (tests/test_collective_algorithms.py): run as such, with the predicted bytes.
+    code, out, err, run_dir, _ = run(tmp_path, "configs/mlp.yaml", "--rank-table", str(path), "--steps", "1",
+                                     "--phase", "train")
     assert code == 0, err
     assert (run_dir / "hostfile").read_text() == "localhost:4\n127.0.0.1:4\n"
-    assert "ffn.yaml: FFN on 8 ranks (MPI)" in out
+    assert "mlp.yaml: MLP on 8 ranks (MPI)" in out
+    assert "bytes: measured = predicted on every rank" in out and ": OK" in out
+    assert "hierarchical:4" in "".join(p.read_text(errors="replace") for p in run_dir.glob("*") if p.is_file())
 
 
 def test_missing_mpi_runtime_is_a_clear_error(monkeypatch, tmp_path):
@@ -165,8 +170,9 @@ def test_every_step_kind_agrees_with_the_simulation_under_mpi(device_num):
     env = launcher.mpi_environment(device_num) | {"PYTHONPATH": str(ROOT), "MPIEXEC_TIMEOUT": "60"}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90, env=env)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = [line for line in done.stdout.splitlines() if not line.startswith("ok algorithms")]
     assert len(lines) == sum(1 for pair in LAYOUT_PAIRS if np.prod(pair[0]) == device_num) and all(l.startswith("ok ") for l in lines)
+    assert f"ok algorithms AllReduce/doubling over {device_num - 1} ranks" in done.stdout  # and the re-chosen pairs passed
     if device_num == 8:
         assert any("CollectivePermute" in line for line in lines)
         assert any("PartialCreate" in line for line in lines)

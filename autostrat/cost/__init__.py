@@ -1,4 +1,5 @@
-"""Costs: collective bytes (ring formulas), the hardware and its α–β step-time model, per-strategy op costs."""
+"""Costs: collective bytes (ring formulas; other algorithms and their choice in `cost.algorithms`),
+the hardware and its α–β step-time model, per-strategy op costs."""
 
 from autostrat.cost.collective import COLLECTIVE_KINDS, collective_bytes, dtype_size
 from autostrat.cost.hardware import DEFAULT_PROFILE, DEVICES_PER_SERVER, PROFILES, Hardware

@@ -11,7 +11,8 @@ For a group of ``g`` devices each holding a local piece of ``s`` bytes before th
   every rank but one per group, of a max or min changes nothing).
 
 Costs are integers. The runtime moves these collectives as the messages of `runtime.wire`, and
-these are its byte counts exactly. Only AllReduce cuts a piece it was not given in blocks: it
+these are its byte counts exactly. These are the ring's; a plan step may instead record another
+algorithm (recursive doubling, hierarchical: `cost.algorithms`), whose bytes that module gives. Only AllReduce cuts a piece it was not given in blocks: it
 splits the ``n = s / itemsize`` elements into g chunks as ``numpy.array_split`` does (the first
 ``n mod g`` one element longer), and member ``p`` sends every chunk but chunk ``p`` in the
 ReduceScatter half and every chunk but chunk ``p+1`` in the AllGather half:

@@ -6,6 +6,9 @@ one for a cluster). The model is declared on the cluster's device matrix, but pl
 refined device matrices, so an axis of any other matrix with the same `device_num` is matched by
 its rank stride: it pays the slowest (largest α, smallest β) model axis its stride range overlaps.
 
+`step_time` and `step_nanoseconds` time a step run as a ring; `cost.algorithms` times the
+other algorithms a step can run as, on the same links, and chooses among them.
+
 Searches add times up, so they use `step_nanoseconds`: whole nanoseconds, the latency rounded to
 the nearest and the transfer rounded up, computed exactly (no float sums whose last bit depends
 on the order of the terms), so the same plan has the same time on every run and in every solver.

@@ -6,7 +6,8 @@ moves that dim's chunks to dim 0 (Split, Concat). A Slice is a StridedSlice whos
 is the rank's chunk times the new slice size. A Reshape is MindSpore's local ``Reshape`` to the
 rank's new slice shape. A PartialCreate of a sum is MindSpore's ``ZerosLike`` on every member of
 its groups but the first (members by rank); of a max or min it is no op at all. Groups list their
-members in chunk order.
+members in chunk order. A collective run as another algorithm than the ring (`cost.algorithms`)
+says which in an ``algorithm`` attribute.
 """
 
 from __future__ import annotations
@@ -52,20 +53,21 @@ def lower_step(step) -> tuple[Primitive, ...]:
         ['AllGather(groups=[[0, 1]])', 'Split(axis=0, output_num=2)', 'Concat(axis=1)']
     """
     g, groups, dims = step.group_size, _groups(step), step.dims
+    chosen = {} if step.algorithm == "ring" else {"algorithm": step.algorithm}  # a ring's primitive reads as before
     op = step.after.partial_op if step.kind == "PartialCreate" else step.before.partial_op
     if step.kind == "Slice":
         return (Primitive.make("StridedSlice", axis=dims[0], parts=g, slice_size=step.after.slice_shape[dims[0]]),)
     if step.kind == "AllGather":
-        gather = Primitive.make("AllGather", groups=groups)
+        gather = Primitive.make("AllGather", groups=groups, **chosen)
         if dims[0] == 0:
             return (gather,)
         return gather, Primitive.make("Split", axis=0, output_num=g), Primitive.make("Concat", axis=dims[0])
     if step.kind == "AllToAll":
         return (Primitive.make("AllToAll", concat_dim=dims[0], groups=groups, split_count=g, split_dim=dims[1]),)
     if step.kind == "AllReduce":
-        return (Primitive.make("AllReduce", groups=groups, op=op),)
+        return (Primitive.make("AllReduce", groups=groups, op=op, **chosen),)
     if step.kind == "ReduceScatter":
-        scatter = Primitive.make("ReduceScatter", groups=groups, op=op)
+        scatter = Primitive.make("ReduceScatter", groups=groups, op=op, **chosen)
         if dims[0] == 0:
             return (scatter,)
         return Primitive.make("Split", axis=dims[0], output_num=g), Primitive.make("Concat", axis=0), scatter

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from autostrat.cost.algorithms import algorithm_nanoseconds
 from autostrat.layout import Layout
 from autostrat.layout.layout import format_tuple
 from autostrat.redistribution.lower import plan_to_text
@@ -21,7 +23,10 @@ class RedistributionStep:
     `dims` is ``(dim,)`` for Slice, AllGather and ReduceScatter, ``(from, to)`` for AllToAll and
     ``()`` otherwise. `groups` are the communication groups, members in the order their chunks
     take in the step's dim (by rank for a PartialCreate: the first keeps its piece); `sources` gives, for a CollectivePermute, the rank each rank
-    receives from. `bytes` is what one device sends.
+    receives from. `bytes` is what one device sends (the busiest member) running the step as
+    `algorithm` (`cost.algorithms`: "ring", "doubling", "hierarchical:K"), chosen when the plan
+    was made (`redistribution.algorithms.with_algorithms`); `itemsize` (bytes per element) is
+    set with any algorithm but the ring, whose time and bytes depend on it.
     """
 
     kind: str
@@ -32,6 +37,8 @@ class RedistributionStep:
     groups: tuple[tuple[int, ...], ...]
     bytes: int
     sources: tuple[int, ...] = ()
+    algorithm: str = "ring"
+    itemsize: int = 0
 
     @property
     def group_size(self) -> int:
@@ -42,7 +49,8 @@ class RedistributionStep:
             return f"Reshape({list(self.before.shape)} -> {list(self.after.shape)}, {self.bytes}B)"
         axes = format_tuple(str(axis) for axis in self.axes)
         dims = " dim " + "->".join(str(dim) for dim in self.dims) if self.dims else ""
-        return f"{self.kind}(axes {axes}{dims}, {self.bytes}B)"
+        algorithm = "" if self.algorithm == "ring" else f", {self.algorithm}"  # ring plans read as before
+        return f"{self.kind}(axes {axes}{dims}, {self.bytes}B{algorithm})"
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ class RedistributionPlan:
             >>> plan_redistribution(src, Layout(DeviceMatrix((8,)), TensorMap((-1, -1)), (64, 64))).nanoseconds(Hardware().alpha_beta(8))
             14032
         """
-        return sum(model.step_nanoseconds(step.kind, step.before.device_matrix, step.axes, step.bytes) for step in self.steps)
+        return sum(step_nanoseconds(model, step) for step in self.steps)
 
     def to_text(self) -> str:
         """The IR dump of the plan (see `lower.plan_to_text`)."""
@@ -87,3 +95,11 @@ class RedistributionPlan:
     def __str__(self) -> str:
         body = " -> ".join(str(step) for step in self.steps) or "no steps"
         return f"{body}; {self.cost}B" + ("" if self.exhaustive else " (constructive)")
+
+
+def step_nanoseconds(model, step: RedistributionStep) -> int:
+    """Predicted time of one step under an α–β `model`, run as its recorded algorithm."""
+    if step.algorithm == "ring":
+        return model.step_nanoseconds(step.kind, step.before.device_matrix, step.axes, step.bytes)
+    local_bytes = math.prod(step.before.slice_shape) * step.itemsize
+    return algorithm_nanoseconds(model, step.kind, step.algorithm, step.before.device_matrix, step.axes, local_bytes, step.itemsize)

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from autostrat.cost import dtype_size
-from autostrat.redistribution.planner import redistribution_cost, redistribution_time
+from autostrat.redistribution.algorithms import algorithm_time
+from autostrat.redistribution.planner import redistribution_cost
 
 _COSTS: dict = {}  # (src id, dst id, itemsize, model) -> bytes, or nanoseconds with a model
 _IDS: dict = {}  # normalised layout -> small int, so that memo keys hash fast
@@ -76,5 +77,5 @@ def collector_paused():
 def _cost(src, dst, dtype, model) -> float:
     """One entry, planned; an error planning it is raised (see `cost_table`)."""
     if model is not None:
-        return float(redistribution_time(src, dst, dtype, model))
+        return float(algorithm_time(src, dst, dtype, model))  # collectives as their fastest algorithms
     return float(redistribution_cost(src, dst, dtype, model))

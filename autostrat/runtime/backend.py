@@ -6,7 +6,8 @@ equally shaped blocks in group order; cutting and joining along tensor dims is t
 job, so a backend only moves and reduces buffers.
 
 Every collective is moved as point-to-point messages (`wire.Wire`: ring AllGather and
-ReduceScatter, AllReduce as both, pairwise AllToAll, permutes), and every message is recorded at
+ReduceScatter, AllReduce as both, pairwise AllToAll, permutes; or the recursive-doubling or
+hierarchical algorithm a plan's step records), and every message is recorded at
 its send call, with its destination and bytes (`wire.Message`), in `sent`: the run's byte counts
 are what was handed to the transport, counted by code that never reads the cost model.
 """
@@ -33,16 +34,16 @@ class Backend(Protocol):
     def prepare(self, partitions) -> None:
         """Make one communicator per group of every partition (all ranks call it once, in order)."""
 
-    def allgather(self, piece: np.ndarray, group: tuple[int, ...]) -> list[np.ndarray]:
-        """Every member's piece, in group order."""
+    def allgather(self, piece: np.ndarray, group: tuple[int, ...], algorithm: str = "ring") -> list[np.ndarray]:
+        """Every member's piece, in group order (`algorithm`: the plan's, `wire` lists them)."""
 
     def alltoall(self, blocks: list[np.ndarray], group: tuple[int, ...]) -> list[np.ndarray]:
         """Block i goes to member i; returns the block every member sent to this rank."""
 
-    def allreduce(self, piece: np.ndarray, group: tuple[int, ...], op: str) -> np.ndarray:
+    def allreduce(self, piece: np.ndarray, group: tuple[int, ...], op: str, algorithm: str = "ring") -> np.ndarray:
         """The elementwise `op` ("sum", "max", "min") of every member's piece."""
 
-    def reduce_scatter(self, blocks: list[np.ndarray], group: tuple[int, ...], op: str) -> np.ndarray:
+    def reduce_scatter(self, blocks: list[np.ndarray], group: tuple[int, ...], op: str, algorithm: str = "ring") -> np.ndarray:
         """The `op` over members of their block number (this rank's position in the group)."""
 
     def sendrecv(self, piece: np.ndarray, dest: int, source: int) -> np.ndarray:

@@ -264,17 +264,17 @@ def communicate(step: Communicate, backend: Backend, piece: np.ndarray) -> np.nd
     if step.kind == "PartialCreate":
         return create_partial(piece, step.reduce_op, step.chunks[0])
     if step.kind == "AllGather":
-        return np.concatenate(backend.allgather(piece, step.group), axis=step.dims[0])
+        return np.concatenate(backend.allgather(piece, step.group, step.algorithm), axis=step.dims[0])
     if step.kind == "AllToAll":
         source, target = step.dims
         parts = np.split(piece, len(step.group), axis=target)
         received = backend.alltoall([parts[chunk] for chunk in step.chunks], step.group)
         return np.concatenate(received, axis=source)
     if step.kind == "AllReduce":
-        return backend.allreduce(piece, step.group, step.reduce_op)
+        return backend.allreduce(piece, step.group, step.reduce_op, step.algorithm)
     if step.kind == "ReduceScatter":
         parts = np.split(piece, len(step.group), axis=step.dims[0])
-        return backend.reduce_scatter([parts[chunk] for chunk in step.chunks], step.group, step.reduce_op)
+        return backend.reduce_scatter([parts[chunk] for chunk in step.chunks], step.group, step.reduce_op, step.algorithm)
     dest, source = step.peers
     return backend.sendrecv(piece, dest, source)
 

@@ -47,7 +47,7 @@ from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Progra
 from autostrat.runtime.stage_program import SCHEDULES, ChunkProgram, StageProgram
 
 FORMAT = "autostrat job"
-VERSION = 4  # 2: the predicted peak memory per device; 3: pipeline stage programs; 4: their chunks (schedules)
+VERSION = 5  # 2: the predicted peak memory per device; 3: pipeline stage programs; 4: their chunks (schedules); 5: collective algorithms
 JOB_FOLDER = "job"
 JOB_JSON = "job.json"
 ARRAYS = "arrays.npz"
@@ -102,7 +102,7 @@ RECORDS = {
     "Communicate": (Communicate, {
         "kind": OneOf(KINDS), "source": str, "target": str, "group": Many(int), "dims": Many(int),
         "chunks": Many(int), "reduce_op": str, "peers": Fixed((int, int)), "predicted": int, "edge": str,
-        "phase": OneOf(PHASES)}),
+        "phase": OneOf(PHASES), "algorithm": str}),
     "Compute": (Compute, {
         "op": str, "op_type": str, "inputs": _NAMES, "outputs": _NAMES, "attrs": Many(Fixed((str, ATTRIBUTE))),
         "context": Record(("SliceContext",)), "dtypes": _NAMES, "main": _NAMES}),

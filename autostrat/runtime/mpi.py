@@ -84,8 +84,11 @@ class MpiBackend(Wire):
             self._spare = self.comm.Dup()  # for `barrier_on_copy`; made by every rank together
 
     def transfer(self, piece, dest, source, shape):
-        result = np.empty(shape, piece.dtype)
-        settle([self.comm.Irecv(_raw(result), source, WIRE_TAG), self.comm.Isend(_raw(piece), dest, WIRE_TAG)], self.spins)
+        result = None if source == self.rank else np.empty(shape, piece.dtype)
+        requests = [] if result is None else [self.comm.Irecv(_raw(result), source, WIRE_TAG)]
+        if dest != self.rank:  # a one-way message of recursive doubling's fold-in
+            requests.append(self.comm.Isend(_raw(piece), dest, WIRE_TAG))
+        settle(requests, self.spins)
         return result
 
     def send(self, piece, dest, tag):

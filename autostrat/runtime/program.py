@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from autostrat.autodiff import UPDATE_OP_TYPES
-from autostrat.cost import collective_bytes
+from autostrat.cost.algorithms import algorithm_bytes, server_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
@@ -91,6 +91,7 @@ class Communicate:
     predicted: int
     edge: str
     phase: str = "forward"
+    algorithm: str = "ring"  # the plan step's (`cost.algorithms`): the backend runs exactly this one
 
 
 @dataclass(frozen=True)
@@ -378,14 +379,20 @@ def _lower_step(step, rank: int, source: str, target: str, edge: str, phase: str
     else:
         raise RuntimeBackendError(f"edge {edge}: cannot run a {step.kind} step (rank {rank})")
     return Communicate(step.kind, source, target, group, step.dims, chunks, op, (rank, rank),
-                       _predicted(step, group.index(rank), itemsize), edge, phase)
+                       _predicted(step, group, rank, itemsize), edge, phase, step.algorithm)
 
 
-def _predicted(step, position: int, itemsize: int) -> int:
-    """What the member at `position` of its group sends: the step's bytes, except for an
-    AllReduce of a piece its group size does not divide, whose members send unequal amounts
-    (`cost.collective_bytes`)."""
-    if step.kind != "AllReduce":
+def _predicted(step, group: tuple[int, ...], rank: int, itemsize: int) -> int:
+    """What `rank` sends in its `group`: the step's bytes, except where members send unequal
+    amounts: an AllReduce of a piece its group size does not divide, or one run by recursive
+    doubling (`cost.algorithms.algorithm_bytes`)."""
+    if step.kind != "AllReduce" and step.algorithm == "ring":
         return step.bytes
     local_bytes = math.prod(step.before.slice_shape) * itemsize
-    return collective_bytes("AllReduce", step.group_size, local_bytes, itemsize, position)
+    if not step.algorithm.startswith("hierarchical"):
+        return algorithm_bytes(step.kind, step.algorithm, len(group), local_bytes, itemsize, group.index(rank))
+    size = server_size(step.algorithm)
+    servers = list(dict.fromkeys(member // size for member in group))  # in order of first appearance
+    inside = [member for member in group if member // size == rank // size]
+    position = (servers.index(rank // size), inside.index(rank))
+    return algorithm_bytes(step.kind, step.algorithm, len(group), local_bytes, itemsize, position, len(servers))

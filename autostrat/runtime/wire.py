@@ -17,6 +17,21 @@ The algorithms, for a group of g members where this rank is member ``p``:
   from member ``p-k``;
 - a permute: one message to the rank that takes this rank's piece.
 
+A step the plan records with another algorithm runs that one (the plan chose it; the runtime
+never re-decides):
+
+- AllReduce ``doubling``: recursive doubling. With p the largest power of two <= g and
+  ``r = g - p``, members ``2i + 1 < 2r`` send their piece to member ``2i`` and wait for the
+  result; the p others (member ``2i`` for ``i < r``, then members ``2r ..``) exchange their
+  running piece with the one ``2^j`` away among them in round j and combine; then each member
+  ``2i`` sends the result to ``2i + 1``.
+- ``hierarchical:K`` (servers of K ranks: rank // K): a member's inner group is the members on
+  its server, its outer group the members of its index inside their servers, one per server.
+  AllReduce: ring ReduceScatter of k chunks inside, ring AllReduce of its chunk across, ring
+  AllGather of the chunks inside. AllGather: ring AllGather across, then of the bundles of m
+  pieces inside. ReduceScatter: ring ReduceScatter inside of super-blocks (the m blocks of the
+  members of one inner index, in server order), then across of the super-block's blocks.
+
 A message to the rank itself is no message. This module never imports the cost model
 (`autostrat.cost`), and a test enforces it: the counts are what the check compares the plan's
 prediction with, so they must not come from the same formulas.
@@ -27,6 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from autostrat.errors import RuntimeBackendError
 
 _COMBINE = {"max": np.maximum, "min": np.minimum, "sum": np.add}
 
@@ -60,12 +77,15 @@ class Wire:
     def __init__(self) -> None:
         self.sent: list[Message] = []
 
-    def transfer(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...]) -> np.ndarray:
+    def transfer(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...]) -> np.ndarray | None:
+        """Send `piece` to `dest` unless it is this rank; receive from `source` unless it is
+        this rank (then return None)."""
         raise NotImplementedError
 
     def exchange(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """Send `piece` to `dest` and receive an array of `shape` (default `piece`'s) from
-        `source`, counting the message sent."""
+        `source`, counting the message sent. A `dest` that is this rank sends nothing; a
+        `source` that is this rank receives nothing (None is returned)."""
         piece = np.ascontiguousarray(piece)
         shape = piece.shape if shape is None else tuple(shape)
         if dest == self.rank and source == self.rank:
@@ -74,23 +94,85 @@ class Wire:
             self.sent.append(Message(dest, piece.nbytes))
         return self.transfer(piece, dest, source, shape)
 
-    def allgather(self, piece, group):
-        position = group.index(self.rank)
+    def allgather(self, piece, group, algorithm: str = "ring"):
+        piece = np.ascontiguousarray(piece)
+        if algorithm.startswith("hierarchical"):
+            return self._hierarchical_gather(piece, group, _server_size(algorithm))
+        _known(algorithm, "AllGather")
         pieces = [None] * len(group)
-        pieces[position] = np.ascontiguousarray(piece)
+        pieces[group.index(self.rank)] = piece
         return self._ring_gather(pieces, [piece.shape] * len(group), group)
 
-    def reduce_scatter(self, blocks, group, op):
+    def reduce_scatter(self, blocks, group, op, algorithm: str = "ring"):
+        if algorithm.startswith("hierarchical"):
+            return self._hierarchical_reduce(list(blocks), group, op, _server_size(algorithm))
+        _known(algorithm, "ReduceScatter")
         return self._ring_reduce(list(blocks), group, op)
 
-    def allreduce(self, piece, group, op):
+    def allreduce(self, piece, group, op, algorithm: str = "ring"):
         piece = np.ascontiguousarray(piece)
-        chunks = np.array_split(piece.reshape(-1), len(group))
-        position = group.index(self.rank)
+        flat = piece.reshape(-1)
+        if algorithm == "doubling":
+            return self._doubling(flat, group, op).reshape(piece.shape)
+        if algorithm.startswith("hierarchical"):
+            inner, outer = _levels(group, self.rank, _server_size(algorithm))
+            chunks = np.array_split(flat, len(inner))
+            reduced = [None] * len(inner)
+            reduced[inner.index(self.rank)] = self._ring_allreduce(self._ring_reduce(chunks, inner, op), outer, op)
+            return np.concatenate(self._ring_gather(reduced, [c.shape for c in chunks], inner)).reshape(piece.shape)
+        _known(algorithm, "AllReduce")
+        return self._ring_allreduce(flat, group, op).reshape(piece.shape)
+
+    def _ring_allreduce(self, flat: np.ndarray, group: tuple[int, ...], op: str) -> np.ndarray:
+        """A flat piece cut into g chunks, ring ReduceScatter, then ring AllGather of the chunks."""
+        chunks = np.array_split(flat, len(group))
         gathered = [None] * len(group)
-        gathered[position] = self._ring_reduce(chunks, group, op)
-        gathered = self._ring_gather(gathered, [chunk.shape for chunk in chunks], group)
-        return np.concatenate(gathered).reshape(piece.shape)
+        gathered[group.index(self.rank)] = self._ring_reduce(chunks, group, op)
+        return np.concatenate(self._ring_gather(gathered, [chunk.shape for chunk in chunks], group))
+
+    def _doubling(self, flat: np.ndarray, group: tuple[int, ...], op: str) -> np.ndarray:
+        """Recursive doubling with the extra members folded in (module docstring)."""
+        g, position, combine = len(group), group.index(self.rank), _COMBINE[op]
+        power = 1 << (g.bit_length() - 1)
+        extra = g - power
+        if position < 2 * extra and position % 2:  # folded in: hand the piece over, take the result back
+            self.exchange(flat, group[position - 1], self.rank)
+            return self.exchange(flat, self.rank, group[position - 1])
+        if position < 2 * extra:
+            flat = combine(flat, self.exchange(flat, self.rank, group[position + 1]))
+        index = position // 2 if position < 2 * extra else position - extra
+        distance = 1
+        while distance < power:
+            other = index ^ distance
+            partner = group[2 * other if other < extra else other + extra]
+            flat = combine(flat, self.exchange(flat, partner, partner))  # commutative: both partners agree bitwise
+            distance *= 2
+        if position < 2 * extra:
+            self.exchange(flat, group[position + 1], self.rank)
+        return np.asarray(flat)
+
+    def _hierarchical_gather(self, piece: np.ndarray, group: tuple[int, ...], size: int) -> list[np.ndarray]:
+        inner, outer = _levels(group, self.rank, size)
+        across = [None] * len(outer)
+        across[outer.index(self.rank)] = piece
+        bundle = np.stack(self._ring_gather(across, [piece.shape] * len(outer), outer))
+        bundles = [None] * len(inner)
+        bundles[inner.index(self.rank)] = bundle
+        bundles = self._ring_gather(bundles, [bundle.shape] * len(inner), inner)
+        pieces = [None] * len(group)
+        for member in group:
+            member_inner, member_outer = _levels(group, member, size)
+            pieces[group.index(member)] = bundles[member_inner.index(member)][member_outer.index(member)]
+        return pieces
+
+    def _hierarchical_reduce(self, blocks: list, group: tuple[int, ...], op: str, size: int) -> np.ndarray:
+        inner, outer = _levels(group, self.rank, size)
+        supers = []
+        for member in inner:  # the super-block of each inner index: its members' blocks, in server order
+            _, members = _levels(group, member, size)
+            supers.append(np.stack([np.asarray(blocks[group.index(m)]) for m in members]))
+        reduced = self._ring_reduce(supers, inner, op)
+        return self._ring_reduce(list(reduced), outer, op)
 
     def alltoall(self, blocks, group):
         g, position = len(group), group.index(self.rank)
@@ -123,3 +205,26 @@ class Wire:
             into = (position - k - 2) % g
             running = combine(self.exchange(running, right, left, np.shape(blocks[into])), blocks[into])
         return np.asarray(running)
+
+
+def _server_size(algorithm: str) -> int:
+    name, _, size = algorithm.partition(":")
+    if name != "hierarchical" or not size.isdigit() or int(size) < 1:
+        raise RuntimeBackendError(f"a hierarchical algorithm is written 'hierarchical:K' (K ranks per server), got {algorithm!r}")
+    return int(size)
+
+
+def _known(algorithm: str, kind: str) -> None:
+    if algorithm != "ring":
+        raise RuntimeBackendError(f"{kind} runs as 'ring'{', doubling' if kind == 'AllReduce' else ''} or 'hierarchical:K', got {algorithm!r}")
+
+
+def _levels(group: tuple[int, ...], rank: int, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`rank`'s inner group (the members on its server, in group order) and outer group (the
+    members of its index inside their servers, servers in order of first appearance)."""
+    servers: dict[int, list[int]] = {}
+    for member in group:
+        servers.setdefault(member // size, []).append(member)
+    inner = servers[rank // size]
+    index = inner.index(rank)
+    return tuple(inner), tuple(members[index] for members in servers.values())
