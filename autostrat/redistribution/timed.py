@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
-
 from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix
 from autostrat.redistribution.heuristic import MemoisedBound, import_bound, receive_bound
@@ -100,48 +98,146 @@ def time_floor(model) -> tuple[int, float]:
 
 @lru_cache(maxsize=256)
 def permute_links(sizes: tuple[int, ...], matrix: DeviceMatrix, model) -> tuple[tuple[tuple[int, ...], tuple], ...]:
-    """The relabellings of `sizes` grouped by the link (`AlphaBeta.link`) of the axes they move,
-    which is all a permute's time depends on besides its bytes: ``(moved axes of one, all)``.
+    """The links (`AlphaBeta.link`) a permute of `sizes` may span, which is all its time
+    depends on besides its bytes, as ``(moved axes, link)``: the axes the first relabelling of
+    that link moves, in the order of their first relabellings (`first_relabellings`).
 
     Example (three axes of 2; only the outer one crosses the two servers of 4):
         >>> from autostrat.cost import Hardware
         >>> links = permute_links((2, 2, 2), DeviceMatrix((2, 2, 2)), Hardware(devices_per_server=4).alpha_beta(8))
-        >>> [(moved, len(mappings)) for moved, mappings in links]
-        [((1, 2), 4), ((0, 1), 1)]
+        >>> [moved for moved, _ in links]
+        [(1, 2), (0, 1)]
     """
+    first = first_relabellings(sizes, _axis_links(sizes, matrix, model), (), (), ())
     found: dict = {}
-    for mapping in relabellings(sizes):
-        moved = tuple(a for a, image in enumerate(mapping) if a != image)
-        found.setdefault(model.link(matrix, moved), (moved, []))[1].append(mapping)
-    return tuple((moved, tuple(mappings)) for moved, mappings in found.values())
+    for mapping, (link, _) in sorted((mapping, outcome) for outcome, mapping in first.items()):
+        found.setdefault(link, tuple(a for a, image in enumerate(mapping) if a != image))
+    return tuple((moved, link) for link, moved in found.items())
 
 
-@lru_cache(maxsize=256)
-def relabellings(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    """Every map of axes onto axes of equal size but the identity (``mapping[a]``: a's new name).
+def _axis_links(sizes, matrix: DeviceMatrix, model) -> tuple:
+    return tuple(model.link(matrix, (axis,)) for axis in range(len(sizes)))
 
-    Example:
-        >>> relabellings((2, 3, 2))
-        ((2, 1, 0),)
+
+def first_relabellings(sizes, links, pools, used, partial) -> dict:
+    """``(link, key) -> mapping``: for every link a permute may span and every class of child
+    it may reach, the first relabelling (in lexicographic order of ``mapping``, new axis per old
+    axis, the identity left out) that does, for states whose dims list the axes `used` in
+    order and whose partial axes are `partial` (the key as in `bundle_classes`).
+
+    The relabellings are n! over n axes of one size; their classes are few. So the mappings are
+    built axis by axis in lexicographic order, and a prefix is dropped when an earlier one left
+    the same remainder: the same images still free, the same classes on the roles assigned so
+    far (the pool of a used axis's image, or the image outside pools; a partial axis's image)
+    and the same link so far. Every completion of both then reaches the same class over the
+    same link, the earlier prefix's first; so each class's first relabelling is kept, and the
+    work grows with the classes, not the relabellings. A link over moved axes is the slowest
+    of theirs (the greatest latency and the least bandwidth: `AlphaBeta.link`), so it is kept
+    as that pair of the prefix's moved axes (`links`, per axis).
     """
-    found = [()]
-    for axis in range(len(sizes)):
-        found = [m + (b,) for m in found for b in range(len(sizes)) if sizes[b] == sizes[axis] and b not in m]
-    return tuple(m for m in found if any(a != b for a, b in enumerate(m)))
+    count, pool_of = len(sizes), {}
+    for index, pool in enumerate(pools):
+        pool_of.update((axis, index) for axis in pool)
+    slot = {axis: index for index, axis in enumerate(used)}
+    # What a free image already passed as an axis still decides: its pool, or itself. (Partial
+    # images are sorted by id into the key, so only a pool of consecutive ids keeps their order.)
+    whole = {index for index, pool in enumerate(pools) if pool == tuple(range(pool[0], pool[-1] + 1))}
+    kind_of = [pool_of[axis] if pool_of.get(axis) in whole else len(pools) + axis for axis in range(count)]
+    # From each axis on: an image no later role of its size can take is known by its size alone.
+    kinds = [[kind_of[image] if any(sizes[a] == sizes[image] for a in range(below, count) if a in slot or a in partial)
+              else -sizes[image] for image in range(count)] for below in range(count + 1)]
+    found, seen, mapping = {}, set(), [0] * count
+
+    def extend(axis: int, free: int, roles: tuple, gathered: tuple, link) -> None:
+        if axis == count:
+            if link is not None:  # the identity is no permute
+                found.setdefault((link, _class_key(pools, pool_of, mapping, used, partial)), tuple(mapping))
+            return
+        for image in range(count):
+            if not free >> image & 1 or sizes[image] != sizes[axis]:
+                continue
+            role, kept = roles, gathered
+            if axis in slot:
+                role = roles + (("pool", pool_of[image]) if image in pool_of else ("axis", image),)
+            elif axis in partial:
+                kept = tuple(sorted(gathered + (kind_of[image],)))
+            moved = link if image == axis else _slower(link, links[axis])
+            left = free & ~(1 << image)
+            key = (axis + 1, *_remainder(left, axis + 1, kinds[axis + 1], links, moved), role, kept, moved)
+            if key in seen:
+                continue
+            seen.add(key)
+            mapping[axis] = image
+            extend(axis + 1, left, role, kept, moved)
+
+    extend(0, (1 << count) - 1, (), (), None)
+    return found
+
+
+def _remainder(free: int, below: int, kind_of, links, link) -> tuple[int, tuple[int, ...]]:
+    """What the free images decide for the axes from `below` on: an image below it will be some
+    later axis's, moving that axis, and only its kind (pool, or itself) shows in a key; so does
+    an image whose own axis is on a link the moved axes span already (whether it stays moves
+    the link no more). The others are kept by id: ``(their mask, the sorted kinds of the rest)``."""
+    exact, kinds = 0, []
+    for image in range(len(kind_of)):
+        if free >> image & 1:
+            if image >= below and (link is None or _slower(link, links[image]) != link):
+                exact |= 1 << image
+            else:
+                kinds.append(kind_of[image])
+    return exact, tuple(sorted(kinds))
+
+
+def _slower(link, other):
+    """The link of two sets of axes together: the greater latency, the lesser bandwidth."""
+    return other if link is None else (max(link[0], other[0]), min(link[1], other[1]))
+
+
+def _class_key(pools, pool_of, mapping, used, partial) -> tuple[int, ...]:
+    """The child's axes (images of `used` in order, then of `partial` sorted) with each pool's
+    axes renamed to the pool's ids in order of appearance (`moves.pool_canonical`)."""
+    images = [mapping[axis] for axis in used] + sorted(mapping[axis] for axis in partial)
+    counts = [0] * len(pools)
+    key = []
+    for image in images:
+        index = pool_of.get(image)
+        if index is None:
+            key.append(image)
+        else:
+            key.append(pools[index][counts[index]])
+            counts[index] += 1
+    return tuple(key)
 
 
 @lru_cache(maxsize=1 << 12)
+def _child_classes(sizes, matrix, model, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> dict:
+    """link -> ``(mapping, moved axes, child's axes, representative's axes)`` per class of
+    child other than the state's own, in the order of their first relabellings."""
+    first = first_relabellings(sizes, _axis_links(sizes, matrix, model), pools, used, partial)
+    pool_of = {axis: index for index, pool in enumerate(pools) for axis in pool}
+    own = _class_key(pools, pool_of, tuple(range(len(sizes))), used, partial)
+    found: dict = {}
+    for (link, key), mapping in sorted(first.items(), key=lambda item: item[1]):
+        if key != own:
+            images = [mapping[axis] for axis in used] + sorted(mapping[axis] for axis in partial)
+            moved = tuple(a for a, image in enumerate(mapping) if a != image)
+            found.setdefault(link, []).append((mapping, moved, images, list(key)))
+    return {link: tuple(classes) for link, classes in found.items()}
+
+
 def bundle_classes(sizes, matrix, model, index: int, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> tuple[tuple, ...]:
     """``(mapping, moved axes, child's axes, representative's axes)`` for the relabellings of
     one bundle (`permute_links`) that reach distinct classes of child (up to relabellings
     within `pools`) other than the state's own, each the first of its class in the bundle's
     order, for states whose dims list the axes `used` in order and whose partial axes are
-    `partial`: all the classes depend on (many states share them, hence the memo). The axes
-    are listed as `used` then the partial ones (`search.Search._bundle_edges` cuts them into dims).
+    `partial`: all the classes depend on (many states share them, hence the memo of
+    `_child_classes`). The axes are listed as `used` then the partial ones
+    (`search.Search._bundle_edges` cuts them into dims).
 
     A child's representative (`moves.pool_canonical`) lists the images of `used` in order, then
     those of `partial` sorted, each pool's axes renamed to the pool's ids in order of appearance;
-    that sequence is the class's key, computed for every relabelling at once.
+    that sequence is the class's key (`first_relabellings` finds each key's first relabelling).
 
     Example (three axes of 2 in one link, one pool (1, 2); a state splitting a dim over axis 0:
     the children put that role on axis 1 or 2, one class):
@@ -150,22 +246,8 @@ def bundle_classes(sizes, matrix, model, index: int, pools, used: tuple[int, ...
         >>> [found[0] for found in bundle_classes((2, 2, 2), matrix_of((2, 2, 2)), model, 0, ((1, 2),), (0,), ())]
         [(1, 0, 2)]
     """
-    mappings = np.array(permute_links(sizes, matrix, model)[index][1] + (tuple(range(len(sizes))),), dtype=np.int64)
-    images = np.concatenate([mappings[:, list(used)], np.sort(mappings[:, list(partial)], axis=1)], axis=1)
-    keys = images
-    for pool in pools:
-        inside = np.isin(keys, pool)
-        rank = np.minimum(np.maximum(np.cumsum(inside, axis=1) - 1, 0), len(pool) - 1)
-        keys = np.where(inside, np.array(pool)[rank], keys)
-    _, first = np.unique(keys, axis=0, return_index=True)
-    other = (keys != keys[-1]).any(axis=1)  # the identity, appended last, has the state's own class
-    found = []
-    for row in sorted(first):
-        if other[row]:
-            mapping = tuple(mappings[row].tolist())
-            moved = tuple(a for a, image in enumerate(mapping) if a != image)
-            found.append((mapping, moved, images[row].tolist(), keys[row].tolist()))
-    return tuple(found)
+    link = permute_links(sizes, matrix, model)[index][1]
+    return _child_classes(sizes, matrix, model, pools, used, partial).get(link, ())
 
 
 def conjugated(mapping, back) -> tuple[int, ...]:
