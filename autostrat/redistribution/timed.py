@@ -139,10 +139,8 @@ def first_relabellings(sizes, links, pools, used, partial) -> dict:
     for index, pool in enumerate(pools):
         pool_of.update((axis, index) for axis in pool)
     slot = {axis: index for index, axis in enumerate(used)}
-    # What a free image already passed as an axis still decides: its pool, or itself. (Partial
-    # images are sorted by id into the key, so only a pool of consecutive ids keeps their order.)
-    whole = {index for index, pool in enumerate(pools) if pool == tuple(range(pool[0], pool[-1] + 1))}
-    kind_of = [pool_of[axis] if pool_of.get(axis) in whole else len(pools) + axis for axis in range(count)]
+    # An image shows in a key by its kind: its pool, or itself outside pools.
+    kind_of = [pool_of.get(axis, len(pools) + axis) for axis in range(count)]
     # From each axis on: an image no later role of its size can take is known by its size alone.
     kinds = [[kind_of[image] if any(sizes[a] == sizes[image] for a in range(below, count) if a in slot or a in partial)
               else -sizes[image] for image in range(count)] for below in range(count + 1)]
@@ -158,7 +156,7 @@ def first_relabellings(sizes, links, pools, used, partial) -> dict:
                 continue
             role, kept = roles, gathered
             if axis in slot:
-                role = roles + (("pool", pool_of[image]) if image in pool_of else ("axis", image),)
+                role = roles + (kind_of[image],)
             elif axis in partial:
                 kept = tuple(sorted(gathered + (kind_of[image],)))
             moved = link if image == axis else _slower(link, links[axis])
@@ -195,8 +193,10 @@ def _slower(link, other):
 
 
 def _class_key(pools, pool_of, mapping, used, partial) -> tuple[int, ...]:
-    """The child's axes (images of `used` in order, then of `partial` sorted) with each pool's
-    axes renamed to the pool's ids in order of appearance (`moves.pool_canonical`)."""
+    """The axes of the child's representative (`moves.pool_canonical`): the images of `used` in
+    order, then of `partial` sorted, each pool's axes renamed to the pool's ids in order of
+    appearance, the partial ones sorted again. So a pool's partial images show only by their
+    count (they take the pool's next ids), and the key is the class."""
     images = [mapping[axis] for axis in used] + sorted(mapping[axis] for axis in partial)
     counts = [0] * len(pools)
     key = []
@@ -207,7 +207,7 @@ def _class_key(pools, pool_of, mapping, used, partial) -> tuple[int, ...]:
         else:
             key.append(pools[index][counts[index]])
             counts[index] += 1
-    return tuple(key)
+    return tuple(key[: len(used)]) + tuple(sorted(key[len(used) :]))
 
 
 @lru_cache(maxsize=1 << 12)
