@@ -148,7 +148,7 @@ def test_permute_classes_are_those_of_every_relabelling(sizes, per_server):
     rng = np.random.default_rng(len(every))
     links = permute_links(sizes, matrix, model)
     compared = 0
-    for pick in rng.choice(len(every), size=40, replace=False):
+    for pick in rng.choice(len(every), size=24, replace=False):
         state, target = every[pick], every[rng.integers(len(every))]
         pools = speed_pools(matrix, model, fixing_pools(sizes, target))
         first_moved, classes = _brute_force_permutes(sizes, matrix, model, pools, state)
@@ -161,7 +161,7 @@ def test_permute_classes_are_those_of_every_relabelling(sizes, per_server):
             assert [entry[3] for entry in found] == [list(_axes(key)) for key in expected]
             assert [entry[2] for entry in found] == [list(_axes(child)) for _, child in expected.values()]
             compared += len(found)
-    assert compared > 100
+    assert compared > 50
 
 
 def _axes(state) -> tuple[int, ...]:
