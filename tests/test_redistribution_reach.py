@@ -183,3 +183,24 @@ def test_the_timed_constructive_fallback_stays_within_its_stated_gap(monkeypatch
     ratios = [high / low for low, high in zip(exact, fallback) if low]
     assert 1 < max(ratios) <= 10
     assert all(high == 0 for low, high in zip(exact, fallback) if not low)
+
+
+def test_a_timed_search_whose_permute_classes_are_too_many_falls_back(monkeypatch):
+    # Past `timed.PREFIX_LIMIT` a permute's classes are not listed (their memory): the search
+    # stops as at its state limit and the constructive plan answers, never an unreachable price.
+    from autostrat.cost import Hardware
+    from autostrat.redistribution import redistribution_time, timed
+
+    model = Hardware(devices_per_server=2).alpha_beta(8)
+    layouts = layouts_of((2, 4), 2)
+    pairs = [(src, dst) for src in layouts for dst in layouts]
+    clear_memos()
+    exact = [redistribution_time(src, dst, model=model) for src, dst in pairs]
+    monkeypatch.setattr(timed, "PREFIX_LIMIT", 1)
+    clear_memos()
+    limited = [redistribution_time(src, dst, model=model) for src, dst in pairs]
+    plans = [plan_redistribution(src, dst, model=model) for src, dst in pairs]
+    clear_memos()
+    assert all(low <= high < math.inf for low, high in zip(exact, limited))
+    assert [plan.nanoseconds(model) for plan in plans] == limited
+    assert sum(not plan.exhaustive for plan in plans) > 10 and sum(high > low for low, high in zip(exact, limited)) > 10

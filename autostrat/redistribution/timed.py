@@ -6,12 +6,21 @@ Each is memoised: a cost table's columns search from every row through many of t
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix
 from autostrat.redistribution.heuristic import MemoisedBound, import_bound, receive_bound
 from autostrat.redistribution.moves import Space, State
+
+
+PREFIX_LIMIT = 1_000_000  # prefixes a `first_relabellings` keeps (9 axes of one size pinned: 986 409) before the search gives up
+
+
+class ClassLimit(Exception):
+    """A permute's classes of child are too many to list (`PREFIX_LIMIT`): the search stops as
+    at its state limit, and the planner answers with its constructive fallback."""
 
 
 @lru_cache(maxsize=1024)
@@ -119,7 +128,7 @@ def _axis_links(sizes, matrix: DeviceMatrix, model) -> tuple:
     return tuple(model.link(matrix, (axis,)) for axis in range(len(sizes)))
 
 
-def first_relabellings(sizes, links, pools, used, partial) -> dict:
+def first_relabellings(sizes, links, pools, used, partial, limit: float = math.inf) -> dict | None:
     """``(link, key) -> mapping``: for every link a permute may span and every class of child
     it may reach, the first relabelling (in lexicographic order of ``mapping``, new axis per old
     axis, the identity left out) that does, for states whose dims list the axes `used` in
@@ -133,7 +142,9 @@ def first_relabellings(sizes, links, pools, used, partial) -> dict:
     same link, the earlier prefix's first; so each class's first relabelling is kept, and the
     work grows with the classes, not the relabellings. A link over moved axes is the slowest
     of theirs (the greatest latency and the least bandwidth: `AlphaBeta.link`), so it is kept
-    as that pair of the prefix's moved axes (`links`, per axis).
+    as that pair of the prefix's moved axes (`links`, per axis). Where the target pins every
+    axis in a distinct role the classes are the relabellings themselves: past `limit` prefixes
+    the answer is None.
     """
     count, pool_of = len(sizes), {}
     for index, pool in enumerate(pools):
@@ -162,14 +173,14 @@ def first_relabellings(sizes, links, pools, used, partial) -> dict:
             moved = link if image == axis else _slower(link, links[axis])
             left = free & ~(1 << image)
             key = (axis + 1, *_remainder(left, axis + 1, kinds[axis + 1], links, moved), role, kept, moved)
-            if key in seen:
+            if key in seen or len(seen) > limit:
                 continue
             seen.add(key)
             mapping[axis] = image
             extend(axis + 1, left, role, kept, moved)
 
     extend(0, (1 << count) - 1, (), (), None)
-    return found
+    return None if len(seen) > limit else found
 
 
 def _remainder(free: int, below: int, kind_of, links, link) -> tuple[int, tuple[int, ...]]:
@@ -211,10 +222,13 @@ def _class_key(pools, pool_of, mapping, used, partial) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=1 << 12)
-def _child_classes(sizes, matrix, model, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> dict:
+def _child_classes(sizes, matrix, model, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> dict | None:
     """link -> ``(mapping, moved axes, child's axes, representative's axes)`` per class of
-    child other than the state's own, in the order of their first relabellings."""
-    first = first_relabellings(sizes, _axis_links(sizes, matrix, model), pools, used, partial)
+    child other than the state's own, in the order of their first relabellings (None past
+    `PREFIX_LIMIT`, remembered as such)."""
+    first = first_relabellings(sizes, _axis_links(sizes, matrix, model), pools, used, partial, PREFIX_LIMIT)
+    if first is None:
+        return None
     pool_of = {axis: index for index, pool in enumerate(pools) for axis in pool}
     own = _class_key(pools, pool_of, tuple(range(len(sizes))), used, partial)
     found: dict = {}
@@ -247,7 +261,10 @@ def bundle_classes(sizes, matrix, model, index: int, pools, used: tuple[int, ...
         [(1, 0, 2)]
     """
     link = permute_links(sizes, matrix, model)[index][1]
-    return _child_classes(sizes, matrix, model, pools, used, partial).get(link, ())
+    classes = _child_classes(sizes, matrix, model, pools, used, partial)
+    if classes is None:
+        raise ClassLimit(f"over {PREFIX_LIMIT} prefixes of relabellings of {sizes} for dims over {used}, partial {partial}")
+    return classes.get(link, ())
 
 
 def conjugated(mapping, back) -> tuple[int, ...]:
