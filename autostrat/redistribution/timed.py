@@ -134,17 +134,20 @@ def first_relabellings(sizes, links, pools, used, partial, limit: float = math.i
     axis, the identity left out) that does, for states whose dims list the axes `used` in
     order and whose partial axes are `partial` (the key as in `bundle_classes`).
 
-    The relabellings are n! over n axes of one size; their classes are few. So the mappings are
-    built axis by axis in lexicographic order, and a prefix is dropped when an earlier one left
-    the same remainder: the same images still free, the same classes on the roles assigned so
-    far (the pool of a used axis's image, or the image outside pools; a partial axis's image)
-    and the same link so far. Every completion of both then reaches the same class over the
-    same link, the earlier prefix's first; so each class's first relabelling is kept, and the
-    work grows with the classes, not the relabellings. A link over moved axes is the slowest
-    of theirs (the greatest latency and the least bandwidth: `AlphaBeta.link`), so it is kept
-    as that pair of the prefix's moved axes (`links`, per axis). Where the target pins every
-    axis in a distinct role the classes are the relabellings themselves: past `limit` prefixes
-    the answer is None.
+    The relabellings are n! over n axes of one size; where axes share roles their classes are
+    few. So the mappings are built axis by axis in lexicographic order, and a prefix is dropped
+    when an earlier one of the same length left the same remainder: the same kinds (pool, or
+    the axis itself outside pools) on the dims' roles assigned so far, in order, and the same
+    sorted kinds on the partial roles (a pool's partial axes show in a key by their count
+    alone, `_class_key`); the same link so far; and the same free images, where an image shows
+    by its kind unless its own axis is still to come and could stay put, moving the link
+    (`_remainder`). Every completion of one prefix completes the other, reaching the same class
+    over the same link, and the earlier prefix's is the earlier relabelling; so each class's
+    first relabelling is kept, and the work grows with the classes, not the relabellings. A
+    link over moved axes is the slowest of theirs (the greatest latency and the least
+    bandwidth: `AlphaBeta.link`), so it is kept as that pair over the prefix's moved axes
+    (`links`, per axis). Where the target pins every axis in a distinct role the classes are
+    the relabellings themselves: past `limit` prefixes the answer is None.
     """
     count, pool_of = len(sizes), {}
     for index, pool in enumerate(pools):
