@@ -9,12 +9,15 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+import numpy as np
+
 from autostrat.cost.time_model import ceil_nanoseconds
 from autostrat.layout import DeviceMatrix
 from autostrat.redistribution.heuristic import MemoisedBound, import_bound, receive_bound
 from autostrat.redistribution.moves import Space, State
 
 
+LISTED_LIMIT = 40_320  # up to this many relabellings (8 axes of one size) classes are found by listing them all
 PREFIX_LIMIT = 1_000_000  # prefixes a `first_relabellings` keeps (9 axes of one size pinned: 986 409) before the search gives up
 
 
@@ -186,6 +189,45 @@ def first_relabellings(sizes, links, pools, used, partial, limit: float = math.i
     return None if len(seen) > limit else found
 
 
+def listed_rows(sizes, links, pools, used, partial) -> tuple[np.ndarray, ...]:
+    """`first_relabellings` by listing every relabelling at once (numpy), faster where they are
+    few and most are classes of their own (six axes of one size, each pinned by the target:
+    720): per class of child but the state's own, in the order of its first relabelling, the
+    rows ``(mapping, child's axes, key, link)`` of that relabelling.
+
+    Example (two axes of 2, a dim split over axis 0: the one relabelling hands it to axis 1):
+        >>> [rows.tolist() for rows in listed_rows((2, 2), ((2e-06, 4.5e11), (2e-06, 4.5e11)), (), (0,), ())]
+        [[[1, 0]], [[1]], [[1]], [[2e-06, 450000000000.0]]]
+    """
+    mappings = _every_relabelling(sizes)  # lexicographic: the identity, no permute, is first
+    images = np.concatenate([mappings[:, list(used)], np.sort(mappings[:, list(partial)], axis=1)], axis=1)
+    keys = images
+    for pool in pools:  # rename each pool's axes to its ids in order of appearance
+        inside = np.isin(keys, pool)
+        rank = np.minimum(np.maximum(np.cumsum(inside, axis=1) - 1, 0), len(pool) - 1)
+        keys = np.where(inside, np.array(pool)[rank], keys)
+    keys[:, len(used):] = np.sort(keys[:, len(used):], axis=1)
+    moved = mappings != np.arange(len(sizes))
+    # A link as the ranks of its latency and bandwidth among the axes': integers, like the keys.
+    latency, bandwidth = (np.unique([link[part] for link in links], return_inverse=True) for part in (0, 1))
+    slowest = np.stack([np.where(moved, latency[1], -1).max(axis=1), np.where(moved, bandwidth[1], len(links)).min(axis=1)], axis=1)
+    codes = np.ascontiguousarray(np.concatenate([keys, slowest], axis=1)[1:])
+    _, first = np.unique(codes.view(np.dtype((np.void, codes.itemsize * codes.shape[1]))).ravel(), return_index=True)
+    rows = np.sort(first) + 1
+    rows = rows[(keys[rows] != keys[0]).any(axis=1)]  # the state's own class is no child
+    link = np.stack([latency[0][slowest[rows, 0]], bandwidth[0][slowest[rows, 1]]], axis=1)
+    return mappings[rows], images[rows], keys[rows], link
+
+
+@lru_cache(maxsize=64)
+def _every_relabelling(sizes: tuple[int, ...]) -> np.ndarray:
+    """Every map of axes onto axes of equal size, in lexicographic order (rows; identity first)."""
+    found = [()]
+    for axis in range(len(sizes)):
+        found = [m + (b,) for m in found for b in range(len(sizes)) if sizes[b] == sizes[axis] and b not in m]
+    return np.array(found, dtype=np.int64).reshape(len(found), len(sizes))
+
+
 def _remainder(free: int, below: int, kind_of, links, link) -> tuple[int, tuple[int, ...]]:
     """What the free images decide for the axes from `below` on: an image below it will be some
     later axis's, moving that axis, and only its kind (pool, or itself) shows in a key; so does
@@ -224,32 +266,33 @@ def _class_key(pools, pool_of, mapping, used, partial) -> tuple[int, ...]:
     return tuple(key[: len(used)]) + tuple(sorted(key[len(used) :]))
 
 
-@lru_cache(maxsize=1 << 12)
-def _child_classes(sizes, matrix, model, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> dict | None:
-    """link -> ``(mapping, moved axes, child's axes, representative's axes)`` per class of
-    child other than the state's own, in the order of their first relabellings (None past
-    `PREFIX_LIMIT`, remembered as such)."""
-    first = first_relabellings(sizes, _axis_links(sizes, matrix, model), pools, used, partial, PREFIX_LIMIT)
+@lru_cache(maxsize=1 << 10)
+def _class_rows(sizes, matrix, model, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> tuple[np.ndarray, ...] | None:
+    """`listed_rows` where the relabellings are few, else the same rows from
+    `first_relabellings` (None past `PREFIX_LIMIT`, remembered as such)."""
+    links = _axis_links(sizes, matrix, model)
+    if math.prod(math.factorial(sizes.count(size)) for size in set(sizes)) <= LISTED_LIMIT:
+        return listed_rows(sizes, links, pools, used, partial)
+    first = first_relabellings(sizes, links, pools, used, partial, PREFIX_LIMIT)
     if first is None:
         return None
     pool_of = {axis: index for index, pool in enumerate(pools) for axis in pool}
     own = _class_key(pools, pool_of, tuple(range(len(sizes))), used, partial)
-    found: dict = {}
-    for (link, key), mapping in sorted(first.items(), key=lambda item: item[1]):
-        if key != own:
-            images = [mapping[axis] for axis in used] + sorted(mapping[axis] for axis in partial)
-            moved = tuple(a for a, image in enumerate(mapping) if a != image)
-            found.setdefault(link, []).append((mapping, moved, images, list(key)))
-    return {link: tuple(classes) for link, classes in found.items()}
+    rows = [(mapping, [mapping[axis] for axis in used] + sorted(mapping[axis] for axis in partial), key, link)
+            for (link, key), mapping in sorted(first.items(), key=lambda item: item[1]) if key != own]
+    width = len(used) + len(partial)
+    shapes = ((len(sizes),), (width,), (width,), (2,))
+    return tuple(np.array([row[part] for row in rows], dtype=np.int64 if part < 3 else np.float64).reshape(len(rows), *shapes[part])
+                 for part in range(4))
 
 
+@lru_cache(maxsize=1 << 12)
 def bundle_classes(sizes, matrix, model, index: int, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> tuple[tuple, ...]:
     """``(mapping, moved axes, child's axes, representative's axes)`` for the relabellings of
     one bundle (`permute_links`) that reach distinct classes of child (up to relabellings
     within `pools`) other than the state's own, each the first of its class in the bundle's
     order, for states whose dims list the axes `used` in order and whose partial axes are
-    `partial`: all the classes depend on (many states share them, hence the memo of
-    `_child_classes`). The axes are listed as `used` then the partial ones
+    `partial`: all the classes depend on (many states share them, hence the memo). The axes are listed as `used` then the partial ones
     (`search.Search._bundle_edges` cuts them into dims).
 
     A child's representative (`moves.pool_canonical`) lists the images of `used` in order, then
@@ -264,10 +307,15 @@ def bundle_classes(sizes, matrix, model, index: int, pools, used: tuple[int, ...
         [(1, 0, 2)]
     """
     link = permute_links(sizes, matrix, model)[index][1]
-    classes = _child_classes(sizes, matrix, model, pools, used, partial)
-    if classes is None:
+    rows = _class_rows(sizes, matrix, model, pools, used, partial)
+    if rows is None:
         raise ClassLimit(f"over {PREFIX_LIMIT} prefixes of relabellings of {sizes} for dims over {used}, partial {partial}")
-    return classes.get(link, ())
+    mappings, images, keys, links = rows
+    chosen = (links[:, 0] == link[0]) & (links[:, 1] == link[1])
+    found = []
+    for mapping, image, key in zip(mappings[chosen].tolist(), images[chosen].tolist(), keys[chosen].tolist()):
+        found.append((tuple(mapping), tuple(a for a, target in enumerate(mapping) if a != target), image, key))
+    return tuple(found)
 
 
 def conjugated(mapping, back) -> tuple[int, ...]:
