@@ -17,6 +17,8 @@ import pytest
 from autostrat.cost import Hardware
 from autostrat.redistribution import plan_redistribution, redistribution_time
 from autostrat.redistribution.moves import Space, fixing_pools, pool_canonical, relabel
+from autostrat.redistribution import timed
+from autostrat.redistribution.memo import clear_memos
 from autostrat.redistribution.timed import bundle_classes, matrix_of, permute_links, speed_pools, timed_bound
 from tests.redistribution_oracle import INF, all_layouts, layout_of, oracle_time, oracle_times, states
 
@@ -136,19 +138,23 @@ def _brute_force_permutes(sizes, matrix, model, pools, state):
     return links, classes
 
 
+@pytest.mark.parametrize("listed_limit", [0, timed.LISTED_LIMIT])
 @pytest.mark.parametrize("sizes, per_server", [((2, 2, 2, 2, 2), 4), ((2, 2, 2, 2, 2, 2), 8), ((2, 2, 2, 2, 2, 2), 2),
                                                ((3, 2, 2, 3, 2), 6)])
-def test_permute_classes_are_those_of_every_relabelling(sizes, per_server):
-    # The timed search's permute children (`timed.bundle_classes`, found without enumerating the
-    # n! relabellings) against every relabelling: the same links, the same classes of child in
-    # the same order, each reached by the same first relabelling, cut into the same child.
+def test_permute_classes_are_those_of_every_relabelling(monkeypatch, sizes, per_server, listed_limit):
+    # The timed search's permute children (`timed.bundle_classes`: by `first_relabellings`, which
+    # lists no relabelling, or by listing them, `listed_rows`) against every relabelling: the
+    # same links, the same classes of child in the same order, each reached by the same first
+    # relabelling, cut into the same child.
+    monkeypatch.setattr(timed, "LISTED_LIMIT", listed_limit)
+    clear_memos()
     model = Hardware(devices_per_server=per_server).alpha_beta(math.prod(sizes))
     matrix = matrix_of(sizes)
     every = states(sizes, (8, 12, 6))
     rng = np.random.default_rng(len(every))
     links = permute_links(sizes, matrix, model)
     compared = 0
-    for pick in rng.choice(len(every), size=24, replace=False):
+    for pick in rng.choice(len(every), size=16, replace=False):
         state, target = every[pick], every[rng.integers(len(every))]
         pools = speed_pools(matrix, model, fixing_pools(sizes, target))
         first_moved, classes = _brute_force_permutes(sizes, matrix, model, pools, state)
@@ -161,6 +167,7 @@ def test_permute_classes_are_those_of_every_relabelling(sizes, per_server):
             assert [entry[3] for entry in found] == [list(_axes(key)) for key in expected]
             assert [entry[2] for entry in found] == [list(_axes(child)) for _, child in expected.values()]
             compared += len(found)
+    clear_memos()
     assert compared > 50
 
 
