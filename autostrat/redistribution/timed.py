@@ -17,7 +17,7 @@ from autostrat.redistribution.heuristic import MemoisedBound, import_bound, rece
 from autostrat.redistribution.moves import Space, State
 
 
-LISTED_LIMIT = 40_320  # up to this many relabellings (8 axes of one size) classes are found by listing them all
+LISTED_LIMIT = 5_040  # up to this many relabellings (7 axes of one size) classes are found by listing them all
 PREFIX_LIMIT = 1_000_000  # prefixes a `first_relabellings` keeps (9 axes of one size pinned: 986 409) before the search gives up
 
 
@@ -266,7 +266,7 @@ def _class_key(pools, pool_of, mapping, used, partial) -> tuple[int, ...]:
     return tuple(key[: len(used)]) + tuple(sorted(key[len(used) :]))
 
 
-@lru_cache(maxsize=1 << 10)
+@lru_cache(maxsize=256)  # each up to LISTED_LIMIT rows of a few axes: under 1 MB
 def _class_rows(sizes, matrix, model, pools, used: tuple[int, ...], partial: tuple[int, ...]) -> tuple[np.ndarray, ...] | None:
     """`listed_rows` where the relabellings are few, else the same rows from
     `first_relabellings` (None past `PREFIX_LIMIT`, remembered as such)."""
