@@ -50,8 +50,8 @@ times are unchanged within the noise (64 devices: sum 0.18 s / 0.10 s, at most 2
 1024: 2.66 s / 2.14 s, at most 243 / 210 ms; 16384: 16.3 s / 14.1 s, at most 2.2 / 2.3 s).
 The quality row's 20 slowest pairs (timed, 64 devices, collected by main): sum 29.9 s / 20.2 s;
 the five partial sums handed across the servers with the rows made columns 3.3-4.3 s /
-1.6-2.4 s; the smallest a few hundred ms either way (216 / 526 ms at worst: the listing
-of 720 relabellings per state shape is memoised per shape, not per bundle).
+1.6-2.4 s; the smallest a few hundred ms either way (216 / 526 ms at worst; this code lists
+a state shape's classes for every link at once, main only for the bundles it popped).
 
 Issue pairs (default run, after the table): the pairs issue #32 names, cold, best of 3 (CPU and
 wall milliseconds: the machine may be shared); target: the stuck pair (timed) in <= 50 ms.
