@@ -43,10 +43,22 @@ across them ([131072, 4096]), 3 507 ms / 3.8 ms (the bound towards partial targe
 unchanged within the noise: their bound misses the AllToAlls inside the servers that the
 fastest plans add to the traffic across them. Sum 76.2 s / 74.0 s.
 
+Recorded (issue #32, branch axes: a permute's children found per class of child, not per
+relabelling; 2 shared cores at load 5-7, cold, main / this code, every value equal): the scale
+benchmark's slowest pairs are all priced in bytes, where no timed permute is met, so their
+times are unchanged within the noise (64 devices: sum 0.18 s / 0.10 s, at most 25 / 15 ms;
+1024: 2.66 s / 2.14 s, at most 243 / 210 ms; 16384: 16.3 s / 14.1 s, at most 2.2 / 2.3 s).
+The quality row's 20 slowest pairs (timed, 64 devices, collected by main): sum 29.9 s / 20.2 s;
+the five partial sums handed across the servers with the rows made columns 3.3-4.3 s /
+1.6-2.4 s; the smallest a few hundred ms either way (216 / 526 ms at worst; this code lists
+a state shape's classes for every link at once, main only for the bundles it popped).
+
 Issue pairs (default run, after the table): the pairs issue #32 names, cold, best of 3 (CPU and
 wall milliseconds: the machine may be shared); target: the stuck pair (timed) in <= 50 ms.
 ``--check`` also plans each by Dijkstra (every bound 0, no state limit), whose objective proves
-the A* one optimal.
+the A* one optimal. Recorded (branch axes, load 5): the handed partial pair timed, 4 082 ns (one
+CollectivePermute across the servers: 4 µs + 4 096 B at 50 GB/s), 32 ms CPU, 51 ms wall (main's
+code: 44.3 s, enumerating 10! relabellings per permute bundle); the stuck pair timed 19.7 ms CPU.
 
 Run: python benchmarks/redistribution.py [--devices 8 16 64] [--check]
 """
@@ -102,7 +114,8 @@ def print_tables(devices: list[int]) -> None:
 
 def issue_pairs() -> list[tuple[str, object, object, object]]:
     """``(name, src, dst, model)`` of the pairs issue #32 names: the stuck timed pair on 64
-    devices (8 servers of 8) and the partial sum handed between two 8-device axes on 1024."""
+    devices (8 servers of 8) and the partial sum handed between two 8-device axes on 1024
+    (128 servers of 8), each timed and in bytes."""
     from autostrat.cost import Hardware
     from autostrat.layout import DeviceMatrix, Layout, TensorMap
 
@@ -111,10 +124,10 @@ def issue_pairs() -> list[tuple[str, object, object, object]]:
              Layout(DeviceMatrix((1, 1, 8, 1, 8)), TensorMap((4, 3, 1, 0)), shape))
     matrix = DeviceMatrix((8, 16, 8))
     handed = (Layout(matrix, TensorMap((-1, -1)), (128, 8), partial=(2,)), Layout(matrix, TensorMap((-1, -1)), (128, 8), partial=(0,)))
-    # Not timed under an α–β model: on 10 prime axes of 2 a timed search enumerates the 10!
-    # relabellings per permute bundle (`timed.permute_links`), minutes per state.
+    # Timed too since a permute's children are found by class (`timed.first_relabellings`):
+    # over 10 prime axes of 2 the 10! relabellings per bundle took minutes per state.
     return [("stuck, time", *stuck, Hardware().alpha_beta(64)), ("stuck, bytes", *stuck, None),
-            ("handed partial, bytes", *handed, None)]
+            ("handed partial, time", *handed, Hardware().alpha_beta(1024)), ("handed partial, bytes", *handed, None)]
 
 
 def print_issue_pairs(check: bool) -> None:

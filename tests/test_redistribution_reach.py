@@ -156,3 +156,52 @@ def test_the_constructive_fallback_stays_within_its_stated_gap(monkeypatch, shap
     ratios = [high / low for low, high in zip(exact, fallback) if low]
     assert 1 < max(ratios) <= device_num
     assert all(high == 0 for low, high in zip(exact, fallback) if not low)
+
+
+@pytest.mark.parametrize("shape, per_server", [((2, 4), 2), ((4, 4), 4)])
+def test_the_timed_constructive_fallback_stays_within_its_stated_gap(monkeypatch, shape, per_server):
+    # The planner's docstring, under an α–β model: the fallback takes at most 3N - 2 messages
+    # (one AllReduce, a gather per dim, one permute) and sends under 4T, so it is at most
+    # (3N - 2)·α + 4T/β above the optimum (the slowest α, β; a nanosecond per step rounded);
+    # measured here at most 10 times it, and free when the optimum is.
+    from autostrat.cost import Hardware
+    from autostrat.redistribution import redistribution_time, search
+
+    device_num = math.prod(shape)
+    model = Hardware(devices_per_server=per_server).alpha_beta(device_num)
+    layouts = layouts_of(shape, 2)
+    pairs = [(src, dst) for src in layouts for dst in layouts]
+    clear_memos()
+    exact = [redistribution_time(src, dst, model=model) for src, dst in pairs]
+    monkeypatch.setattr(search, "SETTLED_LIMIT", 1)
+    clear_memos()
+    fallback = [redistribution_time(src, dst, model=model) for src, dst in pairs]
+    clear_memos()
+    tensor = math.prod(layouts[0].shape) * 4
+    gap = (3 * device_num - 2) * round(max(model.latency) * 1e9) + math.ceil(4 * tensor / min(model.bandwidth) * 1e9) + 2 + 2 * 2
+    assert all(low <= high <= low + gap for low, high in zip(exact, fallback))
+    ratios = [high / low for low, high in zip(exact, fallback) if low]
+    assert 1 < max(ratios) <= 10
+    assert all(high == 0 for low, high in zip(exact, fallback) if not low)
+
+
+def test_a_timed_search_whose_permute_classes_are_too_many_falls_back(monkeypatch):
+    # Past `timed.PREFIX_LIMIT` a permute's classes are not listed (their memory): the search
+    # stops as at its state limit and the constructive plan answers, never an unreachable price.
+    from autostrat.cost import Hardware
+    from autostrat.redistribution import redistribution_time, timed
+
+    model = Hardware(devices_per_server=2).alpha_beta(8)
+    layouts = layouts_of((2, 4), 2)
+    pairs = [(src, dst) for src in layouts for dst in layouts]
+    clear_memos()
+    exact = [redistribution_time(src, dst, model=model) for src, dst in pairs]
+    monkeypatch.setattr(timed, "LISTED_LIMIT", 0)  # few relabellings are listed, with no limit
+    monkeypatch.setattr(timed, "PREFIX_LIMIT", 1)
+    clear_memos()
+    limited = [redistribution_time(src, dst, model=model) for src, dst in pairs]
+    plans = [plan_redistribution(src, dst, model=model) for src, dst in pairs]
+    clear_memos()
+    assert all(low <= high < math.inf for low, high in zip(exact, limited))
+    assert [plan.nanoseconds(model) for plan in plans] == limited
+    assert sum(not plan.exhaustive for plan in plans) > 10 and sum(high > low for low, high in zip(exact, limited)) > 10

@@ -9,13 +9,17 @@ brute-force fastest time from every state, and the planner must still meet it.
 from __future__ import annotations
 
 import itertools
+import math
 
+import numpy as np
 import pytest
 
 from autostrat.cost import Hardware
 from autostrat.redistribution import plan_redistribution, redistribution_time
-from autostrat.redistribution.moves import Space
-from autostrat.redistribution.timed import matrix_of, timed_bound
+from autostrat.redistribution.moves import Space, fixing_pools, pool_canonical, relabel
+from autostrat.redistribution import timed
+from autostrat.redistribution.memo import clear_memos
+from autostrat.redistribution.timed import bundle_classes, matrix_of, permute_links, speed_pools, timed_bound
 from tests.redistribution_oracle import INF, all_layouts, layout_of, oracle_time, oracle_times, states
 
 
@@ -113,3 +117,59 @@ def test_the_oracle_from_one_source_agrees_with_the_oracle_of_each_pair():
     pairs = [(fastest(dst), oracle_time(src, dst, model)) for src, fastest in zip(layouts, times) for dst in layouts]
     assert all(many == one for many, one in pairs)
     assert all(one < INF for _, one in pairs) and len(pairs) == len(layouts) ** 2  # a PartialCreate reaches every partial target
+
+
+def _brute_force_permutes(sizes, matrix, model, pools, state):
+    """Every relabelling in lexicographic order (itertools), the identity left out: the first
+    moved axes per link, and per link the first relabelling reaching each class of child
+    (`pool_canonical` of the relabelled state) other than the state's own."""
+    count = len(sizes)
+    own = pool_canonical(pools, count, state)[0]
+    links, classes = {}, {}
+    for mapping in itertools.permutations(range(count)):
+        if mapping == tuple(range(count)) or any(sizes[image] != sizes[axis] for axis, image in enumerate(mapping)):
+            continue
+        moved = tuple(axis for axis, image in enumerate(mapping) if axis != image)
+        link = model.link(matrix, moved)
+        links.setdefault(link, moved)
+        child = pool_canonical(pools, count, relabel(state, mapping))[0]
+        if child != own:
+            classes.setdefault(link, {}).setdefault(child, (mapping, relabel(state, mapping)))
+    return links, classes
+
+
+@pytest.mark.parametrize("listed_limit", [0, timed.LISTED_LIMIT])
+@pytest.mark.parametrize("sizes, per_server", [((2, 2, 2, 2, 2), 4), ((2, 2, 2, 2, 2, 2), 8), ((2, 2, 2, 2, 2, 2), 2),
+                                               ((3, 2, 2, 3, 2), 6)])
+def test_permute_classes_are_those_of_every_relabelling(monkeypatch, sizes, per_server, listed_limit):
+    # The timed search's permute children (`timed.bundle_classes`: by `first_relabellings`, which
+    # lists no relabelling, or by listing them, `listed_rows`) against every relabelling: the
+    # same links, the same classes of child in the same order, each reached by the same first
+    # relabelling, cut into the same child.
+    monkeypatch.setattr(timed, "LISTED_LIMIT", listed_limit)
+    clear_memos()
+    model = Hardware(devices_per_server=per_server).alpha_beta(math.prod(sizes))
+    matrix = matrix_of(sizes)
+    every = states(sizes, (8, 12, 6))
+    rng = np.random.default_rng(len(every))
+    links = permute_links(sizes, matrix, model)
+    compared = 0
+    for pick in rng.choice(len(every), size=16, replace=False):
+        state, target = every[pick], every[rng.integers(len(every))]
+        pools = speed_pools(matrix, model, fixing_pools(sizes, target))
+        first_moved, classes = _brute_force_permutes(sizes, matrix, model, pools, state)
+        assert [(moved, link) for link, moved in first_moved.items()] == list(links)
+        used = tuple(axis for entry in state[0] for axis in entry)
+        for index, (_, link) in enumerate(links):
+            found = bundle_classes(sizes, matrix, model, index, pools, used, state[1])
+            expected = classes.get(link, {})
+            assert [entry[0] for entry in found] == [mapping for mapping, _ in expected.values()]
+            assert [entry[3] for entry in found] == [list(_axes(key)) for key in expected]
+            assert [entry[2] for entry in found] == [list(_axes(child)) for _, child in expected.values()]
+            compared += len(found)
+    clear_memos()
+    assert compared > 50
+
+
+def _axes(state) -> tuple[int, ...]:
+    return tuple(axis for entry in state[0] for axis in entry) + tuple(state[1])

@@ -16,13 +16,22 @@ Which answers are proven optimal (for the step set of `moves`, in bytes or, with
 ``exhaustive`` set and every cost-table entry computed without the fallback. The bounds are
 admissible (`heuristic`, `timed.TimedBound`), so A* settles the target at the optimum; states
 are merged only up to relabellings that keep every step's price, and a PartialCreate is taken
-only last or before a crossing, which loses nothing (`moves`). The coarse plan (`_coarse_plan`) is used only when it costs that proven optimum. How far the
+only last or before a crossing, which loses nothing (`moves`). The coarse plan (`_coarse_plan`) is used only when it costs that proven optimum.
+The timed search's fast path, its permutes' children found per class of relabelled state
+rather than per relabelling (`timed.first_relabellings`), is exact, not a pruning: it yields
+every class every relabelling reaches, over the same link, by the same first relabelling
+(tests/test_redistribution_timed.py checks it against every relabelling), so it proves optimal
+the same pairs, only sooner. How far the
 others can be: the constructive fallback sends less than ``4T`` bytes per device (``T`` the tensor's bytes: one
 AllReduce under ``2T``, gathers under ``T`` in all, one permute of at most ``T``, free slices and PartialCreate),
 so it is at most ``4T`` above the optimum; measured on every pair of 2-d tensors over
 ``[2, 2]``, ``[2, 4]``, ``[2, 6]`` and ``[4, 4]`` it is under ``2T`` above it, at most
 ``device_num`` times it (a ReduceScatter the fallback does as AllReduce then Slice), and free
-whenever the optimum is (tests/test_redistribution_reach.py). No pair of the 7b scale and
+whenever the optimum is. Timed, the same steps take at most ``3N - 2`` messages (``2(g-1)`` for
+the AllReduce, ``N - 1`` for the gathers, one permute), so the fallback is at most
+``(3N - 2)·α + 4T/β`` above the optimum (the slowest link's α and β); measured on ``[2, 4]``
+and ``[4, 4]`` it is at most 10 times the optimum, and free whenever the optimum is
+(tests/test_redistribution_reach.py, both). No pair of the 7b scale and
 quality benchmarks at 64 and 1 024 devices falls back (`benchmarks/redistribution.py` counts).
 """
 

@@ -58,7 +58,7 @@ from autostrat.redistribution.memo import BoundedMemo
 from autostrat.redistribution.moves import (Move, Space, State, canonical, creation, creations, fixing_pools, moves, pool_canonical,
                                             pools_order, relabel, split_signature)
 from autostrat.redistribution.paths import inverse, unpermute
-from autostrat.redistribution.timed import (bundle_classes, conjugated, matrix_of, permute_links, speed_pools, step_nanoseconds,
+from autostrat.redistribution.timed import (ClassLimit, bundle_classes, conjugated, matrix_of, permute_links, speed_pools, step_nanoseconds,
                                             time_floor, timed_bound)
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
@@ -157,6 +157,7 @@ class Search:
         self.settled: set = set()
         self.crossings = _bijections(problem) if len(problem.spaces) == 2 else []
         self.expanded = expansions(problem, self.pools, model, self.unit)
+        self.gave_up = False  # a permute's classes were too many to list (`timed.ClassLimit`)
 
     def _bound(self, node) -> int:
         # Exact layer of the target: what some rank must still receive. Permuted layer, or
@@ -213,11 +214,15 @@ class Search:
         The permuted layer keeps states up to relabelling and chooses the relabelling at the end,
         so the steps after a permute are timed on representative axes; when axes of one size
         differ in speed (inside a server or across), that is the wrong link. Real states keep
-        every step's axes (and permutes may repeat), at the price of one child per relabelling
-        (720 over six axes of one size). So the children wait in bundles, one per link the
-        permute may span (all its relabellings take the same time): a bundle node
-        ``(layer, state, link)`` enters the heap at its time plus the size bound, which no child
-        beats, and only a bundle popped before the target is expanded (`_bundle_edges`).
+        every step's axes (and permutes may repeat), at the price of one child per class of
+        relabelled state (up to `self.pools`): few where axes share roles (10 prime axes of 2
+        handing a partial sum between two 8-device axes: 3 classes of 3 628 799 relabellings),
+        up to every relabelling where the target pins each axis (720 over six axes of one size).
+        The classes are found without listing the relabellings (`timed.first_relabellings`).
+        The children wait in bundles, one per link the permute may span (all its relabellings
+        take the same time): a bundle node ``(layer, state, link)`` enters the heap at its time
+        plus the size bound, which no child beats, and only a bundle popped before the target
+        is expanded (`_bundle_edges`).
         """
         space = self.problem.space(layer)
         sent = space.local_bytes(state)
@@ -328,7 +333,12 @@ class Search:
             if node in targets:
                 return node
             steps += len(node) == 2  # a bundle's permute was counted on entering it
-            for child, weight, moved, signature, move in self._expand(node) + self._creation(node):
+            try:
+                edges = self._expand(node) + self._creation(node)
+            except ClassLimit:
+                self.gave_up = True  # as at the state limit: the planner's fallback answers
+                return None
+            for child, weight, moved, signature, move in edges:
                 reached, known = objective + weight, best.get(child)
                 # Most children were reached more cheaply already: compare objectives first.
                 if known is not None and (known[0] < reached or (known[0] == reached and known[1:] <= (steps, sent + moved))):
@@ -340,7 +350,7 @@ class Search:
 
     @property
     def exhausted(self) -> bool:
-        return not self.heap
+        return not self.heap and not self.gave_up
 
     def path(self, reached) -> list[tuple]:
         """The ``(node, move, child)`` triples of real steps from the start to the target."""
