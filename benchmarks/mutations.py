@@ -99,8 +99,8 @@ MUTATIONS = (
     ),
     Mutation(
         "gradient-allreduce-dropped", "autostrat/runtime/executor.py",
-        "        return backend.allreduce(piece, step.group, step.reduce_op)\n",
-        '        return piece.copy() if step.phase == "sync" else backend.allreduce(piece, step.group, step.reduce_op)\n',
+        "        return backend.allreduce(piece, step.group, step.reduce_op, step.algorithm)\n",
+        '        return piece.copy() if step.phase == "sync" else backend.allreduce(piece, step.group, step.reduce_op, step.algorithm)\n',
         ("tests/test_training.py::test_tutorial_ffn_trains_20_momentum_steps_like_stand_alone_and_bytes_match",
          "tests/test_runtime.py::test_a_training_run_checks_every_loss_and_the_final_parameters",
          "tests/test_mpi.py::test_a_training_config_trains_on_8_mpi_ranks"),

@@ -63,6 +63,7 @@ SETTINGS = {
     "parameter_broadcast": (True, {}),
     "hardware": ("a100-80gb", {}),
     "precision": ("bf16", {}),
+    "loss_scale": (1024, {"precision": "fp16"}),
     "device_flops": (1e12, {}),
     "device_memory_bandwidth": (1e9, {}),
     "intra_server_bandwidth": (1e9, {}),

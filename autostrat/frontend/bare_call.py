@@ -33,7 +33,7 @@ from autostrat.runtime.program import lower_programs
 
 PLANNED_MODES = ("auto_parallel", "data_parallel", "semi_auto_parallel")
 # Context keys that shape only a training step (its backward, sync, update or micro-batches).
-TRAINING_KEYS = ("auto_recompute", "enable_parallel_optimizer", "gradients_mean", "parallel_optimizer_config", "phase",
+TRAINING_KEYS = ("auto_recompute", "enable_parallel_optimizer", "gradients_mean", "loss_scale", "parallel_optimizer_config", "phase",
                  "pipeline_config", "pipeline_interleave_num", "pipeline_schedule", "pipeline_stages")
 
 
