@@ -170,20 +170,23 @@ class BlockSearch:
         >>> from autostrat.search.solve.instance import read_instance
         >>> state = State(Arrays(read_instance("configs/iopddl_example.json")), [0, 0, 0])
         >>> search = BlockSearch(state, np.random.default_rng(0))
-        >>> search.run(Deadline(5.0), moves=3), state.arrays.expand(state.solution)  # the optimum, 360
-        (3, [0, 0, 2, 1, 0])
+        >>> search.run(Deadline(5.0), moves=3), state.arrays.expand(state.solution)  # all 3: proven at once
+        (1, [0, 0, 2, 1, 0])
     """
 
     def __init__(self, state: State, rng, size: int = START_SIZE):
         self.state, self.rng, self.size = state, rng, size
         self.proven = False  # whether the last move's CP-SAT solve was optimal
+        self.finished = False  # whether a block of every group was: no move can improve then
 
     def run(self, deadline: Deadline, moves: int | None = None) -> int:
-        """Moves until `deadline` (each given at most `MOVE_SECONDS`) or `moves` of them; how many."""
+        """Moves until `deadline` (each given at most `MOVE_SECONDS`) or `moves` of them, or until
+        finished; how many."""
         done = 0
-        while deadline.left() > SHORTEST_MOVE and (moves is None or done < moves):
+        while deadline.left() > SHORTEST_MOVE and (moves is None or done < moves) and not self.finished:
             block = memory_block(self.state, self.rng, int(self.size))
             block_move(self.state, block, min(MOVE_SECONDS, deadline.left() - SHORTEST_MOVE / 2), self)
+            self.finished = self.proven and len(block) == self.state.arrays.node_count
             grown = self.size * GROWTH if self.proven else self.size / GROWTH
             self.size = min(max(grown, SMALLEST_SIZE), LARGEST_SIZE)
             done += 1

@@ -41,6 +41,8 @@ BLOCK_SIZES = (8, 32, 128)
 STALL_ROUNDS = 20  # rounds without a better solution before the step size halves
 SMALLEST_STEP = 2.0 ** -10  # then it restarts at 1
 PRICED_SHARE = 0.5  # of the search's time, for the priced rounds; block moves (CP-SAT) have the rest
+BLOCKS_PER_ROUND = 0
+ROUNDS_PER_MOVE = 8  # with a number of rounds: the block moves that follow them (each costs more)
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,8 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     started = time.perf_counter()
     kept = spanning_forest(arrays)
     bound = lower_bound(arrays, kept=kept)
-    # the search stops early enough for two more bounds (`_final_bound`) and the exact evaluation
-    reserve = 4.0 * (time.perf_counter() - started) + 0.5
+    # the search stops early enough for three more bounds (`_final_bound`) and the exact evaluation
+    reserve = 6.0 * (time.perf_counter() - started) + 0.5
     searching = Deadline(seconds, deadline.end - reserve)
     first = []
 
@@ -114,14 +116,14 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
 
 
 def _final_bound(arrays: Arrays, search: _Search, kept: np.ndarray, deadline: Deadline, reserve: float) -> float:
-    """The spanning-forest bound with the first search's multipliers, and again with its
-    messages moved onto the groups (`bound.Reparametrized`), each while the time allows."""
+    """The spanning-forest bound with the first search's multipliers, and with its messages
+    moved onto the groups (`bound.Reparametrized`) with and without them, while the time allows
+    (the multipliers may be far from good ones: without them the messages may do better)."""
     found = -np.inf
     multipliers = search.multipliers if arrays.limit is not None and search.multipliers.any() else None
-    if multipliers is not None and deadline.left() > reserve / 2:
-        found = lower_bound(arrays, multipliers, kept)
-    if search.passing.messages and deadline.left() > reserve / 4:
-        found = max(found, lower_bound(arrays, multipliers, kept, search.passing.messages))
+    for prices, messages in ((multipliers, None), (multipliers, search.passing.messages), (None, search.passing.messages)):
+        if (prices is not None or messages) and deadline.left() > reserve / 3:
+            found = max(found, lower_bound(arrays, prices, kept, messages or None))
     return found
 
 
@@ -169,13 +171,13 @@ class _Search:
 
     def run(self, rounds: int | None) -> int:
         """Priced rounds for the first `PRICED_SHARE` of the time (or `rounds` of them), then block
-        moves (or `rounds` of them); the rounds and moves done."""
+        moves (or one per `ROUNDS_PER_MOVE` rounds); the rounds and moves done."""
         end = self.deadline.start + PRICED_SHARE * (self.deadline.end - self.deadline.start)
         priced = self.deadline if rounds is not None else Deadline(self.deadline.limit, end)
         done = self._priced_rounds(rounds, priced)
         blocks = BlockSearch(self.best, self.rng)
-        moves = 0
-        while self.best_cost > self.bound and (rounds is None or moves < rounds) and blocks.run(self.deadline, 1):
+        moves, most = 0, None if rounds is None else -(-rounds // ROUNDS_PER_MOVE)
+        while self.best_cost > self.bound and (most is None or moves < most) and blocks.run(self.deadline, 1):
             self.best_cost = self.arrays.float_cost(self.best.solution)
             self._report()
             moves += 1
@@ -196,6 +198,9 @@ class _Search:
                 self._offer(candidate)
             self._polish(self.best, prices)  # swept when it became the best
             self._offer(self.best)
+            for _ in range(BLOCKS_PER_ROUND):
+                BlockSearch(self.best, self.rng).run(deadline, 1)
+                self.best_cost = self.arrays.float_cost(self.best.solution)
             done += 1
         return done
 
