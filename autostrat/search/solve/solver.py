@@ -41,7 +41,6 @@ BLOCK_SIZES = (8, 32, 128)
 STALL_ROUNDS = 20  # rounds without a better solution before the step size halves
 SMALLEST_STEP = 2.0 ** -10  # then it restarts at 1
 PRICED_SHARE = 0.5  # of the search's time, for the priced rounds; block moves (CP-SAT) have the rest
-BLOCKS_PER_ROUND = 0
 ROUNDS_PER_MOVE = 8  # with a number of rounds: the block moves that follow them (each costs more)
 
 
@@ -198,9 +197,6 @@ class _Search:
                 self._offer(candidate)
             self._polish(self.best, prices)  # swept when it became the best
             self._offer(self.best)
-            for _ in range(BLOCKS_PER_ROUND):
-                BlockSearch(self.best, self.rng).run(deadline, 1)
-                self.best_cost = self.arrays.float_cost(self.best.solution)
             done += 1
         return done
 
