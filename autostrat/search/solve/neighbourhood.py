@@ -16,6 +16,8 @@ trade memory between groups that share those points.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from ortools.sat.python import cp_model
 
@@ -27,6 +29,10 @@ TIGHT = 0.999  # points at or above this share of the limit are where blocks sta
 MOVE_SECONDS = 1.0  # CP-SAT's time per block
 SHORTEST_MOVE = 0.3  # no move is started with less time left
 BLOCK_GROUPS = 60  # on K, blocks of 60 gained more per second than blocks of 100 or 200
+# CP-SAT's sums must stay in 64-bit integers: the model's costs are capped (it only proposes;
+# the exact change decides)
+COEFFICIENT_CAP = 2 ** 48
+MEMORY_ROWS = 400  # segments written per block (C's blocks have thousands; building them took 10 s)
 
 
 def memory_block(state: State, rng, size: int) -> list:
@@ -47,23 +53,26 @@ def memory_block(state: State, rng, size: int) -> list:
     return order
 
 
-def block_move(state: State, block: list, seconds: float, search=None) -> float:
-    """Re-optimise `block` with CP-SAT within `seconds`, starting from the present strategies;
-    apply the answer when it is cheaper and fits. Returns the cost change (0 when none); tells
-    `search` (a `BlockSearch`) whether the solve was proven optimal."""
+def block_move(state: State, block: list, seconds, search=None) -> float:
+    """Re-optimise `block` with CP-SAT within `seconds` (a number, or a function giving it once
+    the model is built), starting from the present strategies; apply the answer when it is
+    cheaper and fits. Returns the cost change (0 when none); tells `search` (a `BlockSearch`)
+    whether the solve was proven optimal and how long it took."""
     arrays = state.arrays
     model, choices = _model(state, block)
     if choices is None:
         if search is not None:
-            search.proven = True
+            search.proven, search.solving = True, 0.0
         return 0.0
+    limit = max(seconds() if callable(seconds) else seconds, 0.01)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(seconds, 0.01)
-    solver.parameters.max_deterministic_time = max(seconds, 0.01)  # (what a loaded machine gives)
+    solver.parameters.max_time_in_seconds = limit
+    solver.parameters.max_deterministic_time = limit  # (what a loaded machine gives is less)
     solver.parameters.num_workers = 1
+    started = time.perf_counter()
     status = solver.Solve(model)
     if search is not None:
-        search.proven = status == cp_model.OPTIMAL
+        search.proven, search.solving = status == cp_model.OPTIMAL, time.perf_counter() - started
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return 0.0
     chosen = {group: next(s for s, x in options if solver.BooleanValue(x)) for group, options in choices.items()}
@@ -96,7 +105,7 @@ def _model(state: State, block: list) -> tuple:
         model.AddExactlyOne(x for _, x in options)
         for s, x in options:
             model.AddHint(x, int(s == state.solution[group]))
-            objective.append(int(round(local[s] - floor)) * x)
+            objective.append(int(min(round(local[s] - floor), COEFFICIENT_CAP)) * x)
         choices[group] = options
     if sum(len(options) for options in choices.values()) == len(block):
         return None, None
@@ -115,7 +124,7 @@ def _edge_cost(model, matrix: np.ndarray, rows: list, columns: list):
     block = matrix[np.ix_([s for s, _ in rows], [s for s, _ in columns])]
     forbidden = block >= FORBIDDEN
     floor = block[~forbidden].min() if (~forbidden).any() else 0.0
-    shifted = np.where(forbidden, 0.0, block - floor).round().astype(np.int64)
+    shifted = np.minimum(np.where(forbidden, 0.0, block - floor).round(), COEFFICIENT_CAP).astype(np.int64)
     cost = model.NewIntVar(0, int(shifted.max()), "")
     for i, (_, x) in enumerate(rows):
         for j in np.flatnonzero(forbidden[i]).tolist():
@@ -125,40 +134,49 @@ def _edge_cost(model, matrix: np.ndarray, rows: list, columns: list):
         if len(nonzero):
             paid = cp_model.LinearExpr.WeightedSum([columns[j][1] for j in nonzero], row[nonzero].tolist())
             model.Add(cost >= paid).OnlyEnforceIf(x)
-    return cost + int(round(floor))
+    return cost + int(min(round(floor), COEFFICIENT_CAP))
 
 
 def _memory(model, state: State, block: list, choices: dict) -> None:
     """Per elementary segment of the block's points that some choice could overflow: the block's
     usage within the limit less the fixed groups' highest usage there. Each group's least usage
     in a segment is moved to the right-hand side (exactly one strategy is chosen), which leaves
-    most rows sparse, and rows that are equal are kept once, at their smallest room."""
+    most rows sparse; only the `MEMORY_ROWS` segments with the least room left by the present
+    strategies are written (an answer over another is refused by `block_move`'s check), and
+    rows that are equal are kept once, at their smallest room."""
     arrays = state.arrays
     used = [group for group in block if len(arrays.bounds[group]) > 1]
     if not np.isfinite(state.limit) or not used:
         return
     cuts = np.unique(np.concatenate([arrays.bounds[group] for group in used]))
-    literals = [x for group in used for _, x in choices[group]]
-    rows = np.zeros((len(cuts) - 1, len(literals)), dtype=np.int64)
     room = state.limit - np.maximum.reduceat(state.profile[cuts[0]:cuts[-1]], cuts[:-1] - cuts[0])
-    column = 0
+    spread = np.zeros(len(cuts) - 1, dtype=np.int64)  # the most the block can add over its least
+    slack = room.copy()  # what the present strategies leave
+    pieces = []
     for group in used:
         bounds, strategies = arrays.bounds[group], [s for s, _ in choices[group]]
         first, last = np.searchsorted(cuts, bounds[0]), np.searchsorted(cuts, bounds[-1])
-        segment = np.searchsorted(bounds, cuts[first:last], side="right") - 1
-        usage = arrays.tables[group][:, segment]  # strategies x elementary segments
+        usage = arrays.tables[group][:, np.searchsorted(bounds, cuts[first:last], side="right") - 1]
         least = usage[strategies].min(axis=0)
         room[first:last] += usage[state.solution[group]] - least  # the present usage is in the profile
-        rows[first:last, column:column + len(strategies)] = (usage[strategies] - least).T
-        column += len(strategies)
-    live = rows.max(axis=1) > room  # (each group's largest is at most its row's largest)
-    unique, inverse = np.unique(rows[live], axis=0, return_inverse=True)
+        spread[first:last] += usage[strategies].max(axis=0) - least
+        pieces.append((first, last, usage[strategies] - least))
+    live = np.flatnonzero(spread > room)
+    live = np.sort(live[np.argsort(slack[live], kind="stable")[:MEMORY_ROWS]])
+    if not len(live):
+        return
+    literals = [x for group in used for _, x in choices[group]]
+    rows, column = np.zeros((len(live), len(literals)), dtype=np.int64), 0
+    for first, last, usage in pieces:
+        inside = (live >= first) & (live < last)
+        rows[inside, column:column + len(usage)] = usage[:, live[inside] - first].T
+        column += len(usage)
+    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
     smallest = np.full(len(unique), np.iinfo(np.int64).max)
     np.minimum.at(smallest, inverse.ravel(), room[live])
     for row, bound in zip(unique, smallest.tolist()):
         nonzero = np.flatnonzero(row)
-        if row.sum() > bound:
-            model.Add(cp_model.LinearExpr.WeightedSum([literals[i] for i in nonzero], row[nonzero].tolist()) <= bound)
+        model.Add(cp_model.LinearExpr.WeightedSum([literals[i] for i in nonzero], row[nonzero].tolist()) <= bound)
 
 
 class BlockSearch:
@@ -177,14 +195,19 @@ class BlockSearch:
         self.state, self.rng, self.size = state, rng, size
         self.proven = False  # whether the last move's CP-SAT solve was optimal
         self.finished = False  # whether a block of every group was: no move can improve then
+        self.building = self.solving = 0.0  # the longest model build, the last solve (seconds)
 
     def run(self, deadline: Deadline, moves: int | None = None) -> int:
         """Moves until `deadline` (each given at most `MOVE_SECONDS`) or `moves` of them, or until
         finished; how many."""
         done = 0
-        while deadline.left() > SHORTEST_MOVE and (moves is None or done < moves) and not self.finished:
+        # building a model is not interrupted: a move starts only with twice the longest build left
+        while deadline.left() > SHORTEST_MOVE + 2 * self.building and (moves is None or done < moves) \
+                and not self.finished:
             block = memory_block(self.state, self.rng, self.size)
-            block_move(self.state, block, min(MOVE_SECONDS, deadline.left() - SHORTEST_MOVE / 2), self)
+            started = time.perf_counter()
+            block_move(self.state, block, lambda: min(MOVE_SECONDS, deadline.left() - SHORTEST_MOVE / 2), self)
+            self.building = max(self.building, time.perf_counter() - started - self.solving)
             self.finished = self.proven and len(block) == self.state.arrays.node_count
             done += 1
         return done

@@ -13,9 +13,10 @@ share memory-tight time points, the limit kept exactly.
 
 The best solution is the result; the lower bound is the highest of the spanning-forest
 relaxation alone, with the final multipliers, and with the messages moved onto the groups.
-Deterministic for a given `seed` and number of rounds (as many block moves follow, each CP-SAT
-solve limited by deterministic time unless its wall time runs out first); under a time budget
-the number of rounds done, and so the result, depends on the machine's speed and load.
+Deterministic for a given `seed` and number of rounds (an eighth as many block moves follow,
+each CP-SAT solve limited by deterministic time unless its wall time runs out first); under a
+time budget the number of rounds done, and so the result, depends on the machine's speed and
+load.
 """
 
 from __future__ import annotations
@@ -41,13 +42,16 @@ BLOCK_SIZES = (8, 32, 128)
 STALL_ROUNDS = 20  # rounds without a better solution before the step size halves
 SMALLEST_STEP = 2.0 ** -10  # then it restarts at 1
 PRICED_SHARE = 0.5  # of the search's time, for the priced rounds; block moves (CP-SAT) have the rest
+MESSAGE_BOUND_COST = 1.5  # a bound with messages against the first bound (1.1x measured on K)
+EVALUATION_SECONDS = 1.0  # for checking and pricing the best solution exactly at the end
 ROUNDS_PER_MOVE = 8  # with a number of rounds: the block moves that follow them (each costs more)
 
 
 @dataclass(frozen=True)
 class Result:
     """A solution (empty when none fits the limit), its exact cost, the lower bound, the peak of
-    the best solution found (the smallest peak when none fits), the seconds taken and rounds."""
+    the best solution found (the smallest peak when none fits), the seconds taken and the rounds
+    (priced rounds and block moves) done."""
 
     solution: list
     cost: int | float | None
@@ -93,8 +97,10 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     started = time.perf_counter()
     kept = spanning_forest(arrays)
     bound = lower_bound(arrays, kept=kept)
-    # the search stops early enough for three more bounds (`_final_bound`) and the exact evaluation
-    reserve = 6.0 * (time.perf_counter() - started) + 0.5
+    # the search stops early enough for two more bounds (`_final_bound`, each costing up to
+    # MESSAGE_BOUND_COST times this one) and the exact evaluation
+    estimate = MESSAGE_BOUND_COST * (time.perf_counter() - started)
+    reserve = 2.0 * estimate + EVALUATION_SECONDS
     searching = Deadline(seconds, deadline.end - reserve)
     first = []
 
@@ -107,22 +113,25 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     results = search_all(make_search, [seed + worker for worker in range(workers)], rounds, searching)
     cost, solution, _ = min(results, key=lambda result: result[0])
     done = sum(result[2] for result in results)
-    bound = max(bound, _final_bound(arrays, first[0], kept, deadline, reserve))
+    bound = max(bound, _final_bound(arrays, first[0], kept, deadline, estimate))
     best = arrays.expand(solution)
     assert is_feasible(instance, best, arrays.timeline)
     return Result(best, solution_cost(instance, best), bound, peak_usage(instance, best, arrays.timeline),
                   deadline.elapsed(), done)
 
 
-def _final_bound(arrays: Arrays, search: _Search, kept: np.ndarray, deadline: Deadline, reserve: float) -> float:
-    """The spanning-forest bound with the first search's multipliers, and with its messages
-    moved onto the groups (`bound.Reparametrized`) with and without them, while the time allows
-    (the multipliers may be far from good ones: without them the messages may do better)."""
+def _final_bound(arrays: Arrays, search: _Search, kept: np.ndarray, deadline: Deadline, estimate: float) -> float:
+    """The spanning-forest bound with the first search's messages moved onto the groups
+    (`bound.Reparametrized`), with its multipliers and without them (they may be far from good
+    ones), each while more than its `estimate`d seconds are left."""
     found = -np.inf
     multipliers = search.multipliers if arrays.limit is not None and search.multipliers.any() else None
-    for prices, messages in ((multipliers, None), (multipliers, search.passing.messages), (None, search.passing.messages)):
-        if (prices is not None or messages) and deadline.left() > reserve / 3:
-            found = max(found, lower_bound(arrays, prices, kept, messages or None))
+    for prices in (multipliers, None) if multipliers is not None else (None,):
+        if deadline.left() <= estimate + EVALUATION_SECONDS:
+            break
+        started = time.perf_counter()
+        found = max(found, lower_bound(arrays, prices, kept, search.passing.messages or None))
+        estimate = max(estimate, time.perf_counter() - started)
     return found
 
 
