@@ -12,6 +12,7 @@ from autostrat.search.solve.instance import read_instance
 from autostrat.search.solve.moves import State, start
 from autostrat.search.solve import neighbourhood
 from autostrat.search.solve.neighbourhood import block_move, memory_block
+from autostrat.search.solve.solver import solve
 from autostrat.search.solve.trws import MessagePassing
 from tests.test_solve import FORBIDDEN, _peaks, brute_force, random_problem, written
 
@@ -96,3 +97,12 @@ def test_message_passing_on_a_tree_makes_the_bound_the_optimum(tmp_path, seed):
     kept = np.zeros(len(arrays.edges), dtype=bool)  # no edge kept: the bound rests on the messages alone
     optimum = brute_force(document)[0]
     assert lower_bound(arrays, kept=kept, messages=passing.messages) == pytest.approx(optimum)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_solver_ends_with_block_moves_that_reach_the_optimum(tmp_path, seed):
+    document, _, _ = _started(tmp_path, 95 + seed, node_count=8)
+    result = solve(read_instance(written(tmp_path, document)), 30.0, seed=seed, rounds=50, exhaustive_limit=0)
+    assert _fits(document, result.solution)
+    assert result.cost == _cost(document, result.solution) == brute_force(document)[0]
+    assert result.rounds == 51  # 50 rounds could not prove it: one block move followed (a block of every group)

@@ -44,7 +44,7 @@ SMALLEST_STEP = 2.0 ** -10  # then it restarts at 1
 PRICED_SHARE = 0.5  # of the search's time, for the priced rounds; block moves (CP-SAT) have the rest
 MESSAGE_BOUND_COST = 1.5  # a bound with messages against the first bound (1.1x measured on K)
 EVALUATION_SECONDS = 1.0  # for checking and pricing the best solution exactly at the end
-ROUNDS_PER_MOVE = 8  # with a number of rounds: the block moves that follow them (each costs more)
+ROUNDS_PER_MOVE = 50  # with a number of rounds: one block move per 50 (a CP-SAT solve costs ~20 ms even on a toy)
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class _Search:
         priced = self.deadline if rounds is not None else Deadline(self.deadline.limit, end)
         done = self._priced_rounds(rounds, priced)
         blocks = BlockSearch(self.best, self.rng)
-        moves, most = 0, None if rounds is None else -(-rounds // ROUNDS_PER_MOVE)
+        moves, most = 0, None if rounds is None else rounds // ROUNDS_PER_MOVE
         while self.best_cost > self.bound and (most is None or moves < most) and blocks.run(self.deadline, 1):
             self.best_cost = self.arrays.float_cost(self.best.solution)
             self._report()
