@@ -16,11 +16,15 @@ from autostrat.search.solve.arrays import Arrays
 from autostrat.search.solve.forest import forest_minimum
 from autostrat.search.solve.instance import FORBIDDEN
 
+MESSAGE_CAP = 2.0 ** 40
 
-def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None, kept: np.ndarray | None = None) -> float:
+
+def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None, kept: np.ndarray | None = None,
+                messages: dict | None = None) -> float:
     """A value no solution within the memory limit goes below; `multipliers` (>= 0, one per
     time point) price memory use, each point's limit subtracted again; `kept`: the edges of
-    the forest (`spanning_forest`, computed when not given).
+    the forest (`spanning_forest`, computed when not given); `messages` (any, e.g. message
+    passing's: a vector per (edge, end group)) move cost from each edge to its ends first.
 
     Example:
         >>> from autostrat.search.solve.instance import read_instance
@@ -28,7 +32,8 @@ def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None, kept: np.
         330.0
     """
     kept = spanning_forest(arrays) if kept is None else kept
-    unary = {node: cost.copy() for node, cost in enumerate(arrays.costs)}
+    costs = arrays if messages is None else Reparametrized(arrays, messages)
+    unary = {node: cost.copy() for node, cost in enumerate(costs.costs)}
     offset = 0.0
     if multipliers is not None and arrays.limit is not None and len(multipliers):
         price = pricing(arrays, multipliers)
@@ -37,12 +42,39 @@ def lower_bound(arrays: Arrays, multipliers: np.ndarray | None = None, kept: np.
         offset = float(multipliers.sum()) * arrays.limit
     for edge, (u, v) in enumerate(arrays.edges):
         if not kept[edge]:
-            unary[u] += arrays.matrices[edge].min(axis=1)
+            unary[u] += costs.matrices[edge].min(axis=1)
     order, parents = _rooted(arrays, kept)
-    value = min(float(forest_minimum(arrays, order, parents, unary)[0]) - offset, FORBIDDEN)
+    value = min(float(forest_minimum(costs, order, parents, unary)[0]) - offset, FORBIDDEN)
     # integer sums are exact in floats below 2**53; above, rounding could lift the bound over
-    # the optimum (forbidden costs), so it is lowered by far more than the rounding
+    # the optimum (forbidden costs), so it is lowered by far more than the rounding; moved
+    # costs are fractions: each term of the sums may be off by a rounding of the largest sum,
+    # which the capped messages bound
+    if messages is not None:
+        terms = len(arrays.edges) + arrays.node_count
+        value -= 4 * terms * float(np.spacing(abs(value) + terms * costs.largest))
     return value * (1 - 2.0 ** -40) if abs(value) >= 2.0 ** 53 else value
+
+
+class Reparametrized:
+    """The groups' costs with `messages` moved from each edge to its ends: edge (u, v) loses
+    m_u(a) + m_v(b) at (a, b) and u, v gain them, which leaves every solution's cost as it was,
+    so any bound of these costs bounds the instance. Messages are capped at `MESSAGE_CAP` (any
+    messages are allowed), so that the moved amounts stay far below the forbidden costs."""
+
+    def __init__(self, arrays: Arrays, messages: dict):
+        self.costs = [cost.copy() for cost in arrays.costs]
+        self.matrices, self.heads, self.largest = [], arrays.heads, 0.0
+        for edge, (u, v) in enumerate(arrays.edges):
+            into_u, into_v = (np.minimum(messages[(edge, end)], MESSAGE_CAP) for end in (u, v))
+            self.costs[u] += into_u
+            self.costs[v] += into_v
+            self.matrices.append(arrays.matrices[edge] - into_u[:, None] - into_v[None, :])
+            self.largest = max(self.largest, float(into_u.max(initial=0.0)), float(into_v.max(initial=0.0)))
+        self.transposed = [np.ascontiguousarray(matrix.T) for matrix in self.matrices]
+
+    def edge_matrix(self, edge: int, node: int) -> np.ndarray:
+        """As `Arrays.edge_matrix`, of the moved costs."""
+        return self.matrices[edge] if self.heads[edge] == node else self.transposed[edge]
 
 
 def pricing(arrays: Arrays, multipliers: np.ndarray):

@@ -157,7 +157,7 @@ def forest_move(state: State, seed: int, size: int, prices) -> tuple:
     change = _block_change(arrays, state.solution, order, parents, true, chosen)
     if change > 0 or not moved:
         return 0.0, None
-    added = _profile_change(state, moved, chosen)
+    added = profile_change(state, moved, chosen)
     over = np.flatnonzero(state.profile + added > state.limit)
     if len(over):
         return 0.0, (over, added[over], -change)
@@ -184,7 +184,7 @@ def chord_move(state: State, seed: int, size: int, prices, optimistic: bool) -> 
     if not moved:
         return 0.0
     change = exact_change(arrays, state.solution, moved, chosen)
-    if change >= 0 or (state.profile + _profile_change(state, moved, chosen) > state.limit).any():
+    if change >= 0 or (state.profile + profile_change(state, moved, chosen) > state.limit).any():
         return 0.0
     for group in moved:
         state.place(group, chosen[group])
@@ -218,7 +218,7 @@ def _block_change(arrays: Arrays, solution, order, parents, true, chosen) -> flo
     return float(change)
 
 
-def _profile_change(state: State, moved: list, chosen: dict) -> np.ndarray:
+def profile_change(state: State, moved: list, chosen: dict) -> np.ndarray:
     arrays = state.arrays
     change = np.zeros(arrays.point_count + 1, dtype=np.int64)
     for group in moved:

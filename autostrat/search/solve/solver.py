@@ -8,10 +8,15 @@
 3. repairs the decoded solution into the limit (`moves.repair`) and polishes it with moves that
    keep the limit exactly: coordinate descent, induced-forest and chord block moves.
 
-The best repaired solution is the result; the lower bound is the spanning-forest relaxation,
-with the final multipliers when they raise it. Deterministic for a given `seed` and number of
-rounds; under a time budget the number of rounds done, and so the result, depends on the
-machine's speed and load.
+After half the time, block moves (`neighbourhood`): CP-SAT re-optimises blocks of groups that
+share memory-tight time points, the limit kept exactly.
+
+The best solution is the result; the lower bound is the highest of the spanning-forest
+relaxation alone, with the final multipliers, and with the messages moved onto the groups.
+Deterministic for a given `seed` and number of rounds (an eighth as many block moves follow,
+each CP-SAT solve limited by deterministic time unless its wall time runs out first); under a
+time budget the number of rounds done, and so the result, depends on the machine's speed and
+load.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from autostrat.search.solve.evaluate import is_feasible, peak_usage, solution_co
 from autostrat.search.solve.exhaustive import EXHAUSTIVE_LIMIT, exhaustive_best
 from autostrat.search.solve.instance import Instance
 from autostrat.search.solve.moves import State, chord_move, forest_move, repair, start, sweep
+from autostrat.search.solve.neighbourhood import BlockSearch
 from autostrat.search.solve.trws import MessagePassing
 from autostrat.search.solve.workers import search_all
 
@@ -35,12 +41,17 @@ POLISH_MOVES = 16  # block moves on each repaired solution, one in four a chord 
 BLOCK_SIZES = (8, 32, 128)
 STALL_ROUNDS = 20  # rounds without a better solution before the step size halves
 SMALLEST_STEP = 2.0 ** -10  # then it restarts at 1
+PRICED_SHARE = 0.5  # of the search's time, for the priced rounds; block moves (CP-SAT) have the rest
+MESSAGE_BOUND_COST = 1.5  # a bound with messages against the first bound (1.1x measured on K)
+EVALUATION_SECONDS = 1.0  # for checking and pricing the best solution exactly at the end
+ROUNDS_PER_MOVE = 50  # with a number of rounds: one block move per 50 (a CP-SAT solve costs ~20 ms even on a toy)
 
 
 @dataclass(frozen=True)
 class Result:
     """A solution (empty when none fits the limit), its exact cost, the lower bound, the peak of
-    the best solution found (the smallest peak when none fits), the seconds taken and rounds."""
+    the best solution found (the smallest peak when none fits), the seconds taken and the rounds
+    (priced rounds and block moves) done."""
 
     solution: list
     cost: int | float | None
@@ -86,8 +97,10 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     started = time.perf_counter()
     kept = spanning_forest(arrays)
     bound = lower_bound(arrays, kept=kept)
-    # the search stops early enough for a second bound (priced memory) and the exact evaluation
-    reserve = 2.0 * (time.perf_counter() - started) + 0.5
+    # the search stops early enough for two more bounds (`_final_bound`, each costing up to
+    # MESSAGE_BOUND_COST times this one) and the exact evaluation
+    estimate = MESSAGE_BOUND_COST * (time.perf_counter() - started)
+    reserve = 2.0 * estimate + EVALUATION_SECONDS
     searching = Deadline(seconds, deadline.end - reserve)
     first = []
 
@@ -100,12 +113,26 @@ def solve(instance: Instance, seconds: float, seed: int = 0, progress=None, roun
     results = search_all(make_search, [seed + worker for worker in range(workers)], rounds, searching)
     cost, solution, _ = min(results, key=lambda result: result[0])
     done = sum(result[2] for result in results)
-    if arrays.limit is not None and first[0].multipliers.any() and deadline.left() > reserve / 2:
-        bound = max(bound, lower_bound(arrays, first[0].multipliers, kept))
+    bound = max(bound, _final_bound(arrays, first[0], kept, deadline, estimate))
     best = arrays.expand(solution)
     assert is_feasible(instance, best, arrays.timeline)
     return Result(best, solution_cost(instance, best), bound, peak_usage(instance, best, arrays.timeline),
                   deadline.elapsed(), done)
+
+
+def _final_bound(arrays: Arrays, search: _Search, kept: np.ndarray, deadline: Deadline, estimate: float) -> float:
+    """The spanning-forest bound with the first search's messages moved onto the groups
+    (`bound.Reparametrized`), with its multipliers and without them (they may be far from good
+    ones), each while more than its `estimate`d seconds are left."""
+    found = -np.inf
+    multipliers = search.multipliers if arrays.limit is not None and search.multipliers.any() else None
+    for prices in (multipliers, None) if multipliers is not None else (None,):
+        if deadline.left() <= estimate + EVALUATION_SECONDS:
+            break
+        started = time.perf_counter()
+        found = max(found, lower_bound(arrays, prices, kept, search.passing.messages or None))
+        estimate = max(estimate, time.perf_counter() - started)
+    return found
 
 
 def _better_start(arrays: Arrays, greedy: State, initial) -> State:
@@ -151,9 +178,24 @@ class _Search:
         return self.best.solution
 
     def run(self, rounds: int | None) -> int:
+        """Priced rounds for the first `PRICED_SHARE` of the time (or `rounds` of them), then block
+        moves (or one per `ROUNDS_PER_MOVE` rounds); the rounds and moves done."""
+        end = self.deadline.start + PRICED_SHARE * (self.deadline.end - self.deadline.start)
+        priced = self.deadline if rounds is not None else Deadline(self.deadline.limit, end)
+        done = self._priced_rounds(rounds, priced)
+        blocks = BlockSearch(self.best, self.rng)
+        moves, most = 0, None if rounds is None else rounds // ROUNDS_PER_MOVE
+        while self.best_cost > self.bound and (most is None or moves < most) and blocks.run(self.deadline, 1):
+            self.best_cost = self.arrays.float_cost(self.best.solution)
+            self._report()
+            moves += 1
+        self._report(force=True)
+        return done + moves
+
+    def _priced_rounds(self, rounds: int | None, deadline: Deadline) -> int:
         done = 0
         # a best cost at the bound is proven optimal: nothing is left to find
-        while not self.deadline.passed() and (rounds is None or done < rounds) and self.best_cost > self.bound:
+        while not deadline.passed() and (rounds is None or done < rounds) and self.best_cost > self.bound:
             prices = pricing(self.arrays, self.multipliers)
             unary = [cost + prices(group) for group, cost in enumerate(self.arrays.costs)]
             candidate = State(self.arrays, self.passing.run_pass(unary, forward=done % 2 == 0))
@@ -165,7 +207,6 @@ class _Search:
             self._polish(self.best, prices)  # swept when it became the best
             self._offer(self.best)
             done += 1
-        self._report(force=True)
         return done
 
     def _step_multipliers(self, profile: np.ndarray) -> None:
