@@ -113,7 +113,7 @@ MUTATIONS = (
     ),
     Mutation(
         "sixteen-bit-results-unrounded", "autostrat/runtime/sixteen_bit.py",
-        "    if not dtype or array.dtype == np.dtype(dtype):\n",
+        "    if not dtype or array.dtype.name == dtype:\n",
         "    if True:\n",
         ("tests/test_sixteen_bit.py::test_sixteen_bits_move_half_the_bytes_and_bf16_syncs_its_fp32_gradients",
          "tests/test_sixteen_bit.py::test_fp16_with_a_loss_scale_trains_the_tiny_llama_on_local_ranks_like_the_reference"),

@@ -18,22 +18,35 @@ and its parameter output is that copy rounded to 16 bits: the working copy the n
 
 from __future__ import annotations
 
-import ml_dtypes  # noqa: F401  (registers "bfloat16" with numpy: np.dtype("bfloat16"))
 import numpy as np
 
 from autostrat.runtime.kernels import run_kernel
 
-SIXTEEN_BIT = (np.dtype("bfloat16"), np.dtype("float16"))
+SIXTEEN_BIT = ("bfloat16", "float16")  # dtype names: numpy knows bfloat16 once ml_dtypes is imported
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """numpy's dtype `name`, ml_dtypes' bfloat16 included: ml_dtypes is imported (it registers
+    bfloat16 with numpy) only when a run holds bf16, as its import takes 0.6 CPU-s that every
+    fp32 rank process would otherwise pay.
+
+    Example:
+        >>> numpy_dtype("bfloat16").itemsize, numpy_dtype("float32").name
+        (2, 'float32')
+    """
+    if name == "bfloat16":
+        import ml_dtypes  # noqa: F401
+    return np.dtype(name)
 
 
 def widened(array: np.ndarray) -> np.ndarray:
     """`array` in float32 if it is held in 16 bits, else itself.
 
     Example:
-        >>> widened(np.ones(2, "bfloat16")).dtype, widened(np.ones(2, np.int32)).dtype
+        >>> widened(np.ones(2, numpy_dtype("bfloat16"))).dtype, widened(np.ones(2, np.int32)).dtype
         (dtype('float32'), dtype('int32'))
     """
-    return array.astype(np.float32) if array.dtype in SIXTEEN_BIT else array
+    return array.astype(np.float32) if array.dtype.name in SIXTEEN_BIT else array
 
 
 def rounded(array: np.ndarray, dtype: str) -> np.ndarray:
@@ -43,10 +56,10 @@ def rounded(array: np.ndarray, dtype: str) -> np.ndarray:
         >>> rounded(np.float32([1 + 2**-9]), "bfloat16").astype(np.float32).tolist()
         [1.0]
     """
-    if not dtype or array.dtype == np.dtype(dtype):
+    if not dtype or array.dtype.name == dtype:
         return array
     with np.errstate(over="ignore"):  # beyond the dtype's range is its infinity, as a device rounds (a -1e9 mask in fp16)
-        return array.astype(dtype)
+        return array.astype(numpy_dtype(dtype))
 
 
 def run_sixteen_bit(instruction, inputs: list, store: dict, loss_scale: float = 1.0) -> tuple[np.ndarray, ...]:
@@ -57,8 +70,9 @@ def run_sixteen_bit(instruction, inputs: list, store: dict, loss_scale: float = 
     each 1 + 2^-8 would round back to 1):
         >>> from autostrat.runtime.program import Compute
         >>> matmul = Compute("m", "MatMul", ("a", "b"), ("c",), (), None, ("bfloat16",))
-        >>> a = np.array([[1, 2**-8, 2**-8]], "bfloat16")
-        >>> [c] = run_sixteen_bit(matmul, [a, np.ones((3, 1), "bfloat16")], {})
+        >>> bf16 = numpy_dtype("bfloat16")
+        >>> a = np.array([[1, 2**-8, 2**-8]], bf16)
+        >>> [c] = run_sixteen_bit(matmul, [a, np.ones((3, 1), bf16)], {})
         >>> c.dtype.name, float(c[0, 0])
         ('bfloat16', 1.0078125)
     """
