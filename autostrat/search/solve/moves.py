@@ -180,10 +180,16 @@ def chord_move(state: State, seed: int, size: int, prices, optimistic: bool) -> 
         matrix = arrays.edge_matrix(edge, u)
         unary[u] += matrix.min(axis=1) if optimistic else matrix[:, state.solution[v]]
     _, chosen = forest_minimum(arrays, order, parents, unary)
-    moved = [group for group in order if chosen[group] != state.solution[group]]
+    return keep_if_better(state, order, chosen)
+
+
+def keep_if_better(state: State, block, chosen: dict) -> float:
+    """Give the groups of `block` their `chosen` strategies if that lowers the exact cost and
+    keeps the memory profile within the limit; the cost change (0.0 when nothing is kept)."""
+    moved = [group for group in block if chosen[group] != state.solution[group]]
     if not moved:
         return 0.0
-    change = exact_change(arrays, state.solution, moved, chosen)
+    change = exact_change(state.arrays, state.solution, moved, chosen)
     if change >= 0 or (state.profile + profile_change(state, moved, chosen) > state.limit).any():
         return 0.0
     for group in moved:

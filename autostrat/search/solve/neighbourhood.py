@@ -23,7 +23,7 @@ from ortools.sat.python import cp_model
 
 from autostrat.search.deadline import Deadline
 from autostrat.search.solve.instance import FORBIDDEN
-from autostrat.search.solve.moves import State, exact_change, profile_change
+from autostrat.search.solve.moves import State, keep_if_better
 
 TIGHT = 0.999  # points at or above this share of the limit are where blocks start
 MOVE_SECONDS = 1.0  # CP-SAT's time per block
@@ -58,7 +58,6 @@ def block_move(state: State, block: list, seconds, search=None) -> float:
     the model is built), starting from the present strategies; apply the answer when it is
     cheaper and fits. Returns the cost change (0 when none); tells `search` (a `BlockSearch`)
     whether the solve was proven optimal and how long it took."""
-    arrays = state.arrays
     model, choices = _model(state, block)
     if choices is None:
         if search is not None:
@@ -76,15 +75,7 @@ def block_move(state: State, block: list, seconds, search=None) -> float:
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return 0.0
     chosen = {group: next(s for s, x in options if solver.BooleanValue(x)) for group, options in choices.items()}
-    moved = [group for group in block if chosen[group] != state.solution[group]]
-    if not moved:
-        return 0.0
-    change = exact_change(arrays, state.solution, moved, chosen)
-    if change >= 0 or (state.profile + profile_change(state, moved, chosen) > state.limit).any():
-        return 0.0
-    for group in moved:
-        state.place(group, chosen[group])
-    return change
+    return keep_if_better(state, block, chosen)
 
 
 def _model(state: State, block: list) -> tuple:
