@@ -315,8 +315,9 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--cost-model", choices=["bytes", "time"],
                         help="what the search minimises: bytes sent per device (default) or the predicted step time")
     search.add_argument("--precision", choices=list(PRECISIONS),
-                        help="what memory counts per trained parameter: fp32 (default), or 16-bit parameters with fp32 "
-                             "main copies as Megatron's distributed optimizer keeps them (plans only: runs are fp32)")
+                        help="the dtype of parameters, activations and communication: fp32 (default), or 16-bit with fp32 "
+                             "main copies as Megatron's distributed optimizer keeps them (runs hold it so; fp16 runs need "
+                             "a loss_scale, and 16-bit runs no pipeline stages)")
     search.add_argument("--hardware", metavar="PROFILE",
                         help=f"the hardware the step time is predicted on: {', '.join(PROFILES)} (default "
                              f"{DEFAULT_PROFILE}) or a YAML file of a profile's fields; the config's device_flops, "
