@@ -20,16 +20,22 @@ def main() -> None:
         plan, pieces = layout_pair(*pair)
         if plan.src.device_num != backend.device_num:
             continue
-        result = run_layout_pair(backend, plan, pieces)
-        expected = simulate(plan, pieces)[backend.rank]
-        if not np.array_equal(result.outputs["t"], expected):
-            raise AssertionError(f"rank {backend.rank}: {plan} gave another piece than the simulation")
-        sent, predicted = sum(t.sent for t in result.traffic), sum(t.predicted for t in result.traffic)
-        if sent != predicted:
-            raise AssertionError(f"rank {backend.rank}: {plan} sent {sent} bytes, predicted {predicted}")
+        sent = check_pair(backend, plan, plan, pieces, np.array_equal)
         if backend.rank == 0:
             print(f"ok {'+'.join(s.kind for s in plan.steps)} {sent}B", flush=True)
     run_algorithms(backend)
+
+
+def check_pair(backend, run, plan, pieces, same) -> int:
+    """Run `run` (`plan` or the same steps with other algorithms) on `pieces`; raise unless this
+    rank's result is `same` as `plan`'s simulation and it sent the bytes predicted. Its bytes."""
+    result = run_layout_pair(backend, run, pieces)
+    if not same(result.outputs["t"], simulate(plan, pieces)[backend.rank]):
+        raise AssertionError(f"rank {backend.rank}: {run} gave another piece than the simulation")
+    sent, predicted = sum(t.sent for t in result.traffic), sum(t.predicted for t in result.traffic)
+    if sent != predicted:
+        raise AssertionError(f"rank {backend.rank}: {run} sent {sent} bytes, predicted {predicted}")
+    return sent
 
 
 def run_algorithms(backend) -> None:
@@ -41,12 +47,7 @@ def run_algorithms(backend) -> None:
         plan, pieces = layout_pair(*pair)
         if plan.src.device_num != backend.device_num or (chosen := with_algorithms(plan, model, "float32", "time")) == plan:
             continue
-        result = run_layout_pair(backend, chosen, pieces)
-        if not np.allclose(result.outputs["t"], simulate(plan, pieces)[backend.rank], rtol=1e-5, atol=1e-6):
-            raise AssertionError(f"rank {backend.rank}: {chosen} gave another piece than the simulation")
-        sent, predicted = sum(t.sent for t in result.traffic), sum(t.predicted for t in result.traffic)
-        if sent != predicted:
-            raise AssertionError(f"rank {backend.rank}: {chosen} sent {sent} bytes, predicted {predicted}")
+        sent = check_pair(backend, chosen, plan, pieces, lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-6))
         if backend.rank == 0:
             print(f"ok algorithms {'+'.join(f'{s.kind}/{s.algorithm}' for s in chosen.steps)} {sent}B", flush=True)
     group = tuple(range(backend.device_num - 1))  # 3 or 7 ranks: recursive doubling's one-way fold-in messages

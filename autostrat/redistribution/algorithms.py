@@ -58,6 +58,13 @@ def _chosen(step, model, itemsize: int, objective: str):
     return replace(step, algorithm=algorithm, bytes=sent, itemsize=itemsize)
 
 
+def plan_with_algorithms(src, dst, dtype, model, timing, objective: str) -> RedistributionPlan:
+    """The plan from `src` to `dst` (fastest under `model`, fewest bytes when it is None), its
+    collectives run as their best algorithms on `timing` for `objective`: what a plan's edge or
+    writeback holds (`search.plan.build_plan`)."""
+    return with_algorithms(plan_redistribution(src, dst, dtype, model), timing, dtype, objective)
+
+
 @lru_cache(maxsize=1 << 15)
 def algorithm_time(src, dst, dtype, model) -> int:
     """Nanoseconds of the plan from `src` to `dst` fastest under `model` (ring prices), its
@@ -72,5 +79,4 @@ def algorithm_time(src, dst, dtype, model) -> int:
         >>> algorithm_time(src, src.with_partial(()), "float32", model), plan_redistribution(src, src.with_partial(()), "float32", model).nanoseconds(model)
         (10005, 20005)
     """
-    plan = plan_redistribution(src, dst, dtype, model)
-    return with_algorithms(plan, model, dtype, "time").nanoseconds(model)
+    return plan_with_algorithms(src, dst, dtype, model, model, "time").nanoseconds(model)

@@ -12,8 +12,8 @@ from autostrat.cost import Hardware
 from autostrat.cost.hardware import EFFICIENCIES
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
-from autostrat.redistribution import RedistributionPlan, lower_plan, plan_redistribution
-from autostrat.redistribution.algorithms import with_algorithms
+from autostrat.redistribution import RedistributionPlan, lower_plan
+from autostrat.redistribution.algorithms import plan_with_algorithms
 from autostrat.layout.named import layout_entry
 from autostrat.search.bounds import plan_bounds
 from autostrat.search.checkpoint import checkpoint_bytes
@@ -299,7 +299,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
     every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
     model = hardware.alpha_beta(device_num) if cost_model == "time" else None  # the search's redistributions
-    timing = hardware.alpha_beta(device_num)  # what each collective's algorithm is chosen on (`with_algorithms`)
+    timing = hardware.alpha_beta(device_num)  # what each collective's algorithm is chosen on (`plan_with_algorithms`)
     layouts: dict[str, Layout] = {}
     for name, op in graph.ops.items():
         strategy = strategies[name]
@@ -321,8 +321,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             if earlier is not None and tensor not in resting:  # a resting parameter is gathered per use
                 edges.append(replace(earlier, consumer=name, input_index=index, shares=(earlier.consumer, earlier.input_index)))
                 continue
-            plan = with_algorithms(plan_redistribution(held, wanted, sizes.priced(tensor), model), timing,
-                                   sizes.priced(tensor), cost_model)
+            plan = plan_with_algorithms(held, wanted, sizes.priced(tensor), model, timing, cost_model)
             edges.append(EdgeRedistribution(tensor, name, index, plan))
             paid[key] = edges[-1]
     ops = {name: OpPlan(name, graph.ops[name].op_type, strategies[name], origins[name]) for name in graph.ops}
@@ -367,11 +366,9 @@ def describe(hardware: Hardware) -> str:
             f"and {hardware.inter_server_latency * 1e6:g} us" + (f"; {efficiencies}" if efficiencies else ""))
 
 
-def _writeback(layouts: dict[str, Layout], parameter: str, value: str, dtype: str, model=None, timing=None,
-               cost_model: str = "bytes") -> Writeback:
+def _writeback(layouts: dict[str, Layout], parameter: str, value: str, dtype: str, model, timing,
+               cost_model: str) -> Writeback:
     """The redistribution of `value` (priced in `dtype`) to the layout `parameter` is stored in
     (always that layout: the next step loads the parameter from it), fastest under `model` if
     one is given, its collectives' algorithms chosen on `timing` for `cost_model`."""
-    held, stored = layouts[value], layouts[parameter]
-    plan = plan_redistribution(held, stored, dtype, model)
-    return Writeback(parameter, value, plan if timing is None else with_algorithms(plan, timing, dtype, cost_model))
+    return Writeback(parameter, value, plan_with_algorithms(layouts[value], layouts[parameter], dtype, model, timing, cost_model))
