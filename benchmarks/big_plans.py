@@ -2,7 +2,7 @@
 
 Two commands, each in its own process as a user runs them (`python -m autostrat`):
 
-- search: ``autostrat search configs/llama_405b.yaml --out PLAN.json`` (a training step of
+- search: ``autostrat search configs/big/llama_405b.yaml --out PLAN.json`` (a training step of
   LLaMA 3.1 405B, sequence 8192, global batch 2048, bf16, 16 384 devices, no seeds: sharding
   propagation, the plan built, its table printed and its JSON written);
 - estimate: ``autostrat estimate configs/estimate/llama_405b.yaml --json OUT.json`` (the same
@@ -34,7 +34,7 @@ from autostrat.tables import format_table  # noqa: E402
 
 TARGET_SECONDS, TARGET_BYTES = 30.0, 2e9  # issue #33's Done-when
 COMMANDS = {
-    "search": lambda out: ["search", str(ROOT / "configs" / "llama_405b.yaml"), "--out", str(out)],
+    "search": lambda out: ["search", str(ROOT / "configs" / "big" / "llama_405b.yaml"), "--out", str(out)],
     "estimate": lambda out: ["estimate", str(ROOT / "configs" / "estimate" / "llama_405b.yaml"), "--json", str(out)],
 }
 
