@@ -1,0 +1,79 @@
+"""Issue #33's fast paths for big plans (126 layers on 16 384 devices: benchmarks/big_plans.py)
+keep results exact: each against the slow path it replaces, on small models."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import numpy as np
+
+from autostrat import cli
+from autostrat.frontend.config import load_config
+from autostrat.frontend.run import plan_config
+from autostrat.models.gpt import causal_mask
+from autostrat.redistribution.algorithms import plan_with_algorithms
+from autostrat.rules.notation import _parsed, parse_equation
+from autostrat.search import plan as plan_module
+
+ROOT = Path(__file__).parent.parent
+
+
+class _EveryEdgeAlone:
+    """`plan._PlanMemo` without its memo: every edge and writeback planned by itself."""
+
+    def __init__(self, model, timing, cost_model):
+        self.model, self.timing, self.cost_model = model, timing, cost_model
+
+    def __call__(self, src, dst, dtype):
+        return plan_with_algorithms(src, dst, dtype, self.model, self.timing, self.cost_model)
+
+
+def _training_plan():
+    return plan_config(load_config(ROOT / "configs" / "gpt_train.yaml"))[0]
+
+
+def test_repeated_edges_share_one_plan_and_plan_as_each_alone(monkeypatch):
+    shared = _training_plan()
+    monkeypatch.setattr(plan_module, "_PlanMemo", _EveryEdgeAlone)
+    alone = _training_plan()
+    assert shared.to_json() == alone.to_json() and shared.table() == alone.table()
+    plans = [edge.plan for edge in shared.redistributions if not edge.shares] + [w.plan for w in shared.writebacks]
+    assert len({id(plan) for plan in plans}) < len(plans)  # the two layers' edges share plans
+    assert len({id(edge.plan) for edge in alone.redistributions if not edge.shares}) == sum(
+        not edge.shares for edge in alone.redistributions)
+
+
+def test_bytes_into_an_op_sum_its_edges():
+    plan = _training_plan()
+    sums = [sum(edge.cost for edge in plan.redistributions if edge.consumer == name) for name in plan.ops]
+    assert [plan.bytes_into(name) for name in plan.ops] == sums and any(sums)
+
+
+def test_a_search_never_makes_the_causal_mask_and_a_run_reads_the_eager_one():
+    config = load_config(ROOT / "configs" / "llama_train.yaml")
+    plan_config(config)
+    masks = [block.attention.causal_mask for block in config.net.blocks]
+    assert all(mask._data is None and mask.has_data for mask in masks)
+    eager = np.triu(np.full((16, 16), -1e9, np.float32), k=1)
+    assert all(np.array_equal(mask.asnumpy(), eager) for mask in masks)
+    assert masks[0].asnumpy() is causal_mask(16) and not masks[0].asnumpy().flags.writeable
+
+
+def test_an_equation_parses_once_as_it_parses_fresh():
+    for equation in ("m k, k n -> m n", "(a b) c -> a b c", "b s h, h -> b s h", "1 n -> n"):
+        assert parse_equation(equation) == _parsed.__wrapped__(equation) == parse_equation(equation)
+    for _ in range(2):  # an error is raised every time, never remembered as a result
+        try:
+            parse_equation("m m -> m")
+        except ValueError as error:
+            assert "appears twice" in str(error)
+        else:
+            raise AssertionError("a repeated factor parsed")
+
+
+def test_plan_commands_pause_the_collector_and_restore_it(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(cli, "candidates_text", lambda *args: seen.append(gc.isenabled()) or "")
+    assert gc.isenabled() and cli.main(["candidates", "--device-num", "8"]) == 0
+    assert seen == [False] and gc.isenabled()
