@@ -393,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
 # Commands that plan in this process and end (`entry.command` exits without freeing): run with
 # the cyclic garbage collector paused throughout, as the search itself is (`collector_paused`).
 # Outside the search it kept walking the millions of memo entries the search leaves (a young
-# collection of all of them as the search ends, then older ones): 10 of the 56 CPU-s of the
-# 405B estimate at 16 384 devices. Reference counting still frees everything as usual.
+# collection of all of them as the search ends, then older ones): 32 of 300 profiled seconds of
+# the 405B estimate at 16 384 devices. Reference counting still frees everything as usual.
 PAUSED_COMMANDS = frozenset({"candidates", "estimate", "explain", "report", "search"})
 
 
