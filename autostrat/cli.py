@@ -102,10 +102,11 @@ def search_command(args) -> str:
     return "\n".join(lines + write_outputs(outputs))  # all or nothing
 
 
-def _plan_json(plan, args, config) -> str:
-    """The plan's JSON, with the config and options that made it ("source", see `plan_source`)."""
+def _plan_json(plan, args, config):
+    """The plan's JSON, with the config and options that made it ("source", see `plan_source`),
+    in chunks written as they are made (`Plan.json_chunks`)."""
     options = {key: getattr(args, key) for key in SOURCE_OPTIONS}
-    return plan.to_json(source=plan_source(config, options, args.imports or ()))
+    return plan.json_chunks(source=plan_source(config, options, args.imports or ()))
 
 
 def replan(path) -> tuple:

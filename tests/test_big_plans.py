@@ -4,17 +4,24 @@ keep results exact: each against the slow path it replaces, on small models."""
 from __future__ import annotations
 
 import gc
+import json
+import os
 from pathlib import Path
 
 import numpy as np
 
+import pytest
+
 from autostrat import cli
+from autostrat.errors import ConfigError
+from autostrat.io import OutputPath, write_files_atomically
 from autostrat.frontend.config import load_config
 from autostrat.frontend.run import plan_config
 from autostrat.models.gpt import causal_mask
 from autostrat.redistribution.algorithms import plan_with_algorithms
 from autostrat.rules.notation import _parsed, parse_equation
 from autostrat.search import plan as plan_module
+from autostrat.search.problem import can_be_partial
 
 ROOT = Path(__file__).parent.parent
 
@@ -38,6 +45,7 @@ def test_repeated_edges_share_one_plan_and_plan_as_each_alone(monkeypatch):
     monkeypatch.setattr(plan_module, "_PlanMemo", _EveryEdgeAlone)
     alone = _training_plan()
     assert shared.to_json() == alone.to_json() and shared.table() == alone.table()
+    assert shared.to_json() == json.dumps(shared.to_dict(), indent=1) + "\n"  # chunks, shared primitives: the same text
     plans = [edge.plan for edge in shared.redistributions if not edge.shares] + [w.plan for w in shared.writebacks]
     assert len({id(plan) for plan in plans}) < len(plans)  # the two layers' edges share plans
     assert len({id(edge.plan) for edge in alone.redistributions if not edge.shares}) == sum(
@@ -77,3 +85,21 @@ def test_plan_commands_pause_the_collector_and_restore_it(monkeypatch, capsys):
     monkeypatch.setattr(cli, "candidates_text", lambda *args: seen.append(gc.isenabled()) or "")
     assert gc.isenabled() and cli.main(["candidates", "--device-num", "8"]) == 0
     assert seen == [False] and gc.isenabled()
+
+
+def test_text_in_chunks_is_written_as_the_whole_text(tmp_path, capfdbinary):
+    chunks = ["{", '"a": ', "[1, 2]", "}", "\n"]
+    write_files_atomically({tmp_path / "chunks.json": iter(chunks), tmp_path / "text.json": "".join(chunks)})
+    assert (tmp_path / "chunks.json").read_bytes() == (tmp_path / "text.json").read_bytes() == b'{"a": [1, 2]}\n'
+    write_files_atomically({OutputPath("-", "--out", stdout=True): iter(chunks)})
+    assert capfdbinary.readouterr().out == b'{"a": [1, 2]}\n'
+    with pytest.raises(ConfigError, match="not encodable as UTF-8"):
+        write_files_atomically({tmp_path / "bad.json": iter(["{", "\udc80", "}"])})
+    assert sorted(os.listdir(tmp_path)) == ["chunks.json", "text.json"]  # no temporary, no half-written file
+
+
+def test_partial_sums_answered_from_earlier_calls_as_fresh():
+    graph = _training_plan().graph
+    seen: dict = {}
+    shared = [can_be_partial(graph, tensor, seen) for tensor in graph.tensors]
+    assert shared == [can_be_partial(graph, tensor) for tensor in graph.tensors] and any(shared) and not all(shared)
