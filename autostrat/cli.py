@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -400,6 +401,10 @@ PAUSED_COMMANDS = frozenset({"candidates", "estimate", "explain", "report", "sea
 
 
 def _dispatch(args) -> int:
+    if args.command in PAUSED_COMMANDS and args.started is None:
+        # The command line's own process: it ends after this without collecting (`entry`);
+        # turning the collector back on would only make it walk the memos one last time.
+        gc.disable()
     with collector_paused() if args.command in PAUSED_COMMANDS else contextlib.nullcontext():
         return _dispatch_command(args)
 

@@ -103,3 +103,30 @@ def test_partial_sums_answered_from_earlier_calls_as_fresh():
     seen: dict = {}
     shared = [can_be_partial(graph, tensor, seen) for tensor in graph.tensors]
     assert shared == [can_be_partial(graph, tensor) for tensor in graph.tensors] and any(shared) and not all(shared)
+
+
+def test_recomputed_ops_found_from_the_backward_reads_once_as_scanned_per_unit():
+    from autostrat.autodiff import build_backward
+    from autostrat.autodiff.recompute import _copied, _units, recompute_cells
+    from autostrat.frontend import trace
+    from autostrat.models import GPT
+
+    net = GPT(layers=2, hidden=16, heads=2, seq=4, batch=2, vocab=32)
+    traced = trace(net, *net.example_inputs())
+    graph, forward, cells = build_backward(traced), set(traced.ops), ("blocks.0", "blocks.1.ffn1")
+    read_back = {graph.tensors[t].producer for name, op in graph.ops.items() if name not in forward for t in op.inputs}
+    units = _units(graph, cells, forward)
+    for inside in units.values():
+        scanned = {graph.tensors[t].producer for name, op in graph.ops.items() if name not in forward
+                   for t in op.inputs if graph.tensors[t].producer in inside}  # the slow scan, per unit
+        found, stack = set(), list(scanned)
+        while stack:
+            name = stack.pop()
+            if name not in found:
+                found.add(name)
+                stack += [p for t in graph.ops[name].inputs if (p := graph.tensors[t].producer) in inside]
+        assert _copied(graph, inside, read_back) == found and found
+    copies = [name.removeprefix("recompute/") for name in recompute_cells(graph, cells, forward).ops if name.startswith("recompute/")]
+    for inside in units.values():  # each unit's copies in forward order
+        assert [name for name in copies if name in inside] == [name for name in graph.ops if name in inside and name in copies]
+    assert len(copies) > len(units)
