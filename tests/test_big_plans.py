@@ -130,3 +130,19 @@ def test_recomputed_ops_found_from_the_backward_reads_once_as_scanned_per_unit()
     for inside in units.values():  # each unit's copies in forward order
         assert [name for name in copies if name in inside] == [name for name in graph.ops if name in inside and name in copies]
     assert len(copies) > len(units)
+
+
+def test_searches_within_the_coarse_bound_cost_what_unbounded_ones_do():
+    from autostrat.cost import dtype_size
+    from autostrat.redistribution.memo import clear_memos
+    from autostrat.redistribution.planner import _coarse_bound, _solve_cost, _solve_layouts, redistribution_cost
+    from tests.test_scale import random_pairs
+
+    clear_memos()  # the bounded searches run cold, not on answers the unbounded ones left
+    producers, consumers, pairs = random_pairs(1024, 12, seed=33)
+    bounded = [redistribution_cost(producers[i], consumers[j]) for i, j in pairs]
+    bounds = [_coarse_bound(producers[i].normalized(), consumers[j].normalized(), dtype_size("float32")) for i, j in pairs]
+    clear_memos()
+    unbounded = [_solve_layouts(producers[i], consumers[j], dtype_size("float32"), None, _solve_cost)[1][1] for i, j in pairs]
+    assert bounded == unbounded
+    assert all(bound >= cost for bound, cost in zip(bounds, unbounded)) and sum(bound < float("inf") for bound in bounds) >= 3
