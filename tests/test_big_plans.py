@@ -27,7 +27,7 @@ ROOT = Path(__file__).parent.parent
 
 
 class _EveryEdgeAlone:
-    """`plan._PlanMemo` without its memo: every edge and writeback planned by itself."""
+    """`shared_plans.PlanMemo` without its memo: every edge and writeback planned by itself."""
 
     def __init__(self, model, timing, cost_model):
         self.model, self.timing, self.cost_model = model, timing, cost_model
@@ -42,7 +42,7 @@ def _training_plan():
 
 def test_repeated_edges_share_one_plan_and_plan_as_each_alone(monkeypatch):
     shared = _training_plan()
-    monkeypatch.setattr(plan_module, "_PlanMemo", _EveryEdgeAlone)
+    monkeypatch.setattr(plan_module, "PlanMemo", _EveryEdgeAlone)
     alone = _training_plan()
     assert shared.to_json() == alone.to_json() and shared.table() == alone.table()
     assert shared.to_json() == json.dumps(shared.to_dict(), indent=1) + "\n"  # chunks, shared primitives: the same text

@@ -12,8 +12,7 @@ from autostrat.cost import Hardware
 from autostrat.cost.hardware import EFFICIENCIES
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
-from autostrat.redistribution import RedistributionPlan, lower_plan
-from autostrat.redistribution.algorithms import plan_with_algorithms
+from autostrat.redistribution import RedistributionPlan
 from autostrat.layout.named import layout_entry
 from autostrat.search.bounds import plan_bounds
 from autostrat.search.checkpoint import checkpoint_bytes
@@ -21,6 +20,7 @@ from autostrat.search.dump import write_dumps
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout
 from autostrat.search.precision import PRECISION_MEMORY, TensorSizes
 from autostrat.search.prediction import Prediction, predict
+from autostrat.search.shared_plans import LoweredPlans, PlanMemo
 from autostrat.tables import format_table
 from autostrat.io import as_output, write_atomically
 
@@ -226,9 +226,9 @@ class Plan:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        # Each plan lowered once: edges of repeated layers share their plans (`_PlanMemo`), and
+        # Each plan lowered once: edges of repeated layers share their plans (`shared_plans.PlanMemo`), and
         # the primitives list every rank group (7 833 edges of 16 384 ranks: 514 MB of text).
-        lowered = _Lowered()
+        lowered = LoweredPlans()
         return {
             "graph": self.graph.name,
             "device_num": self.device_num,
@@ -326,7 +326,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
     every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
     model = hardware.alpha_beta(device_num) if cost_model == "time" else None  # the search's redistributions
     timing = hardware.alpha_beta(device_num)  # what each collective's algorithm is chosen on (`plan_with_algorithms`)
-    planned = _PlanMemo(model, timing, cost_model)
+    planned = PlanMemo(model, timing, cost_model)
     layouts: dict[str, Layout] = {}
     for name, op in graph.ops.items():
         strategy = strategies[name]
@@ -393,32 +393,3 @@ def describe(hardware: Hardware) -> str:
             f"{hardware.devices_per_server} devices per server linked at {hardware.intra_server_bandwidth / 1e9:g} GB/s "
             f"and {hardware.intra_server_latency * 1e6:g} us, servers at {hardware.inter_server_bandwidth / 1e9:g} GB/s "
             f"and {hardware.inter_server_latency * 1e6:g} us" + (f"; {efficiencies}" if efficiencies else ""))
-
-
-class _Lowered(dict):
-    """The primitives' text of each plan asked for (by identity: plans live while asked)."""
-
-    def __call__(self, plan: RedistributionPlan) -> tuple[str, ...]:
-        found = self.get(id(plan))
-        if found is None:
-            found = self[id(plan)] = tuple(str(primitive) for primitive in lower_plan(plan))
-        return found
-
-
-class _PlanMemo(dict):
-    """`plan_with_algorithms` on one plan's `model`, `timing` and objective, each pair of layouts
-    and dtype planned once: repeated layers repeat their edges (a 126-layer LLaMA at 16 384
-    devices has 7 833 edges and writebacks), and a plan is a pure function of its key, so every
-    edge holds the plan it would get alone (tested: the same plan JSON as planned edge by edge).
-    """
-
-    def __init__(self, model, timing, cost_model: str):
-        super().__init__()
-        self.model, self.timing, self.cost_model = model, timing, cost_model
-
-    def __call__(self, src: Layout, dst: Layout, dtype: str) -> RedistributionPlan:
-        key = (src, dst, dtype)
-        plan = self.get(key)
-        if plan is None:
-            plan = self[key] = plan_with_algorithms(src, dst, dtype, self.model, self.timing, self.cost_model)
-        return plan
