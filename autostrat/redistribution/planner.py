@@ -268,9 +268,11 @@ def _cheapest_bytes(src: Layout, dst: Layout, dtype) -> int:
 
 
 def _bounded(src: Layout, dst: Layout, itemsize: int):
-    """`_solve_cost` within `_coarse_bound` of the pair, as `_solve_layouts` calls it."""
-    bound = _coarse_bound(src, dst, itemsize)
-    return lambda problem, start, target, model: _solve_cost(problem, start, target, model, bound)
+    """`_solve_cost` within `_coarse_bound` of the pair, as `_solve_layouts` calls it (after
+    its check that the layouts are of one tensor on one cluster)."""
+    def solve(problem, start, target, model):
+        return _solve_cost(problem, start, target, model, _coarse_bound(src, dst, itemsize))
+    return solve
 
 
 def _coarse_bound(src: Layout, dst: Layout, itemsize: int) -> float:
