@@ -60,6 +60,16 @@ the A* one optimal. Recorded (branch axes, load 5): the handed partial pair time
 CollectivePermute across the servers: 4 µs + 4 096 B at 50 GB/s), 32 ms CPU, 51 ms wall (main's
 code: 44.3 s, enumerating 10! relabellings per permute bundle); the stuck pair timed 19.7 ms CPU.
 
+Recorded (issue #32, branch wholeaxes: a popped permute bundle first tries the relabelling
+nearest the target's order, `search.Search._towards`; load 10-15): the pinned permute (rows
+handed from the major 8-axis to the minor one of dm[8, 16, 8], 10 prime axes each pinned by the
+target) timed 47.2 ms CPU, 4 656 ns, one CollectivePermute across the servers (main: 46.6 s for
+the same plan, listing 10! relabellings per bundle); stuck timed 20.3 ms CPU; handed partial
+timed 36.9 ms. The quality row's 20 slowest timed pairs, collected by this code (821 costs in
+58.8 s, none unreachable, no fallback), cold, main / this code: every value equal, sum 48.5 s /
+45.1 s, each within the noise (their rests are popped: the bound misses the AllToAlls inside
+the servers, as above).
+
 Run: python benchmarks/redistribution.py [--devices 8 16 64] [--check]
 """
 
