@@ -79,9 +79,9 @@ def test_kernels_equal_the_jax_translation():
 
 def test_rule_splits_batch_heads_and_query_rows_keeps_keys_and_head_dim_whole():
     rule = make_rule("FlashAttentionScore", [(2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16)], head_num=4, sparse_mode=2)
-    assert str(rule) == "b n s d, b n t d, b n t d -> b n s d; need-replication d t"
+    assert str(rule) == "b n s d, b n t d, b n t d -> b n s d; need-replication d t; ring t over s"
     grad = make_rule("FlashAttentionScoreKeyValueGrad", [(2, 4, 8, 16)] * 4, head_num=4)
-    assert str(grad) == "b n s d, b n t d, b n t d, b n s d -> b n t d, b n t d; reduction s; need-replication d t"
+    assert str(grad) == "b n s d, b n t d, b n t d, b n s d -> b n t d, b n t d; reduction s; need-replication d t; ring t over s"
 
 
 _SHAPES = [(2, 4, 8, 16)] * 3

@@ -27,14 +27,14 @@ def _splits(plan, op_type):
     return dict(zip(op.strategy.rule.factors, op.strategy.splits))
 
 
-def _train_with_sequence_split(attention_seed, fused=True):
+def _train_with_sequence_split(attention_seed, fused=True, **context):
     """A 1-block LLaMA (batch 2, sequence 16) on dp 2 x cp 4: every Dense splits its rows
     (batch x sequence) over the 8 devices, weights whole; the fused attention as
     `attention_seed` says, or (not `fused`) both BatchMatMuls of the unfused one."""
     net = LLaMA(layers=1, hidden=32, ffn=40, heads=4, seq=16, batch=DP, vocab=64, fused_attention=fused)
     block = net.blocks[0]
     try:
-        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=DP * CP, gradients_mean=True)
+        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=DP * CP, gradients_mean=True, **context)
         for dense in (block.attention.query, block.attention.key, block.attention.value, block.attention.projection,
                       block.ffn_gate, block.ffn_up, block.ffn_down):
             dense.matmul.shard(((DP * CP, 1), (1, 1)))
@@ -100,3 +100,19 @@ def test_search_chooses_the_all_gather_form_when_key_and_value_are_small(kv_head
     finally:
         reset_auto_parallel_context()
     assert _splits(plan, "FlashAttentionScore")["s"] == query_rows
+
+
+RING = ((DP, 1, CP, 1),) * 3  # K and V split like the query rows: ring attention
+
+
+def test_ring_form_trains_like_one_device():
+    """Ring attention: K and V stay split over cp like the query rows, no gather into the op;
+    its blocks go around the ring inside it, counted on the wire at each send and equal to the
+    plan's prediction (`_train_with_sequence_split` compares)."""
+    plan = _train_with_sequence_split(RING, cost_model="time")
+    attend = plan.ops["blocks.0.attention.attend"].strategy
+    assert attend.ring and _splits(plan, "FlashAttentionScore") == {"b": 2, "n": 1, "s": 4, "d": 1, "t": 1}
+    assert "attend" not in _forward_steps(plan)
+    grads = [op.strategy for name, op in plan.ops.items() if name.startswith("bprop/blocks.0.attention.attend/")]
+    assert plan.ring_bytes == {"blocks.0.attention.attend": 3 * 2 * (1 * 4 * 4 * 8) * 4}  # K and V blocks of b h s/cp d, 3 steps
+    assert len(grads) == 2 and not any(grad.ring for grad in grads)  # the backward gathers K and V (cheaper here)

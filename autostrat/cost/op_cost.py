@@ -9,7 +9,8 @@
   (S again, dV, dP, dK); a causal mask saves nothing here, as it saves nothing unfused.
 - Memory: bytes of every input and output slice a device holds. Parameters are inputs, so they
   are counted there; activations kept for the backward pass are not modelled.
-- Communication: 0. An op whose strategy splits a reduction factor leaves its output partial and
+- Communication: 0, except for a ring strategy, whose op passes blocks around its ring itself
+  (`cost.ring`). An op whose strategy splits a reduction factor leaves its output partial and
   the edge to its consumer resolves it (AllReduce, or ReduceScatter when the consumer wants the
   result split); counting it here as well would charge it twice.
 """
@@ -20,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from autostrat.cost.collective import dtype_size
+from autostrat.cost.ring import ring_bytes
 from autostrat.errors import LayoutError
 
 
@@ -58,4 +60,4 @@ def op_cost(strategy, dtypes="float32") -> OpCost:
     work = math.prod(strategy.rule.factor_sizes) // math.prod(strategy.splits)
     flops = work * FLOPS_PER_ITERATION.get(strategy.rule.op_type, 2 if strategy.rule.reduction else 1)
     memory = sum(math.prod(layout.slice_shape) * dtype_size(dtype) for layout, dtype in zip(layouts, dtypes))
-    return OpCost(flops_per_device=flops, memory_bytes_per_device=memory, comm_bytes=0)
+    return OpCost(flops_per_device=flops, memory_bytes_per_device=memory, comm_bytes=ring_bytes(strategy, dtypes[1]) if strategy.ring else 0)

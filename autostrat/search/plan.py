@@ -10,6 +10,7 @@ from pathlib import Path
 from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware
 from autostrat.cost.hardware import EFFICIENCIES
+from autostrat.cost.ring import ring_bytes
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan
@@ -134,8 +135,16 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
-        """Redistribution bytes each device sends for one step (forward pass, or training step)."""
-        return sum(edge.cost for edge in self.redistributions) + sum(w.plan.cost for w in self.writebacks)
+        """Bytes each device sends for one step (forward pass, or training step): its
+        redistributions and its ring strategies' rings."""
+        edges = sum(edge.cost for edge in self.redistributions) + sum(w.plan.cost for w in self.writebacks)
+        return edges + sum(self.ring_bytes.values())
+
+    @cached_property
+    def ring_bytes(self) -> dict[str, int]:
+        """Per op with a ring strategy, the bytes each device sends around its ring (`cost.ring`)."""
+        return {name: ring_bytes(op.strategy, self.sizes.priced(self.graph.ops[name].inputs[1]))
+                for name, op in self.ops.items() if op.strategy.ring}
 
     @cached_property
     def resting(self) -> frozenset[str]:
@@ -181,6 +190,8 @@ class Plan:
         for edge in self.redistributions:
             totals[self.edge_phase(edge)] += edge.cost
         totals["update"] += sum(w.plan.cost for w in self.writebacks)
+        for name, sent in self.ring_bytes.items():
+            totals[op_phase(name)] += sent
         return totals
 
     def bytes_into(self, op: str) -> int:
