@@ -20,7 +20,9 @@ ratio; nothing is fitted.
 "Search" is what the search picks by itself for the row's model and batch on 8 devices (fully
 automatic, step time, 80 GB per device, no seeds, recomputed layers and ZeRO (level 3: parameters
 sharded at rest where the budget needs it) its own choice): its predicted tokens/s per GPU and
-the attention's split (batch b, heads n, query rows s), or why it found none.
+the attention's split (batch b, heads n, query rows s, "ring" for ring attention) with the
+query projection's strategy (rows over the devices: the sequence split outside attention, i.e.
+context parallelism; columns: Megatron's heads split), or why it found none.
 
 Run: .venv/bin/python benchmarks/context_parallel.py [--rows 1 2] [--no-search]
 """
@@ -101,7 +103,9 @@ def searched(row: Row, folder: Path) -> tuple[float, str]:
     step_s = sum(phase.time_ns for phase in plan.prediction.phases.values()) / 1e9
     attend = plan.ops["blocks.0.attention.attend"].strategy
     splits = dict(zip(attend.rule.factors, attend.splits))
-    return row.fsdp * row.seq / step_s / DEVICES, f"b {splits['b']} n {splits['n']} s {splits['s']}"
+    query = plan.ops["blocks.0.attention.query.matmul"].strategy.to_tuples()
+    return row.fsdp * row.seq / step_s / DEVICES, (f"b {splits['b']} n {splits['n']} s {splits['s']}{' ring' if attend.ring else ''}"
+                                                   f"; query product {query}")
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,9 @@ import pytest
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
 from autostrat.frontend.train import TrainOneStepCell, compare, training_plan
 from autostrat.models import LLaMA
+from autostrat.layout import Strategy
 from autostrat.parallel import Layout
+from autostrat.search.plan import build_plan
 from autostrat.runtime.training import reference_graph, train_locally, train_reference
 
 DP, CP = 2, 4
@@ -27,7 +29,7 @@ def _splits(plan, op_type):
     return dict(zip(op.strategy.rule.factors, op.strategy.splits))
 
 
-def _train_with_sequence_split(attention_seed, fused=True, **context):
+def _train_with_sequence_split(attention_seed, fused=True, backward_as_forward=False, **context):
     """A 1-block LLaMA (batch 2, sequence 16) on dp 2 x cp 4: every Dense splits its rows
     (batch x sequence) over the 8 devices, weights whole; the fused attention as
     `attention_seed` says, or (not `fused`) both BatchMatMuls of the unfused one."""
@@ -42,12 +44,25 @@ def _train_with_sequence_split(attention_seed, fused=True, **context):
             primitive.shard(attention_seed)
         cell = TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3))
         plan, values, batches = training_plan(cell, None, net.example_inputs(), 2)
+        plan = _backward_as_forward(plan) if backward_as_forward else plan
         run, alone = train_locally(plan, values, batches), train_reference(reference_graph(plan), values, batches)
     finally:
         reset_auto_parallel_context()
     report = compare(plan, run, alone)
     assert report.ok, report.text
     return plan
+
+
+def _backward_as_forward(plan):
+    """`plan` again with the fused attention's gradients run in the forward's strategy (its
+    ring too): the plan a user's strategy file could give every op."""
+    [forward] = [op.strategy for op in plan.ops.values() if op.op_type == "FlashAttentionScore"]
+    strategies = {name: op.strategy for name, op in plan.ops.items()}
+    for name, op in plan.ops.items():
+        if op.op_type.startswith("FlashAttentionScore") and op.op_type != "FlashAttentionScore":
+            strategies[name] = Strategy(op.strategy.rule, forward.splits, plan.device_num, ring=forward.ring)
+    return build_plan(plan.graph, plan.device_num, plan.mode, strategies, {name: "seed" for name in strategies}, (),
+                      cost_model=plan.cost_model, hardware=plan.hardware, optimizer_shard=plan.optimizer_shard)
 
 
 def _forward_steps(plan):
@@ -109,10 +124,21 @@ def test_ring_form_trains_like_one_device():
     """Ring attention: K and V stay split over cp like the query rows, no gather into the op;
     its blocks go around the ring inside it, counted on the wire at each send and equal to the
     plan's prediction (`_train_with_sequence_split` compares)."""
-    plan = _train_with_sequence_split(RING, cost_model="time")
+    plan = _train_with_sequence_split(RING)
     attend = plan.ops["blocks.0.attention.attend"].strategy
     assert attend.ring and _splits(plan, "FlashAttentionScore") == {"b": 2, "n": 1, "s": 4, "d": 1, "t": 1}
     assert "attend" not in _forward_steps(plan)
     grads = [op.strategy for name, op in plan.ops.items() if name.startswith("bprop/blocks.0.attention.attend/")]
     assert plan.ring_bytes == {"blocks.0.attention.attend": 3 * 2 * (1 * 4 * 4 * 8) * 4}  # K and V blocks of b h s/cp d, 3 steps
     assert len(grads) == 2 and not any(grad.ring for grad in grads)  # the backward gathers K and V (cheaper here)
+
+
+def test_ring_backward_trains_like_one_device():
+    """Both gradients as rings too: the query gradient passes K and V around once, the key and
+    value gradient twice with the running dK and dV, which go home at the end; every rank's
+    messages counted at each send equal the plan's prediction (`cost.ring`)."""
+    plan = _train_with_sequence_split(RING, backward_as_forward=True)
+    block = 1 * 4 * 4 * 8 * 4  # bytes of one rank's K (or V, dK, dV) block: b h s/cp d in fp32
+    assert plan.ring_bytes == {"blocks.0.attention.attend": 3 * 2 * block,
+                               "bprop/blocks.0.attention.attend/flash_attention_score_query_grad": 3 * 2 * block,
+                               "bprop/blocks.0.attention.attend/flash_attention_score_key_value_grad": (2 * 3 + 4) * 2 * block}

@@ -237,6 +237,7 @@ class Plan:
                 | ({"out_strategy": [list(t) for t in o.strategy.out_tuples()]} if o.strategy.out_tuples() is not None else {})
                 | ({"partial_sums": True} if o.strategy.sums_partials else {})  # partial inputs summed on
                 | ({"at_rest": list(o.strategy.at_rest)} if o.strategy.at_rest else {})  # ZeRO-3's inputs kept sharded
+                | ({"ring_bytes": self.ring_bytes[n]} if o.strategy.ring else {})  # sent around the op's ring
                 | ({"in_layout": [layout_entry(layout) for layout in o.strategy.input_layouts]}  # an axis order tuples cannot say
                    if o.strategy.placement is not None else {})
                 | ({"stage": self.pipeline.stage_label(n)} if self.pipeline else {})
