@@ -142,3 +142,21 @@ def test_ring_backward_trains_like_one_device():
     assert plan.ring_bytes == {"blocks.0.attention.attend": 3 * 2 * block,
                                "bprop/blocks.0.attention.attend/flash_attention_score_query_grad": 3 * 2 * block,
                                "bprop/blocks.0.attention.attend/flash_attention_score_key_value_grad": (2 * 3 + 4) * 2 * block}
+
+
+@pytest.mark.parametrize(("device_flops", "ring"), [(1e9, True), (1e12, False)])
+def test_search_chooses_ring_attention_where_the_compute_hides_its_sends(device_flops, ring):
+    """Fully automatic search of the step time, one head (nothing but the query rows to split),
+    batch 1, sequence 256: on a device slow enough that attention's compute hides the ring's
+    sends, the proven optimum passes K and V around the ring in all three attention ops (the
+    all-gather form would wait for its gather); on a fast one the ring's many messages cost more
+    than one gather shared by the three ops, and it gathers."""
+    net = LLaMA(layers=1, hidden=16, ffn=32, heads=1, kv_heads=1, seq=256, batch=1, vocab=32, fused_attention=True)
+    try:
+        set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8, gradients_mean=True, device_flops=device_flops,
+                                  search_mode="integer_programming", cost_model="time")
+        plan, _, _ = training_plan(TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3)), None, net.example_inputs(), 1)
+    finally:
+        reset_auto_parallel_context()
+    attention = [op.strategy for op in plan.ops.values() if op.op_type.startswith("FlashAttentionScore")]
+    assert len(attention) == 3 and all(s.split("s") == 8 and s.ring == ring for s in attention)
