@@ -1,9 +1,12 @@
-"""Context parallelism (issue #35) as layouts the search already prices: the sequence split over
-a ``cp`` axis everywhere, and inside attention either the query rows split with K and V
-all-gathered (Llama 3's form) or the heads split, reached by an all-to-all from the sequence
-split (Ulysses). Both are seeds a user writes; on 8 local ranks each trains like one device with
-the bytes counted on the wire equal to the prediction, and the search picks the all-gather form
-by itself where K and V are small (one key-value head) and the sequence long."""
+"""Context parallelism (issue #35) as layouts the search prices: the sequence split over a
+``cp`` axis everywhere, and inside attention either the query rows split with K and V
+all-gathered (Llama 3's form), the heads split, reached by an all-to-all from the sequence
+split (Ulysses), or K and V split like the query rows with their blocks passed around the cp
+ring inside the op (ring attention). All three are seeds a user writes; on 8 local ranks each
+trains like one device with the bytes counted on the wire equal to the prediction (a ring's
+backward too); the search picks the all-gather form by itself where K and V are small (one
+key-value head) and the sequence long, and ring attention where the compute hides its sends.
+The three forms in one job on 8 MPI ranks: test_mpi.py (configs/cp/llama_cp_train.yaml)"""
 
 from __future__ import annotations
 
