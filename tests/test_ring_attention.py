@@ -86,3 +86,20 @@ def test_a_ring_pair_is_a_need_replication_factor_and_a_splittable_one():
     from autostrat.rules.rule import Rule, RuleSpec
     with pytest.raises(RuleError, match="a ring pair is a need-replication factor and a splittable one of 'a b -> a', got 'b a'"):
         Rule.build("ReduceSum", RuleSpec("a b -> a", ring="b a"), [(2, 2)])
+
+
+def test_a_ring_inside_a_pipeline_stage_is_refused():
+    from autostrat.autodiff import SGD, build_training
+    from autostrat.errors import RuntimeBackendError
+    from autostrat.frontend import trace
+    from autostrat.models import LLaMA
+    from autostrat.runtime.stage_program import lower_stage_programs
+    from autostrat.search import SearchOptions
+    from autostrat.search.pipeline import plan_pipeline
+
+    net = LLaMA(layers=2, hidden=16, ffn=16, heads=2, seq=8, batch=2, vocab=16, fused_attention=True)
+    net.blocks[0].attention.attend.shard(((1, 1, 2, 1),) * 3)
+    plan = plan_pipeline(build_training(trace(net, *net.example_inputs(), device_num=2), SGD()), 4, 2, 2, SearchOptions())
+    with pytest.raises(RuntimeBackendError, match="op blocks.0.attention.attend: a ring strategy .ring attention. does not run "
+                                                  "inside a pipeline stage yet"):
+        lower_stage_programs(plan)
