@@ -17,6 +17,12 @@ whole search: problem, BFS, refinement and plan), peak RSS, and cost / the layer
 Target: exact / tied <= 1 within the time limit.
 
 Run: .venv/bin/python benchmarks/coarsen_exact.py [--models 7b stack-8] [--time-limit 60] [--tied-limit 120]
+
+Recorded (2 cores shared with other work; 7b at load 12-13, stack-8 with ``--tied-limit 60`` at
+load 10-13): 7b: bfs 52.572 GB; layers 20.200 GB OPTIMAL (among tied plans) in 119.5 s; exact
+6.247 GB, bound 0.934 GB, 60.3 s, 685 MB, 0.309 of the tied optimum. stack-8: bfs 0.469 GB;
+layers 0.469 GB FEASIBLE (bound 0.032 GB) in 64.5 s; exact 0.060 GB, bound 0.025 GB, 59.1 s,
+0.128 of the layers row. Before `search.solve.untied`, the 7b exact row kept the BFS plan.
 """
 
 from __future__ import annotations

@@ -11,13 +11,13 @@ the IOPDDL solver's moves from CP-SAT's plan.
 
 Every cost is the problem's own (`problem.cost(choice, shared=True)`, the peak by
 `memory.peak_bytes`): the result is the cheaper of the two steps' plans; its bound is the higher
-of their bounds (CP-SAT's, and the solver's when it is exact: `refinement._exact_bound`), both
-lower bounds on the same untied optimum, and its status OPTIMAL only when the plan reaches it.
+of their bounds (CP-SAT's; the solver's, or under shared readers the relaxed instance's:
+`refinement`), both lower bounds on the same untied optimum, and its status OPTIMAL only when the plan reaches it.
 
-Measured on the 7B-shaped training step at 64 devices (bytes, 2 shared cores, load 4-10): the
-tied model is proven optimal at 20.20 GB in 42 s; CP-SAT on the untied model alone ends 120 s at
-54.49 GB (its start, BFS, sends 54.92 GB); the solver from the BFS plan reaches 6.25 GB in 58 s
-(`benchmarks/coarsen_exact.py` prints the table).
+Measured on the 7B-shaped training step at 64 devices (`benchmarks/coarsen_exact.py`, bytes, 2
+cores shared with other work, load 12-13): BFS 52.57 GB per device; the tied model 20.20 GB,
+proven optimal among tied plans in 119.5 s; this refinement within 60 s 6.25 GB, bound 0.93 GB
+(the solver's plan), where CP-SAT alone on the untied model (before this module) kept the BFS plan within its 60 s.
 """
 
 from __future__ import annotations
