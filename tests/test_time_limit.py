@@ -212,8 +212,10 @@ def test_at_coarsening_exact_the_tied_and_untied_solves_and_the_solver_share_the
     # A propagation of 2 s in a 30 s limit: the tied model's solve until half the limit from
     # the refinement's start (15 s), the untied model's until two thirds of the limit from the
     # search's (3 s), the solver the last third (10 s); each finds nothing and takes its time.
+    from tests.test_solve_untied import gpt_training as two_devices
+
     untied_module = importlib.import_module("autostrat.search.solve.untied")
-    graph, propagated = gpt_training(2).graph, search_module.propagate
+    graph, propagated = two_devices().graph, search_module.propagate
 
     def slow_propagation(*args, **kwargs):
         clock.now += 2.0
@@ -230,6 +232,6 @@ def test_at_coarsening_exact_the_tied_and_untied_solves_and_the_solver_share_the
     monkeypatch.setattr(search_module, "propagate", slow_propagation)
     monkeypatch.setattr(refine_module, "_solve", faked_solve)
     monkeypatch.setattr(untied_module, "refine_by_solver", faked_solver)
-    plan = search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=30))
+    plan = search(graph, 2, SearchOptions(refine="cpsat", refine_time_limit=30))
     assert clock.given == [15.0, 3.0, 10.0] and clock.now == 1000.0 + 30.0
     assert "then the IOPDDL solver" in plan.refinement.result.coarsening
