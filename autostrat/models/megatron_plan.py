@@ -3,7 +3,12 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
 
 - Tensor parallelism (Shoeybi et al. 2019): `megatron_seeds` / `llama_megatron_seeds` on every
   block, Q, K, V and the FFN's first products split by columns over ``tp`` devices, the output
-  projection and the FFN's last product by rows; the activations' rows over ``dp``. The
+  projection and the FFN's last product by rows; the activations' rows over ``dp``. The ops
+  between two tensor-parallel regions (`SEQUENCE_OPS`) are seeded whole on every ``tp`` device,
+  their rows over ``dp`` only, as Megatron runs them without sequence parallelism (left to
+  propagation, the residual adds took the row-split product's output by rows over ``tp``: a
+  ReduceScatter, the add on a ``tp``-th of the rows, an AllGather before the next norm, which
+  holds a ``tp``-th of the residual stream Megatron holds). The
   embedding table and the LM head split the vocabulary over ``tp`` (Megatron's
   VocabParallelEmbedding and parallel logits) when ``tp`` divides it: the lookup's output is
   then partial, the logits column-split (the loss gathers their classes: autostrat has no
@@ -61,7 +66,7 @@ def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: 
         seeds = llama_megatron_seeds(len(net.blocks), tensor_parallel, rows)
     else:
         seeds = megatron_seeds(len(net.blocks), tensor_parallel, data_parallel=rows)
-    return seeds | _vocabulary_seeds(net, tensor_parallel, data_parallel, context_parallel)
+    return seeds | _between_regions_seeds(net, rows) | _vocabulary_seeds(net, tensor_parallel, data_parallel, context_parallel)
 
 
 def _vocabulary_seeds(net, tensor_parallel: int, data_parallel: int, context_parallel: int) -> dict:
@@ -132,7 +137,12 @@ def sequence_parallel_seeds(net, tensor_parallel: int, data_parallel: int) -> di
         ((((8, 1), (1,), (1,)), None), (((8, 1), (8, 1)), None))
     """
     _check_family(net)
-    rows = tensor_parallel * data_parallel
+    return _between_regions_seeds(net, tensor_parallel * data_parallel)
+
+
+def _between_regions_seeds(net, rows: int) -> dict:
+    """Every block's `SEQUENCE_OPS` with their activations' rows split over `rows` devices and
+    nothing else split (whole on the other devices of the stage)."""
     names = {name for name, _ in net.primitives_and_names()}
     seeds = {}
     for index in range(len(net.blocks)):

@@ -6,7 +6,8 @@ search uses (`frontend.run.plan_config`), so a given plan and a searched one are
 model (cases):
 
 - ``tp`` and ``dp``: Megatron's tensor-parallel seeds on every block over ``tp`` devices, the
-  activations' rows over ``dp`` (`models.megatron_plan.tensor_parallel_seeds`); the other ops propagate.
+  activations' rows over ``dp``, the norms, residual adds and biases between the tensor-parallel
+  regions whole on the ``tp`` devices (`models.megatron_plan.tensor_parallel_seeds`); the other ops propagate.
 - ``cp``: context parallelism, Llama 3's all-gather form: each data-parallel rank's sequence split
   over ``cp`` devices, the products' rows over ``dp · cp``, every fused attention's query rows over
   ``cp`` with K and V gathered (`models.megatron_plan.context_parallel_seeds`); ``device_num`` is
@@ -277,8 +278,9 @@ def estimate(path) -> Estimate:
     """
     config, given = given_plan_config(path)
     with warnings.catch_warnings():
-        if given.sequence_parallel:  # its seeds disagree by design: the AllGathers and ReduceScatters it trades for AllReduces
-            warnings.filterwarnings("ignore", message="seeds of .* disagree on .*: a redistribution")
+        # The seeds disagree by design: a row-split product's partial output is resolved for the
+        # ops after it, an AllReduce (whole on the tp devices) or a ReduceScatter (sequence parallel).
+        warnings.filterwarnings("ignore", message="seeds of .* disagree on .*: a redistribution")
         plan, _ = plan_config(config)
     return estimate_of(plan, config.net, given)
 
