@@ -17,9 +17,11 @@ Prices of a split (`priced_split`), per model stage from its units' `stages.Unit
   most it holds at any moment of its order: per chunk the activations of the micro-batches in
   flight (from a forward to its backward, or to its weight gradient where the backward is
   split), the gradient sums once the chunk's first backward made them, the gradients the
-  instruction freeing a micro-batch's activations writes next to them while the activations of
-  the units it has yet to reach live (`_overlap`, unit by unit), and, where a backward starts,
-  the first activation gradient it writes.
+  instruction freeing a micro-batch's activations writes while the activations of the units it
+  has yet to reach live (`_overlap`, unit by unit: all of them in the first micro-batch, whose
+  gradients become the sums; a unit's largest in a later one, which adds each into its sum as it
+  is made, as the runtime and Megatron do), and, where a backward starts, the first activation
+  gradient it writes.
 
 `split_stages` finds the split with the least simulated step whose model fits the budget:
 every split when there are at most `EXHAUSTIVE_SPLITS` (so exact: tested against brute force),
@@ -78,7 +80,7 @@ def group_peaks(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule:
 def _group_peak(costs: UnitCosts, bounds, schedule: Schedule, device: int) -> int:
     """One device group's peak by the split's model (`group_peaks`)."""
     stages = [schedule.stage(device, chunk) for chunk in range(schedule.chunks)]
-    activations, gradients, firsts, overlaps = [], [], [], []
+    activations, gradients, firsts, overlaps, summed = [], [], [], [], []
     for stage in stages:
         first, end = bounds[stage]
         received = costs.send_bytes * (stage > 0)
@@ -86,6 +88,7 @@ def _group_peak(costs: UnitCosts, bounds, schedule: Schedule, device: int) -> in
         gradients.append(sum(costs.gradient_bytes[first:end]))
         firsts.append(costs.transient_bytes[end - 1] if costs.transient_bytes else 0)  # the backward starts at the last unit
         overlaps.append(_overlap(costs, first, end, received))
+        summed.append(_overlap(costs, first, end, received, summed=True))
     kept, sums, peak = [0] * schedule.chunks, [0] * schedule.chunks, 0
     frees = "W" if schedule.split_backward else "B"  # what frees a micro-batch's activations
     for instruction in schedule.orders[device]:
@@ -94,8 +97,11 @@ def _group_peak(costs: UnitCosts, bounds, schedule: Schedule, device: int) -> in
             kept[chunk] += 1
             extra = firsts[chunk]  # a backward may start now, all of these held
         elif instruction.kind == frees:
-            kept[chunk] -= 1  # its activations and gradients while it runs (`_overlap`), the sums once made next to them
-            extra, sums[chunk] = overlaps[chunk] - gradients[chunk] * (1 - sums[chunk]), 1
+            # Its activations and gradients while it runs (`_overlap`): the first micro-batch's
+            # gradients become the sums, a later one's are added into them as they are made.
+            kept[chunk] -= 1
+            extra = summed[chunk] if sums[chunk] else overlaps[chunk] - gradients[chunk]
+            sums[chunk] = 1
         else:
             continue
         held = sum(k * a + s * g for k, a, s, g in zip(kept, activations, sums, gradients))
@@ -104,16 +110,25 @@ def _group_peak(costs: UnitCosts, bounds, schedule: Schedule, device: int) -> in
     return weights + peak
 
 
-def _overlap(costs: UnitCosts, first: int, end: int, received: int) -> int:
+def _overlap(costs: UnitCosts, first: int, end: int, received: int, summed: bool = False) -> int:
     """The most a stage of units ``[first, end)`` holds of one micro-batch while the instruction
     freeing its activations runs: walking its units back from the last, unit ``u`` still holds
     the activations of ``u`` and of the units before it (and the stage's received input) when
-    the gradients of ``u`` and of the units after it are written.
+    the gradients of ``u`` and of the units after it are written; once the step's sums exist
+    (`summed`), each gradient is added into its sum as it is made, and only one of unit ``u``'s
+    at a time, at most its largest, is held beside them, with the activation gradient its
+    backward passes on (`UnitCosts.transient_bytes`).
 
-    Example (the last unit's big gradient is written while both units' activations live):
-        >>> _overlap(UnitCosts((1, 1), (10, 10), (1, 1), gradient_bytes=(1, 30)), 0, 2, 0)
-        50
+    Example (the last unit's big gradient is written while both units' activations live; once
+    summed, its largest part, 20, and an activation gradient of 3 are held beside them):
+        >>> costs = UnitCosts((1, 1), (10, 10), (1, 1), gradient_bytes=(1, 30), transient_bytes=(3, 3),
+        ...                   largest_gradient_bytes=(1, 20))
+        >>> _overlap(costs, 0, 2, 0), _overlap(costs, 0, 2, 0, summed=True)
+        (50, 43)
     """
+    if summed:
+        return max(received + sum(costs.activation_bytes[first:unit + 1]) + costs.largest_gradient_bytes[unit]
+                   + costs.transient_bytes[unit] for unit in range(first, end))
     return max(received + sum(costs.activation_bytes[first:unit + 1]) + sum(costs.gradient_bytes[unit:end])
                for unit in range(first, end))
 
