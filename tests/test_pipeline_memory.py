@@ -147,6 +147,30 @@ def test_the_splits_memory_model_replays_the_orders_the_ranks_run(schedule, chun
     assert all(2 * chunks <= peak <= 2 * chunks + 1 for peak in pieces) and max(pieces) == 2 * chunks + (micro > 1)
 
 
+@pytest.mark.parametrize("schedule, chunks", [("zero_bubble_h1", 1), ("zbv", 2)])
+@pytest.mark.parametrize("stages, micro", [(2, 4), (4, 8)])
+def test_where_the_backward_is_split_the_model_keeps_to_w_only_what_w_reads(schedule, chunks, stages, micro):
+    """A micro-batch's activations live from F to B, what its W reads (`weight_held_bytes`) to W:
+    with nothing kept for W the model holds each device's most micro-batch chunks between an F
+    and its B, counted here by walking the orders; with everything kept, those between F and W."""
+    orders = schedule_orders(schedule, stages, micro, chunks)
+    count, bounds = orders.stages, tuple((k, k + 1) for k in range(orders.stages))
+
+    def in_flight(frees: str) -> tuple[int, ...]:
+        most = []
+        for order in orders.orders:
+            held = peak = 0
+            for instruction in order:
+                held += (instruction.kind == "F") - (instruction.kind == frees)
+                peak = max(peak, held)
+            most.append(peak)
+        return tuple(most)
+
+    for kept, frees in ((0, "B"), (1, "W")):
+        costs = UnitCosts((1,) * count, (10,) * count, (0,) * count, weight_held_bytes=(kept * 10,) * count)
+        assert group_peaks(costs, bounds, orders) == tuple(10 * peak for peak in in_flight(frees))
+
+
 @pytest.mark.parametrize("stages", [2, 3])
 def test_under_any_budget_the_split_is_the_fastest_of_every_split_whose_exact_peaks_fit(stages):
     """Brute force over every split of a 6-block stack's units: under each split's own exact
