@@ -15,8 +15,8 @@ Prices of a split (`priced_split`), per model stage from its units' `stages.Unit
   construction: the orders run each micro-batch's F, B and W.
 - Memory per device group (`group_peaks`): its chunks' parameters and optimiser state, plus the
   most it holds at any moment of its order: per chunk the activations of the micro-batches in
-  flight (from a forward to its backward, or to its weight gradient where the backward is
-  split), the gradient sums once the chunk's first backward made them, the gradients the
+  flight (from a forward to its backward; where the backward is split, from B to W only what
+  the W ops read, `UnitCosts.weight_held_bytes`), the gradient sums once the chunk's first backward made them, the gradients the
   instruction freeing a micro-batch's activations writes while the activations of the units it
   has yet to reach live (`_overlap`, unit by unit: all of them in the first micro-batch, whose
   gradients become the sums; a unit's largest in a later one, which adds each into its sum as it
