@@ -106,6 +106,8 @@ def test_llama_counts_six_n_plus_attention(tmp_path, capsys):
 
 @pytest.mark.parametrize("change, message", [
     (("pp: 2, vp: 1", "pp: 1, vp: 2"), "plan.vp: virtual stages interleave a pipeline: expected 1 with pp 1, got 2"),
+    (("pp: 2, vp: 1", "pp: 2, vp: 3"), "plan.pp: Megatron splits the 2 layers evenly over the pp · vp model stages: "
+                                       "expected a count dividing 2, got 6"),
     (("cp: 1", "cp: 2"), "plan.cp: 2 is not yet expressible"),
     (("ep: 1", "ep: 2"), "plan.ep: 2 is not yet expressible"),
     (("zero: 1", "zero: 2"), "plan.zero: 2 is not yet expressible"),
@@ -204,18 +206,22 @@ def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_devic
 
 
 def test_virtual_stages_estimate_megatrons_interleaved_schedule(tmp_path, capsys):
-    """plan.vp 2: the pipeline runs interleaved_1f1b with 2 model stages per rank (4 on 2 ranks),
-    its phases sum to the simulated step, and it predicts less bubble than vp 1."""
+    """plan.vp 2: the pipeline runs interleaved_1f1b with 2 model stages per rank (4 on 2 ranks,
+    a block each), its phases sum to the simulated step, and it predicts less bubble than vp 1."""
     from autostrat.report.estimate import estimate, given_plan_config
 
-    plain, _ = _estimate(tmp_path, capsys)
-    figures, _ = _estimate(tmp_path, capsys, SMALL_TEXT.replace("vp: 1", "vp: 2"))
+    four = SMALL_TEXT.replace("layers: 2", "layers: 4")
+    plain, _ = _estimate(tmp_path, capsys, four)
+    figures, _ = _estimate(tmp_path, capsys, four.replace("vp: 1", "vp: 2"))
     plan, _ = given_plan_config(tmp_path / "plan.yaml")
     assert plan.context.pipeline_schedule_chunks() == ("interleaved_1f1b", 2)
     found = estimate(tmp_path / "plan.yaml")
     assert found.plan.pipeline.stages == 4 and found.plan.pipeline.chunks == 2
     assert sum(found.phases_ns.values()) == found.plan.pipeline.step_time_ns
     assert figures["bubble"] < plain["bubble"]
+    stages = found.plan.pipeline.op_stages  # Megatron's even split: block i on model stage i, the head on the last
+    assert [stages[f"blocks.{i}.ffn1.matmul"] for i in range(4)] == [0, 1, 2, 3]
+    assert stages["embedding.gather"] == 0 and stages["lm_head.matmul"] == stages["loss.reduce_mean"] == 3
 
 CONTEXT_TEXT = ("precision: fp32\nmodel:\n  name: LLaMA\n"
                 "  params: {layers: 2, hidden: 32, ffn: 48, heads: 4, kv_heads: 2, seq: 16, vocab: 64, fused_attention: true}\n"

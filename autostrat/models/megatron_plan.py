@@ -25,6 +25,10 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
   (`context_parallel_seeds`; tests/test_context_parallel.py has the Ulysses form as well).
 - Selective recompute (ibid., section 5): the attention core, QKᵀ, its scale and mask, the
   softmax and ·V, is computed again in the backward instead of kept (`Primitive.recompute`).
+- Pipeline stages (Narayanan et al. 2021): the blocks split evenly over the ``pp · vp`` model
+  stages in order (Megatron's default: ``num_layers`` divisible by them, the embedding on the
+  first stage, the final norm, the LM head and the loss on the last), as the blocks'
+  ``pipeline_stage`` (`mark_pipeline_stages`); the split is given, not searched.
 """
 
 from __future__ import annotations
@@ -151,6 +155,26 @@ def _between_regions_seeds(net, rows: int) -> dict:
             if name in names:
                 seeds[name] = (tuple((rows, 1) if rank == 2 else (1,) for rank in ranks), None)
     return seeds
+
+
+def mark_pipeline_stages(net, stages: int, where: str = "plan.pp") -> None:
+    """Set every block's ``pipeline_stage`` to Megatron's even split of the blocks over
+    `stages` model stages (the module docstring); a count that does not divide the blocks is a
+    ConfigError at `where`.
+
+    Example (8 blocks over 2 pipeline ranks of 2 virtual stages each: 2 blocks per model stage):
+        >>> net = GPT(layers=8, hidden=32, heads=4, seq=8, batch=2, vocab=64)
+        >>> mark_pipeline_stages(net, 4)
+        >>> [block.pipeline_stage for block in net.blocks]
+        [0, 0, 1, 1, 2, 2, 3, 3]
+    """
+    _check_family(net, where)
+    layers = len(net.blocks)
+    if layers % stages:
+        raise ConfigError(f"{where}: Megatron splits the {layers} layers evenly over the pp · vp model stages: expected a "
+                          f"count dividing {layers}, got {stages}")
+    for index, block in enumerate(net.blocks):
+        block.pipeline_stage = index // (layers // stages)
 
 
 def mark_selective_recompute(net) -> tuple[str, ...]:
