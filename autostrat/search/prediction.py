@@ -11,6 +11,8 @@
   bounds (`memory.peak_bytes`), which leaves the copies out.
 
 One device's step is the sum of its phases: compute and communication are not overlapped.
+Where the devices of a server share its cores (MPI ranks on one machine: the profile's
+`cores_per_server`), every time is priced on `Hardware.shared`, the profile each rank sees.
 """
 
 from __future__ import annotations
@@ -98,12 +100,14 @@ def compute_ns(plan, name: str, hardware: Hardware) -> int:
     """The predicted compute time of op `name` of `plan` (its strategy's local work) on `hardware`."""
     operands, sizes = plan.graph.ops[name].inputs + plan.graph.ops[name].outputs, plan.sizes
     dtypes = tuple(map(sizes.priced, operands))  # the precision's (`search.precision`)
-    return hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), sizes.rate_dtypes(operands))
+    return hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), sizes.rate_dtypes(operands),
+                                        plan.graph.ops[name].op_type)
 
 
 def op_times(plan, hardware: Hardware, phases: tuple[str, ...]) -> dict[str, int]:
     """Per op of `phases` (`autodiff.op_phase`), its compute plus the redistributions into it
     (a shared one counted once, at its first reader) and, for an update, its writeback."""
+    hardware = hardware.shared(plan.device_num)
     model, graph = hardware.alpha_beta(plan.device_num), plan.graph
     times = {name: compute_ns(plan, name, hardware) for name in graph.ops if op_phase(name) in phases}
     for edge in plan.redistributions:
@@ -126,6 +130,7 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
         >>> predicted.phases["forward"], predicted.peak_bytes
         (PhaseCost(compute_ns=21, communication_ns=6014, bytes=6144), 18560)
     """
+    hardware = hardware.shared(plan.device_num)  # ranks sharing a machine's cores (`Hardware.shared`)
     model = hardware.alpha_beta(plan.device_num)
     compute = dict.fromkeys(phases, 0)
     for name in plan.graph.ops:

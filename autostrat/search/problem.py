@@ -251,7 +251,7 @@ def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], rates: 
     if hardware is None:
         own = [c.comm_bytes for c in costs]
     else:  # op_cost's own communication is 0 (edges carry it), so the time is the compute's
-        own = [hardware.compute_nanoseconds(c, rates) for c in costs]
+        own = [hardware.compute_nanoseconds(c, rates, candidates[0].rule.op_type) for c in costs]
     return OpCosts(
         np.array(own, dtype=float),
         np.array([c.flops_per_device for c in costs], dtype=float),
@@ -262,7 +262,7 @@ def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], rates: 
 @cache
 def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], rates: tuple[str, ...], hardware: Hardware) -> int:
     """Compute time of an op running in `layout` (an optimiser update, `layout.FollowedStrategy`)."""
-    return hardware.compute_nanoseconds(op_cost(FollowedStrategy(rule, layout), dtypes), rates)
+    return hardware.compute_nanoseconds(op_cost(FollowedStrategy(rule, layout), dtypes), rates, rule.op_type)
 
 
 @cache
