@@ -4,17 +4,22 @@
 plan's step, so that ranks sharing cores share them here too):
 
 - a ring message: `Wire.exchange` of a float32 piece to the next rank while receiving from the
-  previous one (a ring step of the runtime, `runtime.wire`), for sizes from 4 B to 1 MiB, the
-  median of many after a warm-up;
+  previous one (a ring step of the runtime, `runtime.wire`), each after a few kernels, for
+  sizes from 4 B to 1 MiB;
 - kernels: the executor (`runtime.executor.execute`) running a program of chained Compute
   instructions, so the per-instruction work of the runtime is in the time: a chain of Adds of
   one element (the fixed cost of an instruction), of 256 Ki elements (bytes read and written),
   and of 128 × 128 MatMuls (FLOP/s).
 
-`fit_profile` turns the medians into a hardware profile (`cost.hardware.Hardware` fields) the
+Every figure is a mean over many, after a warm-up, not a median or a minimum: a step meets the
+waits for a partner that lost its core (to another rank or another job) as often as the mean
+does; a median of short calls measures a core nobody else wants, which a shared machine is not.
+
+`fit_profile` turns the means into a hardware profile (`cost.hardware.Hardware` fields) the
 way the model charges them (`Hardware.compute_nanoseconds`: flops over the rate plus bytes
 over the memory bandwidth, plus `kernel_latency`; `AlphaBeta.step_nanoseconds`: α per message
-plus bytes over β), never reading the model's code.
+plus bytes over β), never reading the model's code; `kernel_passes` adds, per op type, how
+much longer than one pass over its bytes its numpy kernel takes (GeLU's series for erf: hundreds).
 """
 
 from __future__ import annotations
@@ -133,7 +138,7 @@ def _seconds(run) -> float:
 
 
 def fit_profile(measured: dict) -> dict:
-    """Hardware fields from a calibration's medians (the slowest rank's, `measure_rank`):
+    """Hardware fields from a calibration's means (the slowest rank's, `measure_rank`):
     α the smallest message's time, β the least-squares slope of the larger ones' time over
     their bytes; `kernel_latency` an instruction of one element; the memory bandwidth from the
     large Add's extra time over its 12 bytes per element read and written; the float32 FLOP

@@ -2,17 +2,22 @@
 
 1. Calibration (`calibration.py`, ~10 s): as many MPI ranks as this machine has cores each
    time a ring message of the runtime at five sizes and three chains of kernels run by the
-   executor; the slowest rank's medians give α, β, the memory bandwidth, the float32 FLOP rate
-   and the fixed cost of an instruction (`kernel_latency`). The profile also says how many
-   cores the ranks share (`cores_per_server`, this machine's): ranks beyond them time-share
-   the cores, and the model prices each rank on its share (`Hardware.shared`: every rate
-   divided and every latency multiplied by ranks / cores). It is written as a hardware YAML
-   (``--profile FILE``), or read from one (``--hardware FILE``: no calibration).
+   executor; the slowest rank's means give α, β, the memory bandwidth, the float32 FLOP rate
+   and the fixed cost of an instruction (`kernel_latency`); then, in this process, every op of
+   the shipped configs' graphs on one device gives its op type's passes over its bytes
+   (`kernel_passes`). The profile also says how many cores the ranks share
+   (`cores_per_server`, this machine's): ranks beyond them time-share the cores, and the model
+   prices each rank on its share (`Hardware.shared`: every rate divided and every latency
+   multiplied by ranks / cores), one profile for every rank count, rather than a calibration
+   per rank count. It is written as a hardware YAML (``--profile FILE``), or read from one
+   (``--hardware FILE``: no calibration).
 2. Plans: the shipped configs × device counts 2, 4, 8 × seeds (the config's, scaled to the
    device count; none: the search decides; data parallel), each planned with ``hardware:`` the
-   profile, predicted (`Plan.prediction.step_time_ns`), then run on MPI ranks as ``autostrat
-   run`` runs them (the job runner, checked against the reference) and measured as the runtime
-   times it: the slowest rank's median step after the first (`runtime.job.step_seconds`).
+   profile, predicted (`Plan.prediction.step_time_ns`, plus the assembling of the outputs for
+   the check, which a run's step includes), then run on MPI ranks as ``autostrat run`` runs
+   them (the job runner, checked against the reference) and measured as the runtime times it
+   (`runtime.job.step_seconds`: the slowest rank's median step after the first, between two
+   barriers), never with the cost model's code.
 3. The table per plan, the mean absolute relative error (MARE), Kendall's τ of predicted
    against measured (scipy.stats.kendalltau), and the five worst plans.
 
@@ -20,6 +25,7 @@ Targets (issue #37): MARE <= 15 %, τ >= 0.8. The machine is shared (2 cores; ot
 timings under load are rough, and the script prints the load average before and after.
 
 Run: .venv/bin/python benchmarks/time_model.py [--quick] [--profile out.yaml | --hardware in.yaml]
+(72 plans; --quick: 36, about 5 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -143,10 +149,10 @@ def cases(quick: bool, only=None) -> list[tuple[str, int, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 configs (36 plans), fewer steps")
+    parser.add_argument("--quick", action="store_true", help="4 configs (36 plans)")
     parser.add_argument("--profile", default="/tmp/autostrat-calibrated.yaml", help="where the calibrated profile goes")
     parser.add_argument("--hardware", help="a profile YAML to use instead of calibrating")
-    parser.add_argument("--steps", type=int, default=0, help="steps per run (first one a warm-up; default 6, quick 4)")
+    parser.add_argument("--steps", type=int, default=4, help="steps per run, the first a warm-up (default 4)")
     parser.add_argument("--configs", nargs="+", help="these configs only (names under configs/)")
     parser.add_argument("--calibration-rank", metavar="RUN_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -161,7 +167,7 @@ def main() -> None:
         print("\n".join(f"  {key}: {value:.4g}" for key, value in fields.items()), flush=True)
     rows, pairs = [], []
     for config, device_num, seeds in cases(args.quick, args.configs):
-        predicted_ns, job = plan_job(config, device_num, seeds, profile, args.steps or (4 if args.quick else 6))
+        predicted_ns, job = plan_job(config, device_num, seeds, profile, args.steps)
         measured = measured_ms(job)
         if measured is None:
             continue
