@@ -52,6 +52,7 @@ from autostrat.runtime.job import make_job  # noqa: E402
 from autostrat.runtime.job_file import save_job  # noqa: E402
 from autostrat.runtime.program import replicated  # noqa: E402
 from autostrat.runtime.threads import usable_cores  # noqa: E402
+from autostrat.search.prediction import sync_schedule  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 CONFIGS = ("ffn.yaml", "mlp.yaml", "resnet.yaml", "gpt.yaml", "gpt_train.yaml", "transformer_stack.yaml", "llama_train.yaml",
@@ -111,7 +112,7 @@ def plan_job(config_name: str, device_num: int, seeds: str, hardware: Path, step
     with warnings.catch_warnings():  # no seed: every op keeps the all-ones strategy, as meant
         warnings.simplefilter("ignore")
         plan, _ = plan_config(config, device_num)
-    return plan.prediction.step_time_ns + output_nanoseconds(plan), make_job(plan, steps, name=config_name)
+    return plan.prediction.step_time_ns + output_nanoseconds(plan), make_job(plan, steps, name=config_name), plan
 
 
 def output_nanoseconds(plan) -> int:
@@ -153,6 +154,7 @@ def main() -> None:
     parser.add_argument("--profile", default="/tmp/autostrat-calibrated.yaml", help="where the calibrated profile goes")
     parser.add_argument("--hardware", help="a profile YAML to use instead of calibrating")
     parser.add_argument("--steps", type=int, default=4, help="steps per run, the first a warm-up (default 4)")
+    parser.add_argument("--bucket-bytes", type=int, default=16384, help="bucket size of the overlap table")
     parser.add_argument("--configs", nargs="+", help="these configs only (names under configs/)")
     parser.add_argument("--calibration-rank", metavar="RUN_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -165,9 +167,11 @@ def main() -> None:
         fields = calibrate(profile)
         print(f"calibrated in {time.perf_counter() - started:.0f} s, {profile}:")
         print("\n".join(f"  {key}: {value:.4g}" for key, value in fields.items()), flush=True)
-    rows, pairs = [], []
+    rows, pairs, overlaps = [], [], []
     for config, device_num, seeds in cases(args.quick, args.configs):
-        predicted_ns, job = plan_job(config, device_num, seeds, profile, args.steps)
+        predicted_ns, job, plan = plan_job(config, device_num, seeds, profile, args.steps)
+        if "sync" in plan.byte_phases:
+            overlaps.append(overlap_row(f"{config} {device_num} {seeds}", plan, args.bucket_bytes))
         measured = measured_ms(job)
         if measured is None:
             continue
@@ -176,7 +180,17 @@ def main() -> None:
         rows.append([config, str(device_num), seeds, f"{predicted:.3f}", f"{measured:.3f}", f"{predicted / measured - 1:+.1%}"])
         print(" | ".join(rows[-1]), flush=True)
     report(rows, pairs)
+    print(f"\ngradient synchronisation overlapped with the backward in buckets of {args.bucket_bytes} bytes "
+          f"(`search.prediction.sync_schedule`): predicted only, the runtime does not overlap yet")
+    print(format_table(["plan", "backward + sync ms", "overlapped ms", "buckets", "step saved"], overlaps))
     print(f"total {time.perf_counter() - started:.0f} s; load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+def overlap_row(label: str, plan, bucket_bytes: int) -> list[str]:
+    """The predicted backward with its synchronisation, serial and overlapped in buckets."""
+    serial, overlapped = sync_schedule(plan, plan.hardware, 0), sync_schedule(plan, plan.hardware, bucket_bytes)
+    saved = (serial.end_ns - overlapped.end_ns) / max(plan.prediction.step_time_ns, 1)
+    return [label, f"{serial.end_ns / 1e6:.3f}", f"{overlapped.end_ns / 1e6:.3f}", str(len(overlapped.buckets)), f"{saved:.1%}"]
 
 
 def report(rows: list, pairs: list) -> None:

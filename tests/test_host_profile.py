@@ -101,3 +101,8 @@ def test_the_calibration_fit_recovers_the_speeds_it_was_given():
     assert fields["intra_server_bandwidth"] == pytest.approx(beta, rel=1e-9)
     assert fields["device_memory_bandwidth"] == pytest.approx(memory, rel=1e-9)
     assert fields["device_flops"] == pytest.approx(2 * flops, rel=1e-9)  # the model runs float32 at half of it
+
+
+def test_a_shared_profile_is_not_shared_again():
+    once = Hardware(cores_per_server=2).shared(8)
+    assert once.cores_per_server == 0 and once.shared(8) == once

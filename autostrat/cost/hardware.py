@@ -171,7 +171,8 @@ class Hardware:
         share its `cores_per_server` cores (ranks on a machine's CPU cores): with k devices on a
         server and k > cores, each computes and moves its messages on ``cores / k`` of a core, so
         every rate is divided by ``k / cores`` and every latency multiplied by it; the profile
-        itself when each device has its own (0) or enough cores.
+        itself when each device has its own (0) or enough cores. The shared profile has
+        ``cores_per_server`` 0: its share is taken once.
 
         Example (8 ranks on 2 cores take 4 times as long for everything):
             >>> crowded = Hardware(cores_per_server=2, kernel_latency=5e-6).shared(8)
@@ -185,7 +186,8 @@ class Hardware:
             return self
         rates = ("device_flops", "device_memory_bandwidth", "intra_server_bandwidth", "inter_server_bandwidth")
         latencies = ("intra_server_latency", "inter_server_latency", "kernel_latency")
-        return replace(self, **{f: getattr(self, f) / crowding for f in rates}, **{f: getattr(self, f) * crowding for f in latencies})
+        return replace(self, **{f: getattr(self, f) / crowding for f in rates}, **{f: getattr(self, f) * crowding for f in latencies},
+                       cores_per_server=0)  # its share taken: sharing it again changes nothing
 
 
 def _checked_passes(value) -> tuple[tuple[str, float], ...]:

@@ -230,10 +230,11 @@ def _worst(errors: tuple, more: tuple) -> tuple:
 def step_seconds(times: list[float]) -> float:
     """The seconds of one step as a run reports it: the median of the steps after the first
     (a warm-up: its first touches of every buffer and code path), the first alone when it is
-    the only one. Each step's time is its program's run between two barriers of every rank,
-    not the check that follows it: the rank that leaves the first barrier first times the
-    whole step, to the last rank's end, even where ranks share cores and the others start
-    later (the report takes the slowest rank's, that one).
+    the only one. Each step's time is its program's run from a barrier of every rank (a
+    rank's first collective would otherwise wait for the others' check of the step before),
+    not the check that follows it. No barrier ends it: its wake-ups (milliseconds where ranks
+    share cores) would be timed as the step's, so ranks that never communicate each time only
+    their own run.
 
     Example:
         >>> step_seconds([9.0, 1.0, 3.0, 2.0]), step_seconds([9.0])
@@ -257,10 +258,9 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     resident = {} if job.training else None
     times = []
     for batch, expected in zip(job.batches, job.expected):
-        backend.barrier()  # every rank starts the step together, and ends it together (`step_seconds`)
+        backend.barrier()  # every rank starts the step together (`step_seconds`)
         started = time.perf_counter()
         result = execute(program, backend, job.values | batch, on_instruction, resident)
-        backend.barrier()
         times.append(time.perf_counter() - started)
         resident = result.updated if job.training else None
         sums += result.sent()
@@ -286,7 +286,6 @@ def _run_stage_steps(job: Job, program: StageProgram, backend, on_instruction, o
         backend.barrier()
         started = time.perf_counter()
         losses, resident = runner.step(job.values, batch, resident)
-        backend.barrier()
         times.append(time.perf_counter() - started)
         outputs = {tensor: np.float32(np.mean(losses)) for tensor, _ in program.outputs}
         errors = _worst(errors, tensor_errors(outputs, {name: expected[name] for name in outputs}))
