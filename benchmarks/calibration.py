@@ -98,14 +98,16 @@ def measure_rank(backend, repeats: int = 30) -> dict:
     return measured
 
 
-def kernel_passes(config_paths, fields: dict, repeats: int = 3) -> dict[str, float]:
-    """Per op type, the passes over its bytes its numpy kernel takes (`Hardware.kernel_passes`):
-    every op of each config's graph planned on one device (whole tensors; the calibrated
-    plans run slices of them on 2 to 8) run by its kernel alone `repeats` times in this
-    process, its fastest time less its flops at the calibrated rate, over its bytes at the
-    calibrated bandwidth (`cost.op_cost` counts both) and a kernel call's fixed cost (an Add
-    of one element: the rest of an instruction's is `kernel_latency`), the median over the op type's ops;
-    at least 0.01 (a Reshape's view moves nothing)."""
+def kernel_passes(config_paths, repeats: int = 3) -> dict[str, float]:
+    """Per op type, the passes over its bytes its numpy kernel takes (`Hardware.kernel_passes`),
+    all timed in this process, so that each is a ratio of two times taken alike (whatever
+    share of a core the process has): every op of each config's graph planned on one device
+    (whole tensors; the calibrated plans run slices of them on 2 to 8) run by its kernel
+    alone `repeats` times, less a kernel call's fixed cost (an Add of one element: the rest of
+    an instruction's is `kernel_latency`) and its flops at this process's rate (a 128 × 128
+    MatMul's), over its bytes (`cost.op_cost` counts both) at this process's bandwidth (an
+    Add of 256 Ki elements'); the median over the op type's ops, at least 0.01 (a Reshape's
+    view moves nothing)."""
     from autostrat.cost import op_cost
     from autostrat.frontend.config import load_config
     from autostrat.frontend.run import plan_config
@@ -113,8 +115,13 @@ def kernel_passes(config_paths, fields: dict, repeats: int = 3) -> dict[str, flo
     from autostrat.runtime.job import random_batch
     from autostrat.runtime.kernels import run_kernel
 
-    one = np.ones(1, np.float32)
-    call = statistics.mean(_seconds(lambda: run_kernel("Add", [one, one], {}, None)) for _ in range(1000))  # a kernel's own fixed cost
+    def mean_seconds(op_type: str, inputs, attrs, count: int) -> float:
+        return statistics.mean(_seconds(lambda: run_kernel(op_type, inputs, attrs, None)) for _ in range(count))
+
+    one, large, square = np.ones(1, np.float32), np.ones(ADD_ELEMENTS, np.float32), np.ones((MATMUL_SIZE,) * 2, np.float32)
+    call = mean_seconds("Add", [one, one], {}, 1000)  # a kernel's own fixed cost
+    bandwidth = 12 * ADD_ELEMENTS / (mean_seconds("Add", [large, large], {}, 50) - call)
+    rate = 2 * MATMUL_SIZE**3 / (mean_seconds("MatMul", [square, square], {}, 50) - call - 12 * MATMUL_SIZE**2 / bandwidth)
     found: dict[str, list[float]] = {}
     for path in config_paths:
         plan, _ = plan_config(load_config(path, device_num=1), 1)
@@ -122,12 +129,12 @@ def kernel_passes(config_paths, fields: dict, repeats: int = 3) -> dict[str, flo
         store = graph_values(graph, random_batch(graph, np.random.default_rng(0)))
         for name, op in graph.ops.items():
             inputs = [store[tensor] for tensor in op.inputs]
-            seconds = statistics.mean(_seconds(lambda: run_kernel(op.op_type, inputs, op.attr_dict, None)) for _ in range(repeats))
+            seconds = mean_seconds(op.op_type, inputs, op.attr_dict, repeats)
             store.update(zip(op.outputs, run_kernel(op.op_type, inputs, op.attr_dict, None)))
             cost = op_cost(plan.ops[name].strategy, tuple(map(plan.sizes.priced, op.inputs + op.outputs)))
             if cost.memory_bytes_per_device:
-                moving = seconds - call - cost.flops_per_device * 2 / fields["device_flops"]  # float32: half the rate
-                found.setdefault(op.op_type, []).append(moving * fields["device_memory_bandwidth"] / cost.memory_bytes_per_device)
+                moving = seconds - call - cost.flops_per_device / rate
+                found.setdefault(op.op_type, []).append(moving * bandwidth / cost.memory_bytes_per_device)
     return {op_type: round(max(0.01, statistics.median(values)), 3) for op_type, values in sorted(found.items())}
 
 

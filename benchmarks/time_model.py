@@ -92,7 +92,7 @@ def calibrate(path: Path) -> dict:
         measured = json.loads((folder / CALIBRATION_FILE).read_text())
     fields = fit_profile(measured) | {"devices_per_server": 8, "cores_per_server": cores}
     threadpool_limits(limits=1, user_api="blas")  # as each rank runs its kernels (`runtime.threads`)
-    passes = kernel_passes([ROOT / "configs" / name for name in CONFIGS], fields)
+    passes = kernel_passes([ROOT / "configs" / name for name in CONFIGS])
     lines = [f"# calibrated by benchmarks/time_model.py on {max(2, cores)} MPI ranks, {cores} cores, "
              f"load average {os.getloadavg()[0]:.2f}"]
     lines += [f"{key}: {value:.6g}" if isinstance(value, float) else f"{key}: {value}" for key, value in fields.items()]
