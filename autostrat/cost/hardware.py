@@ -8,6 +8,15 @@ default: then a prediction is exactly what it was before the factors existed):
 - `memory_efficiency` scales the HBM bandwidth (an op's bytes read and written),
 - `network_efficiency` scales both link bandwidths (inside and across servers; not the latencies).
 
+A profile measured on a machine (`benchmarks/time_model.py` calibrates this one's MPI ranks) may
+also give three host fields, absent (0) in the named profiles, where they change nothing:
+
+- `kernel_latency`, seconds each op's kernel takes beyond its flops and bytes (a launch; on a
+  CPU runtime, the executor's work per instruction),
+- `kernel_passes`, per op type the times its kernel moves its bytes (1 when unlisted: numpy's
+  GeLU evaluates a series for erf, hundreds of passes),
+- `cores_per_server`, the cores the devices of a server share (`shared`: ranks on one machine).
+
 Named profiles (`PROFILES`), each constant from the vendor's datasheet or NCCL's tuning model:
 
 ``h100-sxm-80gb`` (the default): one NVIDIA HGX/DGX H100 server (8 × H100 SXM5 80GB), NVIDIA H100
