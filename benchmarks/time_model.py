@@ -26,6 +26,19 @@ timings under load are rough, and the script prints the load average before and 
 
 Run: .venv/bin/python benchmarks/time_model.py [--quick] [--profile out.yaml | --hardware in.yaml]
 (72 plans; --quick: 36, about 5 minutes on 2 cores)
+
+Measured 2026-12-02 on the shared 2-core machine, never quiet (load averages 9-14 from other
+jobs, so each process had a fraction of a core over any long step): 72 plans in 508 s, 70 run
+(2 ended with mpiexec status 4 under load; both pass on local ranks), MARE 78.3 %, τ 0.754;
+--quick (36 plans, 263 s) MARE 74.6 %, τ 0.803. Far from the targets, in three ways the worst
+plans show: steps that communicate measure several times their prediction (each collective
+waits for a partner that lost its core to another job: milliseconds, where the calibration's
+exchanges, back to back, rarely met one); training steps measure 3-5 times theirs (the
+calibration's kernels run in bursts shorter than a scheduler slice, at a whole core; a 100 ms
+step gets the machine's share); and plans that never communicate ("none" forwards) measure
+less than predicted at 4 and 8 ranks (nothing makes them wait for one another, so each rank's
+short step runs within its own slice and the cores' sharing never shows). To be re-run on a
+quiet machine, where the first two vanish.
 """
 
 from __future__ import annotations
