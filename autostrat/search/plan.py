@@ -375,7 +375,9 @@ def describe(hardware: Hardware) -> str:
             f"{hardware.device_flops / 1e12:g} TFLOP/s (16-bit), memory {hardware.device_memory_bandwidth / 1e9:g} GB/s, "
             f"{hardware.devices_per_server} devices per server linked at {hardware.intra_server_bandwidth / 1e9:g} GB/s "
             f"and {hardware.intra_server_latency * 1e6:g} us, servers at {hardware.inter_server_bandwidth / 1e9:g} GB/s "
-            f"and {hardware.inter_server_latency * 1e6:g} us" + (f"; {efficiencies}" if efficiencies else ""))
+            f"and {hardware.inter_server_latency * 1e6:g} us" + (f"; {efficiencies}" if efficiencies else "")
+            + (f"; {hardware.kernel_latency * 1e6:g} us per kernel" if hardware.kernel_latency else "")
+            + (f"; {hardware.cores_per_server} cores per server shared" if hardware.cores_per_server else ""))
 
 
 def _writeback(layouts: dict[str, Layout], parameter: str, value: str, dtype: str, model, timing,

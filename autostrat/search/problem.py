@@ -253,7 +253,7 @@ def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], rates: 
         own = [c.comm_bytes for c in costs]
     else:  # the compute's time, a ring's sends overlapped with it (edges carry every other message)
         model = hardware.alpha_beta(candidates[0].device_num)
-        own = [ring_nanoseconds(s, hardware.compute_nanoseconds(c, rates), s.ring and dtypes[1], model)
+        own = [ring_nanoseconds(s, hardware.compute_nanoseconds(c, rates, candidates[0].rule.op_type), s.ring and dtypes[1], model)
                for s, c in zip(candidates, costs)]
     return OpCosts(
         np.array(own, dtype=float),
@@ -265,7 +265,7 @@ def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], rates: 
 @cache
 def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], rates: tuple[str, ...], hardware: Hardware) -> int:
     """Compute time of an op running in `layout` (an optimiser update, `layout.FollowedStrategy`)."""
-    return hardware.compute_nanoseconds(op_cost(FollowedStrategy(rule, layout), dtypes), rates)
+    return hardware.compute_nanoseconds(op_cost(FollowedStrategy(rule, layout), dtypes), rates, rule.op_type)
 
 
 @cache
