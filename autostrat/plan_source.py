@@ -23,6 +23,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from autostrat.cost import PROFILES, Hardware
+from autostrat.cost.hardware import HOST_FIELDS
 from autostrat.errors import ConfigError
 from autostrat.frontend.config import parse_config
 from autostrat.io import write_atomically
@@ -114,10 +115,13 @@ def _check_shape(source, where: str) -> None:
 
 
 def _embedded_hardware(record, where: str) -> Hardware:
-    """The hardware profile a "source" record embeds (`Hardware`'s fields by name)."""
+    """The hardware profile a "source" record embeds (`Hardware`'s fields by name; a record
+    written before the host fields existed has none of them: 0, as then)."""
     names = {field.name for field in fields(Hardware)}
-    if not isinstance(record, dict) or set(record) != names:
-        raise ConfigError(f"{where}: source.hardware: expected a mapping of {', '.join(sorted(names))}, got {record!r}")
+    required = names - set(HOST_FIELDS)
+    if not isinstance(record, dict) or not required <= set(record) <= names:
+        raise ConfigError(f"{where}: source.hardware: expected a mapping of {', '.join(sorted(required))} "
+                          f"(and optionally {', '.join(HOST_FIELDS)}), got {record!r}")
     try:
         return Hardware(**record)
     except ConfigError as error:

@@ -24,7 +24,7 @@ from autostrat.runtime.local import run_job_locally
 from autostrat.tables import format_table
 
 CONFIGS = (("FFN (tutorial)", "configs/ffn.yaml"), ("GPT 2 layers", "configs/gpt.yaml"))
-_TIME = re.compile(r"time per forward step: ([0-9.]+) ms on \d+ ranks, ([0-9.]+) ms single device")
+_TIME = re.compile(r"time per forward step: ([0-9.]+) ms on \d+ ranks \([^)]*\), ([0-9.]+) ms single device")
 
 
 def mpi_ms(job, heavy_yield: str) -> float:

@@ -8,6 +8,15 @@ default: then a prediction is exactly what it was before the factors existed):
 - `memory_efficiency` scales the HBM bandwidth (an op's bytes read and written),
 - `network_efficiency` scales both link bandwidths (inside and across servers; not the latencies).
 
+A profile measured on a machine (`benchmarks/time_model.py` calibrates this one's MPI ranks) may
+also give three host fields, absent (0) in the named profiles, where they change nothing:
+
+- `kernel_latency`, seconds each op's kernel takes beyond its flops and bytes (a launch; on a
+  CPU runtime, the executor's work per instruction),
+- `kernel_passes`, per op type the times its kernel moves its bytes (1 when unlisted: numpy's
+  GeLU evaluates a series for erf, hundreds of passes),
+- `cores_per_server`, the cores the devices of a server share (`shared`: ranks on one machine).
+
 Named profiles (`PROFILES`), each constant from the vendor's datasheet or NCCL's tuning model:
 
 ``h100-sxm-80gb`` (the default): one NVIDIA HGX/DGX H100 server (8 × H100 SXM5 80GB), NVIDIA H100
@@ -54,7 +63,8 @@ Its other factors, and every factor of ``h100-sxm-80gb`` (no published run here)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from fractions import Fraction
 
 import numpy as np
 
@@ -67,6 +77,10 @@ DEVICES_PER_SERVER = 8  # an Ascend or DGX/HGX server; also the inner axis of th
 
 
 EFFICIENCIES = ("matmul_efficiency", "network_efficiency", "memory_efficiency")
+# Fields a profile may leave out: the efficiencies (1.0), and two a calibrated machine gives
+# (`benchmarks/time_model.py`): 0 leaves every prediction as it was without them.
+HOST_FIELDS = ("kernel_latency", "cores_per_server", "kernel_passes")
+OPTIONAL_FIELDS = EFFICIENCIES + HOST_FIELDS
 
 
 @dataclass(frozen=True)
@@ -99,13 +113,18 @@ class Hardware:
     matmul_efficiency: float = 1.0
     network_efficiency: float = 1.0
     memory_efficiency: float = 1.0
+    kernel_latency: float = 0.0  # seconds each op's kernel takes beyond its flops and bytes (a launch)
+    cores_per_server: int = 0  # cores the devices of one server share (0: each device computes alone)
+    # Per op type, how many times its kernel moves the bytes it reads and writes (unlisted: 1).
+    kernel_passes: tuple[tuple[str, float], ...] = ()
     name: str = ""  # the profile's name, or the file it was read from ("": given field by field)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise ConfigError(f"a hardware profile's name must be a string, got {self.name!r}")
+        object.__setattr__(self, "kernel_passes", _checked_passes(self.kernel_passes))
         for field in fields(self):
-            if field.name != "name":
+            if field.name not in ("name", "kernel_passes"):
                 object.__setattr__(self, field.name, _checked(field.name, getattr(self, field.name)))
 
     def link(self, across_servers: bool) -> tuple[float, float]:
@@ -139,30 +158,75 @@ class Hardware:
             return AlphaBeta(matrix, (latency,), (bandwidth,))
         return AlphaBeta(matrix, (intra[0], inter[0]), (intra[1], inter[1]))
 
-    def compute_nanoseconds(self, cost: OpCost, dtypes) -> int:
+    def compute_nanoseconds(self, cost: OpCost, dtypes, op_type: str = "") -> int:
         """Nanoseconds of one op on one device: its flops at ``device_flops · matmul_efficiency
         · 2 / itemsize`` (the widest floating-point operand of `dtypes`; 16-bit or no float: the
         full rate), plus the bytes it reads and writes (`OpCost.memory_bytes_per_device`) over
-        ``device_memory_bandwidth · memory_efficiency``, each rounded up. The sum, not the larger of the two: an op is
-        charged for both, which keeps the model additive (and is the issue's model)."""
+        ``device_memory_bandwidth · memory_efficiency``, each rounded up, the bytes times the
+        `kernel_passes` of `op_type` (1 unless listed), plus `kernel_latency`. The sum, not the
+        larger of the two: an op is charged for both, which keeps the model additive (and is
+        the issue's model)."""
         itemsize = max(2, max((np.dtype(d).itemsize for d in dtypes if np.dtype(d).kind == "f"), default=2))
         compute = ceil_nanoseconds(cost.flops_per_device * itemsize, self.device_flops * self.matmul_efficiency * 2)
-        return compute + ceil_nanoseconds(cost.memory_bytes_per_device, self.device_memory_bandwidth * self.memory_efficiency)
+        bandwidth, passes = self.device_memory_bandwidth * self.memory_efficiency, dict(self.kernel_passes).get(op_type, 1.0)
+        if passes == 1:
+            memory = ceil_nanoseconds(cost.memory_bytes_per_device, bandwidth)
+        else:  # exactly, as `ceil_nanoseconds`: floats are binary fractions
+            memory = math.ceil(Fraction(cost.memory_bytes_per_device) * Fraction(passes) * 10**9 / Fraction(bandwidth))
+        return round(self.kernel_latency * 1e9) + compute + memory
+
+    def shared(self, device_num: int) -> "Hardware":
+        """The profile as each of `device_num` devices sees it when the devices of a server
+        share its `cores_per_server` cores (ranks on a machine's CPU cores): with k devices on a
+        server and k > cores, each computes and moves its messages on ``cores / k`` of a core, so
+        every rate is divided by ``k / cores`` and every latency multiplied by it; the profile
+        itself when each device has its own (0) or enough cores. The shared profile has
+        ``cores_per_server`` 0: its share is taken once.
+
+        Example (8 ranks on 2 cores take 4 times as long for everything):
+            >>> crowded = Hardware(cores_per_server=2, kernel_latency=5e-6).shared(8)
+            >>> crowded.device_flops / 1e12, crowded.intra_server_latency, crowded.kernel_latency
+            (247.35, 8e-06, 2e-05)
+            >>> Hardware(cores_per_server=2).shared(2) == Hardware(cores_per_server=2)
+            True
+        """
+        crowding = min(device_num, self.devices_per_server) / self.cores_per_server if self.cores_per_server else 1
+        if crowding <= 1:
+            return self
+        rates = ("device_flops", "device_memory_bandwidth", "intra_server_bandwidth", "inter_server_bandwidth")
+        latencies = ("intra_server_latency", "inter_server_latency", "kernel_latency")
+        return replace(self, **{f: getattr(self, f) / crowding for f in rates}, **{f: getattr(self, f) * crowding for f in latencies},
+                       cores_per_server=0)  # its share taken: sharing it again changes nothing
+
+
+def _checked_passes(value) -> tuple[tuple[str, float], ...]:
+    """`kernel_passes` as the profile keeps it: (op type, passes > 0) pairs sorted by op type,
+    from pairs or a mapping; anything else is a `ConfigError`."""
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    try:
+        checked = tuple(sorted((str(op_type), float(passes)) for op_type, passes in pairs))
+    except (TypeError, ValueError):
+        raise ConfigError(f"kernel_passes must map op types to numbers of passes, got {value!r}") from None
+    bad = [pair for pair in checked if not 0 < pair[1] < math.inf]
+    if bad:
+        raise ConfigError(f"kernel_passes of {bad[0][0]} must be a finite number > 0, got {bad[0][1]!r}")
+    return checked
 
 
 def _checked(field: str, value):
     """`value` of `field` as the profile keeps it (a float, or the devices per server as an
     int); anything else is a `ConfigError` saying what the field takes."""
-    if field == "devices_per_server":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"devices_per_server must be a positive integer, got {value!r}")
+    if field in ("devices_per_server", "cores_per_server"):
+        lowest = int(field == "devices_per_server")
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise ConfigError(f"{field} must be {'a positive' if lowest else 'a non-negative'} integer, got {value!r}")
         return value
     number = not isinstance(value, bool) and isinstance(value, (int, float))
     if field in EFFICIENCIES:
         if not (number and 0 < value <= 1):  # NaN too
             raise ConfigError(f"{field} must be a number in (0, 1] (a fraction of the nominal peak), got {value!r}")
         return float(value)
-    lowest = 0.0 if field.endswith("latency") else math.ulp(0.0)
+    lowest = 0.0 if field.endswith("latency") else math.ulp(0.0)  # kernel_latency too
     if not (number and lowest <= value < math.inf):
         unit = "seconds" if field.endswith("latency") else ("FLOP/s" if field == "device_flops" else "bytes/s")
         raise ConfigError(f"{field} must be a finite number {'>= 0' if lowest == 0 else '> 0'} ({unit}), got {value!r}")

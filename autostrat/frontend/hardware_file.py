@@ -13,6 +13,8 @@ absent); its name is the file's name::
     inter_server_latency: 4e-6
     devices_per_server: 8
     matmul_efficiency: 0.6          # optional, each in (0, 1]
+    kernel_latency: 5e-6            # optional: seconds per op beyond its flops and bytes (default 0)
+    cores_per_server: 2             # optional: cores the devices of a server share (default 0: their own)
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
-from autostrat.cost.hardware import EFFICIENCIES, PROFILES, Hardware
+from autostrat.cost.hardware import OPTIONAL_FIELDS, PROFILES, Hardware
 from autostrat.errors import ConfigError
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 
 FILE_FIELDS = tuple(f.name for f in fields(Hardware) if f.name != "name")
-REQUIRED_FIELDS = tuple(field for field in FILE_FIELDS if field not in EFFICIENCIES)
+REQUIRED_FIELDS = tuple(field for field in FILE_FIELDS if field not in OPTIONAL_FIELDS)
 _EXAMPLE = PROFILES["h100-sxm-80gb"]
 
 
@@ -40,7 +42,7 @@ def hardware_number(field: str, value):
     """
     if isinstance(value, str):
         try:
-            return int(value) if field == "devices_per_server" else float(value)
+            return int(value) if field in ("devices_per_server", "cores_per_server") else float(value)
         except ValueError:
             raise ConfigError(f"{field} must be a number such as {getattr(_EXAMPLE, field):g}, got {value!r}") from None
     return value
@@ -75,7 +77,7 @@ def read_hardware_file(path) -> Hardware:
     missing = [field for field in REQUIRED_FIELDS if field not in data]
     if missing:
         raise ConfigError(f"{path}: missing field {missing[0]!r}; a hardware profile gives {', '.join(REQUIRED_FIELDS)} "
-                          f"(and optionally {', '.join(EFFICIENCIES)})")
+                          f"(and optionally {', '.join(OPTIONAL_FIELDS)})")
     try:
         return Hardware(**{field: hardware_number(field, value) for field, value in data.items()}, name=Path(path).name)
     except ConfigError as error:

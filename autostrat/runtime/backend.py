@@ -58,6 +58,10 @@ class Backend(Protocol):
     def complete_sends(self) -> None:
         """Wait until every posted piece has been taken (the end of a pipeline step)."""
 
+    def barrier(self) -> None:
+        """Wait until every rank is here (before a timed step: the step starts on every rank
+        together, so the slowest rank's time is the step's). Sends no counted message."""
+
     def gather_report(self, values: np.ndarray) -> list[np.ndarray] | None:
         """Rank 0 gets every rank's `values` (float64, same length everywhere); others get None.
         For the run report only: not counted as sent bytes."""

@@ -10,6 +10,7 @@ a filesystem every host sees.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, replace
 
@@ -226,6 +227,22 @@ def _worst(errors: tuple, more: tuple) -> tuple:
     return max(errors[0], more[0]), worse[1], max(errors[2], more[2]), worse[3]
 
 
+def step_seconds(times: list[float]) -> float:
+    """The seconds of one step as a run reports it: the median of the steps after the first
+    (a warm-up: its first touches of every buffer and code path), the first alone when it is
+    the only one. Each step's time is its program's run from a barrier of every rank (a
+    rank's first collective would otherwise wait for the others' check of the step before),
+    not the check that follows it. No barrier ends it: its wake-ups (milliseconds where ranks
+    share cores) would be timed as the step's, so ranks that never communicate each time only
+    their own run.
+
+    Example:
+        >>> step_seconds([9.0, 1.0, 3.0, 2.0]), step_seconds([9.0])
+        (2.0, 9.0)
+    """
+    return statistics.median(times[1:]) if len(times) > 1 else times[0] if times else 0.0
+
+
 def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) -> list | None:
     """Run every batch of the job on this rank and compare with the single-device results
     (a training job carries its parameters and state from step to step and compares them too
@@ -239,15 +256,18 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     sent_to = np.zeros(job.device_num, np.int64)
     errors, peak = (0.0, 0.0, 0.0, ""), 0
     resident = {} if job.training else None
-    started = time.perf_counter()
+    times = []
     for batch, expected in zip(job.batches, job.expected):
+        backend.barrier()  # every rank starts the step together (`step_seconds`)
+        started = time.perf_counter()
         result = execute(program, backend, job.values | batch, on_instruction, resident)
+        times.append(time.perf_counter() - started)
         resident = result.updated if job.training else None
         sums += result.sent()
         sent_to += result.sent_to(job.device_num)
         peak = max(peak, result.peak_bytes)
         errors = _worst(errors, tensor_errors(result.outputs, expected, limit=job.tolerance))
-    seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
+    seconds = step_seconds(times)
     if job.training:
         errors = _worst(errors, tensor_errors(resident, own_slices(program, job.final), job.pooled, job.tolerance))
     if on_gather is not None:
@@ -261,12 +281,15 @@ def _run_stage_steps(job: Job, program: StageProgram, backend, on_instruction, o
     """`run_steps` for a pipeline rank: the loss (the last stage's) and the final parameters
     and state of the stage are compared with the single-device run of the whole batch."""
     runner, resident, errors = StageRunner(program, backend, on_instruction), {}, (0.0, 0.0, 0.0, "")
-    started = time.perf_counter()
+    times = []
     for batch, expected in zip(job.batches, job.expected):
+        backend.barrier()
+        started = time.perf_counter()
         losses, resident = runner.step(job.values, batch, resident)
+        times.append(time.perf_counter() - started)
         outputs = {tensor: np.float32(np.mean(losses)) for tensor, _ in program.outputs}
         errors = _worst(errors, tensor_errors(outputs, {name: expected[name] for name in outputs}))
-    seconds = (time.perf_counter() - started) / max(len(job.batches), 1)
+    seconds = step_seconds(times)
     if resident:
         errors = _worst(errors, tensor_errors(resident, program.own_slices(job.final), job.pooled))
     if on_gather is not None:

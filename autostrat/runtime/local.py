@@ -139,6 +139,9 @@ class LocalBackend(Wire):
     def complete_sends(self) -> None:
         pass  # a posted piece is a copy: nothing to wait for
 
+    def barrier(self) -> None:
+        self._exchange(tuple(range(self.device_num)), None)
+
     def gather_report(self, values):
         gathered = self._exchange(tuple(range(self.device_num)), np.asarray(values, np.float64))
         return [np.array(v) for v in gathered] if self.rank == 0 else None

@@ -105,6 +105,9 @@ class MpiBackend(Wire):
         settle([request for request, _ in self._posted], self.spins)
         self._posted.clear()
 
+    def barrier(self) -> None:
+        settle([self.comm.Ibarrier()], self.spins)
+
     def gather_report(self, values):
         values = np.ascontiguousarray(values, np.float64)
         received = np.empty((self.device_num,) + values.shape, np.float64) if self.rank == 0 else None

@@ -2,7 +2,8 @@
 
 - Compute: every op of the plan (update ops too), `Hardware.compute_nanoseconds` of its strategy,
   in its op's phase (`autodiff.op_phase`: forward, backward or update).
-- Communication: every redistribution of the plan, its steps timed by the α–β model of the plan's
+- Communication: a ring strategy's sends that its compute does not hide (`cost.ring`), in its
+  op's phase, and every redistribution of the plan, its steps timed by the α–β model of the plan's
   hardware (`AlphaBeta.step_nanoseconds`), in the phase its bytes are counted in
   (`Plan.edge_phase`; writebacks in "update").
 - Peak memory: what a rank's buffers hold at most as it runs the step (`buffers.plan_peak`:
@@ -11,6 +12,8 @@
   bounds (`memory.peak_bytes`), which leaves the copies out.
 
 One device's step is the sum of its phases: compute and communication are not overlapped.
+Where the devices of a server share its cores (MPI ranks on one machine: the profile's
+`cores_per_server`), every time is priced on `Hardware.shared`, the profile each rank sees.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 
 from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware, op_cost
+from autostrat.cost.overlap import SyncTimeline, sync_timeline
+from autostrat.cost.ring import ring_nanoseconds
 from autostrat.search.buffers import plan_peak
 from autostrat.search.memory import peak_bytes
 from autostrat.search.problem import SearchProblem, optimizer_state, searched_graph
@@ -98,14 +103,27 @@ def compute_ns(plan, name: str, hardware: Hardware) -> int:
     """The predicted compute time of op `name` of `plan` (its strategy's local work) on `hardware`."""
     operands, sizes = plan.graph.ops[name].inputs + plan.graph.ops[name].outputs, plan.sizes
     dtypes = tuple(map(sizes.priced, operands))  # the precision's (`search.precision`)
-    return hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), sizes.rate_dtypes(operands))
+    return hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), sizes.rate_dtypes(operands),
+                                        plan.graph.ops[name].op_type)
+
+
+def ring_cost(plan, name: str, hardware: Hardware, compute: int) -> tuple[int, int]:
+    """(nanoseconds its sends add to its `compute`, bytes sent) of op `name`'s ring (`cost.ring`;
+    (0, 0) unless its strategy is a ring strategy)."""
+    strategy = plan.ops[name].strategy
+    if not strategy.ring:
+        return 0, 0
+    key = plan.sizes.priced(plan.graph.ops[name].inputs[1])
+    return ring_nanoseconds(strategy, compute, key, hardware.alpha_beta(plan.device_num)) - compute, plan.ring_bytes[name]
 
 
 def op_times(plan, hardware: Hardware, phases: tuple[str, ...]) -> dict[str, int]:
     """Per op of `phases` (`autodiff.op_phase`), its compute plus the redistributions into it
     (a shared one counted once, at its first reader) and, for an update, its writeback."""
+    hardware = hardware.shared(plan.device_num)
     model, graph = hardware.alpha_beta(plan.device_num), plan.graph
     times = {name: compute_ns(plan, name, hardware) for name in graph.ops if op_phase(name) in phases}
+    times = {name: time + ring_cost(plan, name, hardware, time)[0] for name, time in times.items()}
     for edge in plan.redistributions:
         if edge.consumer in times and not edge.shares:
             times[edge.consumer] += edge.plan.nanoseconds(model)
@@ -126,11 +144,13 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
         >>> predicted.phases["forward"], predicted.peak_bytes
         (PhaseCost(compute_ns=21, communication_ns=6014, bytes=6144), 18560)
     """
+    hardware = hardware.shared(plan.device_num)  # ranks sharing a machine's cores (`Hardware.shared`)
     model = hardware.alpha_beta(plan.device_num)
-    compute = dict.fromkeys(phases, 0)
+    compute, communication, sent = dict.fromkeys(phases, 0), dict.fromkeys(phases, 0), dict.fromkeys(phases, 0)
     for name in plan.graph.ops:
-        compute[op_phase(name)] += compute_ns(plan, name, hardware)
-    communication, sent = dict.fromkeys(phases, 0), dict.fromkeys(phases, 0)
+        phase, time = op_phase(name), compute_ns(plan, name, hardware)
+        waited, ring = ring_cost(plan, name, hardware, time)
+        compute[phase], communication[phase], sent[phase] = compute[phase] + time, communication[phase] + waited, sent[phase] + ring
     moves = [(plan.edge_phase(edge), edge.plan) for edge in plan.redistributions if not edge.shares]  # shared: sent once
     moves += [("update", writeback.plan) for writeback in plan.writebacks]
     for phase, redistribution in moves:
@@ -149,3 +169,31 @@ def plan_peak_bytes(plan) -> int:
                           optimizer_shard=plan.optimizer_shard,
                           sizes=plan.sizes)
     return peak_bytes(fixed, dict.fromkeys(graph.ops, 0))
+
+
+def sync_schedule(plan, hardware: Hardware, bucket_bytes: int) -> SyncTimeline:
+    """The backward of `plan` (its ops' `op_times`, in graph order) with its gradient
+    synchronisation (the "sync" edges, each timed as `predict` times it, ready when the op
+    producing its gradient ends) scheduled in buckets of `bucket_bytes` (`cost.overlap`): what
+    overlapping them would save, priced, not yet run (the runtime synchronises after the
+    backward).
+
+    Example (the tutorial FFN trained on 8 devices: its sync is small next to its backward):
+        >>> from autostrat.autodiff import SGD
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan(optimizer=SGD())
+        >>> serial, overlapped = sync_schedule(plan, Hardware(), 0), sync_schedule(plan, Hardware(), 4096)
+        >>> serial.backward_ns == overlapped.backward_ns, overlapped.end_ns <= serial.end_ns
+        (True, True)
+    """
+    hardware = hardware.shared(plan.device_num)
+    model, graph = hardware.alpha_beta(plan.device_num), plan.graph
+    backward = op_times(plan, hardware, ("backward",))
+    order = {name: index for index, name in enumerate(backward)}
+    gradients = []
+    for edge in plan.redistributions:
+        if plan.edge_phase(edge) == "sync" and not edge.shares:
+            producer = graph.tensors[edge.tensor].producer
+            gradients.append((order.get(producer, len(order) - 1), edge.plan.cost, edge.plan.nanoseconds(model)))
+    gradients.sort(key=lambda gradient: gradient[0])  # in the order they become ready
+    return sync_timeline(list(backward.values()), gradients, bucket_bytes)
