@@ -7,7 +7,8 @@ Two commands, each in its own process as a user runs them (`python -m autostrat`
   propagation, the plan built, its table printed and its JSON written);
 - estimate: ``autostrat estimate configs/estimate/llama_405b.yaml --json OUT.json`` (the same
   shape as Llama 3's paper plans it: tp 8 x pp 16 x dp 128, sequence parallelism, full
-  recompute, ZeRO 1).
+  recompute, ZeRO 1). The estimate now splits the 126 blocks evenly over the stages, as
+  Megatron does, and refuses pp 16 (a ConfigError, printed as the row's status).
 
 Per command: wall seconds, CPU seconds (user + system of the reaped child, `os.wait4`), peak
 resident memory (its ru_maxrss), each against the target, and the 1-minute load average when it
