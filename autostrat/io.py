@@ -160,6 +160,9 @@ def write_files_atomically(files: dict, private: bool = False) -> list[Path]:
     every temporary is written, then the devices, FIFOs and standard output, then the renames; a
     failure removes the temporaries, the targets that did not exist before and the folders this
     call created (a target that existed may already hold its new text). Returns the paths.
+    A file's text is a str, bytes, or an iterable of str chunks, written as they come (the
+    whole text is never held; a chunk that is not UTF-8 then fails its file midway, which is
+    removed as any failed temporary is).
 
     Example:
         >>> import tempfile, pathlib
@@ -214,21 +217,23 @@ def _target(output: OutputPath) -> tuple[str, str]:
     return ("file", os.path.realpath(output.path)) if stat.S_ISREG(found.st_mode) else ("stream", output.path)
 
 
-def _write_stream(where: str, data: bytes) -> None:
+def _write_stream(where: str, data) -> None:
     """Write `data` to standard output ("") or through to an existing device or FIFO (opening a
     FIFO waits for its reader, as a shell's ``>`` does)."""
     if not where:
         if getattr(sys.stdout, "buffer", None) is None:  # started with standard output closed
             raise OSError(errno.EBADF, "standard output is closed")
         sys.stdout.flush()  # what was printed before comes first
-        sys.stdout.buffer.write(data)
+        for piece in _pieces(data):
+            sys.stdout.buffer.write(piece)
         sys.stdout.buffer.flush()
         return
     handle = os.open(where, _STREAM_FLAGS)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(handle, view):]
+        for piece in _pieces(data):
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(handle, view):]
     finally:
         os.close(handle)
 
@@ -239,13 +244,26 @@ def _reason(error: OSError) -> str:
     return f"{error.strerror or error}" + (f" ({name})" if name else "")
 
 
-def _encode(path, text: str | bytes) -> bytes:
+def _encode(path, text):
+    """`text` as bytes, or an iterable of text chunks as a generator of their bytes (a text
+    too large to hold twice, such as a 16 384-device plan's JSON, is written as it is made)."""
     if isinstance(text, bytes):
         return text
+    if isinstance(text, str):
+        return _encoded(path, text)
+    return (_encoded(path, chunk) for chunk in text)
+
+
+def _encoded(path, text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as error:
         raise ConfigError(f"cannot write {path}: the text is not encodable as UTF-8 ({error.reason})") from None
+
+
+def _pieces(data):
+    """What `_encode` gave, as pieces of bytes to write one after the other."""
+    return (data,) if isinstance(data, bytes) else data
 
 
 def _make_folders(folder: Path) -> list[Path]:
@@ -270,7 +288,7 @@ def _make_folders(folder: Path) -> list[Path]:
     return created
 
 
-def _write_temporary(path: Path, data: bytes, private: bool) -> Path:
+def _write_temporary(path: Path, data, private: bool) -> Path:
     """A new file next to `path` holding `data`. It is created with mode 0666 (or 0600 when
     private) and the kernel applies the umask. Reading the umask ourselves would need
     os.umask(), which sets it too, for the whole process: another thread creating a file
@@ -283,7 +301,8 @@ def _write_temporary(path: Path, data: bytes, private: bool) -> Path:
             continue
         try:
             with os.fdopen(handle, "wb") as file:
-                file.write(data)
+                for piece in _pieces(data):
+                    file.write(piece)
         except BaseException:
             os.remove(temporary)
             raise

@@ -61,6 +61,34 @@ class Tensor:
         return f"{type(self).__name__}(shape={list(self.shape)}, dtype={self.dtype}{kind})"
 
 
+class LazyTensor(Tensor):
+    """A constant tensor whose data `make()` returns when first read (`asnumpy`): a search only
+    reads its shape and dtype, so it never allocates it (a causal mask at seq 8192 is 256 MB).
+
+    Example:
+        >>> t = LazyTensor(lambda: np.zeros((2, 3), np.float32), (2, 3), "float32")
+        >>> t.has_data, t._data is None, t.asnumpy().shape, t._data is None
+        (True, True, (2, 3), False)
+    """
+
+    def __init__(self, make, shape, dtype="float32"):
+        super().__init__(shape=shape, dtype=dtype)
+        self._make = make
+
+    @property
+    def has_data(self) -> bool:
+        return True
+
+    def asnumpy(self) -> np.ndarray:
+        if self._data is None:
+            data = np.asarray(self._make())
+            if data.shape != self.shape or data.dtype.name != self.dtype:
+                raise ConfigError(f"a lazy tensor of shape {list(self.shape)} {self.dtype} made data of shape "
+                                  f"{list(data.shape)} {data.dtype.name}")
+            self._data = data
+        return self._data
+
+
 class Parameter(Tensor):
     """A trainable tensor owned by a Cell; its name is its attribute path (``dense1.weight``).
 

@@ -43,6 +43,7 @@ class _Tracer:
         self.parameter_paths = {id(p): path for path, p in net.parameters_and_names()}
         self.names: dict[int, str] = {}  # id(tensor object) -> graph tensor name
         self.alive: list[Tensor] = []  # keeps traced tensors alive so their ids stay unique
+        self.constants = 0  # constants named so far: the next is constant_<this>
 
     def add_tensor(self, info: TensorInfo, tensor: Tensor | None = None) -> Tensor:
         self.tensors[info.name] = info
@@ -58,7 +59,8 @@ class _Tracer:
             name = self.parameter_paths.get(id(tensor)) or tensor.name or f"parameter_{len(self.parameter_paths)}"
             kind = "parameter"
         elif tensor.has_data:
-            name, kind = f"constant_{sum(t.kind == 'constant' for t in self.tensors.values())}", "constant"
+            name, kind = f"constant_{self.constants}", "constant"
+            self.constants += 1
         else:
             raise ConfigError(f"{op_name}: a shape-only tensor that is no input of construct was passed to it")
         self.add_tensor(TensorInfo(name, tensor.shape, tensor.dtype, kind), tensor)

@@ -17,7 +17,7 @@ from autostrat import ops
 from autostrat.errors import ConfigError
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import GELU, Dense, Embedding, LayerNorm, MSELoss, SoftmaxCrossEntropyWithLogits
-from autostrat.frontend.tensor import Parameter, Tensor, initializer
+from autostrat.frontend.tensor import LazyTensor, Parameter, Tensor, initializer
 from autostrat.models.sizes import check_sizes
 
 
@@ -48,7 +48,7 @@ class Attention(Cell):
         self.context = ops.BatchMatMul()
         self.from_heads, self.merge_heads = ops.Transpose(), ops.Reshape()
         self.projection = Dense(hidden, hidden)
-        self.causal_mask = Tensor(causal_mask(seq))
+        self.causal_mask = LazyTensor(functools.partial(causal_mask, seq), (seq, seq))  # made only for a run
         self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
 
     def heads_of(self, x):

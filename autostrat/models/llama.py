@@ -24,7 +24,7 @@ from autostrat import ops
 from autostrat.errors import ConfigError
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import Dense, Embedding, RMSNorm, SoftmaxCrossEntropyWithLogits
-from autostrat.frontend.tensor import Tensor
+from autostrat.frontend.tensor import LazyTensor, Tensor
 from autostrat.models.gpt import LanguageModel, causal_mask
 from autostrat.models.moe import MoeFeedForward, expert_capacity
 from autostrat.models.sizes import check_sizes
@@ -84,7 +84,7 @@ class Attention(Cell):
         self.scores = ops.BatchMatMul(transpose_b=True)
         self.scale, self.mask, self.softmax = ops.Mul(), ops.Add(), ops.Softmax()
         self.context = ops.BatchMatMul()
-        self.causal_mask = Tensor(causal_mask(self.seq))
+        self.causal_mask = LazyTensor(functools.partial(causal_mask, self.seq), (self.seq, self.seq))  # made only for a run
         self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
 
     def _init_fused(self):

@@ -48,6 +48,7 @@ target; its inverse maps the path onto one to the target itself (`Search._onto_t
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -130,8 +131,10 @@ class Search:
     `unit` (no time model) AllGathers and ReduceScatters take one axis each (`moves.moves`).
     """
 
-    def __init__(self, problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False):
+    def __init__(self, problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False,
+                 bound: float = math.inf):
         self.problem, self.model, self.target = problem, model, target
+        self.bound = bound  # the objective of some plan: a state whose estimate exceeds it is never kept
         self.unit = unit and model is None
         last = problem.spaces[-1]
         self.permuted_target = (PERMUTED, canonical(last.sizes, last.sizes, target[1])[0])
@@ -361,7 +364,7 @@ class Search:
         computed up front, without computing them for the many children never popped.
         """
         targets, heap, best, parent, settled = (self.target, self.permuted_target), self.heap, self.best, self.parent, self.settled
-        push, pop, estimate_of = heapq.heappush, heapq.heappop, self._estimate
+        push, pop, estimate_of, limit = heapq.heappush, heapq.heappop, self._estimate, self.bound
         while heap and len(settled) < SETTLED_LIMIT:
             _, estimate, objective, steps, sent, late, node, exact = pop(heap)
             if (objective, steps, sent) != best[node]:
@@ -383,8 +386,10 @@ class Search:
                 # Most children were reached more cheaply already: compare objectives first.
                 if known is not None and (known[0] < reached or (known[0] == reached and known[1:] <= (steps, sent + moved))):
                     continue
-                best[child], parent[child] = (reached, steps, sent + moved), (node, move)
                 estimate, exact = estimate_of(child, signature)
+                if reached + estimate > limit:  # every path through it costs more than a plan known
+                    continue
+                best[child], parent[child] = (reached, steps, sent + moved), (node, move)
                 push(heap, (reached + estimate, estimate, reached, steps, sent + moved, len(child) == 4, child, exact))
         return None
 
@@ -439,13 +444,16 @@ def _symmetry(sizes, start: State, target: State, symmetry: str) -> tuple[bool, 
     return (True, source) if pools_order(source) > pools_order(by_target) else (False, by_target)
 
 
-def search(problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False) -> tuple[Search, object]:
-    """A search of `problem` from `start` to `target`, run, and the node it reached (or None)."""
-    found = Search(problem, start, target, model, symmetry, unit)
+def search(problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False,
+           bound: float = math.inf) -> tuple[Search, object]:
+    """A search of `problem` from `start` to `target`, run, and the node it reached (or None).
+    `bound`, the objective of a plan known (never below the optimum), keeps only states whose
+    estimate stays within it: the same optimum, far fewer states held (`planner._coarse_bound`)."""
+    found = Search(problem, start, target, model, symmetry, unit, bound)
     return found, found.settle()
 
 
-def cost_search(problem: Problem, start, target, model=None) -> tuple[Search, object]:
+def cost_search(problem: Problem, start, target, model=None, bound: float = math.inf) -> tuple[Search, object]:
     """`search` for the cost alone, up to the larger group of relabellings: those fixing the
     source or those fixing the target. Fewer classes mean fewer states to settle; a source
     with many partial axes of one size (a reduction split many ways) has thousands of
@@ -458,7 +466,7 @@ def cost_search(problem: Problem, start, target, model=None) -> tuple[Search, ob
         >>> found.by_source, found.best[reached][0]
         (True, 15360)
     """
-    return search(problem, start, target, model, "larger", unit=True)
+    return search(problem, start, target, model, "larger", unit=True, bound=bound)
 
 
 def state_of(layout: Layout) -> State:

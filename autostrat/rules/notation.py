@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import re
 
 from autostrat.errors import RuleError
@@ -106,6 +107,13 @@ def parse_equation(equation: str) -> tuple[tuple[Operand, ...], tuple[Operand, .
     tuple of factor names (empty for a size-1 dim). Raises `RuleError` with the column."""
     if not isinstance(equation, str):
         raise RuleError(f"a factor equation is a string such as 'm k, k n -> m n', got {equation!r}")
+    return _parsed(equation)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(equation: str) -> tuple[tuple[Operand, ...], tuple[Operand, ...]]:
+    # Parsed once per equation text: the result is tuples (immutable), and a 126-layer model's
+    # ops and bprops ask for the same few equations ~26 000 times (make_rule, 16 % of tracing).
     parser = _Parser(equation)
     inputs = parser.operands("->")
     parser.take()

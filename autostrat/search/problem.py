@@ -175,22 +175,25 @@ def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: 
     return candidates
 
 
-def _computed_inputs_only(graph: Graph, op: OpNode, candidates: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
+def _computed_inputs_only(graph: Graph, op: OpNode, candidates: tuple[Strategy, ...], seen: dict) -> tuple[Strategy, ...]:
     """`candidates` without those summing partial inputs when an input can never be partial
     sums (`can_be_partial`), as in a bias-free row-parallel MatMul feeding a residual Add whose
     other input comes from a Reshape (LLaMA blocks). Such a candidate is fed by a PartialCreate
     of that input (free, `redistribution.moves`), so the filter only keeps candidate sets (and
     plans) as small as they were before that step existed; lifting it is a search decision of
-    its own."""
-    if all(can_be_partial(graph, tensor) for tensor in op.inputs):
+    its own. `seen` carries `can_be_partial`'s answers from op to op."""
+    if all(can_be_partial(graph, tensor, seen) for tensor in op.inputs):
         return candidates
     return tuple(strategy for strategy in candidates if not strategy.sums_partials)
 
 
-def can_be_partial(graph: Graph, tensor: str) -> bool:
+def can_be_partial(graph: Graph, tensor: str, seen: dict | None = None) -> bool:
     """Whether some strategy of its producer leaves `tensor` as partial sums: a split reduction
     factor, or a linear op (`LINEAR_OP_TYPES`) summing inputs that can be partial. A parameter,
-    graph input or constant is stored whole, never as partial sums.
+    graph input or constant is stored whole, never as partial sums. `seen` (tensor -> answer)
+    keeps the answers of earlier calls on `graph`: each op asking anew walked the residual
+    stream's chain of Adds back to its start (quadratic in the layers: 8 of 250 profiled s at
+    126 layers).
 
     Example:
         >>> from autostrat.frontend import trace
@@ -200,10 +203,13 @@ def can_be_partial(graph: Graph, tensor: str) -> bool:
         >>> can_be_partial(graph, "dense1.matmul:0"), can_be_partial(graph, "dense1.weight")
         (True, False)
     """
-    seen: dict[str, bool] = {}
+    seen = {} if seen is None else seen
     pending = [tensor]
     while pending:  # depth first without recursion: chains of Adds can be thousands of ops long
         name = pending[-1]
+        if name in seen:  # answered by an earlier call
+            pending.pop()
+            continue
         producer = graph.tensors[name].producer
         op = graph.ops.get(producer) if producer is not None else None
         if op is None or op.rule.reduction or op.op_type not in LINEAR_OP_TYPES:
@@ -301,8 +307,9 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
     values = candidate_values((seed for seed, in seeds.values()), device_num, mesh)
     axes = candidate_mesh((seed for seed, in seeds.values()), device_num, mesh)
+    partial: dict[str, bool] = {}  # `can_be_partial`'s answers, shared by every op
     candidates = {name: seeds.get(name) or _computed_inputs_only(graph, op, op_candidates(
-        op, device_num, allow_repeated, full_only, values, axes)) for name, op in graph.ops.items()}
+        op, device_num, allow_repeated, full_only, values, axes), partial) for name, op in graph.ops.items()}
     candidates = _rest_variants(graph, order_variants(graph, candidates), followers, optimizer_shard)
     model = None if hardware is None else hardware.alpha_beta(device_num)
     once = 1.0 / micro_batches  # a per-step cost's weight against a micro-batch's
