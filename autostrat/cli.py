@@ -45,7 +45,7 @@ from autostrat.io import check_outputs
 from autostrat.reading import read_json
 from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.registry import import_models
-from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
+from autostrat.frontend.run import RunOptions, plan_within_memory, run_and_measure, run_config
 from autostrat.frontend.train import world_size
 from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, source_config
 from autostrat.runtime.job import FAULTS, Fault
@@ -66,11 +66,12 @@ def _search_config(args):
 
 
 def _timed_plan(config, device_num, progress=None) -> tuple:
-    """The config's plan, its notes and the search's seconds. The strategy checkpoint is not
-    written here: search writes it with its other outputs, report and explain write none."""
+    """The config's plan (never unbounded: `plan_within_memory`), its notes and the search's
+    seconds. The strategy checkpoint is not written here: search writes it with its other
+    outputs, report and explain write none."""
     config = replace(config, context=replace(config.context, strategy_ckpt_save_file=""))
     started = time.perf_counter()
-    plan, notes = plan_config(config, device_num, progress=progress)
+    plan, notes = plan_within_memory(config, device_num, progress=progress)
     return plan, notes, time.perf_counter() - started
 
 
@@ -94,10 +95,15 @@ def search_command(args) -> str:
         outputs |= {command_line_output(str(path), "--dump-ir"): ("IR", text)
                     for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
     if args.report:
-        outputs |= report_outputs(plan, args, seconds, config.context.max_device_memory)
+        outputs |= report_outputs(plan, args, seconds, _budget(config))
     if checkpoint:
         outputs[checkpoint] = ("strategy checkpoint", checkpoint_bytes(plan, checkpoint.path))
     return "\n".join(lines + write_outputs(outputs))  # all or nothing
+
+
+def _budget(config) -> int:
+    """The bytes per device a search fits its plan into: max_device_memory, else the profile's memory."""
+    return config.context.max_device_memory or config.context.hardware_profile().device_memory
 
 
 def _plan_json(plan, args, config) -> str:
@@ -140,7 +146,7 @@ def report_command(args) -> str:
     planned = planned_outputs(args)
     check_outputs(planned, {"the plan": args.plan})  # before planning it again
     plan, seconds, config = replan(args.plan)  # from the plan's embedded config: no other input
-    return "\n".join(write_outputs(report_outputs(plan, args, seconds, config.context.max_device_memory)))
+    return "\n".join(write_outputs(report_outputs(plan, args, seconds, _budget(config))))
 
 
 def explain_command(args) -> str:
@@ -305,7 +311,9 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--refine", choices=["cpsat", "solve"],
                         help="refine the BFS plan: cpsat to the CP-SAT optimum, solve with the IOPDDL solver (large graphs)")
     search.add_argument("--time-limit", type=_positive(float), help="seconds the whole refinement may take (default 60)")
-    search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
+    search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine); "
+                                                     "default: the hardware profile's device_memory, searched under only "
+                                                     "when the unbounded plan peaks over it")
     search.add_argument("--coarsen", choices=["none", "exact", "layers"],
                         help="reduce the solver's model first: exact (same optimum) or layers (repeated layers share one "
                              "strategy); default: layers in integer_programming, exact when refining a propagated plan")

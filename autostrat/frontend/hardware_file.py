@@ -2,7 +2,8 @@
 file of a profile's fields, read as data.
 
 A file gives every speed of the profile and, optionally, its efficiency factors (1.0 when
-absent); its name is the file's name::
+absent) and its device memory in bytes (80 GiB, the shipped profiles', when absent: a search
+without max_device_memory fits its plan into it); its name is the file's name::
 
     # my_cluster.yaml
     device_flops: 312e12            # FLOP/s at 16 bits (32-bit ops run at half)
@@ -13,6 +14,7 @@ absent); its name is the file's name::
     inter_server_latency: 4e-6
     devices_per_server: 8
     matmul_efficiency: 0.6          # optional, each in (0, 1]
+    device_memory: 85899345920      # optional, bytes per device
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 
 FILE_FIELDS = tuple(f.name for f in fields(Hardware) if f.name != "name")
-REQUIRED_FIELDS = tuple(field for field in FILE_FIELDS if field not in EFFICIENCIES)
+OPTIONAL_FIELDS = (*EFFICIENCIES, "device_memory")
+REQUIRED_FIELDS = tuple(field for field in FILE_FIELDS if field not in OPTIONAL_FIELDS)
 _EXAMPLE = PROFILES["h100-sxm-80gb"]
 
 
@@ -40,7 +43,7 @@ def hardware_number(field: str, value):
     """
     if isinstance(value, str):
         try:
-            return int(value) if field == "devices_per_server" else float(value)
+            return int(value) if field in ("devices_per_server", "device_memory") else float(value)
         except ValueError:
             raise ConfigError(f"{field} must be a number such as {getattr(_EXAMPLE, field):g}, got {value!r}") from None
     return value
@@ -75,7 +78,7 @@ def read_hardware_file(path) -> Hardware:
     missing = [field for field in REQUIRED_FIELDS if field not in data]
     if missing:
         raise ConfigError(f"{path}: missing field {missing[0]!r}; a hardware profile gives {', '.join(REQUIRED_FIELDS)} "
-                          f"(and optionally {', '.join(EFFICIENCIES)})")
+                          f"(and optionally {', '.join(OPTIONAL_FIELDS)})")
     try:
         return Hardware(**{field: hardware_number(field, value) for field, value in data.items()}, name=Path(path).name)
     except ConfigError as error:
