@@ -42,7 +42,8 @@ from autostrat.entry import INTERRUPTED, interruption
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
 from autostrat.io import check_outputs
-from autostrat.reading import read_json
+from autostrat.reading import read_json, read_text
+from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.registry import import_models
 from autostrat.frontend.run import RunOptions, plan_within_memory, run_and_measure, run_config
@@ -75,11 +76,23 @@ def _timed_plan(config, device_num, progress=None) -> tuple:
     return plan, notes, time.perf_counter() - started
 
 
+def is_plan_space(path) -> bool:
+    """Whether the config at `path` is searched over the ``plan:`` vocabulary (`report.plan_space`):
+    it says ``global_batch`` (an estimate config's key) or has a ``plan`` (which that search refuses)."""
+    data = parse_config_text(read_text(path, "config"), path)
+    return isinstance(data, dict) and ("global_batch" in data or "plan" in data)
+
+
 def search_command(args) -> str:
     """Search the config's model and return the text to print; writes --out, --dump-ir,
     --report and the strategy checkpoint, all or nothing, after checking before the search that
     none clobbers another or an input. Seeds follow `autostrat run`'s rule on another
     --device-num (scaled, with a note)."""
+    if is_plan_space(args.config):
+        return _plan_space_command(args)
+    if args.json:
+        raise ConfigError(f"--json {args.json}: the figures of a plan-space search (a config with global_batch and no "
+                          f"plan); {args.config} has no global_batch: --out writes its plan's JSON")
     config = _search_config(args)
     check_config_outputs(config, planned_outputs(args))
     checkpoint = config.context.strategy_output()
@@ -99,6 +112,23 @@ def search_command(args) -> str:
     if checkpoint:
         outputs[checkpoint] = ("strategy checkpoint", checkpoint_bytes(plan, checkpoint.path))
     return "\n".join(lines + write_outputs(outputs))  # all or nothing
+
+
+def _plan_space_command(args) -> str:
+    """`report.plan_space`'s search of a plan-space config and the text to print; writes --json
+    atomically, checked before the search not to clobber the config. The options that set what
+    the config's plans decide are refused, naming the first."""
+    from autostrat.report.plan_space import search_plan_space  # a report: off the search's import path
+
+    allowed = {"config", "device_num", "max_device_memory", "json", "command", "imports", "started"}
+    given = [key for key, value in vars(args).items() if key not in allowed and value not in (None, False, [])]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')}: {args.config} is a plan-space config (global_batch, no plan), "
+                          f"whose search takes --device-num, --max-device-memory and --json only")
+    outputs = [command_line_output(args.json, "--json")] if args.json else []
+    check_outputs(outputs, {"the config": args.config})
+    found = search_plan_space(args.config, args.device_num, args.max_device_memory)
+    return "\n".join(found.lines(args.config) + write_outputs({output: ("search", found.to_json()) for output in outputs}))
 
 
 def _budget(config) -> int:
@@ -308,6 +338,10 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--out", metavar="FILE", help="write the plan as JSON to this file (-: standard output, and the "
                                                      "table to standard error)")
     search.add_argument("--dump-ir", metavar="DIR", help="write the IR dumps into this folder")
+    search.add_argument("--json", metavar="FILE",
+                        help="a plan-space config's search (global_batch, no plan: report.plan_space): also write the "
+                             "chosen plan's figures, as autostrat estimate --json does, and every candidate's, to this "
+                             "file (-: standard output, and the text to standard error)")
     search.add_argument("--refine", choices=["cpsat", "solve"],
                         help="refine the BFS plan: cpsat to the CP-SAT optimum, solve with the IOPDDL solver (large graphs)")
     search.add_argument("--time-limit", type=_positive(float), help="seconds the whole refinement may take (default 60)")

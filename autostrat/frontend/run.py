@@ -135,11 +135,8 @@ def peak_of(plan) -> int:
 
 def plan_within_memory(config, device_num: int | None = None, progress=None) -> tuple:
     """`plan_config`, never unbounded: a config without ``max_device_memory`` is fitted into its
-    hardware profile's `device_memory`. The unbounded search runs first (a plan that fits is the
-    plan it always was); one that peaks over is searched again under that budget, the search's
-    own bounded refinement, and when that finds none either the error names the budget and the
-    smallest peak found. `autostrat search` and the plans `report` and `explain` make again go
-    through here, so they agree.
+    hardware profile's `device_memory` (`fit_into`). `autostrat search` and the plans `report`
+    and `explain` make again go through here, so they agree.
 
     Example (the tutorial FFN fits an 80 GiB device as it is):
         >>> from autostrat.frontend.config import load_config
@@ -148,12 +145,23 @@ def plan_within_memory(config, device_num: int | None = None, progress=None) -> 
         (True, [])
     """
     plan, notes = plan_config(config, device_num, progress)
-    hardware = config.context.hardware_profile()
-    budget, peak = hardware.device_memory, peak_of(plan)
-    if config.context.max_device_memory is not None or peak <= budget:
+    if config.context.max_device_memory is not None:  # the search fitted it already
         return plan, notes
+    return fit_into(config, plan, notes, device_num, progress)
+
+
+def fit_into(config, plan, notes: list, device_num: int | None = None, progress=None, budget: int | None = None) -> tuple:
+    """`plan` (and its `notes`), the unbounded search's plan of `config`, if it fits `budget`
+    bytes per device (default: the hardware profile's `device_memory`); else the config searched
+    again under that budget (the search's own bounded refinement), with a note saying so; when
+    that finds none either, an `InfeasibleError` naming the budget and the smallest peak found."""
+    hardware = config.context.hardware_profile()
     where = (f"{config.path}: max_device_memory not given, so the plan must fit hardware "
-             f"{hardware.name or 'given field by field'}'s device_memory = {budget:,} bytes per device")
+             f"{hardware.name or 'given field by field'}'s device_memory") if budget is None else f"{config.path}: the plan must fit"
+    budget, peak = budget or hardware.device_memory, peak_of(plan)
+    if peak <= budget:
+        return plan, notes
+    where = f"{where} = {budget:,} bytes per device"
     bounded = replace(config, context=replace(config.context, max_device_memory=budget))
     try:
         plan, notes = plan_config(bounded, device_num, progress)
