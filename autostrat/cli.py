@@ -5,6 +5,11 @@
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
                      [--hardware a100-80gb|h100-sxm-80gb|FILE.yaml] [--precision fp32|fp16|bf16]
                      [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
+                     (never unbounded: without --max-device-memory the plan fits the profile's device_memory)
+    autostrat search PLAN_SPACE.yaml [--device-num N] [--max-device-memory M] [--json OUT]
+                     a config with global_batch and no plan: the fastest plan of the plan: vocabulary
+                     (tp, pp, vp, dp, sequence_parallel, recompute, zero, micro_batch) or of the op-level
+                     search that fits, with the estimate's figures (autostrat.report.plan_space)
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]

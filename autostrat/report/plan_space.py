@@ -9,7 +9,8 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
 - Candidates (`plan_candidates`, in this fixed order, which breaks ties): every ``tp`` dividing
   ``device_num`` up to the devices per server, every ``pp`` dividing what is left up to the
   layers, ``dp`` the rest (it must divide ``global_batch``), ``vp`` 1 or, with ``pp`` above 1,
-  every count above 1 with ``pp · vp`` dividing the layers (Megatron's rule for interleaving),
+  every count above 1 with ``pp · vp`` dividing the layers (Megatron's rule for interleaving;
+  the interleaved schedule also runs its micro-batches in groups of ``pp``, `search.schedules`),
   ``sequence_parallel`` off then on (on only with ``tp`` above 1), ``recompute`` none,
   selective, full, ``zero`` 0 then 1 (1 only with ``dp`` above 1), and every ``micro_batch``
   dividing ``global_batch / dp``; ``cp`` and ``ep`` stay 1. Values that would give the same plan
@@ -71,7 +72,8 @@ def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per
                     for recompute in ("none", "selective", "full"):
                         for zero in (0, 1)[:1 + (dp > 1)]:
                             plans += [GivenPlan(tp, pp, dp, recompute, zero, micro_batch, global_batch, sequence_parallel, vp)
-                                      for micro_batch in _divisors(global_batch // dp)]
+                                      for micro_batch in _divisors(global_batch // dp)
+                                      if vp == 1 or global_batch // (dp * micro_batch) % pp == 0]
     return plans
 
 
@@ -177,10 +179,10 @@ class PlanSearch:
                                    format_table(["plan", "step (s)", "peak (GiB)"], rows, "  ")]
 
 
-def search_plan_space(path, device_num: int | None = None, max_device_memory=None) -> PlanSearch:
+def search_plan_space(path, device_num: int | None = None, max_device_memory=None, progress=None) -> PlanSearch:
     """The plan-space search of the config at `path` (the module docstring), on `device_num`
     devices (default: the config's) under `max_device_memory` bytes (default: the config's,
-    else the hardware profile's memory).
+    else the hardware profile's memory); `progress(done, total)` is called after each candidate.
 
     Example (a 2-layer GPT on 1 device: the fastest fitting plan is no slower than any priced):
         >>> found = search_plan_space("configs/estimate/gpt_small_search.yaml", device_num=1)
@@ -210,9 +212,15 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     budget = budget or hardware.device_memory
     matrices = sum(math.prod(parameter.shape) for block in op_level.net.blocks
                    for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
-    priced = [_price(data, text, path, given, resident_bound(given, matrices, precision), budget)
-              for given in plan_candidates(device_num, global_batch, len(op_level.net.blocks), hardware.devices_per_server)]
+    candidates = plan_candidates(device_num, global_batch, len(op_level.net.blocks), hardware.devices_per_server)
+    priced = []
+    for given in candidates:
+        priced.append(_price(data, text, path, given, resident_bound(given, matrices, precision), budget))
+        if progress is not None:
+            progress(len(priced), len(candidates) + 1)
     priced.append(_op_level(op_level, budget, device_num, global_batch))
+    if progress is not None:
+        progress(len(priced), len(priced))
     return PlanSearch(device_num, budget, source, tuple(priced), _best(priced, budget, path), time.perf_counter() - started)
 
 
