@@ -110,6 +110,9 @@ def test_the_command_prints_the_chosen_plan_and_writes_the_estimates_fields(tmp_
     assert written["plan"] is None or written["plan"]["tp"] * written["plan"]["pp"] * written["plan"]["dp"] == 1
     assert {"step_time_s", "tokens_per_s_per_device", "model_tflops_per_device", "mfu", "peak_bytes_per_device",
             "stages"} <= set(written) and written["peak_bytes_per_device"] <= 3 * 2**20
+    again = tmp_path / "again.json"
+    assert main(["search", str(SMALL), "--device-num", "1", "--max-device-memory", "3MB", "--json", str(again)]) == 0
+    assert again.read_bytes() == out.read_bytes() and capsys.readouterr().out == text.replace("search.json", "again.json")
     assert main(["search", str(SMALL), "--refine", "cpsat"]) == 2
     error = capsys.readouterr().err
     assert "--refine: " in error and "takes --device-num, --max-device-memory and --json only" in error

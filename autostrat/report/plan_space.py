@@ -32,6 +32,7 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -44,6 +45,7 @@ from autostrat.frontend.run import fit_into, plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 from autostrat.report.estimate import RECOMPUTE, Estimate, GivenPlan, estimate_config, estimate_of, plan_pieces_config, search_keys
+from autostrat.search.prediction import format_nanoseconds
 from autostrat.tables import format_table
 
 # Bytes per parameter of Megatron-LM's distributed optimizer ("Distributed Optimizer" in its
@@ -62,19 +64,22 @@ def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per
         (42, [(1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1)])
     """
     plans = []
-    for tp in _divisors(device_num):
-        for pp in _divisors(device_num // tp) if tp <= devices_per_server else ():
-            dp = device_num // (tp * pp)
-            if pp > layers or global_batch % dp:
-                continue
-            for vp in [1] + [v for v in range(2, layers + 1) if pp > 1 and layers % (pp * v) == 0]:
-                for sequence_parallel in (False, True)[:1 + (tp > 1)]:
-                    for recompute in ("none", "selective", "full"):
-                        for zero in (0, 1)[:1 + (dp > 1)]:
-                            plans += [GivenPlan(tp, pp, dp, recompute, zero, micro_batch, global_batch, sequence_parallel, vp)
-                                      for micro_batch in _divisors(global_batch // dp)
-                                      if vp == 1 or global_batch // (dp * micro_batch) % pp == 0]
+    for tp, pp, dp in _device_splits(device_num, global_batch, layers, devices_per_server):
+        interleaves = [1] + [vp for vp in range(2, layers + 1) if pp > 1 and layers % (pp * vp) == 0]
+        for vp, sequence_parallel, recompute, zero in itertools.product(
+                interleaves, (False, True)[:1 + (tp > 1)], ("none", "selective", "full"), (0, 1)[:1 + (dp > 1)]):
+            plans += [GivenPlan(tp, pp, dp, recompute, zero, micro_batch, global_batch, sequence_parallel, vp)
+                      for micro_batch in _divisors(global_batch // dp)
+                      if vp == 1 or global_batch // (dp * micro_batch) % pp == 0]
     return plans
+
+
+def _device_splits(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[tuple]:
+    """Every ``(tp, pp, dp)`` with product `device_num`: tp up to a server, pp up to the layers,
+    dp dividing the global batch."""
+    return [(tp, pp, device_num // (tp * pp)) for tp in _divisors(min(device_num, devices_per_server))
+            if device_num % tp == 0 for pp in _divisors(device_num // tp)
+            if pp <= layers and global_batch % (device_num // (tp * pp)) == 0]
 
 
 def _divisors(number: int) -> list[int]:
@@ -135,7 +140,8 @@ def _vocabulary(given: GivenPlan | None) -> dict | None:
 @dataclass(frozen=True)
 class PlanSearch:
     """A plan-space search's result: the budget and where it came from, every candidate in
-    order (`Priced`), the chosen one and the search's wall seconds."""
+    order (`Priced`), the chosen one and the search's wall seconds (not printed: the text and the
+    JSON of one config are the same every time)."""
 
     device_num: int
     budget: int
@@ -156,7 +162,7 @@ class PlanSearch:
         figures = self.best.estimate.to_dict()
         return figures | {"plan": _vocabulary(self.best.given), "search": {
             "chosen": self.best.name(), "budget_bytes": self.budget, "budget_source": self.budget_source,
-            "seconds": self.seconds, **self.counts(), "candidates_priced": [one.to_dict(self.budget) for one in self.priced]}}
+            **self.counts(), "candidates_priced": [one.to_dict(self.budget) for one in self.priced]}}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -167,16 +173,17 @@ class PlanSearch:
         lines = [f"{path}: plan-space search on {self.device_num} devices under {self.budget:,} bytes per device "
                  f"({self.budget_source}): {counts['candidates']} candidates, {counts['priced']} priced "
                  f"({counts['over_budget']} over the budget), {counts['pruned']} pruned by the resident bound, "
-                 f"{counts['refused']} refused; {self.seconds:.1f} s",
+                 f"{counts['refused']} refused",
                  f"chosen: {self.best.name()}" + ("" if self.best.given else " (its strategies fit no plan: vocabulary)")]
         estimate = self.best.estimate.lines(path)
         if self.best.given is None:
             estimate[0] = f"{path}: {self.best.estimate.model} on {self.device_num} devices: the op-level search's strategies"
         fitting = sorted((one for one in self.priced if one.estimate is not None and one.peak_bytes <= self.budget),
                          key=lambda one: one.estimate.step_time_s)
-        rows = [[one.name(), f"{one.estimate.step_time_s:.4f}", f"{one.peak_bytes / 2**30:.2f}"] for one in fitting[:shown]]
+        rows = [[one.name(), format_nanoseconds(round(one.estimate.step_time_s * 1e9)), f"{one.peak_bytes:,}"]
+                for one in fitting[:shown]]
         return lines + estimate + [f"the {len(rows)} fastest that fit:",
-                                   format_table(["plan", "step (s)", "peak (GiB)"], rows, "  ")]
+                                   format_table(["plan", "step", "peak bytes per device"], rows, "  ")]
 
 
 def search_plan_space(path, device_num: int | None = None, max_device_memory=None, progress=None) -> PlanSearch:
