@@ -44,7 +44,7 @@ from autostrat.frontend.context import parse_bytes
 from autostrat.frontend.run import fit_into, plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
-from autostrat.report.estimate import RECOMPUTE, Estimate, GivenPlan, estimate_config, estimate_of, plan_pieces_config, search_keys
+from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, estimate_of, plan_pieces_config, search_keys
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.tables import format_table
 
