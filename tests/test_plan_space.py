@@ -116,3 +116,21 @@ def test_the_command_prints_the_chosen_plan_and_writes_the_estimates_fields(tmp_
     assert main(["search", str(SMALL), "--refine", "cpsat"]) == 2
     error = capsys.readouterr().err
     assert "--refine: " in error and "takes --device-num, --max-device-memory and --json only" in error
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("", "device_num: expected a positive integer (or --device-num), got None"),
+    ("device_num: 2\nglobal_batch: 0\n", "global_batch: expected a positive integer, got 0"),
+    ("device_num: 2\nglobal_batch: 2\nplan: {tp: 2}\n", "plan: a config with a plan is estimated (autostrat estimate), "
+                                                        "not searched"),
+])
+def test_a_plan_space_config_is_checked_before_any_plan_is_priced(tmp_path, capsys, extra, message):
+    path = tmp_path / "space.yaml"
+    path.write_text("model: {name: GPT}\n" + ("global_batch: 2\n" if not extra else "") + extra)
+    assert main(["search", str(path)]) == 2
+    assert f"{path}: {message}" in capsys.readouterr().err
+
+
+def test_json_is_refused_for_a_config_without_global_batch(capsys):
+    assert main(["search", str(ROOT / "configs" / "ffn.yaml"), "--json", "x.json"]) == 2
+    assert "--json x.json: the figures of a plan-space search" in capsys.readouterr().err

@@ -199,19 +199,8 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     """
     started = time.perf_counter()
     text = read_text(path, "config")
-    data = parse_config_text(text, path)
-    if "plan" in data:
-        raise ConfigError(f"{path}: plan: a config with a plan is estimated (autostrat estimate), not searched; "
-                          f"leave plan out to search its plans")
-    device_num = device_num or data.pop("device_num", None)
-    data.pop("device_num", None)
-    if isinstance(device_num, bool) or not isinstance(device_num, int) or device_num < 1:
-        raise ConfigError(f"{path}: device_num: expected a positive integer (or --device-num), got {device_num!r}")
-    budget = parse_bytes(max_device_memory if max_device_memory is not None else data.pop("max_device_memory", None))
-    data.pop("max_device_memory", None)
-    global_batch = data.get("global_batch")
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise ConfigError(f"{path}: global_batch: expected a positive integer, got {global_batch!r}")
+    data, device_num, budget, global_batch = _search_values(parse_config_text(text, path), path, device_num,
+                                                            max_device_memory)
     op_level = config_from_data(search_keys(data, path, global_batch) | {"device_num": device_num}, text, path, 1,
                                 example_inputs=True)
     hardware, precision = op_level.context.hardware_profile(), op_level.context.precision
@@ -229,6 +218,25 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     if progress is not None:
         progress(len(priced), len(priced))
     return PlanSearch(device_num, budget, source, tuple(priced), _best(priced, budget, path), time.perf_counter() - started)
+
+
+def _search_values(data: dict, path, device_num: int | None, max_device_memory) -> tuple:
+    """A plan-space config's YAML `data` without the keys the search reads itself, and those:
+    the device count (`device_num` over the config's), the budget in bytes (`max_device_memory`
+    over the config's; None: the profile's) and the global batch, each checked."""
+    if "plan" in data:
+        raise ConfigError(f"{path}: plan: a config with a plan is estimated (autostrat estimate), not searched; "
+                          f"leave plan out to search its plans")
+    device_num = device_num or data.pop("device_num", None)
+    data.pop("device_num", None)
+    if isinstance(device_num, bool) or not isinstance(device_num, int) or device_num < 1:
+        raise ConfigError(f"{path}: device_num: expected a positive integer (or --device-num), got {device_num!r}")
+    budget = parse_bytes(max_device_memory if max_device_memory is not None else data.pop("max_device_memory", None))
+    data.pop("max_device_memory", None)
+    global_batch = data.get("global_batch")
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ConfigError(f"{path}: global_batch: expected a positive integer, got {global_batch!r}")
+    return data, device_num, budget, global_batch
 
 
 def _price(data: dict, text: str, path, given: GivenPlan, bound: int, budget: int) -> Priced:
