@@ -231,6 +231,9 @@ def side_by_side(rows, plans: dict, searches: dict) -> str:
             lines.append(published + [f"none found [{len(notes)}]", "", "", "", "", "", f"{seconds:.1f}", ""])
             continue
         counts, chosen = found.counts(), found.best.estimate
+        broken = [one.name() for one in found.priced if one.estimate is not None and one.bound > one.peak_bytes]
+        notes.append(f"[{len(notes) + 1}] {row.name}: the resident bound is below the peak of every priced candidate: "
+                     f"{'no, ' + ', '.join(broken) if broken else 'yes'}")
         ratio = f"{chosen.step_time_s / best.step_time_s:.3f}" if best else ""
         lines.append(published + [found.best.name(), f"{chosen.step_time_s:.4g}", f"{_peak(chosen):.2f}",
                                   "yes" if _peak(chosen) * GIB <= 80 * GIB else "no", ratio,
