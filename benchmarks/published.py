@@ -45,7 +45,15 @@ accounting as much as modelling:
   adds (the norms' inputs, unseeded) by rows over the tp devices, where Megatron keeps them
   whole: 4/t instead of 4 s·b·h units per layer (seen on a 2-layer GPT at tp 2).
 
-Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T]   (the 1T row plans 512 devices
+Search: after the table, each row's plan-space search (`report.plan_space`, what ``autostrat
+search`` does with the row's model, devices and global batch and no plan) next to the published
+plan, the faster of its two recompute columns: predicted step and peak of both, whether the
+searched one fits 80 GiB, their ratio, the candidates priced / pruned / refused and the search's
+wall seconds against the issue's 30 s. Every candidate is a full estimate: 22B prices 250 of its
+340 (48 min at a load of 7-15 on 2 cores); the larger rows have 756 (175B), 1,104 (530B) and
+888 (1T) candidates past the pruning, hours each (``--no-search`` leaves the searches out).
+
+Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit]   (the 1T row plans 512 devices
 in 64 stages: minutes, not seconds; 175B and 530B took 157 and 230 s for their three plans at a
 load of 15-18 on 2 cores, and the fit's four more about as long)
 """
