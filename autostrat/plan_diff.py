@@ -86,7 +86,7 @@ def _is_records(value, **kinds) -> bool:
 def _check_parts(plan: dict, which: str) -> None:
     """The parts of a plan's JSON a diff reads, each of its type; a `ConfigError` names the first
     that is not (a plan edited by hand, or another file)."""
-    op_parts = {"strategy": _is_tuples, "out_strategy": _is_tuples, "at_rest": lambda v: isinstance(v, list),
+    op_parts = {"strategy": _is_tuples, "out_strategy": _is_tuples, "at_rest": lambda v: isinstance(v, list), "ring_bytes": _is_number,
                 "in_layout": lambda v: bool(v) and _is_records(v, device_matrix=lambda _: True, tensor_map=lambda _: True)}
     phases = plan.get("predicted", {}).get("phases", {}) if isinstance(plan.get("predicted"), dict) else None
     checks = {
@@ -94,7 +94,7 @@ def _check_parts(plan: dict, which: str) -> None:
         "device_num": (isinstance(plan["device_num"], int), "an integer"),
         "ops": (_is_records(plan["ops"], name=lambda v: isinstance(v, str), strategy=_is_tuples) and all(
             test(op[key]) for op in plan["ops"] for key, test in op_parts.items() if key in op), "a list of ops with a name "
-            "and strategy tuples (and, if any, out_strategy tuples, an in_layout list and an at_rest list)"),
+            "and strategy tuples (and, if any, out_strategy tuples, an in_layout list, an at_rest list and ring bytes)"),
         "redistributions": (_is_records(plan["redistributions"], consumer=lambda v: isinstance(v, str), bytes=_is_number),
                             "a list of objects with a consumer and bytes"),
         "writebacks": (_is_records(plan.get("writebacks", []), parameter=lambda v: isinstance(v, str), bytes=_is_number),
@@ -113,6 +113,9 @@ def _layer_bytes(plan: dict) -> dict[str, int]:
         found[layer_of(edge["consumer"])] = found.get(layer_of(edge["consumer"]), 0) + int(edge["bytes"])
     for writeback in plan.get("writebacks", []):
         found[layer_of(writeback["parameter"])] = found.get(layer_of(writeback["parameter"]), 0) + int(writeback["bytes"])
+    for op in plan["ops"]:  # a ring strategy's op sends around its ring itself
+        if "ring_bytes" in op:
+            found[layer_of(op["name"])] = found.get(layer_of(op["name"]), 0) + int(op["ring_bytes"])
     return found
 
 

@@ -163,7 +163,26 @@ def generate_strategies(rule: Rule, device_num: int, allow_repeated: bool = Fals
     strategies = [Strategy(rule, splits, device_num) for splits in sorted(found)]
     if allow_repeated and rule.op_type in LINEAR_OP_TYPES and not rule.reduction:
         strategies += [Strategy(rule, s.splits, device_num, sums_partials=True) for s in strategies if s.repeat > 1]
-    return tuple(strategies)
+    return tuple(strategies) + ring_strategies(rule, strategies)
+
+
+def ring_strategies(rule: Rule, strategies) -> tuple[Strategy, ...]:
+    """The ring variant (`Strategy.ring`) of each of `strategies` whose carrier split a ring
+    can run over (none without a ring pair), after them all: the enumeration-order tie-break
+    then keeps the form without a ring where both cost the same.
+
+    Example (fused attention on 4 devices: the query rows over 4, or over 2 and the heads over 2,
+    can ring; its three other candidates come first):
+        >>> from autostrat.rules import make_rule
+        >>> rule = make_rule("FlashAttentionScore", [(1, 2, 8, 4)] * 3, head_num=2)
+        >>> [str(s) for s in generate_strategies(rule, 4)[3:]]
+        ['((1, 1, 4, 1), (1, 1, 4, 1), (1, 1, 4, 1))', '((1, 2, 2, 1), (1, 2, 2, 1), (1, 2, 2, 1))']
+    """
+    if not rule.ring:
+        return ()
+    streamed, carrier = (rule.factors.index(f) for f in rule.ring)
+    return tuple(Strategy(rule, s.splits, s.device_num, ring=True) for s in strategies
+                 if not s.sums_partials and s.splits[carrier] > 1 and rule.factor_sizes[streamed] % s.splits[carrier] == 0)
 
 
 def _products(options: list[list[int]], limit: int, prefix: tuple[int, ...] = ()):

@@ -58,6 +58,21 @@ _PEAKS = "tests/test_memory_measured.py"
 
 MUTATIONS = (
     Mutation(
+        "ring-dk-dv-unpriced", "autostrat/cost/ring.py",
+        '"FlashAttentionScoreKeyValueGrad": (2, 1)',
+        '"FlashAttentionScoreKeyValueGrad": (2, 0)',
+        ("tests/test_ring_attention.py::test_bytes_counted_on_the_wire_equal_the_prediction",
+         "tests/test_context_parallel.py::test_ring_backward_trains_like_one_device"),
+    ),
+    Mutation(
+        "ring-blocks-misplaced", "autostrat/runtime/kernels/ring_attention.py",
+        "        part = partial_attention(query, k, v, scale, causal, query_offset, owner * key.shape[2])\n",
+        "        part = partial_attention(query, k, v, scale, causal, query_offset, ring.position * key.shape[2])\n",
+        ("tests/test_oracle.py::test_every_candidate_matches_the_single_device_result[FlashAttentionScore]",
+         "tests/test_context_parallel.py::test_ring_form_trains_like_one_device",
+         "tests/test_mpi.py::test_the_three_context_parallel_forms_train_on_8_mpi_ranks"),
+    ),
+    Mutation(
         "allgather-priced-0", "autostrat/cost/collective.py",
         '    if kind == "AllGather":\n        return (g - 1) * s\n',
         '    if kind == "AllGather":\n        return 0\n',

@@ -5,8 +5,16 @@ Published runs: Korthikanti et al. 2022, "Reducing Activation Recomputation in L
 Models" (arXiv 2205.05198), Table 5 (step time with full recompute, and with sequence
 parallelism + selective recompute) and Fig. 1 (memory per GPU: parameters + optimiser state;
 activations without and with SP + selective recompute), on A100-80GB (the ``a100-80gb``
-profile), sequence 2048, micro-batch 1, fp16, vocab 51 200; the models are
-configs/models/gpt-{22b,175b,530b,1t}.json.
+profile), sequence 2048, micro-batch 1 (22B: 4), fp16 with fp32 gradients, vocab 51 200; the
+models are configs/models/gpt-{22b,175b,530b,1t}.json.
+
+Precision: the paper counts fp32 gradients (18 bytes per parameter: a 16-bit parameter, its fp32
+gradient, fp32 main parameter and two Adam moments), which is Megatron's fp16 run with
+``--accumulate-allreduce-grads-in-fp32``; its table's fp16 row (fp16 gradients, 20 bytes) is
+another run. autostrat has no fp16-with-fp32-gradients precision of its own; its ``bf16`` is that
+run byte for byte and second for second on A100 (16-bit parameters and activations, fp32
+gradient buffer reduced in fp32, fp32 main parameters; bf16 and fp16 share the 312 TFLOP/s
+tensor-core peak and the 2-byte size), so the estimates are priced in ``bf16`` (`PRECISION`).
 
 Each entry is `autostrat estimate`'s figure (`autostrat.report.estimate`) for the row's plan:
 - time, full recompute: ``plan: {tp, pp, vp: interleave, dp, recompute: full}``; step_time_s;
@@ -17,7 +25,9 @@ Each entry is `autostrat estimate`'s figure (`autostrat.report.estimate`) for th
 - the SP + selective columns: ``sequence_parallel: true, recompute: selective``, its step time
   and its activations as above.
 An entry the estimate refuses is printed with the estimate's reason, never as a number. The
-175B and 530B rows run interleaved 1F1B with 3 model stages per pipeline rank (``vp: 3``).
+175B and 530B rows run interleaved 1F1B with 3 model stages per pipeline rank (``vp: 3``); the
+layers are split evenly over the model stages, as Megatron splits them (the estimate's given
+split: 4, 1 and 2 layers per model stage on 175B, 530B and 1T, the embedding on the first).
 
 Efficiency factors: ``matmul_efficiency`` of the profile is fitted once over every expressible
 step-time entry (both time columns; least squares of the log ratio over (0, 1]), with the
@@ -29,33 +39,36 @@ R, and the fits run on that model: at the shipped factor the model is the table,
 is exact up to the nanosecond rounding of each op, unless the stage split moves.
 
 Memory: after the table, `paper_accounting` prints what Fig. 1 counts, which its formulas
-reproduce exactly; it differs from what the estimate counts, so the memory ratios measure
+reproduce exactly; where it differs from what the estimate counts, the memory ratios measure
 accounting as much as modelling:
-- parameters + optimiser: the paper counts 18 bytes per parameter (fp32 gradients) of the
-  layers' matrices only; the estimate counts the fp16 table's 20 (`search.precision`) for every
-  parameter on the stage (embedding and position tables, biases, norms too) and, at its peak
-  with gradient accumulation, a micro-batch's gradients next to their sum (a runtime adding each
-  micro-batch's gradients into the step's sums; Megatron accumulates in place): 22 bytes on
-  22B, where the gradients at the peak are two 16-bit copies; a pipeline stage's peak can hold
-  more (2.27 copies on the first stage of a 2-layer GPT at tp 2, pp 2).
+- parameters + optimiser: the paper counts the layers' matrices only; the estimate counts every
+  parameter on the stage (embedding and position tables, biases, norms too: on a first pipeline
+  stage of 2 or 3 layers the tables add 7-11 %). Gradients are summed over micro-batches in
+  place (`runtime.pipeline`, `search.stage_buffers`), as Megatron adds them into its main
+  gradients, so a peak holds one copy of them. What is left on the pipeline rows (5.8, 9.6 and
+  12.0 GiB over Fig. 1 on 175B, 530B and 1T) is the first stage's tied embedding gradient: the
+  plan computes it for the whole table (51 200 rows, not the tp-th of them the table holds: the
+  lookup's GatherGrad is left to propagation, which does not split its output rows), in 16 bits
+  and then in fp32, with the step's fp32 sum next to it: 2 · 4 + 2 bytes per table element,
+  12.2 GiB on 1T. Megatron's VocabParallelEmbedding computes its own rows' gradient only.
 - activations: the paper's layers have dropout (its masks and outputs: 3·a·s/(h·t) + 2 of the
-  s·b·h units above); the GPT configs have none (``*_pdrop: 0``). Its 22B bars count 4
-  sequences (the formula at b = 4); the estimate's plan has micro-batches of 1. And without
-  SP the estimate's given plan is not quite Megatron's: the propagation splits the residual
-  adds (the norms' inputs, unseeded) by rows over the tp devices, where Megatron keeps them
-  whole: 4/t instead of 4 s·b·h units per layer (seen on a 2-layer GPT at tp 2).
+  s·b·h units above); the GPT configs have none (``*_pdrop: 0``), nor has autostrat a dropout
+  op. The 22B run is one micro-batch of 4 sequences: the paper's formula gives its Fig. 1 bars
+  at b = 4 (and at no other b), and with pp = dp = 1 only a micro-batch of 4 holds 4 sequences'
+  activations at once. Without SP the given plan keeps the norms and residual adds whole on the
+  tp devices, as Megatron does (`models.megatron_plan`).
 
 Search: after the table, each row's plan-space search (`report.plan_space`, what ``autostrat
 search`` does with the row's model, devices and global batch and no plan) next to the published
 plan, the faster of its two recompute columns: predicted step and peak of both, whether the
 searched one fits 80 GiB, their ratio, the candidates priced / pruned / refused and the search's
 wall seconds against the issue's 30 s. Every candidate is a full estimate: 22B prices 250 of its
-340 (48 min at a load of 7-15 on 2 cores); the larger rows have 756 (175B), 1,104 (530B) and
-888 (1T) candidates past the pruning, hours each (``--no-search`` leaves the searches out).
+340 (48 min at a load of 7-15 on 2 cores, before the estimate split pipelines evenly); the larger
+rows have hundreds of candidates past the pruning, hours each (``--no-search`` leaves them out).
 
-Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit]   (the 1T row plans 512 devices
-in 64 stages: minutes, not seconds; 175B and 530B took 157 and 230 s for their three plans at a
-load of 15-18 on 2 cores, and the fit's four more about as long)
+Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit]   (22B, 175B,
+530B and 1T took 35, 169, 190 and 133 s for their three plans at a load of 11-16 on 2 cores, the
+fit 270 s more; 796 s in all, without the searches)
 """
 
 from __future__ import annotations
@@ -79,6 +92,7 @@ from autostrat.report.plan_space import search_plan_space  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 GIB = 2**30
+PRECISION = "bf16"  # fp16 with fp32 gradients, as the paper counts them (module docstring)
 # Columns: key, heading, target (relative), published value's index in Row.published.
 COLUMNS = (("full", "time, full recompute (s)", 0.15), ("selective", "time, SP + selective (s)", 0.15),
            ("weights", "params + optimiser (GiB)", 0.05), ("activations", "activations, no SP/selective (GiB)", 0.10),
@@ -87,8 +101,8 @@ COLUMNS = (("full", "time, full recompute (s)", 0.15), ("selective", "time, SP +
 
 @dataclass(frozen=True)
 class Row:
-    """One published run: model file, GPUs, TP x PP x DP, global batch, interleave, and per
-    column (`COLUMNS`) the published figure."""
+    """One published run: model file, GPUs, TP x PP x DP, global batch, interleave, per column
+    (`COLUMNS`) the published figure, and the sequences per micro-batch."""
 
     name: str
     model: str
@@ -99,11 +113,13 @@ class Row:
     global_batch: int
     interleave: int
     published: dict
+    micro_batch: int = 1
 
 
 ROWS = (
+    # 22B: one micro-batch of the 4 sequences (the paper's formulas give its Fig. 1 bars at b = 4, module docstring).
     Row("22B", "gpt-22b.json", 8, 8, 1, 1, 4, 1,
-        {"full": 1.42, "selective": 1.10, "weights": 45.56, "activations": 59.25, "selective_activations": 9.56}),
+        {"full": 1.42, "selective": 1.10, "weights": 45.56, "activations": 59.25, "selective_activations": 9.56}, 4),
     Row("175B", "gpt-175b.json", 64, 8, 8, 1, 64, 3,
         {"full": 18.13, "selective": 13.75, "weights": 45.56, "activations": 66.84, "selective_activations": 12.35}),
     Row("530B", "gpt-530b.json", 280, 8, 35, 1, 280, 3,
@@ -122,11 +138,11 @@ def config_text(row: Row, folder: Path, recompute: str, selective: bool = False,
         hardware = f"a100_{efficiency:.6f}.yaml"
         (folder / hardware).write_text(A100 + f"matmul_efficiency: {efficiency!r}\n")
     return "\n".join([
-        f"hardware: {hardware}", "precision: fp16",
+        f"hardware: {hardware}", f"precision: {PRECISION}",
         f"model: {{hf_config: {ROOT / 'configs' / 'models' / row.model}, params: {{seq: 2048}}}}",
         f"global_batch: {row.global_batch}",
         f"plan: {{tp: {row.tp}, pp: {row.pp}, vp: {row.interleave}, dp: {row.dp}, sequence_parallel: {str(selective).lower()}, "
-        f"recompute: {'selective' if selective else recompute}, micro_batch: 1}}", ""])
+        f"recompute: {'selective' if selective else recompute}, micro_batch: {row.micro_batch}}}", ""])
 
 
 def estimated(row: Row, folder: Path, name: str, **choices):
@@ -185,27 +201,26 @@ def paper_accounting(row: Row) -> str:
     12·h²·l / (p·t) (no embedding, biases or norms); activations per layer s·b·h·(10 + 24/t +
     5·a·s/(h·t)) bytes without SP/selective and s·b·h·34/t with both (dropout masks and outputs
     included), times the layers a first stage holds in flight: l (1F1B: p micro-batches of l/p
-    layers), times 1 + (p - 1)/(p·v) when interleaved over v > 1, with b sequences per micro-batch."""
+    layers), times 1 + (p - 1)/(p·v) when interleaved over v > 1, with b sequences per micro-batch
+    (the row's)."""
     shape = json.loads((ROOT / "configs" / "models" / row.model).read_text())
     h, a, l, s = shape["n_embd"], shape["n_head"], shape["n_layer"], 2048
     t, p, v = row.tp, row.pp, row.interleave
     weights = 18 * 12 * h * h * l // (p * t)
     factor = l * (1 + (p - 1) / (p * v)) if v > 1 else l
-    parts = []
-    for b in (1, 4) if p == 1 else (1,):
-        full = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * factor
-        selective = s * b * h * 34 / t * factor
-        parts.append(f"b = {b}: activations {full / GIB:.2f} (published {row.published['activations']:g}), "
-                     f"SP + selective {selective / GIB:.2f} (published {row.published['selective_activations']:g})")
+    b = row.micro_batch
+    full = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * factor
+    selective = s * b * h * 34 / t * factor
     return (f"{row.name}: params + optimiser {weights / GIB:.2f} GiB (published {row.published['weights']:g}); "
-            + "; ".join(parts))
+            f"b = {b}: activations {full / GIB:.2f} (published {row.published['activations']:g}), "
+            f"SP + selective {selective / GIB:.2f} (published {row.published['selective_activations']:g})")
 
 
 def searched(row: Row, folder: Path):
     """The plan-space search (`autostrat search`, `report.plan_space`) of `row`'s model, devices
     and global batch under the profile's 80 GiB, and its wall seconds; or why it found none."""
     path = folder / f"{row.name}_search.yaml"
-    path.write_text("\n".join(["hardware: a100-80gb", "precision: fp16",
+    path.write_text("\n".join(["hardware: a100-80gb", f"precision: {PRECISION}",
                                f"model: {{hf_config: {ROOT / 'configs' / 'models' / row.model}, params: {{seq: 2048}}}}",
                                f"global_batch: {row.global_batch}", f"device_num: {row.gpus}", ""]))
     started = time.perf_counter()
@@ -301,7 +316,7 @@ def main() -> None:
             predicted[row.name] = predictions(row, folder, plans)
             print(f"{row.name}: estimated in {time.perf_counter() - row_started:.1f} s", file=sys.stderr, flush=True)
         print("Korthikanti et al. 2022 (arXiv 2205.05198), Table 5 and Fig. 1, against autostrat estimate "
-              "(a100-80gb as shipped, fp16):")
+              f"(a100-80gb as shipped, fp16 with fp32 gradients: precision {PRECISION}):")
         print(table(rows, predicted), flush=True)
         for row in rows if not args.no_search else ():
             searches[row.name] = searched(row, folder)

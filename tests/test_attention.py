@@ -79,9 +79,9 @@ def test_kernels_equal_the_jax_translation():
 
 def test_rule_splits_batch_heads_and_query_rows_keeps_keys_and_head_dim_whole():
     rule = make_rule("FlashAttentionScore", [(2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16)], head_num=4, sparse_mode=2)
-    assert str(rule) == "b n s d, b n t d, b n t d -> b n s d; need-replication d t"
+    assert str(rule) == "b n s d, b n t d, b n t d -> b n s d; need-replication d t; ring t over s; causal t <= s"
     grad = make_rule("FlashAttentionScoreKeyValueGrad", [(2, 4, 8, 16)] * 4, head_num=4)
-    assert str(grad) == "b n s d, b n t d, b n t d, b n s d -> b n t d, b n t d; reduction s; need-replication d t"
+    assert str(grad) == "b n s d, b n t d, b n t d, b n s d -> b n t d, b n t d; reduction s; need-replication d t; ring t over s"
 
 
 _SHAPES = [(2, 4, 8, 16)] * 3
@@ -167,7 +167,7 @@ def test_fused_attention_costs_the_flops_of_its_unfused_products():
     from autostrat.layout import Strategy
 
     b, n, s, t, d = 2, 4, 8, 6, 16
-    fused = make_rule("FlashAttentionScore", [(b, n, s, d), (b, n, t, d), (b, n, t, d)], head_num=n, sparse_mode=2)
+    fused = make_rule("FlashAttentionScore", [(b, n, s, d), (b, n, t, d), (b, n, t, d)], head_num=n)
     scores = make_rule("BatchMatMul", [(b, n, s, d), (b, n, t, d)], transpose_b=True)
     context = make_rule("BatchMatMul", [(b, n, s, t), (b, n, t, d)])
     heads = lambda rule: Strategy(rule, tuple(2 if f == rule.factors[1] else 1 for f in rule.factors), 2)  # noqa: E731
@@ -176,3 +176,22 @@ def test_fused_attention_costs_the_flops_of_its_unfused_products():
     grads = {name: make_rule(name, [(b, n, s, d), (b, n, t, d), (b, n, t, d), (b, n, s, d)], head_num=n)
              for name in ("FlashAttentionScoreQueryGrad", "FlashAttentionScoreKeyValueGrad")}
     assert [op_cost(heads(rule)).flops_per_device for rule in grads.values()] == [3 * unfused // 2, 4 * unfused // 2]
+
+
+@pytest.mark.parametrize("op_type", ["FlashAttentionScore", "FlashAttentionScoreQueryGrad", "FlashAttentionScoreKeyValueGrad"])
+def test_causal_attention_costs_the_busiest_rank_s_visible_scores(op_type):
+    """Causal: each device computes the scores its rows see (the mask's lower triangle, counted
+    here from the mask itself), and the step waits for the device with the most: the one holding
+    the last rows. Rows over 1, 2 and 4 devices, 8 rows and 6 or 8 keys."""
+    from autostrat.cost import op_cost
+    from autostrat.layout import Strategy
+
+    for seq_q, seq_k in ((8, 8), (8, 6)):
+        shapes = [(2, 2, seq_q, 4), (2, 2, seq_k, 4), (2, 2, seq_k, 4), (2, 2, seq_q, 4)][:3 if op_type == "FlashAttentionScore" else 4]
+        causal, full = (make_rule(op_type, shapes, head_num=2, sparse_mode=mode) for mode in (2, 0))
+        visible = np.tril(np.ones((seq_q, seq_k)))  # row i sees keys 0..i
+        for rows in (1, 2, 4):
+            splits = tuple(rows if f == "s" else 1 for f in causal.factors)
+            busiest = max(block.sum() for block in np.split(visible, rows))
+            flops = op_cost(Strategy(causal, splits, rows)).flops_per_device
+            assert flops * seq_q * seq_k == op_cost(Strategy(full, splits, rows)).flops_per_device * busiest * rows

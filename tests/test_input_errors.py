@@ -334,7 +334,7 @@ def plan_json(tmp_path_factory) -> dict:
     ("graph", [1], "graph: expected text"),
     ("device_num", "8", "device_num: expected an integer"),
     ("ops", [[1]], r"ops: expected a list of ops with a name and strategy tuples \(and, if any, out_strategy tuples, "
-                   r"an in_layout list and an at_rest list\)"),
+                   r"an in_layout list, an at_rest list and ring bytes\)"),
     ("redistributions", [{"consumer": [1], "bytes": 1}], "redistributions: expected a list of objects with a consumer and bytes"),
     ("writebacks", {"a": 1}, "writebacks: expected a list of objects with a parameter and bytes"),
     ("predicted", {"phases": {"forward": {"bytes": [1]}}}, "predicted.phases: expected phases of numbers"),

@@ -160,7 +160,7 @@ CHANGES = {
 }
 MALFORMED = [
     (_instruction("Communicate"), r"programs\[0\]\.instructions\[\d+\]\.kind: expected one of \['AllGather', .*, got \"Exec\""),
-    (_instruction("Load"), r"programs\[0\]\.instructions\[\d+\]: expected a Communicate or Compute or Load record, got "),
+    (_instruction("Load"), r"programs\[0\]\.instructions\[\d+\]: expected a Communicate or Compute or Load or RingCompute record, got "),
     (_instruction("Compute"), r"programs\[0\]\.instructions\[\d+\]\.inputs: expected a list of a string, got \"x\""),
     (lambda d: d.update(version=2), r"expected format version 5, got 2"),
     (lambda d: d["programs"][0].update(extra=1), r"programs\[0\]: expected the fields \[.*\] of Program, got \[.*'extra'"),

@@ -227,3 +227,19 @@ def test_a_llama_from_config_json_trains_on_8_mpi_ranks(tmp_path, config):
     assert ": OK" in out and "reference: JAX" in out
     assert_nothing_left(run_dir, 8)
     assert_peaks_within(out, 8)
+
+
+@pytest.mark.slow
+def test_the_three_context_parallel_forms_train_on_8_mpi_ranks(tmp_path):
+    """configs/cp/llama_cp_train.yaml: DP 2 x CP 4, one block's attention in each form (all-gather,
+    Ulysses, ring) in one job: equal to the JAX reference, and every message counted at its send,
+    the ring's inside the op among them, equal to the plan's prediction."""
+    code, out, err, run_dir, _ = run(tmp_path, "configs/cp/llama_cp_train.yaml", "--steps", "2", timeout=180)
+    assert code == 0, err
+    assert "2 training step(s)" in out and "bytes: measured = predicted on every rank" in out
+    assert ": OK" in out and "reference: JAX" in out
+    assert "blocks.0.attention.value_heads:0 -> blocks.0.attention.attend[2]: AllGather" in out
+    assert "blocks.1.attention.split_query:0 -> blocks.1.attention.query_heads[0]: AllToAll" in out
+    assert "blocks.2.attention.attend (ring): Ring (forward) sent 3072, predicted 3072" in out
+    assert_nothing_left(run_dir, 8)
+    assert_peaks_within(out, 8)

@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from autostrat import nn, ops, reset_auto_parallel_context, set_auto_parallel_context
+from autostrat.cost import Hardware
 from autostrat.frontend.train import relative_error, train_single_device, training_plan
+from autostrat.layout import DeviceMatrix, Layout, TensorMap
+from autostrat.redistribution.algorithms import plan_with_algorithms
 from autostrat.runtime.program import Communicate
 from autostrat.runtime.stage_program import Recv, Send, lower_stage_programs
 from autostrat.runtime.training import reference_graph, train_locally
 from autostrat.search.cell_stages import marked_units
 from autostrat.search.crossings import resolved_readers
+from autostrat.search.plan import EdgeRedistribution
+from autostrat.search.precision import TensorSizes
 from autostrat.search.stages import unit_costs
 
 PARTIAL = "first.matmul:0"  # the split-k matmul's output, partial over stage 0's 4 devices
@@ -120,3 +126,23 @@ def test_a_reader_that_takes_the_tensor_partial_keeps_it_sent_whole():
     plan, _, _ = _plan(rows=True)
     assert resolved_readers(plan, PARTIAL, [("second.matmul", 0)]) is not None
     assert resolved_readers(plan, PARTIAL, [("second.matmul", 0), ("loss.sub", 0)]) is None  # no edge: it reads it as it is
+
+
+def test_a_reader_resolved_from_another_readers_layout_gets_the_algorithms_its_own_edge_would():
+    """A partial tensor over 16 devices (2 servers of 8) read by rows (a ReduceScatter) and
+    whole (an AllReduce): the sender ReduceScatters, and the whole reader's rest, an AllGather
+    across the servers, is hierarchical, as `build_plan` makes an edge's collectives."""
+    hardware, matrix = Hardware(), DeviceMatrix((16,))
+    partial = Layout(matrix, TensorMap((-1, -1)), (64, 64), partial=(0,))
+    rows, whole = Layout(matrix, TensorMap((0, -1)), (64, 64)), Layout(matrix, TensorMap((-1, -1)), (64, 64))
+    timing = hardware.alpha_beta(16)
+    edges = [EdgeRedistribution("h", reader, 0, plan_with_algorithms(partial, wanted, "float32", None, timing, "bytes"))
+             for reader, wanted in (("by_rows", rows), ("whole", whole))]
+    sizes = TensorSizes({"h": "float32"}, {}, frozenset(), frozenset(), 4)
+    plan = SimpleNamespace(redistributions=edges, layouts={"h": partial}, sizes=sizes, hardware=hardware, device_num=16,
+                           cost_model="bytes")
+    reduce, rests = resolved_readers(plan, "h", [("by_rows", 0), ("whole", 0)])
+    assert [step.kind for step in reduce.steps] == ["ReduceScatter"]
+    rest = dict(rests)[("whole", 0)]
+    assert rest == plan_with_algorithms(rows, whole, "float32", None, timing, "bytes")
+    assert [(step.kind, step.algorithm) for step in rest.steps] == [("AllGather", "hierarchical:8")]

@@ -133,15 +133,42 @@ def test_a_budget_the_fastest_splits_exact_peak_fits_keeps_it_though_its_model_i
 @pytest.mark.parametrize("stages, micro", [(1, 3), (2, 2), (2, 4), (4, 4), (4, 8)])
 def test_the_splits_memory_model_replays_the_orders_the_ranks_run(schedule, chunks, stages, micro):
     """The model holds, per device group, the micro-batch chunks in flight the simulation of the
-    same orders counts (to W where the backward is split); the gradient sums and one micro-batch's
-    gradients next to them on every chunk."""
+    same orders counts (to W where the backward is split); the gradient sums on every chunk, and
+    next to them a later micro-batch's gradient being added in, never all its gradients."""
     orders = schedule_orders(schedule, stages, micro, chunks)  # what the ranks run (`StageProgram.order`)
     count = orders.stages
     bounds = tuple((k, k + 1) for k in range(count))
     run = simulate(orders, StageTimes.uniform(count, 1, 1, 1))
     assert group_peaks(UnitCosts((1,) * count, (1,) * count, (0,) * count), bounds, orders) == run.peak_activations
-    sums = group_peaks(UnitCosts((1,) * count, (0,) * count, (0,) * count, gradient_bytes=(1,) * count), bounds, orders)
-    assert all(chunks <= peak <= chunks + 1 for peak in sums) and (micro == 1 or max(sums) == chunks + 1)
+    sums = group_peaks(UnitCosts((1,) * count, (0,) * count, (0,) * count, gradient_bytes=(2,) * count), bounds, orders)
+    assert sums == (2 * chunks,) * orders.devices  # each chunk's sums alone: a later micro-batch adds into them in place
+    pieces = group_peaks(UnitCosts((1,) * count, (0,) * count, (0,) * count, gradient_bytes=(2,) * count,
+                                   largest_gradient_bytes=(1,) * count), bounds, orders)
+    assert all(2 * chunks <= peak <= 2 * chunks + 1 for peak in pieces) and max(pieces) == 2 * chunks + (micro > 1)
+
+
+@pytest.mark.parametrize("schedule, chunks", [("zero_bubble_h1", 1), ("zbv", 2)])
+@pytest.mark.parametrize("stages, micro", [(2, 4), (4, 8)])
+def test_where_the_backward_is_split_the_model_keeps_to_w_only_what_w_reads(schedule, chunks, stages, micro):
+    """A micro-batch's activations live from F to B, what its W reads (`weight_held_bytes`) to W:
+    with nothing kept for W the model holds each device's most micro-batch chunks between an F
+    and its B, counted here by walking the orders; with everything kept, those between F and W."""
+    orders = schedule_orders(schedule, stages, micro, chunks)
+    count, bounds = orders.stages, tuple((k, k + 1) for k in range(orders.stages))
+
+    def in_flight(frees: str) -> tuple[int, ...]:
+        most = []
+        for order in orders.orders:
+            held = peak = 0
+            for instruction in order:
+                held += (instruction.kind == "F") - (instruction.kind == frees)
+                peak = max(peak, held)
+            most.append(peak)
+        return tuple(most)
+
+    for kept, frees in ((0, "B"), (1, "W")):
+        costs = UnitCosts((1,) * count, (10,) * count, (0,) * count, weight_held_bytes=(kept * 10,) * count)
+        assert group_peaks(costs, bounds, orders) == tuple(10 * peak for peak in in_flight(frees))
 
 
 @pytest.mark.parametrize("stages", [2, 3])

@@ -18,7 +18,6 @@ from autostrat.report.plan_space import plan_candidates, search_plan_space
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ROOT / "configs" / "estimate" / "gpt_small_search.yaml"
-BUDGET = 1_150_000  # bytes: between the small GPT's plans' peaks (1.08 to 1.6 MB), so that the budget decides
 A100 = ("device_flops: 312.0e12\ndevice_memory_bandwidth: 2.039e12\nintra_server_bandwidth: 300.0e9\n"
         "inter_server_bandwidth: 25.0e9\nintra_server_latency: 2.0e-6\ninter_server_latency: 4.0e-6\ndevices_per_server: 8\n")
 
@@ -55,8 +54,12 @@ def test_a_search_that_cannot_fit_the_profiles_memory_names_the_smallest_peak(tm
                      r"235,040 bytes per device \(the unbounded search's plan\)", error), error
 
 
-def _brute_force(tmp_path, found) -> list:
-    """Every candidate of `found`'s search as its own config with a ``plan:``, estimated."""
+def _peak(estimate) -> int:
+    return max(stage.peak_bytes for stage in estimate.memory)
+
+
+def _brute_force(tmp_path) -> list:
+    """Every candidate of the small config's search as its own config with a ``plan:``, estimated."""
     estimates = []
     for index, given in enumerate(plan_candidates(2, 2, 2, 8)):
         path = tmp_path / f"candidate_{index}.yaml"
@@ -70,33 +73,35 @@ def _brute_force(tmp_path, found) -> list:
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    found = search_plan_space(SMALL, max_device_memory=BUDGET)
-    return found, _brute_force(tmp_path_factory.mktemp("brute"), found)
+    """The brute force, and the search under a budget one byte below the fastest plan's peak."""
+    estimates = _brute_force(tmp_path_factory.mktemp("brute"))
+    budget = _peak(min(estimates, key=lambda one: one.step_time_s)) - 1
+    return search_plan_space(SMALL, max_device_memory=budget), estimates, budget
 
 
 def test_the_plan_space_search_is_the_brute_force_minimum_that_fits(searched):
-    found, estimates = searched
-    peaks = [max(stage.peak_bytes for stage in one.memory) for one in estimates]
-    fitting = [(one.step_time_s, index) for index, (one, peak) in enumerate(zip(estimates, peaks)) if peak <= BUDGET]
-    assert 0 < len(fitting) < len(estimates)  # the budget decides
-    assert min(one.step_time_s for one in estimates) < min(fitting)[0]  # the fastest plan of all does not fit
+    found, estimates, budget = searched
+    peaks = [_peak(one) for one in estimates]
+    fitting = [(one.step_time_s, index) for index, (one, peak) in enumerate(zip(estimates, peaks)) if peak <= budget]
+    assert 0 < len(fitting) < len(estimates)  # the budget decides: the fastest plan of all does not fit
     fastest, index = min(fitting)
     op_level = found.priced[-1]
     if found.best.given is None:  # the op-level search's plan won: it fits and beats every candidate
-        assert op_level.peak_bytes <= BUDGET and op_level.estimate.step_time_s < fastest
+        assert op_level.peak_bytes <= budget and op_level.estimate.step_time_s < fastest
     else:
         assert found.best.given == estimates[index].given and found.best.estimate.step_time_s == fastest
+    assert found.counts()["pruned"] > 0
     for priced, one, peak in zip(found.priced, estimates, peaks):
         assert priced.bound <= peak  # the pruning bound is a lower bound on every candidate
         if priced.estimate is not None:
             assert (priced.estimate.step_time_s, priced.peak_bytes) == (one.step_time_s, peak)
         else:
-            assert priced.reason.startswith("pruned") and peak > BUDGET
+            assert priced.reason.startswith("pruned") and peak > budget
 
 
 def test_a_budget_nothing_fits_names_the_smallest_peak_found(searched):
-    found, estimates = searched
-    smallest = min(max(stage.peak_bytes for stage in one.memory) for one in estimates)
+    found, estimates, _ = searched
+    smallest = min(_peak(one) for one in estimates)
     with pytest.raises(InfeasibleError, match=rf"no plan of the {len(found.priced)} candidates fits 1,000,000 bytes per device: the "
                                               rf"smallest peak found is {smallest:,} bytes per device"):
         search_plan_space(SMALL, max_device_memory=1_000_000)

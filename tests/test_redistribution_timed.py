@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from autostrat.cost import Hardware
+from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution import plan_redistribution, redistribution_time
 from autostrat.redistribution.moves import Space, fixing_pools, pool_canonical, relabel
 from autostrat.redistribution import timed
@@ -173,3 +174,70 @@ def test_permute_classes_are_those_of_every_relabelling(monkeypatch, sizes, per_
 
 def _axes(state) -> tuple[int, ...]:
     return tuple(axis for entry in state[0] for axis in entry) + tuple(state[1])
+
+
+def _without_target_order(monkeypatch):
+    """The timed search before `Search._towards`: a popped bundle lists every class of child at
+    once, its key the size bound alone (the slow exact path)."""
+    from autostrat.redistribution import search
+
+    def rest_only(self, bundle):
+        return (((*bundle, True), 0, 0, search.split_signature(self.problem.space(bundle[0]), bundle[1]), None),)
+
+    monkeypatch.setattr(search.Search, "_towards", rest_only)
+    monkeypatch.setattr(search.Search, "_rest_bound", lambda self, rest: 0)
+
+
+@pytest.mark.parametrize("device_num, per_server, shape", [(8, 4, (8, 4)), (8, 2, (8, 4)), (16, 4, (16, 4))])
+def test_permutes_towards_the_target_first_time_plans_as_listing_every_class(monkeypatch, device_num, per_server, shape):
+    model = Hardware(devices_per_server=per_server).alpha_beta(device_num)
+    layouts = all_layouts(device_num, shape, with_partial=device_num == 8)[::3]
+    pairs = [(src, dst) for src in layouts for dst in layouts]
+    clear_memos()
+    fast = [redistribution_time(src, dst, model=model) for src, dst in pairs]
+    clear_memos()
+    with monkeypatch.context() as patched:
+        _without_target_order(patched)
+        slow = [redistribution_time(src, dst, model=model) for src, dst in pairs]
+    clear_memos()
+    assert fast == slow and len(pairs) > 200
+
+
+def test_a_split_handed_to_an_axis_of_its_size_across_servers_lists_no_class(monkeypatch):
+    # The target pins every one of ten prime axes of 2 in its own role: the classes of a permute
+    # are its 10! relabellings. The relabelling towards the target reaches it in one permute
+    # across servers, and the rest on the fast link is bounded above that by what each server
+    # must import, so no class is listed.
+    matrix = DeviceMatrix((8, 16, 8))
+    src, dst = (Layout(matrix, TensorMap(entries), (1024, 1024)) for entries in ((2, 1), (0, 1)))
+    model = Hardware().alpha_beta(1024)
+    clear_memos()
+    for name in ("listed_rows", "first_relabellings"):  # `permute_links` lists stateless classes: a few
+        listing = getattr(timed, name)
+        monkeypatch.setattr(timed, name, lambda *args, listing=listing: pytest.fail("a bundle listed its classes") if args[3] else listing(*args))
+    plan = plan_redistribution(src, dst, model=model)
+    local = 1024 * 1024 * 4 // 128
+    alpha, beta = Hardware().link(across_servers=True)
+    assert [step.kind for step in plan.steps] == ["CollectivePermute"] and plan.exhaustive
+    assert plan.nanoseconds(model) == round(alpha * 1e9) + math.ceil(local * 1e9 / beta)
+    clear_memos()
+
+
+@pytest.mark.parametrize("sizes, per_server, shape", [((2, 2, 2), 4, (8, 4)), ((2, 2, 3), 4, (4, 6)), ((2, 2, 2, 2), 4, (4, 4))])
+def test_the_bound_of_a_rest_on_the_fastest_link_is_below_every_childs(sizes, per_server, shape):
+    # `fast_relabellings(state)` must lie below the bound of every relabelling of `state` that
+    # moves only the fastest axes (the children of a bundle's rest), for every state and target.
+    model = Hardware(devices_per_server=per_server).alpha_beta(math.prod(sizes))
+    space, matrix = Space(sizes, shape, 4), matrix_of(sizes)
+    fastest = max(model.link(matrix, (axis,))[1] for axis in range(len(sizes)))
+    fast = [mapping for mapping in itertools.permutations(range(len(sizes)))
+            if all(model.link(matrix, (axis,))[1] == fastest for axis, image in enumerate(mapping) if image != axis)]
+    every = states(sizes, shape)
+    positive = 0
+    for target in every[::2]:
+        bound = timed_bound(space, target, matrix, model)
+        for state in every:
+            below = bound.fast_relabellings(state)
+            assert below <= min(bound(relabel(state, mapping)) for mapping in fast), (state, target)
+            positive += below > 0
+    assert len(fast) > 1 and positive > len(every)

@@ -124,7 +124,9 @@ def test_on_gpt_the_solver_is_never_worse_than_bfs_and_fits(budget):
         assert result.objective <= problem.cost(bfs, shared=True)
     else:
         assert peak_bytes(problem, bfs) > budget >= peak_bytes(problem, result.choice)
-    assert result.bound == 0  # shared readers: the pairwise bound is no bound on the exact cost
+    # shared readers: the pairwise bound is no bound on the exact cost, the relaxed instance's is
+    # (tests/test_solve_untied.py checks it against brute force)
+    assert 0 < result.bound <= result.objective
 
 
 def trap(limit: int | None) -> Instance:

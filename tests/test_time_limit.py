@@ -134,7 +134,7 @@ def test_a_slow_model_build_returns_the_start_saying_where_the_time_ran_out(monk
     graph = gpt_training(2).graph
     searched = build_problem(graph, 8, allow_repeated=True)  # the problem search builds
     known = [propagate(searched).choice, data_parallel(searched, keep_seeds=True).choice]
-    plan = search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=3))
+    plan = search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=3, coarsen="layers"))
     result = plan.refinement.result
     assert result.stopped == ("the time limit (3 s) ran out while building the CP-SAT model (pair variables and "
                               "shared redistributions): the plan is the best start, not refined")
@@ -204,5 +204,34 @@ def test_the_time_the_propagation_takes_is_the_refinements_no_longer(monkeypatch
 
     monkeypatch.setattr(refine_module, "_solve", faked_solve)
     taken["seconds"] = 2.0
-    search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=30))
+    search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=30, coarsen="layers"))
     assert given == [28.0]
+
+
+def test_at_coarsening_exact_the_tied_and_untied_solves_and_the_solver_share_the_limit(monkeypatch, clock):
+    # A propagation of 2 s in a 30 s limit: the tied model's solve until half the limit from
+    # the refinement's start (15 s), the untied model's until two thirds of the limit from the
+    # search's (3 s), the solver the last third (10 s); each finds nothing and takes its time.
+    from tests.test_solve_untied import gpt_training as two_devices
+
+    untied_module = importlib.import_module("autostrat.search.solve.untied")
+    graph, propagated = two_devices().graph, search_module.propagate
+
+    def slow_propagation(*args, **kwargs):
+        clock.now += 2.0
+        return propagated(*args, **kwargs)
+
+    def faked_solve(problem, built, objective, time_limit, *args):
+        clock.spend(time_limit)
+        return cp_model.UNKNOWN, None, 0
+
+    def faked_solver(problem, hint, deadline, **kwargs):
+        clock.spend(deadline.left())
+        return RefineResult(dict(hint), problem.cost(hint), 0, "FEASIBLE", 0.0, problem.cost(hint))
+
+    monkeypatch.setattr(search_module, "propagate", slow_propagation)
+    monkeypatch.setattr(refine_module, "_solve", faked_solve)
+    monkeypatch.setattr(untied_module, "refine_by_solver", faked_solver)
+    plan = search(graph, 2, SearchOptions(refine="cpsat", refine_time_limit=30))
+    assert clock.given == [15.0, 3.0, 10.0] and clock.now == 1000.0 + 30.0
+    assert "then the IOPDDL solver" in plan.refinement.result.coarsening

@@ -24,6 +24,23 @@ def release_after(touched, kept) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(keys) for keys in schedule)
 
 
+def last_touches(touched, keys) -> tuple[tuple[str, ...], ...]:
+    """Per instruction (the keys each touches, in order), the keys of `keys` no later one
+    touches, sorted: where a micro-batch's gradient is added into the step's sum (in place, as
+    Megatron adds each parameter's gradient into its main gradient once it is computed).
+
+    Example:
+        >>> last_touches([("g", "x"), ("x", "h"), ("g",)], keys={"g", "h"})
+        ((), ('h',), ('g',))
+    """
+    touched = [tuple(found) for found in touched]
+    last = {key: index for index, found in enumerate(touched) for key in found if key in keys}
+    schedule: list[list[str]] = [[] for _ in touched]
+    for key, index in sorted(last.items()):
+        schedule[index].append(key)
+    return tuple(tuple(found) for found in schedule)
+
+
 class LiveBytes:
     """The counted bytes of every buffer a rank holds, their sum and its peak.
 

@@ -36,6 +36,7 @@ class FollowedStrategy:
     layout: Layout
     at_rest = ()  # an update op reads parameters in the layout they rest in (`Strategy.at_rest`)
     placement = None  # the followed layout says where everything sits (`Strategy.placement`)
+    ring = False  # an update passes nothing around (`Strategy.ring`)
     sums_partials = False
 
     def __post_init__(self) -> None:

@@ -11,6 +11,12 @@ every operand and the partial axes of every output all follow from it:
 - each dim maps to the axes of its factors; an output is partial over the axes of split
   reduction factors.
 
+A rule with a ring pair ``t over s`` (`rules.Rule.ring`) also has ring strategies (`ring`):
+every dim of factor t then sits on the device axes of s (t's own split stays 1: each device
+still works through all of t, one block at a time, passed around the devices of s), and an
+output dim of t takes those axes from the partial ones (the op sums over s along the ring).
+In strategy tuples the dims of t show the split of s: ``((2, 1, 4, 1),) * 3`` for attention.
+
 A MindSpore ``Layout`` seed (`layout.named`) may put the factors on the device axes in any order
 and a factor on several axes; the strategy then carries a `Placement` saying so. A placement that
 gives every rank the same slices as the default one is dropped, so equal strategies compare equal.
@@ -22,7 +28,7 @@ This module sits below `autostrat.rules`, so it reads a rule through the attribu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from typing import Any, Protocol
 
@@ -50,6 +56,7 @@ class FactorRule(Protocol):
     reduction: frozenset[str]
     need_replication: frozenset[str]
     reduce_op: str
+    ring: tuple[str, ...]
 
 
 @cache
@@ -102,6 +109,9 @@ class Strategy:
     # Where the factors sit on the devices when not in the default order (a Layout seed, or a
     # candidate following a neighbour's layout); None: the default (`default_placement`).
     placement: Placement | None = None
+    # A ring strategy of a rule with a ring pair (module docstring): the streamed factor's
+    # blocks are held over the carrier's devices and passed around them by the op.
+    ring: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", tuple(int(s) for s in self.splits))
@@ -118,6 +128,8 @@ class Strategy:
         if self.sums_partials and (self.repeat == 1 or self.rule.reduction):
             raise LayoutError(f"{self.rule.op_type}: partial-sum inputs need a repeated-calculation axis and no reduction, "
                               f"got splits {self.splits} on {self.device_num} devices")
+        if self.ring:
+            _check_ring(self.rule, self.splits)
 
     @classmethod
     def from_tuples(cls, rule: FactorRule, in_strategy, device_num: int, out_strategy=None, where: str = "") -> Strategy:
@@ -128,11 +140,12 @@ class Strategy:
         Every problem raises `LayoutError` naming `where` (default: the op type).
         """
         where = where or rule.op_type
+        in_strategy, ring = ring_from_operands(rule, in_strategy, where)
         if is_layout_strategy(in_strategy):
             splits, placement = placement_from_layouts(rule, in_strategy, out_strategy, device_num, where)
-            return cls(rule, splits, device_num, placement=placement)
+            return cls(rule, splits, device_num, placement=placement, ring=ring)
         splits = splits_from_tuples(rule, in_strategy, out_strategy, device_num, where)
-        return cls(rule, splits, device_num)
+        return cls(rule, splits, device_num, ring=ring)
 
     @property
     def repeat(self) -> int:
@@ -154,8 +167,33 @@ class Strategy:
         """The device axes (counted from the right, major first) that carry `factor`."""
         return self._placement.axes[self.rule.factors.index(factor)]
 
+    def held_axes(self, factor: str) -> tuple[int, ...]:
+        """The device axes an operand dim of `factor` is split over: `factor_axes`, except for a
+        ring strategy's streamed factor, held over its carrier's axes."""
+        if self.ring and factor == self.rule.ring[0]:
+            return self.factor_axes(self.rule.ring[1])
+        return self.factor_axes(factor)
+
     def tensor_map(self, dims: Dims) -> TensorMap:
-        return TensorMap(tuple(tuple(axis for f in dim for axis in self.factor_axes(f)) or -1 for dim in dims))
+        return TensorMap(tuple(tuple(axis for f in dim for axis in self.held_axes(f)) or -1 for dim in dims))
+
+    def ring_group(self, rank: int) -> tuple[int, ...]:
+        """A ring strategy's ring through `rank`: the ranks differing from it only on the
+        carrier's axes, in the order of the blocks of the carrier they hold.
+
+        Example (ring attention, query rows over 4 of 8 devices):
+            >>> from autostrat.rules import make_rule
+            >>> rule = make_rule("FlashAttentionScore", [(2, 2, 8, 4)] * 3, head_num=2, sparse_mode=2)
+            >>> ring = Strategy.from_tuples(rule, ((2, 1, 4, 1),) * 3, 8)
+            >>> ring.ring, ring.ring_group(5), str(ring.input_layouts[1].tensor_map)
+            (True, (4, 5, 6, 7), '(4, 3, 2, 1)')
+        """
+        carrier = self.factor_axes(self.rule.ring[1])
+        [group] = [g for g in self.device_matrix.groups(carrier) if rank in g]
+        index, dim = next((i, d) for i, dims in enumerate(self.rule.inputs) for d, factors in enumerate(dims)
+                          if factors == (self.rule.ring[1],))
+        layout = self.input_layouts[index]
+        return tuple(sorted(group, key=lambda member: layout.shard_index(member)[dim]))
 
     @cached_property
     def repeat_axes(self) -> tuple[int, ...]:
@@ -177,18 +215,22 @@ class Strategy:
     def output_layouts(self) -> tuple[Layout, ...]:
         partial = tuple(axis for f in self.rule.reduction if self.split(f) > 1 for axis in self.factor_axes(f))
         partial += self.repeat_axes if self.sums_partials else ()
-        op = self.rule.reduce_op if partial else "sum"
-        return tuple(
-            Layout(self.device_matrix, self.tensor_map(dims), shape, partial, op)
-            for dims, shape in zip(self.rule.outputs, self.rule.output_shapes)
-        )
+        layouts = []
+        for dims, shape in zip(self.rule.outputs, self.rule.output_shapes):
+            tensor_map = self.tensor_map(dims)
+            summed = tuple(axis for axis in partial if axis not in tensor_map.axes)  # a ring's dims take theirs
+            layouts.append(Layout(self.device_matrix, tensor_map, shape, summed, self.rule.reduce_op if summed else "sum"))
+        return tuple(layouts)
 
     def slice_context(self, rank: int) -> SliceContext:
         """Where `rank`'s slices of every input and output sit in the global tensors."""
         return SliceContext.of(rank, self.input_layouts, self.output_layouts)
 
     def operand_tuples(self, operands: tuple[Dims, ...]) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(math.prod(self.split(f) for f in dim) for dim in dims) for dims in operands)
+        parts = dict(zip(self.rule.factors, self.splits))
+        if self.ring:
+            parts[self.rule.ring[0]] = parts[self.rule.ring[1]]
+        return tuple(tuple(math.prod(parts[f] for f in dim) for dim in dims) for dims in operands)
 
     def to_tuples(self) -> tuple[tuple[int, ...], ...]:
         """The MindSpore `in_strategy`: per input, the number of parts of each dim."""
@@ -210,6 +252,48 @@ class Strategy:
             text = f"{text} on {list(self.placement.matrix)}: {maps}"
         text = f"{text} partial sums" if self.sums_partials else text
         return f"{text} at rest sharded: input {', '.join(map(str, self.at_rest))}" if self.at_rest else text
+
+
+def _check_ring(rule, splits: tuple[int, ...]) -> None:
+    """A ring strategy needs a ring pair whose carrier is split and whose streamed factor that
+    split divides."""
+    if not rule.ring:
+        raise LayoutError(f"{rule.op_type}: only an op with a ring pair has ring strategies")
+    streamed, carrier = (rule.factors.index(f) for f in rule.ring)
+    if splits[carrier] < 2 or rule.factor_sizes[streamed] % splits[carrier]:
+        raise LayoutError(f"{rule.op_type}: a ring over factor {rule.ring[1]!r} needs it split, into parts that also divide "
+                          f"factor {rule.ring[0]!r} of size {rule.factor_sizes[streamed]}; got splits {splits}")
+
+
+def ring_from_operands(rule, in_strategy, where: str):
+    """(`in_strategy` with the streamed factor's dims whole, whether they were split): a rule
+    with a ring pair reads a split of them as a ring strategy (module docstring); they must be
+    split as the carrier, over the same device axes."""
+    if not rule.ring or not isinstance(in_strategy, (tuple, list)) or len(in_strategy) != len(rule.inputs):
+        return in_strategy, False
+    streamed, carrier = rule.ring
+    layouts = is_layout_strategy(in_strategy)
+    cuts, carried = set(), set()
+    for dims, entry in zip(rule.inputs, in_strategy):
+        parts = entry.parts() if layouts else entry
+        if not isinstance(parts, (tuple, list)) or len(parts) != len(dims):
+            return in_strategy, False  # the form's checks say what is wrong
+        axes = entry.dim_axes() if layouts else parts
+        cuts |= {(parts[i], axes[i]) for i, factors in enumerate(dims) if streamed in factors}
+        carried |= {(parts[i], axes[i]) for i, factors in enumerate(dims) if factors == (carrier,)}
+    if all(part == 1 for part, _ in cuts):
+        return in_strategy, False
+    if len(cuts) != 1 or cuts != carried:
+        raise LayoutError(f"{where}: a ring strategy splits every dim of factor {streamed!r} as factor {carrier!r} is split "
+                          f"(over the same device axes), got {in_strategy!r}")
+    return tuple(_whole(rule, dims, entry, streamed, layouts) for dims, entry in zip(rule.inputs, in_strategy)), True
+
+
+def _whole(rule, dims: Dims, entry, factor: str, layouts: bool):
+    """One operand's tuple or Layout with the dims of `factor` uncut."""
+    if layouts:
+        return replace(entry, names=tuple("None" if factor in factors else name for factors, name in zip(dims, entry.names)))
+    return tuple(1 if factor in factors else part for factors, part in zip(dims, entry))
 
 
 def format_tuples(tuples) -> str:

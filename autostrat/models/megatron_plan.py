@@ -3,7 +3,12 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
 
 - Tensor parallelism (Shoeybi et al. 2019): `megatron_seeds` / `llama_megatron_seeds` on every
   block, Q, K, V and the FFN's first products split by columns over ``tp`` devices, the output
-  projection and the FFN's last product by rows; the activations' rows over ``dp``. The
+  projection and the FFN's last product by rows; the activations' rows over ``dp``. The ops
+  between two tensor-parallel regions (`SEQUENCE_OPS`) are seeded whole on every ``tp`` device,
+  their rows over ``dp`` only, as Megatron runs them without sequence parallelism (left to
+  propagation, the residual adds took the row-split product's output by rows over ``tp``: a
+  ReduceScatter, the add on a ``tp``-th of the rows, an AllGather before the next norm, which
+  holds a ``tp``-th of the residual stream Megatron holds). The
   embedding table and the LM head split the vocabulary over ``tp`` (Megatron's
   VocabParallelEmbedding and parallel logits) when ``tp`` divides it: the lookup's output is
   then partial, the logits column-split (the loss gathers their classes: autostrat has no
@@ -20,6 +25,10 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
   (`context_parallel_seeds`; tests/test_context_parallel.py has the Ulysses form as well).
 - Selective recompute (ibid., section 5): the attention core, QKᵀ, its scale and mask, the
   softmax and ·V, is computed again in the backward instead of kept (`Primitive.recompute`).
+- Pipeline stages (Narayanan et al. 2021): the blocks split evenly over the ``pp · vp`` model
+  stages in order (Megatron's default: ``num_layers`` divisible by them, the embedding on the
+  first stage, the final norm, the LM head and the loss on the last), as the blocks'
+  ``pipeline_stage`` (`mark_pipeline_stages`); the split is given, not searched.
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: 
         seeds = llama_megatron_seeds(len(net.blocks), tensor_parallel, rows)
     else:
         seeds = megatron_seeds(len(net.blocks), tensor_parallel, data_parallel=rows)
-    return seeds | _vocabulary_seeds(net, tensor_parallel, data_parallel, context_parallel)
+    return seeds | _between_regions_seeds(net, rows) | _vocabulary_seeds(net, tensor_parallel, data_parallel, context_parallel)
 
 
 def _vocabulary_seeds(net, tensor_parallel: int, data_parallel: int, context_parallel: int) -> dict:
@@ -132,7 +141,12 @@ def sequence_parallel_seeds(net, tensor_parallel: int, data_parallel: int) -> di
         ((((8, 1), (1,), (1,)), None), (((8, 1), (8, 1)), None))
     """
     _check_family(net)
-    rows = tensor_parallel * data_parallel
+    return _between_regions_seeds(net, tensor_parallel * data_parallel)
+
+
+def _between_regions_seeds(net, rows: int) -> dict:
+    """Every block's `SEQUENCE_OPS` with their activations' rows split over `rows` devices and
+    nothing else split (whole on the other devices of the stage)."""
     names = {name for name, _ in net.primitives_and_names()}
     seeds = {}
     for index in range(len(net.blocks)):
@@ -141,6 +155,26 @@ def sequence_parallel_seeds(net, tensor_parallel: int, data_parallel: int) -> di
             if name in names:
                 seeds[name] = (tuple((rows, 1) if rank == 2 else (1,) for rank in ranks), None)
     return seeds
+
+
+def mark_pipeline_stages(net, stages: int, where: str = "plan.pp") -> None:
+    """Set every block's ``pipeline_stage`` to Megatron's even split of the blocks over
+    `stages` model stages (the module docstring); a count that does not divide the blocks is a
+    ConfigError at `where`.
+
+    Example (8 blocks over 2 pipeline ranks of 2 virtual stages each: 2 blocks per model stage):
+        >>> net = GPT(layers=8, hidden=32, heads=4, seq=8, batch=2, vocab=64)
+        >>> mark_pipeline_stages(net, 4)
+        >>> [block.pipeline_stage for block in net.blocks]
+        [0, 0, 1, 1, 2, 2, 3, 3]
+    """
+    _check_family(net, where)
+    layers = len(net.blocks)
+    if layers % stages:
+        raise ConfigError(f"{where}: Megatron splits the {layers} layers evenly over the pp · vp model stages: expected a "
+                          f"count dividing {layers}, got {stages}")
+    for index, block in enumerate(net.blocks):
+        block.pipeline_stage = index // (layers // stages)
 
 
 def mark_selective_recompute(net) -> tuple[str, ...]:

@@ -11,9 +11,10 @@ def clear_memos() -> None:
         >>> clear_memos()
     """
     from autostrat.layout import layout
-    from autostrat.redistribution import heuristic, moves, planner, search, table, timed
+    from autostrat.redistribution import algorithms, heuristic, moves, planner, search, table, timed
 
     layout.normal_form.cache_clear()
+    algorithms.algorithm_time.cache_clear()
     heuristic.import_bound.cache_clear()
     heuristic.receive_bound.cache_clear()
     moves._blocks.cache_clear()
@@ -23,6 +24,7 @@ def clear_memos() -> None:
     moves.split_signature.cache_clear()
     planner._common_prime_matrix.cache_clear()
     planner._refined.cache_clear()
+    planner._reshape_route.cache_clear()
     planner._solve.cache_clear()
     planner._solve_cost.cache_clear()
     planner._solve_time.cache_clear()

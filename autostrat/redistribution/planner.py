@@ -21,7 +21,12 @@ The timed search's fast path, its permutes' children found per class of relabell
 rather than per relabelling (`timed.first_relabellings`), is exact, not a pruning: it yields
 every class every relabelling reaches, over the same link, by the same first relabelling
 (tests/test_redistribution_timed.py checks it against every relabelling), so it proves optimal
-the same pairs, only sooner. How far the
+the same pairs, only sooner. Nor is its other fast path, a popped bundle's permute to the
+relabelling nearest the target's order before its classes (`search.Search._towards`): the
+classes wait in the bundle's rest at a key below each of theirs (on the fastest link, what each
+server must import: `timed.TimedBound.fast_relabellings`), so A* lists them only when one could
+still beat the plan found (tested equal to listing them at once); a split handed between axes of
+one size across servers, whose classes are every relabelling, plans without listing any. How far the
 others can be: the constructive fallback sends less than ``4T`` bytes per device (``T`` the tensor's bytes: one
 AllReduce under ``2T``, gathers under ``T`` in all, one permute of at most ``T``, free slices and PartialCreate),
 so it is at most ``4T`` above the optimum; measured on every pair of 2-d tensors over

@@ -12,10 +12,10 @@ Layers of nodes ``(layer, state)``:
   bundles of one link (`Search._timed_permutes`), and every step of a path is timed as the
   plan's step will be.
 
-Priorities are ``(objective + bound, bound, objective, steps, bytes, node)``: estimated bytes (or
+Priorities are ``(objective + bound, bound, objective, steps, bytes, late, node)``: estimated bytes (or
 α–β time in whole nanoseconds, `AlphaBeta.step_nanoseconds`) first, then the node nearest the target by the bound (the bound is tight on many
-partial states, and preferring depth keeps A* off those plateaus), then fewer steps, then the
-node itself, so ties break the same way on every run. The bound is admissible but not always
+partial states, and preferring depth keeps A* off those plateaus), then fewer steps, then a
+bundle's rest last (`Search._towards`), then the node itself, so ties break the same way on every run. The bound is admissible but not always
 consistent, so a state reached more cheaply after it settled is reopened.
 
 Under a time model the bound in bytes (`heuristic.receive_bound`) is timed by `timed.time_floor`.
@@ -58,8 +58,8 @@ from autostrat.redistribution.memo import BoundedMemo
 from autostrat.redistribution.moves import (Move, Space, State, canonical, creation, creations, fixing_pools, moves, pool_canonical,
                                             pools_order, relabel, split_signature)
 from autostrat.redistribution.paths import inverse, unpermute
-from autostrat.redistribution.timed import (ClassLimit, bundle_classes, conjugated, matrix_of, permute_links, speed_pools, step_nanoseconds,
-                                            time_floor, timed_bound)
+from autostrat.redistribution.timed import (ClassLimit, bundle_classes, conjugated, mapping_link, matrix_of, permute_links, speed_pools,
+                                            step_nanoseconds, time_floor, timed_bound, towards_target)
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
 EXPANDED_LIMIT, EXPANDED_PROBLEMS = 50_000, 4  # states an `expansions` memo keeps, and memos kept
@@ -153,7 +153,7 @@ class Search:
         self.sized_layers = self.bounded_layers if self.by_source else (PERMUTED,)
         self.best = {start: (0, 0, 0)}  # node -> (objective, steps, bytes)
         self.parent: dict = {start: None}  # node -> (previous node, move)
-        self.heap = [(self._bound(start), self._bound(start), 0, 0, 0, start, True)]
+        self.heap = [(self._bound(start), self._bound(start), 0, 0, 0, False, start, True)]
         self.settled: set = set()
         self.crossings = _bijections(problem) if len(problem.spaces) == 2 else []
         self.expanded = expansions(problem, self.pools, model, self.unit)
@@ -175,12 +175,22 @@ class Search:
         `settle` computes the bound only for entries it pops."""
         if node[0] not in self.bounded_layers:
             return 0, True
-        if node[0] in self.sized_layers or len(node) == 3:  # a bundle: below each child's bound
-            return self._timed(self.receive.signature_bound(signature)), True
+        if node[0] in self.sized_layers or len(node) > 2:  # a bundle or its rest: below each child's bound
+            sized = self._timed(self.receive.signature_bound(signature))
+            return (max(sized, self._rest_bound(node)) if len(node) == 4 else sized), True
         known = self.known.get(node[1])
         if known is not None:
             return known, True
         return self._timed(self.receive.signature_bound(signature)), False
+
+    def _rest_bound(self, rest) -> int:
+        """Below the bound of each child of a bundle's rest on the fastest link
+        (`timed.TimedBound.fast_relabellings`), else 0."""
+        layer, state, index, _ = rest
+        space, matrix = self.problem.space(layer), self.problem.matrix(layer)
+        if self.timed_bound is None or layer != self.target[0] or permute_links(space.sizes, matrix, self.model)[index][1][1] < self.floor[1]:
+            return 0
+        return self.timed_bound.fast_relabellings(state)
 
     def _timed(self, sent: int) -> int:
         """A bound on bytes as a bound on the objective: itself, or under a time model the
@@ -222,7 +232,8 @@ class Search:
         The children wait in bundles, one per link the permute may span (all its relabellings
         take the same time): a bundle node ``(layer, state, link)`` enters the heap at its time
         plus the size bound, which no child beats, and only a bundle popped before the target
-        is expanded (`_bundle_edges`).
+        is expanded: first to the relabelling nearest the target's order, then, if its rest is
+        popped too, to every class (`_towards`, `_bundle_edges`).
         """
         space = self.problem.space(layer)
         sent = space.local_bytes(state)
@@ -279,25 +290,54 @@ class Search:
         return real
 
     def _expand(self, node) -> tuple:
-        found = self.expanded.get(node)
+        if len(node) == 3:
+            return self._towards(node)
+        key = node[:3]  # a bundle's rest is memoised as its bundle: the classes depend on no target
+        found = self.expanded.get(key)
         if found is None:
-            if len(node) == 3:  # a bundle: its permutes' time and bytes were charged on entering it
+            if len(node) == 4:  # a bundle's rest: its permutes' time and bytes were charged on entering the bundle
                 # A relabelling keeps every dim's split: the children share the state's signature.
                 signature = split_signature(self.problem.space(node[0]), node[1])
-                found = tuple((child, 0, 0, signature, move) for move, child in self._bundle_edges(node))
+                found = tuple((child, 0, 0, signature, move) for move, child in self._bundle_edges(key))
             else:
                 found = tuple(
                     (child, self._weight(node[0], move), move.bytes, split_signature(self.problem.space(child[0]), child[1]), move)
                     for move, child in self._edges(node)
                 )
-            self.expanded[node] = found
+            self.expanded[key] = found
         return found
+
+    def _towards(self, bundle) -> tuple:
+        """A popped bundle's edges: its permute to the relabelling nearest the target's order
+        (`timed.towards_target`) when that relabelling spans the bundle's link, then the
+        bundle's rest ``(layer, state, index, True)``, which holds every class of child
+        (`_bundle_edges`) and enters the heap at the bundle's key.
+
+        Exact: the rest's key is below each of its children's, so A* pops it before any child
+        it hides could be settled; only at equal keys it comes last (``late`` in the heap's
+        entries), so a target reached by the nearest relabelling ends the search without
+        listing the classes (n! where the target pins each of n axes of one size).
+        """
+        layer, state, index = bundle
+        space = self.problem.space(layer)
+        signature = split_signature(space, state)
+        rest = ((layer, state, index, True), 0, 0, signature, None)
+        if layer != self.target[0]:
+            return (rest,)
+        matrix = self.problem.matrix(layer)
+        mapping = towards_target(space.sizes, state, self.target[1])
+        if mapping_link(space.sizes, matrix, self.model, mapping) != permute_links(space.sizes, matrix, self.model)[index][1]:
+            return (rest,)
+        child = relabel(state, mapping)
+        moved = tuple(axis for axis, image in enumerate(mapping) if image != axis)
+        move = Move("CollectivePermute", moved, (), mapping, child, space.local_bytes(state))
+        return ((self._representative((layer, child)), 0, 0, signature, move), rest)
 
     def _creation(self, node) -> tuple:
         """The target-dependent edges of `_expand`: a PartialCreate into the target (exact
         layer) or its representative (permuted layer), or before a crossing (layer 0 of two),
         as ``(child, 0, 0, signature, move)``."""
-        if len(node) == 3 or not self.target[1][1]:
+        if len(node) > 2 or not self.target[1][1]:
             return ()
         space = self.problem.space(node[0])
         if node[0] == 0 and self.crossings:
@@ -323,11 +363,11 @@ class Search:
         targets, heap, best, parent, settled = (self.target, self.permuted_target), self.heap, self.best, self.parent, self.settled
         push, pop, estimate_of = heapq.heappush, heapq.heappop, self._estimate
         while heap and len(settled) < SETTLED_LIMIT:
-            _, estimate, objective, steps, sent, node, exact = pop(heap)
+            _, estimate, objective, steps, sent, late, node, exact = pop(heap)
             if (objective, steps, sent) != best[node]:
                 continue  # a stale entry: the node was reached more cheaply since
             if not exact and (bound := self._bound(node)) != estimate:
-                push(heap, (objective + bound, bound, objective, steps, sent, node, True))
+                push(heap, (objective + bound, bound, objective, steps, sent, late, node, True))
                 continue
             settled.add(node)
             if node in targets:
@@ -345,7 +385,7 @@ class Search:
                     continue
                 best[child], parent[child] = (reached, steps, sent + moved), (node, move)
                 estimate, exact = estimate_of(child, signature)
-                push(heap, (reached + estimate, estimate, reached, steps, sent + moved, child, exact))
+                push(heap, (reached + estimate, estimate, reached, steps, sent + moved, len(child) == 4, child, exact))
         return None
 
     @property
@@ -357,7 +397,7 @@ class Search:
         found = []
         while self.parent[reached] is not None:
             node, move = self.parent[reached]
-            if len(node) == 3:  # a bundle of permutes stands between its state's node and the child
+            while len(node) > 2:  # a bundle of permutes (and its rest) stand between its state's node and the child
                 node = self.parent[node][0]
             found.append((node, move, reached))
             reached = node

@@ -85,6 +85,23 @@ class TimedBound(MemoisedBound):
         return latency + -(-numerator // (slow[0] * fast[0]))
 
 
+    def fast_relabellings(self, state: State) -> int:
+        """A lower bound on this bound at every relabelling of `state` that moves only axes at
+        the greatest bandwidth (a permute bundle's children on the fastest link).
+
+        Such a relabelling moves ranks only inside their groups joined by those axes, so each
+        group's members hold the same slices between them, and what the group must import
+        (``C``) is the same: the children's bounds are at least a slower link's latency plus
+        ``C`` at its bandwidth, the terms of `_bound` that do not depend on where inside the
+        group a slice lies. 0 without slower links or when nothing must cross them.
+        """
+        crossing = self.imports(state) if self.imports is not None else 0
+        if not crossing:
+            return 0
+        slow = float(self.slow_bandwidth).as_integer_ratio()
+        return max(self.latency, self.slow_latency) + -(-(crossing * slow[1] * 10**9) // slow[0])
+
+
 @lru_cache(maxsize=1 << 16)
 def step_nanoseconds(model, kind: str, matrix: DeviceMatrix, axes: tuple[int, ...], sent: int) -> int:
     """`AlphaBeta.step_nanoseconds`, memoised: a timed search meets few distinct steps (a state
@@ -337,3 +354,48 @@ def speed_pools(matrix: DeviceMatrix, model, pools) -> tuple[tuple[int, ...], ..
             classes.setdefault(model.link(matrix, (axis,)), []).append(axis)
         found += [tuple(axes) for axes in classes.values() if len(axes) > 1]
     return tuple(found)
+
+
+def towards_target(sizes: tuple[int, ...], state: State, target: State) -> tuple[int, ...]:
+    """The relabelling of `state` nearest `target`'s order (new axis per old axis): each dim's
+    axes, major first, onto the target's axes of that dim while their sizes agree; partial axes
+    onto the target's partial axes of their size; every other axis onto itself where that is
+    free, else onto the lowest free axis of its size. A permute to it is often the whole plan
+    (a split handed from one axis to another of its size) or its first step, so a timed search
+    tries it before the classes of its bundle (`search.Search._towards`).
+
+    Example (rows over axis 2 to rows over axis 0 of three axes of 2; axis 1 stays put):
+        >>> towards_target((2, 2, 2), (((2,), ()), ()), (((0,), ()), ()))
+        (2, 1, 0)
+    """
+    mapping: list = [None] * len(sizes)
+    taken: set = set()
+
+    def assign(axis: int, image: int) -> bool:
+        if mapping[axis] is not None or image in taken or sizes[axis] != sizes[image]:
+            return False
+        mapping[axis] = image
+        taken.add(image)
+        return True
+
+    for entry, wanted in zip(state[0], target[0]):
+        for axis, image in zip(entry, wanted):
+            if not assign(axis, image):
+                break
+    for axis in state[1]:
+        next((image for image in target[1] if assign(axis, image)), None)
+    for axis in range(len(sizes)):
+        assign(axis, axis)
+    for axis in range(len(sizes)):
+        if mapping[axis] is None:
+            next(image for image in range(len(sizes)) if assign(axis, image))
+    return tuple(mapping)
+
+
+def mapping_link(sizes, matrix: DeviceMatrix, model, mapping) -> tuple | None:
+    """The link a permute by `mapping` spans (the slowest of its moved axes'), None for the identity."""
+    link = None
+    for axis, (image, axis_link) in enumerate(zip(mapping, _axis_links(sizes, matrix, model))):
+        if image != axis:
+            link = _slower(link, axis_link)
+    return link

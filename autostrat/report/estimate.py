@@ -6,13 +6,16 @@ search uses (`frontend.run.plan_config`), so a given plan and a searched one are
 model (cases):
 
 - ``tp`` and ``dp``: Megatron's tensor-parallel seeds on every block over ``tp`` devices, the
-  activations' rows over ``dp`` (`models.megatron_plan.tensor_parallel_seeds`); the other ops propagate.
+  activations' rows over ``dp``, the norms, residual adds and biases between the tensor-parallel
+  regions whole on the ``tp`` devices (`models.megatron_plan.tensor_parallel_seeds`); the other ops propagate.
 - ``cp``: context parallelism, Llama 3's all-gather form: each data-parallel rank's sequence split
   over ``cp`` devices, the products' rows over ``dp · cp``, every fused attention's query rows over
   ``cp`` with K and V gathered (`models.megatron_plan.context_parallel_seeds`); ``device_num`` is
   ``tp · pp · dp · cp``. It needs fused attention and ``micro_batch`` 1 (more sequences per rank
   would put whole sequences, not parts of one, on the ``cp`` devices' rows).
-- ``pp``: ``pipeline_stages``, the stage split searched as the search splits stages (1F1B).
+- ``pp``: ``pipeline_stages``, the blocks split evenly over the ``pp · vp`` model stages as
+  Megatron splits them (`models.megatron_plan.mark_pipeline_stages`: the embedding on the first,
+  the LM head and the loss on the last), given as the blocks' ``pipeline_stage`` (1F1B).
 - ``vp``: virtual stages per pipeline rank: Megatron's interleaved 1F1B
   (``pipeline_schedule: interleaved_1f1b``, ``pipeline_interleave_num: vp``); ``pp`` above 1.
 - ``micro_batch`` and ``global_batch``: ``global_batch / (dp · micro_batch)`` micro-batches per
@@ -38,8 +41,8 @@ from autostrat.frontend.config import config_from_data, with_recompute
 from autostrat.frontend.run import plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.models.flops import model_flops
-from autostrat.models.megatron_plan import (context_parallel_seeds, mark_selective_recompute, sequence_parallel_seeds,
-                                            tensor_parallel_seeds)
+from autostrat.models.megatron_plan import (context_parallel_seeds, mark_pipeline_stages, mark_selective_recompute,
+                                            sequence_parallel_seeds, tensor_parallel_seeds)
 from autostrat.reading import read_text
 from autostrat.search.memory_breakdown import KINDS, memory_breakdowns
 from autostrat.search.precision import PRECISION_MEMORY
@@ -193,6 +196,8 @@ def plan_pieces_config(data: dict, text: str, path, given: GivenPlan):
     if given.cp > 1:
         seeds |= context_parallel_seeds(config.net, given.tp, given.dp, given.cp, f"{path}: plan.cp")
     config = replace(config, strategies=seeds)
+    if given.pp > 1:  # Megatron's even split of the blocks, given as their pipeline_stage
+        mark_pipeline_stages(config.net, given.pp * given.vp, f"{path}: plan.pp")
     if given.recompute == "selective":
         mark_selective_recompute(config.net)  # the net's own marks: planned as Primitive.recompute
     if given.recompute == "full":
@@ -304,8 +309,9 @@ def estimate(path) -> Estimate:
 def estimate_config(config, given: GivenPlan) -> Estimate:
     """The estimate of `config`, the search's config of the plan `given` (`plan_pieces_config`)."""
     with warnings.catch_warnings():
-        if given.sequence_parallel:  # its seeds disagree by design: the AllGathers and ReduceScatters it trades for AllReduces
-            warnings.filterwarnings("ignore", message="seeds of .* disagree on .*: a redistribution")
+        # The seeds disagree by design: a row-split product's partial output is resolved for the
+        # ops after it, an AllReduce (whole on the tp devices) or a ReduceScatter (sequence parallel).
+        warnings.filterwarnings("ignore", message="seeds of .* disagree on .*: a redistribution")
         plan, _ = plan_config(config)
     return estimate_of(plan, config.net, given)
 

@@ -7,8 +7,8 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
 (cases):
 
 - Candidates (`plan_candidates`, in this fixed order, which breaks ties): every ``tp`` dividing
-  ``device_num`` up to the devices per server, every ``pp`` dividing what is left up to the
-  layers, ``dp`` the rest (it must divide ``global_batch``), ``vp`` 1 or, with ``pp`` above 1,
+  ``device_num`` up to the devices per server, every ``pp`` dividing what is left and the
+  layers (the estimate splits the blocks evenly over the stages, as Megatron does), ``dp`` the rest (it must divide ``global_batch``), ``vp`` 1 or, with ``pp`` above 1,
   every count above 1 with ``pp · vp`` dividing the layers (Megatron's rule for interleaving;
   the interleaved schedule also runs its micro-batches in groups of ``pp``, `search.schedules`),
   ``sequence_parallel`` off then on (on only with ``tp`` above 1), ``recompute`` none,
@@ -58,7 +58,7 @@ def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per
     """Every plan of the ``plan:`` vocabulary on `device_num` devices (the module docstring's
     candidates, in its order).
 
-    Example (4 devices, 2 layers, global batch 2: dp 4 does not divide the batch, pp 4 exceeds the layers):
+    Example (4 devices, 2 layers, global batch 2: dp 4 does not divide the batch, pp 4 the layers):
         >>> plans = plan_candidates(4, 2, 2, 8)
         >>> len(plans), sorted({(plan.tp, plan.pp, plan.dp) for plan in plans})
         (42, [(1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1)])
@@ -75,11 +75,11 @@ def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per
 
 
 def _device_splits(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[tuple]:
-    """Every ``(tp, pp, dp)`` with product `device_num`: tp up to a server, pp up to the layers,
-    dp dividing the global batch."""
+    """Every ``(tp, pp, dp)`` with product `device_num`: tp up to a server, pp dividing the
+    layers (the estimate splits them evenly over the stages), dp dividing the global batch."""
     return [(tp, pp, device_num // (tp * pp)) for tp in _divisors(min(device_num, devices_per_server))
             if device_num % tp == 0 for pp in _divisors(device_num // tp)
-            if pp <= layers and global_batch % (device_num // (tp * pp)) == 0]
+            if layers % pp == 0 and global_batch % (device_num // (tp * pp)) == 0]
 
 
 def _divisors(number: int) -> list[int]:

@@ -11,15 +11,19 @@ grouped key heads.
 
 Batch, heads and the query sequence pass through (a rank holding query rows [lo, hi) learns lo
 from its slice context, which the causal mask needs); the key sequence and head_dim stay whole.
-Context parallelism (the sequence split over a ``cp`` axis outside attention) is then two layouts
-the planner already prices (tests/test_context_parallel.py): query rows split over ``cp``, K and
-V all-gathered on it by the edge into the op (Llama 3's form), or heads split over ``cp``, an
-AllToAll from the sequence split before the op and back after (Ulysses). Not expressible: Llama
-3's causal load balance (2·cp chunks per sequence, rank i holding chunks i and 2·cp-1-i), since a
-layout gives each rank one contiguous block per dim; the step-time model prices causal attention
-as the full score matrix, evenly split, so it neither charges the imbalance nor credits the
-halved work. A split key sequence (ring attention: K/V blocks passed around with the
-running-softmax merge of `runtime.kernels.attention`) would be communication inside the op.
+Context parallelism (the sequence split over a ``cp`` axis outside attention) takes three forms,
+all layouts the planner prices (tests/test_context_parallel.py): query rows split over ``cp``, K
+and V all-gathered on it by the edge into the op (Llama 3's form); heads split over ``cp``, an
+AllToAll from the sequence split before the op and back after (Ulysses); or ring attention, the
+rule's ring pair ``t over s``: K and V stay split like the query rows (strategy tuples with
+their sequence cut as the query's, MindSpore's ring-attention strategy), and the op passes
+their blocks around the ``cp`` devices, merging them with the running softmax
+(`runtime.kernels.ring_attention`, priced by `cost.ring`). Not expressible: Llama 3's causal
+load balance (2·cp chunks per sequence, rank i holding chunks i and 2·cp-1-i), since a layout
+gives each rank one contiguous block per dim. So the rules' causal pair prices causal attention
+as the rank holding the last query rows computes it (`cost.op_cost`): half the score matrix on
+one device, and with the rows over cp devices that rank's (cp - 1/2) / cp of a full block row,
+which the other ranks wait for.
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ def flash_attention_score(shapes, head_num=None, keep_prob: float = 1.0, scale_v
     """``softmax(query @ key^T * scale_value + mask) @ value`` per batch and head."""
     check_attention(shapes, "FlashAttentionScore", head_num, keep_prob, pre_tokens, next_tokens, inner_precise,
                    input_layout, sparse_mode)
-    return RuleSpec("b n s d, b n t d, b n t d -> b n s d", need_replication="t d")
+    return RuleSpec("b n s d, b n t d, b n t d -> b n s d", need_replication="t d", ring="t s",
+                    causal=_causal(sparse_mode))
 
 
 @register("FlashAttentionScoreQueryGrad", examples=_GRAD)
@@ -78,7 +83,8 @@ def flash_attention_score_query_grad(shapes, head_num=None, keep_prob: float = 1
     check_attention(shapes, "FlashAttentionScoreQueryGrad", head_num, keep_prob, pre_tokens, next_tokens,
                    inner_precise, input_layout, sparse_mode)
     _check_dy(shapes, "FlashAttentionScoreQueryGrad")
-    return RuleSpec("b n s d, b n t d, b n t d, b n s d -> b n s d", need_replication="t d")
+    return RuleSpec("b n s d, b n t d, b n t d, b n s d -> b n s d", need_replication="t d", ring="t s",
+                    causal=_causal(sparse_mode))
 
 
 @register("FlashAttentionScoreKeyValueGrad", examples=_GRAD)
@@ -92,7 +98,13 @@ def flash_attention_score_key_value_grad(shapes, head_num=None, keep_prob: float
     check_attention(shapes, "FlashAttentionScoreKeyValueGrad", head_num, keep_prob, pre_tokens, next_tokens,
                    inner_precise, input_layout, sparse_mode)
     _check_dy(shapes, "FlashAttentionScoreKeyValueGrad")
-    return RuleSpec("b n s d, b n t d, b n t d, b n s d -> b n t d, b n t d", need_replication="t d")
+    return RuleSpec("b n s d, b n t d, b n t d, b n s d -> b n t d, b n t d", need_replication="t d", ring="t s",
+                    causal=_causal(sparse_mode))
+
+
+def _causal(sparse_mode: int) -> str:
+    # leftUpCausal: query row i sees keys 0..i, the rest of the score matrix is never computed.
+    return "s t" if sparse_mode == 2 else ""
 
 
 def _check_dy(shapes, op_type: str) -> None:

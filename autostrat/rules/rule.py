@@ -6,6 +6,14 @@ Factor kinds:
 - reduction: the factor appears in inputs but in no output (MatMul's ``k``); splitting it leaves
   every output partial over its device axis, to be combined by the rule's `reduce_op`;
 - need-replication: the factor may not be split (Softmax's axis, LayerNorm's normalised dims).
+
+A rule may also name a ring pair (`RuleSpec.ring`, e.g. ``"t s"``): need-replication factor t
+may instead be held split over the devices that split s, the op passing its blocks around
+them (ring attention: keys and values over the devices that split the query rows); a strategy
+says whether it does (`layout.Strategy.ring`), and how it is priced is `cost.ring`'s. And a
+causal pair (`RuleSpec.causal`, ``"s t"``): the op works only on the iterations whose t is at
+most s (a causal mask, whose hidden blocks FlashAttention skips), which its price counts
+(`cost.op_cost`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ class RuleSpec:
     sizes: dict[str, int] = field(default_factory=dict)
     need_replication: str = ""
     reduce_op: str = "sum"
+    ring: str = ""  # "t s": factor t may ride the devices of s, passed around them (module docstring)
+    causal: str = ""  # "s t": only the iterations with t <= s are worked on (module docstring)
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,8 @@ class Rule:
     reduction: frozenset[str]
     need_replication: frozenset[str]
     reduce_op: str = "sum"
+    ring: tuple[str, ...] = ()  # (streamed factor, carrier factor), or none
+    causal: tuple[str, ...] = ()  # (row factor, key factor), or none
 
     @classmethod
     def build(cls, op_type: str, spec: RuleSpec, input_shapes) -> Rule:
@@ -71,6 +83,13 @@ class Rule:
             raise RuleError(f"{op_type}: need-replication factor {sorted(need - set(factors))[0]!r} is not in {spec.equation!r}")
         if spec.reduce_op not in REDUCE_OPS:
             raise RuleError(f"{op_type}: reduce_op must be one of {REDUCE_OPS}, got {spec.reduce_op!r}")
+        ring = tuple(spec.ring.split())
+        if ring and (len(ring) != 2 or ring[0] not in need or ring[1] not in factors or ring[1] in need):
+            raise RuleError(f"{op_type}: a ring pair is a need-replication factor and a splittable one of {spec.equation!r}, "
+                            f"got {spec.ring!r}")
+        causal = tuple(spec.causal.split())
+        if causal and (len(causal) != 2 or not set(causal) <= set(factors)):
+            raise RuleError(f"{op_type}: a causal pair is two factors of {spec.equation!r}, got {spec.causal!r}")
         output_factors = {f for operand in outputs for dim in operand for f in dim}
         input_factors = {f for operand in inputs for dim in operand for f in dim}
         return cls(
@@ -84,6 +103,8 @@ class Rule:
             reduction=frozenset(input_factors - output_factors - need),
             need_replication=need,
             reduce_op=spec.reduce_op,
+            ring=ring,
+            causal=causal,
         )
 
     @property
@@ -97,6 +118,10 @@ class Rule:
             text += f"; reduction {op}{' '.join(f for f in self.factors if f in self.reduction)}"
         if self.need_replication:
             text += f"; need-replication {' '.join(f for f in self.factors if f in self.need_replication)}"
+        if self.ring:
+            text += f"; ring {self.ring[0]} over {self.ring[1]}"
+        if self.causal:
+            text += f"; causal {self.causal[1]} <= {self.causal[0]}"
         return text
 
 

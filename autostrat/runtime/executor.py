@@ -38,7 +38,8 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend
 from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
-from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, Send
+from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, RingCompute, Send
+from autostrat.runtime.ring import ring_compute
 from autostrat.runtime.sixteen_bit import rounded, run_sixteen_bit
 
 
@@ -135,6 +136,10 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
             on_instruction(index, instruction)
         if isinstance(instruction, Load):
             inputs, written = (), {instruction.tensor: load_slice(instruction, values, resident)}
+        elif isinstance(instruction, RingCompute):  # a kernel that sends: its messages are its traffic
+            before, inputs = len(backend.sent), [store[key] for key in instruction.inputs]
+            written = dict(zip(instruction.outputs, ring_compute(instruction, inputs, backend)))
+            traffic.append(traffic_of(instruction, backend.sent[before:]))
         elif isinstance(instruction, Compute):
             inputs = [store[key] for key in instruction.inputs]
             written = dict(zip(instruction.outputs, compute(instruction, inputs, store, program.loss_scale)))

@@ -43,7 +43,7 @@ from autostrat.io import write_atomically
 from autostrat.layout import SliceContext
 from autostrat.runtime.checkpoint import checkpoint_bytes
 from autostrat.runtime.job import FAULTS, Fault, Job
-from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, Send
+from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, RingCompute, Send
 from autostrat.runtime.stage_program import SCHEDULES, ChunkProgram, StageProgram
 
 FORMAT = "autostrat job"
@@ -106,6 +106,10 @@ RECORDS = {
     "Compute": (Compute, {
         "op": str, "op_type": str, "inputs": _NAMES, "outputs": _NAMES, "attrs": Many(Fixed((str, ATTRIBUTE))),
         "context": Record(("SliceContext",)), "dtypes": _NAMES, "main": _NAMES}),
+    "RingCompute": (RingCompute, {
+        "op": str, "op_type": str, "inputs": _NAMES, "outputs": _NAMES, "attrs": Many(Fixed((str, ATTRIBUTE))),
+        "context": Record(("SliceContext",)), "dtypes": _NAMES, "main": _NAMES, "group": Many(int), "wire_dtype": str,
+        "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
     "Fault": (Fault, {"rank": int, "kind": OneOf(FAULTS), "at": int}),
     "Load": (Load, {"tensor": str, "ranges": _RANGES, "dtype": str, "of": str, "via": str}),
     "Recv": (Recv, {"key": str, "source": int, "tag": int, "shape": Many(int), "dtype": str}),
@@ -119,7 +123,7 @@ RECORDS = {
         "update": Many(Record(_STAGE_RECORDS)), "inputs": _NAMES, "outputs": _NAME_PAIRS, "updates": _NAME_PAIRS}),
     "Program": (Program, {
         "rank": int, "device_num": int, "partitions": Many(Many(Many(int))),
-        "instructions": Many(Record(("Communicate", "Compute", "Load"))), "inputs": _NAMES, "outputs": _NAME_PAIRS,
+        "instructions": Many(Record(("Communicate", "Compute", "Load", "RingCompute"))), "inputs": _NAMES, "outputs": _NAME_PAIRS,
         "updates": _NAME_PAIRS, "loss_scale": float}),
     "SliceContext": (SliceContext, {
         "input_ranges": Many(_RANGES), "input_shapes": _SHAPES, "output_ranges": Many(_RANGES),

@@ -3,8 +3,9 @@
 A step splits every graph input of the batch along dim 0 into the micro-batches, runs the
 forward, backward and weight-gradient slots of the rank's chunks in the schedule's order
 (`StageProgram.order`, from `search.schedules`), each micro-batch with its own buffers (which
-the rank's chunks share), sums the gradients the update reads over the micro-batches, and runs
-the update once. The loss's sensitivity is ``1 / micro_batches``
+the rank's chunks share), adds each gradient the update reads into the step's sum in place
+once the micro-batch has used it for the last time (Megatron's main gradients), and runs the
+update once. The loss's sensitivity is ``1 / micro_batches``
 (Megatron divides the loss by the number of micro-batches the same way), so the summed
 gradients of a mean loss are the whole batch's, and the step's loss is the mean of the
 micro-batches' losses: the stand-alone run of the whole batch is the reference.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autostrat.cost.live_bytes import release_after
+from autostrat.cost.live_bytes import last_touches, release_after
 from autostrat.errors import ConfigError
 from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
@@ -32,7 +33,7 @@ from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
 from autostrat.runtime.training import TrainingResult, allgather_slices, phase_bytes
-from autostrat.runtime.stage_program import SLOTS, ChunkProgram, StageProgram, lower_stage_programs
+from autostrat.runtime.stage_program import SLOTS, StageProgram, lower_stage_programs
 
 SLOT_OF = {"F": "forward", "B": "backward", "W": "weight"}  # a schedule's instruction kinds -> the slots they run
 
@@ -81,6 +82,8 @@ class StageRunner:
         outputs = {key for _, key in program.outputs}
         self.micro_release = [release_after((touched(i) for slot in SLOTS for i in chunk.instructions(slot)),
                                             set(chunk.accumulated) | outputs | set(chunk.passed)) for chunk in program.chunks]
+        self.micro_sums = [last_touches((touched(i) for slot in SLOTS for i in chunk.instructions(slot)), set(chunk.accumulated))
+                           for chunk in program.chunks]  # per instruction, the gradients added into the sums after it
         updated = {key for _, key in program.updates}
         weights = {i.tensor for i in program.loads} - {name for name, _ in program.updates}
         self.update_release = release_after((touched(i) for i in program.update), updated | weights)
@@ -132,23 +135,23 @@ class StageRunner:
         slot = SLOT_OF[instruction.kind]
         store = self.stores.setdefault(index, {})
         offset = sum(len(chunk.instructions(before)) for before in SLOTS[:SLOTS.index(slot)])
-        release = self.micro_release[instruction.chunk]
+        release, sums = self.micro_release[instruction.chunk], self.micro_sums[instruction.chunk]
         for position, step in enumerate(chunk.instructions(slot)):
             self._run(step, store, self.shared, values, release[offset + position], (instruction.chunk, slot, position))
+            self._accumulate(sums[offset + position], store, self.shared)
         if slot == "forward":
             for _, key in self.program.outputs:
                 if key in store:
                     losses[index] = float(np.mean(np.asarray(store.pop(key), np.float64)))
-        elif slot == self.last:
-            self._accumulate(chunk, store, self.shared)
-            if not store:
-                del self.stores[index]
+        elif slot == self.last and not store:
+            del self.stores[index]
 
-    def _accumulate(self, chunk: ChunkProgram, store: dict, shared: dict) -> None:
-        """Add the chunk's gradients of the micro-batch (what the update reads) into the step's sums."""
-        for key in chunk.accumulated:
-            if key not in store:
-                continue
+    @staticmethod
+    def _accumulate(keys, store: dict, shared: dict) -> None:
+        """Add the micro-batch's gradients `keys` (what the update reads), each just computed for
+        the last time, into the step's sums: in place, as Megatron adds a parameter's gradient
+        into its main gradient, so the micro-batch never holds its gradients next to the sums."""
+        for key in keys:
             piece = store.pop(key)
             if key in shared:
                 np.add(shared[key], piece, out=shared[key])  # the rank's own sum (a received piece is a copy)

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from autostrat.autodiff import UPDATE_OP_TYPES
+from autostrat.autodiff import UPDATE_OP_TYPES, op_phase
 from autostrat.cost.algorithms import algorithm_bytes, server_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
@@ -66,6 +66,20 @@ class Compute:
     context: SliceContext
     dtypes: tuple[str, ...] = ()
     main: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RingCompute(Compute):
+    """A ring strategy's op (`runtime.ring`): its kernel passes blocks around `group` (the
+    rank's ring, members in block order) in `wire_dtype` ("": as held), `predicted` bytes in
+    `phase` by the plan (`cost.ring`); reported as communication labelled `edge`."""
+
+    kind: ClassVar[str] = "Ring"
+    group: tuple[int, ...] = ()
+    wire_dtype: str = ""
+    predicted: int = 0
+    edge: str = ""
+    phase: str = "forward"
 
 
 @dataclass(frozen=True)
@@ -135,8 +149,8 @@ class Program:
     updates: tuple[tuple[str, str], ...] = ()
     loss_scale: float = 1.0
 
-    def communications(self) -> tuple[Communicate, ...]:
-        return tuple(i for i in self.instructions if isinstance(i, Communicate))
+    def communications(self) -> tuple[Communicate | RingCompute, ...]:
+        return tuple(i for i in self.instructions if isinstance(i, (Communicate, RingCompute)))
 
 
 def lower_programs(plan) -> tuple[Program, ...]:
@@ -297,8 +311,13 @@ def _compute(plan, op, keys: tuple[str, ...], rank: int, held: dict, trained: di
     """The op's kernel on the rank's slices `keys`; in 16 bits with its outputs' dtypes and,
     for an update, the main copies it steps (`trained`: parameter -> keys)."""
     main = trained.get(op.inputs[0], ()) if op.op_type in UPDATE_OP_TYPES else ()
-    return Compute(op.name, op.op_type, keys, op.outputs, kernel_attrs(plan, op), plan.ops[op.name].strategy.slice_context(rank),
-                   tuple(held[t] for t in op.outputs) if held else (), main)
+    strategy = plan.ops[op.name].strategy
+    fields = (op.name, op.op_type, keys, op.outputs, kernel_attrs(plan, op), strategy.slice_context(rank),
+              tuple(held[t] for t in op.outputs) if held else (), main)
+    if strategy.ring:  # its kernel sends: what the plan predicts it sends, in the key's held dtype
+        return RingCompute(*fields, group=strategy.ring_group(rank), wire_dtype=held.get(op.inputs[1], ""),
+                           predicted=plan.ring_bytes[op.name], edge=f"{op.name} (ring)", phase=op_phase(op.name))
+    return Compute(*fields)
 
 
 def kernel_attrs(plan, op) -> tuple:

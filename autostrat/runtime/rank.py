@@ -105,10 +105,10 @@ def inject(fault, backend) -> None:
 
 
 def _hook(program, watchdog: Watchdog, fault, backend):
-    from autostrat.runtime.program import LOCAL_KINDS, Communicate, Recv
+    from autostrat.runtime.program import LOCAL_KINDS, Communicate, Recv, RingCompute
 
     def on_instruction(index: int, instruction) -> None:  # a Recv waits on another stage as a collective on its group
-        collective = isinstance(instruction, Recv) or isinstance(instruction, Communicate) and instruction.kind not in LOCAL_KINDS
+        collective = isinstance(instruction, (Recv, RingCompute)) or isinstance(instruction, Communicate) and instruction.kind not in LOCAL_KINDS
         name = getattr(instruction, "edge", None) or getattr(instruction, "op", None) or getattr(instruction, "tensor", "")
         watchdog.progress(f"instruction {index} ({type(instruction).__name__} {getattr(instruction, 'kind', '')} {name})", collective)
         if fault is not None and fault.rank == program.rank and fault.at == index:

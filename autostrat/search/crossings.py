@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass, replace
 
 from autostrat.layout import Layout
-from autostrat.redistribution import RedistributionPlan, plan_redistribution
+from autostrat.redistribution import RedistributionPlan
+from autostrat.redistribution.algorithms import plan_with_algorithms
 from autostrat.search.buffers import DeviceProgram, Event
 
 
@@ -111,9 +112,11 @@ def _piece_bytes(layout: Layout, size: int) -> int:
 
 def _replanned(plan, tensor: str, resolved: Layout, wanted: Layout) -> RedistributionPlan:
     """A reader's redistribution from another reader's resolution, planned as the plan's own
-    (`plan.build_plan`: the plan's cost model, the tensor's priced size)."""
-    model = plan.hardware.alpha_beta(plan.device_num) if plan.cost_model == "time" else None
-    return plan_redistribution(resolved, wanted, plan.sizes.priced(tensor), model)
+    edges are (`plan.build_plan`: the plan's cost model, the tensor's priced size, each
+    collective's algorithm chosen on the plan's hardware)."""
+    timing = plan.hardware.alpha_beta(plan.device_num)
+    model = timing if plan.cost_model == "time" else None
+    return plan_with_algorithms(resolved, wanted, plan.sizes.priced(tensor), model, timing, plan.cost_model)
 
 
 def stage_crossings(plan, pipeline) -> tuple[Crossing, ...]:

@@ -54,7 +54,7 @@ class Deadline:
             (2.5, True)
         """
         earlier = Deadline(self.limit, self.end - seconds)
-        earlier.start = self.start
+        earlier.start, earlier.ran_out = self.start, self.ran_out  # if this one has passed, so has the earlier
         return earlier
 
     def within(self, share: float) -> Deadline:

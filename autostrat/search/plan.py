@@ -10,6 +10,7 @@ from pathlib import Path
 from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware
 from autostrat.cost.hardware import EFFICIENCIES
+from autostrat.cost.ring import ring_bytes
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
 from autostrat.redistribution import RedistributionPlan, lower_plan
@@ -134,8 +135,16 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
-        """Redistribution bytes each device sends for one step (forward pass, or training step)."""
-        return sum(edge.cost for edge in self.redistributions) + sum(w.plan.cost for w in self.writebacks)
+        """Bytes each device sends for one step (forward pass, or training step): its
+        redistributions and its ring strategies' rings."""
+        edges = sum(edge.cost for edge in self.redistributions) + sum(w.plan.cost for w in self.writebacks)
+        return edges + sum(self.ring_bytes.values())
+
+    @cached_property
+    def ring_bytes(self) -> dict[str, int]:
+        """Per op with a ring strategy, the bytes each device sends around its ring (`cost.ring`)."""
+        return {name: ring_bytes(op.strategy, self.sizes.priced(self.graph.ops[name].inputs[1]))
+                for name, op in self.ops.items() if op.strategy.ring}
 
     @cached_property
     def resting(self) -> frozenset[str]:
@@ -181,6 +190,8 @@ class Plan:
         for edge in self.redistributions:
             totals[self.edge_phase(edge)] += edge.cost
         totals["update"] += sum(w.plan.cost for w in self.writebacks)
+        for name, sent in self.ring_bytes.items():
+            totals[op_phase(name)] += sent
         return totals
 
     def bytes_into(self, op: str) -> int:
@@ -226,6 +237,7 @@ class Plan:
                 | ({"out_strategy": [list(t) for t in o.strategy.out_tuples()]} if o.strategy.out_tuples() is not None else {})
                 | ({"partial_sums": True} if o.strategy.sums_partials else {})  # partial inputs summed on
                 | ({"at_rest": list(o.strategy.at_rest)} if o.strategy.at_rest else {})  # ZeRO-3's inputs kept sharded
+                | ({"ring_bytes": self.ring_bytes[n]} if o.strategy.ring else {})  # sent around the op's ring
                 | ({"in_layout": [layout_entry(layout) for layout in o.strategy.input_layouts]}  # an axis order tuples cannot say
                    if o.strategy.placement is not None else {})
                 | ({"stage": self.pipeline.stage_label(n)} if self.pipeline else {})

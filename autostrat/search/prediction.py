@@ -2,7 +2,8 @@
 
 - Compute: every op of the plan (update ops too), `Hardware.compute_nanoseconds` of its strategy,
   in its op's phase (`autodiff.op_phase`: forward, backward or update).
-- Communication: every redistribution of the plan, its steps timed by the α–β model of the plan's
+- Communication: a ring strategy's sends that its compute does not hide (`cost.ring`), in its
+  op's phase, and every redistribution of the plan, its steps timed by the α–β model of the plan's
   hardware (`AlphaBeta.step_nanoseconds`), in the phase its bytes are counted in
   (`Plan.edge_phase`; writebacks in "update").
 - Peak memory: what a rank's buffers hold at most as it runs the step (`buffers.plan_peak`:
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware, op_cost
+from autostrat.cost.ring import ring_nanoseconds
 from autostrat.search.buffers import plan_peak
 from autostrat.search.memory import peak_bytes
 from autostrat.search.problem import SearchProblem, optimizer_state, searched_graph
@@ -101,11 +103,22 @@ def compute_ns(plan, name: str, hardware: Hardware) -> int:
     return hardware.compute_nanoseconds(op_cost(plan.ops[name].strategy, dtypes), sizes.rate_dtypes(operands))
 
 
+def ring_cost(plan, name: str, hardware: Hardware, compute: int) -> tuple[int, int]:
+    """(nanoseconds its sends add to its `compute`, bytes sent) of op `name`'s ring (`cost.ring`;
+    (0, 0) unless its strategy is a ring strategy)."""
+    strategy = plan.ops[name].strategy
+    if not strategy.ring:
+        return 0, 0
+    key = plan.sizes.priced(plan.graph.ops[name].inputs[1])
+    return ring_nanoseconds(strategy, compute, key, hardware.alpha_beta(plan.device_num)) - compute, plan.ring_bytes[name]
+
+
 def op_times(plan, hardware: Hardware, phases: tuple[str, ...]) -> dict[str, int]:
     """Per op of `phases` (`autodiff.op_phase`), its compute plus the redistributions into it
     (a shared one counted once, at its first reader) and, for an update, its writeback."""
     model, graph = hardware.alpha_beta(plan.device_num), plan.graph
     times = {name: compute_ns(plan, name, hardware) for name in graph.ops if op_phase(name) in phases}
+    times = {name: time + ring_cost(plan, name, hardware, time)[0] for name, time in times.items()}
     for edge in plan.redistributions:
         if edge.consumer in times and not edge.shares:
             times[edge.consumer] += edge.plan.nanoseconds(model)
@@ -127,10 +140,11 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
         (PhaseCost(compute_ns=21, communication_ns=6014, bytes=6144), 18560)
     """
     model = hardware.alpha_beta(plan.device_num)
-    compute = dict.fromkeys(phases, 0)
+    compute, communication, sent = dict.fromkeys(phases, 0), dict.fromkeys(phases, 0), dict.fromkeys(phases, 0)
     for name in plan.graph.ops:
-        compute[op_phase(name)] += compute_ns(plan, name, hardware)
-    communication, sent = dict.fromkeys(phases, 0), dict.fromkeys(phases, 0)
+        phase, time = op_phase(name), compute_ns(plan, name, hardware)
+        waited, ring = ring_cost(plan, name, hardware, time)
+        compute[phase], communication[phase], sent[phase] = compute[phase] + time, communication[phase] + waited, sent[phase] + ring
     moves = [(plan.edge_phase(edge), edge.plan) for edge in plan.redistributions if not edge.shares]  # shared: sent once
     moves += [("update", writeback.plan) for writeback in plan.writebacks]
     for phase, redistribution in moves:

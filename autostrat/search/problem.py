@@ -27,6 +27,7 @@ import numpy as np
 
 from autostrat.autodiff import UPDATE_OP_TYPES, gradient_name
 from autostrat.cost import AlphaBeta, Hardware, op_cost
+from autostrat.cost.ring import ring_nanoseconds
 from autostrat.ir import Graph, OpNode
 from autostrat.layout import FollowedStrategy, Layout, Strategy
 from autostrat.redistribution import LazyCostTable, cost_table
@@ -250,8 +251,10 @@ def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], rates: 
     costs = [op_cost(strategy, dtypes) for strategy in candidates]
     if hardware is None:
         own = [c.comm_bytes for c in costs]
-    else:  # op_cost's own communication is 0 (edges carry it), so the time is the compute's
-        own = [hardware.compute_nanoseconds(c, rates) for c in costs]
+    else:  # the compute's time, a ring's sends overlapped with it (edges carry every other message)
+        model = hardware.alpha_beta(candidates[0].device_num)
+        own = [ring_nanoseconds(s, hardware.compute_nanoseconds(c, rates), s.ring and dtypes[1], model)
+               for s, c in zip(candidates, costs)]
     return OpCosts(
         np.array(own, dtype=float),
         np.array([c.flops_per_device for c in costs], dtype=float),

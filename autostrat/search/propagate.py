@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import numpy as np
@@ -370,7 +370,7 @@ def _rest_where_free(problem: SearchProblem, choice: dict[str, int], origin: dic
             variant = candidates[index]
             if not variant.at_rest:
                 break
-            if (variant.splits, variant.sums_partials, variant.placement) == (chosen.splits, chosen.sums_partials, chosen.placement):
+            if replace(variant, at_rest=()) == chosen:  # the same strategy but where its parameters rest
                 if _local_cost(problem, choice, op, index) <= _local_cost(problem, choice, op, choice[op]):
                     choice[op], origin[op] = index, origin[op] + ", parameters at rest (no extra cost)"
                 break

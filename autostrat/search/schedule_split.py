@@ -15,11 +15,13 @@ Prices of a split (`priced_split`), per model stage from its units' `stages.Unit
   construction: the orders run each micro-batch's F, B and W.
 - Memory per device group (`group_peaks`): its chunks' parameters and optimiser state, plus the
   most it holds at any moment of its order: per chunk the activations of the micro-batches in
-  flight (from a forward to its backward, or to its weight gradient where the backward is
-  split), the gradient sums once the chunk's first backward made them, the gradients the
-  instruction freeing a micro-batch's activations writes next to them while the activations of
-  the units it has yet to reach live (`_overlap`, unit by unit), and, where a backward starts,
-  the first activation gradient it writes.
+  flight (from a forward to its backward; where the backward is split, from B to W only what
+  the W ops read, `UnitCosts.weight_held_bytes`), the gradient sums once the chunk's first backward made them, the gradients the
+  instruction freeing a micro-batch's activations writes while the activations of the units it
+  has yet to reach live (`_overlap`, unit by unit: all of them in the first micro-batch, whose
+  gradients become the sums; a unit's largest in a later one, which adds each into its sum as it
+  is made, as the runtime and Megatron do), and, where a backward starts, the first activation
+  gradient it writes.
 
 `split_stages` finds the split with the least simulated step whose model fits the budget:
 every split when there are at most `EXHAUSTIVE_SPLITS` (so exact: tested against brute force),
@@ -78,44 +80,83 @@ def group_peaks(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule:
 def _group_peak(costs: UnitCosts, bounds, schedule: Schedule, device: int) -> int:
     """One device group's peak by the split's model (`group_peaks`)."""
     stages = [schedule.stage(device, chunk) for chunk in range(schedule.chunks)]
-    activations, gradients, firsts, overlaps = [], [], [], []
-    for stage in stages:
-        first, end = bounds[stage]
-        received = costs.send_bytes * (stage > 0)
-        activations.append(sum(costs.activation_bytes[first:end]) + received)
-        gradients.append(sum(costs.gradient_bytes[first:end]))
-        firsts.append(costs.transient_bytes[end - 1] if costs.transient_bytes else 0)  # the backward starts at the last unit
-        overlaps.append(_overlap(costs, first, end, received))
-    kept, sums, peak = [0] * schedule.chunks, [0] * schedule.chunks, 0
-    frees = "W" if schedule.split_backward else "B"  # what frees a micro-batch's activations
+    split = schedule.split_backward
+    parts = [_ChunkBytes.of(costs, *bounds[stage], costs.send_bytes * (stage > 0), split) for stage in stages]
+    kept, waiting, sums, peak = [0] * schedule.chunks, [0] * schedule.chunks, [0] * schedule.chunks, 0
     for instruction in schedule.orders[device]:
-        chunk = instruction.chunk
-        if instruction.kind == "F":
+        chunk, kind = instruction.chunk, instruction.kind
+        part = parts[chunk]
+        if kind == "F":
             kept[chunk] += 1
-            extra = firsts[chunk]  # a backward may start now, all of these held
-        elif instruction.kind == frees:
-            kept[chunk] -= 1  # its activations and gradients while it runs (`_overlap`), the sums once made next to them
-            extra, sums[chunk] = overlaps[chunk] - gradients[chunk] * (1 - sums[chunk]), 1
+            extra = part.first  # a backward may start now, all of these held
+        elif kind == "B" and split:  # its activations while it runs, what W needs kept after it
+            kept[chunk], waiting[chunk] = kept[chunk] - 1, waiting[chunk] + 1
+            extra = part.input_gradient - part.weight_held
+        elif kind == ("W" if split else "B"):
+            # What it reads and the gradients it writes (`_overlap`): the first micro-batch's
+            # gradients become the sums, a later one's are added into them as they are made.
+            if split:
+                waiting[chunk] -= 1
+            else:
+                kept[chunk] -= 1
+            extra = part.summed if sums[chunk] else part.overlap - part.gradients
+            sums[chunk] = 1
         else:
             continue
-        held = sum(k * a + s * g for k, a, s, g in zip(kept, activations, sums, gradients))
+        held = sum(k * p.activations + w * p.weight_held + s * p.gradients for k, w, s, p in zip(kept, waiting, sums, parts))
         peak = max(peak, held + extra)
     weights = sum(sum(costs.weight_bytes[first:end]) for first, end in (bounds[stage] for stage in stages))
     return weights + peak
 
 
-def _overlap(costs: UnitCosts, first: int, end: int, received: int) -> int:
-    """The most a stage of units ``[first, end)`` holds of one micro-batch while the instruction
-    freeing its activations runs: walking its units back from the last, unit ``u`` still holds
-    the activations of ``u`` and of the units before it (and the stage's received input) when
-    the gradients of ``u`` and of the units after it are written.
+@dataclass(frozen=True)
+class _ChunkBytes:
+    """One model stage's bytes per micro-batch in the split's model: its activations (with the
+    input it received), what it keeps from B to W, its gradients, the first activation gradient
+    its backward writes, the most the instruction writing its gradients holds (`_overlap`:
+    before and once the sums exist), and the most its B holds where the backward is split."""
 
-    Example (the last unit's big gradient is written while both units' activations live):
-        >>> _overlap(UnitCosts((1, 1), (10, 10), (1, 1), gradient_bytes=(1, 30)), 0, 2, 0)
-        50
+    activations: int
+    weight_held: int
+    gradients: int
+    first: int
+    overlap: int
+    summed: int
+    input_gradient: int
+
+    @classmethod
+    def of(cls, costs: UnitCosts, first: int, end: int, received: int, split: bool) -> _ChunkBytes:
+        kept = costs.weight_held_bytes if split else costs.activation_bytes  # what the gradients' writer reads
+        received_then = 0 if split else received  # B has freed the received input before W
+        walk = max(received + sum(costs.activation_bytes[first:unit + 1]) + sum(kept[unit + 1:end]) + costs.transient_bytes[unit]
+                   for unit in range(first, end))  # B walking back: the units it has not reached hold all theirs
+        return cls(sum(costs.activation_bytes[first:end]) + received, sum(kept[first:end]), sum(costs.gradient_bytes[first:end]),
+                   costs.transient_bytes[end - 1], _overlap(costs, first, end, received_then, kept),
+                   _overlap(costs, first, end, received_then, kept, summed=True), walk)
+
+
+def _overlap(costs: UnitCosts, first: int, end: int, received: int, kept=None, summed: bool = False) -> int:
+    """The most a stage of units ``[first, end)`` holds of one micro-batch while the instruction
+    writing its gradients runs (B, or W where the backward is split): walking its units back
+    from the last, unit ``u`` still holds what the instruction reads of ``u`` and of the units
+    before it (`kept`, per unit: default their activations; W reads `UnitCosts.weight_held_bytes`)
+    and the stage's received input, when the gradients of ``u`` and of the units after it are
+    written; once the step's sums exist (`summed`), each gradient is added into its sum as it is
+    made, and only one of unit ``u``'s at a time, at most its largest, is held beside them, with
+    the activation gradient its backward passes on (`UnitCosts.transient_bytes`).
+
+    Example (the last unit's big gradient is written while both units' activations live; once
+    summed, its largest part, 20, and an activation gradient of 3 are held beside them):
+        >>> costs = UnitCosts((1, 1), (10, 10), (1, 1), gradient_bytes=(1, 30), transient_bytes=(3, 3),
+        ...                   largest_gradient_bytes=(1, 20))
+        >>> _overlap(costs, 0, 2, 0), _overlap(costs, 0, 2, 0, summed=True)
+        (50, 43)
     """
-    return max(received + sum(costs.activation_bytes[first:unit + 1]) + sum(costs.gradient_bytes[unit:end])
-               for unit in range(first, end))
+    kept = costs.activation_bytes if kept is None else kept
+    if summed:
+        return max(received + sum(kept[first:unit + 1]) + costs.largest_gradient_bytes[unit] + costs.transient_bytes[unit]
+                   for unit in range(first, end))
+    return max(received + sum(kept[first:unit + 1]) + sum(costs.gradient_bytes[unit:end]) for unit in range(first, end))
 
 
 def priced_split(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule: Schedule) -> StageSplit:

@@ -39,7 +39,9 @@ class SearchOptions:
     - `search_mode`: sharding_propagation propagates the seeds by BFS; integer_programming is
       fully automatic: it needs no seeds, every op uses every device (no all-ones or repeated
       candidates where a full split exists), and CP-SAT finds the optimum (it implies `refine`).
-    - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model;
+    - `refine`: "cpsat" refines the BFS plan to the proven optimum of the same cost model (at
+      coarsening "exact", when CP-SAT proves nothing within two thirds of the time, the IOPDDL
+      solver improves its plan in the rest: `solve.untied`);
       "solve" runs the IOPDDL solver (`solve.refinement`) instead, for graphs too large to prove:
       a plan never worse than the BFS one, FEASIBLE, not proven. A budget alone means "cpsat".
     - `refine_time_limit`: seconds a refining search may take, from its start: the problem and
@@ -339,7 +341,9 @@ class _StartPlan:
 
 
 def _refine(options: SearchOptions, problem, choice: dict[str, int], budget: int | None, progress, starts, deadline):
-    """The refinement `options.refine` names (CP-SAT unless "solve") of `choice` under `budget`."""
+    """The refinement `options.refine` names (CP-SAT unless "solve") of `choice` under `budget`;
+    at coarsening "exact", CP-SAT and then, unless it proves its plan optimal, the IOPDDL solver
+    from CP-SAT's plan (`solve.untied`)."""
     if options.refine == "solve":
         from autostrat.search.solve.refinement import refine_by_solver
 
@@ -349,12 +353,17 @@ def _refine(options: SearchOptions, problem, choice: dict[str, int], budget: int
                   starts=starts, deadline=deadline)
 
 
-def refine(*args, **kwargs):
-    """`search.refine.refine`, imported on first use: OR-Tools loads pandas too, 0.4 s that a
-    search which does not refine (and `autostrat`'s start) need not spend."""
+def refine(problem, hint, time_limit, workers, budget, progress, level, **kwargs):
+    """`search.refine.refine` at coarsening `level`, but `solve.untied.refine_untied` at
+    "exact"; imported on first use: OR-Tools loads pandas too, 0.4 s that a search which does
+    not refine (and `autostrat`'s start) need not spend."""
+    if level == "exact":
+        from autostrat.search.solve.untied import refine_untied
+
+        return refine_untied(problem, hint, time_limit, workers, budget, progress, **kwargs)
     from autostrat.search.refine import refine as solve
 
-    return solve(*args, **kwargs)
+    return solve(problem, hint, time_limit, workers, budget, progress, level, **kwargs)
 
 
 def _copies_over_budget(plan: Plan, budget: int, solves: int, error) -> InfeasibleError:

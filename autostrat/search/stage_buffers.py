@@ -17,9 +17,11 @@ not that code):
    (in its writer's layout), a key another device's stage reads is sent after its last write;
    a key another stage of the same device reads stays in the micro-batch's buffers until its
    reader has read it for the last time. W is the backward's part no activation gradient needs
-   (`weight_part`). A micro-batch drops its loss after its forward; after a stage's last part
-   of the backward, the gradients the update reads are added into the step's sums (the first
-   micro-batch's buffers become them).
+   (`weight_part`). A micro-batch drops its loss after its forward; each gradient the update
+   reads is added into the step's sum in place right after its last use in the micro-batch
+   (the first micro-batch's buffer becomes the sum), as Megatron adds a parameter's gradient
+   into its main gradient once computed: at most a few of a micro-batch's gradients exist
+   next to the sums, never all of them.
    A partial tensor a stage of another device reads is resolved before it is sent, where it
    is written (`crossings.crossed`).
 3. The update slot, once: every stage's synchronisation, updates, writebacks (an op every
@@ -35,7 +37,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from autostrat.autodiff import op_phase
-from autostrat.cost.live_bytes import LiveBytes, release_after
+from autostrat.cost.live_bytes import LiveBytes, last_touches, release_after
 from autostrat.search.buffers import DeviceProgram, Event, device_program
 from autostrat.search.crossings import crossed
 
@@ -252,11 +254,12 @@ class _Replay:
     def __init__(self, chunks: tuple[StageSteps, ...], keep_peak: bool = False, counted=None):
         self.chunks, self.memory = chunks, LiveBytes(keep_peak, counted)
         self.summaries: dict[tuple, tuple] = {}  # an instruction's signature -> what its events did (`_slot`)
-        self.micro_release = []
+        self.micro_release, self.micro_sums = [], []  # per chunk and micro-batch event: keys dropped, summed after it
         for steps in chunks:
             micro = steps.slots["forward"] + steps.slots["backward"] + steps.slots["weight"]
             kept = steps.accumulated | set(steps.outputs) | steps.passed
             self.micro_release.append(release_after((event.touched for event in micro), kept))
+            self.micro_sums.append(last_touches((event.touched for event in micro), steps.accumulated))
         self.loads = {key: size for steps in chunks for key, size in steps.loads.items()}
         self.update = [event for steps in chunks for event in steps.slots["update"]]
         self.update += [event for steps in chunks for event in steps.receives]
@@ -267,16 +270,15 @@ class _Replay:
     def run(self, order) -> int:
         shared, stores = dict(self.loads), {}
         self.memory.write({("", key): size for key, size in shared.items()})
-        last = "weight" if any(instruction.kind == "W" for instruction in order) else "backward"
         for instruction in order:
             store = stores.setdefault(instruction.micro_batch, {})
             if not self._repeated(instruction, store, shared):
-                self._slot(instruction, store, shared, last)
+                self._slot(instruction, store, shared)
         for event, released in zip(self.update, self.update_release):
             self._event(event, shared, "", released)
         return self.memory.peak
 
-    def _slot(self, instruction, store: dict, shared: dict, last: str) -> None:
+    def _slot(self, instruction, store: dict, shared: dict) -> None:
         """Run one instruction's events, and keep what they did to the bytes held (`_repeated`)."""
         steps, slot, index = self.chunks[instruction.chunk], PARTS[instruction.kind], instruction.micro_batch
         signature, memory = self._signature(instruction, store, shared), self.memory
@@ -286,12 +288,11 @@ class _Replay:
                   "weight": len(steps.slots["forward"]) + len(steps.slots["backward"])}[slot]
         for position, event in enumerate(steps.slots[slot]):
             self._event(event, store, index, self.micro_release[instruction.chunk][offset + position])
+            self._accumulate(self.micro_sums[instruction.chunk][offset + position], store, shared, index)
         if slot == "forward":
             for key in steps.outputs:  # the loss leaves with the micro-batch's forward
                 store.pop(key)
                 memory.release(((index, key),))
-        elif slot == last:
-            self._accumulate(steps, store, shared, index)
         self.summaries[signature] = (memory.since - live, memory.live - live, memory.counted_since - counted,
                                      memory.counted_live - counted, dict(store), {key: shared[key] for key in set(shared) - before})
 
@@ -334,10 +335,11 @@ class _Replay:
         for key in released:
             store.pop(key, None)
 
-    def _accumulate(self, steps: StageSteps, store: dict, shared: dict, index: int) -> None:
-        """A stage's gradients of a micro-batch the update reads: added into the step's sums,
-        or, the first micro-batch's, become them (the buffer changes hands)."""
-        for key in sorted(steps.accumulated & set(store)):
+    def _accumulate(self, keys, store: dict, shared: dict, index: int) -> None:
+        """A stage's gradients `keys` of a micro-batch the update reads, each just computed for
+        the last time: added into the step's sums in place, or, the first micro-batch's, become
+        them (the buffer changes hands)."""
+        for key in keys:
             size = store.pop(key)
             if key not in shared:
                 shared[key] = size

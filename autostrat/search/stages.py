@@ -47,17 +47,26 @@ class UnitCosts:
     transient_bytes: tuple[int, ...] = ()  # per unit, the largest activation gradient its backward writes
     forward_ns: tuple[int, ...] = ()
     weight_gradient_ns: tuple[int, ...] = ()
+    largest_gradient_bytes: tuple[int, ...] = ()  # per unit, its largest parameter's gradient (`gradient_bytes`' part)
+    # Per unit, what a micro-batch keeps from its B to its W where a schedule splits them: the
+    # activations its W ops read and the tensors its B ops write for them (none given: its activations).
+    weight_held_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.time_ns or not len(self.time_ns) == len(self.activation_bytes) == len(self.weight_bytes):
             raise ConfigError(f"unit costs need one time, activation and weight figure per unit, got "
                               f"{len(self.time_ns)}, {len(self.activation_bytes)} and {len(self.weight_bytes)}")
-        for name in ("gradient_bytes", "transient_bytes", "forward_ns", "weight_gradient_ns"):
+        for name in ("gradient_bytes", "transient_bytes", "forward_ns", "weight_gradient_ns", "largest_gradient_bytes"):
             figures = getattr(self, name)
             if figures and len(figures) != len(self.time_ns):
                 raise ConfigError(f"unit costs need one {name} figure per unit, got {len(figures)} for {len(self.time_ns)} units")
             if not figures:
                 object.__setattr__(self, name, (0,) * len(self.time_ns))  # frozen: filled once, here
+        if not self.weight_held_bytes:
+            object.__setattr__(self, "weight_held_bytes", self.activation_bytes)
+        elif len(self.weight_held_bytes) != len(self.time_ns):
+            raise ConfigError(f"unit costs need one weight_held_bytes figure per unit, got {len(self.weight_held_bytes)} "
+                              f"for {len(self.time_ns)} units")
         if any(f + w > t for f, w, t in zip(self.forward_ns, self.weight_gradient_ns, self.time_ns)):
             raise ConfigError("unit costs' forward and weight-gradient parts must fit in each unit's time")
 
@@ -233,7 +242,7 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
     graph = plan.graph
     units = op_units(graph) if units is None else units
     count = max(units.values()) + 1
-    time, forward, weight, activations, weights, gradients, transients = ([0] * count for _ in range(7))
+    time, forward, weight, activations, weights, gradients, transients, largest, held = ([0] * count for _ in range(9))
     weight_parts = weight_ops(graph)
     for name, time_ns in op_times(plan, hardware, ("forward", "backward")).items():
         time[units[name]] += time_ns
@@ -248,10 +257,14 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
         readers = [reader for reader, _ in graph.consumers(name)]
         if info.kind == "parameter" and readers:
             weights[units[readers[0]]] += _slice_bytes(plan, name, sizes) + _main_bytes(plan, name, sizes)
-            gradients[units[readers[0]]] += _slice_bytes(plan, f"grad/{name}", sizes)
+            gradient = _slice_bytes(plan, f"grad/{name}", sizes)
+            gradients[units[readers[0]]] += gradient
+            largest[units[readers[0]]] = max(largest[units[readers[0]]], gradient)
             parameter_gradients.add(f"grad/{name}")
         elif info.producer in graph.ops and op_phase(info.producer) == "forward" and any(op_phase(r) == "backward" for r in readers):
             activations[units[info.producer]] += _slice_bytes(plan, name, sizes)
+        if info.producer in graph.ops and info.producer not in weight_parts and any(r in weight_parts for r in readers):
+            held[units[info.producer]] += _slice_bytes(plan, name, sizes)  # a forward's or a B op's, read by W
     for name, info in graph.tensors.items():
         if info.producer in graph.ops and op_phase(info.producer) == "backward" and name not in parameter_gradients:
             transients[units[info.producer]] = max(transients[units[info.producer]], _slice_bytes(plan, name, sizes))
@@ -259,7 +272,7 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
     latency, bandwidth = hardware.link(across_servers=True)
     send_ns = round(latency * 1e9 + sent / bandwidth * 1e9)
     return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients),
-                     tuple(forward), tuple(weight))
+                     tuple(forward), tuple(weight), tuple(largest), tuple(held))
 
 
 def _slice_bytes(plan, tensor: str, sizes: TensorSizes) -> int:

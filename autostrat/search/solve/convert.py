@@ -28,6 +28,12 @@ Approximated:
   lower bound does not bound the shared cost;
 - CP-SAT's second objective (fewest flops among plans of the fewest bytes) is not modelled.
 
+Relaxed (``relaxed=True``): each of the k edges reading one tensor from one producer adds 1/k
+of its table. A tensor's shared cost is at least what its dearest reader's redistribution costs,
+so at least the mean over its readers: no choice costs more in the relaxed instance than
+`problem.cost(choice, shared=True)`, and the relaxed instance's lower bound bounds the shared
+cost (`refinement`).
+
 Unreachable pairs (infinite costs) get `FORBIDDEN_COST`, the contest's convention.
 """
 
@@ -70,9 +76,11 @@ class Converted:
         return {op: int(index) for op, index in zip(self.ops, solution)}
 
 
-def to_instance(problem: SearchProblem, budget: int | None = None, deadline: Deadline | None = None) -> Converted:
-    """The instance of `problem` under the per-device memory `budget` (None: no limit).
-    Pricing the tables checks `deadline` before each edge (`deadline.TimeRanOut`).
+def to_instance(problem: SearchProblem, budget: int | None = None, deadline: Deadline | None = None,
+                relaxed: bool = False) -> Converted:
+    """The instance of `problem` under the per-device memory `budget` (None: no limit), with the
+    readers of one tensor sharing its tables when `relaxed` (see the module docstring). Pricing
+    the tables checks `deadline` before each edge (`deadline.TimeRanOut`).
 
     Example:
         >>> from autostrat.frontend import trace
@@ -89,10 +97,12 @@ def to_instance(problem: SearchProblem, budget: int | None = None, deadline: Dea
     position = {op: index for index, op in enumerate(ops)}
     costs = [_finite(problem.costs[op].comm) for op in ops]
     pairs, matrices = [], []
+    readers = _readers(problem)
     for edge in problem.edges:
         deadline.check(PRICING)
         pairs.append((position[edge.producer], position[edge.consumer]))
-        matrices.append(_finite(np.asarray(edge.table.full(), dtype=np.float64)).ravel())
+        share = readers[edge.tensor, edge.producer] if relaxed and not edge.sync else 1
+        matrices.append(_finite(np.asarray(edge.table.full(), dtype=np.float64) / share).ravel())
     costs, edge_list, edge_costs = _simple_graph(costs, pairs, matrices)
     usages, intervals, owners = _memory_nodes(problem, position)
     links = [_link(len(costs[owner])) for owner in owners]
@@ -122,8 +132,12 @@ def shares_nothing(problem: SearchProblem) -> bool:
         >>> shares_nothing(build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8))
         True
     """
-    readers = Counter((edge.tensor, edge.producer) for edge in problem.edges if not edge.sync)
-    return all(count == 1 for count in readers.values())
+    return all(count == 1 for count in _readers(problem).values())
+
+
+def _readers(problem: SearchProblem) -> Counter:
+    """How many priced edges read each (tensor, producer) (gradient synchronisation never shares)."""
+    return Counter((edge.tensor, edge.producer) for edge in problem.edges if not edge.sync)
 
 
 def _finite(values: np.ndarray) -> np.ndarray:

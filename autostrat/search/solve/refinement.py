@@ -6,7 +6,9 @@ It starts from the cheapest known plan that fits the budget (the BFS plan and th
 and the starts under the problem's exact cost (`problem.cost(choice, shared=True)`) whose peak
 (`memory.peak_bytes`) fits: never worse than a start that fits. Its status is FEASIBLE (it proves
 nothing); its bound is the solver's lower bound when the instance's cost is the exact one
-(`convert.shares_nothing`), else 0 (none).
+(`convert.shares_nothing`), else the spanning-forest bound of the relaxed instance (readers of a
+tensor sharing its tables, the memory limit dropped: `convert`), computed before the solve; 0
+when the time runs out first.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from autostrat.errors import SolverError
 from autostrat.search.deadline import Deadline, TimeRanOut
 from autostrat.search.problem import SearchProblem
 from autostrat.search.refine import RefineResult, _fitting, _hint_start, _starts, _stopped, candidate_space
+from autostrat.search.solve.arrays import Arrays
+from autostrat.search.solve.bound import lower_bound
 from autostrat.search.solve.convert import shares_nothing, to_instance
 from autostrat.search.solve.instance import FORBIDDEN
 from autostrat.search.solve.solver import solve
@@ -54,6 +58,8 @@ def refine_by_solver(problem: SearchProblem, hint: dict[str, int], time_limit: f
         deadline.check("building the solver's instance")
     except TimeRanOut as stop:
         return replace(_stopped(problem, known, max_device_memory, deadline, stop.phase), solver=SOLVER)
+    exact = shares_nothing(problem)  # else the solver's bound is none on the shared cost: the relaxed one
+    relaxed_bound = 0.0 if exact else _relaxed_bound(problem, deadline)
     initial = converted.solution(_hint_start(known, max_device_memory).choice)
     report = None if progress is None else (lambda cost, bound, seconds: progress(int(cost), int(bound), seconds))
     result = solve(converted.instance, deadline.left(), progress=report, rounds=rounds, workers=max(workers, 1),
@@ -67,17 +73,29 @@ def refine_by_solver(problem: SearchProblem, hint: dict[str, int], time_limit: f
                           f"max_device_memory = {int(max_device_memory):,} bytes per device; the smallest peak it found is "
                           f"{int(result.peak):,} bytes (not proven smallest). Refine 'cpsat' proves whether a plan fits")
     best = min(candidates, key=lambda s: s.bytes)  # a start on ties: it changes fewer ops
-    bound = min(_exact_bound(problem, result.bound), best.bytes)
+    bound = min(_exact_bound(problem, result.bound if exact else relaxed_bound), best.bytes)
     summary = (f"{result.rounds} rounds on {converted.instance.node_count} nodes "
                f"({converted.memory_nodes} of memory), no coarsening")
     return RefineResult(best.choice, best.bytes, bound, "FEASIBLE", deadline.elapsed(), known[0].bytes,
                         coarsening=summary, space=candidate_space(problem), solver=SOLVER)
 
 
+def _relaxed_bound(problem: SearchProblem, deadline: Deadline) -> float:
+    """A lower bound on `problem.cost(choice, shared=True)` of every choice: the relaxed
+    instance's (`convert.to_instance`) spanning-forest bound without its memory limit; 0 when
+    `deadline` passes while the instance is built."""
+    try:
+        relaxed = to_instance(problem, None, deadline, relaxed=True)
+        deadline.check("building the relaxed instance for the bound")
+    except TimeRanOut:
+        return 0.0
+    return lower_bound(Arrays(relaxed.instance))
+
+
 def _exact_bound(problem: SearchProblem, bound: float) -> int:
-    """The solver's lower bound as one on the exact cost (an integer, `problem.cost`), or 0 when
-    the instance's cost is not the exact one or the bound is not a number."""
-    if not shares_nothing(problem) or not math.isfinite(bound) or bound <= 0:
+    """A lower bound on the exact cost (from the exact or the relaxed instance) as an integer
+    one (`problem.cost`), or 0 when it is not a positive number."""
+    if not math.isfinite(bound) or bound <= 0:
         return 0
     bound -= ROUNDING * bound
     # Bytes are integers, so a bound rounds up; nanoseconds are floats `problem.cost` truncates.
