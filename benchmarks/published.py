@@ -62,9 +62,10 @@ Search: after the table, each row's plan-space search (`report.plan_space`, what
 search`` does with the row's model, devices and global batch and no plan) next to the published
 plan, the faster of its two recompute columns: predicted step and peak of both, whether the
 searched one fits 80 GiB, their ratio, the candidates priced / pruned / refused and the search's
-wall seconds against the issue's 30 s. Every candidate is a full estimate: 22B prices 250 of its
-340 (48 min at a load of 7-15 on 2 cores, before the estimate split pipelines evenly); the larger
-rows have hundreds of candidates past the pruning, hours each (``--no-search`` leaves them out).
+wall seconds against the issue's 30 s. Every candidate is a full estimate: 22B prices 330 of
+its 340 (with a bound that counted the gradients too it priced 250 in 1,183 s at a load of 5-6
+on 2 cores); the larger rows have 2,019 (175B), 795 (530B) and 1,212 (1T) candidates past the
+pruning, hours each (``--no-search`` leaves the searches out).
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit]   (22B, 175B,
 530B and 1T took 35, 169, 190 and 133 s for their three plans at a load of 11-16 on 2 cores, the

@@ -15,11 +15,12 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
   selective, full, ``zero`` 0 then 1 (1 only with ``dp`` above 1), and every ``micro_batch``
   dividing ``global_batch / dp``; ``cp`` and ``ep`` stay 1. Values that would give the same plan
   as an earlier candidate are not generated.
-- Pruning (`resident_bound`): a candidate whose parameters, gradients and optimiser state alone
-  need more than the budget on its busiest device is not priced. The bound counts only the
-  blocks' weight matrices, which Megatron's seeds split over exactly ``tp`` devices, at Megatron's
-  bytes per parameter (its distributed optimizer's table: fp16 4 + 16/d, bf16 6 + 12/d, fp32 8 + 8/d,
-  d the ZeRO shard), spread evenly over the ``pp`` device groups; every stage holds at least that.
+- Pruning (`resident_bound`): a candidate whose parameters and optimiser state alone need more
+  than the budget on its busiest device is not priced. The bound counts only the blocks' weight
+  matrices, which Megatron's seeds split over exactly ``tp`` devices, at the bytes that live all
+  step (`RESIDENT_BYTES`: Megatron's distributed optimizer's table without the gradients, which
+  a peak need not hold all at once; 2 + 12/d in 16 bits, 4 + 8/d in fp32, d the ZeRO shard),
+  spread evenly over the ``pp`` device groups; every stage holds at least that.
 - Pricing: each other candidate by `report.estimate.estimate_config`, exactly as ``autostrat
   estimate`` prices the config with that ``plan:``; a candidate the estimate refuses (a ``tp``
   that does not divide the heads, a pipeline it cannot split) keeps its reason. The op-level
@@ -48,9 +49,13 @@ from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, esti
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.tables import format_table
 
-# Bytes per parameter of Megatron-LM's distributed optimizer ("Distributed Optimizer" in its
-# docs): (kept on every replica, split over the d replicas of the optimiser shard).
-MEGATRON_BYTES = {"fp16": (4, 16), "bf16": (6, 12), "fp32": (8, 8)}
+# Bytes per parameter that live for the whole step, from Megatron-LM's distributed optimizer
+# table ("Distributed Optimizer" in its docs: fp16 4 + 16/d, bf16 6 + 12/d, fp32 8 + 8/d) without
+# the gradients and fp16's main gradient, which a peak need not hold all at once (a parameter's
+# update may run, and free them, before the last gradients exist; measured: four 22B candidates
+# at tp 1, pp 4, dp 2 peaked below the table's bytes): (kept on every replica, split over the d
+# replicas of the optimiser shard) for the parameter, its fp32 main copy and Adam's two moments.
+RESIDENT_BYTES = {"fp16": (2, 12), "bf16": (2, 12), "fp32": (4, 8)}
 OP_LEVEL = "op-level search"
 
 
@@ -87,15 +92,15 @@ def _divisors(number: int) -> list[int]:
 
 
 def resident_bound(given: GivenPlan, matrix_parameters: int, precision: str) -> int:
-    """A lower bound on the peak bytes per device of `given`: the parameters, gradients and
-    optimiser state of the blocks' `matrix_parameters` weight elements at Megatron's bytes
-    (`MEGATRON_BYTES`), split over ``tp`` devices and evenly over the ``pp`` device groups.
+    """A lower bound on the peak bytes per device of `given`: the parameters and optimiser
+    state of the blocks' `matrix_parameters` weight elements (`RESIDENT_BYTES`), split over
+    ``tp`` devices and evenly over the ``pp`` device groups.
 
-    Example (22B's 21.7e9 block weights in fp16 on tp 8: 20 bytes each over 8 devices):
+    Example (22B's 21.7e9 block weights in fp16 on tp 8: 14 bytes each over 8 devices):
         >>> resident_bound(GivenPlan(8, 1, 1, "full", 0, 1, 4), 21_743_271_936, "fp16")
-        54358179840
+        38050725888
     """
-    whole, sharded = MEGATRON_BYTES[precision]
+    whole, sharded = RESIDENT_BYTES[precision]
     shard = given.dp if given.zero else 1
     return math.ceil(matrix_parameters * (whole + sharded / shard) / (given.tp * given.pp))
 
