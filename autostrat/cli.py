@@ -5,6 +5,11 @@
                      [--coarsen none|exact|layers] [--mesh auto|full|SxP] [--cost-model bytes|time]
                      [--hardware a100-80gb|h100-sxm-80gb|FILE.yaml] [--precision fp32|fp16|bf16]
                      [--phase predict|train] [--parallel-optimizer] [--recompute CELL ...|auto]
+                     (never unbounded: without --max-device-memory the plan fits the profile's device_memory)
+    autostrat search PLAN_SPACE.yaml [--device-num N] [--max-device-memory M] [--json OUT]
+                     a config with global_batch and no plan: the fastest plan of the plan: vocabulary
+                     (tp, pp, vp, dp, sequence_parallel, recompute, zero, micro_batch) or of the op-level
+                     search that fits, with the estimate's figures (autostrat.report.plan_space)
     autostrat candidates [--device-num N]   candidate strategies of the tutorial FFN's ops
     autostrat run CONFIG.yaml [--device-num N] [--rank-table F] [--backend mpi|local] [--steps S]
                   [--timeout S] [--stall-timeout S] [--run-dir D] [--inject-fault RANK:KIND[:AT]]
@@ -44,10 +49,11 @@ from autostrat.entry import INTERRUPTED, interruption
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.cli_outputs import command_line_output, planned_outputs, report_outputs, text_stream, write_outputs
 from autostrat.io import check_outputs
-from autostrat.reading import read_json
+from autostrat.reading import read_json, read_text
+from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.registry import import_models
-from autostrat.frontend.run import RunOptions, plan_config, run_and_measure, run_config
+from autostrat.frontend.run import RunOptions, plan_within_memory, run_and_measure, run_config
 from autostrat.frontend.train import world_size
 from autostrat.plan_source import SOURCE_OPTIONS, context_overrides, plan_source, source_config
 from autostrat.runtime.job import FAULTS, Fault
@@ -69,12 +75,20 @@ def _search_config(args):
 
 
 def _timed_plan(config, device_num, progress=None) -> tuple:
-    """The config's plan, its notes and the search's seconds. The strategy checkpoint is not
-    written here: search writes it with its other outputs, report and explain write none."""
+    """The config's plan (never unbounded: `plan_within_memory`), its notes and the search's
+    seconds. The strategy checkpoint is not written here: search writes it with its other
+    outputs, report and explain write none."""
     config = replace(config, context=replace(config.context, strategy_ckpt_save_file=""))
     started = time.perf_counter()
-    plan, notes = plan_config(config, device_num, progress=progress)
+    plan, notes = plan_within_memory(config, device_num, progress=progress)
     return plan, notes, time.perf_counter() - started
+
+
+def is_plan_space(path) -> bool:
+    """Whether the config at `path` is searched over the ``plan:`` vocabulary (`report.plan_space`):
+    it says ``global_batch`` (an estimate config's key) or has a ``plan`` (which that search refuses)."""
+    data = parse_config_text(read_text(path, "config"), path)
+    return isinstance(data, dict) and ("global_batch" in data or "plan" in data)
 
 
 def search_command(args) -> str:
@@ -82,6 +96,11 @@ def search_command(args) -> str:
     --report and the strategy checkpoint, all or nothing, after checking before the search that
     none clobbers another or an input. Seeds follow `autostrat run`'s rule on another
     --device-num (scaled, with a note)."""
+    if is_plan_space(args.config):
+        return _plan_space_command(args)
+    if args.json:
+        raise ConfigError(f"--json {args.json}: the figures of a plan-space search (a config with global_batch and no "
+                          f"plan); {args.config} has no global_batch: --out writes its plan's JSON")
     config = _search_config(args)
     check_config_outputs(config, planned_outputs(args))
     checkpoint = config.context.strategy_output()
@@ -97,10 +116,32 @@ def search_command(args) -> str:
         outputs |= {command_line_output(str(path), "--dump-ir"): ("IR", text)
                     for path, text in dump_texts(plan, Path(args.dump_ir)).items()}
     if args.report:
-        outputs |= report_outputs(plan, args, seconds, config.context.max_device_memory)
+        outputs |= report_outputs(plan, args, seconds, _budget(config))
     if checkpoint:
         outputs[checkpoint] = ("strategy checkpoint", checkpoint_bytes(plan, checkpoint.path))
     return "\n".join(lines + write_outputs(outputs))  # all or nothing
+
+
+def _plan_space_command(args) -> str:
+    """`report.plan_space`'s search of a plan-space config and the text to print; writes --json
+    atomically, checked before the search not to clobber the config. The options that set what
+    the config's plans decide are refused, naming the first."""
+    from autostrat.report.plan_space import search_plan_space  # a report: off the search's import path
+
+    allowed = {"config", "device_num", "max_device_memory", "json", "command", "imports", "started"}
+    given = [key for key, value in vars(args).items() if key not in allowed and value not in (None, False, [])]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')}: {args.config} is a plan-space config (global_batch, no plan), "
+                          f"whose search takes --device-num, --max-device-memory and --json only")
+    outputs = [command_line_output(args.json, "--json")] if args.json else []
+    check_outputs(outputs, {"the config": args.config})
+    found = search_plan_space(args.config, args.device_num, args.max_device_memory)
+    return "\n".join(found.lines(args.config) + write_outputs({output: ("search", found.to_json()) for output in outputs}))
+
+
+def _budget(config) -> int:
+    """The bytes per device a search fits its plan into: max_device_memory, else the profile's memory."""
+    return config.context.max_device_memory or config.context.hardware_profile().device_memory
 
 
 def _plan_json(plan, args, config):
@@ -144,7 +185,7 @@ def report_command(args) -> str:
     planned = planned_outputs(args)
     check_outputs(planned, {"the plan": args.plan})  # before planning it again
     plan, seconds, config = replan(args.plan)  # from the plan's embedded config: no other input
-    return "\n".join(write_outputs(report_outputs(plan, args, seconds, config.context.max_device_memory)))
+    return "\n".join(write_outputs(report_outputs(plan, args, seconds, _budget(config))))
 
 
 def explain_command(args) -> str:
@@ -306,10 +347,16 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--out", metavar="FILE", help="write the plan as JSON to this file (-: standard output, and the "
                                                      "table to standard error)")
     search.add_argument("--dump-ir", metavar="DIR", help="write the IR dumps into this folder")
+    search.add_argument("--json", metavar="FILE",
+                        help="a plan-space config's search (global_batch, no plan: report.plan_space): also write the "
+                             "chosen plan's figures, as autostrat estimate --json does, and every candidate's, to this "
+                             "file (-: standard output, and the text to standard error)")
     search.add_argument("--refine", choices=["cpsat", "solve"],
                         help="refine the BFS plan: cpsat to the CP-SAT optimum, solve with the IOPDDL solver (large graphs)")
     search.add_argument("--time-limit", type=_positive(float), help="seconds the whole refinement may take (default 60)")
-    search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine)")
+    search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine); "
+                                                     "default: the hardware profile's device_memory, searched under only "
+                                                     "when the unbounded plan peaks over it")
     search.add_argument("--coarsen", choices=["none", "exact", "layers"],
                         help="reduce the solver's model first: exact (same optimum) or layers (repeated layers share one "
                              "strategy); default: layers in integer_programming, exact when refining a propagated plan")

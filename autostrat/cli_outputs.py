@@ -74,4 +74,4 @@ def write_outputs(outputs: dict) -> list[str]:
 
 def text_stream(args):
     """Where the command's text goes: standard error when standard output carries an output."""
-    return sys.stderr if "-" in (getattr(args, "out", None), getattr(args, "report", None)) else sys.stdout
+    return sys.stderr if "-" in (getattr(args, "out", None), getattr(args, "report", None), getattr(args, "json", None)) else sys.stdout

@@ -58,9 +58,18 @@ accounting as much as modelling:
   activations at once. Without SP the given plan keeps the norms and residual adds whole on the
   tp devices, as Megatron does (`models.megatron_plan`).
 
-Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T]   (22B, 175B, 530B and 1T took 35,
-169, 190 and 133 s for their three plans at a load of 11-16 on 2 cores, the fit 270 s more;
-796 s in all)
+Search: after the table, each row's plan-space search (`report.plan_space`, what ``autostrat
+search`` does with the row's model, devices and global batch and no plan) next to the published
+plan, the faster of its two recompute columns: predicted step and peak of both, whether the
+searched one fits 80 GiB, their ratio, the candidates priced / pruned / refused and the search's
+wall seconds against the issue's 30 s. Every candidate is a full estimate: 22B prices 330 of
+its 340 (with a bound that counted the gradients too it priced 250 in 1,183 s at a load of 5-6
+on 2 cores); the larger rows have 2,019 (175B), 795 (530B) and 1,212 (1T) candidates past the
+pruning, hours each (``--no-search`` leaves the searches out).
+
+Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit]   (22B, 175B,
+530B and 1T took 35, 169, 190 and 133 s for their three plans at a load of 11-16 on 2 cores, the
+fit 270 s more; 796 s in all, without the searches)
 """
 
 from __future__ import annotations
@@ -78,8 +87,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
 
 from autostrat.cost import PROFILES  # noqa: E402
-from autostrat.errors import ConfigError  # noqa: E402
+from autostrat.errors import AutostratError, ConfigError  # noqa: E402
 from autostrat.report.estimate import estimate  # noqa: E402
+from autostrat.report.plan_space import search_plan_space  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 GIB = 2**30
@@ -146,10 +156,13 @@ def estimated(row: Row, folder: Path, name: str, **choices):
         return str(error).split(": ", 1)[1]
 
 
-def predictions(row: Row, folder: Path) -> dict:
-    """Per column, the predicted figure (a number) or the reason none is expressible (text)."""
+def predictions(row: Row, folder: Path, plans: dict | None = None) -> dict:
+    """Per column, the predicted figure (a number) or the reason none is expressible (text);
+    the estimates of the published plan, full recompute and SP + selective, go into `plans`."""
     full = estimated(row, folder, "full", recompute="full")
     selective = estimated(row, folder, "selective", recompute="full", selective=True)
+    if plans is not None:
+        plans[row.name] = {"full recompute": full, "SP + selective": selective}
     none = estimated(row, folder, "none", recompute="none") if not isinstance(full, str) else full
     weights = activations = full
     if not isinstance(full, str):
@@ -204,6 +217,55 @@ def paper_accounting(row: Row) -> str:
             f"SP + selective {selective / GIB:.2f} (published {row.published['selective_activations']:g})")
 
 
+def searched(row: Row, folder: Path):
+    """The plan-space search (`autostrat search`, `report.plan_space`) of `row`'s model, devices
+    and global batch under the profile's 80 GiB, and its wall seconds; or why it found none."""
+    path = folder / f"{row.name}_search.yaml"
+    path.write_text("\n".join(["hardware: a100-80gb", f"precision: {PRECISION}",
+                               f"model: {{hf_config: {ROOT / 'configs' / 'models' / row.model}, params: {{seq: 2048}}}}",
+                               f"global_batch: {row.global_batch}", f"device_num: {row.gpus}", ""]))
+    started = time.perf_counter()
+    try:
+        found = search_plan_space(path, progress=lambda done, total: print(
+            f"{row.name}: {done} of {total} candidates, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            if done % 25 == 0 or done == total else None)
+    except AutostratError as error:
+        found = str(error).split(": ", 1)[1]
+    return found, time.perf_counter() - started
+
+
+def _peak(estimate) -> float:
+    return max(stage.peak_bytes for stage in estimate.memory) / GIB
+
+
+def side_by_side(rows, plans: dict, searches: dict) -> str:
+    """Per row, the published plan's predictions (the faster of its two recompute columns is the
+    one to beat) next to the searched plan's, and the search's wall time against the 30 s target."""
+    headers = ["model", "GPUs", "published plan", "step (s)", "peak (GiB)", "searched plan", "step (s)", "peak (GiB)",
+               "fits 80 GiB", "searched / published", "priced / pruned / refused", "search (s)", "<= 30 s"]
+    lines, notes = [], []
+    for row in rows:
+        given = [(name, one) for name, one in plans[row.name].items() if not isinstance(one, str)]
+        name, best = min(given, key=lambda item: item[1].step_time_s) if given else ("not expressible", None)
+        published = [row.name, str(row.gpus), f"{row.tp}x{row.pp}x{row.dp} vp {row.interleave}, {name}",
+                     f"{best.step_time_s:.4g}" if best else "", f"{_peak(best):.2f}" if best else ""]
+        found, seconds = searches[row.name]
+        if isinstance(found, str):
+            notes.append(f"[{len(notes) + 1}] {row.name}: {found}")
+            lines.append(published + [f"none found [{len(notes)}]", "", "", "", "", "", f"{seconds:.1f}", ""])
+            continue
+        counts, chosen = found.counts(), found.best.estimate
+        broken = [one.name() for one in found.priced if one.estimate is not None and one.bound > one.peak_bytes]
+        notes.append(f"[{len(notes) + 1}] {row.name}: the resident bound is below the peak of every priced candidate: "
+                     f"{'no, ' + ', '.join(broken) if broken else 'yes'}")
+        ratio = f"{chosen.step_time_s / best.step_time_s:.3f}" if best else ""
+        lines.append(published + [found.best.name(), f"{chosen.step_time_s:.4g}", f"{_peak(chosen):.2f}",
+                                  "yes" if _peak(chosen) * GIB <= 80 * GIB else "no", ratio,
+                                  f"{counts['priced']} / {counts['pruned']} / {counts['refused']}", f"{seconds:.1f}",
+                                  "yes" if seconds <= 30 else "no"])
+    return format_table(headers, lines) + ("\n" + "\n".join(notes) if notes else "")
+
+
 STEP_TIMES = ("full", "selective")  # the step-time columns the fit reads
 
 
@@ -243,23 +305,33 @@ def fit_efficiency(rows, folder: Path, predicted: dict) -> tuple[float, dict, di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", nargs="+", default=[row.name for row in ROWS], choices=[row.name for row in ROWS])
+    parser.add_argument("--no-search", action="store_true", help="leave out the plan-space search of every row")
+    parser.add_argument("--no-fit", action="store_true", help="leave out the efficiency fit")
     args = parser.parse_args()
     rows = [row for row in ROWS if row.name in args.rows]
-    started, predicted = time.perf_counter(), {}
+    started, predicted, plans, searches = time.perf_counter(), {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="autostrat-published-") as work:
         folder = Path(work)
         for row in rows:
             row_started = time.perf_counter()
-            predicted[row.name] = predictions(row, folder)
+            predicted[row.name] = predictions(row, folder, plans)
             print(f"{row.name}: estimated in {time.perf_counter() - row_started:.1f} s", file=sys.stderr, flush=True)
         print("Korthikanti et al. 2022 (arXiv 2205.05198), Table 5 and Fig. 1, against autostrat estimate "
               f"(a100-80gb as shipped, fp16 with fp32 gradients: precision {PRECISION}):")
-        print(table(rows, predicted))
+        print(table(rows, predicted), flush=True)
+        for row in rows if not args.no_search else ():
+            searches[row.name] = searched(row, folder)
+            print(f"{row.name}: searched in {searches[row.name][1]:.1f} s", file=sys.stderr, flush=True)
+        if searches:
+            print("\nThe published plan against autostrat search's (the fastest predicted plan that fits 80 GiB, "
+                  "report.plan_space; priced / pruned / refused: its candidates):")
+            print(side_by_side(rows, plans, searches), flush=True)
         fit_started = time.perf_counter()
-        efficiency, leave_one_out, models = fit_efficiency(rows, folder, predicted)
-    entries = ", ".join(f"{name} {column}" for name, column in models) or "no"
-    print(f"\nfitted a100-80gb matmul_efficiency over the step-time entries {entries}: {efficiency:g} "
-          f"(fit: {time.perf_counter() - fit_started:.1f} s; shipped: {PROFILES['a100-80gb'].matmul_efficiency:g})")
+        efficiency, leave_one_out, models = fit_efficiency(rows, folder, predicted) if not args.no_fit else (0, {}, {})
+    if not args.no_fit:
+        entries = ", ".join(f"{name} {column}" for name, column in models) or "no"
+        print(f"\nfitted a100-80gb matmul_efficiency over the step-time entries {entries}: {efficiency:g} "
+              f"(fit: {time.perf_counter() - fit_started:.1f} s; shipped: {PROFILES['a100-80gb'].matmul_efficiency:g})")
     for (name, column), (flops, rest, published) in models.items():
         at_fit = (flops / efficiency + rest) / published
         print(f"  {name} {column}: T(e) = {flops:.3f} s / e + {rest:.3f} s; at the fit predicted / published = {at_fit:.3f}; "

@@ -174,7 +174,7 @@ def test_a_malformed_embedded_profile_is_refused(tmp_path):
         source_config(source, "plan.json", tmp_path)
     source["hardware"] = {"device_flops": 1e12}
     with pytest.raises(ConfigError, match=re.escape("plan.json: source.hardware: expected a mapping of "
-                                                    "device_flops, device_memory_bandwidth")):
+                                                    "device_flops, device_memory, device_memory_bandwidth")):
         source_config(source, "plan.json", tmp_path)
 
 

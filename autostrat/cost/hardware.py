@@ -35,6 +35,8 @@ Tensor Core GPU datasheet and NCCL ``src/graph/tuning.cc``:
 - `intra_server_latency` 2 µs and `inter_server_latency` 4 µs per ring message: NCCL's ``hwLat``
   table charges a ring step 1.9 µs over NVLink and 4.0 µs over the network (LL128 protocol).
 - `devices_per_server` 8.
+- `device_memory` 80 GiB (85,899,345,920 bytes): the "80GB" of HBM3 the datasheet gives, five
+  16 GiB stacks; what `autostrat search` fits a plan into when no `max_device_memory` is given.
 
 ``a100-80gb``: one NVIDIA DGX/HGX A100 server (8 × A100 SXM4 80GB), NVIDIA A100 Tensor Core GPU
 datasheet and the same NCCL table (its ``hwLat`` is per link type, not per GPU generation):
@@ -46,6 +48,7 @@ datasheet and the same NCCL table (its ``hwLat`` is per link type, not per GPU g
 - `intra_server_bandwidth` 300e9 B/s: NVLink 3 through NVSwitch, 600 GB/s per GPU both ways.
 - `inter_server_bandwidth` 25e9 B/s: one 200 Gb/s HDR InfiniBand (ConnectX-6) port per GPU.
 - `intra_server_latency` 2 µs, `inter_server_latency` 4 µs, `devices_per_server` 8: as above.
+- `device_memory` 80 GiB: the datasheet's "80GB HBM2e" (nvidia-smi reports 81,920 MiB).
 
 All are nominal peaks; what a kernel or NCCL achieves is lower, which the efficiency factors say
 once they are fitted to published runs. The search compares plans, and for that the ratios
@@ -74,13 +77,14 @@ from autostrat.errors import ConfigError
 from autostrat.layout import DeviceMatrix
 
 DEVICES_PER_SERVER = 8  # an Ascend or DGX/HGX server; also the inner axis of the "auto" mesh
+DEVICE_MEMORY = 80 * 2**30  # bytes: both shipped profiles are 80 GiB parts (module docstring)
 
 
 EFFICIENCIES = ("matmul_efficiency", "network_efficiency", "memory_efficiency")
 # Fields a profile may leave out: the efficiencies (1.0), and two a calibrated machine gives
 # (`benchmarks/time_model.py`): 0 leaves every prediction as it was without them.
 HOST_FIELDS = ("kernel_latency", "cores_per_server", "kernel_passes")
-OPTIONAL_FIELDS = EFFICIENCIES + HOST_FIELDS
+OPTIONAL_FIELDS = (*EFFICIENCIES, *HOST_FIELDS, "device_memory")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class Hardware:
     intra_server_latency: float = 2e-6
     inter_server_latency: float = 4e-6
     devices_per_server: int = DEVICES_PER_SERVER
+    device_memory: int = DEVICE_MEMORY  # bytes of one device's memory: the default budget of a search
     matmul_efficiency: float = 1.0
     network_efficiency: float = 1.0
     memory_efficiency: float = 1.0
@@ -216,10 +221,11 @@ def _checked_passes(value) -> tuple[tuple[str, float], ...]:
 def _checked(field: str, value):
     """`value` of `field` as the profile keeps it (a float, or the devices per server as an
     int); anything else is a `ConfigError` saying what the field takes."""
-    if field in ("devices_per_server", "cores_per_server"):
-        lowest = int(field == "devices_per_server")
+    if field in ("devices_per_server", "cores_per_server", "device_memory"):
+        lowest = int(field != "cores_per_server")
         if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise ConfigError(f"{field} must be {'a positive' if lowest else 'a non-negative'} integer, got {value!r}")
+            unit = " (bytes)" if field == "device_memory" else ""
+            raise ConfigError(f"{field} must be {'a positive' if lowest else 'a non-negative'} integer{unit}, got {value!r}")
         return value
     number = not isinstance(value, bool) and isinstance(value, (int, float))
     if field in EFFICIENCIES:
@@ -237,10 +243,10 @@ def _checked(field: str, value):
 PROFILES = {
     "a100-80gb": Hardware(device_flops=312e12, device_memory_bandwidth=2.039e12, intra_server_bandwidth=300e9,
                           inter_server_bandwidth=25e9, intra_server_latency=2e-6, inter_server_latency=4e-6,
-                          devices_per_server=8, matmul_efficiency=0.7977,  # benchmarks/published.py's fit (docstring)
+                          devices_per_server=8, device_memory=DEVICE_MEMORY, matmul_efficiency=0.7977,  # benchmarks/published.py's fit (docstring)
                           name="a100-80gb"),
     "h100-sxm-80gb": Hardware(device_flops=989.4e12, device_memory_bandwidth=3.35e12, intra_server_bandwidth=450e9,
                               inter_server_bandwidth=50e9, intra_server_latency=2e-6, inter_server_latency=4e-6,
-                              devices_per_server=8, name="h100-sxm-80gb"),
+                              devices_per_server=8, device_memory=DEVICE_MEMORY, name="h100-sxm-80gb"),
 }
 DEFAULT_PROFILE = "h100-sxm-80gb"

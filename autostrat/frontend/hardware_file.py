@@ -2,7 +2,8 @@
 file of a profile's fields, read as data.
 
 A file gives every speed of the profile and, optionally, its efficiency factors (1.0 when
-absent); its name is the file's name::
+absent) and its device memory in bytes (80 GiB, the shipped profiles', when absent: a search
+without max_device_memory fits its plan into it); its name is the file's name::
 
     # my_cluster.yaml
     device_flops: 312e12            # FLOP/s at 16 bits (32-bit ops run at half)
@@ -15,6 +16,7 @@ absent); its name is the file's name::
     matmul_efficiency: 0.6          # optional, each in (0, 1]
     kernel_latency: 5e-6            # optional: seconds per op beyond its flops and bytes (default 0)
     cores_per_server: 2             # optional: cores the devices of a server share (default 0: their own)
+    device_memory: 85899345920      # optional, bytes per device
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def hardware_number(field: str, value):
     """
     if isinstance(value, str):
         try:
-            return int(value) if field in ("devices_per_server", "cores_per_server") else float(value)
+            return int(value) if field in ("devices_per_server", "cores_per_server", "device_memory") else float(value)
         except ValueError:
             raise ConfigError(f"{field} must be a number such as {getattr(_EXAMPLE, field):g}, got {value!r}") from None
     return value

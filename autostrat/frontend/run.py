@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autostrat.errors import AutostratError, ConfigError
+from autostrat.errors import AutostratError, ConfigError, InfeasibleError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.tracing import trace
@@ -126,6 +126,49 @@ def plan_config(config, device_num: int | None = None, progress=None) -> tuple:
     if context.strategy_ckpt_save_file:  # plan_for wrote it
         notes.append(context.strategy_output().written("strategy checkpoint"))
     return plan, notes
+
+
+def peak_of(plan) -> int:
+    """The plan's peak bytes per device: its busiest pipeline stage's, or its prediction's."""
+    return max(plan.pipeline.peak_bytes) if plan.pipeline else plan.prediction.peak_bytes
+
+
+def plan_within_memory(config, device_num: int | None = None, progress=None) -> tuple:
+    """`plan_config`, never unbounded: a config without ``max_device_memory`` is fitted into its
+    hardware profile's `device_memory` (`fit_into`). `autostrat search` and the plans `report`
+    and `explain` make again go through here, so they agree.
+
+    Example (the tutorial FFN fits an 80 GiB device as it is):
+        >>> from autostrat.frontend.config import load_config
+        >>> plan, notes = plan_within_memory(load_config("configs/ffn.yaml"))
+        >>> peak_of(plan) <= load_config("configs/ffn.yaml").context.hardware_profile().device_memory, notes
+        (True, [])
+    """
+    plan, notes = plan_config(config, device_num, progress)
+    if config.context.max_device_memory is not None:  # the search fitted it already
+        return plan, notes
+    return fit_into(config, plan, notes, device_num, progress)
+
+
+def fit_into(config, plan, notes: list, device_num: int | None = None, progress=None, budget: int | None = None) -> tuple:
+    """`plan` (and its `notes`), the unbounded search's plan of `config`, if it fits `budget`
+    bytes per device (default: the hardware profile's `device_memory`); else the config searched
+    again under that budget (the search's own bounded refinement), with a note saying so; when
+    that finds none either, an `InfeasibleError` naming the budget and the smallest peak found."""
+    hardware = config.context.hardware_profile()
+    where = (f"{config.path}: max_device_memory not given, so the plan must fit hardware "
+             f"{hardware.name or 'given field by field'}'s device_memory") if budget is None else f"{config.path}: the plan must fit"
+    budget, peak = budget or hardware.device_memory, peak_of(plan)
+    if peak <= budget:
+        return plan, notes
+    where = f"{where} = {budget:,} bytes per device"
+    bounded = replace(config, context=replace(config.context, max_device_memory=budget))
+    try:
+        plan, notes = plan_config(bounded, device_num, progress)
+    except InfeasibleError as error:
+        raise InfeasibleError(f"{where}: no plan found fits it; the smallest peak found is {peak:,} bytes per device "
+                              f"(the unbounded search's plan), and the search under the budget says: {error}") from None
+    return plan, notes + [f"{where}: the unbounded search's plan peaked at {peak:,} bytes, so it was searched under that budget"]
 
 
 def run_device_num(config, options: RunOptions, table) -> int:

@@ -149,19 +149,41 @@ def given_plan_config(path):
     text = read_text(path, "config")
     data = parse_config_text(text, path)
     given = read_given_plan(data, path)
+    return plan_pieces_config(data, text, path, given), given
+
+
+def search_keys(data: dict, path, global_batch: int) -> dict:
+    """The context and model keys every plan of a config's YAML `data` (read from `path`) is
+    searched with: a training step of Adam on `global_batch` sequences, the config's own keys
+    (hardware, precision, model) over them; none of the keys a plan decides (`SET_BY_PLAN`).
+
+    Example:
+        >>> search_keys({"model": {"name": "GPT"}}, "x.yaml", 8)["model"]
+        {'name': 'GPT', 'params': {'batch': 8}}
+    """
     taken = sorted(set(data) & set(SET_BY_PLAN))
     if taken:
         raise ConfigError(f"{path}: {taken[0]}: the plan section decides it; leave it out of a config with a plan")
+    keys = {"parallel_mode": "auto_parallel", "search_mode": "sharding_propagation", "gradients_mean": True,
+            "optimizer": {"name": "adam"}} | {key: value for key, value in data.items() if key not in ("plan", "global_batch")}
     model = data.get("model")
     if isinstance(model, dict):
         params = model.get("params") or {}
-        if isinstance(params, dict) and params.get("batch", given.global_batch) != given.global_batch:
+        if isinstance(params, dict) and params.get("batch", global_batch) != global_batch:
             raise ConfigError(f"{path}: model.params.batch: the global batch comes from global_batch "
-                              f"({given.global_batch}); got {params['batch']!r}")
-        data["model"] = model | {"params": (params if isinstance(params, dict) else {}) | {"batch": given.global_batch}}
-    keys = {"parallel_mode": "auto_parallel", "search_mode": "sharding_propagation", "gradients_mean": True,
-            "optimizer": {"name": "adam"}} | {key: value for key, value in data.items() if key not in ("plan", "global_batch")}
-    keys |= {"device_num": given.device_num, "pipeline_stages": given.pp}
+                              f"({global_batch}); got {params['batch']!r}")
+        keys["model"] = model | {"params": (params if isinstance(params, dict) else {}) | {"batch": global_batch}}
+    return keys
+
+
+def plan_pieces_config(data: dict, text: str, path, given: GivenPlan):
+    """The config the search takes for the plan `given` of a config's YAML `data` (its `text`,
+    read from `path`; a ``plan`` key in `data` is ignored): `given_plan_config`'s work, for the
+    plans a plan-space search tries too (`report.plan_space`).
+
+    Example: see `given_plan_config`.
+    """
+    keys = search_keys(data, path, given.global_batch) | {"device_num": given.device_num, "pipeline_stages": given.pp}
     if given.vp > 1:
         keys |= {"pipeline_schedule": "interleaved_1f1b", "pipeline_interleave_num": given.vp}
     if given.zero:
@@ -180,7 +202,7 @@ def given_plan_config(path):
         mark_selective_recompute(config.net)  # the net's own marks: planned as Primitive.recompute
     if given.recompute == "full":
         config = with_recompute(config, [f"blocks.{index}" for index in range(len(config.net.blocks))], f"{path}: plan.recompute")
-    return config, given
+    return config
 
 
 @dataclass(frozen=True)
@@ -281,6 +303,11 @@ def estimate(path) -> Estimate:
         (True, 2)
     """
     config, given = given_plan_config(path)
+    return estimate_config(config, given)
+
+
+def estimate_config(config, given: GivenPlan) -> Estimate:
+    """The estimate of `config`, the search's config of the plan `given` (`plan_pieces_config`)."""
     with warnings.catch_warnings():
         # The seeds disagree by design: a row-split product's partial output is resolved for the
         # ops after it, an AllReduce (whole on the tp devices) or a ReduceScatter (sequence parallel).

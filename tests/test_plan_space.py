@@ -1,0 +1,141 @@
+"""Issue #33 item 6: a search is bounded by the hardware profile's memory by default, and the
+plan-space search (`report.plan_space`) returns what a brute force over its candidates, each
+priced by `autostrat estimate` from a config file of its own, says is the fastest that fits."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autostrat.cli import main
+from autostrat.cost import PROFILES
+from autostrat.errors import InfeasibleError
+from autostrat.report.estimate import estimate
+from autostrat.report.plan_space import plan_candidates, search_plan_space
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "configs" / "estimate" / "gpt_small_search.yaml"
+A100 = ("device_flops: 312.0e12\ndevice_memory_bandwidth: 2.039e12\nintra_server_bandwidth: 300.0e9\n"
+        "inter_server_bandwidth: 25.0e9\nintra_server_latency: 2.0e-6\ninter_server_latency: 4.0e-6\ndevices_per_server: 8\n")
+
+
+def test_the_shipped_profiles_hold_80_gib():
+    assert {name: profile.device_memory for name, profile in PROFILES.items()} == {
+        "a100-80gb": 80 * 2**30, "h100-sxm-80gb": 80 * 2**30}
+
+
+def _mlp_on(tmp_path, device_memory: int) -> Path:
+    """configs/mlp.yaml on a profile file whose device holds `device_memory` bytes."""
+    (tmp_path / "small.yaml").write_text(A100 + f"device_memory: {device_memory}\n")
+    path = tmp_path / "mlp.yaml"
+    path.write_text((ROOT / "configs" / "mlp.yaml").read_text() + "hardware: small.yaml\n")
+    return path
+
+
+def test_a_search_without_a_budget_fits_the_profiles_memory(tmp_path, capsys):
+    # mlp.yaml's unbounded plan peaks at 235,040 bytes; under 164,528 the search finds one of 152,608.
+    path = _mlp_on(tmp_path, 164_528)
+    out = tmp_path / "plan.json"
+    assert main(["search", str(path), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "max_device_memory not given, so the plan must fit hardware small.yaml's device_memory = 164,528 bytes" in text
+    assert json.loads(out.read_text())["predicted"]["peak_bytes_per_device"] <= 164_528
+    assert main(["search", str(_mlp_on(tmp_path, 10**9))]) == 0  # a device that holds it: the plan as it always was
+    assert "device_memory" not in capsys.readouterr().out
+
+
+def test_a_search_that_cannot_fit_the_profiles_memory_names_the_smallest_peak(tmp_path, capsys):
+    assert main(["search", str(_mlp_on(tmp_path, 50_000))]) == 2
+    error = capsys.readouterr().err
+    assert re.search(r"device_memory = 50,000 bytes per device: no plan found fits it; the smallest peak found is "
+                     r"235,040 bytes per device \(the unbounded search's plan\)", error), error
+
+
+def _peak(estimate) -> int:
+    return max(stage.peak_bytes for stage in estimate.memory)
+
+
+def _brute_force(tmp_path) -> list:
+    """Every candidate of the small config's search as its own config with a ``plan:``, estimated."""
+    estimates = []
+    for index, given in enumerate(plan_candidates(2, 2, 2, 8)):
+        path = tmp_path / f"candidate_{index}.yaml"
+        path.write_text(SMALL.read_text().replace("device_num: 2\n", "") + (
+            f"plan: {{tp: {given.tp}, pp: {given.pp}, vp: {given.vp}, dp: {given.dp}, "
+            f"sequence_parallel: {str(given.sequence_parallel).lower()}, recompute: {given.recompute}, "
+            f"zero: {given.zero}, micro_batch: {given.micro_batch}}}\n"))
+        estimates.append(estimate(path))
+    return estimates
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """The brute force, and the search under a budget one byte below the fastest plan's peak."""
+    estimates = _brute_force(tmp_path_factory.mktemp("brute"))
+    budget = _peak(min(estimates, key=lambda one: one.step_time_s)) - 1
+    return search_plan_space(SMALL, max_device_memory=budget), estimates, budget
+
+
+def test_the_plan_space_search_is_the_brute_force_minimum_that_fits(searched):
+    found, estimates, budget = searched
+    peaks = [_peak(one) for one in estimates]
+    fitting = [(one.step_time_s, index) for index, (one, peak) in enumerate(zip(estimates, peaks)) if peak <= budget]
+    assert 0 < len(fitting) < len(estimates)  # the budget decides: the fastest plan of all does not fit
+    fastest, index = min(fitting)
+    op_level = found.priced[-1]
+    if found.best.given is None:  # the op-level search's plan won: it fits and beats every candidate
+        assert op_level.peak_bytes <= budget and op_level.estimate.step_time_s < fastest
+    else:
+        assert found.best.given == estimates[index].given and found.best.estimate.step_time_s == fastest
+    assert found.counts()["pruned"] > 0
+    for priced, one, peak in zip(found.priced, estimates, peaks):
+        assert priced.bound <= peak  # the pruning bound is a lower bound on every candidate
+        if priced.estimate is not None:
+            assert (priced.estimate.step_time_s, priced.peak_bytes) == (one.step_time_s, peak)
+        else:
+            assert priced.reason.startswith("pruned") and peak > budget
+
+
+def test_a_budget_nothing_fits_names_the_smallest_peak_found(searched):
+    found, estimates, _ = searched
+    smallest = min(_peak(one) for one in estimates)
+    with pytest.raises(InfeasibleError, match=rf"no plan of the {len(found.priced)} candidates fits 1,000,000 bytes per device: the "
+                                              rf"smallest peak found is {smallest:,} bytes per device"):
+        search_plan_space(SMALL, max_device_memory=1_000_000)
+
+
+def test_the_command_prints_the_chosen_plan_and_writes_the_estimates_fields(tmp_path, capsys):
+    out = tmp_path / "search.json"  # on one device: 6 candidates and the op-level search's plan
+    assert main(["search", str(SMALL), "--device-num", "1", "--max-device-memory", "3MB", "--json", str(out)]) == 0
+    written, text = json.loads(out.read_text()), capsys.readouterr().out
+    assert f"chosen: {written['search']['chosen']}" in text and written["search"]["budget_bytes"] == 3 * 2**20
+    assert written["plan"] is None or written["plan"]["tp"] * written["plan"]["pp"] * written["plan"]["dp"] == 1
+    assert {"step_time_s", "tokens_per_s_per_device", "model_tflops_per_device", "mfu", "peak_bytes_per_device",
+            "stages"} <= set(written) and written["peak_bytes_per_device"] <= 3 * 2**20
+    again = tmp_path / "again.json"
+    assert main(["search", str(SMALL), "--device-num", "1", "--max-device-memory", "3MB", "--json", str(again)]) == 0
+    assert again.read_bytes() == out.read_bytes() and capsys.readouterr().out == text.replace("search.json", "again.json")
+    assert main(["search", str(SMALL), "--refine", "cpsat"]) == 2
+    error = capsys.readouterr().err
+    assert "--refine: " in error and "takes --device-num, --max-device-memory and --json only" in error
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("", "device_num: expected a positive integer (or --device-num), got None"),
+    ("device_num: 2\nglobal_batch: 0\n", "global_batch: expected a positive integer, got 0"),
+    ("device_num: 2\nglobal_batch: 2\nplan: {tp: 2}\n", "plan: a config with a plan is estimated (autostrat estimate), "
+                                                        "not searched"),
+])
+def test_a_plan_space_config_is_checked_before_any_plan_is_priced(tmp_path, capsys, extra, message):
+    path = tmp_path / "space.yaml"
+    path.write_text("model: {name: GPT}\n" + ("global_batch: 2\n" if not extra else "") + extra)
+    assert main(["search", str(path)]) == 2
+    assert f"{path}: {message}" in capsys.readouterr().err
+
+
+def test_json_is_refused_for_a_config_without_global_batch(capsys):
+    assert main(["search", str(ROOT / "configs" / "ffn.yaml"), "--json", "x.json"]) == 2
+    assert "--json x.json: the figures of a plan-space search" in capsys.readouterr().err
