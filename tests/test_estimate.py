@@ -106,8 +106,8 @@ def test_llama_counts_six_n_plus_attention(tmp_path, capsys):
 
 @pytest.mark.parametrize("change, message", [
     (("pp: 2, vp: 1", "pp: 1, vp: 2"), "plan.vp: virtual stages interleave a pipeline: expected 1 with pp 1, got 2"),
-    (("pp: 2, vp: 1", "pp: 2, vp: 3"), "plan.pp: Megatron splits the 2 layers evenly over the pp · vp model stages: "
-                                       "expected a count dividing 2, got 6"),
+    (("pp: 2, vp: 1", "pp: 2, vp: 3"), "plan.pp: each of the pp · vp model stages holds at least one of the 2 layers: "
+                                       "expected at most 2 stages, got 6"),
     (("cp: 1", "cp: 2"), "plan.cp: 2 is not yet expressible"),
     (("ep: 1", "ep: 2"), "plan.ep: 2 is not yet expressible"),
     (("zero: 1", "zero: 2"), "plan.zero: 2 is not yet expressible"),

@@ -26,9 +26,10 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
 - Selective recompute (ibid., section 5): the attention core, QKᵀ, its scale and mask, the
   softmax and ·V, is computed again in the backward instead of kept (`Primitive.recompute`).
 - Pipeline stages (Narayanan et al. 2021): the blocks split evenly over the ``pp · vp`` model
-  stages in order (Megatron's default: ``num_layers`` divisible by them, the embedding on the
-  first stage, the final norm, the LM head and the loss on the last), as the blocks'
-  ``pipeline_stage`` (`mark_pipeline_stages`); the split is given, not searched.
+  stages in order (Megatron's default, the embedding on the first stage, the final norm, the LM
+  head and the loss on the last), or, where they do not divide the blocks, with fewer blocks on
+  the outermost stages as Llama 3 ran (`stage_layer_counts`), as the blocks' ``pipeline_stage``
+  (`mark_pipeline_stages`); the split is given, not searched.
 """
 
 from __future__ import annotations
@@ -158,9 +159,9 @@ def _between_regions_seeds(net, rows: int) -> dict:
 
 
 def mark_pipeline_stages(net, stages: int, where: str = "plan.pp") -> None:
-    """Set every block's ``pipeline_stage`` to Megatron's even split of the blocks over
-    `stages` model stages (the module docstring); a count that does not divide the blocks is a
-    ConfigError at `where`.
+    """Set every block's ``pipeline_stage`` to Megatron's split of the blocks over `stages`
+    model stages in order (`stage_layer_counts`); more stages than blocks is a ConfigError at
+    `where`.
 
     Example (8 blocks over 2 pipeline ranks of 2 virtual stages each: 2 blocks per model stage):
         >>> net = GPT(layers=8, hidden=32, heads=4, seq=8, batch=2, vocab=64)
@@ -170,11 +171,33 @@ def mark_pipeline_stages(net, stages: int, where: str = "plan.pp") -> None:
     """
     _check_family(net, where)
     layers = len(net.blocks)
-    if layers % stages:
-        raise ConfigError(f"{where}: Megatron splits the {layers} layers evenly over the pp · vp model stages: expected a "
-                          f"count dividing {layers}, got {stages}")
-    for index, block in enumerate(net.blocks):
-        block.pipeline_stage = index // (layers // stages)
+    if layers < stages:
+        raise ConfigError(f"{where}: each of the pp · vp model stages holds at least one of the {layers} layers: expected at "
+                          f"most {layers} stages, got {stages}")
+    stage_of = [stage for stage, count in enumerate(stage_layer_counts(layers, stages)) for _ in range(count)]
+    for block, stage in zip(net.blocks, stage_of):
+        block.pipeline_stage = stage
+
+
+def stage_layer_counts(layers: int, stages: int) -> list[int]:
+    """Blocks per model stage: Megatron's even split where `stages` divides `layers`; else
+    ``ceil(layers / stages)`` each but one fewer on the outermost stages in turn (the first, the
+    last, the second, the second to last ...) until they add up, as Llama 3 405B ran its 126
+    layers on 16 stages: 7 on the first and the last, which also hold the embedding and the LM
+    head (Megatron's ``--decoder-first/last-pipeline-num-layers``).
+
+    Example:
+        >>> stage_layer_counts(8, 4), stage_layer_counts(10, 4)
+        ([2, 2, 2, 2], [2, 3, 3, 2])
+        >>> stage_layer_counts(126, 16)
+        [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
+    """
+    most = -(-layers // stages)
+    counts = [most] * stages
+    outermost = [stage for pair in zip(range(stages), reversed(range(stages))) for stage in pair]
+    for stage in outermost[: most * stages - layers]:  # fewer than `stages`: distinct stages
+        counts[stage] -= 1
+    return counts
 
 
 def mark_selective_recompute(net) -> tuple[str, ...]:

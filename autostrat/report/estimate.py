@@ -13,8 +13,9 @@ model (cases):
   ``cp`` with K and V gathered (`models.megatron_plan.context_parallel_seeds`); ``device_num`` is
   ``tp · pp · dp · cp``. It needs fused attention and ``micro_batch`` 1 (more sequences per rank
   would put whole sequences, not parts of one, on the ``cp`` devices' rows).
-- ``pp``: ``pipeline_stages``, the blocks split evenly over the ``pp · vp`` model stages as
-  Megatron splits them (`models.megatron_plan.mark_pipeline_stages`: the embedding on the first,
+- ``pp``: ``pipeline_stages``, the blocks split over the ``pp · vp`` model stages as Megatron
+  splits them, evenly or with fewer on the outermost stages where they do not divide
+  (`models.megatron_plan.mark_pipeline_stages`: the embedding on the first,
   the LM head and the loss on the last), given as the blocks' ``pipeline_stage`` (1F1B).
 - ``vp``: virtual stages per pipeline rank: Megatron's interleaved 1F1B
   (``pipeline_schedule: interleaved_1f1b``, ``pipeline_interleave_num: vp``); ``pp`` above 1.
