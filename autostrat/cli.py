@@ -140,8 +140,10 @@ def _plan_space_command(args) -> str:
 
 
 def _budget(config) -> int:
-    """The bytes per device a search fits its plan into: max_device_memory, else the profile's memory."""
-    return config.context.max_device_memory or config.context.hardware_profile().device_memory
+    """The bytes per device a search fits its plan into (`frontend.run.memory_budget`)."""
+    from autostrat.frontend.run import memory_budget
+
+    return memory_budget(config.context)[0]
 
 
 def _plan_json(plan, args, config):

@@ -85,6 +85,7 @@ EFFICIENCIES = ("matmul_efficiency", "network_efficiency", "memory_efficiency")
 # (`benchmarks/time_model.py`): 0 leaves every prediction as it was without them.
 HOST_FIELDS = ("kernel_latency", "cores_per_server", "kernel_passes")
 OPTIONAL_FIELDS = (*EFFICIENCIES, *HOST_FIELDS, "device_memory")
+INTEGER_FIELDS = ("devices_per_server", "cores_per_server", "device_memory")  # a profile keeps these as ints
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def _checked_passes(value) -> tuple[tuple[str, float], ...]:
 def _checked(field: str, value):
     """`value` of `field` as the profile keeps it (a float, or the devices per server as an
     int); anything else is a `ConfigError` saying what the field takes."""
-    if field in ("devices_per_server", "cores_per_server", "device_memory"):
+    if field in INTEGER_FIELDS:
         lowest = int(field != "cores_per_server")
         if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
             unit = " (bytes)" if field == "device_memory" else ""

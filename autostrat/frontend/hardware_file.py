@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
-from autostrat.cost.hardware import OPTIONAL_FIELDS, PROFILES, Hardware
+from autostrat.cost.hardware import INTEGER_FIELDS, OPTIONAL_FIELDS, PROFILES, Hardware
 from autostrat.errors import ConfigError
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
@@ -44,7 +44,7 @@ def hardware_number(field: str, value):
     """
     if isinstance(value, str):
         try:
-            return int(value) if field in ("devices_per_server", "cores_per_server", "device_memory") else float(value)
+            return int(value) if field in INTEGER_FIELDS else float(value)
         except ValueError:
             raise ConfigError(f"{field} must be a number such as {getattr(_EXAMPLE, field):g}, got {value!r}") from None
     return value

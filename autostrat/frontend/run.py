@@ -150,15 +150,30 @@ def plan_within_memory(config, device_num: int | None = None, progress=None) -> 
     return fit_into(config, plan, notes, device_num, progress)
 
 
+def memory_budget(context, given: int | None = None) -> tuple[int, str]:
+    """``(bytes, where from)``: the bytes per device a plan must fit, `given` or the context's
+    max_device_memory, else its hardware profile's `device_memory` (a search is never unbounded).
+
+    Example:
+        >>> from autostrat.frontend.context import ParallelContext
+        >>> memory_budget(ParallelContext())
+        (85899345920, "hardware h100-sxm-80gb's device_memory")
+    """
+    given = given or context.max_device_memory
+    if given:
+        return given, "max_device_memory"
+    hardware = context.hardware_profile()
+    return hardware.device_memory, f"hardware {hardware.name or 'given field by field'}'s device_memory"
+
+
 def fit_into(config, plan, notes: list, device_num: int | None = None, progress=None, budget: int | None = None) -> tuple:
     """`plan` (and its `notes`), the unbounded search's plan of `config`, if it fits `budget`
     bytes per device (default: the hardware profile's `device_memory`); else the config searched
     again under that budget (the search's own bounded refinement), with a note saying so; when
     that finds none either, an `InfeasibleError` naming the budget and the smallest peak found."""
-    hardware = config.context.hardware_profile()
-    where = (f"{config.path}: max_device_memory not given, so the plan must fit hardware "
-             f"{hardware.name or 'given field by field'}'s device_memory") if budget is None else f"{config.path}: the plan must fit"
-    budget, peak = budget or hardware.device_memory, peak_of(plan)
+    where = (f"{config.path}: max_device_memory not given, so the plan must fit {memory_budget(config.context, budget)[1]}"
+             if budget is None else f"{config.path}: the plan must fit")
+    budget, peak = memory_budget(config.context, budget)[0], peak_of(plan)
     if peak <= budget:
         return plan, notes
     where = f"{where} = {budget:,} bytes per device"

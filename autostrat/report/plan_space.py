@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from autostrat.errors import AutostratError, ConfigError, InfeasibleError
 from autostrat.frontend.config import config_from_data
 from autostrat.frontend.context import parse_bytes
-from autostrat.frontend.run import fit_into, plan_config
+from autostrat.frontend.run import fit_into, memory_budget, plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, estimate_of, plan_pieces_config, search_keys
@@ -209,8 +209,7 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     op_level = config_from_data(search_keys(data, path, global_batch) | {"device_num": device_num}, text, path, 1,
                                 example_inputs=True)
     hardware, precision = op_level.context.hardware_profile(), op_level.context.precision
-    source = "max_device_memory" if budget else f"hardware {hardware.name or 'given field by field'}'s device_memory"
-    budget = budget or hardware.device_memory
+    budget, source = memory_budget(op_level.context, budget)
     matrices = sum(math.prod(parameter.shape) for block in op_level.net.blocks
                    for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
     candidates = plan_candidates(device_num, global_batch, len(op_level.net.blocks), hardware.devices_per_server)
