@@ -107,7 +107,13 @@ def on_mesh(splits, repeat: int, axes: tuple[int, ...]) -> bool:
     return index == len(axes)
 
 
-def _divisors(number: int) -> list[int]:
+def divisors(number: int) -> list[int]:
+    """Every divisor of `number`, ascending.
+
+    Example:
+        >>> divisors(12)
+        [1, 2, 3, 4, 6, 12]
+    """
     return [d for d in range(1, number + 1) if number % d == 0]
 
 
@@ -150,7 +156,7 @@ def generate_strategies(rule: Rule, device_num: int, allow_repeated: bool = Fals
         raise LayoutError(f"device_num must be a positive integer, got {device_num!r}")
     options = [
         [1] if factor in rule.need_replication
-        else [d for d in _divisors(math.gcd(size, device_num)) if values is None or d in values]
+        else [d for d in divisors(math.gcd(size, device_num)) if values is None or d in values]
         for factor, size in zip(rule.factors, rule.factor_sizes)
     ]
     compounds = _compound_dims(rule)

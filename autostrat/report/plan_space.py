@@ -47,6 +47,7 @@ from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, estimate_of, plan_pieces_config, search_keys
 from autostrat.search.prediction import format_nanoseconds
+from autostrat.strategies import divisors
 from autostrat.tables import format_table
 
 # Bytes per parameter that live for the whole step, from Megatron-LM's distributed optimizer
@@ -74,21 +75,18 @@ def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per
         for vp, sequence_parallel, recompute, zero in itertools.product(
                 interleaves, (False, True)[:1 + (tp > 1)], ("none", "selective", "full"), (0, 1)[:1 + (dp > 1)]):
             plans += [GivenPlan(tp, pp, dp, recompute, zero, micro_batch, global_batch, sequence_parallel, vp)
-                      for micro_batch in _divisors(global_batch // dp)
+                      for micro_batch in divisors(global_batch // dp)
                       if vp == 1 or global_batch // (dp * micro_batch) % pp == 0]
     return plans
 
 
 def _device_splits(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[tuple]:
     """Every ``(tp, pp, dp)`` with product `device_num`: tp up to a server, pp dividing the
-    layers (the estimate splits them evenly over the stages), dp dividing the global batch."""
-    return [(tp, pp, device_num // (tp * pp)) for tp in _divisors(min(device_num, devices_per_server))
-            if device_num % tp == 0 for pp in _divisors(device_num // tp)
+    layers (Megatron's even split; the estimate also takes uneven ones, which are not
+    candidates), dp dividing the global batch."""
+    return [(tp, pp, device_num // (tp * pp)) for tp in divisors(min(device_num, devices_per_server))
+            if device_num % tp == 0 for pp in divisors(device_num // tp)
             if layers % pp == 0 and global_batch % (device_num // (tp * pp)) == 0]
-
-
-def _divisors(number: int) -> list[int]:
-    return [divisor for divisor in range(1, number + 1) if number % divisor == 0]
 
 
 def resident_bound(given: GivenPlan, matrix_parameters: int, precision: str) -> int:
