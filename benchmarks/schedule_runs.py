@@ -8,11 +8,12 @@ or 1 with 8; the loss joins the last), as the closed forms assume equal stages. 
 
 - measured bubble: per rank, the share of the micro-batch slots' wall time it waited for
   another stage (`runtime.pipeline`), the mean over the ranks;
-- closed form: the bubble per device of `benchmarks/schedules.py` (`closed_form_bubble`) over
+- closed form: the bubble per device of `benchmarks/schedules.py` (`closed_form_text`) over
   ``m (F + B + W)`` plus it, with F, B and W the ranks' mean measured seconds of one
   forward, input-gradient and weight-gradient part (the whole backward for the schedules that
-  do not split it), summed over a device's chunks; zbv's holds at F = B = W only, so it is
-  marked ``*`` where the measured times differ;
+  do not split it), summed over a device's chunks; zbv's, (p - 1) F / 2, holds at F = B = W
+  only: at the measured times it is the least any order allows (``>=``), and the simulated
+  column is what zbv's order takes there;
 - simulated: `search.schedule_simulation.simulate` of the same orders with each stage's
   measured F, B, W (sends free);
 - F/B/W ms: one part of one chunk, the mean over the ranks;
@@ -31,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
 
-from schedules import closed_form_bubble  # noqa: E402  (the script's directory is on sys.path)
+from schedules import closed_form_text  # noqa: E402  (the script's directory is on sys.path)
 
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context  # noqa: E402
 from autostrat.frontend.train import train  # noqa: E402
@@ -66,10 +67,7 @@ def row(schedule: str, report) -> list[str]:
     timings = result.stage_timings  # per rank: bubble, seconds of one F, B, W of a chunk
     measured = sum(t[0] for t in timings) / len(timings)
     forward, backward, weight = (chunks * sum(t[kind] for t in timings) / len(timings) for kind in (1, 2, 3))
-    bubble, mark = closed_form_bubble(schedule, RANKS, MICRO_BATCHES, chunks, forward, backward, weight), ""
-    if bubble is None and schedule == "zbv":
-        bubble, mark = (RANKS - 1) * forward / 2, "*"
-    closed = "n/a" if bubble is None else f"{bubble / (MICRO_BATCHES * (forward + backward + weight) + bubble):.1%}{mark}"
+    closed = closed_form_text(schedule, RANKS, MICRO_BATCHES, chunks, forward, backward, weight)
     simulated = _simulated(schedule, chunks, timings)
     peaks = ", ".join(f"{m:,}/{p:,}" for m, p in zip(result.measured_peaks, result.predicted_peaks))
     equal = f"{'yes' if report.ok else 'NO'} (loss {report.loss_error:.1e}, parameters {report.parameter_error:.1e})"
