@@ -29,9 +29,12 @@ of device ``d`` is model stage `Schedule.stage` (``c * p + d``; zbv's V: ``d``, 
    At equal times and ``m >= 2p`` its step is ``m (F + B + W) + (p - 1) F / 2`` (F a device's
    forward over both chunks), the least any order allows: the devices' start offsets, which
    no order avoids within one step (the paper's table lists ZB-V's bubble rate at equal times
-   as 0). The order does not depend on the times: on unequal ones its step stays within a few
-   per cent of that bound (`benchmarks/schedules.py --times`), where an order planned for equal
-   times (a list schedule, before) lost up to 20 points of bubble on the measured 17 : 15 : 6.
+   as 0). The order does not depend on the times. On unequal ones that bound is a lower bound
+   (`benchmarks/schedules.py --times`): at p <= 8, m >= 2p and per-pass times drawn from
+   0.3-3, the step is 1.01-1.05 of it on average, at most 1.12 where W + 2B >= 2F and
+   W + 2F >= 2B (the condition Qi et al.'s later V schedules give for no steady bubble), 1.26
+   at worst otherwise; at the 17 : 15 : 6 measured on the ranks 1.02 (a list schedule planned
+   for equal times, before, took 1.18 there, slower than ZB-H1).
 
 What an instruction waits for (`waits_for`): ``F(i, k)`` the forward of stage ``k - 1``,
 ``B(i, k)`` the backward of stage ``k + 1`` (the last stage's its own forward), ``W(i, k)`` the
