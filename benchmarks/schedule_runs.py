@@ -17,6 +17,13 @@ or 1 with 8; the loss joins the last), as the closed forms assume equal stages. 
 - simulated: `search.schedule_simulation.simulate` of the same orders with each stage's
   measured F, B, W (sends free);
 - F/B/W ms: one part of one chunk, the mean over the ranks;
+- CPU share: a rank's thread CPU seconds in its parts over their wall seconds, the mean over
+  the ranks. Below 100 % the ranks share the machine's cores (4 ranks and whatever else runs
+  on 2 cores): a busy rank waits for a core, and a rank whose message has arrived waits for
+  its turn to run, which the measured bubble counts as waiting for another stage; the
+  schedules with more, shorter parts and more messages per step (interleaved_1f1b, zbv) wait
+  so more often. The simulated column has no such waits: on a crowded machine the measured
+  bubble is over it by the scheduler's share, not by the orders;
 - peak per rank measured (`runtime.held_memory`) / predicted (`Pipeline.peak_bytes`);
 - equal: the loss and parameters against one device running the whole batch (limit 1e-5),
   and bytes measured = predicted.
@@ -42,7 +49,7 @@ from autostrat.search.schedules import SCHEDULE_ORDERS  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 RANKS, MICRO_BATCHES, LAYERS, HIDDEN = 4, 8, 8, 128
-HEADER = ["schedule", "measured bubble", "closed form", "simulated", "F/B/W ms", "peak per rank measured / predicted (bytes)",
+HEADER = ["schedule", "measured bubble", "closed form", "simulated", "F/B/W ms", "CPU share", "peak per rank measured / predicted (bytes)",
           "equal"]
 
 
@@ -64,7 +71,7 @@ def row(schedule: str, report) -> list[str]:
     """The table's line of one schedule's report (rank 0)."""
     result = report.result
     chunks = 2 if schedule in ("interleaved_1f1b", "zbv") else 1
-    timings = result.stage_timings  # per rank: bubble, seconds of one F, B, W of a chunk
+    timings = result.stage_timings  # per rank: bubble, seconds of one F, B, W of a chunk, CPU share
     measured = sum(t[0] for t in timings) / len(timings)
     forward, backward, weight = (chunks * sum(t[kind] for t in timings) / len(timings) for kind in (1, 2, 3))
     closed = closed_form_text(schedule, RANKS, MICRO_BATCHES, chunks, forward, backward, weight)
@@ -72,7 +79,8 @@ def row(schedule: str, report) -> list[str]:
     peaks = ", ".join(f"{m:,}/{p:,}" for m, p in zip(result.measured_peaks, result.predicted_peaks))
     equal = f"{'yes' if report.ok else 'NO'} (loss {report.loss_error:.1e}, parameters {report.parameter_error:.1e})"
     per_chunk = "/".join(f"{seconds / chunks * 1e3:.1f}" for seconds in (forward, backward, weight))
-    return [schedule, f"{measured:.1%}", closed, f"{simulated:.1%}", per_chunk, peaks, equal]
+    share = sum(t[4] for t in timings) / len(timings)
+    return [schedule, f"{measured:.1%}", closed, f"{simulated:.1%}", per_chunk, f"{share:.0%}", peaks, equal]
 
 
 def _simulated(schedule: str, chunks: int, timings) -> float:
