@@ -85,6 +85,10 @@ def test_a_plan_with_buckets_is_predicted_on_the_two_stream_schedule():
     assert bucketed.prediction.phases == plan.prediction.phases  # the same work and bytes, only hidden
     assert "- overlapped" in bucketed.prediction.lines()[0] and plan.prediction.overlapped_ns == 0
     assert bucketed.to_dict()["bucket_bytes"] == 300 and "bucket_bytes" not in plan.to_dict()
+    from autostrat.search.recompute_choice import plan_cost  # what a "time" search compares plans on
+
+    timed = replace(plan, cost_model="time")
+    assert plan_cost(replace(timed, bucket_bytes=300)) == plan_cost(timed) - bucketed.prediction.overlapped_ns
 
 
 def test_buckets_follow_the_gradients_readiness_and_size():
@@ -104,7 +108,8 @@ def test_buckets_follow_the_gradients_readiness_and_size():
 def test_the_stream_runs_the_sync_while_the_backward_does_and_equals_the_serial_run():
     from dataclasses import replace
 
-    from autostrat.runtime.program import Compute, SyncStart, SyncWait, lower_programs
+    from autostrat.runtime.program import Compute, lower_programs
+    from autostrat.runtime.stream import SyncStart, SyncWait
     from autostrat.runtime.training import train_locally
 
     for seeded in (True, False):
@@ -120,7 +125,8 @@ def test_the_stream_runs_the_sync_while_the_backward_does_and_equals_the_serial_
         assert overlapped.measured == serial.measured and overlapped.bytes_match
         assert max(overlapped.measured_peaks) <= overlapped.predicted_peak * 1.05
         # The sync's messages leave during the backward: counted before the first update op runs.
-        first_update = next(i for i, x in enumerate(program.instructions) if isinstance(x, Compute) and x.op.startswith("optimizer/"))
+        first_update = next(i for i, x in enumerate(program.instructions)
+                            if isinstance(x, Compute) and x.op.startswith("optimizer/"))
         last_start = max(i for i, x in enumerate(program.instructions) if isinstance(x, SyncStart))
         assert last_start < first_update and isinstance(program.instructions[first_update - 1], SyncWait)
         assert _sent_before_the_sync_waits(bucketed, values, batches) > _sent_before_the_sync_waits(plan, values, batches)
@@ -130,7 +136,8 @@ def _sent_before_the_sync_waits(plan, values, batches) -> int:
     """Messages rank 0 has sent when it reaches its first "sync" instruction (a `SyncWait` or a
     blocking step): with buckets, the stream's are among them (begun during the backward)."""
     from autostrat.runtime.local import LocalCluster
-    from autostrat.runtime.program import Communicate, SyncWait, lower_programs
+    from autostrat.runtime.program import Communicate, lower_programs
+    from autostrat.runtime.stream import SyncWait
     from autostrat.runtime.training import train_rank
 
     programs, counts = lower_programs(plan), []
@@ -139,7 +146,8 @@ def _sent_before_the_sync_waits(plan, values, batches) -> int:
 
     def rank(backend):
         seen = lambda index, _: index == first and counts.append(len(backend.sent))  # noqa: E731
-        return train_rank(programs[backend.rank], backend, values, batches[:1], on_instruction=seen if backend.rank == 0 else None)
+        return train_rank(programs[backend.rank], backend, values, batches[:1],
+                          on_instruction=seen if backend.rank == 0 else None)
 
     LocalCluster(plan.device_num).run(rank)
     return counts[0]
@@ -170,3 +178,22 @@ def test_bucket_sizes_come_from_the_context_or_mindspores_comm_fusion_and_bad_on
             set_auto_parallel_context(bucket_bytes=-1)
     finally:
         reset_auto_parallel_context()
+
+
+def test_a_bucket_whose_update_comes_before_its_last_gradient_is_refused():
+    import pytest
+
+    from autostrat.errors import RuntimeBackendError
+    from autostrat.runtime.bucketing import bucketed
+    from autostrat.runtime.program import Communicate, Compute
+
+    def made(name):
+        return Compute(name, "Neg", (), (name + ":0",), (), None)
+
+    def synchronised(gradient):
+        return Communicate("AllReduce", gradient, gradient + "'", (0, 1), (), (), "sum", (0, 0), 4, gradient, "sync")
+
+    program = [made("a"), synchronised("a:0"), made("b"), synchronised("b:0")]
+    assert len(bucketed(program, [["a:0"], ["b:0"]])) == 6  # a bucket each: both start in time
+    with pytest.raises(RuntimeBackendError, match="edge a:0: its update runs before the last gradient of its bucket is made"):
+        bucketed(program, [["a:0", "b:0"]])

@@ -124,5 +124,6 @@ def comm_fusion_bytes(comm_fusion) -> int | None:
         return None
     size = fusion.get("config")
     if isinstance(size, bool) or not isinstance(size, (int, float)) or not size >= 0:
-        raise ConfigError(f"comm_fusion: allreduce's config in mode 'size' is the bucket size in MB (a number >= 0), got {size!r}")
+        raise ConfigError(f"comm_fusion: allreduce's config in mode 'size' is the bucket size in MB (a number >= 0), "
+                          f"got {size!r}")
     return int(size * (1 << 20))

@@ -9,7 +9,9 @@ before the update reading it, so the program reads as the blocking one with the 
 
 from __future__ import annotations
 
-from autostrat.runtime.program import Communicate, Compute, Load, SyncStart, SyncWait
+from autostrat.errors import RuntimeBackendError
+from autostrat.runtime.program import Communicate, Compute, Load
+from autostrat.runtime.stream import SyncStart, SyncWait
 
 
 def bucketed(instructions: list, buckets: list[list[str]]) -> list:
@@ -32,8 +34,13 @@ def bucketed(instructions: list, buckets: list[list[str]]) -> list:
             steps[instruction.edge].append(instruction)
     written = {key: index for index, instruction in enumerate(instructions) for key in _writes(instruction)}
     starts: dict[int, list[SyncStart]] = {}
+    position = {id(instruction): index for index, instruction in enumerate(instructions)}
     for bucket in buckets:
         ready = max(written.get(steps[label][0].source, -1) for label in bucket)
+        late = [label for label in bucket if position[id(steps[label][0])] < ready]
+        if late:  # an update between the backward's kernels (graphs put them after: `autodiff.build_training`)
+            raise RuntimeBackendError(f"edge {late[0]}: its update runs before the last gradient of its bucket is made; "
+                                      f"buckets need every update after the backward")
         starts.setdefault(ready, []).append(SyncStart(tuple(step for label in bucket for step in steps[label])))
     lowered = list(starts.get(-1, ()))
     for index, instruction in enumerate(instructions):

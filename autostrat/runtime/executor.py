@@ -38,9 +38,9 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend
 from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
-from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, RingCompute, Send, SyncStart, SyncWait
+from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, RingCompute, Send
 from autostrat.runtime.ring import ring_compute
-from autostrat.runtime.stream import SyncStream, communicate_steps
+from autostrat.runtime.stream import SyncStart, SyncStream, SyncWait, communicate_steps
 from autostrat.runtime.sixteen_bit import rounded, run_sixteen_bit
 
 

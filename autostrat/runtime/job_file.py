@@ -43,7 +43,8 @@ from autostrat.io import write_atomically
 from autostrat.layout import SliceContext
 from autostrat.runtime.checkpoint import checkpoint_bytes
 from autostrat.runtime.job import FAULTS, Fault, Job
-from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, RingCompute, Send, SyncStart, SyncWait
+from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, RingCompute, Send
+from autostrat.runtime.stream import SyncStart, SyncWait
 from autostrat.runtime.stage_program import SCHEDULES, ChunkProgram, StageProgram
 
 FORMAT = "autostrat job"

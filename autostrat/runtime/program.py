@@ -35,6 +35,7 @@ from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
 from autostrat.search.precision import check_runnable, held_dtype, main_gradient_name, main_name
 from autostrat.search.prediction import sync_buckets
+from autostrat.runtime.stream import SyncWait
 
 PHASES = ("forward", "backward", "sync", "update", "gather", "pipeline", "output")
 LOCAL_KINDS = ("PartialCreate", "Slice")  # `Communicate` kinds that send nothing
@@ -135,32 +136,6 @@ class Recv:
     tag: int
     shape: tuple[int, ...]
     dtype: str
-
-
-@dataclass(frozen=True)
-class SyncStart:
-    """Hand a bucket's gradient synchronisation `steps` (its edges' `Communicate`s, in order)
-    to the communication stream (`runtime.stream`): placed after the kernel that makes its last
-    gradient final, so they run while the rest of the backward does."""
-
-    steps: tuple[Communicate, ...]
-
-    def reads(self) -> tuple[str, ...]:
-        """The store keys it takes (each edge's gradient: what no earlier step of it writes)."""
-        written, read = set(), []
-        for step in self.steps:
-            if step.source not in written:
-                read.append(step.source)
-            written.add(step.target)
-        return tuple(read)
-
-
-@dataclass(frozen=True)
-class SyncWait:
-    """Wait for one edge's `steps` on the communication stream, where they would have run
-    (before the update reading them); its results join the store."""
-
-    steps: tuple[Communicate, ...]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.tables import format_table
-from autostrat.runtime.program import PHASES, SyncStart
+from autostrat.runtime.program import PHASES
+from autostrat.runtime.stream import SyncStart
 from autostrat.runtime.reference import OWN_KERNELS, reference_line
 
 # What each byte phase counts, in one line for the reports.

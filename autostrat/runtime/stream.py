@@ -2,8 +2,8 @@
 
 The runtime is one Python thread per rank, so the stream is not a thread: it is a queue of
 redistribution steps (`program.Communicate`) that the executor progresses between kernels.
-A bucket's steps join the queue when its last gradient is final (`program.SyncStart`, placed
-by the lowering after the kernel producing it); the head step runs as the same generator of
+A bucket's steps join the queue when its last gradient is final (`SyncStart`, placed
+by the lowering, `runtime.bucketing`, after the kernel producing it); the head step runs as the same generator of
 exchanges as a blocking call (`communicate_steps`, `wire.Wire`'s ``*_steps``), each exchange
 begun with `Wire.post` (MPI: Isend/Irecv on a tag of the stream's own) and resumed when
 `progress` finds it complete; `SyncWait`, where the step ran before (ahead of its update),
@@ -20,10 +20,37 @@ took, the results not yet waited for) is the rank's memory: `held` lists it for 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
 from autostrat.errors import RuntimeBackendError
+
+
+@dataclass(frozen=True)
+class SyncStart:
+    """Hand a bucket's gradient synchronisation `steps` (its edges' `Communicate`s, in order)
+    to the communication stream (`runtime.stream`): placed after the kernel that makes its last
+    gradient final, so they run while the rest of the backward does."""
+
+    steps: tuple
+
+    def reads(self) -> tuple[str, ...]:
+        """The store keys it takes (each edge's gradient: what no earlier step of it writes)."""
+        written, read = set(), []
+        for step in self.steps:
+            if step.source not in written:
+                read.append(step.source)
+            written.add(step.target)
+        return tuple(read)
+
+
+@dataclass(frozen=True)
+class SyncWait:
+    """Wait for one edge's `steps` on the communication stream, where they would have run
+    (before the update reading them); its results join the store."""
+
+    steps: tuple
 
 
 def communicate_steps(step, backend, piece: np.ndarray):

@@ -213,7 +213,8 @@ def sync_buckets(plan, bucket_bytes: int | None = None) -> tuple[tuple, ...]:
     """
     edges = sync_edges(plan)
     sizes = [gradient_bytes(plan, edge) for edge in edges]
-    return tuple(tuple(edges[i] for i in members) for members in packed_buckets(sizes, plan.bucket_bytes if bucket_bytes is None else bucket_bytes))
+    size = plan.bucket_bytes if bucket_bytes is None else bucket_bytes
+    return tuple(tuple(edges[i] for i in members) for members in packed_buckets(sizes, size))
 
 
 def sync_schedule(plan, hardware: Hardware, bucket_bytes: int) -> SyncTimeline:
