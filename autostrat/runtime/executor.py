@@ -24,6 +24,12 @@ in its producer's layout until its last consumer, while a run holds a redistribu
 consumer's layout too, and may drop the original early when later consumers share the copy (a
 copy exists only for some pairs of producer and consumer strategies, which a per-op model
 cannot price).
+
+A plan with buckets (`runtime.bucketing`) has its gradient synchronisation on the communication
+stream (`stream.SyncStream`): `SyncStart` hands a bucket's steps to it, the executor progresses
+it after every instruction, and `SyncWait` takes an edge's result from it into the store; what
+the stream holds (the gradients it took, the results not yet waited for) is sampled with the
+rank's memory.
 """
 
 from __future__ import annotations
