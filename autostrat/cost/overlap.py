@@ -8,7 +8,8 @@ PyTorch DDP's ``bucket_cap_mb``; a gradient larger than the size is a bucket alo
 `packed_buckets`). A bucket's
 synchronisation starts on the communication stream once its last gradient is ready and the
 bucket before it is done, and takes its gradients' own times summed (a fused message would
-also save latencies; this schedule prices the overlap only). The backward with its
+also save latencies; this schedule prices the overlap only; the runtime keeps several edges'
+messages in flight at once, `runtime.stream`, whose latencies this schedule does not overlap). The backward with its
 synchronisation ends when both streams are done.
 
 Cases: no gradients (the backward alone); `bucket_bytes` 0, no overlap: the backward, then

@@ -150,7 +150,7 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
         store.update(written)
         for key in released:
             del store[key]
-        if stream.running is not None or stream.queue:
+        if stream.busy:
             stream.progress()  # between kernels: the stream's messages that arrived let it go on
     outputs = {tensor: store[key] for tensor, key in program.outputs}
     updated = {name: store[key] for name, key in program.updates}

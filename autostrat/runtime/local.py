@@ -19,7 +19,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.wire import Message, Wire
 
 WIRE_TAG = -1  # the mailbox tag of collective messages (pipeline sends use tags >= 0)
-STREAM_TAG = -2  # the communication stream's (`runtime.stream`)
+STREAM_TAG = -2  # the communication stream's lane 0 (`runtime.stream`); lane k: STREAM_TAG - k
 
 
 class _Meeting:
@@ -70,8 +70,11 @@ class LocalCluster:
             self._mail_posted.notify_all()
 
     def has(self, source: int, dest: int, tag: int) -> bool:
-        """Whether a piece `source` posted to `dest` with `tag` is waiting."""
+        """Whether a piece `source` posted to `dest` with `tag` is waiting (a failed rank
+        breaks the poll, as it breaks `take`)."""
         with self._lock:
+            if self._root_failure is not None:
+                raise threading.BrokenBarrierError
             return bool(self._mail.get((source, dest, tag)))
 
     def take(self, source: int, dest: int, tag: int):
@@ -135,11 +138,12 @@ class LocalBackend(Wire):
             self.cluster.post(self.rank, dest, WIRE_TAG, np.array(piece))
         return None if source == self.rank else self.cluster.take(source, self.rank, WIRE_TAG)
 
-    def start_transfer(self, piece, dest, source, shape):
-        """The piece posted at once (a copy), the receipt taken when it is there (`wire.Wire.post`)."""
+    def start_transfer(self, piece, dest, source, shape, lane=0):
+        """The piece posted at once (a copy) on the lane's tag, the receipt taken when it is
+        there (`wire.Wire.post`)."""
         if dest != self.rank:
-            self.cluster.post(self.rank, dest, STREAM_TAG, np.array(piece))
-        return Mail(self.cluster, source, self.rank)
+            self.cluster.post(self.rank, dest, STREAM_TAG - lane, np.array(piece))
+        return Mail(self.cluster, source, self.rank, STREAM_TAG - lane)
 
     def send(self, piece, dest, tag):
         self.sent.append(Message(dest, np.asarray(piece).nbytes))
@@ -163,18 +167,14 @@ class Mail:
     """The receipt of an exchange begun on a `LocalCluster` (a `wire.Done`'s methods): none
     when `source` is the rank itself (a one-way message)."""
 
-    def __init__(self, cluster: LocalCluster, source: int, rank: int):
-        self.cluster, self.source, self.rank = cluster, source, rank
+    def __init__(self, cluster: LocalCluster, source: int, rank: int, tag: int):
+        self.cluster, self.source, self.rank, self.tag = cluster, source, rank, tag
         self.received, self.taken = None, source == rank
 
     def ready(self) -> bool:
-        if not self.taken and self.cluster.has(self.source, self.rank, STREAM_TAG):
-            self.wait()
+        if not self.taken and self.cluster.has(self.source, self.rank, self.tag):
+            self.received, self.taken = self.cluster.take(self.source, self.rank, self.tag), True
         return self.taken
-
-    def wait(self) -> None:
-        if not self.taken:
-            self.received, self.taken = self.cluster.take(self.source, self.rank, STREAM_TAG), True
 
     def result(self):
         return self.received

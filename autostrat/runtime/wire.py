@@ -88,9 +88,9 @@ class Wire:
         this rank (then return None)."""
         raise NotImplementedError
 
-    def start_transfer(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...]):
-        """`transfer` begun, as a `Transfer` (``ready()``, ``wait()``, ``result()``): a
-        backend without non-blocking messages transfers at once."""
+    def start_transfer(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...], lane: int = 0):
+        """`transfer` begun on the stream's `lane` (a message tag of its own), as a transfer
+        (``ready()``, then ``result()``): a backend without non-blocking messages transfers at once."""
         return Done(self.transfer(piece, dest, source, shape))
 
     def _counted(self, piece, dest: int, shape) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -109,13 +109,13 @@ class Wire:
         piece, shape = self._counted(piece, dest, shape)
         return self.transfer(piece, dest, source, shape)
 
-    def post(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...] | None = None):
-        """`exchange` begun and not waited for: its `Transfer` (the message counted now, as it
-        is handed to the transport)."""
+    def post(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...] | None = None, lane: int = 0):
+        """`exchange` begun on the stream's `lane` and not waited for: its transfer (`Done`'s
+        methods; the message counted now, as it is handed to the transport)."""
         if dest == self.rank and source == self.rank:
             return Done(np.array(piece))
         piece, shape = self._counted(piece, dest, shape)
-        return self.start_transfer(piece, dest, source, shape)
+        return self.start_transfer(piece, dest, source, shape, lane)
 
     def drive(self, steps):
         """Run a collective's `steps` to the end with blocking exchanges; its result."""
@@ -256,16 +256,13 @@ class Wire:
 
 
 class Done:
-    """A `Transfer` already complete: what a blocking transport, or a message to oneself, gives."""
+    """A transfer already complete: what a blocking transport, or a message to oneself, gives."""
 
     def __init__(self, received):
         self.received = received
 
     def ready(self) -> bool:
         return True
-
-    def wait(self) -> None:
-        pass
 
     def result(self):
         return self.received
