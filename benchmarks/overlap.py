@@ -26,7 +26,8 @@ Measured 2026-12-02 on the shared 2-core machine, never quiet (other sessions' j
 transformer_stack.yaml data parallel, buckets of 32 KiB (15 buckets), ``--alternate
 --repeats 3 --steps 10``: on 4 ranks (load average 4.3-4.8) the bucketed step measured 0.600,
 0.636 and 0.635 of the serial one (156.7-175.1 ms against 246.9-292.1 ms; its sync waits
-50-62 ms against 175-206 ms), predicted 0.825 (42.8 against 51.9 ms); on 8 ranks (load
+50-62 ms against 175-206 ms), predicted 0.825 (42.8 against 51.9 ms), and repeated (load
+average 4.0-4.7) 0.762, 0.664 and 0.721; on 8 ranks (load
 average 4.8-7.4) 0.961, 0.968 and 0.908 (778-803 ms against 813-856 ms; waits 478-526 ms
 against 601-644 ms), predicted 0.849. Faster in every job, as predicted; the serial
 synchronisation measures several times its prediction (each message waits for a partner that
