@@ -71,6 +71,7 @@ SETTINGS = {
     "intra_server_latency": (1e-3, {}),
     "inter_server_latency": (1e-2, {"devices_per_server": 2}),
     "devices_per_server": (2, {}),
+    "bucket_bytes": (64, {}),
     # MindSpore's compiler and fusion knobs: accepted, saying they do nothing here.
     "all_reduce_fusion_config": ([2], {}),
     "comm_fusion": ({"allreduce": {"mode": "auto"}}, {}),

@@ -42,15 +42,18 @@ def _reset():
     reset_auto_parallel_context()
 
 
-def assert_peaks_match(result, what: str) -> None:
+def assert_peaks_match(result, what: str, overlapped: bool = False) -> None:
     measured = result.measured_peaks
     per_rank = result.predicted_peaks or (result.predicted_peak,) * len(measured)  # a pipeline's stages differ
     assert min(per_rank, default=0) > 0 and len(measured) > 0, f"{what}: no peak predicted ({per_rank}) or measured ({measured})"
     for rank, (peak, predicted) in enumerate(zip(measured, per_rank)):
         # The prediction follows the rank's buffers (`search.buffers`): equal, not just within
-        # the issue's 5 % (kept as the bound a change may never exceed).
-        assert peak == predicted, (f"{what}, rank {rank}: measured peak {peak} bytes, predicted {predicted} "
-                                   f"(ratio {peak / predicted:.4f}; the issue allows 1 +- {TOLERANCE} at most)")
+        # the issue's 5 % (kept as the bound a change may never exceed). With the sync in
+        # buckets (`overlapped`), an edge's result is held from when the stream finishes it, which
+        # the ranks' timing decides, beside what the backward still holds: within 1 %.
+        close = abs(peak / predicted - 1) <= 0.01 if overlapped else peak == predicted
+        assert close, (f"{what}, rank {rank}: measured peak {peak} bytes, predicted {predicted} "
+                       f"(ratio {peak / predicted:.4f}; the issue allows 1 +- {TOLERANCE} at most)")
 
 
 def test_every_training_config_is_found():
@@ -70,7 +73,7 @@ def test_measured_peak_of_a_training_config_is_within_5_percent(config):
     graph = reference_graph(plan)
     result = train_locally(plan, graph_values(graph, {}), synthetic_batches(graph, 2))
     assert len(result.measured_peaks) == world_size(plan)
-    assert_peaks_match(result, config)
+    assert_peaks_match(result, config, overlapped=bool(plan.bucket_bytes))  # transformer_stack.yaml's buckets
     # Every rank holds at least its parameters and state; and the search's own memory model
     # (what max_device_memory bounds: the per-op model, or a pipeline's stage split model per
     # stage) is within 10 % of what was measured.

@@ -48,6 +48,8 @@ def test_config_on_8_mpi_ranks(tmp_path, config):
     assert (run_dir / "report.txt").exists() and (run_dir / "rank_7" / "log").exists()
     assert_nothing_left(run_dir, 8)
     assert_peaks_within(out, 8)
+    if config == "transformer_stack":  # bucket_bytes: its sync ran on the stream, as equal to the reference and bytes as above
+        assert re.search(r"gradient synchronisation: \d+ step\(s\) in \d+ bucket\(s\) on the communication stream", out), out
 
 
 def assert_peaks_within(out: str, device_num: int, tolerance: float = 0.05) -> None:

@@ -117,7 +117,7 @@ def test_a_whole_tensor_made_partial_runs_on_ranks_and_sends_nothing_for_it():
 
 def test_a_partial_create_of_an_op_it_cannot_start_is_refused():
     from autostrat.errors import RuntimeBackendError
-    from autostrat.runtime.executor import create_partial
+    from autostrat.runtime.stream import create_partial
 
     with pytest.raises(RuntimeBackendError, match=r"a PartialCreate needs a partial op among max, min, sum, got 'prod'"):
         create_partial(np.ones(2), "prod", 1)

@@ -1,22 +1,26 @@
 """Gradient synchronisation overlapped with the backward: a schedule of a compute stream and a
-communication stream on one device (issue #37; the runtime does not overlap yet).
+communication stream on one device (issue #37; the runtime runs it: `runtime.stream`).
 
 The compute stream runs the backward ops one after another; a gradient is ready when the op
 producing it ends. Gradients go into buckets in the order they become ready, a bucket closing
 when the next gradient would take it past `bucket_bytes` (MindSpore's ``comm_fusion`` by size,
-PyTorch DDP's ``bucket_cap_mb``; a gradient larger than the size is a bucket alone). A bucket's
+PyTorch DDP's ``bucket_cap_mb``; a gradient larger than the size is a bucket alone:
+`packed_buckets`). A bucket's
 synchronisation starts on the communication stream once its last gradient is ready and the
 bucket before it is done, and takes its gradients' own times summed (a fused message would
-also save latencies; this schedule prices the overlap only). The backward with its
+also save latencies; this schedule prices the overlap only; the runtime keeps several edges'
+messages in flight at once, `runtime.stream`, whose latencies this schedule does not overlap). The backward with its
 synchronisation ends when both streams are done.
 
 Cases: no gradients (the backward alone); `bucket_bytes` 0, no overlap: the backward, then
-every gradient's synchronisation one after another (what `search.prediction` charges today).
+every gradient's synchronisation one after another (what `search.prediction` charges without buckets).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from autostrat.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ def sync_timeline(backward_ns, gradients, bucket_bytes: int) -> SyncTimeline:
         return SyncTimeline(elapsed + total, elapsed, (Bucket(tuple(range(len(gradients))), sum(b for _, b, _ in gradients),
                                                               elapsed, elapsed + total),) if gradients else ())
     buckets, free = [], 0
-    for members in _packed(gradients, bucket_bytes):
+    for members in packed_buckets([size for _, size, _ in gradients], bucket_bytes):
         ready = max(ends[gradients[i][0]] for i in members)
         start = max(ready, free)
         free = start + sum(gradients[i][2] for i in members)
@@ -74,13 +78,53 @@ def sync_timeline(backward_ns, gradients, bucket_bytes: int) -> SyncTimeline:
     return SyncTimeline(max(elapsed, free), elapsed, tuple(buckets))
 
 
-def _packed(gradients, bucket_bytes: int) -> list[tuple[int, ...]]:
-    """Indices of `gradients` in buckets of at most `bucket_bytes` (a larger one alone)."""
+def packed_buckets(sizes, bucket_bytes: int) -> list[tuple[int, ...]]:
+    """Indices of the gradients of `sizes` (bytes, in the order they become ready) in buckets of
+    at most `bucket_bytes`, in order (a larger gradient alone).
+
+    Example:
+        >>> packed_buckets([100, 100, 300, 50], 200)
+        [(0, 1), (2,), (3,)]
+    """
     buckets, current, held = [], [], 0
-    for index, (_, size, _) in enumerate(gradients):
+    for index, size in enumerate(sizes):
         if current and held + size > bucket_bytes:
             buckets.append(tuple(current))
             current, held = [], 0
         current.append(index)
         held += size
     return buckets + [tuple(current)] if current else buckets
+
+
+def check_bucket_bytes(value, key: str = "bucket_bytes") -> int:
+    """`value` if it is a bucket size: a whole number of bytes, 0 for no buckets; else a
+    `ConfigError` naming `key`.
+
+    Example:
+        >>> check_bucket_bytes(1 << 20)
+        1048576
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{key} must be a whole number of bytes >= 0 (0: gradient synchronisation after the backward, "
+                          f"no buckets), got {value!r}")
+    return value
+
+
+def comm_fusion_bytes(comm_fusion) -> int | None:
+    """The bucket size MindSpore's ``comm_fusion`` asks for, or None when it asks for none
+    autostrat builds: ``{"allreduce": {"mode": "size", "config": MB}}`` fuses the AllReduces
+    of gradients into buckets of `MB` megabytes (MindSpore's unit); "auto" and "index" modes
+    and the other collectives' fusion are not built.
+
+    Example:
+        >>> comm_fusion_bytes({"allreduce": {"mode": "size", "config": 32}}), comm_fusion_bytes({"allreduce": {"mode": "auto"}})
+        (33554432, None)
+    """
+    fusion = comm_fusion.get("allreduce") if isinstance(comm_fusion, dict) else None
+    if not isinstance(fusion, dict) or fusion.get("mode") != "size":
+        return None
+    size = fusion.get("config")
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or not size >= 0:
+        raise ConfigError(f"comm_fusion: allreduce's config in mode 'size' is the bucket size in MB (a number >= 0), "
+                          f"got {size!r}")
+    return int(size * (1 << 20))

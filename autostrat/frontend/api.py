@@ -86,6 +86,11 @@ def _finished(plan: Plan, context: ParallelContext) -> Plan:
     ``set_context(save_graphs=...)``) when the contexts ask."""
     for message in plan.warnings:
         warnings.warn(message, stacklevel=4)
+    if context.bucket_bytes and (plan.pipeline is not None or not plan.graph.updates):
+        warnings.warn(f"bucket_bytes={context.bucket_bytes}: nothing to put in buckets: "
+                      + ("a pipeline's stages synchronise their gradients after the backward (buckets are built for "
+                         "plans without stages)" if plan.pipeline is not None else
+                         "a forward pass synchronises no gradient"), stacklevel=4)
     if context.strategy_ckpt_save_file:  # a config's path is checked to stay in its folder (`io.OutputPath`)
         plan.save_strategy(context.strategy_output())
     folder = graphs_folder(context.global_rank)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from autostrat.cost import DEFAULT_PROFILE, PROFILES, Hardware
+from autostrat.cost.overlap import check_bucket_bytes, comm_fusion_bytes
 from autostrat.errors import ConfigError
 from autostrat.frontend.hardware_file import hardware_number, resolve_hardware
 from autostrat.io import OutputPath
@@ -117,6 +118,11 @@ class ParallelContext:
       ``auto_parallel_search_mode``. MindSpore's compiler and fusion knobs (`NO_EFFECT`:
       ``comm_fusion``, ``gradient_fp32_sync``...) are accepted with one warning each; keys whose
       meaning is not built (`UNSUPPORTED`: ``grad_accumulation_step``, ``auto_pipeline``) are refused.
+      ``comm_fusion`` by size (``{"allreduce": {"mode": "size", "config": MB}}``) sets `bucket_bytes`.
+    - `bucket_bytes`: gradient synchronisation in buckets of this many gradient bytes per device,
+      started as each bucket's gradients are final and overlapped with the rest of the backward
+      (PyTorch DDP's buckets; `runtime.stream`), and priced so (`search.SearchOptions`); 0
+      (default): every gradient synchronised after the backward.
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
     - `precision`: "fp32" (default), "fp16" or "bf16": what the search's memory counts — in
@@ -184,6 +190,7 @@ class ParallelContext:
     intra_server_latency: float | None = None
     inter_server_latency: float | None = None
     devices_per_server: int | None = None
+    bucket_bytes: int = 0
     output_paths_from: str = ""
 
     def __post_init__(self) -> None:
@@ -218,6 +225,7 @@ class ParallelContext:
         if self.global_rank >= self.device_num:
             raise ConfigError(f"global_rank {self.global_rank} must be below device_num {self.device_num}")
         self.optimizer_shard()  # validates parallel_optimizer_config, naming the key
+        check_bucket_bytes(self.bucket_bytes)
         stages = self.pipeline_stages
         if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:  # dividing device_num: checked when planning
             raise ConfigError(f"pipeline_stages must be a positive integer, got {stages!r}")
@@ -257,6 +265,7 @@ class ParallelContext:
             workers=workers,
             cost_model=self.cost_model,
             precision=self.precision,
+            bucket_bytes=self.bucket_bytes,
             hardware=self.hardware_profile(),
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
             seeds_from_one_plan=bool(self.strategy_ckpt_load_file),
@@ -343,6 +352,13 @@ def _mindspore_only(kwargs: dict) -> dict:
     """`kwargs` without the keys that have no effect here (each warned about once) and with
     MindSpore's deprecated ``auto_parallel_search_mode`` as `search_mode`."""
     kwargs = dict(kwargs)
+    fused = comm_fusion_bytes(kwargs.get("comm_fusion"))
+    if fused is not None:  # by size: gradient buckets, which autostrat builds
+        if kwargs.get("bucket_bytes", fused) != fused:
+            raise ConfigError(f"comm_fusion asks for buckets of {fused} bytes and bucket_bytes for {kwargs['bucket_bytes']}: "
+                              f"give one of them")
+        kwargs.pop("comm_fusion")
+        kwargs["bucket_bytes"] = fused
     for key in NO_EFFECT:
         if key in kwargs:
             kwargs.pop(key)

@@ -9,7 +9,10 @@ Every collective is moved as point-to-point messages (`wire.Wire`: ring AllGathe
 ReduceScatter, AllReduce as both, pairwise AllToAll, permutes; or the recursive-doubling or
 hierarchical algorithm a plan's step records), and every message is recorded at
 its send call, with its destination and bytes (`wire.Message`), in `sent`: the run's byte counts
-are what was handed to the transport, counted by code that never reads the cost model.
+are what was handed to the transport, counted by code that never reads the cost model. A
+collective is either run at once (the calls below) or begun on the communication stream and
+progressed between kernels (`runtime.stream`, through `Wire.post` and the ``*_steps``
+generators): the same messages, counted the same way.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ class Backend(Protocol):
 
     def sendrecv(self, piece: np.ndarray, dest: int, source: int) -> np.ndarray:
         """Send `piece` to `dest` and receive a piece of the same shape from `source`."""
+
+    def post(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...] | None = None):
+        """`sendrecv` begun, not waited for: a transfer with ``ready()``, ``wait()`` and
+        ``result()`` (the communication stream's exchanges)."""
 
     def send(self, piece: np.ndarray, dest: int, tag: int) -> None:
         """Post `piece` to rank `dest` without waiting for it to be received (pipeline stages)."""

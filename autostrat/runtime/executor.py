@@ -24,6 +24,12 @@ in its producer's layout until its last consumer, while a run holds a redistribu
 consumer's layout too, and may drop the original early when later consumers share the copy (a
 copy exists only for some pairs of producer and consumer strategies, which a per-op model
 cannot price).
+
+A plan with buckets (`runtime.bucketing`) has its gradient synchronisation on the communication
+stream (`stream.SyncStream`): `SyncStart` hands a bucket's steps to it, the executor progresses
+it after every instruction, and `SyncWait` takes an edge's result from it into the store; what
+the stream holds (the gradients it took, the results not yet waited for) is sampled with the
+rank's memory.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, RingCompute, Send
 from autostrat.runtime.ring import ring_compute
+from autostrat.runtime.stream import SyncStart, SyncStream, SyncWait, communicate_steps
 from autostrat.runtime.sixteen_bit import rounded, run_sixteen_bit
 
 
@@ -129,35 +136,52 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     """
     backend.prepare(program.partitions)
     store: dict[str, np.ndarray] = {}
-    traffic = []
+    traffic, stream = [], SyncStream(backend, traffic_of)
     memory, uncounted = HeldMemory(), set()
     for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
         if on_instruction is not None:
             on_instruction(index, instruction)
-        if isinstance(instruction, Load):
-            inputs, written = (), {instruction.tensor: load_slice(instruction, values, resident)}
-        elif isinstance(instruction, RingCompute):  # a kernel that sends: its messages are its traffic
-            before, inputs = len(backend.sent), [store[key] for key in instruction.inputs]
-            written = dict(zip(instruction.outputs, ring_compute(instruction, inputs, backend)))
-            traffic.append(traffic_of(instruction, backend.sent[before:]))
-        elif isinstance(instruction, Compute):
-            inputs = [store[key] for key in instruction.inputs]
-            written = dict(zip(instruction.outputs, compute(instruction, inputs, store, program.loss_scale)))
-        else:
-            before, inputs = len(backend.sent), [store[instruction.source]]
-            written = {instruction.target: communicate(instruction, backend, inputs[0])}
-            traffic.append(traffic_of(instruction, backend.sent[before:]))
+        inputs, written = run_instruction(instruction, program, backend, store, (values, resident), traffic, stream)
         written = materialised(instruction, written, store, released)
         if not counted(instruction):
             uncounted.update(written)
         memory.sample([a for key, a in store.items() if key not in uncounted], [a for key, a in written.items() if key not in uncounted],
-                      inputs, (resident or {}).values())
+                      inputs, (resident or {}).values(), stream.held())
         store.update(written)
         for key in released:
             del store[key]
+        if stream.busy:
+            stream.progress()  # between kernels: the stream's messages that arrived let it go on
     outputs = {tensor: store[key] for tensor, key in program.outputs}
     updated = {name: store[key] for name, key in program.updates}
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
+
+
+def run_instruction(instruction, program: Program, backend: Backend, store: dict, loaded: tuple, traffic: list,
+                    stream: SyncStream) -> tuple[list, dict]:
+    """(the inputs it read, the results it wrote) of one instruction of `execute`; `loaded`:
+    (`values`, `resident`); the traffic of what it sent (or waited for) appended to `traffic`."""
+    if isinstance(instruction, Load):
+        return [], {instruction.tensor: load_slice(instruction, *loaded)}
+    if isinstance(instruction, SyncStart):  # the stream takes the bucket's gradients
+        stream.start(instruction.steps, store)
+        return [], {}
+    if isinstance(instruction, SyncWait):
+        written, records = stream.wait(instruction.steps)
+        traffic.extend(records)
+        return [], written
+    if isinstance(instruction, RingCompute):  # a kernel that sends: its messages are its traffic
+        before, inputs = len(backend.sent), [store[key] for key in instruction.inputs]
+        written = dict(zip(instruction.outputs, ring_compute(instruction, inputs, backend)))
+        traffic.append(traffic_of(instruction, backend.sent[before:]))
+        return inputs, written
+    if isinstance(instruction, Compute):
+        inputs = [store[key] for key in instruction.inputs]
+        return inputs, dict(zip(instruction.outputs, compute(instruction, inputs, store, program.loss_scale)))
+    before, inputs = len(backend.sent), [store[instruction.source]]
+    written = {instruction.target: communicate(instruction, backend, inputs[0])}
+    traffic.append(traffic_of(instruction, backend.sent[before:]))
+    return inputs, written
 
 
 def compute(instruction: Compute, inputs: list, store: dict, loss_scale: float = 1.0) -> tuple[np.ndarray, ...]:
@@ -242,6 +266,10 @@ def touched(instruction) -> tuple[str, ...]:
         return instruction.inputs + instruction.outputs
     if isinstance(instruction, (Send, Recv)):
         return (instruction.key,)
+    if isinstance(instruction, SyncStart):
+        return instruction.reads()
+    if isinstance(instruction, SyncWait):
+        return tuple(dict.fromkeys(step.target for step in instruction.steps))
     return (instruction.source, instruction.target)
 
 
@@ -261,41 +289,8 @@ def load_slice(instruction: Load, values: dict, resident: dict | None) -> np.nda
 
 
 def communicate(step: Communicate, backend: Backend, piece: np.ndarray) -> np.ndarray:
-    """The rank's piece after one redistribution step."""
-    piece = np.ascontiguousarray(piece)
-    if step.kind == "Slice":
-        parts, chunk = step.chunks
-        return np.split(piece, parts, axis=step.dims[0])[chunk].copy()
-    if step.kind == "PartialCreate":
-        return create_partial(piece, step.reduce_op, step.chunks[0])
-    if step.kind == "AllGather":
-        return np.concatenate(backend.allgather(piece, step.group, step.algorithm), axis=step.dims[0])
-    if step.kind == "AllToAll":
-        source, target = step.dims
-        parts = np.split(piece, len(step.group), axis=target)
-        received = backend.alltoall([parts[chunk] for chunk in step.chunks], step.group)
-        return np.concatenate(received, axis=source)
-    if step.kind == "AllReduce":
-        return backend.allreduce(piece, step.group, step.reduce_op, step.algorithm)
-    if step.kind == "ReduceScatter":
-        parts = np.split(piece, len(step.group), axis=step.dims[0])
-        return backend.reduce_scatter([parts[chunk] for chunk in step.chunks], step.group, step.reduce_op, step.algorithm)
-    dest, source = step.peers
-    return backend.sendrecv(piece, dest, source)
-
-
-def create_partial(piece: np.ndarray, op: str, position: int) -> np.ndarray:
-    """This rank's piece of a whole value made partial over a group where it is member
-    `position`: a sum keeps it on member 0 and zeros it elsewhere; a max or min (idempotent)
-    keeps it everywhere. Nothing is sent.
-
-    Example:
-        >>> create_partial(np.ones(2), "sum", 1).tolist(), create_partial(np.ones(2), "max", 1).tolist()
-        ([0.0, 0.0], [1.0, 1.0])
-    """
-    if op not in ("max", "min", "sum"):
-        raise RuntimeBackendError(f"a PartialCreate needs a partial op among max, min, sum, got {op!r}")
-    return np.zeros_like(piece) if op == "sum" and position else piece.copy()
+    """The rank's piece after one redistribution step (`stream.communicate_steps`, blocking)."""
+    return backend.drive(communicate_steps(step, backend, piece))
 
 
 def graph_values(graph, inputs: dict) -> dict:

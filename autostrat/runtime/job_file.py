@@ -44,10 +44,12 @@ from autostrat.layout import SliceContext
 from autostrat.runtime.checkpoint import checkpoint_bytes
 from autostrat.runtime.job import FAULTS, Fault, Job
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, RingCompute, Send
+from autostrat.runtime.stream import SyncStart, SyncWait
 from autostrat.runtime.stage_program import SCHEDULES, ChunkProgram, StageProgram
 
 FORMAT = "autostrat job"
-VERSION = 5  # 2: the predicted peak memory per device; 3: pipeline stage programs; 4: their chunks (schedules); 5: collective algorithms
+VERSION = 6  # 2: the predicted peak memory per device; 3: pipeline stage programs; 4: their chunks (schedules); 5: collective
+# algorithms; 6: gradient synchronisation in buckets (SyncStart, SyncWait)
 JOB_FOLDER = "job"
 JOB_JSON = "job.json"
 ARRAYS = "arrays.npz"
@@ -111,6 +113,8 @@ RECORDS = {
         "context": Record(("SliceContext",)), "dtypes": _NAMES, "main": _NAMES, "group": Many(int), "wire_dtype": str,
         "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
     "Fault": (Fault, {"rank": int, "kind": OneOf(FAULTS), "at": int}),
+    "SyncStart": (SyncStart, {"steps": Many(Record(("Communicate",)))}),
+    "SyncWait": (SyncWait, {"steps": Many(Record(("Communicate",)))}),
     "Load": (Load, {"tensor": str, "ranges": _RANGES, "dtype": str, "of": str, "via": str}),
     "Recv": (Recv, {"key": str, "source": int, "tag": int, "shape": Many(int), "dtype": str}),
     "Send": (Send, {"key": str, "dest": int, "tag": int, "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
@@ -123,7 +127,8 @@ RECORDS = {
         "update": Many(Record(_STAGE_RECORDS)), "inputs": _NAMES, "outputs": _NAME_PAIRS, "updates": _NAME_PAIRS}),
     "Program": (Program, {
         "rank": int, "device_num": int, "partitions": Many(Many(Many(int))),
-        "instructions": Many(Record(("Communicate", "Compute", "Load", "RingCompute"))), "inputs": _NAMES, "outputs": _NAME_PAIRS,
+        "instructions": Many(Record(("Communicate", "Compute", "Load", "RingCompute", "SyncStart", "SyncWait"))), "inputs": _NAMES,
+        "outputs": _NAME_PAIRS,
         "updates": _NAME_PAIRS, "loss_scale": float}),
     "SliceContext": (SliceContext, {
         "input_ranges": Many(_RANGES), "input_shapes": _SHAPES, "output_ranges": Many(_RANGES),

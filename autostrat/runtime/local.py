@@ -19,6 +19,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.wire import Message, Wire
 
 WIRE_TAG = -1  # the mailbox tag of collective messages (pipeline sends use tags >= 0)
+STREAM_TAG = -2  # the communication stream's lane 0 (`runtime.stream`); lane k: STREAM_TAG - k
 
 
 class _Meeting:
@@ -67,6 +68,14 @@ class LocalCluster:
         with self._mail_posted:
             self._mail.setdefault((source, dest, tag), deque()).append(piece)
             self._mail_posted.notify_all()
+
+    def has(self, source: int, dest: int, tag: int) -> bool:
+        """Whether a piece `source` posted to `dest` with `tag` is waiting (a failed rank
+        breaks the poll, as it breaks `take`)."""
+        with self._lock:
+            if self._root_failure is not None:
+                raise threading.BrokenBarrierError
+            return bool(self._mail.get((source, dest, tag)))
 
     def take(self, source: int, dest: int, tag: int):
         """The oldest piece `source` posted to `dest` with `tag`, waiting for it (up to the
@@ -129,6 +138,13 @@ class LocalBackend(Wire):
             self.cluster.post(self.rank, dest, WIRE_TAG, np.array(piece))
         return None if source == self.rank else self.cluster.take(source, self.rank, WIRE_TAG)
 
+    def start_transfer(self, piece, dest, source, shape, lane=0):
+        """The piece posted at once (a copy) on the lane's tag, the receipt taken when it is
+        there (`wire.Wire.post`)."""
+        if dest != self.rank:
+            self.cluster.post(self.rank, dest, STREAM_TAG - lane, np.array(piece))
+        return Mail(self.cluster, source, self.rank, STREAM_TAG - lane)
+
     def send(self, piece, dest, tag):
         self.sent.append(Message(dest, np.asarray(piece).nbytes))
         self.cluster.post(self.rank, dest, tag, np.array(piece))
@@ -145,6 +161,23 @@ class LocalBackend(Wire):
     def gather_report(self, values):
         gathered = self._exchange(tuple(range(self.device_num)), np.asarray(values, np.float64))
         return [np.array(v) for v in gathered] if self.rank == 0 else None
+
+
+class Mail:
+    """The receipt of an exchange begun on a `LocalCluster` (a `wire.Done`'s methods): none
+    when `source` is the rank itself (a one-way message)."""
+
+    def __init__(self, cluster: LocalCluster, source: int, rank: int, tag: int):
+        self.cluster, self.source, self.rank, self.tag = cluster, source, rank, tag
+        self.received, self.taken = None, source == rank
+
+    def ready(self) -> bool:
+        if not self.taken and self.cluster.has(self.source, self.rank, self.tag):
+            self.received, self.taken = self.cluster.take(self.source, self.rank, self.tag), True
+        return self.taken
+
+    def result(self):
+        return self.received
 
 
 def execute_on_ranks(programs, values: dict, backend=None):

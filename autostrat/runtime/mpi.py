@@ -3,7 +3,10 @@
 Every collective is a sequence of paired sends and receives on the world communicator with a tag
 of its own, `WIRE_TAG` (`wire.Wire` says which calls), so the bytes each rank counts at its send
 calls are the bytes MPI moves; pipeline stages use Isend/Irecv on the world communicator, and the
-run report a Gather. Every wait is `settle`'s: MPI's own blocking calls spin on the core, and a
+run report a Gather. The communication stream's collectives (`runtime.stream`: gradient
+synchronisation in buckets) are the same messages begun with Isend/Irecv on `STREAM_TAG` and
+tested between kernels, each lane of the stream on a tag of its own below `WIRE_TAG`, so that
+they never match a blocking collective's message or one another's. Every wait is `settle`'s: MPI's own blocking calls spin on the core, and a
 job with more ranks than cores (8 on a 2-core machine) would spend its waits taking the core
 from the very rank it waits for (a rank computing a check while seven spun: 68 s of a 110 s run).
 Only the buffer (upper-case) methods are used, on contiguous numpy arrays, so nothing is pickled. mpi4py is
@@ -23,6 +26,7 @@ from autostrat.runtime.threads import share_cores
 from autostrat.runtime.wire import Message, Wire
 
 WIRE_TAG = 32767  # the largest tag every MPI allows (MPI_TAG_UB >= 32767); pipeline tags count from 0
+STREAM_TAG = WIRE_TAG - 1  # the communication stream's lane 0 (`runtime.stream`); lane k: STREAM_TAG - k
 SPINS = 200  # tests before the first sleep: a partner that is already there answers within them
 LONGEST_NAP = 0.002  # seconds: the latency a long wait adds at most
 
@@ -91,6 +95,14 @@ class MpiBackend(Wire):
         settle(requests, self.spins)
         return result
 
+    def start_transfer(self, piece, dest, source, shape, lane=0):
+        """Isend and Irecv on the lane's tag, not waited for (`wire.Wire.post`)."""
+        result, tag = None if source == self.rank else np.empty(shape, piece.dtype), STREAM_TAG - lane
+        requests = [] if result is None else [self.comm.Irecv(_raw(result), source, tag)]
+        if dest != self.rank:
+            requests.append(self.comm.Isend(_raw(piece), dest, tag))
+        return Posted(requests, (piece, result))
+
     def send(self, piece, dest, tag):
         piece = np.ascontiguousarray(piece)
         self.sent.append(Message(dest, piece.nbytes))
@@ -128,6 +140,21 @@ class MpiBackend(Wire):
     def abort(self, code: int = 1) -> None:
         """End every rank of the job now (MPI_Abort)."""
         self.comm.Abort(code)
+
+
+class Posted:
+    """An exchange begun on MPI (a `wire.Done`'s methods): its requests, and the buffers they
+    use, which must live until the requests complete."""
+
+    def __init__(self, requests: list, buffers: tuple):
+        self.requests, self.buffers = requests, buffers
+
+    def ready(self) -> bool:
+        self.requests = [request for request in self.requests if not request.Test()]
+        return not self.requests
+
+    def result(self):
+        return self.buffers[1]
 
 
 def _raw(array: np.ndarray) -> np.ndarray:

@@ -17,6 +17,9 @@ the update ops) and "update" (writebacks: an updated parameter or state redistri
 the layout it is stored in), with ZeRO-3 "gather" (a parameter resting sharded, gathered for
 each op reading it), and `Program.updates` names, per updated parameter or optimiser
 state, the store key of its next value, already in that layout: the next step loads it from there.
+A plan with `bucket_bytes` (`search.prediction.sync_buckets`) runs its "sync" edges on the
+communication stream (`bucketed`, `runtime.stream`): a bucket started after the backward kernel
+making its last gradient final, each edge waited for before its update.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
 from autostrat.search.precision import check_runnable, held_dtype, main_gradient_name, main_name
+from autostrat.search.prediction import sync_buckets
+from autostrat.runtime.stream import SyncWait
 
 PHASES = ("forward", "backward", "sync", "update", "gather", "pipeline", "output")
 LOCAL_KINDS = ("PartialCreate", "Slice")  # `Communicate` kinds that send nothing
@@ -150,7 +155,14 @@ class Program:
     loss_scale: float = 1.0
 
     def communications(self) -> tuple[Communicate | RingCompute, ...]:
-        return tuple(i for i in self.instructions if isinstance(i, (Communicate, RingCompute)))
+        """Every communication instruction in program order (a stream's steps at their wait)."""
+        found = []
+        for instruction in self.instructions:
+            if isinstance(instruction, (Communicate, RingCompute)):
+                found.append(instruction)
+            elif isinstance(instruction, SyncWait):
+                found.extend(instruction.steps)
+        return tuple(found)
 
 
 def lower_programs(plan) -> tuple[Program, ...]:
@@ -273,8 +285,7 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
                 key = _edge_key(tensor, *edge.shares)
             elif edge is not None and edge.plan.steps:
                 key = _edge_key(tensor, name, index)
-                label = f"{tensor} -> {name}[{index}]"
-                instructions += lower_steps(edge.plan, rank, tensor, key, label, plan.edge_phase(edge),
+                instructions += lower_steps(edge.plan, rank, tensor, key, _label(edge), plan.edge_phase(edge),
                                             _itemsize(plan, tensor))
             keys.append(key)
         instructions.append(_compute(plan, op, tuple(keys), rank, held, trained))
@@ -288,8 +299,17 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
         outputs.append((tensor, key))
     updates = _writebacks(plan, rank, instructions)
     updates += [(main.tensor, main.tensor) for main in mains]  # carried to the next step as they are
+    if plan.bucket_bytes and plan.pipeline is None:
+        from autostrat.runtime.bucketing import bucketed  # it reads this module's instruction types
+
+        instructions = bucketed(instructions, [[_label(edge) for edge in bucket] for bucket in sync_buckets(plan)])
     inputs = tuple(info.name for info in graph.inputs())
     return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
+
+
+def _label(edge) -> str:
+    """How an edge's instructions name it (their `edge`)."""
+    return f"{edge.tensor} -> {edge.consumer}[{edge.input_index}]"
 
 
 def _writebacks(plan, rank: int, instructions: list) -> list[tuple[str, str]]:

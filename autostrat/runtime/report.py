@@ -17,6 +17,7 @@ import numpy as np
 
 from autostrat.tables import format_table
 from autostrat.runtime.program import PHASES
+from autostrat.runtime.stream import SyncStart
 from autostrat.runtime.reference import OWN_KERNELS, reference_line
 
 # What each byte phase counts, in one line for the reports.
@@ -148,6 +149,7 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         f"({PHASE_LEGEND})",
         format_table(headers, rows),
         *_collective_lines(job, summaries),
+        *_bucket_lines(job),
         f"bytes: {'measured = predicted on every rank' if bytes_match else 'MISMATCH between measured and predicted'}",
         memory_line(peaks["predicted"], peaks["measured"]),
         f"max difference from the single-device result ({compared}): {absolute:.3g} (relative {relative:.3g}, "
@@ -157,6 +159,16 @@ def format_report(job, summaries: list[np.ndarray], backend: str) -> RunCheck:
         f"{job.single_seconds * 1e3:.2f} ms single device",
     ]
     return RunCheck("\n".join(lines), bytes_match, results_match, figures)
+
+
+def _bucket_lines(job) -> list[str]:
+    """A line saying how the gradient synchronisation ran, when it ran in buckets (`runtime.stream`)."""
+    starts = [i for i in getattr(job.programs[0], "instructions", ()) if isinstance(i, SyncStart)]  # a stage program has none
+    if not starts:
+        return []
+    steps = sum(len(start.steps) for start in starts)
+    return [f"gradient synchronisation: {steps} step(s) in {len(starts)} bucket(s) on the communication stream, "
+            f"begun as each bucket's gradients were final and progressed between the backward's kernels"]
 
 
 def _pooled_note(job) -> str:

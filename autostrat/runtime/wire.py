@@ -63,6 +63,12 @@ class Wire:
     contiguous `piece` to `dest` and return the array of `shape` (and `piece`'s dtype) that
     `source` sent to this rank. Messages between a pair of ranks arrive in the order sent.
 
+    Every algorithm is written once, as steps: a generator (`allgather_steps`...) yielding each
+    exchange as ``(piece, dest, source, shape)`` and taking back what was received. The blocking
+    calls (`allgather`...) `drive` it through `exchange`; the communication stream
+    (`runtime.stream`) drives the same steps through `post`, which a backend may make
+    non-blocking (`start_transfer`), so the messages, their order and their counts are the same.
+
     Example (two ranks of a `local.LocalCluster`, each counting one message of 8 bytes):
         >>> from autostrat.runtime.local import LocalCluster
         >>> def gather(backend):
@@ -82,120 +88,162 @@ class Wire:
         this rank (then return None)."""
         raise NotImplementedError
 
+    def start_transfer(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...], lane: int = 0):
+        """`transfer` begun on the stream's `lane` (a message tag of its own), as a transfer
+        (``ready()``, then ``result()``): a backend without non-blocking messages transfers at once."""
+        return Done(self.transfer(piece, dest, source, shape))
+
+    def _counted(self, piece, dest: int, shape) -> tuple[np.ndarray, tuple[int, ...]]:
+        """`piece` contiguous and the shape to receive, the message to `dest` counted."""
+        piece = np.ascontiguousarray(piece)
+        if dest != self.rank:
+            self.sent.append(Message(dest, piece.nbytes))
+        return piece, piece.shape if shape is None else tuple(shape)
+
     def exchange(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """Send `piece` to `dest` and receive an array of `shape` (default `piece`'s) from
         `source`, counting the message sent. A `dest` that is this rank sends nothing; a
         `source` that is this rank receives nothing (None is returned)."""
-        piece = np.ascontiguousarray(piece)
-        shape = piece.shape if shape is None else tuple(shape)
         if dest == self.rank and source == self.rank:
-            return piece.copy()
-        if dest != self.rank:
-            self.sent.append(Message(dest, piece.nbytes))
+            return np.array(piece)
+        piece, shape = self._counted(piece, dest, shape)
         return self.transfer(piece, dest, source, shape)
 
+    def post(self, piece: np.ndarray, dest: int, source: int, shape: tuple[int, ...] | None = None, lane: int = 0):
+        """`exchange` begun on the stream's `lane` and not waited for: its transfer (`Done`'s
+        methods; the message counted now, as it is handed to the transport)."""
+        if dest == self.rank and source == self.rank:
+            return Done(np.array(piece))
+        piece, shape = self._counted(piece, dest, shape)
+        return self.start_transfer(piece, dest, source, shape, lane)
+
+    def drive(self, steps):
+        """Run a collective's `steps` to the end with blocking exchanges; its result."""
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(self.exchange(*request))
+        except StopIteration as finished:
+            return finished.value
+
     def allgather(self, piece, group, algorithm: str = "ring"):
+        return self.drive(self.allgather_steps(piece, group, algorithm))
+
+    def reduce_scatter(self, blocks, group, op, algorithm: str = "ring"):
+        return self.drive(self.reduce_scatter_steps(blocks, group, op, algorithm))
+
+    def allreduce(self, piece, group, op, algorithm: str = "ring"):
+        return self.drive(self.allreduce_steps(piece, group, op, algorithm))
+
+    def alltoall(self, blocks, group):
+        return self.drive(self.alltoall_steps(blocks, group))
+
+    def sendrecv(self, piece, dest, source):
+        return self.exchange(piece, dest, source)
+
+    def sendrecv_steps(self, piece, dest, source):
+        return (yield (piece, dest, source, None))
+
+    def allgather_steps(self, piece, group, algorithm: str = "ring"):
         piece = np.ascontiguousarray(piece)
         if algorithm.startswith("hierarchical"):
-            return self._hierarchical_gather(piece, group, _server_size(algorithm))
+            return (yield from self._hierarchical_gather(piece, group, _server_size(algorithm)))
         _known(algorithm, "AllGather")
         pieces = [None] * len(group)
         pieces[group.index(self.rank)] = piece
-        return self._ring_gather(pieces, [piece.shape] * len(group), group)
+        return (yield from self._ring_gather(pieces, [piece.shape] * len(group), group))
 
-    def reduce_scatter(self, blocks, group, op, algorithm: str = "ring"):
+    def reduce_scatter_steps(self, blocks, group, op, algorithm: str = "ring"):
         if algorithm.startswith("hierarchical"):
-            return self._hierarchical_reduce(list(blocks), group, op, _server_size(algorithm))
+            return (yield from self._hierarchical_reduce(list(blocks), group, op, _server_size(algorithm)))
         _known(algorithm, "ReduceScatter")
-        return self._ring_reduce(list(blocks), group, op)
+        return (yield from self._ring_reduce(list(blocks), group, op))
 
-    def allreduce(self, piece, group, op, algorithm: str = "ring"):
+    def allreduce_steps(self, piece, group, op, algorithm: str = "ring"):
         piece = np.ascontiguousarray(piece)
         flat = piece.reshape(-1)
         if algorithm == "doubling":
-            return self._doubling(flat, group, op).reshape(piece.shape)
+            return (yield from self._doubling(flat, group, op)).reshape(piece.shape)
         if algorithm.startswith("hierarchical"):
             inner, outer = _levels(group, self.rank, _server_size(algorithm))
             chunks = np.array_split(flat, len(inner))
             reduced = [None] * len(inner)
-            reduced[inner.index(self.rank)] = self._ring_allreduce(self._ring_reduce(chunks, inner, op), outer, op)
-            return np.concatenate(self._ring_gather(reduced, [c.shape for c in chunks], inner)).reshape(piece.shape)
+            mine = yield from self._ring_reduce(chunks, inner, op)
+            reduced[inner.index(self.rank)] = yield from self._ring_allreduce(mine, outer, op)
+            return np.concatenate((yield from self._ring_gather(reduced, [c.shape for c in chunks], inner))).reshape(piece.shape)
         _known(algorithm, "AllReduce")
-        return self._ring_allreduce(flat, group, op).reshape(piece.shape)
+        return (yield from self._ring_allreduce(flat, group, op)).reshape(piece.shape)
 
-    def _ring_allreduce(self, flat: np.ndarray, group: tuple[int, ...], op: str) -> np.ndarray:
+    def _ring_allreduce(self, flat: np.ndarray, group: tuple[int, ...], op: str):
         """A flat piece cut into g chunks, ring ReduceScatter, then ring AllGather of the chunks."""
         chunks = np.array_split(flat, len(group))
         gathered = [None] * len(group)
-        gathered[group.index(self.rank)] = self._ring_reduce(chunks, group, op)
-        return np.concatenate(self._ring_gather(gathered, [chunk.shape for chunk in chunks], group))
+        gathered[group.index(self.rank)] = yield from self._ring_reduce(chunks, group, op)
+        return np.concatenate((yield from self._ring_gather(gathered, [chunk.shape for chunk in chunks], group)))
 
-    def _doubling(self, flat: np.ndarray, group: tuple[int, ...], op: str) -> np.ndarray:
+    def _doubling(self, flat: np.ndarray, group: tuple[int, ...], op: str):
         """Recursive doubling with the extra members folded in (module docstring)."""
         g, position, combine = len(group), group.index(self.rank), _COMBINE[op]
         power = 1 << (g.bit_length() - 1)
         extra = g - power
         if position < 2 * extra and position % 2:  # folded in: hand the piece over, take the result back
-            self.exchange(flat, group[position - 1], self.rank)
-            return self.exchange(flat, self.rank, group[position - 1])
+            yield (flat, group[position - 1], self.rank, None)
+            return (yield (flat, self.rank, group[position - 1], None))
         if position < 2 * extra:
-            flat = combine(flat, self.exchange(flat, self.rank, group[position + 1]))
+            flat = combine(flat, (yield (flat, self.rank, group[position + 1], None)))
         index = position // 2 if position < 2 * extra else position - extra
         distance = 1
         while distance < power:
             other = index ^ distance
             partner = group[2 * other if other < extra else other + extra]
-            flat = combine(flat, self.exchange(flat, partner, partner))  # commutative: both partners agree bitwise
+            flat = combine(flat, (yield (flat, partner, partner, None)))  # commutative: both partners agree bitwise
             distance *= 2
         if position < 2 * extra:
-            self.exchange(flat, group[position + 1], self.rank)
+            yield (flat, group[position + 1], self.rank, None)
         return np.asarray(flat)
 
-    def _hierarchical_gather(self, piece: np.ndarray, group: tuple[int, ...], size: int) -> list[np.ndarray]:
+    def _hierarchical_gather(self, piece: np.ndarray, group: tuple[int, ...], size: int):
         inner, outer = _levels(group, self.rank, size)
         across = [None] * len(outer)
         across[outer.index(self.rank)] = piece
-        bundle = np.stack(self._ring_gather(across, [piece.shape] * len(outer), outer))
+        bundle = np.stack((yield from self._ring_gather(across, [piece.shape] * len(outer), outer)))
         bundles = [None] * len(inner)
         bundles[inner.index(self.rank)] = bundle
-        bundles = self._ring_gather(bundles, [bundle.shape] * len(inner), inner)
+        bundles = yield from self._ring_gather(bundles, [bundle.shape] * len(inner), inner)
         pieces = [None] * len(group)
         for member in group:
             member_inner, member_outer = _levels(group, member, size)
             pieces[group.index(member)] = bundles[member_inner.index(member)][member_outer.index(member)]
         return pieces
 
-    def _hierarchical_reduce(self, blocks: list, group: tuple[int, ...], op: str, size: int) -> np.ndarray:
+    def _hierarchical_reduce(self, blocks: list, group: tuple[int, ...], op: str, size: int):
         inner, outer = _levels(group, self.rank, size)
         supers = []
         for member in inner:  # the super-block of each inner index: its members' blocks, in server order
             _, members = _levels(group, member, size)
             supers.append(np.stack([np.asarray(blocks[group.index(m)]) for m in members]))
-        reduced = self._ring_reduce(supers, inner, op)
-        return self._ring_reduce(list(reduced), outer, op)
+        reduced = yield from self._ring_reduce(supers, inner, op)
+        return (yield from self._ring_reduce(list(reduced), outer, op))
 
-    def alltoall(self, blocks, group):
+    def alltoall_steps(self, blocks, group):
         g, position = len(group), group.index(self.rank)
         received = [None] * g
         received[position] = np.array(blocks[position])
         for k in range(1, g):
             to, source = (position + k) % g, (position - k) % g
-            received[source] = self.exchange(blocks[to], group[to], group[source], np.shape(blocks[source]))
+            received[source] = yield (blocks[to], group[to], group[source], np.shape(blocks[source]))
         return received
 
-    def sendrecv(self, piece, dest, source):
-        return self.exchange(piece, dest, source)
-
-    def _ring_gather(self, pieces: list, shapes: list, group: tuple[int, ...]) -> list[np.ndarray]:
+    def _ring_gather(self, pieces: list, shapes: list, group: tuple[int, ...]):
         """`pieces` with only this rank's entry set, completed around the ring."""
         g, position = len(group), group.index(self.rank)
         right, left = group[(position + 1) % g], group[(position - 1) % g]
         for k in range(g - 1):
             out, into = (position - k) % g, (position - k - 1) % g
-            pieces[into] = self.exchange(pieces[out], right, left, shapes[into])
+            pieces[into] = yield (pieces[out], right, left, shapes[into])
         return pieces
 
-    def _ring_reduce(self, blocks: list, group: tuple[int, ...], op: str) -> np.ndarray:
+    def _ring_reduce(self, blocks: list, group: tuple[int, ...], op: str):
         """This rank's block reduced over every member's blocks of the same number."""
         g, position = len(group), group.index(self.rank)
         right, left = group[(position + 1) % g], group[(position - 1) % g]
@@ -203,8 +251,21 @@ class Wire:
         running = np.array(blocks[position]) if g == 1 else blocks[(position - 1) % g]
         for k in range(g - 1):
             into = (position - k - 2) % g
-            running = combine(self.exchange(running, right, left, np.shape(blocks[into])), blocks[into])
+            running = combine((yield (running, right, left, np.shape(blocks[into]))), blocks[into])
         return np.asarray(running)
+
+
+class Done:
+    """A transfer already complete: what a blocking transport, or a message to oneself, gives."""
+
+    def __init__(self, received):
+        self.received = received
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self):
+        return self.received
 
 
 def _server_size(algorithm: str) -> int:

@@ -121,6 +121,7 @@ class Plan:
     recompute: object = None  # with auto_recompute: the `recompute_choice.RecomputeChoice` that chose this graph
     pipeline: object = None  # with pipeline_stages: the `pipeline.Pipeline` (this plan is one stage's devices')
     precision: str = "fp32"  # what its memory counts per trained parameter (`search.precision`)
+    bucket_bytes: int = 0  # gradient synchronisation in buckets of this many bytes, overlapped (0: after the backward)
 
     @cached_property
     def sizes(self) -> TensorSizes:
@@ -291,7 +292,8 @@ class Plan:
         } | ({} if self.optimizer_shard is None else {"optimizer_shard": asdict(self.optimizer_shard)}) | (
             {} if self.recompute is None else {"recompute": self.recompute.to_dict()}) | (
             {} if self.pipeline is None else {"pipeline": self.pipeline.to_dict()}) | (
-            {} if self.precision == "fp32" else {"precision": self.precision})  # fp32 plans keep their digests
+            {} if self.precision == "fp32" else {"precision": self.precision}) | (  # fp32 plans keep their digests
+            {"bucket_bytes": self.bucket_bytes} if self.bucket_bytes else {})
 
     def to_json(self, **extra) -> str:
         """`to_dict` as JSON text, with `extra` keys after the plan's own (the CLI's "source")."""
@@ -333,7 +335,7 @@ def _described(edge: EdgeRedistribution) -> str:
 
 def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings,
                progress=None, cost_model: str = "bytes", hardware: Hardware = Hardware(),
-               optimizer_shard: OptimizerShard | None = None, precision: str = "fp32") -> Plan:
+               optimizer_shard: OptimizerShard | None = None, precision: str = "fp32", bucket_bytes: int = 0) -> Plan:
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
     every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
     model = hardware.alpha_beta(device_num) if cost_model == "time" else None  # the search's redistributions
@@ -371,7 +373,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
                        for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
                 writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware,
-                optimizer_shard=optimizer_shard, precision=precision)
+                optimizer_shard=optimizer_shard, precision=precision, bucket_bytes=bucket_bytes)
 
 
 def resting_parameters(graph: Graph, strategies) -> frozenset[str]:

@@ -17,6 +17,7 @@ from autostrat.search.coarsen import LEVELS
 from autostrat.search.deadline import CollectorReserve, Deadline, TimeRanOut
 from autostrat.search.memory import resident_floor
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
+from autostrat.cost.overlap import check_bucket_bytes
 from autostrat.search.precision import check_precision
 from autostrat.strategies import check_mesh
 
@@ -78,6 +79,10 @@ class SearchOptions:
       micro-batch graph, `pipeline.plan_pipeline`): what runs once per step (gradient
       synchronisation, updates) weighs ``1 / micro_batches`` against what every micro-batch
       pays (`problem.build_problem`).
+    - `bucket_bytes`: gradient synchronisation in buckets of this many gradient bytes per
+      device, overlapped with the backward (MindSpore's ``comm_fusion`` by size): every plan's
+      predicted step is the two-stream schedule (`prediction.sync_schedule`), so plans are
+      compared on the overlapped time, and runs overlap it (`runtime.stream`); 0: after the backward.
     """
 
     mode: str = "auto_parallel"
@@ -96,6 +101,7 @@ class SearchOptions:
     seeds_from_one_plan: bool = False
     precision: str = "fp32"
     micro_batches: int = 1
+    bucket_bytes: int = 0
 
     def __post_init__(self) -> None:
         for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES),
@@ -107,6 +113,7 @@ class SearchOptions:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
             raise ConfigError(f"micro_batches must be a positive integer, got {self.micro_batches!r}")
         check_precision(self.precision)
+        check_bucket_bytes(self.bucket_bytes)
 
     @property
     def automatic(self) -> bool:
@@ -387,4 +394,5 @@ def _plan_of(problem, graph: Graph, device_num: int, options: SearchOptions, ass
     for name, (strategy, origin) in follow_parameters(graph, strategies, device_num, options.optimizer_shard).items():
         strategies[name], origins[name] = strategy, origin
     return build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress,
-                      options.cost_model, options.hardware, options.optimizer_shard, options.precision)
+                      options.cost_model, options.hardware, options.optimizer_shard, options.precision,
+                      bucket_bytes=options.bucket_bytes)
