@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autostrat.errors import AutostratError, ConfigError, InfeasibleError
+from autostrat.errors import AutostratError, ConfigError, InfeasibleError, SolverError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.tracing import trace
@@ -133,10 +133,13 @@ def peak_of(plan) -> int:
     return max(plan.pipeline.peak_bytes) if plan.pipeline else plan.prediction.peak_bytes
 
 
-def plan_within_memory(config, device_num: int | None = None, progress=None) -> tuple:
+def plan_within_memory(config, device_num: int | None = None, progress=None, fallback=None) -> tuple:
     """`plan_config`, never unbounded: a config without ``max_device_memory`` is fitted into its
     hardware profile's `device_memory` (`fit_into`). `autostrat search` and the plans `report`
-    and `explain` make again go through here, so they agree.
+    and `explain` make again go through here, so they agree. When the search under the budget
+    finds no plan (an `InfeasibleError` or a `SolverError`), ``fallback(config, device_num,
+    budget, error)`` (`report.fitting_starts.plan_from_starts`) gives the plan and its notes of
+    a known start that fits, or raises.
 
     Example (the tutorial FFN fits an 80 GiB device as it is):
         >>> from autostrat.frontend.config import load_config
@@ -144,10 +147,15 @@ def plan_within_memory(config, device_num: int | None = None, progress=None) -> 
         >>> peak_of(plan) <= load_config("configs/ffn.yaml").context.hardware_profile().device_memory, notes
         (True, [])
     """
-    plan, notes = plan_config(config, device_num, progress)
-    if config.context.max_device_memory is not None:  # the search fitted it already
-        return plan, notes
-    return fit_into(config, plan, notes, device_num, progress)
+    if config.context.max_device_memory is None:
+        plan, notes = plan_config(config, device_num, progress)
+        return fit_into(config, plan, notes, device_num, progress, fallback=fallback)
+    try:
+        return plan_config(config, device_num, progress)  # the search fits it
+    except (InfeasibleError, SolverError) as error:
+        if fallback is None:
+            raise
+        return fallback(config, device_num or config.context.device_num, config.context.max_device_memory, error)
 
 
 def memory_budget(context, given: int | None = None) -> tuple[int, str]:
@@ -166,11 +174,13 @@ def memory_budget(context, given: int | None = None) -> tuple[int, str]:
     return hardware.device_memory, f"hardware {hardware.name or 'given field by field'}'s device_memory"
 
 
-def fit_into(config, plan, notes: list, device_num: int | None = None, progress=None, budget: int | None = None) -> tuple:
+def fit_into(config, plan, notes: list, device_num: int | None = None, progress=None, budget: int | None = None,
+             fallback=None) -> tuple:
     """`plan` (and its `notes`), the unbounded search's plan of `config`, if it fits `budget`
     bytes per device (default: the hardware profile's `device_memory`); else the config searched
     again under that budget (the search's own bounded refinement), with a note saying so; when
-    that finds none either, an `InfeasibleError` naming the budget and the smallest peak found."""
+    that finds none either, `fallback`'s plan (`plan_within_memory`), else an `InfeasibleError`
+    naming the budget and the smallest peak found."""
     where = (f"{config.path}: max_device_memory not given, so the plan must fit {memory_budget(config.context, budget)[1]}"
              if budget is None else f"{config.path}: the plan must fit")
     budget, peak = memory_budget(config.context, budget)[0], peak_of(plan)
@@ -180,9 +190,12 @@ def fit_into(config, plan, notes: list, device_num: int | None = None, progress=
     bounded = replace(config, context=replace(config.context, max_device_memory=budget))
     try:
         plan, notes = plan_config(bounded, device_num, progress)
-    except InfeasibleError as error:
-        raise InfeasibleError(f"{where}: no plan found fits it; the smallest peak found is {peak:,} bytes per device "
-                              f"(the unbounded search's plan), and the search under the budget says: {error}") from None
+    except (InfeasibleError, SolverError) as error:
+        refusal = type(error)(f"{where}: no plan found fits it; the smallest peak found is {peak:,} bytes per device "
+                              f"(the unbounded search's plan), and the search under the budget says: {error}")
+        if fallback is None:
+            raise refusal from None
+        return fallback(config, device_num or config.context.device_num, budget, refusal)
     return plan, notes + [f"{where}: the unbounded search's plan peaked at {peak:,} bytes, so it was searched under that budget"]
 
 

@@ -1,0 +1,103 @@
+"""A search under a budget its strategies never fit: refused before any cost table by the peak
+floor (a bound brute force confirms, an answer CP-SAT agrees with), then the first known start
+that fits (Megatron's plan pieces, `report.fitting_starts`), never one over the budget."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from autostrat.cli import main
+from autostrat.errors import InfeasibleError
+from autostrat.search.memory import peak_bytes, peak_floor
+from tests.test_refine import CASES, small_problem
+from tests.test_refine_budget import gpt_training
+
+# A tiny LLaMA's training step (2 blocks, 8 heads over 4 kv heads), 32 sequences of 16 on 8
+# devices in bf16, with no seeds: its op-level space peaks at 452 906 bytes at the least.
+TINY = """\
+parallel_mode: auto_parallel
+search_mode: sharding_propagation
+gradients_mean: true
+optimizer: {{name: adam}}
+device_num: 8
+precision: bf16
+model: {{hf_config: {model}, params: {{seq: 16, batch: 32}}}}
+inputs: [{{shape: [32, 16], dtype: int32}}, {{shape: [512], dtype: int32}}]
+"""
+STARTS = {"tp 4 x pp 1 x dp 2": 260_296, "tp 4 x pp 2 x dp 1": 200_356}  # each start's peak, as autostrat estimate gives it
+
+
+@pytest.mark.parametrize("device_num, seed", CASES[4::4])
+def test_the_peak_floor_is_at_most_every_choices_peak(device_num, seed):
+    problem = small_problem(device_num, seed)
+    floor = peak_floor(problem)
+    ops = list(problem.candidates)
+    peaks = [peak_bytes(problem, dict(zip(ops, combo))) for combo in itertools.product(*(range(len(problem.candidates[op])) for op in ops))]
+    assert 0 < floor.bytes <= min(peaks) and floor.at in problem.graph.ops
+
+
+def test_a_budget_under_the_floor_is_refused_before_pricing():
+    from autostrat.search import SearchOptions, search
+    from autostrat.search.problem import build_problem
+
+    graph = gpt_training(2).graph
+    floor = peak_floor(build_problem(graph, 8, True))  # the problem sharding propagation searches (repeated candidates)
+    with pytest.raises(InfeasibleError, match=rf"no choice of strategies fits max_device_memory = {floor.bytes - 1:,} bytes per "
+                                              rf"device: .* live at {floor.at}, .* need {floor.bytes:,} bytes per device"):
+        search(graph, 8, SearchOptions(refine="cpsat", max_device_memory=floor.bytes - 1))
+
+
+@pytest.mark.parametrize("device_num, seed", CASES[1::8])
+def test_cpsat_proves_a_budget_under_the_floor_infeasible(device_num, seed):
+    # The slow path the floor short-cuts: the solver's memory constraints, proven infeasible.
+    from autostrat.search.propagate import propagate
+    from autostrat.search.refine import refine
+
+    problem = small_problem(device_num, seed)
+    with pytest.raises(InfeasibleError):
+        refine(problem, propagate(problem).choice, time_limit=30, max_device_memory=peak_floor(problem).bytes - 1)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parent.parent / "configs" / "models" / "llama-tiny.json"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY.format(model=model))
+    return path
+
+
+def _search(config, budget: int, capsys) -> tuple[str, dict]:
+    out = config.parent / "plan.json"
+    assert main(["search", str(config), "--max-device-memory", str(budget), "--out", str(out)]) == 0
+    return capsys.readouterr().out, json.loads(out.read_text())
+
+
+def test_the_search_returns_the_first_known_start_that_fits(tiny, capsys):
+    text, plan = _search(tiny, 250_000, capsys)  # tp 4 x pp 1's state leaves less than a quarter: not priced
+    assert ("no choice of strategies fits max_device_memory = 250,000 bytes per device" in text
+            and "the plan is the first known start that fits, Megatron-LM's tp 4 x pp 2 x dp 1, sequence parallel, "
+                "recompute full, zero 0, micro-batch 1, peak 200,356 bytes\n" in text)
+    assert len(plan["pipeline"]["peak_bytes"]) == 2 and max(plan["pipeline"]["peak_bytes"]) == STARTS["tp 4 x pp 2 x dp 1"]
+
+
+def test_a_start_over_the_budget_is_priced_and_passed_over(tiny, capsys, monkeypatch):
+    monkeypatch.setattr("autostrat.report.fitting_starts.STATE_SHARE", (1, 1))  # price every start
+    text, plan = _search(tiny, 250_000, capsys)
+    assert ("Megatron-LM's tp 4 x pp 2 x dp 1, sequence parallel, recompute full, zero 0, micro-batch 1, peak 200,356 "
+            "bytes (priced before it: tp 4 x pp 1 x dp 2, sequence parallel, recompute full, zero 1, micro-batch 1: peak "
+            "260,296 bytes)") in text
+    assert max(plan["pipeline"]["peak_bytes"]) <= 250_000
+
+
+def test_no_start_that_fits_keeps_the_refusal_with_the_starts_peaks(tiny, capsys, monkeypatch):
+    monkeypatch.setattr("autostrat.report.fitting_starts.STATE_SHARE", (1, 1))
+    assert main(["search", str(tiny), "--max-device-memory", "190000"]) == 2
+    err = capsys.readouterr().err
+    assert ("no choice of strategies fits max_device_memory = 190,000 bytes per device" in err
+            and "; the known starts peak over it too: tp 4 x pp 2 x dp 1, sequence parallel, recompute full, zero 0, "
+                "micro-batch 1: peak 200,356 bytes" in err)
