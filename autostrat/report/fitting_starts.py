@@ -34,6 +34,7 @@ from autostrat.errors import AutostratError, InfeasibleError
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.models.gpt import GPT
 from autostrat.models.llama import LLaMA
+from autostrat.redistribution.memo import clear_memos
 from autostrat.report.estimate import SET_BY_PLAN, GivenPlan, estimate_config, plan_pieces_config
 from autostrat.strategies import divisors
 
@@ -102,6 +103,10 @@ def plan_from_starts(config, device_num: int, budget: int, refusal: AutostratErr
     data = {key: value for key, value in parse_config_text(config.text, config.path).items()
             if key not in ("device_num", "inputs", "max_device_memory")}
     hardware = config.context.hardware_profile()
+    # The op-level search's redistribution memos are of layouts over every device; a start's
+    # searches are over one stage's devices and share none of them: freed, they add nothing to
+    # the starts' peak (memos only: a plan is the same with them or without).
+    clear_memos()
     tried = []
     for start in known_starts(config.net, device_num, hardware.devices_per_server, config.context.precision, budget):
         estimate = estimate_config(plan_pieces_config(dict(data), config.text, config.path, start), start)
