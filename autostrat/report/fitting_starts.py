@@ -17,8 +17,7 @@ runs them, and returns the first that fits (cases):
   depth ``pp`` from 1 up (at most one stage per block, the blocks split as
   `models.megatron_plan.stage_layer_counts` says) whose ``dp`` divides the batch; a start whose
   parameters, gradients and optimiser state alone (Megatron's table, `_state_bytes`) take more
-  than 3/4 of the budget is skipped (`STATE_SHARE`): pricing one at 16 384 devices takes
-  seconds, and one that leaves activations less than a quarter seldom fits.
+  than a quarter of the budget is skipped (`STATE_SHARE`).
 - Pricing: each start as ``autostrat estimate`` prices that ``plan:`` (`report.estimate`, the
   search's own machinery), under no budget; the first whose exact peak fits is the plan, with a
   note naming the start and why the op-level search gave none. None fits: the op-level
@@ -41,7 +40,11 @@ from autostrat.strategies import divisors
 # Megatron-LM's distributed optimizer table, bytes per parameter (whole, and split over the d
 # replicas): fp16 4 + 16/d, bf16 6 + 12/d, fp32 8 + 8/d (issue #33; `search.precision`).
 STATE_BYTES = {"fp16": (4, 16), "bf16": (6, 12), "fp32": (8, 8)}
-STATE_SHARE = (3, 4)  # a start's model state may take at most 3/4 of the budget: a quarter is left to activations
+# A start's model state may take at most this share of the budget, the rest left to activations
+# and buffers: pricing a start at 16 384 devices takes the most of the search's time, so the
+# first one priced should fit. A quarter makes the 405B step's first Llama 3's own plan (tp 8,
+# pp 16: 19 GB of state per device; Dubey et al. 2024, Table 4).
+STATE_SHARE = (1, 4)
 
 
 def known_starts(net, device_num: int, devices_per_server: int, precision: str, budget: int) -> list[GivenPlan]:
@@ -117,5 +120,5 @@ def plan_from_starts(config, device_num: int, budget: int, refusal: AutostratErr
                     + (f" (priced before it: {'; '.join(tried)})" if tried else ""))
             return estimate.plan, [note]
         tried.append(f"{start_name(start)}: peak {peak:,} bytes")
-    found = f"; the known starts peak over it too: {'; '.join(tried)}" if tried else "; no known start leaves a quarter of it to activations"
+    found = f"; the known starts peak over it too: {'; '.join(tried)}" if tried else "; no known start's model state takes a quarter of it or less"
     raise type(refusal)(f"{refusal}{found}") from None
