@@ -101,3 +101,9 @@ def test_no_start_that_fits_keeps_the_refusal_with_the_starts_peaks(tiny, capsys
     assert ("no choice of strategies fits max_device_memory = 200,000 bytes per device" in err
             and "; the known starts peak over it too: tp 4 x pp 2 x dp 1, sequence parallel, recompute full, zero 0, "
                 "micro-batch 1: peak 237,932 bytes" in err)
+
+
+def test_no_start_whose_state_leaves_the_budget_room_keeps_the_refusal(tiny, capsys):
+    assert main(["search", str(tiny), "--max-device-memory", "500000"]) == 2  # tp 4 x pp 2's state: 175 824 bytes, over 1/4
+    err = capsys.readouterr().err
+    assert err.endswith("; no known start's model state takes a quarter of it or less\n") and err.count("\n") == 1
