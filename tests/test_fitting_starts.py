@@ -107,3 +107,11 @@ def test_no_start_whose_state_leaves_the_budget_room_keeps_the_refusal(tiny, cap
     assert main(["search", str(tiny), "--max-device-memory", "500000"]) == 2  # tp 4 x pp 2's state: 175 824 bytes, over 1/4
     err = capsys.readouterr().err
     assert err.endswith("; no known start's model state takes a quarter of it or less\n") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("option", [["--hardware", "a100-80gb"], ["--pipeline-stages", "2"]])
+def test_no_start_is_tried_when_the_command_line_decides_what_the_starts_are_made_without(tiny, capsys, option):
+    # The starts are made from the config's text: another profile, or a pipeline the options ask for, is not theirs.
+    assert main(["search", str(tiny), "--max-device-memory", "800000", *option]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autostrat: error: no ") and "known start" not in err

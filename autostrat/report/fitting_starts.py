@@ -9,8 +9,10 @@ runs them, and returns the first that fits (cases):
 
 - Applicable: a GPT or LLaMA config (Megatron's pieces are placed on their blocks) that leaves
   to the plan everything a plan decides (no seeds, pipeline, recompute or optimiser sharding
-  keys: `report.estimate.SET_BY_PLAN`) and plans its model's own example inputs (a step of
-  ``model.params.batch`` sequences); otherwise no start is tried and the refusal stands.
+  keys: `report.estimate.SET_BY_PLAN`, nor their command-line options) and plans its model's
+  own example inputs (a step of ``model.params.batch`` sequences), searched with the hardware,
+  precision and cost model its text gives (the starts are made from it); otherwise no start is
+  tried and the refusal stands.
 - Starts (`known_starts`, in order): tensor parallelism inside a server (the largest ``tp``
   dividing the server's devices, ``device_num`` and the heads) with sequence parallelism, every
   block recomputed, ZeRO 1 over the data-parallel replicas, micro-batch 1, and every pipeline
@@ -91,7 +93,17 @@ def applicable(config) -> bool:
     data = parse_config_text(config.text, config.path)
     if set(data) & (set(SET_BY_PLAN) - {"device_num", "inputs"}) or config.strategies or config.recompute:
         return False
+    context = config.context  # command-line options that decide what a plan decides
+    if context.pipeline_stages > 1 or context.enable_parallel_optimizer or config.micro_size > 1 or context.auto_recompute:
+        return False
     return [tensor.shape for tensor in config.inputs] == [tensor.shape for tensor in config.net.example_inputs()]
+
+
+def _priced_alike(start, context) -> bool:
+    """Whether a start's context, made from the config's text, prices as the search's `context`
+    does (a command-line --hardware, --precision or --cost-model it would not see: no start)."""
+    return (start.hardware_profile() == context.hardware_profile() and start.precision == context.precision
+            and start.cost_model == context.cost_model)
 
 
 def plan_from_starts(config, device_num: int, budget: int, refusal: AutostratError) -> tuple:
@@ -112,7 +124,10 @@ def plan_from_starts(config, device_num: int, budget: int, refusal: AutostratErr
     clear_memos()
     tried = []
     for start in known_starts(config.net, device_num, hardware.devices_per_server, config.context.precision, budget):
-        estimate = estimate_config(plan_pieces_config(dict(data), config.text, config.path, start), start)
+        pieces = plan_pieces_config(dict(data), config.text, config.path, start)
+        if not _priced_alike(pieces.context, config.context):
+            raise refusal
+        estimate = estimate_config(pieces, start)
         peak = max(stage.peak_bytes for stage in estimate.memory)
         if peak <= budget:
             note = (f"{config.path}: the op-level search found no plan within {budget:,} bytes per device ({refusal}); "
