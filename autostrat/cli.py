@@ -75,12 +75,15 @@ def _search_config(args):
 
 
 def _timed_plan(config, device_num, progress=None) -> tuple:
-    """The config's plan (never unbounded: `plan_within_memory`), its notes and the search's
+    """The config's plan (never unbounded: `plan_within_memory`; when its strategies fit no plan
+    in the budget, a known start's: `report.fitting_starts`), its notes and the search's
     seconds. The strategy checkpoint is not written here: search writes it with its other
     outputs, report and explain write none."""
+    from autostrat.report.fitting_starts import plan_from_starts  # a report: off the search's import path
+
     config = replace(config, context=replace(config.context, strategy_ckpt_save_file=""))
     started = time.perf_counter()
-    plan, notes = plan_within_memory(config, device_num, progress=progress)
+    plan, notes = plan_within_memory(config, device_num, progress=progress, fallback=plan_from_starts)
     return plan, notes, time.perf_counter() - started
 
 

@@ -4,11 +4,13 @@ Two commands, each in its own process as a user runs them (`python -m autostrat`
 
 - search: ``autostrat search configs/big/llama_405b.yaml --out PLAN.json`` (a training step of
   LLaMA 3.1 405B, sequence 8192, global batch 2048, bf16, 16 384 devices, no seeds: sharding
-  propagation, the plan built, its table printed and its JSON written);
+  propagation, fitted into the profile's 80 GiB; its strategies alone fit no plan there (the
+  peak floor, `search.memory.peak_floor`), so the plan is the first known start that fits,
+  Megatron-LM's tp 8 x pp 16 x dp 128 (`report.fitting_starts`); its table printed and its JSON
+  written);
 - estimate: ``autostrat estimate configs/estimate/llama_405b.yaml --json OUT.json`` (the same
   shape as Llama 3's paper plans it: tp 8 x pp 16 x dp 128, sequence parallelism, full
-  recompute, ZeRO 1). The estimate now splits the 126 blocks evenly over the stages, as
-  Megatron does, and refuses pp 16 (a ConfigError, printed as the row's status).
+  recompute, ZeRO 1; the 126 blocks on 16 stages, 7 on the outermost, 8 on the others).
 
 Per command: wall seconds, CPU seconds (user + system of the reaped child, `os.wait4`), peak
 resident memory (its ru_maxrss), each against the target, and the 1-minute load average when it

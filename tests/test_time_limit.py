@@ -17,7 +17,7 @@ import autostrat.search.refine as refine_module
 from autostrat.errors import InfeasibleError, SolverError
 from autostrat.search import SearchOptions, search
 from autostrat.search.cpsat import SolverModel
-from autostrat.search.memory import peak_bytes
+from autostrat.search.memory import PeakFloor, peak_bytes
 from autostrat.search.refine import RefineResult, refine
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import data_parallel, propagate
@@ -93,6 +93,7 @@ def test_the_retries_under_a_tighter_budget_share_the_time_limit(monkeypatch, cl
         return RefineResult(dict(hint), cost, 0, "FEASIBLE", time_limit, cost)
 
     monkeypatch.setattr(search_module, "refine", refine_fake)
+    monkeypatch.setattr(search_module, "peak_floor", lambda problem: PeakFloor(0, ""))  # else the 1-byte budget is refused before any solve
     problem = small_problem(8, 0)
     options = SearchOptions(refine="cpsat", refine_time_limit=60, max_device_memory=1)
     with pytest.raises(InfeasibleError, match=r"after 1 solve\(s\) the last plan peaks at"):

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autostrat.errors import AutostratError, ConfigError, InfeasibleError
+from autostrat.errors import AutostratError, ConfigError, InfeasibleError, SolverError
 from autostrat.frontend.api import plan_for
 from autostrat.frontend.config import check_config_outputs, load_config, with_recompute
 from autostrat.frontend.tracing import trace
@@ -133,10 +133,14 @@ def peak_of(plan) -> int:
     return max(plan.pipeline.peak_bytes) if plan.pipeline else plan.prediction.peak_bytes
 
 
-def plan_within_memory(config, device_num: int | None = None, progress=None) -> tuple:
+def plan_within_memory(config, device_num: int | None = None, progress=None, fallback=None) -> tuple:
     """`plan_config`, never unbounded: a config without ``max_device_memory`` is fitted into its
-    hardware profile's `device_memory` (`fit_into`). `autostrat search` and the plans `report`
-    and `explain` make again go through here, so they agree.
+    hardware profile's `device_memory` (as `fit_into`, the unbounded plan dropped before the search
+    under the budget). `autostrat search` and the plans `report`
+    and `explain` make again go through here, so they agree. When the search under the budget
+    finds no plan (an `InfeasibleError` or a `SolverError`), ``fallback(config, device_num,
+    budget, error)`` (`report.fitting_starts.plan_from_starts`) gives the plan and its notes of
+    a known start that fits, or raises.
 
     Example (the tutorial FFN fits an 80 GiB device as it is):
         >>> from autostrat.frontend.config import load_config
@@ -144,10 +148,22 @@ def plan_within_memory(config, device_num: int | None = None, progress=None) -> 
         >>> peak_of(plan) <= load_config("configs/ffn.yaml").context.hardware_profile().device_memory, notes
         (True, [])
     """
-    plan, notes = plan_config(config, device_num, progress)
-    if config.context.max_device_memory is not None:  # the search fitted it already
-        return plan, notes
-    return fit_into(config, plan, notes, device_num, progress)
+    if config.context.max_device_memory is None:
+        plan, notes = plan_config(config, device_num, progress)
+        budget, source = memory_budget(config.context)
+        peak = peak_of(plan)
+        if peak <= budget:
+            return plan, notes
+        del plan  # only its peak is said from here: not held through the searches that follow
+        where = f"{config.path}: max_device_memory not given, so the plan must fit {source} = {budget:,} bytes per device"
+        return _search_under(config, where, budget, peak, device_num, progress, fallback)
+    try:
+        return plan_config(config, device_num, progress)  # the search fits it
+    except (InfeasibleError, SolverError) as error:
+        if fallback is None:
+            raise
+        refusal = error.with_traceback(None)  # the search's frames (its problem, its tables) freed before the fallback's
+    return fallback(config, device_num or config.context.device_num, config.context.max_device_memory, refusal)
 
 
 def memory_budget(context, given: int | None = None) -> tuple[int, str]:
@@ -166,24 +182,38 @@ def memory_budget(context, given: int | None = None) -> tuple[int, str]:
     return hardware.device_memory, f"hardware {hardware.name or 'given field by field'}'s device_memory"
 
 
-def fit_into(config, plan, notes: list, device_num: int | None = None, progress=None, budget: int | None = None) -> tuple:
+def fit_into(config, plan, notes: list, device_num: int | None = None, progress=None, budget: int | None = None,
+             fallback=None) -> tuple:
     """`plan` (and its `notes`), the unbounded search's plan of `config`, if it fits `budget`
     bytes per device (default: the hardware profile's `device_memory`); else the config searched
     again under that budget (the search's own bounded refinement), with a note saying so; when
-    that finds none either, an `InfeasibleError` naming the budget and the smallest peak found."""
+    that finds none either, `fallback`'s plan (`plan_within_memory`), else an `InfeasibleError`
+    naming the budget and the smallest peak found."""
     where = (f"{config.path}: max_device_memory not given, so the plan must fit {memory_budget(config.context, budget)[1]}"
              if budget is None else f"{config.path}: the plan must fit")
     budget, peak = memory_budget(config.context, budget)[0], peak_of(plan)
     if peak <= budget:
         return plan, notes
-    where = f"{where} = {budget:,} bytes per device"
+    return _search_under(config, f"{where} = {budget:,} bytes per device", budget, peak, device_num, progress, fallback)
+
+
+def _search_under(config, where: str, budget: int, peak: int, device_num: int | None, progress, fallback) -> tuple:
+    """`config` searched under `budget` bytes per device, its unbounded plan having peaked at
+    `peak` (`fit_into`); when that finds none, `fallback`'s plan, else the error."""
     bounded = replace(config, context=replace(config.context, max_device_memory=budget))
+    refusal = None
     try:
         plan, notes = plan_config(bounded, device_num, progress)
-    except InfeasibleError as error:
-        raise InfeasibleError(f"{where}: no plan found fits it; the smallest peak found is {peak:,} bytes per device "
-                              f"(the unbounded search's plan), and the search under the budget says: {error}") from None
-    return plan, notes + [f"{where}: the unbounded search's plan peaked at {peak:,} bytes, so it was searched under that budget"]
+    except (InfeasibleError, SolverError) as error:
+        # A new error: the failed search's frames (its problem, its tables) are not held by a
+        # traceback while the fallback searches.
+        refusal = type(error)(f"{where}: no plan found fits it; the smallest peak found is {peak:,} bytes per device "
+                              f"(the unbounded search's plan), and the search under the budget says: {error}")
+    if refusal is None:
+        return plan, notes + [f"{where}: the unbounded search's plan peaked at {peak:,} bytes, so it was searched under that budget"]
+    if fallback is None:
+        raise refusal
+    return fallback(config, device_num or config.context.device_num, budget, refusal)
 
 
 def run_device_num(config, options: RunOptions, table) -> int:

@@ -159,18 +159,61 @@ def peak_bytes(problem: SearchProblem, choice: dict[str, int]) -> int:
     """
     resident, activations = tensor_bytes(problem)
     base = sum(item.bytes[choice[item.owner]] for item in resident)
+    return base + _live_peak(problem, activations, [item.bytes[choice[item.owner]] for item in activations])[0]
+
+
+@dataclass(frozen=True)
+class PeakFloor:
+    """The fewest bytes any choice's per-op peak (`peak_bytes`) can have, and the op whose step
+    reaches it: every tensor at its smallest over its owner's candidates, each on its own (a
+    relaxation: one op's candidate sizes several tensors, so no choice need reach it)."""
+
+    bytes: int
+    at: str
+
+    def refusal(self, budget: int) -> str:
+        """Why no choice fits `budget` bytes per device (the floor is over it)."""
+        return (f"no choice of strategies fits max_device_memory = {budget:,} bytes per device: the parameters, "
+                f"optimiser state and the tensors live at {self.at}, each at its smallest over its candidates, "
+                f"need {self.bytes:,} bytes per device (the search's per-op memory model, before any cost table "
+                f"is priced). Recompute, optimizer_level level3 or pipeline_stages may fit")
+
+
+def peak_floor(problem: SearchProblem) -> PeakFloor:
+    """The `PeakFloor` of `problem`: no budget below it can fit, so a search under one refuses
+    before pricing a cost table (the solver's memory constraints, the same per-op model, could
+    only prove it infeasible).
+
+    Example (the tutorial FFN on 8 devices: at least 1/8 of every tensor):
+        >>> from autostrat.frontend import trace
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> from autostrat.search.problem import build_problem
+        >>> problem = build_problem(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), 8)
+        >>> floor = peak_floor(problem)
+        >>> floor.bytes <= peak_bytes(problem, {op: 0 for op in problem.candidates}), floor.at
+        (True, 'dense1.matmul')
+    """
+    resident, activations = tensor_bytes(problem)
+    peak, step = _live_peak(problem, activations, [min(item.bytes) for item in activations])
+    ops = list(problem.graph.ops)
+    return PeakFloor(sum(min(item.bytes) for item in resident) + peak, ops[min(step, len(ops) - 1)])
+
+
+def _live_peak(problem: SearchProblem, activations: list[TensorBytes], sizes: list[int]) -> tuple[int, int]:
+    """The most bytes live at once of `activations` at `sizes` (each while `spans` says), over
+    the steps that produce a tensor, and the first such step."""
     # Live bytes per step as a running sum: +bytes where a tensor starts, -bytes after its end
     # (linear in the tensors; listing each step's live set grows with their product).
     change = [0] * (len(problem.graph.ops) + 2)
     starts = set()
-    for item, (start, end) in zip(activations, spans(problem, activations)):
-        size = item.bytes[choice[item.owner]]
+    for size, (start, end) in zip(sizes, spans(problem, activations)):
         change[start] += size
         change[end + 1] -= size
         starts.add(start)
-    live, peak = 0, 0
+    live, peak, at = 0, 0, 0
     for step, delta in enumerate(change):
         live += delta
-        if step in starts:
-            peak = max(peak, live)
-    return base + peak
+        if step in starts and live > peak:
+            peak, at = live, step
+    return peak, at

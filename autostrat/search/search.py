@@ -15,7 +15,7 @@ from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
 from autostrat.search.deadline import CollectorReserve, Deadline, TimeRanOut
-from autostrat.search.memory import resident_floor
+from autostrat.search.memory import peak_floor, resident_floor
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.cost.overlap import check_bucket_bytes
 from autostrat.search.precision import check_precision
@@ -244,6 +244,10 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress, col
                             hardware=hardware, optimizer_shard=options.optimizer_shard, precision=options.precision,
                             micro_batches=options.micro_batches)
     _check_shared_parameters(problem.graph, problem)
+    if options.max_device_memory is not None:  # a budget no choice fits: refused before any cost table is priced
+        floor = peak_floor(problem)
+        if floor.bytes > options.max_device_memory:
+            raise InfeasibleError(floor.refusal(options.max_device_memory))
     if options.automatic:
         assignment = data_parallel(problem, keep_seeds=True, seeds_from_one_plan=options.seeds_from_one_plan)
     elif options.mode == "auto_parallel":
