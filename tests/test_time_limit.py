@@ -314,9 +314,21 @@ def test_a_long_redistribution_search_stops_at_the_pricings_deadline(monkeypatch
             Looks.looks += 1
             return Looks.looks > 1
 
-    monkeypatch.setattr(importlib.import_module("autostrat.redistribution.search"), "POLL_EVERY", 1)
+    searches = importlib.import_module("autostrat.redistribution.search")
+    stopped_inside = []
+
+    def watched_poll():
+        try:
+            polled_check()
+        except TimeRanOut:
+            stopped_inside.append(True)
+            raise
+
+    polled_check = searches.poll
+    monkeypatch.setattr(searches, "POLL_EVERY", 1)
+    monkeypatch.setattr(searches, "poll", watched_poll)
     problem = build_problem(gpt_training(2).graph, 8, hardware=hardware)
     clear_memos()
     with pytest.raises(TimeRanOut):
         price_tables(problem, Looks(60.0))
-    assert sum(edge.table.computed for edge in problem.edges) == 0  # stopped inside the first block, before it was kept
+    assert stopped_inside == [True]  # inside an entry's search, not at the look after a block
