@@ -242,7 +242,8 @@ def side_by_side(rows, plans: dict, searches: dict) -> str:
     """Per row, the published plan's predictions (the faster of its two recompute columns is the
     one to beat) next to the searched plan's, and the search's wall time against the 30 s target."""
     headers = ["model", "GPUs", "published plan", "step (s)", "peak (GiB)", "searched plan", "step (s)", "peak (GiB)",
-               "fits 80 GiB", "searched / published", "priced / pruned / refused", "search (s)", "<= 30 s"]
+               "fits 80 GiB", "searched / published", "priced / memory / time pruned / refused", "search (s)",
+               "<= 30 s"]
     lines, notes = [], []
     for row in rows:
         given = [(name, one) for name, one in plans[row.name].items() if not isinstance(one, str)]
@@ -256,12 +257,15 @@ def side_by_side(rows, plans: dict, searches: dict) -> str:
             continue
         counts, chosen = found.counts(), found.best.estimate
         broken = [one.name() for one in found.priced if one.estimate is not None and one.bound > one.peak_bytes]
+        slow = [one.name() for one in found.priced if one.estimate is not None and one.time_bound > one.step_ns]
         notes.append(f"[{len(notes) + 1}] {row.name}: the resident bound is below the peak of every priced candidate: "
-                     f"{'no, ' + ', '.join(broken) if broken else 'yes'}")
+                     f"{'no, ' + ', '.join(broken) if broken else 'yes'}; the step-time bound below its step: "
+                     f"{'no, ' + ', '.join(slow) if slow else 'yes'}")
         ratio = f"{chosen.step_time_s / best.step_time_s:.3f}" if best else ""
         lines.append(published + [found.best.name(), f"{chosen.step_time_s:.4g}", f"{_peak(chosen):.2f}",
                                   "yes" if _peak(chosen) * GIB <= 80 * GIB else "no", ratio,
-                                  f"{counts['priced']} / {counts['pruned']} / {counts['refused']}", f"{seconds:.1f}",
+                                  f"{counts['priced']} / {counts['pruned'] - counts['pruned_by_time']} / "
+                                  f"{counts['pruned_by_time']} / {counts['refused']}", f"{seconds:.1f}",
                                   "yes" if seconds <= 30 else "no"])
     return format_table(headers, lines) + ("\n" + "\n".join(notes) if notes else "")
 
@@ -324,7 +328,8 @@ def main() -> None:
             print(f"{row.name}: searched in {searches[row.name][1]:.1f} s", file=sys.stderr, flush=True)
         if searches:
             print("\nThe published plan against autostrat search's (the fastest predicted plan that fits 80 GiB, "
-                  "report.plan_space; priced / pruned / refused: its candidates):")
+                  "report.plan_space; its candidates priced, pruned by the resident bound, pruned by the step-time "
+                  "bound, refused):")
             print(side_by_side(rows, plans, searches), flush=True)
         fit_started = time.perf_counter()
         efficiency, leave_one_out, models = fit_efficiency(rows, folder, predicted) if not args.no_fit else (0, {}, {})

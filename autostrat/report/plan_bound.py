@@ -7,9 +7,9 @@ What the bound counts (cases), each a part of the estimate's step that no strate
 schedule the estimate can choose avoids:
 
 - Matrix products: per block, every 2-D weight multiplies each token of the micro-batch once
-  in the forward (``2 · tokens · weights`` flops), attention's two products at least
-  ``2 · sequences · s² · h`` (a causal fused attention works on at least half its score matrix,
-  `cost.op_cost.causal_work`), the LM head ``2 · tokens · h · V``; the backward twice the
+  in the forward (``2 · tokens · weights`` flops), attention's two products ``4 · sequences ·
+  s² · h`` unfused, at least half that fused (a causal fused attention works on at least half
+  its score matrix, `cost.op_cost.causal_work`), the LM head ``2 · tokens · h · V``; the backward twice the
   forward (input and weight gradients); full recompute the block's forward once more
   (selective recompute's attention core is counted as nothing: it may be fused, then unmarked).
   Every op's work is spread over at most the ``tp · dp`` devices of its stage, at the
@@ -24,10 +24,19 @@ schedule the estimate can choose avoids:
   least once, and at least two in the backward (the softmax's output gradient and its input
   gradient). Every element at 2 bytes (4 in fp32), none of the other ops' traffic counted. A
   profile whose `kernel_passes` lets an op move fewer bytes than it holds gets no traffic term.
-- Tensor parallelism (``tp`` above 1): the seeds leave each block's two row-split products
-  partial over the ``tp`` devices and their readers (the bias or residual add) whole or split
-  by rows, so the forward resolves two partial ``[rows, h]`` tensors per block: at least an
-  AllReduce's bytes (or ReduceScatter then AllGather: the same) at the fastest link.
+- Tensor parallelism (``tp`` above 1), at the fastest link: the seeds leave each block's two
+  row-split products partial over the ``tp`` devices and their readers (the bias or residual
+  add) whole or split by rows, so the forward resolves two partial ``[rows, h]`` tensors per
+  block: at least an AllReduce's bytes (or ReduceScatter then AllGather: the same). The
+  backward resolves the two column-split products' partial input gradients: AllReduces where
+  their readers are whole (no sequence parallelism), at least ReduceScatters where they are
+  split by rows (the AllGathers sequence parallelism adds there are not counted). Full
+  recompute runs the forward's reductions again.
+- The update: every block weight's Adam update reads and writes seven weight-sized tensors
+  (the 16-bit parameter, its gradient, the fp32 main parameter and two moments, read; the
+  parameter and the moments, written), each counted at 2 bytes, spread over its stage's
+  devices; its gradient synchronisation, the weight's slice on a device (split over ``tp`` by
+  the seeds) partial over the ``dp`` replicas: at least a ReduceScatter's bytes at the fastest link.
 - The pipeline: per model stage ``k`` (`models.megatron_plan.stage_layer_counts`, the embedding on
   the first, the LM head on the last) its forward ``F_k`` and backward ``B_k`` by the two cases
   above; device group ``g`` runs stages ``g, g + p, ...`` (1F1B and Megatron's interleaved
@@ -35,9 +44,10 @@ schedule the estimate can choose avoids:
   stages before ``g``, and its last instruction, a backward (these schedules run the weight
   gradient with it), is followed by that micro-batch's backward through them. So the step is at
   least ``Σ_{k<g} (F_k + B_k) + m · Σ_{k on g} (F_k + B_k)`` for every ``g``, with ``m``
-  micro-batches; the gradient synchronisation and the updates are counted as nothing.
+  micro-batches; then the slowest model stage's synchronisation and updates (`Pipeline.once_ns`,
+  run once per step): at least their mean over the ``pp · vp`` model stages.
 - The op-level search's plan (one step of the whole batch on every device, no pipeline): its
-  matrix products over all devices.
+  products, traffic and updates over all devices, no communication.
 
 A model with mixture-of-experts blocks (each token meets only some of its weights) is bounded
 by 0: always priced.
@@ -95,14 +105,16 @@ def stage_times_bound(shape: ModelShape, given, hardware, precision: str) -> lis
         >>> shape = ModelShape(2, 2048, 6144, 51200, 12 * 6144**2, True, 18 * 6144, 64)
         >>> [tuple(round(t) for t in times) for times in stage_times_bound(
         ...     shape, GivenPlan(2, 2, 1, "none", 0, 1, 4), PROFILES["a100-80gb"], "bf16")]
-        [(5385274, 8855198), (8185702, 14456052)]
+        [(5488816, 9230054), (8289244, 14830909)]
     """
     forward, backward, head_forward, head_backward = _work_times(
         shape, given.dp * given.micro_batch, given.tp * given.dp, hardware, precision, given.recompute == "full")
     if given.tp > 1:  # two partial [rows, h] tensors per block, each device's rows: micro_batch sequences
         bandwidth = max(hardware.intra_server_bandwidth, hardware.inter_server_bandwidth) * hardware.network_efficiency
         piece = given.micro_batch * shape.seq * shape.hidden * (4 if precision == "fp32" else 2)
-        forward += 2 * 2 * (given.tp - 1) / given.tp * piece / bandwidth * 1e9
+        scatter = 2 * (given.tp - 1) / given.tp * piece / bandwidth * 1e9  # two ReduceScatters' bytes
+        forward += 2 * scatter
+        backward += scatter * (1 if given.sequence_parallel else 2) + 2 * scatter * (given.recompute == "full")
     counts = stage_layer_counts(shape.layers, given.pp * given.vp)
     last = len(counts) - 1
     return [(count * forward + (head_forward if stage == last else 0), count * backward + (head_backward if stage == last else 0))
@@ -119,7 +131,7 @@ def _work_times(shape: ModelShape, sequences: int, group: int, hardware, precisi
     if any(passes < 1 for _, passes in hardware.kernel_passes):
         moved = math.inf  # elements per nanosecond: no traffic term
     scores = sequences * shape.heads * shape.seq**2
-    products = 2 * tokens * shape.block_weights + 2 * sequences * shape.seq**2 * shape.hidden
+    products = 2 * tokens * shape.block_weights + (4 if shape.heads else 2) * sequences * shape.seq**2 * shape.hidden
     forward = products / flops + (tokens * shape.block_rows + shape.block_weights + 8 * scores) / moved
     backward = 2 * products / flops + (2 * tokens * shape.block_rows + 2 * shape.block_weights + 4 * scores) / moved
     head = 2 * tokens * shape.hidden * shape.vocab / flops
@@ -136,14 +148,33 @@ def step_time_bound(shape: ModelShape, given, hardware, precision: str) -> int:
         >>> from autostrat.report.estimate import GivenPlan
         >>> shape = ModelShape(48, 2048, 6144, 51200, 12 * 6144**2, True, 18 * 6144, 64)
         >>> step_time_bound(shape, GivenPlan(8, 1, 1, "full", 0, 4, 4), PROFILES["a100-80gb"], "bf16")
-        958364208
+        1109648645
     """
     if not shape.dense:
         return 0
     stages = [forward + backward for forward, backward in stage_times_bound(shape, given, hardware, precision)]
     devices = given.pp
     bound = max(sum(stages[:group]) + given.micro_batches * sum(stages[group::devices]) for group in range(devices))
-    return math.floor(bound * FLOAT_MARGIN)
+    return math.floor((bound + _once_time(shape, given, hardware)) * FLOAT_MARGIN)
+
+
+def _update_time(shape: ModelShape, device_num: int, hardware) -> float:
+    """Nanoseconds at least of every block weight's update spread over `device_num` devices."""
+    if any(passes < 1 for _, passes in hardware.kernel_passes):
+        return 0.0
+    moved = 7 * 2 * shape.layers * shape.block_weights  # bytes
+    return moved / (hardware.device_memory_bandwidth * hardware.memory_efficiency * device_num) * 1e9
+
+
+def _once_time(shape: ModelShape, given, hardware) -> float:
+    """Nanoseconds at least of the slowest model stage's once-a-step work: the mean over the
+    ``pp · vp`` model stages of the updates on each stage's ``tp · dp`` devices, and of the
+    gradient synchronisation (each device's ``1 / tp`` of its stage's block weights, partial over
+    ``dp``: at least a ReduceScatter's bytes, 2 each, at the fastest link)."""
+    stages, group = given.pp * given.vp, given.tp * given.dp
+    bandwidth = max(hardware.intra_server_bandwidth, hardware.inter_server_bandwidth) * hardware.network_efficiency
+    scatter = shape.layers * shape.block_weights / given.tp * 2 * (given.dp - 1) / given.dp / bandwidth * 1e9
+    return (_update_time(shape, group, hardware) + scatter) / stages
 
 
 def op_level_bound(shape: ModelShape, device_num: int, global_batch: int, hardware, precision: str) -> int:
@@ -156,9 +187,10 @@ def op_level_bound(shape: ModelShape, device_num: int, global_batch: int, hardwa
         >>> from autostrat.cost import PROFILES
         >>> shape = ModelShape(48, 2048, 6144, 51200, 12 * 6144**2, True, 18 * 6144, 64)
         >>> op_level_bound(shape, 8, 4, PROFILES["a100-80gb"], "bf16")
-        659550433
+        693121958
     """
     if not shape.dense:
         return 0
     forward, backward, head_forward, head_backward = _work_times(shape, global_batch, device_num, hardware, precision, False)
-    return math.floor((shape.layers * (forward + backward) + head_forward + head_backward) * FLOAT_MARGIN)
+    work = shape.layers * (forward + backward) + head_forward + head_backward + _update_time(shape, device_num, hardware)
+    return math.floor(work * FLOAT_MARGIN)

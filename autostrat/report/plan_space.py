@@ -46,7 +46,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from autostrat.errors import AutostratError, ConfigError, InfeasibleError
+from autostrat.errors import AutostratError, ConfigError, InfeasibleError, SolverError
 from autostrat.frontend.config import config_from_data
 from autostrat.frontend.context import parse_bytes
 from autostrat.frontend.run import fit_into, memory_budget, plan_config
@@ -294,7 +294,8 @@ def _price(data: dict, text: str, path, given: GivenPlan, bound: int, budget: in
 def _op_level(config, budget: int, device_num: int, global_batch: int) -> Priced:
     """The op-level search's plan of `config` (no seeds) as a candidate: the unbounded plan, or
     the one searched under `budget` when that one peaks over (`frontend.run.fit_into`; when
-    none is found, the unbounded one, over the budget)."""
+    none is found, proven or within the refinement's time limit, the unbounded one, over the
+    budget)."""
     given = GivenPlan(1, 1, device_num, "none", 0, 1, global_batch)  # only its device and batch counts are read
     try:
         plan, notes = plan_config(config)
@@ -302,7 +303,7 @@ def _op_level(config, budget: int, device_num: int, global_batch: int) -> Priced
         return Priced(None, reason=f"refused: {error}")
     try:
         plan, _ = fit_into(config, plan, notes, budget=budget)
-    except InfeasibleError:
+    except (InfeasibleError, SolverError):  # none found under the budget (proven, or not within the time limit)
         pass  # priced as it is: over the budget, its peak among those the error names
     return Priced(None, estimate_of(plan, config.net, given))
 
