@@ -173,6 +173,7 @@ def test_the_step_time_bound_is_below_every_candidates_estimate(bounded):
     found, estimates = bounded
     steps = [sum(one.phases_ns.values()) for one in estimates]
     assert [one.time_bound <= step for one, step in zip(found.priced, steps)] == [True] * len(steps)
+    assert [one.bound <= _peak(estimate) for one, estimate in zip(found.priced, estimates)] == [True] * len(steps)
     assert min(one.time_bound / step for one, step in zip(found.priced, steps)) > 0.35  # and not a trivial bound
     op_level = found.priced[-1]
     assert op_level.estimate is not None and 0 < op_level.time_bound <= op_level.step_ns

@@ -24,6 +24,9 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
   bytes that live all step (`RESIDENT_BYTES`: Megatron's distributed optimizer's table without
   the gradients, which a peak need not hold all at once; 2 + 12/d in 16 bits, 4 + 8/d in fp32,
   d the ZeRO shard), spread evenly over the ``pp`` device groups; every stage holds at least that.
+  With two micro-batches or more, the gradients too (`ACCUMULATED_BYTES`, 2 bytes each in 16
+  bits, 4 in fp32): a step's gradient sums live from the first micro-batch's backward to the
+  update (`search.stage_buffers`, case 2), next to the parameters and the optimiser state.
 - Branch and bound on the step time (`report.plan_bound`: a lower bound on each candidate's
   predicted step, from its matrix products, tensor-parallel reductions and pipeline): the
   candidates are priced in increasing bound order (candidate order on a tie), and pricing
@@ -65,6 +68,7 @@ from autostrat.tables import format_table
 # at tp 1, pp 4, dp 2 peaked below the table's bytes): (kept on every replica, split over the d
 # replicas of the optimiser shard) for the parameter, its fp32 main copy and Adam's two moments.
 RESIDENT_BYTES = {"fp16": (2, 12), "bf16": (2, 12), "fp32": (4, 8)}
+ACCUMULATED_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}  # a gradient sum's bytes at least (16-bit or wider)
 OP_LEVEL = "op-level search"
 TIME_PRUNED = "pruned: the step takes at least"
 
@@ -99,14 +103,17 @@ def _device_splits(device_num: int, global_batch: int, layers: int, devices_per_
 
 def resident_bound(given: GivenPlan, matrix_parameters: int, precision: str) -> int:
     """A lower bound on the peak bytes per device of `given`: the parameters and optimiser
-    state of the blocks' `matrix_parameters` weight elements (`RESIDENT_BYTES`), split over
-    ``tp`` devices and evenly over the ``pp`` device groups.
+    state of the blocks' `matrix_parameters` weight elements (`RESIDENT_BYTES`), and their
+    gradient sums with two micro-batches or more (`ACCUMULATED_BYTES`), split over ``tp``
+    devices and evenly over the ``pp`` device groups.
 
-    Example (22B's 21.7e9 block weights in fp16 on tp 8: 14 bytes each over 8 devices):
-        >>> resident_bound(GivenPlan(8, 1, 1, "full", 0, 1, 4), 21_743_271_936, "fp16")
-        38050725888
+    Example (22B's 21.7e9 block weights in fp16 on tp 8: 14 bytes each over 8 devices, 16 with
+    4 micro-batches):
+        >>> [resident_bound(GivenPlan(8, 1, 1, "full", 0, micro_batch, 4), 21_743_271_936, "fp16") for micro_batch in (4, 1)]
+        [38050725888, 43486543872]
     """
     whole, sharded = RESIDENT_BYTES[precision]
+    whole += ACCUMULATED_BYTES[precision] if given.micro_batches > 1 else 0
     shard = given.dp if given.zero else 1
     return math.ceil(matrix_parameters * (whole + sharded / shard) / (given.tp * given.pp))
 
