@@ -89,7 +89,9 @@ sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installe
 from autostrat.cost import PROFILES  # noqa: E402
 from autostrat.errors import AutostratError, ConfigError  # noqa: E402
 from autostrat.report.estimate import estimate  # noqa: E402
-from autostrat.report.plan_space import search_plan_space  # noqa: E402
+from autostrat.models import from_hf_config  # noqa: E402
+from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound  # noqa: E402
+from autostrat.report.plan_space import plan_candidates, resident_bound, search_plan_space  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 GIB = 2**30
@@ -270,6 +272,30 @@ def side_by_side(rows, plans: dict, searches: dict) -> str:
     return format_table(headers, lines) + ("\n" + "\n".join(notes) if notes else "")
 
 
+def bound_counts(rows, plans: dict) -> str:
+    """Per row, the plan-space search's candidates, those past the resident bound, and those
+    whose step-time bound (`report.plan_bound`) is below the published plan's predicted step:
+    what branch and bound must price at most once that plan is found (every one it prices has a
+    bound below the chosen step, which is at most the published plan's)."""
+    headers = ["model", "GPUs", "candidates", "past the resident bound", "step bound < published plan's step",
+               "published plan's step (s)", "op-level bound (s)"]
+    lines = []
+    for row in rows:
+        best = min((one for one in plans[row.name].values() if not isinstance(one, str)),
+                   key=lambda one: one.step_time_s, default=None)
+        net = from_hf_config(ROOT / "configs" / "models" / row.model, seq=2048)
+        shape, hardware = ModelShape.of(net), PROFILES["a100-80gb"]
+        candidates = plan_candidates(row.gpus, row.global_batch, shape.layers, hardware.devices_per_server)
+        past = [one for one in candidates
+                if resident_bound(one, shape.layers * shape.block_weights, PRECISION) <= hardware.device_memory]
+        below = "" if best is None else str(sum(step_time_bound(shape, one, hardware, PRECISION) < best.step_time_s * 1e9
+                                                for one in past))
+        lines.append([row.name, str(row.gpus), str(len(candidates)), str(len(past)), below,
+                      "" if best is None else f"{best.step_time_s:.4g}",
+                      f"{op_level_bound(shape, row.gpus, row.global_batch, hardware, PRECISION) / 1e9:.4g}"])
+    return format_table(headers, lines)
+
+
 STEP_TIMES = ("full", "selective")  # the step-time columns the fit reads
 
 
@@ -323,6 +349,8 @@ def main() -> None:
         print("Korthikanti et al. 2022 (arXiv 2205.05198), Table 5 and Fig. 1, against autostrat estimate "
               f"(a100-80gb as shipped, fp16 with fp32 gradients: precision {PRECISION}):")
         print(table(rows, predicted), flush=True)
+        print("\nThe plan-space search's candidates and its bounds (`report.plan_space`, `report.plan_bound`):")
+        print(bound_counts(rows, plans), flush=True)
         for row in rows if not args.no_search else ():
             searches[row.name] = searched(row, folder)
             print(f"{row.name}: searched in {searches[row.name][1]:.1f} s", file=sys.stderr, flush=True)
