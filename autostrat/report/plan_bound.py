@@ -10,8 +10,8 @@ schedule the estimate can choose avoids:
   in the forward (``2 · tokens · weights`` flops), attention's two products ``4 · sequences ·
   s² · h`` unfused, at least half that fused (a causal fused attention works on at least half
   its score matrix, `cost.op_cost.causal_work`), the LM head ``2 · tokens · h · V``; the backward twice the
-  forward (input and weight gradients); full recompute the block's forward once more
-  (selective recompute's attention core is counted as nothing: it may be fused, then unmarked).
+  forward (input and weight gradients); full recompute the block's forward once more,
+  selective recompute an unfused attention's scores product again (a fused one is not marked).
   Every op's work is spread over at most the ``tp · dp`` devices of its stage, at the
   precision's rate (`Hardware.compute_nanoseconds`: 16-bit at ``device_flops ·
   matmul_efficiency``, fp32 at half).
@@ -22,7 +22,8 @@ schedule the estimate can choose avoids:
   An unfused attention (GPT's, LLaMA's without ``fused_attention``) holds four score-sized
   tensors in the forward (the scores, scaled, masked, softmax), each written once and read at
   least once, and at least two in the backward (the softmax's output gradient and its input
-  gradient). Every element at 2 bytes (4 in fp32), none of the other ops' traffic counted. A
+  gradient); selective recompute writes and reads the scores, scaled and masked again and
+  writes the softmax. Every element at 2 bytes (4 in fp32), none of the other ops' traffic counted. A
   profile whose `kernel_passes` lets an op move fewer bytes than it holds gets no traffic term.
 - Tensor parallelism (``tp`` above 1), at the fastest link: the seeds leave each block's two
   row-split products partial over the ``tp`` devices and their readers (the bias or residual
@@ -108,7 +109,7 @@ def stage_times_bound(shape: ModelShape, given, hardware, precision: str) -> lis
         [(5488816, 9230054), (8289244, 14830909)]
     """
     forward, backward, head_forward, head_backward = _work_times(
-        shape, given.dp * given.micro_batch, given.tp * given.dp, hardware, precision, given.recompute == "full")
+        shape, given.dp * given.micro_batch, given.tp * given.dp, hardware, precision, given.recompute)
     if given.tp > 1:  # two partial [rows, h] tensors per block, each device's rows: micro_batch sequences
         bandwidth = max(hardware.intra_server_bandwidth, hardware.inter_server_bandwidth) * hardware.network_efficiency
         piece = given.micro_batch * shape.seq * shape.hidden * (4 if precision == "fp32" else 2)
@@ -121,10 +122,10 @@ def stage_times_bound(shape: ModelShape, given, hardware, precision: str) -> lis
             for stage, count in enumerate(counts)]
 
 
-def _work_times(shape: ModelShape, sequences: int, group: int, hardware, precision: str, recompute: bool) -> tuple:
-    """Nanoseconds at least of one block's forward and backward (with its forward again when
-    `recompute`), then the LM head's, on `sequences` sequences spread over `group` devices:
-    their products' flops and the traffic the module docstring counts."""
+def _work_times(shape: ModelShape, sequences: int, group: int, hardware, precision: str, recompute: str) -> tuple:
+    """Nanoseconds at least of one block's forward and backward (with what `recompute` runs
+    again: none, selective, full), then the LM head's, on `sequences` sequences spread over
+    `group` devices: their products' flops and the traffic the module docstring counts."""
     tokens = sequences * shape.seq
     flops = hardware.device_flops * hardware.matmul_efficiency * (0.5 if precision == "fp32" else 1.0) * group / 1e9
     moved = hardware.device_memory_bandwidth * hardware.memory_efficiency * group / 1e9 / (4 if precision == "fp32" else 2)
@@ -136,7 +137,9 @@ def _work_times(shape: ModelShape, sequences: int, group: int, hardware, precisi
     backward = 2 * products / flops + (2 * tokens * shape.block_rows + 2 * shape.block_weights + 4 * scores) / moved
     head = 2 * tokens * shape.hidden * shape.vocab / flops
     head_moved = (tokens * (shape.hidden + shape.vocab) + shape.hidden * shape.vocab) / moved
-    return forward, backward + forward * recompute, head + head_moved, 2 * (head + head_moved)
+    again = {"none": 0.0, "full": forward,
+             "selective": (2 * sequences * shape.seq**2 * shape.hidden / flops + 7 * scores / moved) * (shape.heads > 0)}
+    return forward, backward + again[recompute], head + head_moved, 2 * (head + head_moved)
 
 
 def step_time_bound(shape: ModelShape, given, hardware, precision: str) -> int:
@@ -191,6 +194,6 @@ def op_level_bound(shape: ModelShape, device_num: int, global_batch: int, hardwa
     """
     if not shape.dense:
         return 0
-    forward, backward, head_forward, head_backward = _work_times(shape, global_batch, device_num, hardware, precision, False)
+    forward, backward, head_forward, head_backward = _work_times(shape, global_batch, device_num, hardware, precision, "none")
     work = shape.layers * (forward + backward) + head_forward + head_backward + _update_time(shape, device_num, hardware)
     return math.floor(work * FLOAT_MARGIN)
