@@ -18,8 +18,10 @@ tensor-core peak and the 2-byte size), so the estimates are priced in ``bf16`` (
 
 Each entry is `autostrat estimate`'s figure (`autostrat.report.estimate`) for the row's plan:
 - time, full recompute: ``plan: {tp, pp, vp: interleave, dp, recompute: full}``; step_time_s;
-- parameters + optimiser: that estimate's parameters + gradients + optimiser state of the stage
-  holding the most (Fig. 1's bar counts all three);
+- parameters + optimiser: that estimate's parameters + gradients + optimiser state (Fig. 1's bar
+  counts all three) of the stage holding the most of the stages of layers only (`weights_gib`:
+  between the first and the last, where there are three or more; Fig. 1 counts the layers'
+  matrices, below); the fullest stage's, tables included, is printed after the table;
 - activations without SP/selective: the plan with ``recompute: none``, the most activation bytes
   a device of any stage holds at once (`memory_breakdown.MemoryBreakdown.most_activation_bytes`);
 - the SP + selective columns: ``sequence_parallel: true, recompute: selective``, its step time
@@ -43,14 +45,17 @@ reproduce exactly; where it differs from what the estimate counts, the memory ra
 accounting as much as modelling:
 - parameters + optimiser: the paper counts the layers' matrices only; the estimate counts every
   parameter on the stage (embedding and position tables, biases, norms too: on a first pipeline
-  stage of 2 or 3 layers the tables add 7-11 %). Gradients are summed over micro-batches in
-  place (`runtime.pipeline`, `search.stage_buffers`), as Megatron adds them into its main
-  gradients, so a peak holds one copy of them. What is left on the pipeline rows (5.8, 9.6 and
-  12.0 GiB over Fig. 1 on 175B, 530B and 1T) is the first stage's tied embedding gradient: the
-  plan computes it for the whole table (51 200 rows, not the tp-th of them the table holds: the
-  lookup's GatherGrad is left to propagation, which does not split its output rows), in 16 bits
-  and then in fp32, with the step's fp32 sum next to it: 2 · 4 + 2 bytes per table element,
-  12.2 GiB on 1T. Megatron's VocabParallelEmbedding computes its own rows' gradient only.
+  stage of 2 or 3 layers the tables add 7-11 %), hence the column's stages of layers only.
+  Gradients are summed over micro-batches in place (`runtime.pipeline`, `search.stage_buffers`),
+  as Megatron adds them into its main gradients, so a peak holds one copy of them, and next to
+  it a micro-batch's gradient being added in: on a 1T middle stage 1.22 GiB over Fig. 1's 18
+  bytes a parameter (3.7 %), the fp32 gradient of its largest matrix (4h²/t elements), which
+  Megatron's fused weight-gradient kernel adds into the sum directly. The first stage's tied embedding gradient is computed on its own
+  vocabulary rows, the tp-th of the table, as Megatron's VocabParallelEmbedding does (the lookup's
+  GatherGrad priced against where the table's update reads it: `search.propagate`); before, it
+  was computed for all 51 200 rows, 2 · 4 + 2 bytes per table element (12.2 GiB on 1T's first
+  stage). The first stage still holds the table's 18 bytes per element of its rows (parameter,
+  fp32 gradient, main copy and moments), which Fig. 1 leaves out.
 - activations: the paper's layers have dropout (its masks and outputs: 3·a·s/(h·t) + 2 of the
   s·b·h units above); the GPT configs have none (``*_pdrop: 0``), nor has autostrat a dropout
   op. The 22B run is one micro-batch of 4 sequences: the paper's formula gives its Fig. 1 bars
@@ -166,17 +171,26 @@ def predictions(row: Row, folder: Path, plans: dict | None = None) -> dict:
     if plans is not None:
         plans[row.name] = {"full recompute": full, "SP + selective": selective}
     none = estimated(row, folder, "none", recompute="none") if not isinstance(full, str) else full
-    weights = activations = full
+    weights = activations = fullest = full
     if not isinstance(full, str):
-        weights = max(sum(stage.bytes_by_kind[k] for k in ("parameters", "gradients", "optimizer_state"))
-                      for stage in full.memory) / GIB
+        weights, fullest = weights_gib(full.memory)
     if not isinstance(none, str):
         activations = max(stage.most_activation_bytes for stage in none.memory) / GIB
     return {"full": full if isinstance(full, str) else full.step_time_s,
             "selective": selective if isinstance(selective, str) else selective.step_time_s,
-            "weights": weights, "activations": activations,
+            "weights": weights, "weights_fullest": fullest, "activations": activations,
             "selective_activations": selective if isinstance(selective, str) else max(
                 stage.most_activation_bytes for stage in selective.memory) / GIB}
+
+
+def weights_gib(memory) -> tuple[float, float]:
+    """(parameters + gradients + optimiser state of the fullest device group holding layers only,
+    of the fullest group), GiB, from an estimate's per-stage `memory`. Layers only: the groups
+    between the first (the embedding, and a tied table's update) and the last (the LM head),
+    what Fig. 1's formula counts (module docstring); with fewer than three groups, every group."""
+    totals = [sum(stage.bytes_by_kind[kind] for kind in ("parameters", "gradients", "optimizer_state")) / GIB
+              for stage in memory]
+    return max(totals[1:-1] or totals), max(totals)
 
 
 def table(rows, predicted: dict) -> str:
@@ -371,7 +385,9 @@ def main() -> None:
               f"leave-one-out {leave_one_out.get((name, column), at_fit):.3f} (error {leave_one_out.get((name, column), at_fit) - 1:+.1%})")
     print("\nWhat Fig. 1 counts (`paper_accounting`), in GiB:")
     for row in rows:
-        print("  " + paper_accounting(row))
+        fullest = predicted[row.name]["weights_fullest"]
+        stage = "" if isinstance(fullest, str) else f"; predicted on the fullest stage, tables included, {fullest:.2f}"
+        print("  " + paper_accounting(row) + stage)
     print(f"total {time.perf_counter() - started:.1f} s")
 
 

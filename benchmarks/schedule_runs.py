@@ -8,14 +8,22 @@ or 1 with 8; the loss joins the last), as the closed forms assume equal stages. 
 
 - measured bubble: per rank, the share of the micro-batch slots' wall time it waited for
   another stage (`runtime.pipeline`), the mean over the ranks;
-- closed form: the bubble per device of `benchmarks/schedules.py` (`closed_form_bubble`) over
+- closed form: the bubble per device of `benchmarks/schedules.py` (`closed_form_text`) over
   ``m (F + B + W)`` plus it, with F, B and W the ranks' mean measured seconds of one
   forward, input-gradient and weight-gradient part (the whole backward for the schedules that
-  do not split it), summed over a device's chunks; zbv's holds at F = B = W only, so it is
-  marked ``*`` where the measured times differ;
+  do not split it), summed over a device's chunks; zbv's, (p - 1) F / 2, holds at F = B = W
+  only: at the measured times it is the least any order allows (``>=``), and the simulated
+  column is what zbv's order takes there;
 - simulated: `search.schedule_simulation.simulate` of the same orders with each stage's
   measured F, B, W (sends free);
 - F/B/W ms: one part of one chunk, the mean over the ranks;
+- CPU share: a rank's thread CPU seconds in its parts over their wall seconds, the mean over
+  the ranks. Below 100 % the ranks share the machine's cores (4 ranks and whatever else runs
+  on 2 cores): a busy rank waits for a core, and a rank whose message has arrived waits for
+  its turn to run, which the measured bubble counts as waiting for another stage; the
+  schedules with more, shorter parts and more messages per step (interleaved_1f1b, zbv) wait
+  so more often. The simulated column has no such waits: on a crowded machine the measured
+  bubble is over it by the scheduler's share, not by the orders;
 - peak per rank measured (`runtime.held_memory`) / predicted (`Pipeline.peak_bytes`);
 - equal: the loss and parameters against one device running the whole batch (limit 1e-5),
   and bytes measured = predicted.
@@ -31,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installed
 
-from schedules import closed_form_bubble  # noqa: E402  (the script's directory is on sys.path)
+from schedules import closed_form_text  # noqa: E402  (the script's directory is on sys.path)
 
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context  # noqa: E402
 from autostrat.frontend.train import train  # noqa: E402
@@ -41,7 +49,7 @@ from autostrat.search.schedules import SCHEDULE_ORDERS  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 RANKS, MICRO_BATCHES, LAYERS, HIDDEN = 4, 8, 8, 128
-HEADER = ["schedule", "measured bubble", "closed form", "simulated", "F/B/W ms", "peak per rank measured / predicted (bytes)",
+HEADER = ["schedule", "measured bubble", "closed form", "simulated", "F/B/W ms", "CPU share", "peak per rank measured / predicted (bytes)",
           "equal"]
 
 
@@ -63,18 +71,16 @@ def row(schedule: str, report) -> list[str]:
     """The table's line of one schedule's report (rank 0)."""
     result = report.result
     chunks = 2 if schedule in ("interleaved_1f1b", "zbv") else 1
-    timings = result.stage_timings  # per rank: bubble, seconds of one F, B, W of a chunk
+    timings = result.stage_timings  # per rank: bubble, seconds of one F, B, W of a chunk, CPU share
     measured = sum(t[0] for t in timings) / len(timings)
     forward, backward, weight = (chunks * sum(t[kind] for t in timings) / len(timings) for kind in (1, 2, 3))
-    bubble, mark = closed_form_bubble(schedule, RANKS, MICRO_BATCHES, chunks, forward, backward, weight), ""
-    if bubble is None and schedule == "zbv":
-        bubble, mark = (RANKS - 1) * forward / 2, "*"
-    closed = "n/a" if bubble is None else f"{bubble / (MICRO_BATCHES * (forward + backward + weight) + bubble):.1%}{mark}"
+    closed = closed_form_text(schedule, RANKS, MICRO_BATCHES, chunks, forward, backward, weight)
     simulated = _simulated(schedule, chunks, timings)
     peaks = ", ".join(f"{m:,}/{p:,}" for m, p in zip(result.measured_peaks, result.predicted_peaks))
     equal = f"{'yes' if report.ok else 'NO'} (loss {report.loss_error:.1e}, parameters {report.parameter_error:.1e})"
     per_chunk = "/".join(f"{seconds / chunks * 1e3:.1f}" for seconds in (forward, backward, weight))
-    return [schedule, f"{measured:.1%}", closed, f"{simulated:.1%}", per_chunk, peaks, equal]
+    share = sum(t[4] for t in timings) / len(timings)
+    return [schedule, f"{measured:.1%}", closed, f"{simulated:.1%}", per_chunk, f"{share:.0%}", peaks, equal]
 
 
 def _simulated(schedule: str, chunks: int, timings) -> float:

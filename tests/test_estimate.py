@@ -191,6 +191,26 @@ def test_the_vocabulary_is_split_over_tp_as_megatron_does():
     assert gather.slice_shape == head.slice_shape == (64, 64)  # both hold half the 128-row table
 
 
+def test_a_tied_tables_gradient_is_computed_on_its_own_vocabulary_rows(tmp_path):
+    """The small plan with a tied table, dp 1 as the published pipeline rows: the lookup's
+    gradient on the first stage is the tp-th of the table's rows, as Megatron's
+    VocabParallelEmbedding computes it, and so is the table's gradient the first stage holds at
+    its peak (before, the lookup's partial gradient of all 128 rows: twice that)."""
+    from autostrat.report.estimate import estimate
+    from autostrat.search.stage_buffers import stage_peak_buffers
+
+    path = tmp_path / "tied.yaml"
+    path.write_text(SMALL_TEXT.replace("vocab: 128}", "vocab: 128, tie_embeddings: true}").replace("dp: 2", "dp: 1")
+                    .replace("zero: 1", "zero: 0"))
+    plan = estimate(path).plan
+    assert plan.pipeline.op_stages["optimizer/embedding.embedding_table"] == 0  # updated where it is looked up
+    for tensor in ("bprop/embedding.gather/gather_grad:0", "grad/embedding.embedding_table"):
+        assert plan.layouts[tensor].slice_shape == (64, 64) and not plan.layouts[tensor].partial  # 128 rows over tp 2
+    [(first, _), _] = stage_peak_buffers(plan, lambda key: False)
+    table = [size for key, size in first if key.startswith(("grad/embedding.embedding_table", "bprop/embedding.gather/"))]
+    assert table == [64 * 64 * 4]  # its rows, fp32, once
+
+
 def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_device(tmp_path):
     from autostrat.report.estimate import given_plan_config
     from tests.test_recompute import assert_trains_like_one_device

@@ -235,3 +235,87 @@ def test_at_coarsening_exact_the_tied_and_untied_solves_and_the_solver_share_the
     plan = search(graph, 2, SearchOptions(refine="cpsat", refine_time_limit=30))
     assert clock.given == [15.0, 3.0, 10.0] and clock.now == 1000.0 + 30.0
     assert "then the IOPDDL solver" in plan.refinement.result.coarsening
+
+
+class FakeCollector:
+    """`gc` as `CollectorReserve` sees it: `young` objects wait; a collection of them takes
+    `seconds_per_object` each on `clock` and leaves none."""
+
+    def __init__(self, clock: FakeClock, young: int, seconds_per_object: float):
+        self.clock, self.young, self.seconds_per_object, self.collections = clock, young, seconds_per_object, 0
+
+    def get_count(self) -> tuple[int, int, int]:
+        return self.young, 0, 0
+
+    def collect(self) -> int:
+        self.clock.now += self.young * self.seconds_per_object
+        self.young, self.collections = 0, self.collections + 1
+        return 0
+
+
+def test_the_refinement_keeps_the_time_the_collection_at_the_searchs_end_will_take(monkeypatch, clock):
+    # The problem and the propagation left 1 000 000 objects, a whole collection takes 2 us per
+    # object: the refinement's first look at the clock collects them (2 s); the solve then
+    # allocates 1 500 000 more, which the end's collection will take 3 s for, so the solve is
+    # given 60 - 2 - 3 s. Without the collector on before the search nothing is kept for it.
+    collector = FakeCollector(clock, 1_000_000, 2e-6)
+    monkeypatch.setattr(deadline_module, "gc", collector)
+
+    def refine_fake(problem, hint, time_limit, workers, budget, progress, level, starts, deadline):
+        collector.young += 1_500_000
+        clock.spend(deadline.left())
+        cost = problem.cost(hint)
+        return RefineResult(dict(hint), cost, 0, "FEASIBLE", time_limit, cost)
+
+    monkeypatch.setattr(search_module, "refine", refine_fake)
+    graph = small_problem(8, 0).graph
+    search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=60))
+    assert collector.collections == 1 and clock.given == [pytest.approx(55.0)]
+    assert clock.now + collector.young * 2e-6 == pytest.approx(1000.0 + 60.0)  # the end's collection ends at the limit
+    clock.now, clock.given, collector.young = 1000.0, [], 1_000_000
+    monkeypatch.setattr(search_module.gc, "isenabled", lambda: False)
+    search(graph, 8, SearchOptions(refine="cpsat", refine_time_limit=60))
+    assert collector.collections == 1 and clock.given == [60.0]  # no collection measured, none kept
+
+
+def test_a_long_redistribution_search_stops_at_the_pricings_deadline(monkeypatch):
+    # A search polls its caller every POLL_EVERY settled states: the pricing's check raises
+    # out of the first entry it prices (the check between blocks of entries would let a whole
+    # block run first), and the interrupted search memoises nothing: the same pair priced
+    # afterwards costs what a cold search finds (a partial sum over 4 of 16 devices, columns
+    # to rows: its timed search settles more than POLL_EVERY states).
+    from autostrat.layout import DeviceMatrix, Layout, TensorMap
+    from autostrat.redistribution.memo import clear_memos
+    from autostrat.redistribution.polling import polled
+    from autostrat.redistribution.table import cost_table
+    from autostrat.search.coarsen import price_tables
+    from autostrat.search.deadline import Deadline, TimeRanOut
+
+    hardware = SearchOptions(cost_model="time").hardware
+    src = Layout(DeviceMatrix((4, 1, 4)), TensorMap(((1,), (0,))), (256, 256), partial=(2,))
+    dst = Layout(DeviceMatrix((4, 1, 4)), TensorMap(((0,), (1,))), (256, 256))
+    model = hardware.alpha_beta(16)
+    clear_memos()
+
+    def stop():
+        raise TimeRanOut("pricing")
+
+    with polled(stop), pytest.raises(TimeRanOut):
+        cost_table([src], [dst], "float32", model)
+    interrupted = cost_table([src], [dst], "float32", model)[0, 0]
+    clear_memos()
+    assert interrupted == cost_table([src], [dst], "float32", model)[0, 0] > 0
+
+    class Looks(Deadline):  # passes at its second look: the first is before any entry is priced
+        looks = 0
+
+        def passed(self) -> bool:
+            Looks.looks += 1
+            return Looks.looks > 1
+
+    monkeypatch.setattr(importlib.import_module("autostrat.redistribution.search"), "POLL_EVERY", 1)
+    problem = build_problem(gpt_training(2).graph, 8, hardware=hardware)
+    clear_memos()
+    with pytest.raises(TimeRanOut):
+        price_tables(problem, Looks(60.0))
+    assert sum(edge.table.computed for edge in problem.edges) == 0  # stopped inside the first block, before it was kept

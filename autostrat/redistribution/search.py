@@ -59,6 +59,7 @@ from autostrat.redistribution.memo import BoundedMemo
 from autostrat.redistribution.moves import (Move, Space, State, canonical, creation, creations, fixing_pools, moves, pool_canonical,
                                             pools_order, relabel, split_signature)
 from autostrat.redistribution.paths import inverse, unpermute
+from autostrat.redistribution.polling import POLL_EVERY, poll
 from autostrat.redistribution.timed import (ClassLimit, bundle_classes, conjugated, mapping_link, matrix_of, permute_links, speed_pools,
                                             step_nanoseconds, time_floor, timed_bound, towards_target)
 
@@ -375,6 +376,8 @@ class Search:
             settled.add(node)
             if node in targets:
                 return node
+            if not len(settled) % POLL_EVERY:
+                poll()  # a caller bounded in time may stop a long search here (`polling`)
             steps += len(node) == 2  # a bundle's permute was counted on entering it
             try:
                 edges = self._expand(node) + self._creation(node)

@@ -41,8 +41,10 @@ SLOT_OF = {"F": "forward", "B": "backward", "W": "weight"}  # a schedule's instr
 @dataclass(frozen=True)
 class StageRun:
     """One rank's run: the loss of every step (its stage computes it: the last), its final
-    slices, the bytes per step by phase it sent, its peak live bytes, its bubble, and the
-    seconds it spent on one F, B and W of a chunk on average, waits for other stages left out."""
+    slices, the bytes per step by phase it sent, its peak live bytes, its bubble, the seconds it
+    spent on one F, B and W of a chunk on average, waits for other stages left out, and the CPU
+    seconds of its thread over those seconds (below 1 where the machine's cores are shared: a
+    busy rank then waits for a core too, and a woken one for its turn)."""
 
     rank: int
     losses: tuple[float, ...]
@@ -51,6 +53,7 @@ class StageRun:
     peak_bytes: int
     bubble: float
     part_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    cpu_share: float = 1.0
 
 
 def micro_batches_of(batch: dict, inputs: tuple[str, ...], count: int) -> list[dict]:
@@ -103,6 +106,12 @@ class StageRunner:
         self.waited = self.busy = 0.0
         self.part_busy = dict.fromkeys(SLOT_OF, 0.0)  # per instruction kind, seconds run (waits left out)
         self.parts = dict.fromkeys(SLOT_OF, 0)  # per instruction kind, how many ran
+        self.part_cpu = 0.0  # the thread's CPU seconds in the instructions (`cpu_share`)
+
+    def cpu_share(self) -> float:
+        """The thread's CPU seconds in the instructions over their seconds, waits left out."""
+        busy = sum(self.part_busy.values())
+        return self.part_cpu / busy if busy else 1.0
 
     def part_seconds(self) -> tuple[float, float, float]:
         """The mean seconds of one F, B and W (0 for a kind that never ran)."""
@@ -119,8 +128,9 @@ class StageRunner:
         started = time.perf_counter()
         waited = self.waited
         for instruction in program.order():
-            began, waited_before = time.perf_counter(), self.waited
+            began, waited_before, cpu = time.perf_counter(), self.waited, time.thread_time()
             self._part(instruction, values | micro_values[instruction.micro_batch], losses)
+            self.part_cpu += time.thread_time() - cpu
             self.part_busy[instruction.kind] += time.perf_counter() - began - (self.waited - waited_before)
             self.parts[instruction.kind] += 1
         self.busy += time.perf_counter() - started - (self.waited - waited)
@@ -222,7 +232,7 @@ def train_stage(program: StageProgram, backend, values: dict, batches, on_step=N
     measured = phase_bytes(program, tuple(runner.sent), len(batches))
     wall = runner.busy + runner.waited
     return StageRun(program.rank, tuple(losses), resident, measured, runner.held.peak, runner.waited / wall if wall else 0.0,
-                    runner.part_seconds())
+                    runner.part_seconds(), runner.cpu_share())
 
 
 def pipeline_values(plan, values: dict) -> dict:
@@ -267,13 +277,13 @@ def train_pipeline_collective(plan, backend, values: dict, batches, on_step=None
     run = train_stage(program, backend, pipeline_values(plan, values), batches, on_step if backend.rank == 0 else None,
                       share_loss=loss_rank(plan))
     slices = _gathered_slices(plan, backend, run.slices)
-    vector = [run.measured[phase] for phase in PHASES] + [run.peak_bytes, run.bubble, *run.part_seconds]
+    vector = [run.measured[phase] for phase in PHASES] + [run.peak_bytes, run.bubble, *run.part_seconds, run.cpu_share]
     gathered = backend.gather_report(np.array(vector, np.float64))
     if gathered is None:
         return _result(plan, programs, None, run.losses, slices) if every_rank else None
     count = len(PHASES)
     runs = [StageRun(rank, (), {}, {p: int(v) for p, v in zip(PHASES, row)}, int(row[count]), float(row[count + 1]),
-                     tuple(float(v) for v in row[count + 2:])) for rank, row in enumerate(gathered)]
+                     tuple(float(v) for v in row[count + 2:count + 5]), float(row[count + 5])) for rank, row in enumerate(gathered)]
     return _result(plan, programs, runs, run.losses, slices)
 
 
@@ -308,4 +318,4 @@ def _result(plan, programs, runs, losses, slices_by_rank):
     )
     return TrainingResult(losses, parameters, tuple(phase_bytes(p) for p in programs), tuple(run.measured for run in runs),
                           max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines,
-                          stage_timings=tuple((run.bubble, *run.part_seconds) for run in runs))
+                          stage_timings=tuple((run.bubble, *run.part_seconds, run.cpu_share) for run in runs))

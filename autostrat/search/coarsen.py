@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.errors import ConfigError
+from autostrat.redistribution.polling import polled
 from autostrat.search.deadline import Deadline
 from autostrat.search.memory import tensor_bytes
 from autostrat.search.problem import SearchProblem, layers_of
@@ -165,7 +166,8 @@ def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False, 
 
 def price_tables(problem: SearchProblem, deadline: Deadline) -> None:
     """Price every entry of every cost table (the model prices every pair), `PRICED_AT_ONCE`
-    entries at a time, checking `deadline` in between.
+    entries at a time, checking `deadline` in between and inside each entry's redistribution
+    search (`redistribution.polling`).
 
     Example:
         >>> from autostrat.frontend import trace
@@ -178,15 +180,16 @@ def price_tables(problem: SearchProblem, deadline: Deadline) -> None:
         True
     """
     deadline.check(PRICING)
-    for edge in problem.edges:
-        table = edge.table
-        if table.computed == table.size:
-            continue
-        rows, columns = table.shape
-        for row in range(rows):
-            for column in range(0, columns, PRICED_AT_ONCE):
-                table[row, column:column + PRICED_AT_ONCE]
-                deadline.check(PRICING)
+    with polled(lambda: deadline.check(PRICING)):  # inside one entry's search too: it may take seconds
+        for edge in problem.edges:
+            table = edge.table
+            if table.computed == table.size:
+                continue
+            rows, columns = table.shape
+            for row in range(rows):
+                for column in range(0, columns, PRICED_AT_ONCE):
+                    table[row, column:column + PRICED_AT_ONCE]
+                    deadline.check(PRICING)
 
 
 def _owned_bytes(problem: SearchProblem) -> dict[str, list[np.ndarray]]:

@@ -15,7 +15,8 @@ Propagation (MindSpore's sharding_propagation), case by case:
   ops then take, in data-flow order (the gradient's order), the cheapest candidate given every
   decided neighbour: their forward op's saved tensors and weights, the gradients already
   computed, the gradient synchronisation to where each weight is stored, and where each
-  activation gradient is going (the layout its forward consumer read the activation in). That
+  activation gradient is going (the layout its forward consumer read the activation in), and
+  each part of a parameter read twice (a tied table), where its first reader reads it. That
   is the strategy the forward op implies (Megatron's backward of a column-parallel MatMul: a
   partial input gradient, AllReduced) unless another is cheaper;
 - the edges between two readers of one parameter or graph input are priced when choosing, but
@@ -302,20 +303,36 @@ def _forward_op(graph, name: str) -> str:
 
 def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, int]) -> list:
     """Terms (see `_total_cost`) pricing, per candidate of `op`, the bytes that bring each
-    activation gradient it outputs to the layout its first forward reader read the activation
-    in. Weight gradients are priced by the gradient-synchronisation edges instead."""
+    activation gradient it outputs, and each part of a parameter's gradient an accumulate op
+    sums (a tied table's lookup and LM head), to the layout its first forward reader read the
+    activation (the parameter) in. A weight gradient of one part is priced by the gradient-
+    synchronisation edges instead; a part's goes to the accumulate op, decided later (without
+    the term a lookup's gradient kept the whole vocabulary, partial, where gathering its input
+    gives each device its own rows: Megatron's VocabParallelEmbedding)."""
     graph, terms = problem.graph, []
     for index, tensor in enumerate(graph.ops[op].outputs):
-        activation = tensor.removeprefix(GRADIENT_PREFIX)
-        if tensor == activation or activation not in graph.tensors or graph.tensors[activation].kind == "parameter":
+        parameter = _accumulated_parameter(graph, tensor)
+        target = parameter or tensor.removeprefix(GRADIENT_PREFIX)
+        if parameter is None and (target == tensor or target not in graph.tensors or graph.tensors[target].kind == "parameter"):
             continue
-        reader = next(((r, i) for r, i in graph.consumers(activation) if op_phase(r) == "forward" and r in choice), None)
+        reader = next(((r, i) for r, i in graph.consumers(target) if op_phase(r) == "forward" and r in choice), None)
         if reader is not None:
             wanted = problem.candidates[reader[0]][choice[reader[0]]].input_layouts[reader[1]]
             held = [candidate.output_layouts[index] for candidate in problem.candidates[op]]
             dtype = (problem.sizes or TensorSizes.of(graph)).priced(tensor)
             terms.append(_destination_term(held, wanted, dtype, problem.model))
     return terms
+
+
+def _accumulated_parameter(graph, tensor: str) -> str | None:
+    """The parameter whose gradient an accumulate op reading `tensor` sums (`accumulate/<name>`,
+    a suffix ``_<k>`` from the third part on), or None."""
+    for consumer, _ in graph.consumers(tensor):
+        kind, _, rest = consumer.partition("/")
+        target = rest if rest in graph.tensors else rest.rsplit("_", 1)[0]
+        if kind == "accumulate" and target in graph.tensors and graph.tensors[target].kind == "parameter":
+            return target
+    return None
 
 
 def _destination_term(held: list, wanted, dtype: str, model):

@@ -20,8 +20,9 @@ Prices of a split (`priced_split`), per model stage from its units' `stages.Unit
   instruction freeing a micro-batch's activations writes while the activations of the units it
   has yet to reach live (`_overlap`, unit by unit: all of them in the first micro-batch, whose
   gradients become the sums; a unit's largest in a later one, which adds each into its sum as it
-  is made, as the runtime and Megatron do), and, where a backward starts, the first activation
-  gradient it writes.
+  is made, as the runtime and Megatron do; where the backward is split, W's walk op by op,
+  `_weight_overlap`: what its ops still read freed after their last reader, as the runtime
+  frees it), and, where a backward starts, the first activation gradient it writes.
 
 `split_stages` finds the split with the least simulated step whose model fits the budget:
 every split when there are at most `EXHAUSTIVE_SPLITS` (so exact: tested against brute force),
@@ -127,23 +128,25 @@ class _ChunkBytes:
     @classmethod
     def of(cls, costs: UnitCosts, first: int, end: int, received: int, split: bool) -> _ChunkBytes:
         kept = costs.weight_held_bytes if split else costs.activation_bytes  # what the gradients' writer reads
-        received_then = 0 if split else received  # B has freed the received input before W
         walk = max(received + sum(costs.activation_bytes[first:unit + 1]) + sum(kept[unit + 1:end]) + costs.transient_bytes[unit]
                    for unit in range(first, end))  # B walking back: the units it has not reached hold all theirs
+        if split:  # W frees what it reads op by op (`UnitCosts.weight_walk_bytes`); B has freed the received input
+            overlap = _weight_overlap(costs, first, end, costs.weight_walk_bytes, with_later_gradients=True)
+            summed = _weight_overlap(costs, first, end, costs.weight_walk_summed_bytes, with_later_gradients=False)
+        else:
+            overlap, summed = _overlap(costs, first, end, received), _overlap(costs, first, end, received, summed=True)
         return cls(sum(costs.activation_bytes[first:end]) + received, sum(kept[first:end]), sum(costs.gradient_bytes[first:end]),
-                   costs.transient_bytes[end - 1], _overlap(costs, first, end, received_then, kept),
-                   _overlap(costs, first, end, received_then, kept, summed=True), walk)
+                   costs.transient_bytes[end - 1], overlap, summed, walk)
 
 
-def _overlap(costs: UnitCosts, first: int, end: int, received: int, kept=None, summed: bool = False) -> int:
-    """The most a stage of units ``[first, end)`` holds of one micro-batch while the instruction
-    writing its gradients runs (B, or W where the backward is split): walking its units back
-    from the last, unit ``u`` still holds what the instruction reads of ``u`` and of the units
-    before it (`kept`, per unit: default their activations; W reads `UnitCosts.weight_held_bytes`)
-    and the stage's received input, when the gradients of ``u`` and of the units after it are
-    written; once the step's sums exist (`summed`), each gradient is added into its sum as it is
-    made, and only one of unit ``u``'s at a time, at most its largest, is held beside them, with
-    the activation gradient its backward passes on (`UnitCosts.transient_bytes`).
+def _overlap(costs: UnitCosts, first: int, end: int, received: int, summed: bool = False) -> int:
+    """The most a stage of units ``[first, end)`` holds of one micro-batch while its backward
+    (where it is not split) writes its gradients: walking its units back from the last, unit
+    ``u`` still holds its activations and those of the units before it, and the stage's
+    received input, when the gradients of ``u`` and of the units after it are written; once the
+    step's sums exist (`summed`), each gradient is added into its sum as it is made, and only
+    one of unit ``u``'s at a time, at most its largest, is held beside them, with the activation
+    gradient its backward passes on (`UnitCosts.transient_bytes`).
 
     Example (the last unit's big gradient is written while both units' activations live; once
     summed, its largest part, 20, and an activation gradient of 3 are held beside them):
@@ -152,11 +155,28 @@ def _overlap(costs: UnitCosts, first: int, end: int, received: int, kept=None, s
         >>> _overlap(costs, 0, 2, 0), _overlap(costs, 0, 2, 0, summed=True)
         (50, 43)
     """
-    kept = costs.activation_bytes if kept is None else kept
+    kept = costs.activation_bytes
     if summed:
         return max(received + sum(kept[first:unit + 1]) + costs.largest_gradient_bytes[unit] + costs.transient_bytes[unit]
                    for unit in range(first, end))
     return max(received + sum(kept[first:unit + 1]) + sum(costs.gradient_bytes[unit:end]) for unit in range(first, end))
+
+
+def _weight_overlap(costs: UnitCosts, first: int, end: int, walks: tuple[int, ...], with_later_gradients: bool) -> int:
+    """The most a stage of units ``[first, end)`` holds of one micro-batch while its W runs:
+    walking its units back from the last, unit ``u``'s own walk (`walks`: what its W ops still
+    read beside the gradients they write) beside all that the W of the units before it reads
+    (`UnitCosts.weight_held_bytes`) and, in the first micro-batch (`with_later_gradients`),
+    the gradients of the units after it, which became the sums.
+
+    Example (unit 1's walk peaks at 25 beside unit 0's 10 held; in the first micro-batch unit
+    0's walk, 12, also has unit 1's gradients, 30, beside it):
+        >>> costs = UnitCosts((1, 1), (10, 10), (1, 1), gradient_bytes=(2, 30), weight_walk_bytes=(12, 25))
+        >>> _weight_overlap(costs, 0, 2, costs.weight_walk_bytes, True), _weight_overlap(costs, 0, 2, costs.weight_walk_bytes, False)
+        (42, 35)
+    """
+    later = costs.gradient_bytes if with_later_gradients else (0,) * len(costs.gradient_bytes)
+    return max(sum(costs.weight_held_bytes[first:unit]) + walks[unit] + sum(later[unit + 1:end]) for unit in range(first, end))
 
 
 def priced_split(costs: UnitCosts, bounds: tuple[tuple[int, int], ...], schedule: Schedule) -> StageSplit:

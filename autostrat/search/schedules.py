@@ -19,16 +19,22 @@ of device ``d`` is model stage `Schedule.stage` (``c * p + d``; zbv's V: ``d``, 
    device ``d`` running micro-batch ``i``'s weight gradient ``d`` steps after its input gradient
    (after the backward of ``i + d``), so that it holds ``p`` micro-batches at most like 1F1B's
    first device, and the drain's waits are filled with the weight gradients held back.
-5. ``zbv`` (ZB-V, the same paper): two chunks per device in a V, each micro-batch's forward
-   down the devices on chunk 0 and back up on chunk 1 (the last stage on device 0); its
-   orders are those of a list schedule (`_zbv`) planned for given F, B and W times (equal by
-   default; the ZB authors' scheduler takes them too), holding at most ``2p`` micro-batch
+5. ``zbv`` (ZB-V, the same paper, as its figure and PyTorch's ``ScheduleZBVZeroBubble`` order
+   it): two chunks per device in a V, each micro-batch's forward down the devices on chunk 0
+   and back up on chunk 1 (the last stage on device 0). Device ``d`` runs ``2 (p - d) - 1``
+   chunk-0 forwards, ``d`` pairs of chunk-1 and chunk-0 forwards, ``p - d`` chunk-1 F, B, W;
+   then in turn chunk 0's F, B, W and chunk 1's; then drains the input gradients with their
+   weight gradients held back to fill the waits (`_zbv`). It holds at most ``2p`` micro-batch
    chunks, 1F1B's first device's ``p`` micro-batches of a device's layers (the paper's "1x").
-   At equal times and ``m >= 2p`` its step is ``m (F + B + W) + (p - 1) F / 2`` (F a
-   device's forward over both chunks), the least any order allows (tested for p <= 8;
-   found 2 chunk passes over it at p = 10, 12, 14, 16). The paper's table lists ZB-V's bubble
-   rate at equal times as 0; the ``(p - 1) F / 2`` here is the devices' start offsets, which
-   no order avoids within one step.
+   At equal times and ``m >= 2p`` its step is ``m (F + B + W) + (p - 1) F / 2`` (F a device's
+   forward over both chunks), the least any order allows: the devices' start offsets, which
+   no order avoids within one step (the paper's table lists ZB-V's bubble rate at equal times
+   as 0). The order does not depend on the times. On unequal ones that bound is a lower bound
+   (`benchmarks/schedules.py --times`): at p <= 8, m >= 2p and per-pass times drawn from
+   0.3-3, the step is 1.01-1.05 of it on average, at most 1.12 where W + 2B >= 2F and
+   W + 2F >= 2B (the condition Qi et al.'s later V schedules give for no steady bubble), 1.26
+   at worst otherwise; at the 17 : 15 : 6 measured on the ranks 1.02 (a list schedule planned
+   for equal times, before, took 1.18 there, slower than ZB-H1).
 
 What an instruction waits for (`waits_for`): ``F(i, k)`` the forward of stage ``k - 1``,
 ``B(i, k)`` the backward of stage ``k + 1`` (the last stage's its own forward), ``W(i, k)`` the
@@ -38,7 +44,6 @@ backward ``B(i, k)``.
 from __future__ import annotations
 
 import functools
-from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -109,11 +114,9 @@ def waits_for(instruction: Instruction, stage: int, stages: int) -> tuple[str, i
 
 
 @functools.lru_cache(maxsize=256)  # the search, the memory replay and every rank ask for the same few
-def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | None = None,
-                    pass_times: tuple[float, float, float] | None = None) -> Schedule:
+def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | None = None) -> Schedule:
     """The orders of schedule `name` on `devices` devices for `micro_batches` micro-batches,
-    `chunks` model chunks per device (interleaved: any, default 2; zbv: 2; else 1); zbv's are
-    planned for one chunk's F, B and W taking `pass_times` (default equal).
+    `chunks` model chunks per device (interleaved: any, default 2; zbv: 2; else 1).
 
     Example (ZB-H1's last of 2 devices runs micro-batch 0's weight gradient after the input
     gradient of micro-batch 1):
@@ -129,11 +132,7 @@ def schedule_orders(name: str, devices: int, micro_batches: int, chunks: int | N
     if name == "interleaved_1f1b" and micro_batches % devices:
         raise ConfigError(f"interleaved_1f1b runs micro-batches in groups of the {devices} devices: micro_batches must "
                           f"be a multiple of {devices}, got {micro_batches}")
-    if pass_times is not None and (name != "zbv" or len(pass_times) != 3 or min(pass_times) <= 0):
-        raise ConfigError(f"pass_times plan zbv's orders and are 3 positive times (F, B, W); got {pass_times!r} for {name}")
-    if name == "zbv":
-        return Schedule(name, devices, micro_batches, chunks, _zbv(devices, micro_batches, pass_times or (1, 1, 1)))
-    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved,
+    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "zbv": _zbv,
              "zero_bubble_h1": _zero_bubble_h1}[name]
     orders = tuple(tuple(build(device, devices, micro_batches, chunks)) for device in range(devices))
     return Schedule(name, devices, micro_batches, chunks, orders)
@@ -196,69 +195,38 @@ def _v_stage(devices: int, device: int, chunk: int) -> int:
     return 2 * devices - 1 - device if chunk else device
 
 
+def _zbv(device: int, devices: int, micro_batches: int, chunks: int) -> list[Instruction]:
+    """ZB-V's order (Qi et al.'s handcrafted V) of `device` ``d`` of ``p``, written for at least
+    ``2p`` micro-batches and cut to the real ones (a cut order runs its instructions in the same
+    relative order, so it cannot deadlock where the whole one does not)."""
+    p, d, total = devices, device, max(micro_batches, 2 * devices)
+    order, passes = [], _VPasses()
+    order += [passes.next("F", 0) for _ in range(2 * (p - d) - 1)]  # chunk 0 fills the V's descent
+    for _ in range(d):
+        order += [passes.next("F", 1), passes.next("F", 0)]
+    for _ in range(p - d):  # the turn: chunk 1's micro-batches reach the loss
+        order += [passes.next("F", 1), passes.next("B", 1), passes.next("W", 1)]
+    while passes.forward[0] < total or passes.forward[1] < passes.forward[0]:  # steady: no bubble at equal times
+        order += [passes.next("F", 0)] if passes.forward[0] < total else []
+        order += [passes.next("B", 0), passes.next("W", 0), passes.next("F", 1), passes.next("B", 1), passes.next("W", 1)]
+    for _ in range(d):  # the drain: input gradients first, their weight gradients held back
+        order += [passes.next("B", 0), passes.next("B", 1)]
+    for _ in range(p - d):
+        order += [passes.next("B", 0), passes.next("W", 0)]
+    order += [passes.next("W", 1) for _ in range(passes.backward[1] - passes.weight[1])]
+    order += [passes.next("W", 0) for _ in range(passes.backward[0] - passes.weight[0])]
+    return [instruction for instruction in order if instruction.micro_batch < micro_batches]
+
+
 @dataclass
-class _VDevice:
-    """What a device of `_zbv`'s list schedule has run: per chunk its next forward and backward,
-    the micro-batch chunks whose activations it holds, the backwards whose W is still to run."""
+class _VPasses:
+    """Per kind and chunk, the next micro-batch of `_zbv`'s order (each kind runs them in turn)."""
 
     forward: list = field(default_factory=lambda: [0, 0])
     backward: list = field(default_factory=lambda: [0, 0])
-    held: int = 0
-    weights: deque = field(default_factory=deque)
+    weight: list = field(default_factory=lambda: [0, 0])
 
-
-def _zbv(devices: int, micro_batches: int, pass_times: tuple[float, float, float]) -> tuple[tuple[Instruction, ...], ...]:
-    """ZB-V's orders as a list schedule with each chunk's F, B and W taking `pass_times`: each
-    time devices are free, each runs the first of (`_v_next`) its ready chunk-1 forward (its
-    micro-batch then reaches the loss sooner), its ready backward of the earliest micro-batch,
-    its ready chunk-0 forward, a forward only while it holds fewer than ``2p`` micro-batch
-    chunks, and the weight gradient waiting longest; a device with none waits for the next
-    instruction to finish. At equal times and ``m >= 2p`` its step is the least any order
-    allows (module docstring: other priorities tried missed it or stalled)."""
-    durations = dict(zip("FBW", pass_times))
-    finish: dict = {}  # (kind, micro_batch, stage) -> when it finishes
-    state = [_VDevice() for _ in range(devices)]
-    orders: list[list[Instruction]] = [[] for _ in range(devices)]
-    free = [0.0] * devices
-    while active := [device for device in range(devices) if len(orders[device]) < 6 * micro_batches]:
-        time, waiting = min(free[device] for device in active), []
-        for device in (device for device in active if free[device] == time):
-            instruction = _v_next(device, devices, micro_batches, time, finish, state[device])
-            if instruction is None:
-                waiting.append(device)
-                continue
-            free[device] = time + durations[instruction.kind]
-            orders[device].append(instruction)
-            finish[(instruction.kind, instruction.micro_batch, _v_stage(devices, device, instruction.chunk))] = free[device]
-        later = [end for end in finish.values() if end > time]
-        assert later or not waiting, f"zbv's list schedule stalls at {time}"
-        for device in waiting:
-            free[device] = min(later)
-    return tuple(map(tuple, orders))
-
-
-def _v_next(device: int, devices: int, micro_batches: int, time: int, finish: dict, state: _VDevice) -> Instruction | None:
-    """What `device` of `_zbv`'s list schedule runs at unit `time`, updating its `state`."""
-
-    def ready(kind: str, chunk: int) -> bool:
-        counter = state.forward if kind == "F" else state.backward
-        if counter[chunk] == micro_batches:
-            return False
-        needed = waits_for(Instruction(kind, counter[chunk], chunk), _v_stage(devices, device, chunk), 2 * devices)
-        return needed is None or finish.get(needed, time + 1) <= time
-
-    for kind, chunk in (("F", 1), ("B", None), ("F", 0)):
-        if kind == "F" and ready("F", chunk) and state.held < 2 * devices:
-            state.forward[chunk] += 1
-            state.held += 1
-            return Instruction("F", state.forward[chunk] - 1, chunk)
-        backwards = [(state.backward[c], c) for c in (0, 1) if kind == "B" and ready("B", c)]
-        if backwards:
-            micro_batch, chunk = min(backwards)
-            state.backward[chunk] += 1
-            state.weights.append(Instruction("W", micro_batch, chunk))
-            return Instruction("B", micro_batch, chunk)
-    if state.weights:
-        state.held -= 1
-        return state.weights.popleft()
-    return None
+    def next(self, kind: str, chunk: int) -> Instruction:
+        counter = {"F": self.forward, "B": self.backward, "W": self.weight}[kind]
+        counter[chunk] += 1
+        return Instruction(kind, counter[chunk] - 1, chunk)

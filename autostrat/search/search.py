@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, replace
 
 from autostrat.cost import Hardware
@@ -13,7 +14,7 @@ from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
 from autostrat.search.coarsen import LEVELS
-from autostrat.search.deadline import Deadline, TimeRanOut
+from autostrat.search.deadline import CollectorReserve, Deadline, TimeRanOut
 from autostrat.search.memory import resident_floor
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.search.precision import check_precision
@@ -218,11 +219,12 @@ def search(graph: Graph, device_num: int, options: SearchOptions = SearchOptions
         >>> str(plan.ops["dense2.matmul"].strategy), plan.total_bytes
         ('((2, 4), (4, 1))', 6144)
     """
+    collects = gc.isenabled()  # the pause ends in a collection, which the time limit must leave time for
     with collector_paused():
-        return _search(graph, device_num, options, progress)
+        return _search(graph, device_num, options, progress, collects)
 
 
-def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> Plan:
+def _search(graph: Graph, device_num: int, options: SearchOptions, progress, collects: bool) -> Plan:
     # The time limit is the whole search's, from here: what the problem and the propagation take
     # is time the refinement no longer has (they do not look at the clock: their plan is the floor).
     deadline = Deadline(options.refine_time_limit)
@@ -244,26 +246,27 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress) -> 
                                    seeds_from_one_plan=options.seeds_from_one_plan)
     if not (options.refine is not None or options.automatic or options.max_device_memory is not None):
         return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
-    return _refined_plan(problem, graph, device_num, options, assignment, progress, deadline)
+    return _refined_plan(problem, graph, device_num, options, assignment, progress, deadline, collects)
 
 
 def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, progress,
-                  deadline: Deadline) -> Plan:
+                  deadline: Deadline, collects: bool = False) -> Plan:
     """The plan of the CP-SAT refinement; under a budget, one whose buffers fit it, the solver
     asked again under a tighter budget for its per-op model while the plan's copies push it over,
     and the cheapest start whose plan fits when they keep doing so (`_StartPlan`).
     `deadline` (`refine_time_limit` from the search's start) bounds the rest of the search: the
     extra starts, and each solve's pricing, coarsening and model building, which get the time
-    the earlier left."""
+    the earlier left, less what the end needs: the final plan's build, and when the search
+    `collects` (the collector was on before its pause), the collection its end sets off."""
     budget, plan = options.max_device_memory, None
     # The plan of what the refinement finds is built after it, within the limit too: build the
     # start's plan first (the fallback needs it anyway) and keep three times its time for that
-    # build and the garbage collection the search's end sets off (the collector paused during
-    # the search walks what it left; 7B at 64 devices, loaded machine: builds 1.7-2.0 s, the
-    # collection 2.1-3.2 s).
+    # build; and the collection the pause's end sets off, which grows with what the refinement
+    # allocates (`CollectorReserve`: 9.3 s after a 40 s limit on the 7B step at 64 devices, when
+    # three times the memoised build kept 0.24 s).
     began = deadline.elapsed()
     first = _plan_of(problem, graph, device_num, options, assignment, assignment.choice, None)  # progress: the final plan's
-    deadline = deadline.reserving(PLAN_RESERVE * (deadline.elapsed() - began))
+    deadline = deadline.reserving(PLAN_RESERVE * (deadline.elapsed() - began), CollectorReserve() if collects else None)
     # integer_programming starts from the data-parallel plan around the seeds already.
     starts = _extra_starts(problem, graph, device_num, options, deadline) if not options.automatic else []
     start = _StartPlan(problem, graph, device_num, options, assignment, progress, deadline, tuple(starts), first)

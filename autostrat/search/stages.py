@@ -51,6 +51,13 @@ class UnitCosts:
     # Per unit, what a micro-batch keeps from its B to its W where a schedule splits them: the
     # activations its W ops read and the tensors its B ops write for them (none given: its activations).
     weight_held_bytes: tuple[int, ...] = ()
+    # Per unit, the most its W ops hold at once walking in their order, what they still read
+    # freed op by op as the runtime frees it: beside the gradients written so far (the first
+    # micro-batch's become the sums), and beside only the one being written (a later one's is
+    # added into its sum). None given: `weight_held_bytes` with all the gradients, or with the
+    # largest and `transient_bytes`.
+    weight_walk_bytes: tuple[int, ...] = ()
+    weight_walk_summed_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.time_ns or not len(self.time_ns) == len(self.activation_bytes) == len(self.weight_bytes):
@@ -64,9 +71,15 @@ class UnitCosts:
                 object.__setattr__(self, name, (0,) * len(self.time_ns))  # frozen: filled once, here
         if not self.weight_held_bytes:
             object.__setattr__(self, "weight_held_bytes", self.activation_bytes)
-        elif len(self.weight_held_bytes) != len(self.time_ns):
-            raise ConfigError(f"unit costs need one weight_held_bytes figure per unit, got {len(self.weight_held_bytes)} "
-                              f"for {len(self.time_ns)} units")
+        held = self.weight_held_bytes
+        defaults = {"weight_held_bytes": held, "weight_walk_bytes": tuple(map(sum, zip(held, self.gradient_bytes))),
+                    "weight_walk_summed_bytes": tuple(map(sum, zip(held, self.largest_gradient_bytes, self.transient_bytes)))}
+        for name, default in defaults.items():
+            if not getattr(self, name):
+                object.__setattr__(self, name, default)
+            elif len(getattr(self, name)) != len(self.time_ns):
+                raise ConfigError(f"unit costs need one {name} figure per unit, got {len(getattr(self, name))} "
+                                  f"for {len(self.time_ns)} units")
         if any(f + w > t for f, w, t in zip(self.forward_ns, self.weight_gradient_ns, self.time_ns)):
             raise ConfigError("unit costs' forward and weight-gradient parts must fit in each unit's time")
 
@@ -271,8 +284,40 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
     sent = _sent_bytes(plan, units, (lambda a, b: a < b) if stage_units else (lambda a, b: (a, b) == (1, 2)))
     latency, bandwidth = hardware.link(across_servers=True)
     send_ns = round(latency * 1e9 + sent / bandwidth * 1e9)
+    walk, walk_summed = _weight_walks(plan, units, weight_parts, parameter_gradients, sizes, count)
     return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients),
-                     tuple(forward), tuple(weight), tuple(largest), tuple(held))
+                     tuple(forward), tuple(weight), tuple(largest), tuple(held), walk, walk_summed)
+
+
+def _weight_walks(plan, units: dict[str, int], weight_parts, parameter_gradients: set, sizes: TensorSizes,
+                  count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per unit, the most its W ops hold of one micro-batch at once, run in the graph's order
+    as the runtime runs them: at each, what W ops still read (the unit's B and forward outputs,
+    and W's own intermediates), freed after its last reader, beside the parameter gradients
+    written so far (`UnitCosts.weight_walk_bytes`) or beside this op's only (`weight_walk_summed_bytes`)."""
+    graph, order = plan.graph, [name for name in plan.graph.ops if name in weight_parts]
+    last_read = {}  # tensor -> position in `order` of its last W reader
+    for position, name in enumerate(order):
+        for tensor in graph.ops[name].inputs:
+            last_read[tensor] = position
+    live, walk, walk_summed, written = [0] * count, [0] * count, [0] * count, [0] * count
+    for tensor, position in last_read.items():  # held from B to W: a non-W op's output a W op reads
+        producer = graph.tensors[tensor].producer if tensor in graph.tensors else None
+        if producer in graph.ops and producer not in weight_parts:
+            live[units[producer]] += _slice_bytes(plan, tensor, sizes)
+    for position, name in enumerate(order):
+        unit, outputs = units[name], graph.ops[name].outputs
+        made = {tensor: _slice_bytes(plan, tensor, sizes) for tensor in outputs if tensor not in parameter_gradients}
+        gradient = sum(_slice_bytes(plan, tensor, sizes) for tensor in outputs if tensor in parameter_gradients)
+        written[unit] += gradient
+        walk[unit] = max(walk[unit], live[unit] + sum(made.values()) + written[unit])
+        walk_summed[unit] = max(walk_summed[unit], live[unit] + sum(made.values()) + gradient)
+        live[unit] += sum(size for tensor, size in made.items() if last_read.get(tensor, -1) > position)  # W's own, read on
+        for tensor in set(graph.ops[name].inputs):  # freed after their last reader
+            producer = graph.tensors[tensor].producer if tensor in graph.tensors else None
+            if last_read[tensor] == position and producer in graph.ops:
+                live[units[producer]] -= _slice_bytes(plan, tensor, sizes)
+    return tuple(walk), tuple(walk_summed)
 
 
 def _slice_bytes(plan, tensor: str, sizes: TensorSizes) -> int:
