@@ -63,14 +63,20 @@ accounting as much as modelling:
   activations at once. Without SP the given plan keeps the norms and residual adds whole on the
   tp devices, as Megatron does (`models.megatron_plan`).
 
-Search: after the table, each row's plan-space search (`report.plan_space`, what ``autostrat
-search`` does with the row's model, devices and global batch and no plan) next to the published
-plan, the faster of its two recompute columns: predicted step and peak of both, whether the
-searched one fits 80 GiB, their ratio, the candidates priced / pruned / refused and the search's
-wall seconds against the issue's 30 s. Every candidate is a full estimate: 22B prices 330 of
-its 340 (with a bound that counted the gradients too it priced 250 in 1,183 s at a load of 5-6
-on 2 cores); the larger rows have 2,019 (175B), 795 (530B) and 1,212 (1T) candidates past the
-pruning, hours each (``--no-search`` leaves the searches out).
+Search: after the table, per row the plan-space search's candidates and its bounds
+(`bound_counts`: the candidates, those past the resident bound, and those whose step-time bound
+is below the published plan's predicted step: the most branch and bound prices once it has found
+that plan), then each row's plan-space search (`report.plan_space`, what ``autostrat search``
+does with the row's model, devices and global batch and no plan) next to the published plan,
+the faster of its two recompute columns: predicted step and peak of both, whether the searched
+one fits 80 GiB, their ratio, the candidates priced / pruned by the resident bound / pruned by
+the step-time bound / refused, and the search's wall seconds against the issue's 30 s. Every
+priced candidate is a full estimate (the published plans' take 2.6-4.8, 5.6-8.0, 9.6-15.8 and
+9.5-16.3 CPU-s for 22B, 175B, 530B and 1T at a load of 7-10 on 2 cores): 22B priced 114 of its
+340 in 882 s at a load of 7-10 (pruned 34 by memory, 192 by the step-time bound; 250 priced in
+1,183 s before the step-time bound); the larger rows have 580 (175B), 161 (530B) and 196 (1T)
+candidates whose bound is below the published plan's step, hours each (``--no-search`` leaves
+the searches out).
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit]   (22B, 175B,
 530B and 1T took 35, 169, 190 and 133 s for their three plans at a load of 11-16 on 2 cores, the
