@@ -13,7 +13,9 @@ import pytest
 from autostrat.cli import main
 from autostrat.cost import PROFILES
 from autostrat.errors import InfeasibleError
+from autostrat.models.gpt import GPT
 from autostrat.report.estimate import estimate
+from autostrat.report.plan_bound import ModelShape, step_time_bound
 from autostrat.report.plan_space import plan_candidates, search_plan_space
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,3 +198,16 @@ def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(bounded):
     assert all(steps[index] >= steps[fastest] and found.priced[index].time_bound >= steps[fastest] for index in pruned)
     for one, step in zip(found.priced, steps):
         assert one.estimate is None or one.step_ns == step
+
+
+def test_a_schedule_that_splits_the_backward_keeps_the_bound_below_the_estimate(tmp_path):
+    # Its last instruction on a device may be a weight gradient: no backward chain after it.
+    shape = ModelShape.of(GPT(layers=3, hidden=1024, heads=8, seq=1024, batch=2, vocab=1024))
+    path = tmp_path / "zb.yaml"
+    for given in [one for one in plan_candidates(2, 2, 3, 8) if one.pp == 2 and one.micro_batches == 2]:
+        path.write_text(MID + "pipeline_schedule: zero_bubble_h1\n" + (
+            f"plan: {{tp: 1, pp: 2, dp: 1, recompute: {given.recompute}, micro_batch: {given.micro_batch}}}\n"))
+        found = estimate(path)
+        assert found.plan.pipeline.schedule == "zero_bubble_h1"
+        split = step_time_bound(shape, given, PROFILES["a100-80gb"], "bf16", split_backward=True)
+        assert split <= sum(found.phases_ns.values()) and split < step_time_bound(shape, given, PROFILES["a100-80gb"], "bf16")

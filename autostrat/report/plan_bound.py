@@ -142,9 +142,11 @@ def _work_times(shape: ModelShape, sequences: int, group: int, hardware, precisi
     return forward, backward + again[recompute], head + head_moved, 2 * (head + head_moved)
 
 
-def step_time_bound(shape: ModelShape, given, hardware, precision: str) -> int:
+def step_time_bound(shape: ModelShape, given, hardware, precision: str, split_backward: bool = False) -> int:
     """A lower bound in nanoseconds on the step time the estimate predicts for `given` (the
-    module docstring).
+    module docstring); with `split_backward` (a configured schedule that runs the weight
+    gradients apart, `search.schedules.SPLIT_BACKWARD`, whose last instruction on a device may
+    be one) without the backward through the stages before a device group.
 
     Example (22B on 8 devices as tp 8 with full recompute):
         >>> from autostrat.cost import PROFILES
@@ -155,9 +157,11 @@ def step_time_bound(shape: ModelShape, given, hardware, precision: str) -> int:
     """
     if not shape.dense:
         return 0
-    stages = [forward + backward for forward, backward in stage_times_bound(shape, given, hardware, precision)]
+    times = stage_times_bound(shape, given, hardware, precision)
+    stages = [forward + backward for forward, backward in times]
+    before = [forward if split_backward else forward + backward for forward, backward in times]
     devices = given.pp
-    bound = max(sum(stages[:group]) + given.micro_batches * sum(stages[group::devices]) for group in range(devices))
+    bound = max(sum(before[:group]) + given.micro_batches * sum(stages[group::devices]) for group in range(devices))
     return math.floor((bound + _once_time(shape, given, hardware)) * FLOAT_MARGIN)
 
 

@@ -58,6 +58,7 @@ from autostrat.reading import read_text
 from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, estimate_of, plan_pieces_config, search_keys
 from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound
 from autostrat.search.prediction import format_nanoseconds
+from autostrat.search.schedules import SPLIT_BACKWARD
 from autostrat.strategies import divisors
 from autostrat.tables import format_table
 
@@ -239,7 +240,8 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
                    for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
     shape = ModelShape.of(op_level.net)
     candidates = plan_candidates(device_num, global_batch, shape.layers, hardware.devices_per_server)
-    bounds = [step_time_bound(shape, given, hardware, precision) for given in candidates]
+    split = op_level.context.pipeline_schedule_chunks()[0] in SPLIT_BACKWARD  # the config's schedule, where vp is 1
+    bounds = [step_time_bound(shape, given, hardware, precision, split and given.vp == 1) for given in candidates]
     bounds.append(op_level_bound(shape, device_num, global_batch, hardware, precision))
     priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
     for done, index in enumerate(sorted(range(len(bounds)), key=lambda index: (bounds[index], index)), 1):
