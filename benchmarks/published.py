@@ -72,8 +72,8 @@ the faster of its two recompute columns: predicted step and peak of both, whethe
 one fits 80 GiB, their ratio, the candidates priced / pruned by the resident bound / pruned by
 the step-time bound / refused, and the search's wall seconds against the issue's 30 s. Every
 priced candidate is a full estimate (the published plans' take 2.6-4.8, 5.6-8.0, 9.6-15.8 and
-9.5-16.3 CPU-s for 22B, 175B, 530B and 1T at a load of 7-10 on 2 cores): 22B priced 114 of its
-340 in 882 s at a load of 7-10 (pruned 34 by memory, 192 by the step-time bound; 250 priced in
+9.5-16.3 CPU-s for 22B, 175B, 530B and 1T at a load of 7-10 on 2 cores): 22B priced 116 of its
+340 in 460 s at a load of 3-5 (pruned 34 by memory, 190 by the step-time bound; 250 priced in
 1,183 s before the step-time bound); the larger rows have 578 (175B), 154 (530B) and 195 (1T)
 candidates whose bound is below the published plan's step, hours each (``--no-search`` leaves
 the searches out).
