@@ -63,14 +63,20 @@ accounting as much as modelling:
   activations at once. Without SP the given plan keeps the norms and residual adds whole on the
   tp devices, as Megatron does (`models.megatron_plan`).
 
-Search: after the table, each row's plan-space search (`report.plan_space`, what ``autostrat
-search`` does with the row's model, devices and global batch and no plan) next to the published
-plan, the faster of its two recompute columns: predicted step and peak of both, whether the
-searched one fits 80 GiB, their ratio, the candidates priced / pruned / refused and the search's
-wall seconds against the issue's 30 s. Every candidate is a full estimate: 22B prices 330 of
-its 340 (with a bound that counted the gradients too it priced 250 in 1,183 s at a load of 5-6
-on 2 cores); the larger rows have 2,019 (175B), 795 (530B) and 1,212 (1T) candidates past the
-pruning, hours each (``--no-search`` leaves the searches out).
+Search: after the table, per row the plan-space search's candidates and its bounds
+(`bound_counts`: the candidates, those past the resident bound, and those whose step-time bound
+is below the published plan's predicted step: the most branch and bound prices once it has found
+that plan), then each row's plan-space search (`report.plan_space`, what ``autostrat search``
+does with the row's model, devices and global batch and no plan) next to the published plan,
+the faster of its two recompute columns: predicted step and peak of both, whether the searched
+one fits 80 GiB, their ratio, the candidates priced / pruned by the resident bound / pruned by
+the step-time bound / refused, and the search's wall seconds against the issue's 30 s. Every
+priced candidate is a full estimate (the published plans' take 2.6-4.8, 5.6-8.0, 9.6-15.8 and
+9.5-16.3 CPU-s for 22B, 175B, 530B and 1T at a load of 7-10 on 2 cores): 22B priced 116 of its
+340 in 460 s at a load of 3-5 (pruned 34 by memory, 190 by the step-time bound; 250 priced in
+1,183 s before the step-time bound); the larger rows have 578 (175B), 154 (530B) and 195 (1T)
+candidates whose bound is below the published plan's step, hours each (``--no-search`` leaves
+the searches out).
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit]   (22B, 175B,
 530B and 1T took 35, 169, 190 and 133 s for their three plans at a load of 11-16 on 2 cores, the
@@ -94,7 +100,9 @@ sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installe
 from autostrat.cost import PROFILES  # noqa: E402
 from autostrat.errors import AutostratError, ConfigError  # noqa: E402
 from autostrat.report.estimate import estimate  # noqa: E402
-from autostrat.report.plan_space import search_plan_space  # noqa: E402
+from autostrat.models import from_hf_config  # noqa: E402
+from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound  # noqa: E402
+from autostrat.report.plan_space import plan_candidates, resident_bound, search_plan_space  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 GIB = 2**30
@@ -256,7 +264,8 @@ def side_by_side(rows, plans: dict, searches: dict) -> str:
     """Per row, the published plan's predictions (the faster of its two recompute columns is the
     one to beat) next to the searched plan's, and the search's wall time against the 30 s target."""
     headers = ["model", "GPUs", "published plan", "step (s)", "peak (GiB)", "searched plan", "step (s)", "peak (GiB)",
-               "fits 80 GiB", "searched / published", "priced / pruned / refused", "search (s)", "<= 30 s"]
+               "fits 80 GiB", "searched / published", "priced / memory / time pruned / refused", "search (s)",
+               "<= 30 s"]
     lines, notes = [], []
     for row in rows:
         given = [(name, one) for name, one in plans[row.name].items() if not isinstance(one, str)]
@@ -270,14 +279,41 @@ def side_by_side(rows, plans: dict, searches: dict) -> str:
             continue
         counts, chosen = found.counts(), found.best.estimate
         broken = [one.name() for one in found.priced if one.estimate is not None and one.bound > one.peak_bytes]
+        slow = [one.name() for one in found.priced if one.estimate is not None and one.time_bound > one.step_ns]
         notes.append(f"[{len(notes) + 1}] {row.name}: the resident bound is below the peak of every priced candidate: "
-                     f"{'no, ' + ', '.join(broken) if broken else 'yes'}")
+                     f"{'no, ' + ', '.join(broken) if broken else 'yes'}; the step-time bound below its step: "
+                     f"{'no, ' + ', '.join(slow) if slow else 'yes'}")
         ratio = f"{chosen.step_time_s / best.step_time_s:.3f}" if best else ""
         lines.append(published + [found.best.name(), f"{chosen.step_time_s:.4g}", f"{_peak(chosen):.2f}",
                                   "yes" if _peak(chosen) * GIB <= 80 * GIB else "no", ratio,
-                                  f"{counts['priced']} / {counts['pruned']} / {counts['refused']}", f"{seconds:.1f}",
+                                  f"{counts['priced']} / {counts['pruned'] - counts['pruned_by_time']} / "
+                                  f"{counts['pruned_by_time']} / {counts['refused']}", f"{seconds:.1f}",
                                   "yes" if seconds <= 30 else "no"])
     return format_table(headers, lines) + ("\n" + "\n".join(notes) if notes else "")
+
+
+def bound_counts(rows, plans: dict) -> str:
+    """Per row, the plan-space search's candidates, those past the resident bound, and those
+    whose step-time bound (`report.plan_bound`) is below the published plan's predicted step:
+    what branch and bound must price at most once that plan is found (every one it prices has a
+    bound below the chosen step, which is at most the published plan's)."""
+    headers = ["model", "GPUs", "candidates", "past the resident bound", "step bound < published plan's step",
+               "published plan's step (s)", "op-level bound (s)"]
+    lines = []
+    for row in rows:
+        best = min((one for one in plans[row.name].values() if not isinstance(one, str)),
+                   key=lambda one: one.step_time_s, default=None)
+        net = from_hf_config(ROOT / "configs" / "models" / row.model, seq=2048)
+        shape, hardware = ModelShape.of(net), PROFILES["a100-80gb"]
+        candidates = plan_candidates(row.gpus, row.global_batch, shape.layers, hardware.devices_per_server)
+        past = [one for one in candidates
+                if resident_bound(one, shape.layers * shape.block_weights, PRECISION) <= hardware.device_memory]
+        below = "" if best is None else str(sum(step_time_bound(shape, one, hardware, PRECISION) < best.step_time_s * 1e9
+                                                for one in past))
+        lines.append([row.name, str(row.gpus), str(len(candidates)), str(len(past)), below,
+                      "" if best is None else f"{best.step_time_s:.4g}",
+                      f"{op_level_bound(shape, row.gpus, row.global_batch, hardware, PRECISION) / 1e9:.4g}"])
+    return format_table(headers, lines)
 
 
 STEP_TIMES = ("full", "selective")  # the step-time columns the fit reads
@@ -333,12 +369,15 @@ def main() -> None:
         print("Korthikanti et al. 2022 (arXiv 2205.05198), Table 5 and Fig. 1, against autostrat estimate "
               f"(a100-80gb as shipped, fp16 with fp32 gradients: precision {PRECISION}):")
         print(table(rows, predicted), flush=True)
+        print("\nThe plan-space search's candidates and its bounds (`report.plan_space`, `report.plan_bound`):")
+        print(bound_counts(rows, plans), flush=True)
         for row in rows if not args.no_search else ():
             searches[row.name] = searched(row, folder)
             print(f"{row.name}: searched in {searches[row.name][1]:.1f} s", file=sys.stderr, flush=True)
         if searches:
             print("\nThe published plan against autostrat search's (the fastest predicted plan that fits 80 GiB, "
-                  "report.plan_space; priced / pruned / refused: its candidates):")
+                  "report.plan_space; its candidates priced, pruned by the resident bound, pruned by the step-time "
+                  "bound, refused):")
             print(side_by_side(rows, plans, searches), flush=True)
         fit_started = time.perf_counter()
         efficiency, leave_one_out, models = fit_efficiency(rows, folder, predicted) if not args.no_fit else (0, {}, {})

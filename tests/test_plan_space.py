@@ -13,7 +13,9 @@ import pytest
 from autostrat.cli import main
 from autostrat.cost import PROFILES
 from autostrat.errors import InfeasibleError
+from autostrat.models.gpt import GPT
 from autostrat.report.estimate import estimate
+from autostrat.report.plan_bound import ModelShape, step_time_bound
 from autostrat.report.plan_space import plan_candidates, search_plan_space
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,8 +97,8 @@ def test_the_plan_space_search_is_the_brute_force_minimum_that_fits(searched):
         assert priced.bound <= peak  # the pruning bound is a lower bound on every candidate
         if priced.estimate is not None:
             assert (priced.estimate.step_time_s, priced.peak_bytes) == (one.step_time_s, peak)
-        else:
-            assert priced.reason.startswith("pruned") and peak > budget
+        else:  # pruned: by the resident bound (over the budget), or by the step-time bound (no faster)
+            assert priced.reason.startswith("pruned") and (peak > budget or one.step_time_s >= found.best.estimate.step_time_s)
 
 
 def test_a_budget_nothing_fits_names_the_smallest_peak_found(searched):
@@ -139,3 +141,73 @@ def test_a_plan_space_config_is_checked_before_any_plan_is_priced(tmp_path, caps
 def test_json_is_refused_for_a_config_without_global_batch(capsys):
     assert main(["search", str(ROOT / "configs" / "ffn.yaml"), "--json", "x.json"]) == 2
     assert "--json x.json: the figures of a plan-space search" in capsys.readouterr().err
+
+
+# Three blocks (pp 2 is uneven: 1 and 2 blocks) wide enough that the products weigh: the
+# step-time bound then prunes; the graph, hence the estimate's work, is as small as the 2-layer one.
+MID = """hardware: a100-80gb
+precision: bf16
+model:
+  name: GPT
+  params: {layers: 3, hidden: 1024, heads: 8, seq: 1024, vocab: 1024}
+global_batch: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    """The branch-and-bound search of `MID` on 2 devices, and every candidate estimated from a
+    config file of its own (the op-level search's plan, the last, only where the search priced it)."""
+    folder = tmp_path_factory.mktemp("bounded")
+    (folder / "space.yaml").write_text(MID + "device_num: 2\n")
+    estimates = []
+    for index, given in enumerate(plan_candidates(2, 2, 3, 8)):
+        path = folder / f"candidate_{index}.yaml"
+        path.write_text(MID + (
+            f"plan: {{tp: {given.tp}, pp: {given.pp}, vp: {given.vp}, dp: {given.dp}, "
+            f"sequence_parallel: {str(given.sequence_parallel).lower()}, recompute: {given.recompute}, "
+            f"zero: {given.zero}, micro_batch: {given.micro_batch}}}\n"))
+        estimates.append(estimate(path))
+    return search_plan_space(folder / "space.yaml"), estimates
+
+
+def test_the_step_time_bound_is_below_every_candidates_estimate(bounded):
+    found, estimates = bounded
+    steps = [sum(one.phases_ns.values()) for one in estimates]
+    assert [one.time_bound <= step for one, step in zip(found.priced, steps)] == [True] * len(steps)
+    assert [one.bound <= _peak(estimate) for one, estimate in zip(found.priced, estimates)] == [True] * len(steps)
+    assert min(one.time_bound / step for one, step in zip(found.priced, steps)) > 0.35  # and not a trivial bound
+    op_level = found.priced[-1]
+    assert op_level.estimate is not None and 0 < op_level.time_bound <= op_level.step_ns
+
+
+def test_uneven_pipeline_splits_are_candidates_and_priced(bounded):
+    found, estimates = bounded
+    uneven = [one for one in estimates if one.given.pp == 2]  # 3 blocks on 2 stages
+    assert uneven and all(len(one.memory) == 2 for one in uneven)
+    assert sorted({(given.tp, given.pp, given.dp) for given in plan_candidates(2, 2, 3, 8)}) == [(1, 1, 2), (1, 2, 1), (2, 1, 1)]
+
+
+def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(bounded):
+    found, estimates = bounded
+    steps = [sum(one.phases_ns.values()) for one in estimates] + [found.priced[-1].step_ns]
+    fastest = min(range(len(steps)), key=lambda index: steps[index])  # everything fits 80 GiB
+    assert found.best is found.priced[fastest] and found.best.step_ns == steps[fastest]
+    pruned = [index for index, one in enumerate(found.priced) if one.estimate is None]
+    assert pruned and found.counts()["pruned_by_time"] == len(pruned)
+    assert all(steps[index] >= steps[fastest] and found.priced[index].time_bound >= steps[fastest] for index in pruned)
+    for one, step in zip(found.priced, steps):
+        assert one.estimate is None or one.step_ns == step
+
+
+def test_a_schedule_that_splits_the_backward_keeps_the_bound_below_the_estimate(tmp_path):
+    # Its last instruction on a device may be a weight gradient: no backward chain after it.
+    shape = ModelShape.of(GPT(layers=3, hidden=1024, heads=8, seq=1024, batch=2, vocab=1024))
+    path = tmp_path / "zb.yaml"
+    for given in [one for one in plan_candidates(2, 2, 3, 8) if one.pp == 2 and one.micro_batches == 2]:
+        path.write_text(MID + "pipeline_schedule: zero_bubble_h1\n" + (
+            f"plan: {{tp: 1, pp: 2, dp: 1, recompute: {given.recompute}, micro_batch: {given.micro_batch}}}\n"))
+        found = estimate(path)
+        assert found.plan.pipeline.schedule == "zero_bubble_h1"
+        split = step_time_bound(shape, given, PROFILES["a100-80gb"], "bf16", split_backward=True)
+        assert split <= sum(found.phases_ns.values()) and split < step_time_bound(shape, given, PROFILES["a100-80gb"], "bf16")

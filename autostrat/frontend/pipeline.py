@@ -143,14 +143,17 @@ def micro_inputs(inputs, micro_batches: int) -> tuple:
 def plan_pipeline_for(net, inputs, micro_batches: int, context, training, progress=None):
     """The pipeline plan of `net` (see the module docstring): ``training(graph, device_num)``
     builds the training graph of a traced one, seeded for `device_num` devices; the whole
-    batch's training graph rides along as ``plan.pipeline.batch_graph``."""
+    batch's training graph rides along as ``plan.pipeline.batch_graph``, built when first read."""
     stages = context.pipeline_stages
     if context.device_num % stages:
         raise ConfigError(f"pipeline_stages {stages} must divide device_num {context.device_num}")
     if context.auto_recompute:
         raise ConfigError("auto_recompute does not combine with pipeline_stages yet: mark cells with Cell.recompute instead")
     group = context.device_num // stages
-    whole = training(trace(net, *inputs, device_num=group), group)
+
+    def whole():  # the whole batch's, built when a run asks for its reference (`Pipeline.batch_graph`)
+        return training(trace(net, *inputs, device_num=group), group)
+
     try:
         micro = training(trace(net, *micro_inputs(inputs, micro_batches), device_num=group), group)
     except AutostratError as error:
@@ -159,4 +162,4 @@ def plan_pipeline_for(net, inputs, micro_batches: int, context, training, progre
     schedule, chunks = context.pipeline_schedule_chunks()
     plan = plan_pipeline(micro, context.device_num, stages, micro_batches, context.search_options(), schedule,
                          pipeline_marks(net), progress, chunks)
-    return replace(plan, pipeline=replace(plan.pipeline, batch_graph=whole))
+    return replace(plan, pipeline=replace(plan.pipeline, batch_graph_of=whole))

@@ -7,28 +7,38 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
 (cases):
 
 - Candidates (`plan_candidates`, in this fixed order, which breaks ties): every ``tp`` dividing
-  ``device_num`` up to the devices per server, every ``pp`` dividing what is left and the
-  layers (the estimate splits the blocks evenly over the stages, as Megatron does), ``dp`` the rest (it must divide ``global_batch``), ``vp`` 1 or, with ``pp`` above 1,
-  every count above 1 with ``pp · vp`` dividing the layers (Megatron's rule for interleaving;
-  the interleaved schedule also runs its micro-batches in groups of ``pp``, `search.schedules`),
-  ``sequence_parallel`` off then on (on only with ``tp`` above 1), ``recompute`` none,
-  selective, full, ``zero`` 0 then 1 (1 only with ``dp`` above 1), and every ``micro_batch``
-  dividing ``global_batch / dp``; ``cp`` and ``ep`` stay 1. Values that would give the same plan
-  as an earlier candidate are not generated.
-- Pruning (`resident_bound`): a candidate whose parameters and optimiser state alone need more
-  than the budget on its busiest device is not priced. The bound counts only the blocks' weight
-  matrices, which Megatron's seeds split over exactly ``tp`` devices, at the bytes that live all
-  step (`RESIDENT_BYTES`: Megatron's distributed optimizer's table without the gradients, which
-  a peak need not hold all at once; 2 + 12/d in 16 bits, 4 + 8/d in fp32, d the ZeRO shard),
-  spread evenly over the ``pp`` device groups; every stage holds at least that.
-- Pricing: each other candidate by `report.estimate.estimate_config`, exactly as ``autostrat
+  ``device_num`` up to the devices per server, every ``pp`` dividing what is left, up to the
+  layers (the estimate splits the blocks over the stages as Megatron does, evenly or with fewer
+  on the outermost stages: `models.megatron_plan.stage_layer_counts`), ``dp`` the rest (it must
+  divide ``global_batch``), ``vp`` 1 or, with ``pp`` above 1, every count above 1 with
+  ``pp · vp`` dividing the layers (Megatron's rule for interleaving; the interleaved schedule
+  also runs its micro-batches in groups of ``pp``, `search.schedules`), ``sequence_parallel``
+  off then on (on only with ``tp`` above 1), ``recompute`` none, selective, full, ``zero`` 0 then
+  1 (1 only with ``dp`` above 1), and every ``micro_batch`` dividing ``global_batch / dp``;
+  ``cp`` and ``ep`` stay 1. Values that would give the same plan as an earlier candidate are
+  not generated. The op-level search's plan (no seeds: propagation, fitted into the budget by
+  `frontend.run.fit_into`, the search's bounded refinement) is the last candidate.
+- Memory pruning (`resident_bound`): a candidate whose parameters and optimiser state alone
+  need more than the budget on its busiest device is not priced. The bound counts only the
+  blocks' weight matrices, which Megatron's seeds split over exactly ``tp`` devices, at the
+  bytes that live all step (`RESIDENT_BYTES`: Megatron's distributed optimizer's table without
+  the gradients, which a peak need not hold all at once; 2 + 12/d in 16 bits, 4 + 8/d in fp32,
+  d the ZeRO shard), spread evenly over the ``pp`` device groups; every stage holds at least that.
+  With two micro-batches or more, the gradients too (`ACCUMULATED_BYTES`, 2 bytes each in 16
+  bits, 4 in fp32): a step's gradient sums live from the first micro-batch's backward to the
+  update (`search.stage_buffers`, case 2), next to the parameters and the optimiser state.
+- Branch and bound on the step time (`report.plan_bound`: a lower bound on each candidate's
+  predicted step, from its matrix products, tensor-parallel reductions and pipeline): the
+  candidates are priced in increasing bound order (candidate order on a tie), and pricing
+  stops at the first whose bound exceeds the fastest fitting step found (or equals it, coming
+  later in candidate order): no candidate left could be chosen. The rest are pruned, unpriced.
+- Pricing: each candidate by `report.estimate.estimate_config`, exactly as ``autostrat
   estimate`` prices the config with that ``plan:``; a candidate the estimate refuses (a ``tp``
-  that does not divide the heads, a pipeline it cannot split) keeps its reason. The op-level
-  search's plan (no seeds: propagation, fitted into the budget by `frontend.run.fit_into`, the
-  search's bounded refinement) is the last candidate, priced by the same `estimate_of`.
+  that does not divide the heads) keeps its reason. The op-level search's plan is priced by
+  the same `estimate_of`.
 - The answer: the candidate with the lowest predicted step time whose peak fits the budget, the
-  first in candidate order on a tie; none fits: an `InfeasibleError` naming the budget and the
-  smallest peak found, before anything is printed.
+  first in candidate order on a tie: what pricing every candidate would choose; none fits: an
+  `InfeasibleError` naming the budget and the smallest peak found, before anything is printed.
 """
 
 from __future__ import annotations
@@ -37,16 +47,18 @@ import itertools
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from autostrat.errors import AutostratError, ConfigError, InfeasibleError
+from autostrat.errors import AutostratError, ConfigError, InfeasibleError, SolverError
 from autostrat.frontend.config import config_from_data
 from autostrat.frontend.context import parse_bytes
 from autostrat.frontend.run import fit_into, memory_budget, plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, estimate_of, plan_pieces_config, search_keys
+from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound
 from autostrat.search.prediction import format_nanoseconds
+from autostrat.search.schedules import SPLIT_BACKWARD
 from autostrat.strategies import divisors
 from autostrat.tables import format_table
 
@@ -57,7 +69,9 @@ from autostrat.tables import format_table
 # at tp 1, pp 4, dp 2 peaked below the table's bytes): (kept on every replica, split over the d
 # replicas of the optimiser shard) for the parameter, its fp32 main copy and Adam's two moments.
 RESIDENT_BYTES = {"fp16": (2, 12), "bf16": (2, 12), "fp32": (4, 8)}
+ACCUMULATED_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}  # a gradient sum's bytes at least (16-bit or wider)
 OP_LEVEL = "op-level search"
+TIME_PRUNED = "pruned: the step takes at least"
 
 
 def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[GivenPlan]:
@@ -81,37 +95,46 @@ def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per
 
 
 def _device_splits(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[tuple]:
-    """Every ``(tp, pp, dp)`` with product `device_num`: tp up to a server, pp dividing the
-    layers (Megatron's even split; the estimate also takes uneven ones, which are not
-    candidates), dp dividing the global batch."""
+    """Every ``(tp, pp, dp)`` with product `device_num`: tp up to a server, pp at most the
+    layers (an uneven split holds fewer on the outermost stages), dp dividing the global batch."""
     return [(tp, pp, device_num // (tp * pp)) for tp in divisors(min(device_num, devices_per_server))
             if device_num % tp == 0 for pp in divisors(device_num // tp)
-            if layers % pp == 0 and global_batch % (device_num // (tp * pp)) == 0]
+            if pp <= layers and global_batch % (device_num // (tp * pp)) == 0]
 
 
 def resident_bound(given: GivenPlan, matrix_parameters: int, precision: str) -> int:
     """A lower bound on the peak bytes per device of `given`: the parameters and optimiser
-    state of the blocks' `matrix_parameters` weight elements (`RESIDENT_BYTES`), split over
-    ``tp`` devices and evenly over the ``pp`` device groups.
+    state of the blocks' `matrix_parameters` weight elements (`RESIDENT_BYTES`), and their
+    gradient sums with two micro-batches or more (`ACCUMULATED_BYTES`), split over ``tp``
+    devices and evenly over the ``pp`` device groups.
 
-    Example (22B's 21.7e9 block weights in fp16 on tp 8: 14 bytes each over 8 devices):
-        >>> resident_bound(GivenPlan(8, 1, 1, "full", 0, 1, 4), 21_743_271_936, "fp16")
-        38050725888
+    Example (22B's 21.7e9 block weights in fp16 on tp 8: 14 bytes each over 8 devices, 16 with
+    4 micro-batches):
+        >>> [resident_bound(GivenPlan(8, 1, 1, "full", 0, micro_batch, 4), 21_743_271_936, "fp16") for micro_batch in (4, 1)]
+        [38050725888, 43486543872]
     """
     whole, sharded = RESIDENT_BYTES[precision]
+    whole += ACCUMULATED_BYTES[precision] if given.micro_batches > 1 else 0
     shard = given.dp if given.zero else 1
     return math.ceil(matrix_parameters * (whole + sharded / shard) / (given.tp * given.pp))
 
 
 @dataclass(frozen=True)
 class Priced:
-    """One candidate: its plan (None: the op-level search's), and its estimate, or the reason it
-    has none (pruned by `bound`, or refused by the estimate)."""
+    """One candidate: its plan (None: the op-level search's), its resident `bound` (bytes) and
+    step-time bound (`time_bound`, nanoseconds), and its estimate, or the reason it has none
+    (pruned by a bound, or refused by the estimate)."""
 
     given: GivenPlan | None
     estimate: Estimate | None = None
     bound: int = 0
     reason: str = ""
+    time_bound: int = 0
+
+    @property
+    def step_ns(self) -> int | None:
+        """The estimate's step in whole nanoseconds (the sum `Estimate.step_time_s` divides)."""
+        return None if self.estimate is None else sum(self.estimate.phases_ns.values())
 
     @property
     def peak_bytes(self) -> int | None:
@@ -128,7 +151,8 @@ class Priced:
         peak = self.peak_bytes
         status = self.reason or ("fits" if peak <= budget else "over the budget")
         return {"plan": _vocabulary(self.given), "step_time_s": None if self.estimate is None else self.estimate.step_time_s,
-                "peak_bytes_per_device": peak, "resident_bound_bytes": self.bound, "status": status}
+                "peak_bytes_per_device": peak, "resident_bound_bytes": self.bound,
+                "step_time_bound_s": self.time_bound / 1e9, "status": status}
 
 
 def _vocabulary(given: GivenPlan | None) -> dict | None:
@@ -154,10 +178,12 @@ class PlanSearch:
     seconds: float
 
     def counts(self) -> dict:
-        """Candidates per outcome: priced (with an estimate), pruned, refused, over the budget."""
+        """Candidates per outcome: priced (with an estimate), pruned (by either bound; by the
+        step-time bound alone in ``pruned_by_time``), refused, over the budget."""
         estimated = [one for one in self.priced if one.estimate is not None]
         return {"candidates": len(self.priced), "priced": len(estimated),
                 "pruned": sum(one.reason.startswith("pruned") for one in self.priced),
+                "pruned_by_time": sum(one.reason.startswith(TIME_PRUNED) for one in self.priced),
                 "refused": sum(one.estimate is None and not one.reason.startswith("pruned") for one in self.priced),
                 "over_budget": sum(one.peak_bytes > self.budget for one in estimated)}
 
@@ -175,7 +201,8 @@ class PlanSearch:
         counts = self.counts()
         lines = [f"{path}: plan-space search on {self.device_num} devices under {self.budget:,} bytes per device "
                  f"({self.budget_source}): {counts['candidates']} candidates, {counts['priced']} priced "
-                 f"({counts['over_budget']} over the budget), {counts['pruned']} pruned by the resident bound, "
+                 f"({counts['over_budget']} over the budget), {counts['pruned'] - counts['pruned_by_time']} pruned by the "
+                 f"resident bound, {counts['pruned_by_time']} by the step-time bound, "
                  f"{counts['refused']} refused",
                  f"chosen: {self.best.name()}" + ("" if self.best.given else " (its strategies fit no plan: vocabulary)")]
         estimate = self.best.estimate.lines(path)
@@ -192,7 +219,8 @@ class PlanSearch:
 def search_plan_space(path, device_num: int | None = None, max_device_memory=None, progress=None) -> PlanSearch:
     """The plan-space search of the config at `path` (the module docstring), on `device_num`
     devices (default: the config's) under `max_device_memory` bytes (default: the config's,
-    else the hardware profile's memory); `progress(done, total)` is called after each candidate.
+    else the hardware profile's memory); `progress(done, total)` is called after each candidate
+    is priced or pruned.
 
     Example (a 2-layer GPT on 1 device: the fastest fitting plan is no slower than any priced):
         >>> found = search_plan_space("configs/estimate/gpt_small_search.yaml", device_num=1)
@@ -210,16 +238,37 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     budget, source = memory_budget(op_level.context, budget)
     matrices = sum(math.prod(parameter.shape) for block in op_level.net.blocks
                    for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
-    candidates = plan_candidates(device_num, global_batch, len(op_level.net.blocks), hardware.devices_per_server)
-    priced = []
-    for given in candidates:
-        priced.append(_price(data, text, path, given, resident_bound(given, matrices, precision), budget))
+    shape = ModelShape.of(op_level.net)
+    candidates = plan_candidates(device_num, global_batch, shape.layers, hardware.devices_per_server)
+    split = op_level.context.pipeline_schedule_chunks()[0] in SPLIT_BACKWARD  # the config's schedule, where vp is 1
+    bounds = [step_time_bound(shape, given, hardware, precision, split and given.vp == 1) for given in candidates]
+    bounds.append(op_level_bound(shape, device_num, global_batch, hardware, precision))
+    priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
+    for done, index in enumerate(sorted(range(len(bounds)), key=lambda index: (bounds[index], index)), 1):
+        if best is not None and (bounds[index], index) > best:  # it, and every one after it, cannot be chosen
+            priced[index] = _pruned(candidates, index, bounds[index], best, matrices, precision)
+        elif index == len(candidates):
+            priced[index] = replace(_op_level(op_level, budget, device_num, global_batch), time_bound=bounds[index])
+        else:
+            given = candidates[index]
+            priced[index] = replace(_price(data, text, path, given, resident_bound(given, matrices, precision), budget),
+                                    time_bound=bounds[index])
+        one = priced[index]
+        if one.estimate is not None and one.peak_bytes <= budget and (best is None or (one.step_ns, index) < best):
+            best = (one.step_ns, index)
         if progress is not None:
-            progress(len(priced), len(candidates) + 1)
-    priced.append(_op_level(op_level, budget, device_num, global_batch))
-    if progress is not None:
-        progress(len(priced), len(priced))
+            progress(done, len(bounds))
     return PlanSearch(device_num, budget, source, tuple(priced), _best(priced, budget, path), time.perf_counter() - started)
+
+
+def _pruned(candidates: list, index: int, bound: int, best: tuple, matrices: int, precision: str) -> Priced:
+    """Candidate `index` (the op-level search's past the end of `candidates`), unpriced: its
+    step-time `bound` already exceeds the fastest fitting step found (`best`: ns and index)."""
+    given = candidates[index] if index < len(candidates) else None
+    resident = resident_bound(given, matrices, precision) if given is not None else 0
+    return Priced(given, bound=resident, time_bound=bound,
+                  reason=f"{TIME_PRUNED} {format_nanoseconds(bound)}, no faster than the chosen "
+                         f"{format_nanoseconds(best[0])}" + (" (which comes first)" if bound == best[0] else ""))
 
 
 def _search_values(data: dict, path, device_num: int | None, max_device_memory) -> tuple:
@@ -254,7 +303,8 @@ def _price(data: dict, text: str, path, given: GivenPlan, bound: int, budget: in
 def _op_level(config, budget: int, device_num: int, global_batch: int) -> Priced:
     """The op-level search's plan of `config` (no seeds) as a candidate: the unbounded plan, or
     the one searched under `budget` when that one peaks over (`frontend.run.fit_into`; when
-    none is found, the unbounded one, over the budget)."""
+    none is found, proven or within the refinement's time limit, the unbounded one, over the
+    budget)."""
     given = GivenPlan(1, 1, device_num, "none", 0, 1, global_batch)  # only its device and batch counts are read
     try:
         plan, notes = plan_config(config)
@@ -262,7 +312,7 @@ def _op_level(config, budget: int, device_num: int, global_batch: int) -> Priced
         return Priced(None, reason=f"refused: {error}")
     try:
         plan, _ = fit_into(config, plan, notes, budget=budget)
-    except InfeasibleError:
+    except (InfeasibleError, SolverError):  # none found under the budget (proven, or not within the time limit)
         pass  # priced as it is: over the budget, its peak among those the error names
     return Priced(None, estimate_of(plan, config.net, given))
 

@@ -26,6 +26,7 @@ Which stage runs what (cases):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from autostrat.autodiff import op_phase
@@ -68,7 +69,14 @@ class Pipeline:
     cells: tuple[str, ...] = ()  # per stage, its marked cells and unmarked ops (`cell_stages.stage_cells`), when marked
     chunks: int = 1  # model stages per device group (virtual stages: interleaved_1f1b, zbv)
     crossings: tuple = ()  # partial tensors reduced on the sending stage before they are sent (`crossings.Crossing`)
-    batch_graph: object = field(default=None, compare=False, repr=False)  # the whole batch's training graph (the reference)
+    # Builds the whole batch's training graph (the reference) when first asked (`batch_graph`):
+    # an estimate never reads it, and it costs what building the micro-batch's graph costs.
+    batch_graph_of: object = field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def batch_graph(self):
+        """The whole batch's training graph (the single-device reference a run is checked against)."""
+        return None if self.batch_graph_of is None else self.batch_graph_of()
 
     @property
     def devices(self) -> int:
