@@ -115,6 +115,12 @@ def test_virtual_stages_sit_on_their_device_groups():
         assert (pipeline.stages, pipeline.devices, pipeline.chunks, pipeline.device_num) == (4, 2, 2, 4)
         assert tuple(pipeline.device_of(stage) for stage in range(4)) == groups
         assert len(pipeline.peak_bytes) == 2
+        # A group runs the updates of both its chunks at the step's end (the shared ones once);
+        # the slowest model stage's alone undercounted it.
+        once = pipeline.step_time_ns - pipeline.split.step_time_ns
+        per_group = [sum(pipeline.once_ns[s] for s in range(4) if groups[s] == g) - pipeline.shared_once_ns for g in (0, 1)]
+        assert once == max(per_group) and 0 < pipeline.shared_once_ns <= min(pipeline.once_ns)
+        assert any(total > max(pipeline.once_ns[s] for s in range(4) if groups[s] == g) for g, total in enumerate(per_group))
         for program in lower_stage_programs(plan):
             assert sorted(chunk.stage for chunk in program.chunks) == [s for s in range(4) if groups[s] == program.stage]
             for chunk in program.chunks:

@@ -209,7 +209,7 @@ def plan_pieces_config(data: dict, text: str, path, given: GivenPlan):
 @dataclass(frozen=True)
 class Estimate:
     """A given plan's predicted step: `phases_ns` sum to the step time (a pipeline's: its
-    micro-batches' slots, the bubble, the slowest stage's synchronisation and updates), the
+    micro-batches' slots, the bubble, the slowest device group's synchronisation and updates), the
     bubble's idle share, the model FLOPs of a step and their formula, and per stage the memory
     one device holds at its peak (`memory_breakdown`)."""
 
@@ -329,7 +329,7 @@ def estimate_of(plan, net, given: GivenPlan) -> Estimate:
         busy = given.micro_batches * _busiest_group_ns(pipeline)
         phases = {f"forward and backward of {given.micro_batches} micro-batch(es)": busy,
                   "pipeline fill and drain (bubble)": pipeline.split.step_time_ns - busy,
-                  "gradient synchronisation and update (slowest stage)": max(pipeline.once_ns, default=0)}
+                  "gradient synchronisation and update (slowest device group)": max(pipeline.device_once_ns, default=0)}
         bubble = pipeline.split.bubble
     else:
         phases, bubble = {name: phase.time_ns for name, phase in plan.prediction.phases.items()}, 0.0

@@ -45,8 +45,9 @@ schedule the estimate can choose avoids:
   stages before ``g``, and its last instruction, a backward (these schedules run the weight
   gradient with it), is followed by that micro-batch's backward through them. So the step is at
   least ``Σ_{k<g} (F_k + B_k) + m · Σ_{k on g} (F_k + B_k)`` for every ``g``, with ``m``
-  micro-batches; then the slowest model stage's synchronisation and updates (`Pipeline.once_ns`,
-  run once per step): at least their mean over the ``pp · vp`` model stages.
+  micro-batches; then the slowest device group's synchronisation and updates
+  (`Pipeline.device_once_ns`, run once per step, of every chunk it holds): at least their mean
+  over the ``pp · vp`` model stages (a group holds ``vp`` of them, so this is loose by ``vp``).
 - The op-level search's plan (one step of the whole batch on every device, no pipeline): its
   products, traffic and updates over all devices, no communication.
 

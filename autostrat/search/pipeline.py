@@ -65,6 +65,7 @@ class Pipeline:
     origin: str = "searched"
 
     once_ns: tuple[int, ...] = ()  # per stage: its gradient synchronisation and updates, once per step
+    shared_once_ns: int = 0  # of which the shared update ops' (`shared_update_ops`), which a device group runs once
     peak_bytes: tuple[int, ...] = ()  # per stage, per device: the exact peak of its buffers
     cells: tuple[str, ...] = ()  # per stage, its marked cells and unmarked ops (`cell_stages.stage_cells`), when marked
     chunks: int = 1  # model stages per device group (virtual stages: interleaved_1f1b, zbv)
@@ -97,10 +98,22 @@ class Pipeline:
         return self.orders.device(stage)
 
     @property
+    def device_once_ns(self) -> tuple[int, ...]:
+        """Per device group, the synchronisation and updates it runs once per step: those of
+        every model stage it holds (`chunks` of them when interleaved), the shared update ops
+        once (a group runs them on its first chunk only, `runtime.stage_program`)."""
+        totals = [-(self.chunks - 1) * self.shared_once_ns] * self.devices if self.once_ns else []
+        for stage, once in enumerate(self.once_ns):
+            totals[self.device_of(stage)] += once
+        return tuple(totals)
+
+    @property
     def step_time_ns(self) -> int:
-        """The micro-batches' slots (`StageSplit.step_time_ns`), then the slowest stage's
-        synchronisation and updates (every stage runs its own at the end of the step)."""
-        return self.split.step_time_ns + max(self.once_ns, default=0)
+        """The micro-batches' slots (`StageSplit.step_time_ns`), then the slowest device
+        group's synchronisation and updates (each runs its own at the end of the step: with
+        virtual stages, every chunk's it holds; the slowest model stage's alone undercounted an
+        interleaved group by its other chunks')."""
+        return self.split.step_time_ns + max(self.device_once_ns, default=0)
 
     def runs_on(self, op: str, stage: int) -> bool:
         return op in self.shared or self.op_stages[op] == stage
@@ -268,9 +281,9 @@ class _Staging:
             producers = {op_stages.get(graph.tensors[t].producer) for t in op.inputs}
             if name.startswith("accumulate/") and len(producers) == 1 and None not in producers:
                 op_stages[name] = producers.pop()
-        once = _once_ns(self.plan, op_stages, shared, layout.stages, self.hardware)
+        once, shared_once = _once_ns(self.plan, op_stages, shared, layout.stages, self.hardware)
         pipeline = Pipeline(layout.stages, layout.group, layout.micro_batches, layout.schedule, split, op_stages, shared,
-                            origin, once, chunks=layout.chunks)
+                            origin, once, shared_once_ns=shared_once, chunks=layout.chunks)
         pipeline = replace(pipeline, crossings=stage_crossings(self.plan, pipeline))
         staged = replace(self.plan, pipeline=pipeline)
         return replace(staged, pipeline=replace(pipeline, peak_bytes=stage_peaks(staged)))
@@ -310,11 +323,13 @@ def _fitting(staging: _Staging, costs, budget: int | None):
         f"split's model put them at {', '.join(f'{p:,}' for p in pipeline.split.peak_bytes)}); {others}")
 
 
-def _once_ns(plan, op_stages: dict, shared: frozenset, stages: int, hardware) -> tuple[int, ...]:
+def _once_ns(plan, op_stages: dict, shared: frozenset, stages: int, hardware) -> tuple[tuple[int, ...], int]:
     """Per stage, the predicted time of its update ops, the redistributions into them
-    (gradient synchronisation) and their writebacks, which run once per step."""
-    totals = [0] * stages
+    (gradient synchronisation) and their writebacks, which run once per step; and of those,
+    the shared update ops' (counted in every stage)."""
+    totals, shared_ns = [0] * stages, 0
     for name, time_ns in op_times(plan, hardware, ("update",)).items():
+        shared_ns += time_ns if name in shared else 0
         for stage in range(stages) if name in shared else (op_stages[name],):
             totals[stage] += time_ns
-    return tuple(totals)
+    return tuple(totals), shared_ns
