@@ -37,11 +37,9 @@ from autostrat.models.gpt import GPT
 from autostrat.models.llama import LLaMA
 from autostrat.redistribution.memo import clear_memos
 from autostrat.report.estimate import SET_BY_PLAN, GivenPlan, estimate_config, plan_pieces_config
+from autostrat.search.precision import state_bytes
 from autostrat.strategies import divisors
 
-# Megatron-LM's distributed optimizer table, bytes per parameter (whole, and split over the d
-# replicas): fp16 4 + 16/d, bf16 6 + 12/d, fp32 8 + 8/d (issue #33; `search.precision`).
-STATE_BYTES = {"fp16": (4, 16), "bf16": (6, 12), "fp32": (8, 8)}
 # A start's model state may take at most this share of the budget, the rest left to activations
 # and buffers: pricing a start at 16 384 devices takes the most of the search's time, so the
 # first one priced should fit. A quarter makes the 405B step's first Llama 3's own plan (tp 8,
@@ -76,7 +74,7 @@ def known_starts(net, device_num: int, devices_per_server: int, precision: str, 
 
 def _state_bytes(start: GivenPlan, parameters: int, precision: str) -> int:
     """Megatron's table's bytes per device for `parameters` split over ``tp · pp`` devices."""
-    whole, split = STATE_BYTES[precision]
+    whole, split = state_bytes(precision)
     return math.ceil(parameters * (whole + split / (start.dp if start.zero else 1)) / (start.tp * start.pp))
 
 

@@ -59,6 +59,22 @@ def check_precision(precision) -> str:
     return precision
 
 
+ADAM_MOMENT_BYTES = 8  # Adam's two fp32 moments per element, split over the optimiser shard
+
+
+def state_bytes(precision: str) -> tuple[int, int]:
+    """Bytes per trained parameter element under Adam as Megatron's distributed optimizer table
+    counts them: ``(kept on every replica, split over the d replicas of the optimiser shard)``,
+    the parameter and its gradient, then the fp32 main copies and the two moments.
+
+    Example (fp16 4 + 16/d, bf16 6 + 12/d, fp32 8 + 8/d):
+        >>> [state_bytes(precision) for precision in ("fp16", "bf16", "fp32")]
+        [(4, 16), (6, 12), (8, 8)]
+    """
+    parameter, gradient, main = _BYTES[check_precision(precision)]
+    return parameter + gradient, main + ADAM_MOMENT_BYTES
+
+
 @dataclass(frozen=True)
 class TensorSizes:
     """Bytes per element of each tensor of a graph under a precision. In 16 bits: fp32
