@@ -155,3 +155,43 @@ def test_config_errors_name_the_file_and_field(tmp_path, source, changes, messag
 def test_gpt_oss_sliding_windows_over_the_whole_sequence_are_full_attention(tmp_path):
     path = _write(tmp_path, MODELS / "gpt-oss-120b.json", sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 18)
     assert from_hf_config(path, seq=128).blocks[0].attention.head_size == 64
+
+
+ESTIMATE = """hardware: h100-sxm-80gb
+precision: bf16
+model: {hf_config: %s, params: {seq: 16, capacity_factor: 1.0}}
+global_batch: 8
+plan: {tp: 2, pp: 1, dp: 4, ep: EP, micro_batch: 1}
+""" % TINY
+
+
+def _estimate(tmp_path, text: str):
+    from autostrat.report.estimate import estimate
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    return estimate(path)
+
+
+def test_an_expert_parallel_plan_splits_the_experts_and_their_memory(tmp_path):
+    """ep 4 on tp 2 x dp 4: each device holds 2 of the 8 experts (ep 1: all 8, the 4 sequences
+    over 4 of the 8 devices), the token groups over the other 2 devices; the parameters a
+    device holds shrink by the experts' 3/4."""
+    one, four = (_estimate(tmp_path, ESTIMATE.replace("EP", str(ep))) for ep in (1, 4))
+    assert four.plan.layouts["blocks.1.moe.w_gate"].slice_shape == (2, 32, 16)
+    assert one.plan.layouts["blocks.1.moe.w_gate"].slice_shape == (8, 32, 16)
+    assert four.plan.ops["blocks.1.moe.expert_up"].strategy.to_tuples() == ((4, 2, 1, 1), (4, 1, 1))
+    experts_bytes = 3 * 8 * 32 * 16 * 2  # bf16 routed experts of block 1
+    saved = one.memory[0].bytes_by_kind["parameters"] - four.memory[0].bytes_by_kind["parameters"]
+    assert saved == experts_bytes * 3 // 4
+    assert four.to_dict()["plan"]["ep"] == 4
+
+
+@pytest.mark.parametrize(("plan", "message"), [
+    ("ep: 3", r"plan.ep: expected ep x etp dividing a stage's dp x tp = 8 devices, ep the 8 experts and etp their width 16; "
+              r"got ep 3, etp 1"),
+    ("ep: 1, etp: 32", r"plan.etp: expected ep x etp dividing .* got ep 1, etp 32"),
+])
+def test_an_expert_split_that_does_not_divide_is_an_error(tmp_path, plan, message):
+    with pytest.raises(ConfigError, match=message):
+        _estimate(tmp_path, ESTIMATE.replace("ep: EP", plan))
