@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from autostrat import nn
-from autostrat.errors import ConfigError
+from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.frontend.run import RunOptions, run_config
 from autostrat.models import from_hf_config
 from tests.test_world import ROOT
@@ -78,10 +78,12 @@ def _deepseek_loss(net, ids, labels, config: dict) -> float:
     return float(-(logits - np.log(np.exp(logits).sum(-1, keepdims=True)))[np.arange(batch * seq), labels].mean())
 
 
-def test_the_tiny_deepseek_computes_what_deepseek_computes():
-    """Dropless (no capacity_factor), so every choice reaches its expert as in DeepSeek."""
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_the_tiny_deepseek_computes_what_deepseek_computes(fused):
+    """Dropless (no capacity_factor), so every choice reaches its expert as in DeepSeek; the
+    attention unfused or as one FlashAttentionScore."""
     config = json.loads(TINY.read_text())
-    net = from_hf_config(TINY, seq=8, batch=2)
+    net = from_hf_config(TINY, seq=8, batch=2, fused_attention=fused)
     rng = np.random.default_rng(5)
     for _, parameter in net.parameters_and_names():  # away from the initial unit gammas
         parameter.set_data(rng.standard_normal(parameter.shape).astype(np.float32) * 0.3)
@@ -195,3 +197,32 @@ def test_an_expert_parallel_plan_splits_the_experts_and_their_memory(tmp_path):
 def test_an_expert_split_that_does_not_divide_is_an_error(tmp_path, plan, message):
     with pytest.raises(ConfigError, match=message):
         _estimate(tmp_path, ESTIMATE.replace("ep: EP", plan))
+
+
+def test_the_expert_plan_search_returns_the_fastest_fitting_candidate_above_its_floor():
+    """Every candidate on 2 devices priced: the answer is the fastest that fits, every priced
+    peak is at least its resident floor; under a budget below every floor, none is priced."""
+    from autostrat.report.expert_plans import resident_floor, search_expert_plans
+
+    path = ROOT / "configs/estimate/deepseek_tiny.yaml"
+    found = search_expert_plans(path, device_num=2)
+    net = from_hf_config(TINY, seq=16, capacity_factor=1.0)
+    dense = sum(math.prod(p.shape) for b in net.blocks for _, p in b.parameters_and_names() if len(p.shape) == 2)
+    experts = sum(math.prod(p.shape) for b in net.blocks for _, p in b.parameters_and_names() if len(p.shape) == 3)
+    peaks = {given: max(stage.peak_bytes for stage in est.memory) for given, est in found.priced}
+    assert len(found.priced) == found.candidates == 10 and found.pruned == 0
+    assert all(resident_floor(given, dense, experts, "bf16") <= peak for given, peak in peaks.items())
+    assert found.best.step_time_s == min(est.step_time_s for _, est in found.priced)
+    below = min(resident_floor(given, dense, experts, "bf16") for given in peaks) - 1
+    with pytest.raises(InfeasibleError, match=f"deepseek_tiny.yaml: no plan priced fits {below:,} bytes per device \\(none was priced\\)"):
+        search_expert_plans(path, device_num=2, max_device_memory=below)
+
+
+def test_the_expert_plan_search_needs_experts(tmp_path):
+    from autostrat.report.expert_plans import search_expert_plans
+
+    path = tmp_path / "dense.yaml"
+    path.write_text((ROOT / "configs/estimate/deepseek_tiny.yaml").read_text().replace("../models/deepseek-tiny.json", str(MODELS / "llama-tiny.json"))
+                    .replace("capacity_factor: 1.0, ", "").replace("ep: 4, ", ""))
+    with pytest.raises(ConfigError, match=r"dense.yaml: model: the expert plan search needs a mixture-of-experts model, got LLaMA"):
+        search_expert_plans(path)

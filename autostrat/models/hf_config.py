@@ -115,9 +115,11 @@ FAMILIES = {
 MIXTURES = ("deepseek_v3", "gpt_oss", "mixtral")  # the model_types with experts
 
 
-def from_hf_config(path, seq: int | None = None, batch: int = 1, capacity_factor: float | None = None):
+def from_hf_config(path, seq: int | None = None, batch: int = 1, capacity_factor: float | None = None,
+                   fused_attention: bool = False):
     """The model a HuggingFace ``config.json`` describes, for `batch` sequences of `seq` tokens
-    (and a mixture of experts' `capacity_factor`).
+    (and a mixture of experts' `capacity_factor`; `fused_attention`: the LLaMA family's attention
+    as one ``FlashAttentionScore``, as `LLaMA` takes it).
 
     Example:
         >>> net = from_hf_config("configs/models/llama-tiny.json", seq=8, batch=2)
@@ -148,11 +150,14 @@ def from_hf_config(path, seq: int | None = None, batch: int = 1, capacity_factor
     if model_type not in MIXTURES and capacity_factor is not None:
         raise ConfigError(f"{path}: capacity_factor applies to a mixture of experts (model_type {', '.join(MIXTURES)}), "
                           f"got {capacity_factor!r} for model_type {model_type}")
+    if not isinstance(fused_attention, bool) or (fused_attention and model_type == "gpt2"):
+        raise ConfigError(f"{path}: fused_attention: expected true or false, and false for model_type gpt2 (autostrat's GPT "
+                          f"computes its attention unfused), got {fused_attention!r} for model_type {model_type}")
     if model_type == "gpt2":
         return _gpt(_Fields(path, fields), model_type, seq, batch)
     if model_type == "deepseek_v3":
-        return _deepseek(_Fields(path, fields), seq, batch, capacity_factor)
-    return _llama(_Fields(path, fields), model_type, seq, batch, capacity_factor)
+        return _deepseek(_Fields(path, fields), seq, batch, capacity_factor, fused_attention)
+    return _llama(_Fields(path, fields), model_type, seq, batch, capacity_factor, fused_attention)
 
 
 class _Fields:
@@ -196,7 +201,7 @@ class _Fields:
         return seq
 
 
-def _llama(fields: _Fields, model_type: str, seq, batch, capacity_factor=None):
+def _llama(fields: _Fields, model_type: str, seq, batch, capacity_factor=None, fused_attention: bool = False):
     hidden, heads = fields.integer("hidden_size"), fields.integer("num_attention_heads")
     kv_heads = fields.integer("num_key_value_heads", absent=heads)  # HuggingFace: multi-head attention
     if hidden % heads:
@@ -214,7 +219,7 @@ def _llama(fields: _Fields, model_type: str, seq, batch, capacity_factor=None):
     return LLaMA(layers=fields.integer("num_hidden_layers"), hidden=hidden, ffn=fields.integer("intermediate_size"), heads=heads,
                  kv_heads=kv_heads, seq=seq, batch=batch, vocab=fields.integer("vocab_size"), epsilon=fields.number("rms_norm_eps"),
                  rope_theta=fields.number("rope_theta"), tie_embeddings=fields.flag("tie_word_embeddings"),
-                 qkv_bias=bias or model_type == "qwen2", output_bias=bias, attention=attention,
+                 qkv_bias=bias or model_type == "qwen2", output_bias=bias, attention=attention, fused_attention=fused_attention,
                  **_experts(fields, model_type, capacity_factor))
 
 
@@ -231,7 +236,7 @@ def _check_full_attention(fields: _Fields, model_type: str, seq: int) -> None:
             raise fields.fail("layer_types", f"expected null or a list of {layers} entries full_attention or sliding_attention")
 
 
-def _deepseek(fields: _Fields, seq, batch, capacity_factor):
+def _deepseek(fields: _Fields, seq, batch, capacity_factor, fused_attention: bool):
     """DeepSeek-V3's `LLaMA`: MLA's shapes, shared and routed experts after the first dense blocks."""
     heads, kv_heads = fields.integer("num_attention_heads"), fields.integer("num_key_value_heads")
     if heads != kv_heads:  # MLA makes every head's key and value from the latent
@@ -256,7 +261,7 @@ def _deepseek(fields: _Fields, seq, batch, capacity_factor):
                  heads=heads, kv_heads=kv_heads, seq=fields.seq("max_position_embeddings", seq), batch=batch,
                  vocab=fields.integer("vocab_size"), epsilon=fields.number("rms_norm_eps"), rope_theta=fields.number("rope_theta"),
                  tie_embeddings=fields.flag("tie_word_embeddings"), experts=experts, experts_per_token=top_k,
-                 capacity_factor=capacity_factor, moe=moe, attention=attention)
+                 capacity_factor=capacity_factor, moe=moe, attention=attention, fused_attention=fused_attention)
 
 
 def _experts(fields: _Fields, model_type: str, capacity_factor) -> dict:
