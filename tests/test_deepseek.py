@@ -226,3 +226,9 @@ def test_the_expert_plan_search_needs_experts(tmp_path):
                     .replace("capacity_factor: 1.0, ", "").replace("ep: 4, ", ""))
     with pytest.raises(ConfigError, match=r"dense.yaml: model: the expert plan search needs a mixture-of-experts model, got LLaMA"):
         search_expert_plans(path)
+
+
+def test_fused_attention_is_for_the_llama_family():
+    with pytest.raises(ConfigError, match=r"gpt-22b.json: fused_attention: expected true or false, and false for model_type gpt2 "
+                                          r"\(autostrat's GPT computes its attention unfused\), got True for model_type gpt2"):
+        from_hf_config(MODELS / "gpt-22b.json", seq=16, fused_attention=True)
