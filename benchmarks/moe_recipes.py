@@ -51,7 +51,10 @@ def main() -> None:
     rows, notes = [], []
     for model in args.models:
         wall, cpu = time.perf_counter(), time.process_time()
-        found = search_expert_plans(CASES[model], limit=args.limit)
+        found = search_expert_plans(CASES[model], limit=args.limit, progress=lambda given, est: print(
+            f"{model}: priced [{plan_name(given)}]: " + ("refused" if est is None else f"{est.step_time_s:.3f} s, "
+                                                        f"{max(s.peak_bytes for s in est.memory) / 2**30:.1f} GiB"),
+            file=sys.stderr, flush=True))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         recipe = found.priced[0][1]
         rows += [row(model, "recipe", recipe, found.budget), row(model, "searched", found.best, found.budget)]

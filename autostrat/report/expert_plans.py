@@ -125,11 +125,12 @@ def _peak(found: Estimate) -> int:
     return max(stage.peak_bytes for stage in found.memory)
 
 
-def search_expert_plans(path, device_num: int | None = None, limit: int | None = None, max_device_memory=None) -> ExpertPlanSearch:
+def search_expert_plans(path, device_num: int | None = None, limit: int | None = None, max_device_memory=None,
+                        progress=None) -> ExpertPlanSearch:
     """The search of the estimate config at `path` on `device_num` devices (default: its
     ``plan:``'s), from its ``plan:`` if it has one for those devices, pricing at most `limit`
     candidates besides it (None: every one not pruned) under `max_device_memory` bytes (None:
-    the profile's memory).
+    the profile's memory); `progress(given, estimate)` is called after each is priced.
 
     Example (the tiny DeepSeek on its 8 devices: its plan and two candidates priced):
         >>> found = search_expert_plans("configs/estimate/deepseek_tiny.yaml", limit=2)
@@ -160,7 +161,11 @@ def search_expert_plans(path, device_num: int | None = None, limit: int | None =
                                         sparse[0].moe.w_gate.shape[0], config.context.hardware_profile().devices_per_server)
     kept = [given for given in candidates if resident_floor(given, dense, experts, precision) <= budget]
     chosen = ([start] if start is not None else []) + [given for given in pricing_order(kept, start) if given != start][:limit]
-    priced = [(given, _estimate(data, text, path, given)) for given in chosen]
+    priced = []
+    for given in chosen:
+        priced.append((given, _estimate(data, text, path, given)))
+        if progress is not None:
+            progress(*priced[-1])
     fitting = [found for _, found in priced if found is not None and _peak(found) <= budget]
     if not fitting:
         peaks = [_peak(found) for _, found in priced if found is not None]
