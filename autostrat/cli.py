@@ -402,7 +402,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_run(commands)
     estimate = commands.add_parser(
         "estimate", help="predict the step time, throughput and memory of a given Megatron-style plan",
-        description="Plan the config's `plan:` section (tp, pp, vp, dp, cp, ep, sequence_parallel, recompute, zero, "
+        description="Plan the config's `plan:` section (tp, pp, vp, dp, cp, ep, etp, sequence_parallel, recompute, zero, "
                     "micro_batch; with global_batch) with the search's own machinery and print the step time per phase "
                     "and the bubble, tokens/s and model TFLOP/s per device, MFU, and each stage's peak memory per device "
                     "by kind. Values not yet expressible are refused, naming the key.")

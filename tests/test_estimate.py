@@ -109,7 +109,8 @@ def test_llama_counts_six_n_plus_attention(tmp_path, capsys):
     (("pp: 2, vp: 1", "pp: 2, vp: 3"), "plan.pp: each of the pp · vp model stages holds at least one of the 2 layers: "
                                        "expected at most 2 stages, got 6"),
     (("cp: 1", "cp: 2"), "plan.cp: 2 is not yet expressible"),
-    (("ep: 1", "ep: 2"), "plan.ep: 2 is not yet expressible"),
+    (("ep: 1", "ep: 2"), "plan.ep: expert parallelism needs a mixture-of-experts model, got GPT without experts"),
+    (("cp: 1, ep: 1", "cp: 2, ep: 2"), "plan.ep: 2 is not yet expressible (expert parallelism splits whole sequences' tokens: cp must be 1)"),
     (("zero: 1", "zero: 2"), "plan.zero: 2 is not yet expressible"),
     (("zero: 1", "zero: 3"), "plan.zero: 3 is not yet expressible"),
     (("sequence_parallel: false", "sequence_parallel: 1"), "plan.sequence_parallel: expected true or false, got 1"),

@@ -147,7 +147,7 @@ def _write(tmp_path, **changes) -> Path:
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"model_type": "bert"}, r"config.json: model_type: expected one of gpt2, llama, mistral, mixtral, qwen2, got 'bert'"),
+    ({"model_type": "bert"}, r"config.json: model_type: expected one of deepseek_v3, gpt2, gpt_oss, llama, mistral, mixtral, qwen2, got 'bert'"),
     ({"sliding_attention": 3}, r"config.json: sliding_attention: unknown field for model_type llama \(value 3\)"),
     ({"hidden_act": "gelu"}, r"config.json: hidden_act: autostrat computes the SwiGLU gate SiLU; cannot honour 'gelu'"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, r"config.json: rope_scaling: autostrat computes unscaled rotary frequencies; cannot honour \{'rope_type': 'llama3'"),

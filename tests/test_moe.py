@@ -126,7 +126,7 @@ def test_mixtral_config_errors_name_the_file_and_field(tmp_path, change, message
 
 
 def test_a_capacity_factor_needs_experts():
-    with pytest.raises(ConfigError, match=r"capacity_factor applies to a mixture of experts \(model_type mixtral\), got 1.5 for model_type llama"):
+    with pytest.raises(ConfigError, match=r"capacity_factor applies to a mixture of experts \(model_type deepseek_v3, gpt_oss, mixtral\), got 1.5 for model_type llama"):
         from_hf_config(ROOT / "configs/models/llama-tiny.json", capacity_factor=1.5)
     with pytest.raises(ConfigError, match=r"capacity_factor must be a positive number or null \(dropless\), got -1"):
         from_hf_config(ROOT / "configs/models/mixtral-tiny.json", capacity_factor=-1)

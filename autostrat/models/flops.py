@@ -9,7 +9,10 @@ the papers the formulas come from, so that MFU compares plans on one scale.
   layers of hidden size h and a vocabulary of V.
 - LLaMA (Chowdhery et al. 2022, "PaLM", arXiv 2204.02311, appendix B): ``6·N·B·s + 12·l·h·s·B·s``,
   N the weights of every matrix product (the blocks' projections and the LM head; the input
-  embedding is a lookup), the second term attention's two products over the whole sequence.
+  embedding is a lookup), the second term attention's two products over the whole sequence (h
+  there the heads' width, heads × head size, which MLA and GPT-OSS make differ from the hidden
+  size). A mixture of experts counts the weights a token meets (the activated parameters, as
+  DeepSeek-V3's 37B of 671B): its router and shared experts, and `top_k` of its routed experts.
 """
 
 from __future__ import annotations
@@ -38,10 +41,17 @@ def model_flops(net, batch: int) -> tuple[int, str]:
         return round(value), (f"72·B·s·l·h²·(1 + s/6h + V/16lh) with B={batch}, s={seq}, l={layers}, h={hidden}, V={vocab} "
                               f"(Korthikanti et al. 2022)")
     if isinstance(net, LLaMA):
-        weights = layers * sum(math.prod(p.shape) for name, p in net.blocks[0].parameters_and_names()
-                               if len(p.shape) == 2)
-        weights += hidden * vocab  # the LM head, tied or not
-        value = 6 * weights * batch * seq + 12 * layers * hidden * seq * batch * seq
-        return value, (f"6·N·B·s + 12·l·h·s·B·s with N={weights} (matrix weights with the LM head), B={batch}, s={seq}, "
-                       f"l={layers}, h={hidden} (PaLM's count)")
+        weights = sum(_activated_weights(block) for block in net.blocks) + hidden * vocab  # the LM head, tied or not
+        width = net.blocks[0].attention.heads * net.blocks[0].attention.head_size
+        value = 6 * weights * batch * seq + 12 * layers * width * seq * batch * seq
+        return value, (f"6·N·B·s + 12·l·h·s·B·s with N={weights} (matrix weights with the LM head, the experts a token "
+                       f"meets), B={batch}, s={seq}, l={layers}, h={width} (PaLM's count)")
     raise ConfigError(f"model FLOPs are known for GPT and LLaMA shapes, got {type(net).__name__}")
+
+
+def _activated_weights(block) -> int:
+    """A block's matrix weights a token meets: its 2-D weights, and of the experts' ``[e, a, b]``
+    weights the `top_k` experts it is routed to."""
+    top_k = block.moe.dispatch_mask.attrs["top_k"] if block.sparse else 0
+    return sum(math.prod(p.shape) if len(p.shape) == 2 else top_k * math.prod(p.shape[1:])
+               for _, p in block.parameters_and_names() if len(p.shape) in (2, 3))

@@ -11,6 +11,14 @@ K and V (HuggingFace's ``repeat_kv``) but reshapes the queries ``[b, heads, s, d
 in repeat_kv. The Reshape's rule makes the kv-head factor the major part of the head factor, so
 a split of the kv heads is a split of the query heads (Megatron's TP); the group factor, absent
 from K and V, may be split further, K and V then being replicated over those devices.
+
+DeepSeek's multi-head latent attention (MLA, DeepSeek-AI 2024, arXiv 2412.19437, section 2.1.1)
+is modelled by its shapes: low-rank query and key-value projections (`Attention`'s `q_rank`,
+`kv_rank`: a down projection, an RMSNorm, the up projections to the heads, as its LoRA ranks
+give them), the key and the value made from one shared latent, then standard attention with one
+head size for Q, K and V (DeepSeek's ``qk_nope_head_dim + qk_rope_head_dim``: its values, of
+``v_head_dim``, are wider here) and the rotary embedding on the whole head (DeepSeek turns its
+``qk_rope_head_dim`` dims only, from a key part shared by the heads); no cached latent (training).
 """
 
 from __future__ import annotations
@@ -54,17 +62,28 @@ class Attention(Cell):
     """Causal attention with rotary embeddings on Q and K. With `kv_heads` below `heads`, the
     queries are grouped by the kv head they share (``[b, heads, s, d] -> [b, kv, group, s, d]``)
     and K and V get a size-1 group dim that the BatchMatMuls broadcast, instead of repeating.
-    `fused` computes the attention with one causal ``FlashAttentionScore`` instead."""
+    `fused` computes the attention with one causal ``FlashAttentionScore`` instead. `head_size`
+    defaults to ``hidden / heads``; `q_rank` and `kv_rank` make the query and the key-value
+    projections low-rank (MLA's shapes, the module docstring), each through an RMSNorm of
+    `epsilon`."""
 
     def __init__(self, seq: int, hidden: int, heads: int, kv_heads: int, theta: float, qkv_bias: bool = False, output_bias: bool = False,
-                 fused: bool = False):
+                 fused: bool = False, head_size: int | None = None, q_rank: int | None = None, kv_rank: int | None = None,
+                 epsilon: float = 1e-6):
         super().__init__()
         self.fused = fused
-        self.seq, self.heads, self.kv_heads, self.head_size = seq, heads, kv_heads, hidden // heads
+        self.head_size = hidden // heads if head_size is None else head_size
+        self.seq, self.heads, self.kv_heads = seq, heads, kv_heads
         self.group = heads // kv_heads
-        kv_width = kv_heads * self.head_size
-        self.query = Dense(hidden, hidden, has_bias=qkv_bias)
-        self.key, self.value = Dense(hidden, kv_width, has_bias=qkv_bias), Dense(hidden, kv_width, has_bias=qkv_bias)
+        width, kv_width = heads * self.head_size, kv_heads * self.head_size
+        self.low_rank_query, self.low_rank_kv = q_rank is not None, kv_rank is not None
+        if self.low_rank_query:  # the up projection keeps the name `query`: Megatron's seeds split it by columns
+            self.query_down, self.query_norm = Dense(hidden, q_rank, has_bias=False), RMSNorm((q_rank,), epsilon)
+        if self.low_rank_kv:
+            self.kv_down, self.kv_norm = Dense(hidden, kv_rank, has_bias=False), RMSNorm((kv_rank,), epsilon)
+        self.query = Dense(q_rank or hidden, width, has_bias=qkv_bias)
+        kv_input = kv_rank or hidden
+        self.key, self.value = Dense(kv_input, kv_width, has_bias=qkv_bias), Dense(kv_input, kv_width, has_bias=qkv_bias)
         self.split_query, self.split_key, self.split_value = ops.Reshape(), ops.Reshape(), ops.Reshape()
         self.query_heads, self.key_heads, self.value_heads = ops.Transpose(), ops.Transpose(), ops.Transpose()
         self.rotary_query, self.rotary_key = ops.RotaryPositionEmbedding(), ops.RotaryPositionEmbedding()
@@ -73,7 +92,7 @@ class Attention(Cell):
         else:
             self._init_unfused()
         self.from_heads, self.merge_heads = ops.Transpose(), ops.Reshape()
-        self.projection = Dense(hidden, hidden, has_bias=output_bias)
+        self.projection = Dense(width, hidden, has_bias=output_bias)
         cos, sin = rotary_tables(seq, self.head_size, theta)
         self.cos, self.sin = Tensor(cos), Tensor(sin)
 
@@ -103,9 +122,11 @@ class Attention(Cell):
         return transpose(x, (0, 2, 1, 3))
 
     def construct(self, x):
-        q = self.rotary_query(self._heads(self.query(x), self.split_query, self.query_heads, self.heads), self.cos, self.sin)
-        k = self.rotary_key(self._heads(self.key(x), self.split_key, self.key_heads, self.kv_heads), self.cos, self.sin)
-        v = self._heads(self.value(x), self.split_value, self.value_heads, self.kv_heads)
+        query_input = self.query_norm(self.query_down(x)) if self.low_rank_query else x
+        latent = self.kv_norm(self.kv_down(x)) if self.low_rank_kv else x
+        q = self.rotary_query(self._heads(self.query(query_input), self.split_query, self.query_heads, self.heads), self.cos, self.sin)
+        k = self.rotary_key(self._heads(self.key(latent), self.split_key, self.key_heads, self.kv_heads), self.cos, self.sin)
+        v = self._heads(self.value(latent), self.split_value, self.value_heads, self.kv_heads)
         context = self._fused_context(q, k, v) if self.fused else self._unfused_context(q, k, v)
         context = self.from_heads(context, (0, 2, 1, 3))
         context = self.merge_heads(context, (context.shape[0] * self.seq, self.heads * self.head_size))
@@ -133,19 +154,19 @@ class Attention(Cell):
 
 
 class Block(Cell):
-    """Attention and a SwiGLU FFN, or with `moe` (`MoeFeedForward`'s routing arguments) a
-    mixture of experts of that FFN's width."""
+    """Attention and a SwiGLU FFN, or with `moe` (`MoeFeedForward`'s arguments but the sizes; its
+    ``ffn`` the experts' width, `ffn` by default) a mixture of experts."""
 
     def __init__(self, seq: int, hidden: int, ffn: int, heads: int, kv_heads: int, theta: float, epsilon: float, moe: dict | None = None,
                  **options):
         super().__init__()
         self.ln1 = RMSNorm((hidden,), epsilon)
-        self.attention = Attention(seq, hidden, heads, kv_heads, theta, **options)
+        self.attention = Attention(seq, hidden, heads, kv_heads, theta, epsilon=epsilon, **options)
         self.residual1 = ops.Add()
         self.ln2 = RMSNorm((hidden,), epsilon)
         self.sparse = moe is not None
         if self.sparse:
-            self.moe = MoeFeedForward(seq, hidden, ffn, **moe)
+            self.moe = MoeFeedForward(seq, hidden, **({"ffn": ffn} | moe))
         else:
             self.ffn_gate, self.ffn_up = Dense(hidden, ffn, has_bias=False), Dense(hidden, ffn, has_bias=False)
             self.gate, self.glu = ops.SiLU(), ops.Mul()
@@ -166,29 +187,37 @@ class LLaMA(LanguageModel):
     LM head the embedding table's transpose; `fused_attention` computes attention with one
     ``FlashAttentionScore`` op (causal, BNSD) instead of BatchMatMul, mask, Softmax, BatchMatMul.
     `experts` makes every FFN a mixture of that many experts of width `ffn` (Mixtral), each token
-    routed to `experts_per_token` of them with `models.moe.expert_capacity` slots per expert.
+    routed to `experts_per_token` of them with `models.moe.expert_capacity` slots per expert;
+    `moe` adds DeepSeek's pieces (`MOE_OPTIONS`: the experts' own width, shared experts, the
+    first dense blocks, sigmoid gates, the routed scaling). `attention` holds `Attention`'s
+    `head_size`, `q_rank` and `kv_rank` (MLA's shapes).
 
     Example:
         >>> net = LLaMA(layers=1, hidden=32, ffn=48, heads=4, kv_heads=2, seq=8, batch=2, vocab=64)
         >>> net.blocks[0].attention.key.weight.shape, type(net.blocks[0].gate).__name__
         ((16, 32), 'SiLU')
+        >>> net = LLaMA(layers=2, hidden=32, ffn=48, heads=4, seq=8, vocab=64, experts=4, moe={"dense_layers": 1, "ffn": 16})
+        >>> net.blocks[0].sparse, net.blocks[1].moe.w_up.shape
+        (False, (4, 32, 16))
     """
 
     def __init__(self, layers: int = 2, hidden: int = 64, ffn: int = 172, heads: int = 4, kv_heads: int | None = None,
                  seq: int = 16, batch: int = 4, vocab: int = 128, epsilon: float = 1e-6, rope_theta: float = 10000.0,
                  tie_embeddings: bool = False, qkv_bias: bool = False, output_bias: bool = False, fused_attention: bool = False,
-                 experts: int | None = None, experts_per_token: int = 2, capacity_factor: float | None = None):
+                 experts: int | None = None, experts_per_token: int = 2, capacity_factor: float | None = None,
+                 moe: dict | None = None, attention: dict | None = None):
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
+        attention = _attention_options(attention)
         check_sizes("LLaMA", layers=layers, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, seq=seq, batch=batch, vocab=vocab)
-        _check_shape(hidden, heads, kv_heads, epsilon, rope_theta)
-        moe = None if experts is None else _moe_routing(seq, experts, experts_per_token, capacity_factor)
+        _check_shape(hidden, heads, kv_heads, epsilon, rope_theta, attention.get("head_size"))
+        routing, dense_layers = (None, layers) if experts is None else _moe_routing(seq, experts, experts_per_token, capacity_factor, moe)
         self.batch, self.seq, self.hidden, self.tie_embeddings = batch, seq, hidden, bool(tie_embeddings)
         self.embedding = Embedding(vocab, hidden)
         self.flatten = ops.Reshape()
         self.blocks = CellList(Block(seq, hidden, ffn, heads, kv_heads, rope_theta, epsilon, qkv_bias=qkv_bias, output_bias=output_bias,
-                                     fused=bool(fused_attention), moe=moe)
-                               for _ in range(layers))
+                                     fused=bool(fused_attention), moe=None if index < dense_layers else routing, **attention)
+                               for index in range(layers))
         self.ln_final = RMSNorm((hidden,), epsilon)
         self.lm_head = ops.MatMul(transpose_b=True) if self.tie_embeddings else Dense(hidden, vocab, has_bias=False)
         self.loss = SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -200,17 +229,48 @@ class LLaMA(LanguageModel):
         return self.head_loss(x, labels)
 
 
-def _moe_routing(seq: int, experts: int, experts_per_token: int, capacity_factor) -> dict:
+# LLaMA's `moe` options and their defaults (Mixtral's): the experts' width (None: the model's
+# ffn), the shared experts' summed width (None: no shared experts), the first blocks kept dense,
+# the gate, whether the chosen gates are renormalised, and the routed output's scale.
+MOE_OPTIONS = {"ffn": None, "shared_ffn": None, "dense_layers": 0, "gate": "softmax", "norm_topk_prob": True, "routed_scaling": 1.0}
+ATTENTION_OPTIONS = ("head_size", "kv_rank", "q_rank")
+
+
+def _attention_options(attention) -> dict:
+    attention = {} if attention is None else dict(attention)
+    unknown = sorted(set(attention) - set(ATTENTION_OPTIONS))
+    if unknown:
+        raise ConfigError(f"LLaMA: attention.{unknown[0]}: unknown option; expected {', '.join(ATTENTION_OPTIONS)}")
+    check_sizes("LLaMA", **{f"attention.{key}": value for key, value in attention.items() if value is not None})
+    return {key: value for key, value in attention.items() if value is not None}
+
+
+def _moe_routing(seq: int, experts: int, experts_per_token: int, capacity_factor, moe) -> tuple[dict, int]:
+    """`Block`'s `moe` arguments and the number of first blocks kept dense."""
     check_sizes("LLaMA", experts=experts, experts_per_token=experts_per_token)
     if experts_per_token > experts:
         raise ConfigError(f"LLaMA: experts_per_token must be at most experts {experts}, got {experts_per_token}")
-    return {"experts": experts, "top_k": experts_per_token,
-            "capacity": expert_capacity(seq, experts, experts_per_token, capacity_factor)}
+    options = MOE_OPTIONS | (moe or {})
+    unknown = sorted(set(options) - set(MOE_OPTIONS))
+    if unknown:
+        raise ConfigError(f"LLaMA: moe.{unknown[0]}: unknown option; expected {', '.join(MOE_OPTIONS)}")
+    check_sizes("LLaMA", **{f"moe.{key}": options[key] for key in ("ffn", "shared_ffn") if options[key] is not None})
+    dense = options.pop("dense_layers")
+    if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
+        raise ConfigError(f"LLaMA: moe.dense_layers must be a count of blocks (0 or more), got {dense!r}")
+    if isinstance(options["routed_scaling"], bool) or not isinstance(options["routed_scaling"], (int, float)) or not options["routed_scaling"] > 0:
+        raise ConfigError(f"LLaMA: moe.routed_scaling must be a positive number, got {options['routed_scaling']!r}")
+    if options["ffn"] is None:
+        del options["ffn"]
+    return {"experts": experts, "top_k": experts_per_token, **options,
+            "capacity": expert_capacity(seq, experts, experts_per_token, capacity_factor)}, dense
 
 
-def _check_shape(hidden: int, heads: int, kv_heads: int, epsilon, rope_theta) -> None:
-    if hidden % heads or (hidden // heads) % 2:
+def _check_shape(hidden: int, heads: int, kv_heads: int, epsilon, rope_theta, head_size: int | None = None) -> None:
+    if head_size is None and (hidden % heads or (hidden // heads) % 2):
         raise ConfigError(f"LLaMA: hidden must be heads times an even head size, got hidden {hidden} and heads {heads}")
+    if head_size is not None and head_size % 2:
+        raise ConfigError(f"LLaMA: attention.head_size must be even (rotary pairs), got {head_size}")
     if heads % kv_heads:
         raise ConfigError(f"LLaMA: heads must be a multiple of kv_heads, got heads {heads} and kv_heads {kv_heads}")
     for key, value in (("epsilon", epsilon), ("rope_theta", rope_theta)):

@@ -23,6 +23,12 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
   a data-parallel rank's sequence split over ``cp`` devices (the products' rows over ``dp · cp``),
   every fused attention's query rows over ``cp`` with K and V whole, which the planner gathers
   (`context_parallel_seeds`; tests/test_context_parallel.py has the Ulysses form as well).
+- Mixtures of experts (Megatron-Core's MoE: DeepSeek-V3, GPT-OSS, Mixtral): the shared experts
+  split as the dense FFN, MLA's down projections whole on the ``tp`` devices, the routed experts
+  over ``ep`` devices and each expert's FFN width over ``etp`` (`expert_parallel_seeds`), folded
+  onto the same ``dp · tp`` devices of a stage that attention uses (MoE parallel folding,
+  Liu et al. 2025, arXiv 2504.14960): the rest, ``dp · tp / (ep · etp)``, split the token
+  groups (expert data parallelism); the router, the dispatch and the combine keep attention's rows.
 - Selective recompute (ibid., section 5): the attention core, QKᵀ, its scale and mask, the
   softmax and ·V, is computed again in the backward instead of kept (`Primitive.recompute`).
 - Pipeline stages (Narayanan et al. 2021): the blocks split evenly over the ``pp · vp`` model
@@ -33,6 +39,8 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
 """
 
 from __future__ import annotations
+
+import math
 
 from autostrat.errors import ConfigError
 from autostrat.layout.named import NamedLayout
@@ -68,10 +76,53 @@ def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: 
                           f"got {tensor_parallel}")
     rows = data_parallel * context_parallel
     if isinstance(net, LLaMA):
-        seeds = llama_megatron_seeds(len(net.blocks), tensor_parallel, rows)
+        names = {name for name, _ in net.primitives_and_names()}
+        seeds = {name: seed for name, seed in (llama_megatron_seeds(len(net.blocks), tensor_parallel, rows)
+                                                | _llama_extra_seeds(net, tensor_parallel, rows)).items() if name in names}
     else:
         seeds = megatron_seeds(len(net.blocks), tensor_parallel, data_parallel=rows)
     return seeds | _between_regions_seeds(net, rows) | _vocabulary_seeds(net, tensor_parallel, data_parallel, context_parallel)
+
+
+def _llama_extra_seeds(net, tensor_parallel: int, rows: int) -> dict:
+    """Megatron-Core's split of a LLaMA's other products: the shared experts' as the dense FFN's
+    (columns, then rows), MLA's down projections whole on the ``tp`` devices (its
+    ``linear_q_down_proj`` and ``linear_kv_down_proj``; the up projections are Q, K, V's)."""
+    column, row, whole = ((rows, 1), (tensor_parallel, 1)), ((rows, tensor_parallel), (1, tensor_parallel)), ((rows, 1), (1, 1))
+    per_layer = {"moe.shared_gate.matmul": column, "moe.shared_up.matmul": column, "moe.shared_down.matmul": row,
+                 "attention.query_down.matmul": whole, "attention.kv_down.matmul": whole}
+    return {f"blocks.{i}.{op}": (strategy, None) for i in range(len(net.blocks)) for op, strategy in per_layer.items()}
+
+
+def expert_parallel_seeds(net, expert_parallel: int, expert_tensor_parallel: int, devices: int, rows: int, groups: int,
+                          where: str = "plan.ep") -> dict:
+    """Every sparse block's routed experts split over `expert_parallel` devices and their FFN
+    width over `expert_tensor_parallel`, the `groups` token groups (a micro-batch's sequences)
+    over the rest of a stage's `devices` (``dp · tp``; where they are fewer than the rest, over
+    their greatest common divisor, the other devices repeating the work), the router, the
+    dispatch and the combine on attention's `rows`; a net without experts, or counts that do not
+    divide the stage's devices, the experts or their width, a ConfigError at `where`.
+
+    Example (8 experts on 8 devices: EP 4, the token groups over the other 2):
+        >>> from autostrat.models import from_hf_config
+        >>> net = from_hf_config("configs/models/deepseek-tiny.json", seq=8, batch=4)
+        >>> expert_parallel_seeds(net, 4, 1, 8, 4, 4)["blocks.1.moe.expert_down"]
+        (((4, 2, 1, 1), (4, 1, 1)), None)
+    """
+    sparse = [index for index, block in enumerate(net.blocks) if getattr(block, "sparse", False)]
+    if not sparse:
+        raise ConfigError(f"{where}: expert parallelism needs a mixture-of-experts model, got {type(net).__name__} without experts")
+    moe = net.blocks[sparse[0]].moe
+    experts, width = moe.w_gate.shape[0], moe.w_gate.shape[2]
+    ep, etp = expert_parallel, expert_tensor_parallel
+    if devices % (ep * etp) or experts % ep or width % etp:
+        raise ConfigError(f"{where}: expected ep x etp dividing a stage's dp x tp = {devices} devices, ep the {experts} "
+                          f"experts and etp their width {width}; got ep {ep}, etp {etp}")
+    edp = math.gcd(devices // (ep * etp), groups)
+    per_layer = {"moe.route": ((rows, 1, 1), (1, 1)), "moe.dispatch": ((rows, 1, 1, 1), (rows, 1, 1)),
+                 "moe.expert_gate": ((ep, edp, 1, 1), (ep, 1, etp)), "moe.expert_up": ((ep, edp, 1, 1), (ep, 1, etp)),
+                 "moe.expert_down": ((ep, edp, 1, etp), (ep, etp, 1)), "moe.combine": ((rows, 1, 1, 1), (1, rows, 1, 1))}
+    return {f"blocks.{i}.{op}": (strategy, None) for i in sparse for op, strategy in per_layer.items()}
 
 
 def _vocabulary_seeds(net, tensor_parallel: int, data_parallel: int, context_parallel: int) -> dict:

@@ -13,16 +13,25 @@ a split of ``g`` to a split of ``e``.
 
 The capacity of an expert's buffer per group is ``ceil(capacity_factor * top_k * seq / experts)``,
 at most seq; no `capacity_factor` means seq, no token dropped (Mixtral's dropless routing).
+
+DeepSeek's MoE (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv 2412.19437, section
+2.1.2) adds shared experts, a dense SwiGLU FFN every token passes through (``shared_ffn`` wide:
+``n_shared_experts`` experts of ``moe_intermediate_size`` side by side are one FFN of their summed
+width), sigmoid gates normalised over the chosen experts, and the routed output scaled by
+``routed_scaling_factor`` before the shared experts' output is added.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from autostrat import ops
 from autostrat.errors import ConfigError
 from autostrat.frontend.cell import Cell
-from autostrat.frontend.tensor import Parameter, initializer
+from autostrat.frontend.layers import Dense
+from autostrat.frontend.tensor import Parameter, Tensor, initializer
 
 
 def expert_capacity(seq: int, experts: int, top_k: int, capacity_factor: float | None) -> int:
@@ -42,16 +51,19 @@ def expert_capacity(seq: int, experts: int, top_k: int, capacity_factor: float |
 
 class MoeFeedForward(Cell):
     """The sparse SwiGLU FFN on ``[batch * seq, hidden]`` tokens: `experts` experts of width
-    `ffn`, each token routed to `top_k` of them (softmax gates, renormalised over the chosen
-    when `norm_topk_prob`, as Mixtral), buffers of `capacity` slots per group.
+    `ffn`, each token routed to `top_k` of them (`gate` softmax or sigmoid, renormalised over the
+    chosen when `norm_topk_prob`, as Mixtral and DeepSeek), buffers of `capacity` slots per group;
+    the routed output times `routed_scaling` (DeepSeek's factor; 1 leaves it out), plus with
+    `shared_ffn` a dense SwiGLU FFN of that width on every token (DeepSeek's shared experts).
 
     Example:
-        >>> moe = MoeFeedForward(seq=8, hidden=16, ffn=24, experts=4, top_k=2, capacity=4)
-        >>> moe.w_gate.shape, moe.w_down.shape, moe.dispatch.attrs
-        ((4, 16, 24), (4, 24, 16), {'equation': 'gsec,gsh->egch'})
+        >>> moe = MoeFeedForward(seq=8, hidden=16, ffn=24, experts=4, top_k=2, capacity=4, shared_ffn=48)
+        >>> moe.w_gate.shape, moe.w_down.shape, moe.dispatch.attrs, moe.shared_down.weight.shape
+        ((4, 16, 24), (4, 24, 16), {'equation': 'gsec,gsh->egch'}, (16, 48))
     """
 
-    def __init__(self, seq: int, hidden: int, ffn: int, experts: int, top_k: int, capacity: int, norm_topk_prob: bool = True):
+    def __init__(self, seq: int, hidden: int, ffn: int, experts: int, top_k: int, capacity: int, norm_topk_prob: bool = True,
+                 gate: str = "softmax", routed_scaling: float = 1.0, shared_ffn: int | None = None):
         super().__init__()
         self.seq, self.hidden = seq, hidden
         self.router = Parameter(initializer("normal", (experts, hidden)))
@@ -60,13 +72,22 @@ class MoeFeedForward(Cell):
         self.w_down = Parameter(initializer("normal", (experts, ffn, hidden)))
         self.to_groups, self.from_groups = ops.Reshape(), ops.Reshape()
         self.route = ops.Einsum("gsh,eh->gse")
-        routing = {"top_k": top_k, "capacity": capacity, "gate": "softmax", "norm_topk_prob": norm_topk_prob}
+        routing = {"top_k": top_k, "capacity": capacity, "gate": gate, "norm_topk_prob": norm_topk_prob}
         self.dispatch_mask, self.combine_weights = ops.MoeDispatchMask(**routing), ops.MoeCombineWeights(**routing)
         self.dispatch = ops.Einsum("gsec,gsh->egch")
         self.expert_gate, self.expert_up = ops.Einsum("egch,ehf->egcf"), ops.Einsum("egch,ehf->egcf")
         self.gate, self.glu = ops.SiLU(), ops.Mul()
         self.expert_down = ops.Einsum("egcf,efh->egch")
         self.combine = ops.Einsum("gsec,egch->gsh")
+        self.routed_scaling = None if routed_scaling == 1 else Tensor(np.float32(routed_scaling))
+        if self.routed_scaling is not None:
+            self.scale_routed = ops.Mul()
+        self.shared = shared_ffn is not None
+        if self.shared:  # Dense layers, as the dense FFN: Megatron's tensor parallelism splits them alike
+            self.shared_gate, self.shared_up = Dense(hidden, shared_ffn, has_bias=False), Dense(hidden, shared_ffn, has_bias=False)
+            self.shared_silu, self.shared_glu = ops.SiLU(), ops.Mul()
+            self.shared_down = Dense(shared_ffn, hidden, has_bias=False)
+            self.add_shared = ops.Add()
 
     def construct(self, x):
         tokens = self.to_groups(x, (x.shape[0] // self.seq, self.seq, self.hidden))
@@ -75,7 +96,12 @@ class MoeFeedForward(Cell):
         buffers = self.dispatch((mask, tokens))
         hidden = self.glu(self.gate(self.expert_gate((buffers, self.w_gate))), self.expert_up((buffers, self.w_up)))
         out = self.combine((weights, self.expert_down((hidden, self.w_down))))
-        return self.from_groups(out, (x.shape[0], self.hidden))
+        out = self.from_groups(out, (x.shape[0], self.hidden))
+        if self.routed_scaling is not None:
+            out = self.scale_routed(out, self.routed_scaling)
+        if self.shared:
+            out = self.add_shared(out, self.shared_down(self.shared_glu(self.shared_silu(self.shared_gate(x)), self.shared_up(x))))
+        return out
 
 
 def moe_seeds(layers: int, expert_parallel: int, expert_tensor_parallel: int = 1) -> dict[str, tuple]:

@@ -27,8 +27,13 @@ model (cases):
   (every block's attention core: `models.megatron_plan.mark_selective_recompute`).
 - ``zero``: 0, or 1 (the optimiser state split over the data-parallel replicas, Megatron's
   distributed optimizer; ``enable_parallel_optimizer`` with no size threshold).
+- ``ep`` and ``etp``: a mixture of experts' routed experts over ``ep`` devices and each expert's
+  FFN width over ``etp`` (default 1, not Megatron's default of ``tp``), folded onto each stage's
+  ``dp · tp`` devices (`models.megatron_plan.expert_parallel_seeds`); ``device_num`` stays
+  ``tp · pp · dp · cp``. Given for every model with experts (``ep`` 1: every expert on every device).
 - What the machinery cannot express yet is a ConfigError naming the key, the value and "not yet
-  expressible" (``ep`` above 1, ``cp`` above 1 as said, ZeRO 2 and 3), never a number for another plan.
+  expressible" (``ep`` or ``etp`` above 1 without experts or with ``cp`` above 1, ``cp`` above 1
+  as said, ZeRO 2 and 3), never a number for another plan.
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ from autostrat.frontend.config import config_from_data, with_recompute
 from autostrat.frontend.run import plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.models.flops import model_flops
-from autostrat.models.megatron_plan import (context_parallel_seeds, mark_pipeline_stages, mark_selective_recompute,
-                                            sequence_parallel_seeds, tensor_parallel_seeds)
+from autostrat.models.megatron_plan import (context_parallel_seeds, expert_parallel_seeds, mark_pipeline_stages,
+                                            mark_selective_recompute, sequence_parallel_seeds, tensor_parallel_seeds)
 from autostrat.reading import read_text
 from autostrat.search.memory_breakdown import KINDS, memory_breakdowns
 from autostrat.search.precision import PRECISION_MEMORY
@@ -51,12 +56,13 @@ from autostrat.search.prediction import format_nanoseconds
 from autostrat.tables import format_table
 
 # Each plan key and its default.
-PLAN_KEYS = {"tp": 1, "pp": 1, "vp": 1, "dp": 1, "cp": 1, "ep": 1, "sequence_parallel": False, "recompute": "none",
+PLAN_KEYS = {"tp": 1, "pp": 1, "vp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "sequence_parallel": False, "recompute": "none",
              "zero": 0, "micro_batch": 1}
 # Per key, why some of its values are not yet expressible.
 NOT_YET = {
     "cp": "context parallelism splits one sequence per data-parallel rank: micro_batch must be 1",
-    "ep": "expert parallelism needs a mixture-of-experts model",
+    "ep": "expert parallelism splits whole sequences' tokens: cp must be 1",
+    "etp": "expert parallelism splits whole sequences' tokens: cp must be 1",
     "zero": "autostrat's optimiser shard splits the optimiser state only (ZeRO 1); gradients and parameters stay whole",
 }
 RECOMPUTE = ("none", "full", "selective")
@@ -78,6 +84,8 @@ class GivenPlan:
     sequence_parallel: bool = False
     vp: int = 1  # model stages per pipeline rank (interleaved 1F1B)
     cp: int = 1
+    ep: int = 1  # routed experts split over ep devices of a stage's dp · tp, their width over etp
+    etp: int = 1
 
     @property
     def device_num(self) -> int:
@@ -102,7 +110,7 @@ def read_given_plan(data: dict, path) -> GivenPlan:
     if unknown:
         raise ConfigError(f"{path}: plan.{unknown[0]}: unknown key; a plan has {', '.join(PLAN_KEYS)}")
     values = PLAN_KEYS | section
-    for key in ("tp", "pp", "vp", "dp", "cp", "ep", "micro_batch"):
+    for key in ("tp", "pp", "vp", "dp", "cp", "ep", "etp", "micro_batch"):
         _positive(values[key], f"{path}: plan.{key}")
     if not isinstance(values["sequence_parallel"], bool):
         raise ConfigError(f"{path}: plan.sequence_parallel: expected true or false, got {values['sequence_parallel']!r}")
@@ -110,7 +118,7 @@ def read_given_plan(data: dict, path) -> GivenPlan:
         raise ConfigError(f"{path}: plan.recompute: expected one of {', '.join(RECOMPUTE)}, got {values['recompute']!r}")
     if values["zero"] not in (0, 1, 2, 3) or isinstance(values["zero"], bool):
         raise ConfigError(f"{path}: plan.zero: expected a ZeRO level 0, 1, 2 or 3, got {values['zero']!r}")
-    blocked = [key for key in ("ep",) if values[key] != 1] + ["zero"] * (values["zero"] > 1)
+    blocked = [key for key in ("ep", "etp") if values[key] != 1 and values["cp"] != 1] + ["zero"] * (values["zero"] > 1)
     blocked += ["cp"] * (values["cp"] > 1 and values["micro_batch"] > 1)
     if blocked:
         raise ConfigError(f"{path}: plan.{blocked[0]}: {values[blocked[0]]!r} is not yet expressible ({NOT_YET[blocked[0]]})")
@@ -121,7 +129,7 @@ def read_given_plan(data: dict, path) -> GivenPlan:
     if values["vp"] > 1 and values["pp"] == 1:
         raise ConfigError(f"{path}: plan.vp: virtual stages interleave a pipeline: expected 1 with pp 1, got {values['vp']}")
     return GivenPlan(values["tp"], values["pp"], values["dp"], values["recompute"], values["zero"], values["micro_batch"], batch,
-                     values["sequence_parallel"], vp=values["vp"], cp=values["cp"])
+                     values["sequence_parallel"], vp=values["vp"], cp=values["cp"], ep=values["ep"], etp=values["etp"])
 
 
 def _busiest_group_ns(pipeline) -> int:
@@ -196,6 +204,9 @@ def plan_pieces_config(data: dict, text: str, path, given: GivenPlan):
         seeds |= sequence_parallel_seeds(config.net, given.tp, rows)
     if given.cp > 1:
         seeds |= context_parallel_seeds(config.net, given.tp, given.dp, given.cp, f"{path}: plan.cp")
+    if given.ep * given.etp > 1 or any(getattr(block, "sparse", False) for block in config.net.blocks):
+        seeds |= expert_parallel_seeds(config.net, given.ep, given.etp, given.dp * given.tp, given.dp, given.dp * given.micro_batch,
+                                       f"{path}: plan.{'ep' if given.ep > 1 else 'etp'}")
     config = replace(config, strategies=seeds)
     if given.pp > 1:  # Megatron's even split of the blocks, given as their pipeline_stage
         mark_pipeline_stages(config.net, given.pp * given.vp, f"{path}: plan.pp")
@@ -249,7 +260,7 @@ class Estimate:
     def to_dict(self) -> dict:
         given = self.given
         return {
-            "plan": {"tp": given.tp, "pp": given.pp, "vp": given.vp, "dp": given.dp, "cp": given.cp,
+            "plan": {"tp": given.tp, "pp": given.pp, "vp": given.vp, "dp": given.dp, "cp": given.cp, "ep": given.ep, "etp": given.etp,
                      "sequence_parallel": given.sequence_parallel,
                      "recompute": given.recompute, "zero": given.zero,
                      "micro_batch": given.micro_batch, "global_batch": given.global_batch,
@@ -268,7 +279,8 @@ class Estimate:
         """The human-readable estimate of the config at `path`."""
         given, plan = self.given, self.plan
         lines = [f"{path}: {self.model} on {given.device_num} devices: tp {given.tp} x pp {given.pp} x dp {given.dp}"
-                 f"{f' x cp {given.cp}' if given.cp > 1 else ''}, "
+                 f"{f' x cp {given.cp}' if given.cp > 1 else ''}{f', ep {given.ep}' if given.ep > 1 else ''}"
+                 f"{f', etp {given.etp}' if given.etp > 1 else ''}, "
                  f"{'sequence parallel, ' if given.sequence_parallel else ''}micro-batch {given.micro_batch}, "
                  f"{given.micro_batches} micro-batch(es) of global batch {given.global_batch}, recompute {given.recompute}, zero {given.zero}; hardware {plan.hardware.name or 'given field by field'}, "
                  f"precision {plan.precision}"]
