@@ -79,12 +79,18 @@ def _timed_plan(config, device_num, progress=None) -> tuple:
     in the budget, a known start's: `report.fitting_starts`), its notes and the search's
     seconds. The strategy checkpoint is not written here: search writes it with its other
     outputs, report and explain write none."""
-    from autostrat.report.fitting_starts import plan_from_starts  # a report: off the search's import path
-
     config = replace(config, context=replace(config.context, strategy_ckpt_save_file=""))
     started = time.perf_counter()
-    plan, notes = plan_within_memory(config, device_num, progress=progress, fallback=plan_from_starts)
+    plan, notes = plan_within_memory(config, device_num, progress=progress, fallback=_known_start)
     return plan, notes, time.perf_counter() - started
+
+
+def _known_start(config, device_num, budget, error) -> tuple:
+    """`report.fitting_starts.plan_from_starts`, imported only when a search found no plan: the
+    report's modules stay off the search's import path."""
+    from autostrat.report.fitting_starts import plan_from_starts
+
+    return plan_from_starts(config, device_num, budget, error)
 
 
 def is_plan_space(path) -> bool:

@@ -80,9 +80,9 @@ MUTATIONS = (
     ),
     Mutation(
         "allgather-counted-0", "autostrat/runtime/wire.py",
-        "        return self._ring_gather(pieces, [piece.shape] * len(group), group)\n",
+        "        return (yield from self._ring_gather(pieces, [piece.shape] * len(group), group))\n",
         "        counted = len(self.sent)\n"
-        "        pieces = self._ring_gather(pieces, [piece.shape] * len(group), group)\n"
+        "        pieces = yield from self._ring_gather(pieces, [piece.shape] * len(group), group)\n"
         "        del self.sent[counted:]\n"
         "        return pieces\n",
         (_TRAFFIC, f"{_CONFIG_RUN}[ffn-8]", f"{_CONFIG_RUN}[gpt-8]", "tests/test_mpi.py::test_config_on_8_mpi_ranks[ffn]"),
@@ -113,9 +113,11 @@ MUTATIONS = (
          "tests/test_training.py::test_gpt_two_layers_trains_with_adam_like_stand_alone"),
     ),
     Mutation(
-        "gradient-allreduce-dropped", "autostrat/runtime/executor.py",
-        "        return backend.allreduce(piece, step.group, step.reduce_op, step.algorithm)\n",
-        '        return piece.copy() if step.phase == "sync" else backend.allreduce(piece, step.group, step.reduce_op, step.algorithm)\n',
+        "gradient-allreduce-dropped", "autostrat/runtime/stream.py",
+        "        return (yield from backend.allreduce_steps(piece, step.group, step.reduce_op, step.algorithm))\n",
+        '        if step.phase == "sync":\n'
+        "            return piece.copy()\n"
+        "        return (yield from backend.allreduce_steps(piece, step.group, step.reduce_op, step.algorithm))\n",
         ("tests/test_training.py::test_tutorial_ffn_trains_20_momentum_steps_like_stand_alone_and_bytes_match",
          "tests/test_runtime.py::test_a_training_run_checks_every_loss_and_the_final_parameters",
          "tests/test_mpi.py::test_a_training_config_trains_on_8_mpi_ranks"),

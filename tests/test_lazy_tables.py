@@ -43,9 +43,9 @@ def distinct_tables(problem) -> list[LazyCostTable]:
 
 
 # Every config at 8 devices; at 16 those whose eager tables fill in seconds (the GPTs' take
-# 20-30 s each, llama_train's 227 s: `tests/test_scale.py` checks lazy entries at 64 and 1024
-# devices on random pairs).
-LARGE = ("gpt", "gpt_train", "llama_train", "moe_train", "transformer_stack")
+# 20-30 s each, llama_train's 227 s, deepseek_train's 73 s: `tests/test_scale.py` checks lazy
+# entries at 64 and 1024 devices on random pairs).
+LARGE = ("deepseek_train", "gpt", "gpt_train", "llama_train", "moe_train", "transformer_stack")
 CASES = [(path, 8) for path in CONFIGS] + [(path, 16) for path in CONFIGS if path.stem not in LARGE]
 
 
