@@ -37,6 +37,7 @@ from autostrat.models.gpt import GPT
 from autostrat.models.llama import LLaMA
 from autostrat.redistribution.memo import clear_memos
 from autostrat.report.estimate import SET_BY_PLAN, GivenPlan, estimate_config, plan_pieces_config
+from autostrat.report.plan_space import device_splits
 from autostrat.search.precision import state_bytes
 from autostrat.strategies import divisors
 
@@ -59,14 +60,11 @@ def known_starts(net, device_num: int, devices_per_server: int, precision: str, 
     attention = net.blocks[0].attention
     heads = attention.kv_heads if isinstance(net, LLaMA) else attention.heads
     tp = max(t for t in divisors(min(device_num, devices_per_server)) if device_num % t == 0 and heads % t == 0)
-    batch, layers = net.batch, len(net.blocks)
     parameters = sum(math.prod(parameter.shape) for _, parameter in net.parameters_and_names())
     starts = []
-    for pp in divisors(device_num // tp):
-        dp = device_num // (tp * pp)
-        if pp > layers or batch % dp:
-            continue
-        start = GivenPlan(tp, pp, dp, "full", int(dp > 1), 1, batch, sequence_parallel=tp > 1)
+    splits = [(pp, dp) for t, pp, dp in device_splits(device_num, net.batch, len(net.blocks), devices_per_server) if t == tp]
+    for pp, dp in splits:
+        start = GivenPlan(tp, pp, dp, "full", int(dp > 1), 1, net.batch, sequence_parallel=tp > 1)
         if _state_bytes(start, parameters, precision) * STATE_SHARE[1] <= budget * STATE_SHARE[0]:
             starts.append(start)
     return starts

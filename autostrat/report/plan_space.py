@@ -84,7 +84,7 @@ def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per
         (42, [(1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1)])
     """
     plans = []
-    for tp, pp, dp in _device_splits(device_num, global_batch, layers, devices_per_server):
+    for tp, pp, dp in device_splits(device_num, global_batch, layers, devices_per_server):
         interleaves = [1] + [vp for vp in range(2, layers + 1) if pp > 1 and layers % (pp * vp) == 0]
         for vp, sequence_parallel, recompute, zero in itertools.product(
                 interleaves, (False, True)[:1 + (tp > 1)], ("none", "selective", "full"), (0, 1)[:1 + (dp > 1)]):
@@ -94,9 +94,15 @@ def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per
     return plans
 
 
-def _device_splits(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[tuple]:
+def device_splits(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[tuple]:
     """Every ``(tp, pp, dp)`` with product `device_num`: tp up to a server, pp at most the
-    layers (an uneven split holds fewer on the outermost stages), dp dividing the global batch."""
+    layers (an uneven split holds fewer on the outermost stages), dp dividing the global batch;
+    by tp, then pp, ascending.
+
+    Example (8 devices, 4 per server, 2 layers, a batch of 4):
+        >>> device_splits(8, 4, 2, 4)
+        [(1, 2, 4), (2, 1, 4), (2, 2, 2), (4, 1, 2), (4, 2, 1)]
+    """
     return [(tp, pp, device_num // (tp * pp)) for tp in divisors(min(device_num, devices_per_server))
             if device_num % tp == 0 for pp in divisors(device_num // tp)
             if pp <= layers and global_batch % (device_num // (tp * pp)) == 0]
