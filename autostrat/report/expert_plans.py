@@ -40,7 +40,7 @@ from autostrat.frontend.run import memory_budget
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, plan_pieces_config, read_given_plan, search_keys
-from autostrat.report.plan_space import RESIDENT_BYTES
+from autostrat.report.plan_space import RESIDENT_BYTES, device_splits
 from autostrat.strategies import divisors
 
 RECOMPUTE = ("none", "full")
@@ -57,13 +57,8 @@ def expert_plan_candidates(device_num: int, global_batch: int, layers: int, kv_h
         (42, [(1, 1, 8, 1), (1, 1, 8, 2), (1, 1, 8, 4), (1, 1, 8, 8)])
     """
     plans = []
-    for tp in divisors(min(device_num, devices_per_server)):
-        if device_num % tp or kv_heads % tp:
-            continue
-        for pp in divisors(device_num // tp):
-            dp = device_num // (tp * pp)
-            if pp > layers or global_batch % dp:
-                continue
+    for tp, pp, dp in device_splits(device_num, global_batch, layers, devices_per_server):
+        if kv_heads % tp == 0:
             plans += [GivenPlan(tp, pp, dp, recompute, int(dp > 1), 1, global_batch, tp > 1, ep=ep)
                       for ep in divisors(dp * tp) if experts % ep == 0 for recompute in RECOMPUTE]
     return plans
