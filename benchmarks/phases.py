@@ -127,7 +127,7 @@ def _priced_unreachable() -> int:
 @contextlib.contextmanager
 def counted_pairs():
     """While the body runs, count the planner's constructive fallbacks (each call of
-    `planner.constructive_path`, which the planner makes only past the search's state limit).
+    `solving.constructive_path`, which the planner calls only past a search's state limit).
 
     Example:
         >>> with counted_pairs() as counts:
@@ -135,17 +135,17 @@ def counted_pairs():
         >>> counts.fallbacks
         0
     """
-    from autostrat.redistribution import planner
+    from autostrat.redistribution import solving
 
-    counts, original = PairCounts(), planner.constructive_path
+    counts, original = PairCounts(), solving.constructive_path
 
     @functools.wraps(original)
     def counted(*args, **kwargs):
         counts.fallbacks += 1
         return original(*args, **kwargs)
 
-    planner.constructive_path = counted
+    solving.constructive_path = counted
     try:
         yield counts
     finally:
-        planner.constructive_path = original
+        solving.constructive_path = original

@@ -134,7 +134,7 @@ def issue_pairs() -> list[tuple[str, object, object, object]]:
              Layout(DeviceMatrix((1, 1, 8, 1, 8)), TensorMap((4, 3, 1, 0)), shape))
     matrix = DeviceMatrix((8, 16, 8))
     handed = (Layout(matrix, TensorMap((-1, -1)), (128, 8), partial=(2,)), Layout(matrix, TensorMap((-1, -1)), (128, 8), partial=(0,)))
-    # Timed too since a permute's children are found by class (`timed.first_relabellings`):
+    # Timed too since a permute's children are found by class (`relabellings.first_relabellings`):
     # over 10 prime axes of 2 the 10! relabellings per bundle took minutes per state.
     # Rows handed from the major 8-axis to the minor one: the target pins each of the 10 prime
     # axes in its own role, so a permute's classes are its 10! relabellings (85 s before the

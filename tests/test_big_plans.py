@@ -135,7 +135,8 @@ def test_recomputed_ops_found_from_the_backward_reads_once_as_scanned_per_unit()
 def test_searches_within_the_coarse_bound_cost_what_unbounded_ones_do():
     from autostrat.cost import dtype_size
     from autostrat.redistribution.memo import clear_memos
-    from autostrat.redistribution.planner import _coarse_bound, _solve_cost, _solve_layouts, redistribution_cost
+    from autostrat.redistribution.planner import _coarse_bound, redistribution_cost
+    from autostrat.redistribution.solving import solve_cost, solve_layouts
     from tests.test_scale import random_pairs
 
     clear_memos()  # the bounded searches run cold, not on answers the unbounded ones left
@@ -143,6 +144,6 @@ def test_searches_within_the_coarse_bound_cost_what_unbounded_ones_do():
     bounded = [redistribution_cost(producers[i], consumers[j]) for i, j in pairs]
     bounds = [_coarse_bound(producers[i].normalized(), consumers[j].normalized(), dtype_size("float32")) for i, j in pairs]
     clear_memos()
-    unbounded = [_solve_layouts(producers[i], consumers[j], dtype_size("float32"), None, _solve_cost)[1][1] for i, j in pairs]
+    unbounded = [solve_layouts(producers[i], consumers[j], dtype_size("float32"), None, solve_cost)[1][1] for i, j in pairs]
     assert bounded == unbounded
     assert all(bound >= cost for bound, cost in zip(bounds, unbounded)) and sum(bound < float("inf") for bound in bounds) >= 3

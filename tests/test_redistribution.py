@@ -257,7 +257,8 @@ def test_searches_up_to_the_sources_relabellings_find_the_same_cost():
     # A source partial over 4 equal axes keeps its states up to their 24 relabellings; every
     # cost must equal the search kept up to the target's relabellings (which also gives plans).
     from autostrat.redistribution.moves import Space
-    from autostrat.redistribution.search import Problem, cost_search, search
+    from autostrat.redistribution.layers import Problem
+    from autostrat.redistribution.search import cost_search, search
 
     space = Space((2, 2, 2, 2), (16, 16), 4)
     problem = Problem((space,), "sum")

@@ -48,12 +48,12 @@ def mesh_layouts(device_num: int, ndim: int) -> list[Layout]:
     [(2, 1), (2, 2), (4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3), (12, 1), (12, 2), (12, 3), (16, 1), (16, 2), (16, 3)],
 )
 def test_no_pair_is_priced_unreachable(monkeypatch, device_num, ndim):
-    from autostrat.redistribution import planner
+    from autostrat.redistribution import solving
 
     def no_fallback(problem, start, target):
         raise AssertionError(f"the search gave up on {problem.layout(start)} -> {problem.layout(target)}")
 
-    monkeypatch.setattr(planner, "constructive_path", no_fallback)  # every price is the search's optimum
+    monkeypatch.setattr(solving, "constructive_path", no_fallback)  # every price is the search's optimum
     clear_memos()
     layouts = mesh_layouts(device_num, ndim)
     table = cost_table(layouts, layouts)
@@ -186,18 +186,18 @@ def test_the_timed_constructive_fallback_stays_within_its_stated_gap(monkeypatch
 
 
 def test_a_timed_search_whose_permute_classes_are_too_many_falls_back(monkeypatch):
-    # Past `timed.PREFIX_LIMIT` a permute's classes are not listed (their memory): the search
+    # Past `relabellings.PREFIX_LIMIT` a permute's classes are not listed (their memory): the search
     # stops as at its state limit and the constructive plan answers, never an unreachable price.
     from autostrat.cost import Hardware
-    from autostrat.redistribution import redistribution_time, timed
+    from autostrat.redistribution import redistribution_time, relabellings
 
     model = Hardware(devices_per_server=2).alpha_beta(8)
     layouts = layouts_of((2, 4), 2)
     pairs = [(src, dst) for src in layouts for dst in layouts]
     clear_memos()
     exact = [redistribution_time(src, dst, model=model) for src, dst in pairs]
-    monkeypatch.setattr(timed, "LISTED_LIMIT", 0)  # few relabellings are listed, with no limit
-    monkeypatch.setattr(timed, "PREFIX_LIMIT", 1)
+    monkeypatch.setattr(relabellings, "LISTED_LIMIT", 0)  # few relabellings are listed, with no limit
+    monkeypatch.setattr(relabellings, "PREFIX_LIMIT", 1)
     clear_memos()
     limited = [redistribution_time(src, dst, model=model) for src, dst in pairs]
     plans = [plan_redistribution(src, dst, model=model) for src, dst in pairs]
@@ -205,3 +205,22 @@ def test_a_timed_search_whose_permute_classes_are_too_many_falls_back(monkeypatc
     assert all(low <= high < math.inf for low, high in zip(exact, limited))
     assert [plan.nanoseconds(model) for plan in plans] == limited
     assert sum(not plan.exhaustive for plan in plans) > 10 and sum(high > low for low, high in zip(exact, limited)) > 10
+
+
+def test_the_benchmarks_count_every_constructive_fallback(monkeypatch):
+    # `benchmarks/phases.counted_pairs` wraps the planner's fallback where it is called: were the
+    # fallback moved, the benchmarks' "fallbacks" column would print 0 for any run.
+    from pathlib import Path
+
+    from autostrat.redistribution import search
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from phases import counted_pairs
+
+    src, dst = (Layout(DeviceMatrix((2, 4)), TensorMap(entries), (8, 8)) for entries in ((1, 0), (0, 1)))
+    monkeypatch.setattr(search, "SETTLED_LIMIT", 1)
+    clear_memos()
+    with counted_pairs() as counts:
+        redistribution_cost(src, dst)
+    clear_memos()
+    assert counts.fallbacks == 1

@@ -17,10 +17,11 @@ import pytest
 from autostrat.cost import Hardware
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution import plan_redistribution, redistribution_time
+from autostrat.redistribution import relabellings
 from autostrat.redistribution.moves import Space, fixing_pools, pool_canonical, relabel
-from autostrat.redistribution import timed
 from autostrat.redistribution.memo import clear_memos
-from autostrat.redistribution.timed import bundle_classes, matrix_of, permute_links, speed_pools, timed_bound
+from autostrat.redistribution.relabellings import bundle_classes, permute_links, speed_pools
+from autostrat.redistribution.timed import matrix_of, timed_bound
 from tests.redistribution_oracle import INF, all_layouts, layout_of, oracle_time, oracle_times, states
 
 
@@ -91,9 +92,9 @@ def test_the_time_planner_is_the_brute_force_fastest_to_partial_targets(device_n
 
 
 def test_a_memo_forgetting_its_expanded_states_finds_the_same_timed_plans(monkeypatch):
-    # The expanded-state memo is bounded (`search.EXPANDED_LIMIT`, `memo.BoundedMemo`): starting
+    # The expanded-state memo is bounded (`layers.EXPANDED_LIMIT`, `memo.BoundedMemo`): starting
     # it over, even every few states and mid-search, must not change a plan.
-    from autostrat.redistribution import search
+    from autostrat.redistribution import layers
     from autostrat.redistribution.memo import BoundedMemo, clear_memos
 
     model = Hardware(devices_per_server=4).alpha_beta(8)
@@ -102,7 +103,7 @@ def test_a_memo_forgetting_its_expanded_states_finds_the_same_timed_plans(monkey
     clear_memos()
     texts = [plan_redistribution(src, dst, model=model).to_text() for src, dst in pairs]
     forgotten = []
-    monkeypatch.setattr(search, "EXPANDED_LIMIT", 3)
+    monkeypatch.setattr(layers, "EXPANDED_LIMIT", 3)
     monkeypatch.setattr(BoundedMemo, "clear", lambda memo: forgotten.append(len(memo)) or dict.clear(memo))
     clear_memos()  # `expansions` makes its memos anew, with the small limit
     assert [plan_redistribution(src, dst, model=model).to_text() for src, dst in pairs] == texts
@@ -139,15 +140,15 @@ def _brute_force_permutes(sizes, matrix, model, pools, state):
     return links, classes
 
 
-@pytest.mark.parametrize("listed_limit", [0, timed.LISTED_LIMIT])
+@pytest.mark.parametrize("listed_limit", [0, relabellings.LISTED_LIMIT])
 @pytest.mark.parametrize("sizes, per_server", [((2, 2, 2, 2, 2), 4), ((2, 2, 2, 2, 2, 2), 8), ((2, 2, 2, 2, 2, 2), 2),
                                                ((3, 2, 2, 3, 2), 6)])
 def test_permute_classes_are_those_of_every_relabelling(monkeypatch, sizes, per_server, listed_limit):
-    # The timed search's permute children (`timed.bundle_classes`: by `first_relabellings`, which
+    # The timed search's permute children (`relabellings.bundle_classes`: by `first_relabellings`, which
     # lists no relabelling, or by listing them, `listed_rows`) against every relabelling: the
     # same links, the same classes of child in the same order, each reached by the same first
     # relabelling, cut into the same child.
-    monkeypatch.setattr(timed, "LISTED_LIMIT", listed_limit)
+    monkeypatch.setattr(relabellings, "LISTED_LIMIT", listed_limit)
     clear_memos()
     model = Hardware(devices_per_server=per_server).alpha_beta(math.prod(sizes))
     matrix = matrix_of(sizes)
@@ -213,8 +214,8 @@ def test_a_split_handed_to_an_axis_of_its_size_across_servers_lists_no_class(mon
     model = Hardware().alpha_beta(1024)
     clear_memos()
     for name in ("listed_rows", "first_relabellings"):  # `permute_links` lists stateless classes: a few
-        listing = getattr(timed, name)
-        monkeypatch.setattr(timed, name, lambda *args, listing=listing: pytest.fail("a bundle listed its classes") if args[3] else listing(*args))
+        listing = getattr(relabellings, name)
+        monkeypatch.setattr(relabellings, name, lambda *args, listing=listing: pytest.fail("a bundle listed its classes") if args[3] else listing(*args))
     plan = plan_redistribution(src, dst, model=model)
     local = 1024 * 1024 * 4 // 128
     alpha, beta = Hardware().link(across_servers=True)

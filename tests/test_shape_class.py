@@ -12,7 +12,8 @@ from autostrat.errors import RedistributionError
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution import redistribution_cost
 from autostrat.redistribution.memo import clear_memos
-from autostrat.redistribution.planner import _solve_cost, _solve_layouts, shape_class
+from autostrat.redistribution.planner import shape_class
+from autostrat.redistribution.solving import solve_cost, solve_layouts
 from autostrat.rules import make_rule
 from autostrat.strategies import generate_strategies, split_values
 
@@ -23,7 +24,7 @@ SIZES = (24, 96, 128, 1024, 4096, 11008, 12288, 50257)
 def _direct(src: Layout, dst: Layout) -> float:
     """The search on the layouts' own shape, as before shape classes."""
     try:
-        return float(_solve_layouts(src, dst, 4, None, _solve_cost)[1][1])  # float32
+        return float(solve_layouts(src, dst, 4, None, solve_cost)[1][1])  # float32
     except RedistributionError:
         return math.inf
 
@@ -81,7 +82,7 @@ def test_no_shape_class_where_a_step_would_round():
 
 def test_paths_of_the_cost_search_beyond_64_devices_are_optimal_and_move_the_right_data(monkeypatch):
     # Past `COARSE_FIRST_ABOVE` prime axes a plan is the cost search's path, taken back from the
-    # source's relabelling classes to real states (`Search._onto_target`): checked slice by
+    # source's relabelling classes to real states (`paths.onto_target`): checked slice by
     # slice against the plain search's cost. The last pair is the 4096-device case that took
     # 0.7 s per plan before (a tiny GPT: its dims split by none of 4096).
     from autostrat.layout import assemble_tensor, split_tensor

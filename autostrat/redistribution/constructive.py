@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from autostrat.cost import collective_bytes
 from autostrat.redistribution.moves import Move, group_size
-from autostrat.redistribution.search import Problem
+from autostrat.redistribution.layers import Problem
 
 
 def _kept_partial(sizes, partial, target_sizes, target_partial, same_space: bool) -> dict[int, int]:

@@ -11,7 +11,7 @@ def clear_memos() -> None:
         >>> clear_memos()
     """
     from autostrat.layout import layout
-    from autostrat.redistribution import algorithms, heuristic, moves, planner, search, table, timed
+    from autostrat.redistribution import algorithms, heuristic, layers, moves, planner, relabellings, solving, table, timed
 
     layout.normal_form.cache_clear()
     algorithms.algorithm_time.cache_clear()
@@ -22,18 +22,18 @@ def clear_memos() -> None:
     moves.moves.cache_clear()
     moves.pool_canonical.cache_clear()
     moves.split_signature.cache_clear()
-    planner._common_prime_matrix.cache_clear()
-    planner._refined.cache_clear()
     planner._reshape_route.cache_clear()
-    planner._solve.cache_clear()
-    planner._solve_cost.cache_clear()
-    planner._solve_time.cache_clear()
-    search.expansions.cache_clear()
-    search.permuted_edges.cache_clear()
-    timed._class_rows.cache_clear()
-    timed.bundle_classes.cache_clear()
-    timed._every_relabelling.cache_clear()
-    timed.permute_links.cache_clear()
+    solving.common_prime_matrix.cache_clear()
+    solving.refined.cache_clear()
+    solving.solve_path.cache_clear()
+    solving.solve_cost.cache_clear()
+    solving.solve_time.cache_clear()
+    layers.expansions.cache_clear()
+    layers.permuted_edges.cache_clear()
+    relabellings._class_rows.cache_clear()
+    relabellings.bundle_classes.cache_clear()
+    relabellings._every_relabelling.cache_clear()
+    relabellings.permute_links.cache_clear()
     timed.matrix_of.cache_clear()
     timed.step_nanoseconds.cache_clear()
     timed.timed_bound.cache_clear()
@@ -44,7 +44,7 @@ def clear_memos() -> None:
 class BoundedMemo(dict):
     """A memo dict that forgets everything once it holds `limit` entries: for memos whose
     entries are pure functions of their keys (dropping one changes no result, only the time to
-    compute it again) and large, like a search problem's expanded states (`search.expansions`),
+    compute it again) and large, like a search problem's expanded states (`layers.expansions`),
     which otherwise keep every state a process ever expanded.
 
     Example:

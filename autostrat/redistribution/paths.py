@@ -1,10 +1,12 @@
-"""A path the layout search found, made real and short: the permuted layer's representatives
+"""A path the layout search found, made real and short: states kept up to relabellings made
+real (`real_states`, `onto_target`), the permuted layer's representatives
 replaced by real states (`unpermute`), and runs of single-axis steps over one dim merged into
 one step over their block (`merged_units`, `ordered_slices`)."""
 
 from __future__ import annotations
 
-from autostrat.redistribution.moves import canonical, relabel
+from autostrat.redistribution.moves import canonical, pool_canonical, relabel
+from autostrat.redistribution.relabellings import conjugated
 
 
 def inverse(mapping) -> list[int]:
@@ -18,6 +20,49 @@ def inverse(mapping) -> list[int]:
     for axis, image in enumerate(mapping):
         undone[image] = axis
     return undone
+
+
+def real_states(pools, count: int, start, path: list[tuple], permuted: int) -> list[tuple]:
+    """`path` over representatives (states kept up to the relabellings of `pools`, of `count`
+    axes) as real states from the real `start`: ``back`` maps the axes of each representative
+    to real ones; it fixes the target, so the path still ends there. Layer `permuted`'s states
+    are left to `unpermute`."""
+    if not pools:
+        return path
+    back = inverse(pool_canonical(pools, count, start)[1])
+    real = []
+    for node, move, child in path:
+        if node[0] == permuted:
+            real.append((node, move, child))
+        elif child[0] == permuted:
+            real.append(((node[0], relabel(node[1], back)), move, child))
+        else:
+            state = relabel(move.state, back)
+            mapping = None if move.mapping is None else conjugated(move.mapping, back)
+            moved = move._replace(axes=tuple(back[a] for a in move.axes), state=state, mapping=mapping)
+            real.append(((node[0], relabel(node[1], back)), moved, (child[0], state)))
+            step = inverse(pool_canonical(pools, count, move.state)[1])
+            back = [back[step[axis]] for axis in range(count)]
+    return real
+
+
+def onto_target(pools, count: int, target, path: list[tuple]) -> list[tuple]:
+    """`path` (real steps kept up to the source's relabellings, `pools`) ends at a relabelling of
+    `target` that fixes the source; its inverse maps the path, step for step at the same price
+    (see `search`'s module docstring), onto one from the source to `target` itself."""
+    if not path:
+        return path
+    end = path[-1][2][1]
+    to_end = inverse(pool_canonical(pools, count, end)[1])  # representative -> end
+    from_target = pool_canonical(pools, count, target)[1]  # target -> representative
+    back = inverse([to_end[from_target[axis]] for axis in range(count)])  # end -> target
+    if relabel(end, back) != target:
+        raise AssertionError("a path kept up to the source's relabellings ends off the target's class")
+    return [
+        ((node[0], relabel(node[1], back)), move._replace(axes=tuple(back[a] for a in move.axes), state=relabel(move.state, back)),
+         (child[0], relabel(child[1], back)))
+        for node, move, child in path
+    ]
 
 
 def unpermute(problem, path: list[tuple], target, permuted: int) -> list[tuple]:

@@ -18,7 +18,7 @@ admissible (`heuristic`, `timed.TimedBound`), so A* settles the target at the op
 are merged only up to relabellings that keep every step's price, and a PartialCreate is taken
 only last or before a crossing, which loses nothing (`moves`). The coarse plan (`_coarse_plan`) is used only when it costs that proven optimum.
 The timed search's fast path, its permutes' children found per class of relabelled state
-rather than per relabelling (`timed.first_relabellings`), is exact, not a pruning: it yields
+rather than per relabelling (`relabellings.first_relabellings`), is exact, not a pruning: it yields
 every class every relabelling reaches, over the same link, by the same first relabelling
 (tests/test_redistribution_timed.py checks it against every relabelling), so it proves optimal
 the same pairs, only sooner. Nor is its other fast path, a popped bundle's permute to the
@@ -50,115 +50,14 @@ from functools import lru_cache
 from autostrat.cost import dtype_size
 from autostrat.errors import RedistributionError
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
-from autostrat.redistribution.constructive import constructive_path
+from autostrat.redistribution.layers import Problem
+from autostrat.redistribution.paths import ordered_slices
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
-from autostrat.redistribution.refine import common_matrix, prime_matrix, refine_layout
+from autostrat.redistribution.refine import common_matrix, prime_matrix
 from autostrat.redistribution.reshape import reshape_pairs
-from autostrat.redistribution.paths import merged_units, ordered_slices
-from autostrat.redistribution.search import Problem, cost_search, search, space_of, state_of
+from autostrat.redistribution.solving import (COARSE_FIRST_ABOVE, check_pair, refined, solve_cost, solve_layouts, solve_path,
+                                              solve_time)
 from autostrat.redistribution.steps import make_step
-
-
-COARSE_FIRST_ABOVE = 6  # prime axes (64 devices of powers of 2) up to which plans search them at once
-
-
-def _check(src: Layout, dst: Layout) -> None:
-    problem = None
-    if src.device_num != dst.device_num:
-        problem = f"device_num {src.device_num} != {dst.device_num}"
-    elif math.prod(src.shape) != math.prod(dst.shape):
-        problem = (
-            f"shapes {list(src.shape)} and {list(dst.shape)} differ in element count "
-            f"({math.prod(src.shape)} != {math.prod(dst.shape)}), so no Reshape joins them"
-        )
-    if problem:
-        raise RedistributionError(f"cannot redistribute {src} to {dst}: {problem}")
-
-
-def build_problem(src: Layout, dst: Layout, itemsize: int) -> tuple[Problem, tuple, tuple]:
-    """The search problem, start node and target node of two normalised layouts."""
-    op = src.partial_op if src.partial else dst.partial_op
-    matrix = _common_prime_matrix(src.device_matrix, dst.device_matrix)
-    if matrix is not None:
-        (space, first), (_, second) = _refined(src, matrix, itemsize), _refined(dst, matrix, itemsize)
-        return Problem((space,), op), (0, first), (0, second)
-    (first_space, first), (second_space, second) = _refined(src, None, itemsize), _refined(dst, None, itemsize)
-    return Problem((first_space, second_space), op), (0, first), (1, second)
-
-
-@lru_cache(maxsize=1024)
-def _common_prime_matrix(first: DeviceMatrix, second: DeviceMatrix) -> DeviceMatrix | None:
-    # Prime axes: a step may need part of a composite axis ([2, 4] -> [8] moves half of the
-    # 4-axis), and the brute-force oracle finds such plans strictly cheaper.
-    matrix = common_matrix(first, second)
-    if matrix is None:
-        matrix = common_matrix(prime_matrix(first), prime_matrix(second))
-    return None if matrix is None else prime_matrix(matrix)
-
-
-@lru_cache(maxsize=4096)
-def _refined(layout: Layout, matrix: DeviceMatrix | None, itemsize: int) -> tuple:
-    """``(space, state)`` of `layout` over `matrix`, or over its own prime refinement when None
-    (memoised: a table's rows and columns meet each layout once per other side)."""
-    refined = refine_layout(layout, prime_matrix(layout.device_matrix) if matrix is None else matrix)
-    return space_of(refined, itemsize), state_of(refined)
-
-
-@lru_cache(maxsize=4096)
-def _solve(problem: Problem, start, target, model) -> tuple[tuple, int, bool]:
-    """``(path, bytes, exhaustive)`` from `start` to a reachable `target`.
-
-    Beyond `COARSE_FIRST_ABOVE` prime axes (by bytes) the path is the cost search's
-    (`cost_search`), taken back to real states: kept up to the larger group of relabellings, it
-    settles a fraction of the states (4 096 devices: 17 ms against 700 ms), with one axis per
-    gather or scatter."""
-    if model is None and len(problem.spaces) == 1 and len(problem.spaces[0].sizes) > COARSE_FIRST_ABOVE:
-        found, reached = cost_search(problem, start, target, model)
-        if reached is not None:
-            return tuple(merged_units(found.path(reached))), found.best[reached][2], True
-    found, reached = search(problem, start, target, model)
-    if reached is not None:
-        return tuple(found.path(reached)), found.best[reached][2], True
-    return _fallback(problem, start, target, found)
-
-
-@lru_cache(maxsize=1 << 15)
-def _solve_cost(problem: Problem, start, target, model, bound: float = math.inf) -> tuple[tuple, int, bool]:
-    """`_solve` with an empty path: cost tables need only the bytes, and building the path is
-    a tenth of a search; the search may then use the source's symmetry (`cost_search`), and
-    keep only states within `bound`, the bytes of a plan known (`_coarse_bound`)."""
-    found, reached = cost_search(problem, start, target, model, bound)
-    if reached is not None:
-        return (), found.best[reached][2], True
-    return _fallback(problem, start, target, found)
-
-
-@lru_cache(maxsize=1 << 15)
-def _solve_time(problem: Problem, start, target, model) -> int:
-    """Nanoseconds of the fastest path under `model`: the search's objective, which times every
-    move as its step will be (`_timed_permutes` keeps real axes); the constructive fallback's
-    moves timed alike."""
-    found, reached = search(problem, start, target, model)
-    if reached is not None:
-        return found.best[reached][0]
-    _check_not_exhausted(problem, start, target, found)
-    path = constructive_path(problem, start, target)
-    return sum(model.step_nanoseconds(move.kind, problem.matrix(node[0]), move.axes, move.bytes) for node, move, _ in path)
-
-
-def _fallback(problem: Problem, start, target, found) -> tuple[tuple, int, bool]:
-    """The constructive plan, marked not proven minimal: the search `found` stopped at its
-    state limit. It never runs out of states first, since every pair has a plan (the
-    constructive plan is one of its paths); if it ever did, that is a bug, raised, not a
-    candidate dropped."""
-    _check_not_exhausted(problem, start, target, found)
-    path = constructive_path(problem, start, target)
-    return tuple(path), sum(move.bytes for _, move, _ in path), False
-
-
-def _check_not_exhausted(problem: Problem, start, target, found) -> None:
-    if found.exhausted:
-        raise AssertionError(f"the search from {problem.layout(start)} ran out of states before {problem.layout(target)}")
 
 
 def _resolved_first(src: Layout, dst: Layout) -> Layout | None:
@@ -228,12 +127,6 @@ def _reshape_route(src: Layout, dst: Layout, dtype, model) -> tuple[Layout, Layo
     return best[1], best[2], int(best[0])
 
 
-def _solve_layouts(src: Layout, dst: Layout, itemsize: int, model, solve=_solve):
-    _check(src, dst)
-    problem, start, target = build_problem(src.normalized(), dst.normalized(), itemsize)
-    return problem, solve(problem, start, target, model)
-
-
 def redistribution_cost(src: Layout, dst: Layout, dtype="float32", model=None) -> int:
     """Bytes per device of the cheapest plan from `src` to `dst` (no plan objects are built;
     with an α–β `model`, of the fastest plan, which is built).
@@ -250,7 +143,7 @@ def redistribution_cost(src: Layout, dst: Layout, dtype="float32", model=None) -
     if model is not None:
         return plan_redistribution(src, dst, dtype, model).cost
     if src.shape != dst.shape:
-        _check(src, dst)
+        check_pair(src, dst)
         return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
     return _cheapest_bytes(src, dst, dtype)
 
@@ -262,21 +155,21 @@ def _cheapest_bytes(src: Layout, dst: Layout, dtype) -> int:
     if small is not None:
         small_src, small_dst, itemsize, numerator, denominator = small
         try:
-            found = _solve_layouts(small_src, small_dst, itemsize, None, _bounded(small_src, small_dst, itemsize))[1]
+            found = solve_layouts(small_src, small_dst, itemsize, None, _bounded(small_src, small_dst, itemsize))[1]
         except RedistributionError:
             found = None  # the caller's layouts are searched again, and the error names them
         if found is not None:  # every path scales, the constructive fallback's too (the same steps)
             scaled, rest = divmod(found[1] * numerator, denominator)
             if not rest:  # always, by the argument in `shape_class`; exactness is not left to it
                 return scaled
-    return _solve_layouts(src, dst, dtype_size(dtype), None, _bounded(src, dst, dtype_size(dtype)))[1][1]
+    return solve_layouts(src, dst, dtype_size(dtype), None, _bounded(src, dst, dtype_size(dtype)))[1][1]
 
 
 def _bounded(src: Layout, dst: Layout, itemsize: int):
-    """`_solve_cost` within `_coarse_bound` of the pair, as `_solve_layouts` calls it (after
+    """`solve_cost` within `_coarse_bound` of the pair, as `solve_layouts` calls it (after
     its check that the layouts are of one tensor on one cluster)."""
     def solve(problem, start, target, model):
-        return _solve_cost(problem, start, target, model, _coarse_bound(src, dst, itemsize))
+        return solve_cost(problem, start, target, model, _coarse_bound(src, dst, itemsize))
     return solve
 
 
@@ -295,8 +188,8 @@ def _coarse_bound(src: Layout, dst: Layout, itemsize: int) -> float:
     matrix = common_matrix(src.device_matrix, dst.device_matrix)
     if matrix is None or not matrix.ndim <= COARSE_FIRST_ABOVE < prime_matrix(matrix).ndim:
         return math.inf
-    (space, first), (_, second) = _refined(src, matrix, itemsize), _refined(dst, matrix, itemsize)
-    _, cost, exhaustive = _solve_cost(Problem((space,), src.partial_op if src.partial else dst.partial_op), (0, first), (0, second), None)
+    (space, first), (_, second) = refined(src, matrix, itemsize), refined(dst, matrix, itemsize)
+    _, cost, exhaustive = solve_cost(Problem((space,), src.partial_op if src.partial else dst.partial_op), (0, first), (0, second), None)
     return cost if exhaustive else math.inf
 
 
@@ -354,9 +247,9 @@ def redistribution_time(src: Layout, dst: Layout, dtype="float32", model=None) -
     if whole is not None:
         return redistribution_time(src, whole, dtype, model)
     if src.shape != dst.shape:
-        _check(src, dst)
+        check_pair(src, dst)
         return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
-    return _solve_layouts(src, dst, dtype_size(dtype), model, _solve_time)[1]
+    return solve_layouts(src, dst, dtype_size(dtype), model, solve_time)[1]
 
 
 def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -> RedistributionPlan:
@@ -384,7 +277,7 @@ def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -
         return replace(resolved, dst=dst, steps=resolved.steps + (creation_step(whole, dst),))
     if src.shape != dst.shape:
         return _plan_through_reshape(src, dst, dtype, model)
-    problem, (path, cost, exhaustive) = _coarse_plan(src, dst, dtype, model) or _solve_layouts(src, dst, dtype_size(dtype), model)
+    problem, (path, cost, exhaustive) = _coarse_plan(src, dst, dtype, model) or solve_layouts(src, dst, dtype_size(dtype), model)
     steps = tuple(step for triple in ordered_slices(path) if (step := make_step(problem, *triple)) is not None)
     return RedistributionPlan(src, dst, steps, cost, exhaustive)
 
@@ -399,7 +292,7 @@ def _coarse_plan(src: Layout, dst: Layout, dtype, model):
     stays small, and most optimal plans never split a composite axis: one search over the few
     coarse axes finds them. Where the coarse plan costs more, the prime path search decides.
     """
-    _check(src, dst)
+    check_pair(src, dst)
     if model is not None:
         return None
     src, dst = src.normalized(), dst.normalized()
@@ -407,9 +300,9 @@ def _coarse_plan(src: Layout, dst: Layout, dtype, model):
     if matrix is None or prime_matrix(matrix).ndim <= COARSE_FIRST_ABOVE:
         return None
     itemsize = dtype_size(dtype)
-    (space, first), (_, second) = _refined(src, matrix, itemsize), _refined(dst, matrix, itemsize)
+    (space, first), (_, second) = refined(src, matrix, itemsize), refined(dst, matrix, itemsize)
     problem = Problem((space,), src.partial_op if src.partial else dst.partial_op)
-    solution = _solve(problem, (0, first), (0, second), None)
+    solution = solve_path(problem, (0, first), (0, second), None)
     if solution is None or not solution[2] or solution[1] != redistribution_cost(src, dst, dtype):
         return None
     return problem, solution
@@ -435,7 +328,7 @@ def _sub_multiset(wanted: list[int], available: list[int]) -> bool:
 
 
 def _plan_through_reshape(src: Layout, dst: Layout, dtype, model) -> RedistributionPlan:
-    _check(src, dst)
+    check_pair(src, dst)
     before, after, cost = _reshape_route(src.normalized(), dst.normalized(), dtype, model)
     head, tail = plan_redistribution(src, before, dtype, model), plan_redistribution(after, dst, dtype, model)
     reshape = RedistributionStep("Reshape", (), (), before, after, (), 0)

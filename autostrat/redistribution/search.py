@@ -29,9 +29,9 @@ they join the shared `expansions` memo's edges, never stored in it.
 
 Without a time model, the exact layer of a one-space problem keeps states up to the relabellings
 that fix the target (`moves.fixing_pools`): they preserve every step cost and the target, so the
-cost-to-go is the same on a whole class; `Search._real` turns the path back into real states.
+cost-to-go is the same on a whole class; `paths.real_states` turns the path back into real states.
 Under a time model only relabellings within axes it times alike preserve every step's time
-(`timed.speed_pools`); states, permutes' children included, are kept up to those.
+(`relabellings.speed_pools`); states, permutes' children included, are kept up to those.
 
 A search for the cost alone may instead keep states up to the relabellings that fix the source
 (`cost_search` picks the larger group). Such a relabelling maps a plan from the source to the
@@ -42,92 +42,33 @@ ReduceScatters in that order cost (``(1 - 1/(g1·g2))·s`` either way). So the c
 relabelling of the target is the cheapest way to the target. The bound must then hold for a
 whole class: the size bound does (it sees no positions); the receive bound does not (nor is a
 partial target's class kept: `_symmetry`). The path found ends at such a relabelling of the
-target; its inverse maps the path onto one to the target itself (`Search._onto_target`).
+target; its inverse maps the path onto one to the target itself (`paths.onto_target`).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from functools import lru_cache
 
 from autostrat.cost.time_model import ceil_nanoseconds
-from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.heuristic import receive_bound
-from autostrat.redistribution.memo import BoundedMemo
+from autostrat.redistribution.layers import PERMUTED, Problem, bijections, expansions, permuted_edges
 from autostrat.redistribution.moves import (Move, Space, State, canonical, creation, creations, fixing_pools, moves, pool_canonical,
                                             pools_order, relabel, split_signature)
-from autostrat.redistribution.paths import inverse, unpermute
+from autostrat.redistribution.paths import onto_target, real_states, unpermute
 from autostrat.redistribution.polling import POLL_EVERY, poll
-from autostrat.redistribution.timed import (ClassLimit, bundle_classes, conjugated, mapping_link, matrix_of, permute_links, speed_pools,
-                                            step_nanoseconds, time_floor, timed_bound, towards_target)
+from autostrat.redistribution.relabellings import (ClassLimit, bundle_classes, mapping_link, permute_links, speed_pools,
+                                                   towards_target)
+from autostrat.redistribution.timed import step_nanoseconds, time_floor, timed_bound
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
-EXPANDED_LIMIT, EXPANDED_PROBLEMS = 50_000, 4  # states an `expansions` memo keeps, and memos kept
-PERMUTED = 2
-
-
-@dataclass(frozen=True)
-class Problem:
-    """The spaces of a search (one or two layers) and their device matrices and partial op."""
-
-    spaces: tuple[Space, ...]
-    partial_op: str
-
-    def space(self, layer: int) -> Space:
-        return self.spaces[-1] if layer == PERMUTED else self.spaces[layer]
-
-    def matrix(self, layer: int) -> DeviceMatrix:
-        return matrix_of(self.space(layer).sizes)
-
-    def layout(self, node) -> Layout:
-        layer, (entries, partial) = node
-        op = self.partial_op if partial else "sum"
-        return Layout(self.matrix(layer), TensorMap(entries), self.space(layer).shape, partial, op)
-
-
-def _bijections(problem: Problem) -> list[tuple[int, ...]]:
-    """Every map from layer-0 axes to layer-1 axes of equal size (as a tuple indexed by axis)."""
-    first, second = problem.spaces[0].sizes, problem.spaces[1].sizes
-    found = [()]
-    for axis in range(len(first)):
-        found = [m + (b,) for m in found for b in range(len(second)) if second[b] == first[axis] and b not in m]
-    return found
-
-
-@lru_cache(maxsize=1 << 16)
-def permuted_edges(space: Space, state: State, unit: bool = False) -> tuple[tuple[Move, tuple], ...]:
-    """The moves out of a permuted-layer representative with their children's representatives
-    (memoised: every search through the permuted layer of one space meets the same states).
-
-    Example:
-        >>> space = Space(sizes=(2, 2), shape=(4,), itemsize=4)
-        >>> [child for _, child in permuted_edges(space, (((),), ()))]
-        [(2, (((0,),), ())), (2, (((0,),), ()))]
-    """
-    return tuple((move, (PERMUTED, canonical(space.sizes, space.sizes, move.state)[0])) for move in moves(space, state, unit))
-
-
-@lru_cache(maxsize=EXPANDED_PROBLEMS)
-def expansions(problem: Problem, pools, model, unit: bool = False) -> dict:
-    """The shared memo of `Search._expand`: node -> its ``(child, weight, bytes, signature, move)``
-    edges, which depend on nothing but the problem, the relabelling pools and the model. A
-    table's columns search from every row through many of the same states, and many columns
-    share pools. The child's split signature is kept for its size bound, whatever the target.
-
-    Example:
-        >>> expansions(Problem((Space((2,), (4,), 4),), "sum"), (), None)
-        {}
-    """
-    return BoundedMemo(EXPANDED_LIMIT)  # held states' edges were most of a 64-device row's memory
 
 
 class Search:
     """A* from `start` to `target` or to its relabelling class in the permuted layer.
 
     With ``symmetry="source"`` (one space, no time model) states are kept up to the
-    relabellings fixing the source (the path is mapped back onto the target, `_onto_target`);
+    relabellings fixing the source (the path is mapped back onto the target, `paths.onto_target`);
     ``"larger"`` takes whichever of the two groups has more relabellings. With
     `unit` (no time model) AllGathers and ReduceScatters take one axis each (`moves.moves`).
     """
@@ -144,7 +85,7 @@ class Search:
         self.timed_bound = None if model is None else timed_bound(last, target[1], problem.matrix(target[0]), model)
         self.known = self.receive.memo if model is None else self.timed_bound.memo  # state -> its bound, once computed
         # Relabellings fixing the target (and, without a time model, every cost) map optimal
-        # paths to optimal paths, so one search layer keeps states up to them (`_real` undoes it).
+        # paths to optimal paths, so one search layer keeps states up to them (`paths.real_states` undoes it).
         single = len(problem.spaces) == 1 and model is None
         self.by_source, self.pools = _symmetry(last.sizes, start[1], target[1], symmetry) if single else (False, ())
         if model is not None and len(problem.spaces) == 1:
@@ -159,9 +100,9 @@ class Search:
         self.parent: dict = {start: None}  # node -> (previous node, move)
         self.heap = [(self._bound(start), self._bound(start), 0, 0, 0, False, start, True)]
         self.settled: set = set()
-        self.crossings = _bijections(problem) if len(problem.spaces) == 2 else []
+        self.crossings = bijections(problem) if len(problem.spaces) == 2 else []
         self.expanded = expansions(problem, self.pools, model, self.unit)
-        self.gave_up = False  # a permute's classes were too many to list (`timed.ClassLimit`)
+        self.gave_up = False  # a permute's classes were too many to list (`relabellings.ClassLimit`)
 
     def _bound(self, node) -> int:
         # Exact layer of the target: what some rank must still receive. Permuted layer, or
@@ -232,7 +173,7 @@ class Search:
         relabelled state (up to `self.pools`): few where axes share roles (10 prime axes of 2
         handing a partial sum between two 8-device axes: 3 classes of 3 628 799 relabellings),
         up to every relabelling where the target pins each axis (720 over six axes of one size).
-        The classes are found without listing the relabellings (`timed.first_relabellings`).
+        The classes are found without listing the relabellings (`relabellings.first_relabellings`).
         The children wait in bundles, one per link the permute may span (all its relabellings
         take the same time): a bundle node ``(layer, state, link)`` enters the heap at its time
         plus the size bound, which no child beats, and only a bundle popped before the target
@@ -271,28 +212,6 @@ class Search:
             return node
         return node[0], pool_canonical(self.pools, len(self.problem.space(node[0]).sizes), node[1])[0]
 
-    def _real(self, path: list[tuple]) -> list[tuple]:
-        """`path` over representatives, as real states from the start: ``back`` maps the axes of
-        each representative to real ones; it fixes the target, so the path still ends there."""
-        if not self.pools:
-            return path
-        count = len(self.problem.spaces[0].sizes)
-        back = inverse(pool_canonical(self.pools, count, self.start[1])[1])
-        real = []
-        for node, move, child in path:
-            if node[0] == PERMUTED:
-                real.append((node, move, child))
-            elif child[0] == PERMUTED:
-                real.append(((node[0], relabel(node[1], back)), move, child))
-            else:
-                state = relabel(move.state, back)
-                mapping = None if move.mapping is None else conjugated(move.mapping, back)
-                moved = move._replace(axes=tuple(back[a] for a in move.axes), state=state, mapping=mapping)
-                real.append(((node[0], relabel(node[1], back)), moved, (child[0], state)))
-                step = inverse(pool_canonical(self.pools, count, move.state)[1])
-                back = [back[step[axis]] for axis in range(count)]
-        return real
-
     def _expand(self, node) -> tuple:
         if len(node) == 3:
             return self._towards(node)
@@ -313,7 +232,7 @@ class Search:
 
     def _towards(self, bundle) -> tuple:
         """A popped bundle's edges: its permute to the relabelling nearest the target's order
-        (`timed.towards_target`) when that relabelling spans the bundle's link, then the
+        (`relabellings.towards_target`) when that relabelling spans the bundle's link, then the
         bundle's rest ``(layer, state, index, True)``, which holds every class of child
         (`_bundle_edges`) and enters the heap at the bundle's key.
 
@@ -410,29 +329,11 @@ class Search:
             found.append((node, move, reached))
             reached = node
         permuted = bool(found) and found[0][2][0] == PERMUTED
-        found = self._real(found[::-1])
+        count = len(self.problem.spaces[0].sizes)
+        found = real_states(self.pools, count, self.start[1], found[::-1], PERMUTED)
         if permuted:  # the permute's relabelling is chosen to end at the target itself
             return unpermute(self.problem, found, self.real_target, PERMUTED)
-        return self._onto_target(found) if self.by_source else found
-
-    def _onto_target(self, path: list[tuple]) -> list[tuple]:
-        """`path` (real steps kept up to the source's relabellings) ends at a relabelling of the
-        target that fixes the source; its inverse maps the path, step for step at the same price
-        (see the module docstring), onto one from the source to the target itself."""
-        if not path:
-            return path
-        count = len(self.problem.spaces[0].sizes)
-        end = path[-1][2][1]
-        to_end = inverse(pool_canonical(self.pools, count, end)[1])  # representative -> end
-        from_target = pool_canonical(self.pools, count, self.real_target[1])[1]  # target -> representative
-        back = inverse([to_end[from_target[axis]] for axis in range(count)])  # end -> target
-        if relabel(end, back) != self.real_target[1]:
-            raise AssertionError("a path kept up to the source's relabellings ends off the target's class")
-        return [
-            ((node[0], relabel(node[1], back)), move._replace(axes=tuple(back[a] for a in move.axes), state=relabel(move.state, back)),
-             (child[0], relabel(child[1], back)))
-            for node, move, child in path
-        ]
+        return onto_target(self.pools, count, self.real_target[1], found) if self.by_source else found
 
 
 def _symmetry(sizes, start: State, target: State, symmetry: str) -> tuple[bool, tuple]:
@@ -470,11 +371,3 @@ def cost_search(problem: Problem, start, target, model=None, bound: float = math
         (True, 15360)
     """
     return search(problem, start, target, model, "larger", unit=True, bound=bound)
-
-
-def state_of(layout: Layout) -> State:
-    return layout.tensor_map.entries, layout.partial
-
-
-def space_of(layout: Layout, itemsize: int) -> Space:
-    return Space(tuple(reversed(layout.device_matrix.shape)), layout.shape, itemsize)

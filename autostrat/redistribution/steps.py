@@ -5,7 +5,7 @@ from __future__ import annotations
 from autostrat.layout import Layout
 from autostrat.redistribution.moves import Move
 from autostrat.redistribution.plan import RedistributionStep
-from autostrat.redistribution.search import Problem
+from autostrat.redistribution.layers import Problem
 
 
 def _chunk_key(kind: str, dims, before: Layout, after: Layout):
