@@ -4,31 +4,41 @@ A `TransformerStack` of 8 blocks (hidden 128, 4 heads, seq 16, batch 32: 512 row
 micro-batch) trains with Adam as 4 device groups of one rank each, 8 micro-batches per step,
 each schedule of `search.schedules` (interleaved_1f1b and zbv with 2 chunks per group: 8
 model stages), the blocks marked evenly over the stages (``pipeline_stage``: 2 blocks a stage,
-or 1 with 8; the loss joins the last), as the closed forms assume equal stages. Columns:
+or 1 with 8; the loss joins the last), as the closed forms assume equal stages. Every figure is
+of the steps after the first (`runtime.pipeline.train_stage`: the first warms up, its buffers
+allocated and its kernels called for the first time, which made GPipe's first step's passes
+about a third longer and its bubble 8 points over the next steps'). Columns:
 
-- measured bubble: per rank, the share of the micro-batch slots' wall time it waited for
-  another stage (`runtime.pipeline`), the mean over the ranks;
+- measured bubble: on the virtual clock (`runtime.pipeline_clock`): per rank, each part's
+  thread CPU seconds, the ranks' clocks composed along the messages they exchanged (a receive
+  waits for its sender's clock at the send), ``1 - sum busy / (ranks x span)``: the bubble the
+  orders that ran leave with the compute times that ran, on a core per rank and free sends.
+  It shares no code with the prediction (`search.schedule_simulation`);
+- wall bubble: per rank, the share of the micro-batch slots' wall time it spent in its
+  receives (`runtime.pipeline`), the mean over the ranks. It counts the waits for a core too:
+  with 4 ranks on 2 cores, a rank whose message has arrived waits for its turn to run, and the
+  schedules with more, shorter parts and more messages per step (interleaved_1f1b, zbv) wait
+  so more often;
 - closed form: the bubble per device of `benchmarks/schedules.py` (`closed_form_text`) over
-  ``m (F + B + W)`` plus it, with F, B and W the ranks' mean measured seconds of one
+  ``m (F + B + W)`` plus it, with F, B and W the ranks' mean measured CPU seconds of one
   forward, input-gradient and weight-gradient part (the whole backward for the schedules that
   do not split it), summed over a device's chunks; zbv's, (p - 1) F / 2, holds at F = B = W
   only: at the measured times it is the least any order allows (``>=``), and the simulated
   column is what zbv's order takes there;
 - simulated: `search.schedule_simulation.simulate` of the same orders with each stage's
-  measured F, B, W (sends free);
-- F/B/W ms: one part of one chunk, the mean over the ranks;
-- CPU share: a rank's thread CPU seconds in its parts over their wall seconds, the mean over
-  the ranks. Below 100 % the ranks share the machine's cores (4 ranks and whatever else runs
-  on 2 cores): a busy rank waits for a core, and a rank whose message has arrived waits for
-  its turn to run, which the measured bubble counts as waiting for another stage; the
-  schedules with more, shorter parts and more messages per step (interleaved_1f1b, zbv) wait
-  so more often. The simulated column has no such waits: on a crowded machine the measured
-  bubble is over it by the scheduler's share, not by the orders;
+  measured F, B, W (sends free): the prediction at the measured times;
+- F/B/W ms: CPU milliseconds of one part of one chunk, the mean over the ranks;
+- CPU share: a rank's thread CPU seconds in its parts over their wall seconds (receives left
+  out), the mean over the ranks: below 100 % the ranks share the machine's cores;
 - peak per rank measured (`runtime.held_memory`) / predicted (`Pipeline.peak_bytes`);
 - equal: the loss and parameters against one device running the whole batch (limit 1e-5),
   and bytes measured = predicted.
 
-Run: .venv/bin/python benchmarks/pipeline.py --schedules [--steps 3] (it starts 4 MPI ranks).
+zbv's closed form holds at F = B = W only; here W is about a third of F (the attention's and the
+layer norms' backward is all B), so the measured bubble is to be read against the simulated
+column, and over the ``>=`` bound.
+
+Run: .venv/bin/python benchmarks/pipeline.py --schedules [--steps 4] (it starts 4 MPI ranks).
 """
 
 from __future__ import annotations
@@ -49,8 +59,8 @@ from autostrat.search.schedules import SCHEDULE_ORDERS  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 RANKS, MICRO_BATCHES, LAYERS, HIDDEN = 4, 8, 8, 128
-HEADER = ["schedule", "measured bubble", "closed form", "simulated", "F/B/W ms", "CPU share", "peak per rank measured / predicted (bytes)",
-          "equal"]
+HEADER = ["schedule", "measured bubble", "closed form", "simulated", "wall bubble", "F/B/W ms", "CPU share",
+          "peak per rank measured / predicted (bytes)", "equal"]
 
 
 def run_schedule(schedule: str, steps: int):
@@ -71,8 +81,8 @@ def row(schedule: str, report) -> list[str]:
     """The table's line of one schedule's report (rank 0)."""
     result = report.result
     chunks = 2 if schedule in ("interleaved_1f1b", "zbv") else 1
-    timings = result.stage_timings  # per rank: bubble, seconds of one F, B, W of a chunk, CPU share
-    measured = sum(t[0] for t in timings) / len(timings)
+    timings = result.stage_timings  # per rank: wall bubble, CPU seconds of one F, B, W of a chunk, CPU share, virtual bubble
+    wall, measured = (sum(t[kind] for t in timings) / len(timings) for kind in (0, 5))
     forward, backward, weight = (chunks * sum(t[kind] for t in timings) / len(timings) for kind in (1, 2, 3))
     closed = closed_form_text(schedule, RANKS, MICRO_BATCHES, chunks, forward, backward, weight)
     simulated = _simulated(schedule, chunks, timings)
@@ -80,7 +90,7 @@ def row(schedule: str, report) -> list[str]:
     equal = f"{'yes' if report.ok else 'NO'} (loss {report.loss_error:.1e}, parameters {report.parameter_error:.1e})"
     per_chunk = "/".join(f"{seconds / chunks * 1e3:.1f}" for seconds in (forward, backward, weight))
     share = sum(t[4] for t in timings) / len(timings)
-    return [schedule, f"{measured:.1%}", closed, f"{simulated:.1%}", per_chunk, f"{share:.0%}", peaks, equal]
+    return [schedule, f"{measured:.1%}", closed, f"{simulated:.1%}", f"{wall:.1%}", per_chunk, f"{share:.0%}", peaks, equal]
 
 
 def _simulated(schedule: str, chunks: int, timings) -> float:
@@ -94,7 +104,7 @@ def _simulated(schedule: str, chunks: int, timings) -> float:
     return simulate(orders, times).bubble
 
 
-def main(steps: int = 3) -> int:
+def main(steps: int = 4) -> int:
     """Every schedule on this MPI rank; rank 0 prints each row as it comes and the table."""
     rows, ok = [], True
     for schedule in SCHEDULE_ORDERS:
@@ -105,11 +115,11 @@ def main(steps: int = 3) -> int:
         ok = ok and report.ok
         print(" | ".join(rows[-1]), flush=True)
     if rows:
-        print(f"\n{RANKS} stages x {MICRO_BATCHES} micro-batches on {RANKS} MPI ranks, {steps} steps, "
+        print(f"\n{RANKS} stages x {MICRO_BATCHES} micro-batches on {RANKS} MPI ranks, {steps} steps (the first a warm-up), "
               f"{LAYERS}-block TransformerStack\n")
         print(format_table(HEADER, rows))
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 4))
