@@ -351,4 +351,5 @@ def _result(plan, programs, runs, losses, slices_by_rank):
     )
     return TrainingResult(losses, parameters, tuple(phase_bytes(p) for p in programs), tuple(run.measured for run in runs),
                           max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines,
-                          stage_timings=tuple((run.bubble, *run.part_seconds, run.cpu_share, bubble) for run, bubble in zip(runs, virtual)))
+                          stage_timings=tuple((run.bubble, *run.part_seconds, run.cpu_share, bubble)
+                                              for run, bubble in zip(runs, virtual)))
