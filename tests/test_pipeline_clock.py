@@ -15,13 +15,14 @@ from autostrat.runtime.pipeline_clock import END, NONE, RECV, SEND, PassClock, v
 ACTIVATION, GRADIENT = 0, 1  # the hand-made traces' tags
 
 
-def _gpipe_two_stages() -> list[np.ndarray]:
-    """GPipe on 2 stages, 2 micro-batches, F = 1 s and B = 2 s on each. Drawn by hand: stage 1
-    runs F0 at 1-2, B0 2-4 (sends g0 at 4), F1 4-5, B1 5-7 (g1 at 7); stage 0 F0 0-1, F1 1-2,
-    waits for g0 until 4, B0 4-6, waits for g1 until 7, B1 7-9. Span 9, busy 6 a stage: bubble
-    1/3 on each (GPipe's (p - 1)(F + B) over m (F + B) plus it: 3 / 9)."""
-    stage0 = [(SEND, 1, ACTIVATION, 1.0), (SEND, 1, ACTIVATION, 2.0), (RECV, 1, GRADIENT, 2.0), (RECV, 1, GRADIENT, 4.0),
-              (END, 0, 0, 6.0)]
+def _gpipe_two_stages(first: float = 1.0) -> list[np.ndarray]:
+    """GPipe on 2 stages, 2 micro-batches, F = 1 s and B = 2 s on each, stage 0's first forward
+    `first` seconds. Drawn by hand at first = 1: stage 1 runs F0 at 1-2, B0 2-4 (sends g0 at 4),
+    F1 4-5, B1 5-7 (g1 at 7); stage 0 F0 0-1, F1 1-2, waits for g0 until 4, B0 4-6, waits for g1
+    until 7, B1 7-9. Span 9, busy 6 a stage: bubble 1/3 on each (GPipe's (p - 1)(F + B) over
+    m (F + B) plus it: 3 / 9). A longer first forward delays all of it: span first + 8."""
+    stage0 = [(SEND, 1, ACTIVATION, first), (SEND, 1, ACTIVATION, first + 1), (RECV, 1, GRADIENT, first + 1),
+              (RECV, 1, GRADIENT, first + 3), (END, 0, 0, first + 5)]
     stage1 = [(RECV, 0, ACTIVATION, 0.0), (SEND, 0, GRADIENT, 3.0), (RECV, 0, ACTIVATION, 3.0), (SEND, 0, GRADIENT, 6.0),
               (END, 0, 0, 6.0)]
     return [np.array(stage0), np.array(stage1)]
@@ -33,14 +34,15 @@ def test_the_clock_composed_along_the_messages_gives_the_bubble_drawn_by_hand():
     assert virtual_bubbles(_gpipe_two_stages()) == pytest.approx((1 / 3, 1 / 3))
 
 
-def test_steps_add_their_spans_and_padding_rows_are_ignored():
-    """Two steps: the second one micro-batch of F = B = 1 s (by hand: stage 0 F 0-1, stage 1 F 1-2
-    and B 2-3, stage 0 B 3-4: span 4, busy 2 a stage); the spans add, 9 + 4, the busy 6 + 2."""
-    first = _gpipe_two_stages()
-    second0 = [(SEND, 1, ACTIVATION, 1.0), (RECV, 1, GRADIENT, 1.0), (END, 0, 0, 2.0), (NONE, 0, 0, 0.0)]
-    second1 = [(RECV, 0, ACTIVATION, 0.0), (SEND, 0, GRADIENT, 2.0), (END, 0, 0, 2.0)]
-    traces = [np.concatenate([first[0], second0]), np.concatenate([first[1], second1])]
-    assert virtual_bubbles(traces) == pytest.approx((1 - 8 / 13, 1 - 8 / 13))
+def test_a_run_is_its_median_step_and_padding_rows_are_ignored():
+    """Three steps, the second's first forward preempted (5 s for 1: span 13, busy 10 and 6, a
+    bubble of 3/13 and 7/13 by rank): the run's is the median step's, 1/3, not the outlier's nor
+    the steps' mean. Of two steps the higher middle one counts (here the outlier's)."""
+    normal, preempted = _gpipe_two_stages(), _gpipe_two_stages(first=5.0)
+    padding = np.array([(NONE, 0, 0, 0.0)])
+    traces = [np.concatenate([normal[rank], preempted[rank], padding, normal[rank]]) for rank in (0, 1)]
+    assert virtual_bubbles(traces) == pytest.approx((1 / 3, 1 / 3))
+    assert virtual_bubbles([np.concatenate([normal[rank], preempted[rank]]) for rank in (0, 1)]) == pytest.approx((3 / 13, 7 / 13))
 
 
 def test_a_later_send_stamp_than_the_receivers_clock_sets_the_clock():
