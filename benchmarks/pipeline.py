@@ -9,7 +9,7 @@ memory per rank measured against predicted, and its equality with one device
 
 Run: .venv/bin/python benchmarks/pipeline.py [--devices 64 1024] [--stages 2 4 8] [--budget 80GB] [--refined]
 (the same as .venv/bin/python benchmarks/quality.py --pipeline 64 1024 ...)
-or:  .venv/bin/python benchmarks/pipeline.py --schedules [--steps 3]
+or:  .venv/bin/python benchmarks/pipeline.py --schedules [--steps 6]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> int:
     parser.add_argument("--devices", type=int, nargs="+", default=[64, 1024])
     add_pipeline_options(parser)
     parser.add_argument("--schedules", action="store_true", help="run every pipeline schedule on 4 MPI ranks instead")
-    parser.add_argument("--steps", type=int, default=3, help="training steps per schedule (with --schedules)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps per schedule, the first a warm-up (with --schedules)")
     args = parser.parse_args()
     if not args.schedules:
         print_pipeline(args.devices, args)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,16 +67,12 @@ def micro_batch_costs(micro_batches: int) -> UnitCosts:
 
 
 def _extended(costs: UnitCosts) -> UnitCosts:
-    """The 2-layer units (embedding, block 0, block 1, head) with block 1's repeated to `LAYERS` blocks."""
+    """The 2-layer units (embedding, block 0, block 1, head) with block 1's repeated to `LAYERS` blocks:
+    every per-unit figure (each tuple field, filled per unit by `UnitCosts`), so a figure added
+    to `UnitCosts` is spread too."""
     picks = [0, 1] + [2] * (LAYERS - 1) + [3]
-
-    def spread(figures):
-        return tuple(figures[index] for index in picks)
-
-    return replace(costs, time_ns=spread(costs.time_ns), activation_bytes=spread(costs.activation_bytes),
-                   weight_bytes=spread(costs.weight_bytes), gradient_bytes=spread(costs.gradient_bytes),
-                   transient_bytes=spread(costs.transient_bytes), forward_ns=spread(costs.forward_ns),
-                   weight_gradient_ns=spread(costs.weight_gradient_ns))
+    per_unit = {field.name: getattr(costs, field.name) for field in fields(costs) if isinstance(getattr(costs, field.name), tuple)}
+    return replace(costs, **{name: tuple(figures[index] for index in picks) for name, figures in per_unit.items()})
 
 
 def _tokens_per_s(step_ns: int) -> float:

@@ -4,31 +4,51 @@ A `TransformerStack` of 8 blocks (hidden 128, 4 heads, seq 16, batch 32: 512 row
 micro-batch) trains with Adam as 4 device groups of one rank each, 8 micro-batches per step,
 each schedule of `search.schedules` (interleaved_1f1b and zbv with 2 chunks per group: 8
 model stages), the blocks marked evenly over the stages (``pipeline_stage``: 2 blocks a stage,
-or 1 with 8; the loss joins the last), as the closed forms assume equal stages. Columns:
+or 1 with 8; the loss joins the last), as the closed forms assume equal stages. Every figure is
+of the steps after the first (`runtime.pipeline.train_stage`: the first warms up, its buffers
+allocated and its kernels called for the first time, which made GPipe's first step's passes
+about a third longer and its bubble 8 points over the next steps'). Columns:
 
-- measured bubble: per rank, the share of the micro-batch slots' wall time it waited for
-  another stage (`runtime.pipeline`), the mean over the ranks;
+- measured bubble: on the virtual clock (`runtime.pipeline_clock`): per rank, each part's
+  thread CPU seconds, the ranks' clocks composed along the messages they exchanged (a receive
+  waits for its sender's clock at the send), ``1 - sum busy / (ranks x span)`` of the median
+  step: the bubble the orders that ran leave with the compute times that ran, on a core per
+  rank and free sends. It shares no code with the prediction (`search.schedule_simulation`);
+- wall bubble: per rank, the share of the micro-batch slots' wall time it spent in its
+  receives (`runtime.pipeline`), the mean over the ranks. It counts the waits for a core too:
+  with 4 ranks on 2 cores, a rank whose message has arrived waits for its turn to run, and the
+  schedules with more, shorter parts and more messages per step (interleaved_1f1b, zbv) wait
+  so more often;
 - closed form: the bubble per device of `benchmarks/schedules.py` (`closed_form_text`) over
-  ``m (F + B + W)`` plus it, with F, B and W the ranks' mean measured seconds of one
+  ``m (F + B + W)`` plus it, with F, B and W the ranks' mean measured CPU seconds of one
   forward, input-gradient and weight-gradient part (the whole backward for the schedules that
   do not split it), summed over a device's chunks; zbv's, (p - 1) F / 2, holds at F = B = W
   only: at the measured times it is the least any order allows (``>=``), and the simulated
   column is what zbv's order takes there;
 - simulated: `search.schedule_simulation.simulate` of the same orders with each stage's
-  measured F, B, W (sends free);
-- F/B/W ms: one part of one chunk, the mean over the ranks;
-- CPU share: a rank's thread CPU seconds in its parts over their wall seconds, the mean over
-  the ranks. Below 100 % the ranks share the machine's cores (4 ranks and whatever else runs
-  on 2 cores): a busy rank waits for a core, and a rank whose message has arrived waits for
-  its turn to run, which the measured bubble counts as waiting for another stage; the
-  schedules with more, shorter parts and more messages per step (interleaved_1f1b, zbv) wait
-  so more often. The simulated column has no such waits: on a crowded machine the measured
-  bubble is over it by the scheduler's share, not by the orders;
+  measured F, B, W (sends free): the prediction at the measured times;
+- F/B/W ms: CPU milliseconds of one part of one chunk, the mean over the ranks;
+- CPU share: a rank's thread CPU seconds in its parts over their wall seconds (receives left
+  out), the mean over the ranks: below 100 % the ranks share the machine's cores;
 - peak per rank measured (`runtime.held_memory`) / predicted (`Pipeline.peak_bytes`);
 - equal: the loss and parameters against one device running the whole batch (limit 1e-5),
   and bytes measured = predicted.
 
-Run: .venv/bin/python benchmarks/pipeline.py --schedules [--steps 3] (it starts 4 MPI ranks).
+zbv's closed form holds at F = B = W only. In the TransformerStack W is under a third of F (the
+attention's and the layer norms' backward is all B): its zbv row is read against the simulated
+column, over the ``>=`` bound. The last row runs zbv where the closed form holds: `DenseStack`,
+16 Dense layers of width 1024 behind a bias of the input, 64 rows a micro-batch, whose F, B and
+W are per layer one matmul each of one size (their ``>=`` only says the measured times are not
+exactly equal).
+
+The ranks' CPU seconds vary with what else shares the cores. A preempted pass runs long (a 13.4 ms
+forward among 3.2 ms ones), which the median step leaves out; a rank slowed for a whole run is
+not left out: in one run of the last row a rank's forwards took 4.9 ms against the others' 3.4,
+and it measured 15.2 % (simulated 14.8 %) where the run before measured 6.8 % (6.6 %). Such a run
+has unequal stages, which the closed form (equal stages, the ranks' mean times) does not follow
+and the simulated column, per stage, does.
+
+Run: .venv/bin/python benchmarks/pipeline.py --schedules [--steps 6] (it starts 4 MPI ranks).
 """
 
 from __future__ import annotations
@@ -41,7 +61,10 @@ sys.path.insert(0, str(ROOT))  # run as a script: the repository is not installe
 
 from schedules import closed_form_text  # noqa: E402  (the script's directory is on sys.path)
 
-from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context  # noqa: E402
+from autostrat import nn, ops, reset_auto_parallel_context, set_auto_parallel_context  # noqa: E402
+from autostrat.frontend.cell import Cell, CellList  # noqa: E402
+from autostrat.frontend.layers import Dense, MSELoss  # noqa: E402
+from autostrat.frontend.tensor import Parameter, Tensor, initializer  # noqa: E402
 from autostrat.frontend.train import train  # noqa: E402
 from autostrat.models import TransformerStack  # noqa: E402
 from autostrat.search.schedule_simulation import StageTimes, simulate  # noqa: E402
@@ -49,30 +72,60 @@ from autostrat.search.schedules import SCHEDULE_ORDERS  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 RANKS, MICRO_BATCHES, LAYERS, HIDDEN = 4, 8, 8, 128
-HEADER = ["schedule", "measured bubble", "closed form", "simulated", "F/B/W ms", "CPU share", "peak per rank measured / predicted (bytes)",
-          "equal"]
+HEADER = ["schedule", "measured bubble", "closed form", "simulated", "wall bubble", "F/B/W ms", "CPU share",
+          "peak per rank measured / predicted (bytes)", "equal"]
 
 
-def run_schedule(schedule: str, steps: int):
+class DenseStack(Cell):
+    """`layers` Dense layers of width `hidden` on ``rows`` activations, behind a bias of the input
+    (so the first layer's input gradient is needed too), with a mean-squared-error loss: each
+    layer's forward, input-gradient and weight-gradient matmuls are of one size, so F = B = W
+    up to the biases and the loss, as ZB-V's closed form assumes."""
+
+    def __init__(self, layers: int, hidden: int, rows: int):
+        super().__init__()
+        self.rows, self.hidden = rows, hidden
+        self.input_bias = Parameter(initializer("zeros", (hidden,)))
+        self.bias_add = ops.BiasAdd()
+        self.blocks = CellList(Dense(hidden, hidden) for _ in range(layers))
+        self.loss = MSELoss()
+
+    def construct(self, x, targets):
+        x = self.bias_add(x, self.input_bias)
+        for block in self.blocks:
+            x = block(x)
+        return self.loss(x, targets)
+
+    def example_inputs(self) -> tuple[Tensor, Tensor]:
+        return Tensor(shape=(self.rows, self.hidden)), Tensor(shape=(self.rows, self.hidden))
+
+
+MODELS = {"TransformerStack": lambda: TransformerStack(layers=LAYERS, hidden=HIDDEN, heads=4, seq=16, batch=32),
+          "DenseStack": lambda: DenseStack(16, 1024, 512)}
+RUNS = tuple((schedule, "TransformerStack") for schedule in SCHEDULE_ORDERS) + (("zbv", "DenseStack"),)
+
+
+def run_schedule(schedule: str, steps: int, model: str = "TransformerStack"):
     """(report, plan's pipeline) of one schedule's run on this rank (the report on rank 0 only)."""
     reset_auto_parallel_context()
     set_auto_parallel_context(parallel_mode="auto_parallel", device_num=RANKS, pipeline_stages=RANKS,
                               pipeline_schedule=schedule, gradients_mean=True)
-    net = TransformerStack(layers=LAYERS, hidden=HIDDEN, heads=4, seq=16, batch=32)
+    net = MODELS[model]()
+    layers = len(net.blocks)
     stages = RANKS * (2 if schedule in ("interleaved_1f1b", "zbv") else 1)
     for index, block in enumerate(net.blocks):  # even stages: the closed forms assume equal ones
-        block.pipeline_stage = index * stages // LAYERS
+        block.pipeline_stage = index * stages // layers
     cell = nn.TrainOneStepCell(nn.PipelineCell(net, micro_size=MICRO_BATCHES),
                                nn.Adam(net.trainable_params(), learning_rate=1e-3, eps=1e-6))
     return train(cell, net.example_inputs(), steps=steps, log=None)
 
 
-def row(schedule: str, report) -> list[str]:
+def row(schedule: str, report, model: str = "TransformerStack") -> list[str]:
     """The table's line of one schedule's report (rank 0)."""
     result = report.result
     chunks = 2 if schedule in ("interleaved_1f1b", "zbv") else 1
-    timings = result.stage_timings  # per rank: bubble, seconds of one F, B, W of a chunk, CPU share
-    measured = sum(t[0] for t in timings) / len(timings)
+    timings = result.stage_timings  # per rank: wall bubble, CPU seconds of one F, B, W of a chunk, CPU share, virtual bubble
+    wall, measured = (sum(t[kind] for t in timings) / len(timings) for kind in (0, 5))
     forward, backward, weight = (chunks * sum(t[kind] for t in timings) / len(timings) for kind in (1, 2, 3))
     closed = closed_form_text(schedule, RANKS, MICRO_BATCHES, chunks, forward, backward, weight)
     simulated = _simulated(schedule, chunks, timings)
@@ -80,7 +133,8 @@ def row(schedule: str, report) -> list[str]:
     equal = f"{'yes' if report.ok else 'NO'} (loss {report.loss_error:.1e}, parameters {report.parameter_error:.1e})"
     per_chunk = "/".join(f"{seconds / chunks * 1e3:.1f}" for seconds in (forward, backward, weight))
     share = sum(t[4] for t in timings) / len(timings)
-    return [schedule, f"{measured:.1%}", closed, f"{simulated:.1%}", per_chunk, f"{share:.0%}", peaks, equal]
+    name = schedule if model == "TransformerStack" else f"{schedule}, {model} (F = B = W)"
+    return [name, f"{measured:.1%}", closed, f"{simulated:.1%}", f"{wall:.1%}", per_chunk, f"{share:.0%}", peaks, equal]
 
 
 def _simulated(schedule: str, chunks: int, timings) -> float:
@@ -94,22 +148,22 @@ def _simulated(schedule: str, chunks: int, timings) -> float:
     return simulate(orders, times).bubble
 
 
-def main(steps: int = 3) -> int:
-    """Every schedule on this MPI rank; rank 0 prints each row as it comes and the table."""
+def main(steps: int = 6) -> int:
+    """Every run of `RUNS` on this MPI rank; rank 0 prints each row as it comes and the table."""
     rows, ok = [], True
-    for schedule in SCHEDULE_ORDERS:
-        report = run_schedule(schedule, steps)
+    for schedule, model in RUNS:
+        report = run_schedule(schedule, steps, model)
         if report is None:  # not rank 0
             continue
-        rows.append(row(schedule, report))
+        rows.append(row(schedule, report, model))
         ok = ok and report.ok
         print(" | ".join(rows[-1]), flush=True)
     if rows:
-        print(f"\n{RANKS} stages x {MICRO_BATCHES} micro-batches on {RANKS} MPI ranks, {steps} steps, "
-              f"{LAYERS}-block TransformerStack\n")
+        print(f"\n{RANKS} stages x {MICRO_BATCHES} micro-batches on {RANKS} MPI ranks, {steps} steps (the first a warm-up), "
+              f"{LAYERS}-block TransformerStack (the last row: a 16-layer DenseStack)\n")
         print(format_table(HEADER, rows))
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 6))

@@ -87,9 +87,11 @@ def test_every_schedule_trains_on_local_ranks_like_stand_alone_in_its_order(sche
     result = report.result
     assert result.bytes_match and all(phases["pipeline"] > 0 for phases in result.measured)
     assert result.measured_peaks == result.predicted_peaks
-    # Per rank its parts' seconds, and its thread's CPU seconds in them over those (a thread's
-    # own: the other ranks' threads run beside it, so a process's CPU time would exceed them).
-    assert all(forward > 0 and backward > 0 and 0 < share <= 1 for _, forward, backward, _, share in result.stage_timings)
+    # Per rank its parts' CPU seconds, those over their wall seconds (a thread's own: the other
+    # ranks' threads run beside it, so a process's CPU time would exceed them), and its bubble on
+    # the virtual clock: the stages wait for one another even on cores of their own.
+    assert all(forward > 0 and backward > 0 and 0 < share <= 1 and 0 < virtual < 1
+               for _, forward, backward, _, share, virtual in result.stage_timings)
     plan, _, _ = training_plan(cell, None, net.example_inputs(), steps=1)
     orders = schedule_orders(schedule, 2, 4, plan.pipeline.chunks)
     for program in lower_stage_programs(plan):

@@ -13,7 +13,10 @@ micro-batches' losses: the stand-alone run of the whole batch is the reference.
 Measured per rank: the bytes every instruction sent (a `Send` in phase "pipeline"), the peak
 of the arrays it holds (`runtime.held_memory`: every micro-batch's buffers, the summed
 gradients, the weights; the plan predicts it per stage, `Pipeline.peak_bytes`), and the
-bubble: the share of the micro-batch slots' time the rank spent waiting for another stage.
+bubble twice: on the wall clock, the share of the micro-batch slots' time the rank spent in its
+receives (waiting for another stage, and on a machine with fewer cores than ranks for a core
+too), and on the virtual clock (`runtime.pipeline_clock`: the CPU seconds the passes ran,
+composed along the messages the ranks exchanged, as on dedicated cores).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from autostrat.runtime.executor import communicate, counted, load_slice, materia
 from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
+from autostrat.runtime.pipeline_clock import NONE, PassClock, virtual_bubbles
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
 from autostrat.runtime.training import TrainingResult, allgather_slices, phase_bytes
 from autostrat.runtime.stage_program import SLOTS, StageProgram, lower_stage_programs
@@ -41,10 +45,11 @@ SLOT_OF = {"F": "forward", "B": "backward", "W": "weight"}  # a schedule's instr
 @dataclass(frozen=True)
 class StageRun:
     """One rank's run: the loss of every step (its stage computes it: the last), its final
-    slices, the bytes per step by phase it sent, its peak live bytes, its bubble, the seconds it
-    spent on one F, B and W of a chunk on average, waits for other stages left out, and the CPU
-    seconds of its thread over those seconds (below 1 where the machine's cores are shared: a
-    busy rank then waits for a core too, and a woken one for its turn)."""
+    slices, the bytes per step by phase it sent, its peak live bytes, its wall-clock bubble, the
+    CPU seconds its thread spent on one F, B and W of a chunk on average (its receives left
+    out), those CPU seconds over the parts' wall seconds without the receives (below 1 where
+    the machine's cores are shared: a busy rank then waits for a core too, and a woken one for
+    its turn), and its passes' trace for the virtual clock (`PassClock.trace`)."""
 
     rank: int
     losses: tuple[float, ...]
@@ -54,6 +59,7 @@ class StageRun:
     bubble: float
     part_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
     cpu_share: float = 1.0
+    trace: np.ndarray | None = None
 
 
 def micro_batches_of(batch: dict, inputs: tuple[str, ...], count: int) -> list[dict]:
@@ -103,19 +109,24 @@ class StageRunner:
                 self.position[(None, "update", index)] = len(self.position)
         self.last = "weight" if any(i.kind == "W" for i in program.order()) else "backward"
         self.held, self.stores, self.resident = HeldMemory(), {}, {}  # a run's measurement: the arrays themselves
+        self.restart_timing()
+
+    def restart_timing(self) -> None:
+        """Forget the timings of the steps run so far (`train_stage`: a warm-up step's)."""
         self.waited = self.busy = 0.0
-        self.part_busy = dict.fromkeys(SLOT_OF, 0.0)  # per instruction kind, seconds run (waits left out)
+        self.part_busy = dict.fromkeys(SLOT_OF, 0.0)  # per instruction kind, wall seconds run (waits left out)
+        self.part_cpu = dict.fromkeys(SLOT_OF, 0.0)  # per instruction kind, the thread's CPU seconds (receives left out)
         self.parts = dict.fromkeys(SLOT_OF, 0)  # per instruction kind, how many ran
-        self.part_cpu = 0.0  # the thread's CPU seconds in the instructions (`cpu_share`)
+        self.clock = PassClock()
 
     def cpu_share(self) -> float:
-        """The thread's CPU seconds in the instructions over their seconds, waits left out."""
+        """The thread's CPU seconds in the instructions over their wall seconds, receives left out."""
         busy = sum(self.part_busy.values())
-        return self.part_cpu / busy if busy else 1.0
+        return sum(self.part_cpu.values()) / busy if busy else 1.0
 
     def part_seconds(self) -> tuple[float, float, float]:
-        """The mean seconds of one F, B and W (0 for a kind that never ran)."""
-        return tuple(self.part_busy[kind] / self.parts[kind] if self.parts[kind] else 0.0 for kind in SLOT_OF)
+        """The mean CPU seconds of one F, B and W (0 for a kind that never ran)."""
+        return tuple(self.part_cpu[kind] / self.parts[kind] if self.parts[kind] else 0.0 for kind in SLOT_OF)
 
     def step(self, values: dict, batch: dict, resident: dict) -> tuple[list[float], dict]:
         program = self.program
@@ -128,12 +139,14 @@ class StageRunner:
         started = time.perf_counter()
         waited = self.waited
         for instruction in program.order():
-            began, waited_before, cpu = time.perf_counter(), self.waited, time.thread_time()
+            began, waited_before = time.perf_counter(), self.waited
+            self.clock.begin()
             self._part(instruction, values | micro_values[instruction.micro_batch], losses)
-            self.part_cpu += time.thread_time() - cpu
+            self.part_cpu[instruction.kind] += self.clock.end()
             self.part_busy[instruction.kind] += time.perf_counter() - began - (self.waited - waited_before)
             self.parts[instruction.kind] += 1
         self.busy += time.perf_counter() - started - (self.waited - waited)
+        self.clock.close_step()
         for position, (instruction, released) in enumerate(zip(program.update, self.update_release)):
             self._run(instruction, shared, shared, values, released, (None, "update", position))
         self.backend.complete_sends()
@@ -182,11 +195,14 @@ class StageRunner:
                                                                dict(instruction.attrs), instruction.context)))
         elif isinstance(instruction, Recv):
             began = time.perf_counter()
+            self.clock.waiting(instruction.source, instruction.tag)
             written = {instruction.key: self.backend.recv(instruction.shape, instruction.dtype, instruction.source, instruction.tag)}
+            self.clock.received()
             self.waited += time.perf_counter() - began
         else:
             before = len(self.backend.sent)
             if isinstance(instruction, Send):
+                self.clock.sending(instruction.dest, instruction.tag)
                 self.backend.send(read(instruction.key), instruction.dest, instruction.tag)
                 written = {}
             else:
@@ -218,10 +234,14 @@ def stage_peaks_per_rank(plan) -> tuple[int, ...]:
 def train_stage(program: StageProgram, backend, values: dict, batches, on_step=None, share_loss: int | None = None) -> StageRun:
     """Run one training step per batch on this rank; `on_step(step, loss)` after each step
     (on the rank computing the loss, or on rank 0 with `share_loss`, that rank, which sends
-    every step's loss there)."""
+    every step's loss there). Of several steps the first warms up (its buffers allocated and its
+    kernels called for the first time: a GPipe step's passes ran 35 % longer on 4 MPI ranks):
+    the timings are the steps' after it."""
     runner, resident, losses = StageRunner(program, backend), {}, []
     for step, batch in enumerate(batches):
         micro_losses, resident = runner.step(values, batch, resident)
+        if step == 0 and len(batches) > 1:
+            runner.restart_timing()
         loss = float(np.mean(micro_losses))
         if share_loss is not None:  # the run report's loss, not the plan's traffic: uncounted
             gathered = backend.gather_report(np.array([loss]))
@@ -232,7 +252,7 @@ def train_stage(program: StageProgram, backend, values: dict, batches, on_step=N
     measured = phase_bytes(program, tuple(runner.sent), len(batches))
     wall = runner.busy + runner.waited
     return StageRun(program.rank, tuple(losses), resident, measured, runner.held.peak, runner.waited / wall if wall else 0.0,
-                    runner.part_seconds(), runner.cpu_share())
+                    runner.part_seconds(), runner.cpu_share(), runner.clock.trace())
 
 
 def pipeline_values(plan, values: dict) -> dict:
@@ -277,14 +297,25 @@ def train_pipeline_collective(plan, backend, values: dict, batches, on_step=None
     run = train_stage(program, backend, pipeline_values(plan, values), batches, on_step if backend.rank == 0 else None,
                       share_loss=loss_rank(plan))
     slices = _gathered_slices(plan, backend, run.slices)
+    trace = np.full((max(trace_rows(p, len(batches)) for p in programs), 4), NONE)  # equal shapes for the gather
+    trace[:len(run.trace)] = run.trace
     vector = [run.measured[phase] for phase in PHASES] + [run.peak_bytes, run.bubble, *run.part_seconds, run.cpu_share]
-    gathered = backend.gather_report(np.array(vector, np.float64))
+    gathered = backend.gather_report(np.concatenate([np.array(vector, np.float64), trace.ravel()]))
     if gathered is None:
         return _result(plan, programs, None, run.losses, slices) if every_rank else None
     count = len(PHASES)
     runs = [StageRun(rank, (), {}, {p: int(v) for p, v in zip(PHASES, row)}, int(row[count]), float(row[count + 1]),
-                     tuple(float(v) for v in row[count + 2:count + 5]), float(row[count + 5])) for rank, row in enumerate(gathered)]
+                     tuple(float(v) for v in row[count + 2:count + 5]), float(row[count + 5]), row[count + 6:].reshape(-1, 4))
+            for rank, row in enumerate(gathered)]
     return _result(plan, programs, runs, run.losses, slices)
+
+
+def trace_rows(program: StageProgram, steps: int) -> int:
+    """The rows of a rank's `PassClock` trace over `steps` steps at most: one per stage-to-stage
+    message of its passes, one per step's end."""
+    messages = sum(isinstance(i, (Send, Recv)) for part in program.order()
+                   for i in program.chunks[part.chunk].instructions(SLOT_OF[part.kind]))
+    return steps * (messages + 1)
 
 
 def _gathered_slices(plan, backend, mine: dict) -> list[dict]:
@@ -309,13 +340,16 @@ def _result(plan, programs, runs, losses, slices_by_rank):
     if runs is None:
         return TrainingResult(losses, parameters)
     split, peaks = plan.pipeline.split, stage_peaks_per_rank(plan)
+    virtual = virtual_bubbles([run.trace for run in runs])
     lines = (
         plan.pipeline.summary().splitlines()[0],  # the stages (which cells run where), micro-batches and schedule
-        f"pipeline bubble: predicted {split.bubble:.1%}, measured {np.mean([run.bubble for run in runs]):.1%} "
-        f"(the share of the micro-batch slots a rank waits for another stage, mean over ranks)",
+        f"pipeline bubble: predicted {split.bubble:.1%}, measured {np.mean(virtual):.1%} on the virtual clock (the passes' "
+        f"CPU seconds composed along the messages, as on dedicated cores; the median step), {np.mean([run.bubble for run in runs]):.1%} "
+        f"on the wall clock (the share of the micro-batch slots a rank waits in its receives), means over ranks",
         f"the stage split's memory model (weights, state and gradients, activations of the micro-batches in flight) "
         f"per device group: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
     )
     return TrainingResult(losses, parameters, tuple(phase_bytes(p) for p in programs), tuple(run.measured for run in runs),
                           max(peaks), tuple(run.peak_bytes for run in runs), peaks, lines,
-                          stage_timings=tuple((run.bubble, *run.part_seconds, run.cpu_share) for run in runs))
+                          stage_timings=tuple((run.bubble, *run.part_seconds, run.cpu_share, bubble)
+                                              for run, bubble in zip(runs, virtual)))

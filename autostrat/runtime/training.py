@@ -50,7 +50,7 @@ class TrainingResult:
     notes: tuple[str, ...] = ()  # more lines for the report (a pipeline's bubble)
     reference: str = ""  # a stand-alone reference's library (`train_reference`)
     pooled: tuple[str, ...] = ()  # its parameters compared on their kind's scale (`reference.Reference.noise_driven`)
-    stage_timings: tuple[tuple[float, ...], ...] = ()  # a pipeline's, per rank: bubble, seconds of one F, B, W, CPU share
+    stage_timings: tuple[tuple[float, ...], ...] = ()  # a pipeline's, per rank: wall-clock bubble, CPU seconds of one F, B, W, CPU share, virtual-clock bubble
 
     @property
     def bytes_match(self) -> bool:
