@@ -151,6 +151,13 @@ MUTATIONS = (
          "tests/test_stages.py::test_the_least_slowest_stage_split_is_the_brute_force_one",
          "tests/test_stages.py::test_past_every_split_the_descent_is_no_slower_than_the_least_slowest_stage"),
     ),
+    Mutation(
+        "virtual-clock-stamps-ignored", "autostrat/runtime/pipeline_clock.py",
+        "                    now = max(now, stamps[key].popleft())\n",
+        "                    stamps[key].popleft()\n",
+        ("tests/test_pipeline_clock.py::test_the_clock_composed_along_the_messages_gives_the_bubble_drawn_by_hand",
+         "tests/test_pipeline_clock.py::test_a_later_send_stamp_than_the_receivers_clock_sets_the_clock"),
+    ),
 )
 
 
