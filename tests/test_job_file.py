@@ -19,8 +19,8 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.frontend.run import RunOptions, prepare_run
 from autostrat.runtime import launcher
 from autostrat.runtime.job import Job
-from autostrat.runtime.job_file import (ARRAY_SECTIONS, ARRAYS, JOB_FIELDS, JOB_FOLDER, JOB_JSON, RECORDS, Record, encode,
-                                          load_job, save_job)
+from autostrat.runtime.job_file import ARRAY_SECTIONS, ARRAYS, JOB_FIELDS, JOB_FOLDER, JOB_JSON, load_job, save_job
+from autostrat.runtime.job_schema import RECORDS, Record, encode
 from autostrat.runtime.program import Load
 from autostrat.runtime.rank import digest_argument
 

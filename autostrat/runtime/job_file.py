@@ -14,7 +14,7 @@ can at worst make a job fail, never run code on the ranks' hosts:
   ``fault``, ``programs``, and the reference's ``reference`` (library), ``pooled``,
   ``gradient_worst`` and ``gradient_error`` (`job.Job`). A record (a program, an instruction, a slice context, a fault) is
   an object ``{"type": NAME, FIELD: VALUE...}``; tuples are lists. Records are rebuilt only
-  from `RECORDS`, the allow-list of types with the form of every field, so nothing in the file
+  from `job_schema.RECORDS`, the allow-list of types with the form of every field, so nothing in the file
   names code, and every value is checked before a constructor sees it.
 
 The job's digest is the SHA-256 of ``job.json``, which holds that of ``arrays.npz``: one value,
@@ -25,7 +25,6 @@ the same bytes, hence the same digest.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import io
 import json
@@ -33,19 +32,15 @@ import os
 import re
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from autostrat.errors import RuntimeBackendError
 from autostrat.io import write_atomically
-from autostrat.layout import SliceContext
 from autostrat.runtime.checkpoint import checkpoint_bytes
-from autostrat.runtime.job import FAULTS, Fault, Job
-from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, RingCompute, Send
-from autostrat.runtime.stream import SyncStart, SyncWait
-from autostrat.runtime.stage_program import SCHEDULES, ChunkProgram, StageProgram
+from autostrat.runtime.job import Job
+from autostrat.runtime.job_schema import NAMES, Fixed, Many, Nullable, OneOf, Record, decode, encode
 
 FORMAT = "autostrat job"
 VERSION = 6  # 2: the predicted peak memory per device; 3: pipeline stage programs; 4: their chunks (schedules); 5: collective
@@ -54,87 +49,10 @@ JOB_FOLDER = "job"
 JOB_JSON = "job.json"
 ARRAYS = "arrays.npz"
 JOB_FILES = (ARRAYS, JOB_JSON)
-KINDS = ("AllGather", "AllReduce", "AllToAll", "PartialCreate", "ReduceScatter", "Sendrecv", "Slice")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass(frozen=True)
-class Many:
-    """A tuple of any length, every item of form `item`."""
-
-    item: object
-
-
-@dataclass(frozen=True)
-class Fixed:
-    """A tuple of exactly these forms, in order."""
-
-    items: tuple
-
-
-@dataclass(frozen=True)
-class OneOf:
-    """A string among `choices`."""
-
-    choices: tuple
-
-
-@dataclass(frozen=True)
-class Nullable:
-    """None or a value of form `item`."""
-
-    item: object
-
-
-@dataclass(frozen=True)
-class Record:
-    """A record of one of the `RECORDS` types named in `names`."""
-
-    names: tuple
-
-
-ATTRIBUTE = "attribute"  # an op attribute: None, a bool, number or string, or a tuple of those
-_RANGES = Many(Fixed((int, int)))
-_SHAPES = Many(Many(int))
-_NAMES = Many(str)
-_NAME_PAIRS = Many(Fixed((str, str)))
-
-_STAGE_RECORDS = ("Communicate", "Compute", "Load", "Recv", "Send")
-RECORDS = {
-    "Communicate": (Communicate, {
-        "kind": OneOf(KINDS), "source": str, "target": str, "group": Many(int), "dims": Many(int),
-        "chunks": Many(int), "reduce_op": str, "peers": Fixed((int, int)), "predicted": int, "edge": str,
-        "phase": OneOf(PHASES), "algorithm": str}),
-    "Compute": (Compute, {
-        "op": str, "op_type": str, "inputs": _NAMES, "outputs": _NAMES, "attrs": Many(Fixed((str, ATTRIBUTE))),
-        "context": Record(("SliceContext",)), "dtypes": _NAMES, "main": _NAMES}),
-    "RingCompute": (RingCompute, {
-        "op": str, "op_type": str, "inputs": _NAMES, "outputs": _NAMES, "attrs": Many(Fixed((str, ATTRIBUTE))),
-        "context": Record(("SliceContext",)), "dtypes": _NAMES, "main": _NAMES, "group": Many(int), "wire_dtype": str,
-        "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
-    "Fault": (Fault, {"rank": int, "kind": OneOf(FAULTS), "at": int}),
-    "SyncStart": (SyncStart, {"steps": Many(Record(("Communicate",)))}),
-    "SyncWait": (SyncWait, {"steps": Many(Record(("Communicate",)))}),
-    "Load": (Load, {"tensor": str, "ranges": _RANGES, "dtype": str, "of": str, "via": str}),
-    "Recv": (Recv, {"key": str, "source": int, "tag": int, "shape": Many(int), "dtype": str}),
-    "Send": (Send, {"key": str, "dest": int, "tag": int, "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
-    "ChunkProgram": (ChunkProgram, {
-        "stage": int, "forward": Many(Record(_STAGE_RECORDS)), "backward": Many(Record(_STAGE_RECORDS)),
-        "weight": Many(Record(_STAGE_RECORDS)), "accumulated": _NAMES, "passed": _NAMES}),
-    "StageProgram": (StageProgram, {
-        "rank": int, "device_num": int, "stage": int, "stages": int, "micro_batches": int, "schedule": OneOf(SCHEDULES),
-        "partitions": Many(Many(Many(int))), "loads": Many(Record(("Load",))), "chunks": Many(Record(("ChunkProgram",))),
-        "update": Many(Record(_STAGE_RECORDS)), "inputs": _NAMES, "outputs": _NAME_PAIRS, "updates": _NAME_PAIRS}),
-    "Program": (Program, {
-        "rank": int, "device_num": int, "partitions": Many(Many(Many(int))),
-        "instructions": Many(Record(("Communicate", "Compute", "Load", "RingCompute", "SyncStart", "SyncWait"))), "inputs": _NAMES,
-        "outputs": _NAME_PAIRS,
-        "updates": _NAME_PAIRS, "loss_scale": float}),
-    "SliceContext": (SliceContext, {
-        "input_ranges": Many(_RANGES), "input_shapes": _SHAPES, "output_ranges": Many(_RANGES),
-        "output_shapes": _SHAPES}),
-}
-ARRAY_SECTIONS = {"values": _NAMES, "batches": Many(_NAMES), "expected": Many(_NAMES), "final": Nullable(_NAMES)}
+ARRAY_SECTIONS = {"values": NAMES, "batches": Many(NAMES), "expected": Many(NAMES), "final": Nullable(NAMES)}
 JOB_FIELDS = {
     "name": str, "device_num": int, "programs": Many(Record(("Program", "StageProgram"))), "plan_table": str, "plan_bytes": int,
     "predicted_peak": int, "single_seconds": float, "stall_timeout": float, "fault": Nullable(Record(("Fault",))),
@@ -208,6 +126,7 @@ class Programs(Sequence):
     15 programs instead of 64 (a 2-layer GPT's training step: ~1 s of each rank's start-up).
 
     Example:
+        >>> from autostrat.runtime.program import Load, Program
         >>> program = Program(0, 1, (), (Load("x", ((0, 4),)),), ("x",), ())
         >>> programs = Programs([encode(program, JOB_FIELDS["programs"].item, "program")], "job")
         >>> len(programs), programs[0].instructions, programs == (program,)
@@ -341,89 +260,3 @@ def _read_arrays(path: Path, data: bytes, keys: list[str]) -> dict[str, np.ndarr
     if wrong:
         raise RuntimeBackendError(f"job file {path}: expected .npy arrays, got other members {wrong}")
     return arrays
-
-
-def _describe(form) -> str:
-    if form in (int, float, str):
-        return {int: "an integer", float: "a number", str: "a string"}[form]
-    if isinstance(form, Many):
-        return f"a list of {_describe(form.item)}"
-    if isinstance(form, Fixed):
-        return f"a list of {len(form.items)} ({', '.join(_describe(item) for item in form.items)})"
-    if isinstance(form, OneOf):
-        return f"one of {list(form.choices)}"
-    if isinstance(form, Nullable):
-        return f"null or {_describe(form.item)}"
-    if isinstance(form, Record):
-        return f"a {' or '.join(form.names)} record"
-    return "null, a boolean, number or string, or a list of those"
-
-
-@functools.cache
-def _fields_of(name: str) -> tuple[type, dict]:
-    cls, fields = RECORDS[name]
-    declared = [field.name for field in dataclasses.fields(cls)]
-    assert sorted(declared) == sorted(fields), f"the job schema of {name} is out of date: {declared}"
-    return cls, fields
-
-
-def encode(value, form, where: str):
-    """`value` as JSON data of form `form`; a value of another form is a `RuntimeBackendError`.
-
-    Example:
-        >>> encode(Load("x", ((0, 4), (0, 8))), Record(("Load",)), "instruction")
-        {'type': 'Load', 'tensor': 'x', 'ranges': [[0, 4], [0, 8]], 'dtype': '', 'of': '', 'via': ''}
-    """
-    if form is ATTRIBUTE and isinstance(value, tuple):
-        return [encode(item, ATTRIBUTE, f"{where}[{i}]") for i, item in enumerate(value)]
-    name = type(value).__name__
-    if isinstance(form, Record) and name in form.names and RECORDS[name][0] is type(value):
-        cls, fields = _fields_of(name)
-        return {"type": cls.__name__} | {key: encode(getattr(value, key), f, f"{where}.{key}") for key, f in fields.items()}
-    if isinstance(form, (Many, Fixed)) and isinstance(value, tuple) and (isinstance(form, Many) or len(value) == len(form.items)):
-        forms = [form.item] * len(value) if isinstance(form, Many) else form.items
-        return [encode(item, f, f"{where}[{i}]") for i, (item, f) in enumerate(zip(value, forms))]
-    if isinstance(form, Nullable):
-        return None if value is None else encode(value, form.item, where)
-    if _scalar_fits(value, form):
-        return float(value) if form is float else value
-    raise RuntimeBackendError(f"cannot store the job: {where}: expected {_describe(form)}, got {value!r}")
-
-
-def decode(data, form, where: str):
-    """The value of form `form` that `encode` wrote as `data`, every part checked.
-
-    Example:
-        >>> decode({"type": "Load", "tensor": "x", "ranges": [[0, 4]], "dtype": "", "of": "", "via": ""}, Record(("Load",)), "instruction")
-        Load(tensor='x', ranges=((0, 4),), dtype='', of='', via='')
-    """
-    if form is ATTRIBUTE and isinstance(data, list):
-        return tuple(decode(item, ATTRIBUTE, f"{where}[{i}]") for i, item in enumerate(data))
-    if isinstance(form, Record) and isinstance(data, dict) and data.get("type") in form.names:
-        cls, fields = _fields_of(data["type"])
-        if set(data) != {"type"} | set(fields):
-            raise RuntimeBackendError(f"{where}: expected the fields {sorted(fields)} of {cls.__name__}, "
-                                      f"got {sorted(set(data) - {'type'})}")
-        values = {key: decode(data[key], f, f"{where}.{key}") for key, f in fields.items()}
-        try:
-            return cls(**values)
-        except (TypeError, ValueError) as error:
-            raise RuntimeBackendError(f"{where}: not a valid {cls.__name__}: {error}") from None
-    if isinstance(form, (Many, Fixed)) and isinstance(data, list) and (isinstance(form, Many) or len(data) == len(form.items)):
-        forms = [form.item] * len(data) if isinstance(form, Many) else form.items
-        return tuple(decode(item, f, f"{where}[{i}]") for i, (item, f) in enumerate(zip(data, forms)))
-    if isinstance(form, Nullable):
-        return None if data is None else decode(data, form.item, where)
-    if _scalar_fits(data, form) and (form is not float or isinstance(data, float)):
-        return data
-    raise RuntimeBackendError(f"{where}: expected {_describe(form)}, got {json.dumps(data)[:80]}")
-
-
-def _scalar_fits(value, form) -> bool:
-    if form is ATTRIBUTE:
-        return value is None or type(value) in (bool, int, float, str)
-    if isinstance(form, OneOf):
-        return isinstance(value, str) and value in form.choices
-    if form is float:
-        return type(value) in (int, float)
-    return form in (int, str) and type(value) is form
