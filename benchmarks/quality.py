@@ -52,7 +52,7 @@ the largest stage's peak per device by the split's model (weights and optimiser 
 `search.schedule_split.group_peaks`; without a pipeline the plan's exact peak); and the seconds to trace, search and split (tracing included here, unlike the table above).
 Target: <= 15 s per row at 1024 devices.
 
-Run: .venv/bin/python benchmarks/quality.py [--models stack-8 stack-32 stack-96 7b] [--time-limit 60]
+Run: .venv/bin/python benchmarks/quality.py [--models stack-8 stack-32 stack-96 7b] [--time-limit 60] [--pricing-processes N]
      .venv/bin/python benchmarks/quality.py --pipeline 64 1024 [--stages 2 4 8] [--budget 80GB] [--refined]
 (``--pipeline`` alone runs no model above unless ``--models`` names some; `benchmarks/pipeline.py`
 runs the pipeline rows alone.)
@@ -121,10 +121,11 @@ def timed_search(graph, device_num: int, options: SearchOptions):
     return timed(lambda: search(graph, device_num, options))
 
 
-def refined_options(budget: int, time_limit: float) -> SearchOptions:
-    """The refined rows' search: CP-SAT for the predicted step time under `budget` bytes per device."""
+def refined_options(budget: int, time_limit: float, processes: int = 0) -> SearchOptions:
+    """The refined rows' search: CP-SAT for the predicted step time under `budget` bytes per device,
+    its cost tables priced by `processes` processes (above 1: `SearchOptions.pricing_processes`)."""
     return SearchOptions(refine="cpsat", coarsen="layers", max_device_memory=budget, refine_time_limit=time_limit,
-                         cost_model="time")
+                         cost_model="time", pricing_processes=processes)
 
 
 def row(model: str, device_num: int, name: str, plan, seconds: float) -> list[str]:
@@ -135,7 +136,7 @@ def row(model: str, device_num: int, name: str, plan, seconds: float) -> list[st
             f"{prediction.step_time_ns / 1e6:,.3f}", f"{seconds:.2f}", status]
 
 
-def model_rows(model: str, time_limit: float) -> tuple[list[list[str]], list[str]]:
+def model_rows(model: str, time_limit: float, processes: int = 0) -> tuple[list[list[str]], list[str]]:
     """The four plans of one model, and the targets they meet or miss."""
     device_num, build = MODELS[model]
     layers = len(build().blocks)
@@ -149,7 +150,7 @@ def model_rows(model: str, time_limit: float) -> tuple[list[list[str]], list[str
     plans["bfs"] = timed_search(first_block, device_num, SearchOptions())
     budget = plans["megatron"][0].prediction.peak_bytes
     try:
-        plans["refined"] = timed_search(first_block, device_num, refined_options(budget, time_limit))
+        plans["refined"] = timed_search(first_block, device_num, refined_options(budget, time_limit, processes))
     except AutostratError as error:
         print(f"{model}: refined: {error}", file=sys.stderr)
     rows = [row(model, device_num, name, plan, seconds) for name, (plan, seconds) in plans.items()]
@@ -210,7 +211,7 @@ def pipeline_rows(device_num: int, args: argparse.Namespace):
     if args.refined:
         try:
             plan, seconds = timed(lambda: search(megatron_7b(device_num, device_num, True), device_num,
-                                                 refined_options(budget, args.time_limit)))
+                                                 refined_options(budget, args.time_limit, args.pricing_processes)))
             yield no_pipeline_row(device_num, "refined", plan, seconds, budget)
         except AutostratError as error:
             print(f"{device_num} devices: refined: {error}", file=sys.stderr)
@@ -224,6 +225,8 @@ def add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default="80GB", help="per-device memory budget of the pipeline rows (default 80GB)")
     parser.add_argument("--refined", action="store_true", help="add the refined no-pipeline row (minutes)")
     parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds for the refined plans")
+    parser.add_argument("--pricing-processes", type=int, default=0,
+                        help="processes pricing the refined plans' cost tables (default 0: this one)")
 
 
 def print_pipeline(devices: list[int], args: argparse.Namespace) -> None:
@@ -239,12 +242,12 @@ def print_pipeline(devices: list[int], args: argparse.Namespace) -> None:
     print(format_table(PIPELINE_HEADERS, rows))
 
 
-def print_models(models: list[str], time_limit: float) -> None:
+def print_models(models: list[str], time_limit: float, processes: int = 0) -> None:
     """Each model's rows as they are found, then the table of them all and the targets."""
     rows, notes = [], []
     for model in models:
         with counted_pairs() as counts:
-            found, met = model_rows(model, time_limit)
+            found, met = model_rows(model, time_limit, processes)
         rows += found
         notes += met + [f"{model}: {counts}"]
         print(format_table(HEADERS, found), flush=True)
@@ -263,7 +266,7 @@ def main() -> None:
     args = parser.parse_args()
     models = args.models if args.models is not None else ([] if args.pipeline else list(MODELS))
     if models:
-        print_models(models, args.time_limit)
+        print_models(models, args.time_limit, args.pricing_processes)
     if args.pipeline:
         print_pipeline(args.pipeline, args)
 

@@ -10,7 +10,7 @@ tables (37 and 46).
 Slowest pairs (issue 32): ``--collect FILE --devices 64 1024 16384`` plans the 7b case of
 `benchmarks/scale.py` (``--seeding``, default layouts; ``--layers``, default 2) in this process
 per device count, times every redistribution cost its search computes
-(`redistribution.table._cost`), prints the slowest ``--top`` (20) and pickles them to FILE with
+(`redistribution.table.entry_price`), prints the slowest ``--top`` (20) and pickles them to FILE with
 those timings; pairs priced unreachable are counted and printed. ``--pairs FILE`` times each of
 them again, cold (every memo cleared), and prints them with their value; ``--before TIMES`` adds
 the cold timings another checkout wrote (``FILE.times.json``, written by every ``--pairs`` run),
@@ -148,7 +148,7 @@ def issue_pairs() -> list[tuple[str, object, object, object]]:
 def print_issue_pairs(check: bool) -> None:
     """The issue's pairs, cold (best of 3, CPU and wall ms); with `check`, each also by Dijkstra
     (the search's bound set to 0, no state limit): equal objectives prove the A* optimum."""
-    from autostrat.redistribution.table import _cost, collector_paused
+    from autostrat.redistribution.table import collector_paused, entry_price
 
     rows = []
     for name, src, dst, model in issue_pairs():
@@ -157,7 +157,7 @@ def print_issue_pairs(check: bool) -> None:
             clear_memos()
             with collector_paused():  # as a cost table computes its entries
                 wall, cpu = time.perf_counter(), time.process_time()
-                value = _cost(src, dst, "float32", model)
+                value = entry_price(src, dst, "float32", model)
                 runs.append(((time.process_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000))
         cpu_ms, wall_ms = min(runs)
         # Dijkstra lists every class of every permute it pops: 10! per bundle for the pinned pair.
@@ -172,13 +172,13 @@ def dijkstra_objective(src, dst, model) -> float:
     from unittest import mock
 
     from autostrat.redistribution import search
-    from autostrat.redistribution.table import _cost
+    from autostrat.redistribution.table import entry_price
 
     clear_memos()
     with mock.patch.object(search.Search, "_bound", lambda self, node: 0), \
             mock.patch.object(search.Search, "_estimate", lambda self, node, signature: (0, True)), \
             mock.patch.object(search, "SETTLED_LIMIT", 10**9):
-        value = _cost(src, dst, "float32", model)
+        value = entry_price(src, dst, "float32", model)
     clear_memos()
     return value
 
@@ -215,13 +215,13 @@ def collect_quality_pairs(time_limit: float) -> tuple[list[dict], int]:
 
 
 def _met_by(device_num: int, run) -> tuple[list[dict], int]:
-    """The costs `run()` computes (`redistribution.table._cost`), each with its value and
+    """The costs `run()` computes (`redistribution.table.entry_price`), each with its value and
     milliseconds, and how many pairs the constructive fallback answered."""
     from phases import counted_pairs
 
     from autostrat.redistribution import table
 
-    met, compute = [], table._cost
+    met, compute = [], table.entry_price
 
     def timed_cost(src, dst, dtype, model):
         start = time.perf_counter()
@@ -230,13 +230,13 @@ def _met_by(device_num: int, run) -> tuple[list[dict], int]:
                     "value": value, "ms": (time.perf_counter() - start) * 1000})
         return value
 
-    table._cost = timed_cost
+    table.entry_price = timed_cost
     try:
         with counted_pairs() as counts, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # unreached ops' warnings
             run()
     finally:
-        table._cost = compute
+        table.entry_price = compute
     clear_memos()
     return met, counts.fallbacks
 
@@ -264,7 +264,7 @@ def print_collected(path: Path, devices: list[int], seeding: str, layers: int, t
 
 def time_pairs(path: Path, before: Path | None) -> None:
     """Time every pair of `path` cold; print them beside `before`'s timings and values."""
-    from autostrat.redistribution.table import _cost, collector_paused
+    from autostrat.redistribution.table import collector_paused, entry_price
 
     pairs = pickle.loads(path.read_bytes())
     earlier = json.loads(before.read_text()) if before else None
@@ -273,7 +273,7 @@ def time_pairs(path: Path, before: Path | None) -> None:
         clear_memos()
         with collector_paused():  # as a cost table computes its entries
             start = time.perf_counter()
-            value = _cost(pair["src"], pair["dst"], pair["dtype"], pair["model"])
+            value = entry_price(pair["src"], pair["dst"], pair["dtype"], pair["model"])
             ms = (time.perf_counter() - start) * 1000
         times.append({"ms": ms, "value": value})
         extra = [] if earlier is None else [f"{earlier[index]['ms']:.1f}", f"{earlier[index]['value']:.0f}"]

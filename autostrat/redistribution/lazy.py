@@ -92,6 +92,24 @@ class LazyCostTable:
             return values.astype(dtype)
         return values.copy() if copy else values
 
+    def missing(self):
+        """The ``(src, dst, dtype, model)`` pairs whose prices the missing entries still need: an
+        entry's own, and its column's further redistribution (`then`) while unpriced.
+
+        Example:
+            >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+            >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (8, 8))
+            >>> table = LazyCostTable([rows], [rows])
+            >>> len(list(table.missing())), table[0, 0], list(table.missing())
+            (1, 0.0, [])
+        """
+        for column in np.flatnonzero(~self._known.all(axis=0)):
+            pair = self.then[column]
+            if pair is not None and np.isnan(self._then[column]):
+                yield pair[0], pair[1], self.then_dtype, self.model
+            for row in np.flatnonzero(~self._known[:, column]):
+                yield self.producer_layouts[row], self.consumer_layouts[column], self.dtype, self.model
+
     def _fill(self, rows, columns) -> None:
         """Compute the missing entries of a block, one `cost_table` call per row or per column
         (whichever there are fewer of), or one call when the whole block is missing."""

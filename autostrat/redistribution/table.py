@@ -48,7 +48,7 @@ def cost_table(producer_layouts, consumer_layouts, dtype="float32", model=None) 
             for j, (dst, dst_id) in enumerate(columns):
                 key = (src_id, dst_id, itemsize, model)
                 if key not in _COSTS:
-                    _COSTS[key] = _cost(src, dst, dtype, model)
+                    _COSTS[key] = entry_price(src, dst, dtype, model)
                 table[i, j] = _COSTS[key]
     return table
 
@@ -74,8 +74,25 @@ def collector_paused():
         gc.enable()
 
 
-def _cost(src, dst, dtype, model) -> float:
-    """One entry, planned; an error planning it is raised (see `cost_table`)."""
+def memoised(src, dst, dtype, model) -> bool:
+    """Whether the entry of `src` to `dst` is in `cost_table`'s memo (`parallel`).
+
+    Example:
+        >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+        >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (4, 12))
+        >>> memoised(rows, rows, "float32", None), cost_table([rows], [rows]).tolist(), memoised(rows, rows, "float32", None)
+        (False, [[0.0]], True)
+    """
+    return (_layout_id(src), _layout_id(dst), dtype_size(dtype), model) in _COSTS
+
+
+def remember(src, dst, dtype, model, price: float) -> None:
+    """Put the entry of `src` to `dst`, priced elsewhere (`entry_price` in another process), in the memo."""
+    _COSTS[(_layout_id(src), _layout_id(dst), dtype_size(dtype), model)] = float(price)
+
+
+def entry_price(src, dst, dtype, model) -> float:
+    """One entry, planned (no memo of its own); an error planning it is raised (see `cost_table`)."""
     if model is not None:
         return float(algorithm_time(src, dst, dtype, model))  # collectives as their fastest algorithms
     return float(redistribution_cost(src, dst, dtype, model))

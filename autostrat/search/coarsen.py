@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.errors import ConfigError
+from autostrat.redistribution.parallel import missing_pairs, price_in_parallel, processes
 from autostrat.redistribution.polling import polled
 from autostrat.search.deadline import Deadline
 from autostrat.search.memory import tensor_bytes
@@ -167,7 +168,9 @@ def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False, 
 def price_tables(problem: SearchProblem, deadline: Deadline) -> None:
     """Price every entry of every cost table (the model prices every pair), `PRICED_AT_ONCE`
     entries at a time, checking `deadline` in between and inside each entry's redistribution
-    search (`redistribution.polling`).
+    search (`redistribution.polling`). When the caller asked for pricing processes
+    (`redistribution.parallel.pricing`), they first price the missing entries within the time
+    left: the same prices, sooner.
 
     Example:
         >>> from autostrat.frontend import trace
@@ -180,6 +183,9 @@ def price_tables(problem: SearchProblem, deadline: Deadline) -> None:
         True
     """
     deadline.check(PRICING)
+    if processes() > 1:
+        price_in_parallel(missing_pairs(edge.table for edge in problem.edges), processes(), deadline.left())
+        deadline.check(PRICING)
     with polled(lambda: deadline.check(PRICING)):  # inside one entry's search too: it may take seconds
         for edge in problem.edges:
             table = edge.table

@@ -10,6 +10,7 @@ from autostrat.errors import ConfigError, InfeasibleError, SolverError
 from autostrat.ir import Graph
 from autostrat.layout import FollowedStrategy, Layout, TensorMap, DeviceMatrix
 from autostrat.redistribution import collector_paused
+from autostrat.redistribution.parallel import pricing
 from autostrat.search.plan import Plan, Refinement, build_plan
 from autostrat.search.problem import build_problem, searched_graph
 from autostrat.search.propagate import data_parallel, propagate
@@ -53,6 +54,10 @@ class SearchOptions:
       built within the limit; when they run out before the solve, the plan is the best start
       and its summary says so.
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
+    - `workers`: CP-SAT's workers (0: one, and the plan byte-identical run to run; more race,
+      and of equal plans any may win).
+    - `pricing_processes`: above 1, the processes that price the refinement's cost tables
+      (`redistribution.parallel`): the same prices, so the same plans, sooner.
     - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
       optimum, "layers" also shares the variables of identical repeated layers (the optimum
       among plans whose repeated layers agree, as Megatron's and Alpa's layer clustering
@@ -93,6 +98,7 @@ class SearchOptions:
     refine_time_limit: float = 60.0
     max_device_memory: int | None = None
     workers: int = 0
+    pricing_processes: int = 0
     coarsen: str | None = None
     mesh: str | tuple[int, ...] = "auto"
     cost_model: str = "bytes"
@@ -112,6 +118,9 @@ class SearchOptions:
         object.__setattr__(self, "mesh", check_mesh(self.mesh))
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
             raise ConfigError(f"micro_batches must be a positive integer, got {self.micro_batches!r}")
+        if isinstance(self.pricing_processes, bool) or not isinstance(self.pricing_processes, int) or self.pricing_processes < 0:
+            raise ConfigError(f"pricing_processes must be a whole number of processes (0: price in this one), "
+                              f"got {self.pricing_processes!r}")
         check_precision(self.precision)
         check_bucket_bytes(self.bucket_bytes)
 
@@ -269,7 +278,6 @@ def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions
     extra starts, and each solve's pricing, coarsening and model building, which get the time
     the earlier left, less what the end needs: the final plan's build, and when the search
     `collects` (the collector was on before its pause), the collection its end sets off."""
-    budget, plan = options.max_device_memory, None
     # The plan of what the refinement finds is built after it, within the limit too: build the
     # start's plan first (the fallback needs it anyway) and keep three times its time for that
     # build; and the collection the pause's end sets off, which grows with what the refinement
@@ -281,6 +289,15 @@ def _refined_plan(problem, graph: Graph, device_num: int, options: SearchOptions
     # integer_programming starts from the data-parallel plan around the seeds already.
     starts = _extra_starts(problem, graph, device_num, options, deadline) if not options.automatic else []
     start = _StartPlan(problem, graph, device_num, options, assignment, progress, deadline, tuple(starts), first)
+    with pricing(options.pricing_processes):
+        return _budget_rounds(problem, graph, device_num, options, assignment, progress, deadline, starts, start)
+
+
+def _budget_rounds(problem, graph: Graph, device_num: int, options: SearchOptions, assignment, progress,
+                   deadline: Deadline, starts, start) -> Plan:
+    """`_refined_plan`'s solves: under a budget, again under a tighter one while the plan's
+    copies push it over, at most `BUDGET_ROUNDS` times, then the cheapest start that fits."""
+    budget, plan = options.max_device_memory, None
     for attempt in range(BUDGET_ROUNDS):
         if plan is not None and deadline.passed():
             return start.if_it_fits(plan, attempt, None)
