@@ -50,6 +50,12 @@ Measured 2026-12-02, load 3-5 (the figures are the model's, not timed):
   three efficiency factors, issue #33, have none for it), and row 2 implies 0.27; every row
   within ±15 % needs 0.369-0.40, between the two, so no one share explains the table. Not
   fitted (DESIGN §5: constants are never fitted per case).
+- The search by itself (``--rows 4 3 --rings``, load 2-4): row 4 (256k) b 1 n 8 s 1, query
+  product ((8, 1), (1, 1)), 2,179 tokens/s/GPU in 205 s; row 3 (128k) b 2 n 4 s 1, the same
+  query product, 3,653 in 251 s (row 1: b 8, no CP, 7,528 in 297 s): the sequence split over
+  the 8 devices outside attention (context parallelism) chosen on its own for the long rows, in
+  Ulysses' form (heads split inside attention, all-to-all), whose head split balances the
+  causal work, 1.79 and 1.57 times the ring plan's predicted tokens/s.
 
 "Search" is what the search picks by itself for the row's model and batch on 8 devices (fully
 automatic, step time, 80 GB per device, no seeds, recomputed layers and ZeRO (level 3: parameters
