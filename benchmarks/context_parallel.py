@@ -20,9 +20,42 @@ half the score matrix without CP, (cp - 1/2) / cp of a block row with it, as a c
 split of the sequence leaves the ranks unevenly loaded and the step waits for the busiest);
 before that was priced, every row paid the full score matrix and rows 3 and 4 came out
 +38.9 % and +49.1 %. The plan's CP form is Llama 3's all-gather, where torchtitan ran ring
-attention: by a hand estimate (not run) a layer's K/V gathers take about 1 ms against some
-200 ms of its compute at 64k, so the form would move the ratios by about a per cent or less. The target is the ratio to the first row
-within ±15 % of the measured ratio; nothing is fitted.
+attention; and its backward, chosen by step time, splits the heads (all-to-all, Ulysses-like),
+which balances the causal work over the ranks. The target is the ratio to the first row within
+±15 % of the measured ratio; nothing is fitted.
+
+What the rows say (``--decompose``: the predicted step as attention compute, ring sends, what
+of them the blocks' compute leaves unhidden, and the rest; and the share of row 1's step the
+attention must have for the measured ratios, on T(cp) = rest + share·T(1)·work(cp), work 1, 3,
+7, 15 for a contiguous causal split, 1, 2, 4, 8 for a balanced one, `attention_work`).
+Measured 2026-12-02, load 3-5 (the figures are the model's, not timed):
+
+- ``--rings`` (torchtitan's form: every attention op a ring in the forward's split): ratio
+  errors -11.0 / +15.1 / +17.9 %. The ring's sends (0.27 / 0.73 / 1.65 s a step over NVLink)
+  are all hidden by the blocks' compute (4.7 / 11.0 / 23.5 s): overlap is not what the model
+  misses (left unhidden they would take rows 2-4 to -14.0 / +9.4 / +10.9 %: they are not).
+- Load balance: the model prices the contiguous split (the rank with the last rows does
+  (2·cp - 1)/cp of the mean); PyTorch's context_parallel balances causal attention by default
+  (``enable_load_balance``: chunks i and 2·cp - 1 - i on rank i). Balanced, the measured ratios
+  need an attention share of 0.53 / 0.88 / 0.87 of row 1's 8.42 s, leaving 1.1 s for the rest,
+  less than the linear layers' 2.1 PFLOP (6·N·32k tokens, and full recompute's forward) take at
+  the 989 TFLOP/s peak: no balanced run gives those ratios. Contiguous, they need 0.27 / 0.44 /
+  0.44: rows 3 and 4 agree (attention 3.7 s at 34 % of peak by FlashAttention's 10 flops per
+  score of a backward, the rest 4.7 s at 45 %: a plausible H100 run), row 2 is faster than
+  either hypothesis. So the contiguous split is kept (it is what the measurements support), and
+  the default plan's head-split backward (balanced, priced exactly so) is what gives
+  +1.9 / +45.4 / +58.4 % without ``--rings``: the search's backward, not torchtitan's.
+- What remains: the model gives attention 0.361 of row 1's step where rows 3 and 4 imply 0.44
+  (flash attention runs further below its peak than the matrix products; the profile's at most
+  three efficiency factors, issue #33, have none for it), and row 2 implies 0.27; every row
+  within ±15 % needs 0.369-0.40, between the two, so no one share explains the table. Not
+  fitted (DESIGN §5: constants are never fitted per case).
+- The search by itself (``--rows 4 3 --rings``, load 2-4): row 4 (256k) b 1 n 8 s 1, query
+  product ((8, 1), (1, 1)), 2,179 tokens/s/GPU in 205 s; row 3 (128k) b 2 n 4 s 1, the same
+  query product, 3,653 in 251 s (row 1: b 8, no CP, 7,528 in 297 s): the sequence split over
+  the 8 devices outside attention (context parallelism) chosen on its own for the long rows, in
+  Ulysses' form (heads split inside attention, all-to-all), whose head split balances the
+  causal work, 1.79 and 1.57 times the ring plan's predicted tokens/s.
 
 "Search" is what the search picks by itself for the row's model and batch on 8 devices (fully
 automatic, step time, 80 GB per device, no seeds, recomputed layers and ZeRO (level 3: parameters
@@ -31,7 +64,7 @@ the attention's split (batch b, heads n, query rows s, "ring" for ring attention
 query projection's strategy (rows over the devices: the sequence split outside attention, i.e.
 context parallelism; columns: Megatron's heads split), or why it found none.
 
-Run: .venv/bin/python benchmarks/context_parallel.py [--rows 1 2] [--no-search] [--rings]
+Run: .venv/bin/python benchmarks/context_parallel.py [--rows 1 2] [--no-search] [--rings] [--decompose]
 """
 
 from __future__ import annotations
@@ -55,7 +88,9 @@ from autostrat.frontend.run import plan_config  # noqa: E402
 from autostrat.frontend.yaml_text import parse_config_text  # noqa: E402
 from autostrat.report.estimate import estimate  # noqa: E402
 from autostrat.layout import Strategy  # noqa: E402
+from autostrat.cost.ring import ring_nanoseconds  # noqa: E402
 from autostrat.search.plan import build_plan  # noqa: E402
+from autostrat.search.prediction import compute_ns, ring_cost  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 
 TARGET = 0.15
@@ -87,18 +122,19 @@ def model_section(seq: int) -> str:
     return "model:\n  name: LLaMA\n  params: {" + ", ".join(f"{key}: {value}" for key, value in written.items()) + "}\n"
 
 
-def estimated(row: Row, folder: Path, rings: bool = False) -> float:
-    """The row's plan, estimated: predicted tokens/s per GPU; with `rings` (and CP), every
-    attention op, forward, recomputed and both gradients, as ring attention in the forward's
-    splits instead (`as_rings`)."""
+def estimated_plan(row: Row, folder: Path, rings: bool = False):
+    """The row's plan, estimated; with `rings` (and CP), every attention op, forward,
+    recomputed and both gradients, as ring attention in the forward's splits (`as_rings`)."""
     path = folder / f"cp{row.cp}.yaml"
     path.write_text(f"hardware: h100-sxm-80gb\nprecision: bf16\ncost_model: time\n{model_section(row.seq)}"
                     f"global_batch: {row.fsdp}\nplan: {{dp: {row.fsdp}, cp: {row.cp}, recompute: full, zero: 1}}\n")
-    found = estimate(path)
-    if not rings or row.cp == 1:
-        return found.tokens_per_s_per_device
-    step_s = as_rings(found.plan).prediction.step_time_ns / 1e9
-    return row.fsdp * row.seq / step_s / DEVICES
+    plan = estimate(path).plan
+    return as_rings(plan) if rings and row.cp > 1 else plan
+
+
+def estimated(row: Row, folder: Path, rings: bool = False) -> float:
+    """The row's plan, estimated: predicted tokens/s per GPU (`estimated_plan`)."""
+    return row.fsdp * row.seq / (estimated_plan(row, folder, rings).prediction.step_time_ns / 1e9) / DEVICES
 
 
 def as_rings(plan):
@@ -138,13 +174,65 @@ def searched(row: Row, folder: Path) -> tuple[float, str]:
                                                    f"; query product {query}")
 
 
+def attention_times(plan) -> tuple[int, int, int]:
+    """(nanoseconds of the attention ops' compute, of their ring sends, of what the sends add
+    to the compute: `cost.ring`'s overlap) of `plan`'s step, summed over every fused attention
+    op (forward, recomputed, both gradients), as `search.prediction` prices them."""
+    hardware = plan.hardware.shared(plan.device_num)
+    compute = sends = waited = 0
+    for name, op in plan.ops.items():
+        if op.op_type.startswith("FlashAttentionScore"):
+            time = compute_ns(plan, name, hardware)
+            compute, waited = compute + time, waited + ring_cost(plan, name, hardware, time)[0]
+            key = plan.sizes.priced(plan.graph.ops[name].inputs[1])
+            sends += ring_nanoseconds(op.strategy, 0, key, hardware.alpha_beta(plan.device_num))
+    return compute, sends, waited
+
+
+def attention_work(cp: int, balanced: bool) -> float:
+    """A device's causal attention work at CP degree `cp` (32k tokens per device, every row),
+    that of row 1 taken as 1: the sequence is cp times longer, so a device's share of the
+    score matrix is cp times larger; split contiguously the device holding the last rows
+    does (2·cp - 1)/cp of the mean (`cost.op_cost.causal_work`), split in 2·cp chunks (chunk
+    i and 2·cp - 1 - i on device i, PyTorch's ``enable_load_balance``) every device the mean."""
+    return cp if balanced else 2 * cp - 1
+
+
+def decomposition(rows, plans: dict) -> str:
+    """Per row, the predicted step split into attention (compute; ring sends and what of them
+    the blocks' compute does not hide) and the rest, and the attention share of row 1's step
+    that the measured ratios imply on a step T(cp) = rest + share·T(1)·work(cp), for a
+    contiguous and a balanced causal split (`attention_work`)."""
+    headers = ["CP", "step (s)", "attention compute (s)", "ring sends (s)", "sends not hidden (s)", "rest (s)",
+               "measured T/T1", "implied share: contiguous", "implied share: balanced"]
+    lines, first = [], ROWS[0].measured
+    for row in rows:
+        plan = plans[row.cp]
+        step = plan.prediction.step_time_ns
+        compute, sends, waited = attention_times(plan)
+        slower = first / row.measured  # T(cp) / T(1): every row has 32k tokens per device
+        implied = ["-", "-"] if row.cp == 1 else [f"{(slower - 1) / (attention_work(row.cp, balanced) - 1):.3f}"
+                                                 for balanced in (False, True)]
+        lines.append([str(row.cp), f"{step / 1e9:.3f}", f"{compute / 1e9:.3f}", f"{sends / 1e9:.3f}", f"{waited / 1e9:.3f}",
+                      f"{(step - compute - waited) / 1e9:.3f}", f"{slower:.3f}", *implied])
+    return format_table(headers, lines, "")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="*", type=int, default=[1, 2, 3, 4], help="row numbers, 1-4")
     parser.add_argument("--no-search", action="store_true", help="skip what the search picks by itself")
     parser.add_argument("--rings", action="store_true", help="price every attention op of a CP row as ring attention "
                                                                "in the forward's splits (torchtitan's), not the search's backward")
+    parser.add_argument("--decompose", action="store_true", help="the rows' attention and rest, and the attention share "
+                                                                  "the measured ratios imply (no table, no search)")
     args = parser.parse_args(argv)
+    if args.decompose:
+        rows = [ROWS[number - 1] for number in args.rows]
+        with tempfile.TemporaryDirectory() as folder:
+            plans = {row.cp: estimated_plan(row, Path(folder), args.rings) for row in rows}
+        print(decomposition(rows, plans))
+        return 0
     headers = ["FSDP", "CP", "seq", "measured tok/s/GPU", "predicted", "measured ratio", "predicted ratio",
                "ratio error", "within ±15%", "search: tok/s/GPU", "search: attention split", "seconds"]
     table, first = [], None

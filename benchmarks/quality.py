@@ -52,8 +52,34 @@ the largest stage's peak per device by the split's model (weights and optimiser 
 `search.schedule_split.group_peaks`; without a pipeline the plan's exact peak); and the seconds to trace, search and split (tracing included here, unlike the table above).
 Target: <= 15 s per row at 1024 devices.
 
+Collective algorithms and buckets (issue #37): ``--collectives ring`` plans and prices every
+collective as a flat ring, as before `cost.algorithms` (`ring_collectives`; default ``chosen``:
+each step's algorithm chosen by the plan's objective, hierarchical across servers under bytes);
+``--bucket-bytes 25MB`` puts the no-pipeline row's gradient synchronisation in buckets
+overlapped with its backward (`cost.overlap`; a pipeline's synchronisation runs after its last
+micro-batch and is not bucketed). Measured 2026-12-02 at 1024 devices (load 3-4; step ms, the
+fastest row in brackets):
+
+  collectives, buckets   no pipeline   2 stages   4 stages   8 stages
+  ring, none             2,670.9       1,201.8    845.8      789.3     (8 stages)
+  chosen, none           1,242.3       833.4      739.5      749.6     (4 stages)
+  ring, 25MB             2,368.7       1,201.8    845.8      789.3     (8 stages)
+  chosen, 25MB           940.1         833.4      739.5      749.6     (4 stages)
+
+The no-pipeline step's sync is 2,131.8 ms as rings, 703.2 ms as planned (`collective_algorithms.py`:
+the 196 replicated parameters' AllReduces over 1024 devices hierarchical, 2·7 messages inside a
+server and 2·127 across, not 2·1023), and buckets hide 302 ms of it behind the 304 ms backward:
+the rest, 401 ms, is the latencies of some 420 small AllReduces (224 over 128 devices, 194 over
+1024), each still its own collective, since a bucket here overlaps its gradients' collectives
+but does not fuse them into one (as the runtime runs them, `runtime.stream`). So the pipeline
+still wins, by 3.4x with rings, 1.7x with the algorithms and 1.27x with buckets as well; and the
+winner moves from 8 stages to 4, whose smaller bubble now outweighs the 8-stage plan's smaller
+synchronisation. Fused buckets (one collective per bucket, as DDP and Megatron run them) would
+save most of the 401 ms; they are neither priced nor run.
+
 Run: .venv/bin/python benchmarks/quality.py [--models stack-8 stack-32 stack-96 7b] [--time-limit 60] [--pricing-processes N]
      .venv/bin/python benchmarks/quality.py --pipeline 64 1024 [--stages 2 4 8] [--budget 80GB] [--refined]
+          [--collectives chosen|ring] [--bucket-bytes 25MB]
 (``--pipeline`` alone runs no model above unless ``--models`` names some; `benchmarks/pipeline.py`
 runs the pipeline rows alone.)
 """
@@ -206,8 +232,9 @@ def pipelined_row(device_num: int, stages: int, budget: int) -> list[str]:
 def pipeline_rows(device_num: int, args: argparse.Namespace):
     """The pipeline rows of one device count (the module docstring), one at a time as they are found."""
     budget = parse_bytes(args.budget, "--budget")
-    plan, seconds = timed(lambda: search(megatron_7b(device_num, device_num), device_num, SearchOptions()))
-    yield no_pipeline_row(device_num, "megatron", plan, seconds, budget)
+    buckets = parse_bytes(args.bucket_bytes, "--bucket-bytes") if args.bucket_bytes != "0" else 0
+    plan, seconds = timed(lambda: search(megatron_7b(device_num, device_num), device_num, SearchOptions(bucket_bytes=buckets)))
+    yield no_pipeline_row(device_num, "megatron" + (f", buckets {args.bucket_bytes}" if buckets else ""), plan, seconds, budget)
     if args.refined:
         try:
             plan, seconds = timed(lambda: search(megatron_7b(device_num, device_num, True), device_num,
@@ -227,10 +254,25 @@ def add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds for the refined plans")
     parser.add_argument("--pricing-processes", type=int, default=0,
                         help="processes pricing the refined plans' cost tables (default 0: this one)")
+    parser.add_argument("--bucket-bytes", default="0", help="the no-pipeline row's gradient synchronisation in buckets "
+                                                            "of this size, overlapped with the backward (0: none)")
+    parser.add_argument("--collectives", choices=("chosen", "ring"), default="chosen",
+                        help="ring: every collective planned and priced as a flat ring (`ring_collectives`)")
+
+
+def ring_collectives() -> None:
+    """Every collective step of this process planned and priced as a flat ring, as before issue
+    #37's algorithms (`cost.algorithms`): the algorithm candidates of a step are the ring alone.
+    A what-if for ``--collectives ring``, set before anything is priced (the choices are cached)."""
+    import autostrat.cost.algorithms as algorithms
+
+    algorithms.candidate_algorithms = lambda model, kind, matrix, axes: ("ring",)
 
 
 def print_pipeline(devices: list[int], args: argparse.Namespace) -> None:
     """Each pipeline row as it is found, then the table of them all."""
+    if args.collectives == "ring":
+        ring_collectives()
     rows = []
     for device_num in devices:
         with counted_pairs() as counts:
@@ -264,6 +306,8 @@ def main() -> None:
                         help="device counts of the 7b pipeline rows (e.g. 64 1024)")
     add_pipeline_options(parser)
     args = parser.parse_args()
+    if args.collectives == "ring" and args.pricing_processes > 1:  # the what-if patches this process only
+        parser.error("--collectives ring prices in this process only: give no --pricing-processes with it")
     models = args.models if args.models is not None else ([] if args.pipeline else list(MODELS))
     if models:
         print_models(models, args.time_limit, args.pricing_processes)

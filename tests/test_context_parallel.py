@@ -10,12 +10,16 @@ The three forms in one job on 8 MPI ranks: test_mpi.py (configs/cp/llama_cp_trai
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
 from autostrat.frontend.train import TrainOneStepCell, compare, training_plan
 from autostrat.models import LLaMA
 from autostrat.layout import Strategy
+from autostrat.rules import make_rule
 from autostrat.parallel import Layout
 from autostrat.search.plan import build_plan
 from autostrat.runtime.training import reference_graph, train_locally, train_reference
@@ -163,3 +167,20 @@ def test_search_chooses_ring_attention_where_the_compute_hides_its_sends(device_
         reset_auto_parallel_context()
     attention = [op.strategy for op in plan.ops.values() if op.op_type.startswith("FlashAttentionScore")]
     assert len(attention) == 3 and all(s.split("s") == 8 and s.ring == ring for s in attention)
+
+
+def test_the_cp_benchmarks_attention_work_is_the_busiest_ranks_causal_share():
+    # benchmarks/context_parallel.py's work(cp) for a contiguous split, against cost.op_cost's
+    # causal work of the device holding the last rows of a cp-times longer sequence over cp devices.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from context_parallel import attention_work
+
+    from autostrat.cost.op_cost import causal_work
+
+    rows = 1024
+    one = causal_work(Strategy(make_rule("FlashAttentionScore", [(1, 1, rows, 1)] * 3, head_num=1, sparse_mode=2), (1,) * 5, 1))
+    for cp in (2, 4, 8):
+        rule = make_rule("FlashAttentionScore", [(1, 1, rows * cp, 1)] * 3, head_num=1, sparse_mode=2)
+        busiest = causal_work(Strategy(rule, (1, 1, cp, 1, 1), cp))
+        assert busiest / one == pytest.approx(attention_work(cp, balanced=False), rel=2e-3)
+        assert attention_work(cp, balanced=True) == cp

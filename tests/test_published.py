@@ -1,0 +1,60 @@
+"""benchmarks/published.py's fit table and benchmarks/activation_terms.py's term-by-term
+activations, against figures computed by hand from the paper's formulas."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from activation_terms import TERMS, paper_bytes, terms_table  # noqa: E402
+from published import efficiency_table  # noqa: E402
+
+from autostrat.cost import PROFILES  # noqa: E402
+from autostrat.report.estimate import estimate  # noqa: E402
+
+SHAPE = {"s": 2048, "b": 4, "h": 6144, "a": 64}  # Korthikanti et al.'s 22B row
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_the_terms_sum_to_table_2_without_sequence_parallelism(t):
+    s, b, h, a = SHAPE.values()
+    total = sum(paper_bytes(term, s, b, h, a, t, False, False) for term in TERMS)
+    assert total == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
+
+
+def test_the_terms_sum_to_table_2_with_sequence_parallelism_and_selective_recompute():
+    s, b, h, a = SHAPE.values()
+    assert sum(paper_bytes(term, s, b, h, a, 8, True, True) for term in TERMS) == pytest.approx(34 * s * b * h / 8, rel=1e-12)
+
+
+def test_the_fit_table_prices_each_factor_on_the_two_point_model():
+    # T(e) = 1 s / e + 0.5 s against 2 s published: at e = 0.5, 2.5 s (+25 %); at the shipped factor 1 / e + 0.5.
+    table = efficiency_table({("X", "full"): (1.0, 0.5, 2.0)}, 0.5, {("X", "full"): 1.1})
+    shipped = 1 / PROFILES["a100-80gb"].matmul_efficiency + 0.5
+    lines = table.splitlines()
+    assert lines[1].split()[-4:] == [f"{(shipped / 2 - 1):+.1%}", "2.5", "+25.0%", "+10.0%"]
+    assert lines[2].split() == ["MARE", f"{abs(shipped / 2 - 1):.2%}", "25.00%", "10.00%"]
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_small_gpt_layer_keeps_the_paper_terms_less_dropout(tmp_path, sequence_parallel):
+    # GPT 2 x 64, 8 heads, seq 16, 2 sequences a micro-batch, tp 2, bf16: a layer keeps, in s·b·h
+    # bytes, 8 + 24/t + 2·a·s/(h·t) without SP (the paper's 10 + 24/t + 5·a·s/(h·t) less its
+    # dropout masks and dropout output); with SP + selective the sharded 2/t of the LayerNorm
+    # input and residual, Q, K, V, projection input and GeLU's 16/t: 28/t, and each LayerNorm
+    # output gathered whole (2 s·b·h, a copy for its matmul).
+    config = tmp_path / "plan.yaml"
+    recompute = "selective" if sequence_parallel else "none"
+    config.write_text("hardware: a100-80gb\nprecision: bf16\nmodel: {name: GPT, params: {layers: 2, hidden: 64, heads: 8, "
+                      f"seq: 16, vocab: 128}}}}\nglobal_batch: 2\nplan: {{tp: 2, pp: 1, dp: 1, sequence_parallel: "
+                      f"{str(sequence_parallel).lower()}, recompute: {recompute}, micro_batch: 2}}\n")
+    table = terms_table(estimate(config).plan, {"s": 16, "b": 2, "h": 64, "a": 8}, 2, sequence_parallel, sequence_parallel)
+    total = table.splitlines()[-1].split()
+    t, a, s, h = 2, 8, 16, 64
+    expected = (28 / t, 4.0) if sequence_parallel else (8 + 24 / t + 2 * a * s / (h * t), 0.0)
+    assert (float(total[3]), float(total[4])) == pytest.approx(expected, abs=1e-3)
