@@ -15,10 +15,10 @@ from autostrat.nn import Tensor
 from autostrat.redistribution import table
 from autostrat.redistribution.memo import clear_memos
 from autostrat.redistribution.parallel import missing_pairs, price_in_parallel, pricing
-from autostrat.search.coarsen import price_tables
+from autostrat.search.pricing import price_tables
 from autostrat.search.deadline import Deadline
 from autostrat.search import SearchOptions, search
-from autostrat.search import coarsen as coarsen_module
+from autostrat.search import pricing as pricing_module
 from autostrat.search import problem as problem_module
 from autostrat.search.problem import build_problem
 
@@ -61,8 +61,8 @@ def test_a_search_given_pricing_processes_finds_the_plan_of_one(monkeypatch):
     # The same refined plan, byte for byte, whether its tables were priced here or by 2 processes.
     graph = build_training(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), Adam(1e-3))
     plans, priced = [], []
-    parallel = coarsen_module.price_in_parallel
-    monkeypatch.setattr(coarsen_module, "price_in_parallel", lambda pairs, *rest: priced.append(len(pairs)) or parallel(pairs, *rest))
+    parallel = pricing_module.price_in_parallel
+    monkeypatch.setattr(pricing_module, "price_in_parallel", lambda pairs, *rest: priced.append(len(pairs)) or parallel(pairs, *rest))
     for processes in (0, 2):
         clear_memos()
         problem_module._edge_table.cache_clear()

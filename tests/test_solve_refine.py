@@ -20,7 +20,7 @@ from autostrat.search.memory import peak_bytes
 from autostrat.search.problem import build_problem
 from autostrat.search.propagate import propagate
 from autostrat.search.refine import refine
-from autostrat.search.search import SearchOptions
+from autostrat.search.options import SearchOptions
 from autostrat.search.solve.convert import FORBIDDEN_COST, shares_nothing, to_instance
 from autostrat.search.solve.evaluate import peak_usage, solution_cost
 from autostrat.search.solve.instance import FORBIDDEN, Instance

@@ -289,7 +289,7 @@ def test_a_long_redistribution_search_stops_at_the_pricings_deadline(monkeypatch
     from autostrat.redistribution.memo import clear_memos
     from autostrat.redistribution.polling import polled
     from autostrat.redistribution.table import cost_table
-    from autostrat.search.coarsen import price_tables
+    from autostrat.search.pricing import price_tables
     from autostrat.search.deadline import Deadline, TimeRanOut
 
     hardware = SearchOptions(cost_model="time").hardware

@@ -25,7 +25,7 @@ from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.precision import PRECISIONS, check_loss_scale
 from autostrat.frontend.pipeline_keys import schedule_and_chunks
-from autostrat.search.search import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
+from autostrat.search.options import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
 PHASES = ("predict", "train")
 MAX_DEVICE_NUM = 2**20  # far beyond any cluster; larger counts only exhaust memory in the search
