@@ -23,7 +23,7 @@ LAYERS = [
     ["runtime"],
     ["frontend", "ops", "nn", "models"],
     # MindSpore paths (DESIGN section 2): communication, common, context, dataset, parallel, train
-    ["report", "plan_diff", "plan_source", "cli", "cli_outputs", "cli_solve", "entry", "__main__", "__init__", "communication", "common",
+    ["report", "plan_diff", "plan_source", "cli", "cli_outputs", "cli_parser", "cli_solve", "entry", "__main__", "__init__", "communication", "common",
      "context", "dataset", "parallel", "train"],
 ]
 LEVEL = {name: index for index, names in enumerate(LAYERS) for name in names}
