@@ -29,17 +29,19 @@ How (cases):
   tokens/s/device; the ratio to 1F1B. The search's own choice: `choose_schedule` over every
   candidate schedule and v and m in {8, 16, 32}, under 80 GB per device.
 
-Why ZB-H1 peaks at 326.7 GB against 1F1B's 72.8: full recompute keeps a block's input (0.134 GB
+Why ZB-H1 peaks at 337.9 GB against 1F1B's 84.0: full recompute keeps a block's input (0.134 GB
 a micro-batch, sequence-parallel) from F to B, but W's inputs (the matmuls' inputs, which B
 recomputes, and the output gradients B writes: 2.40 GB a block) from B to W. ZB-H1's device d
 runs micro-batch i's W after the B of i + d, so the last device (15 blocks and the head: 37.3 GB
 of W inputs a micro-batch) runs no W before its 8th B and holds all 8 (the column "most B-to-W
-held"): 21.8 GB of parameters and optimiser state, 7 x 37.3 waiting, and the first W's walk,
-43.7 (its inputs and the gradients it writes). The runtime holds the same
-(tests/test_pipeline_memory.py: under recompute ZB-H1's last stage measures the peak it has
-without recompute), as Qi et al.'s implementation does (sail-sg/zero-bubble-pipeline-parallelism
-issue 74: under recompute ZB-H1's memory grows with the stage). zbv holds back at most one
-micro-batch chunk's W on its peak group (2.4 GB): its peak is not W's inputs.
+held"): 21.8 GB of parameters and optimiser state, 7 x 37.3 waiting, and the 8th B's walk, 54.9
+(the W inputs it leaves, the block it recomputes and the activation gradient it writes). The
+runtime holds the same (tests/test_pipeline_memory.py: under recompute ZB-H1's last stage
+measures the peak it has without recompute), as Qi et al.'s implementation does
+(sail-sg/zero-bubble-pipeline-parallelism issue 74: under recompute ZB-H1's memory grows with
+the stage). zbv holds back at most one micro-batch chunk's W on its peak group (2.4 GB): its
+peak is not W's inputs. torchtitan measured 82.5 GiB (88.6 GB) for 1F1B and 72.7 GiB (78.1 GB)
+for interleaved 1F1B (issue #34); the split's model gives 84.0 and 76.5 GB (v = 2).
 
 Run: .venv/bin/python benchmarks/schedule_choice.py   (three 2-layer plans: a minute or two)
 """
