@@ -4,21 +4,44 @@ torchtitan's measurement (interleaved 1F1B 128 tokens/s/GPU over 1F1B's 100: rat
 Shape: configs/models/llama-3.1-405b.json (126 layers, hidden 16 384, 128 heads, 8 KV heads),
 sequence 8192, on 512 H100s (the ``h100-sxm-80gb`` profile) as FSDP 8 x TP 8 x PP 8, local
 batch 32 sequences per data-parallel rank, bf16, full recompute, Adam state split over the 8
-data-parallel ranks (autostrat's ZeRO 1 stands for FSDP; parameters and gradients stay whole).
+data-parallel ranks (autostrat's ZeRO 1 stands for FSDP; parameters and gradients stay whole),
+sequence parallel as torchtitan's TP plan has it (its norms ``SequenceParallel``: the residual
+stream between blocks split over the 8 TP ranks; without it a block's checkpoint is 8 times
+larger, 1.07 GB a micro-batch, and 1F1B's first device peaks at 184.6 GB, no schedule under 80).
 torchtitan's micro-batches default to the pipeline degree: 8 micro-batches of 4 sequences.
 
 How (cases):
 - Unit costs: `autostrat estimate`'s planning (`report.estimate.given_plan_config`) of the
   same shape with 2 layers on one stage's 64 devices (tp 8 x dp 8), one micro-batch of
   ``8 x 32 / m`` sequences; its units (embedding, block 0, block 1, head and loss:
-  `search.stages.unit_costs`) are extended to 126 blocks (block 0 once, block 1's costs for the
-  other 125: alike blocks cost alike, tested in tests/test_stages.py).
+  `search.stages.unit_costs`) are extended to 126 blocks (block 0's costs for blocks 0-124, block
+  1's for the last: alike blocks cost alike, tested in tests/test_stages.py, but under full
+  recompute the last block is not like the others: its output is read back only as the head's
+  backward recomputes it, so it keeps no checkpoint from F to B, where every other block keeps its
+  output, 1.07 GB a micro-batch, for the next block's recompute; a 3-layer plan's middle block
+  has block 0's figures to the byte. Block 1's repeated 125 times, before, left 124 blocks'
+  checkpoints out of every peak: without sequence parallel 1F1B peaked at 69.9 GB so, 184.6 with them).
 - Each row: a schedule (1F1B, interleaved 1F1B with v = 2, 4, 8, ZB-H1, zbv) split by
   `search.schedule_split.split_stages` on 8 device groups, its simulated step (the
   micro-batches' part: the once-per-step gradient synchronisation and update, the same for
   every schedule, are left out of all rows) and bubble, the split model's largest group peak,
-  and tokens/s/device; the ratio to 1F1B. The search's own choice: `choose_schedule` over every
+  the W inputs that group holds at most where the backward is split (`_w_inputs_held`), and
+  tokens/s/device; the ratio to 1F1B. The search's own choice: `choose_schedule` over every
   candidate schedule and v and m in {8, 16, 32}, under 80 GB per device.
+
+Why ZB-H1 peaks at 337.9 GB against 1F1B's 84.0: full recompute keeps a block's input (0.134 GB
+a micro-batch, sequence-parallel) from F to B, but W's inputs (the matmuls' inputs, which B
+recomputes, and the output gradients B writes: 2.40 GB a block) from B to W. ZB-H1's device d
+runs micro-batch i's W after the B of i + d, so the last device (15 blocks and the head: 37.3 GB
+of W inputs a micro-batch) runs no W before its 8th B and holds all 8 (the column "most B-to-W
+held"): 21.8 GB of parameters and optimiser state, 7 x 37.3 waiting, and the 8th B's walk, 54.9
+(the W inputs it leaves, the block it recomputes and the activation gradient it writes). The
+runtime holds the same (tests/test_pipeline_memory.py: under recompute ZB-H1's last stage
+measures the peak it has without recompute), as Qi et al.'s implementation does
+(sail-sg/zero-bubble-pipeline-parallelism issue 74: under recompute ZB-H1's memory grows with
+the stage). zbv holds back at most one micro-batch chunk's W on its peak group (2.4 GB): its
+peak is not W's inputs. torchtitan measured 82.5 GiB (88.6 GB) for 1F1B and 72.7 GiB (78.1 GB)
+for interleaved 1F1B (issue #34); the split's model gives 84.0 and 76.5 GB (v = 2).
 
 Run: .venv/bin/python benchmarks/schedule_choice.py   (three 2-layer plans: a minute or two)
 """
@@ -48,7 +71,7 @@ CONFIG = """hardware: h100-sxm-80gb
 precision: bf16
 model: {{hf_config: {model}, params: {{seq: {seq}}}}}
 global_batch: {batch}
-plan: {{tp: {tp}, pp: 1, dp: {dp}, recompute: full, zero: 1, micro_batch: {per_rank}}}
+plan: {{tp: {tp}, pp: 1, dp: {dp}, sequence_parallel: true, recompute: full, zero: 1, micro_batch: {per_rank}}}
 """
 
 
@@ -67,12 +90,28 @@ def micro_batch_costs(micro_batches: int) -> UnitCosts:
 
 
 def _extended(costs: UnitCosts) -> UnitCosts:
-    """The 2-layer units (embedding, block 0, block 1, head) with block 1's repeated to `LAYERS` blocks:
-    every per-unit figure (each tuple field, filled per unit by `UnitCosts`), so a figure added
+    """The 2-layer units (embedding, block 0, block 1, head) with block 0's repeated to `LAYERS - 1`
+    blocks before the last (module docstring): every per-unit figure (each tuple field, filled per unit by `UnitCosts`), so a figure added
     to `UnitCosts` is spread too."""
-    picks = [0, 1] + [2] * (LAYERS - 1) + [3]
+    picks = [0] + [1] * (LAYERS - 1) + [2, 3]
     per_unit = {field.name: getattr(costs, field.name) for field in fields(costs) if isinstance(getattr(costs, field.name), tuple)}
     return replace(costs, **{name: tuple(figures[index] for index in picks) for name, figures in per_unit.items()})
+
+
+def _w_inputs_held(costs: UnitCosts, split, schedule) -> str:
+    """On the device group of the split's largest model peak, the most micro-batch chunks it
+    holds between a B and its W (walking its order) and their W inputs (`weight_held_bytes`)."""
+    if not schedule.split_backward:
+        return "-"
+    device = max(range(schedule.devices), key=lambda group: split.peak_bytes[group])
+    per_chunk = [sum(costs.weight_held_bytes[first:end]) for first, end in
+                 (split.bounds[schedule.stage(device, chunk)] for chunk in range(schedule.chunks))]
+    waiting, most, held = [0] * schedule.chunks, 0, 0
+    for instruction in schedule.orders[device]:
+        waiting[instruction.chunk] += (instruction.kind == "B") - (instruction.kind == "W")
+        if sum(waiting) > most:
+            most, held = sum(waiting), sum(count * size for count, size in zip(waiting, per_chunk))
+    return f"{device}: {most} ({held / 1e9:,.1f} GB)"
 
 
 def _tokens_per_s(step_ns: int) -> float:
@@ -83,20 +122,24 @@ def main() -> None:
     costs = {m: micro_batch_costs(m) for m in (8, 16, 32)}
     rows, base = [], None
     for name, chunks in ROWS:
-        split = split_stages(costs[8], schedule_orders(name, PP, 8, chunks))
+        schedule = schedule_orders(name, PP, 8, chunks)
+        split = split_stages(costs[8], schedule)
         base = base or split.step_time_ns
         rows.append([f"{name} v={chunks}", "8", f"{split.step_time_ns / 1e9:,.3f}", f"{split.bubble:.3f}",
-                     f"{max(split.peak_bytes) / 1e9:,.1f}", f"{_tokens_per_s(split.step_time_ns):,.1f}",
+                     f"{max(split.peak_bytes) / 1e9:,.1f}", _w_inputs_held(costs[8], split, schedule),
+                     f"{_tokens_per_s(split.step_time_ns):,.1f}",
                      f"{base / split.step_time_ns:.3f}"])
     choices = choose_schedule(lambda m: costs[m], PP, (8, 16, 32), BUDGET)
     if choices:
         best = choices[0]
         rows.append([f"search: {best.schedule} v={best.chunks}", str(best.micro_batches), f"{best.split.step_time_ns / 1e9:,.3f}",
                      f"{best.split.bubble:.3f}", f"{max(best.split.peak_bytes) / 1e9:,.1f}",
+                     _w_inputs_held(costs[best.micro_batches], best.split,
+                                    schedule_orders(best.schedule, PP, best.micro_batches, best.chunks)),
                      f"{_tokens_per_s(best.split.step_time_ns):,.1f}", f"{base / best.split.step_time_ns:.3f}"])
     else:
-        rows.append(["search: no schedule fits 80 GB by the split's model", "", "", "", "", "", ""])
-    headers = ["schedule", "m", "step (s)", "bubble", "model peak (GB)", "tokens/s/device", "vs 1F1B (target 1.28 ± 0.10)"]
+        rows.append(["search: no schedule fits 80 GB by the split's model", "", "", "", "", "", "", ""])
+    headers = ["schedule", "m", "step (s)", "bubble", "model peak (GB)", "its group: most B-to-W held", "tokens/s/device", "vs 1F1B (target 1.28 ± 0.10)"]
     print(format_table(headers, rows))
 
 

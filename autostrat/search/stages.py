@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from autostrat.autodiff import BACKWARD_PREFIXES, op_phase
+from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
 from autostrat.autodiff.optimizers import UPDATE_PREFIX
 from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
@@ -58,12 +59,16 @@ class UnitCosts:
     # largest and `transient_bytes`.
     weight_walk_bytes: tuple[int, ...] = ()
     weight_walk_summed_bytes: tuple[int, ...] = ()
+    # Per unit, what its recompute copies make that its backward reads: live while that backward
+    # runs (none given: zeros; `transient_bytes` then leaves them out).
+    recomputed_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.time_ns or not len(self.time_ns) == len(self.activation_bytes) == len(self.weight_bytes):
             raise ConfigError(f"unit costs need one time, activation and weight figure per unit, got "
                               f"{len(self.time_ns)}, {len(self.activation_bytes)} and {len(self.weight_bytes)}")
-        for name in ("gradient_bytes", "transient_bytes", "forward_ns", "weight_gradient_ns", "largest_gradient_bytes"):
+        for name in ("gradient_bytes", "transient_bytes", "forward_ns", "weight_gradient_ns", "largest_gradient_bytes",
+                     "recomputed_bytes"):
             figures = getattr(self, name)
             if figures and len(figures) != len(self.time_ns):
                 raise ConfigError(f"unit costs need one {name} figure per unit, got {len(figures)} for {len(self.time_ns)} units")
@@ -278,15 +283,19 @@ def unit_costs(plan, hardware: Hardware, units: dict[str, int] | None = None, st
             activations[units[info.producer]] += _slice_bytes(plan, name, sizes)
         if info.producer in graph.ops and info.producer not in weight_parts and any(r in weight_parts for r in readers):
             held[units[info.producer]] += _slice_bytes(plan, name, sizes)  # a forward's or a B op's, read by W
+    recomputed = [0] * count
     for name, info in graph.tensors.items():
-        if info.producer in graph.ops and op_phase(info.producer) == "backward" and name not in parameter_gradients:
+        if info.producer in graph.ops and info.producer.startswith(RECOMPUTE_PREFIX):
+            if any(not reader.startswith(RECOMPUTE_PREFIX) for reader, _ in graph.consumers(name)):  # not a chain's inner step
+                recomputed[units[info.producer]] += _slice_bytes(plan, name, sizes)
+        elif info.producer in graph.ops and op_phase(info.producer) == "backward" and name not in parameter_gradients:
             transients[units[info.producer]] = max(transients[units[info.producer]], _slice_bytes(plan, name, sizes))
     sent = _sent_bytes(plan, units, (lambda a, b: a < b) if stage_units else (lambda a, b: (a, b) == (1, 2)))
     latency, bandwidth = hardware.link(across_servers=True)
     send_ns = round(latency * 1e9 + sent / bandwidth * 1e9)
     walk, walk_summed = _weight_walks(plan, units, weight_parts, parameter_gradients, sizes, count)
     return UnitCosts(tuple(time), tuple(activations), tuple(weights), send_ns, tuple(gradients), sent, tuple(transients),
-                     tuple(forward), tuple(weight), tuple(largest), tuple(held), walk, walk_summed)
+                     tuple(forward), tuple(weight), tuple(largest), tuple(held), walk, walk_summed, tuple(recomputed))
 
 
 def _weight_walks(plan, units: dict[str, int], weight_parts, parameter_gradients: set, sizes: TensorSizes,
