@@ -10,7 +10,8 @@ from autostrat.frontend.config import load_config
 from autostrat.frontend.run import plan_config
 from autostrat.models import FFN
 from autostrat.nn import Tensor
-from autostrat.report.explain import explain, other_candidates, swapped_plan
+from autostrat.report.alternatives import other_candidates, swapped_plan
+from autostrat.report.explain import explain
 from autostrat.search import SearchOptions, search
 from autostrat.search.plan import build_plan
 from autostrat.search.search import follow_parameters

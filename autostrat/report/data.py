@@ -24,7 +24,7 @@ from autostrat.autodiff import op_phase
 from autostrat.cost.lower_bound import MATMUL_OP_TYPES
 from autostrat.autodiff import forward_name
 from autostrat.plan_diff import layer_of, OTHER
-from autostrat.report.explain import local_alternatives
+from autostrat.report.alternatives import local_alternatives
 from autostrat.search.buffers import memory_over_step
 from autostrat.search.prediction import format_nanoseconds
 
