@@ -24,7 +24,7 @@ import pytest
 import autostrat as ms
 from autostrat import nn, ops
 from autostrat.errors import ConfigError
-from autostrat.frontend import api, context, ms_context
+from autostrat.frontend import api, context, mindspore_keys, ms_context
 
 PATHS = ("Model.train", "functional loop with jit", "functional loop", "net(x)")
 TRAINING_PATHS = PATHS[:3]
@@ -107,12 +107,12 @@ def _clean():
     yield
     ms.reset_auto_parallel_context()
     ms_context.reset_context()  # save_graphs left set would dump every later test's plans
-    context._warned.clear()
+    mindspore_keys.forget_warnings()
 
 
 def context_keys() -> set:
     """Every key the two contexts accept or refuse by name, from their own lists."""
-    auto = set(context.KEYS) | set(context.NO_EFFECT) | set(context.UNSUPPORTED) | {"auto_parallel_search_mode"}
+    auto = set(context.KEYS) | set(mindspore_keys.NO_EFFECT) | set(mindspore_keys.UNSUPPORTED) | {"auto_parallel_search_mode"}
     return auto | {("ctx", key) for key in ms_context.ACTED + ms_context.ACCEPTED}
 
 
@@ -223,7 +223,7 @@ def _observe(path: str, settings: dict, tmp_path, monkeypatch, key=None, seeds_f
     The network is seeded as `SEEDS` says for the key `seeds_for`."""
     ms.reset_auto_parallel_context()
     ms_context.reset_context()
-    context._warned.clear()
+    mindspore_keys.forget_warnings()
     plans = []
     finished = api._finished
     monkeypatch.setattr(api, "_finished", lambda plan, ctx: plans.append(plan) or finished(plan, ctx))

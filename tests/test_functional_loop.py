@@ -19,7 +19,7 @@ import pytest
 import autostrat as ms
 from autostrat import nn, ops
 from autostrat.errors import ConfigError
-from autostrat.frontend import context, ms_context
+from autostrat.frontend import mindspore_keys, ms_context
 from autostrat.runtime.launcher import find_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def _clean():
     yield
     ms.reset_auto_parallel_context()
     ms_context.reset_context()
-    context._warned.clear()
+    mindspore_keys.forget_warnings()
 
 
 class Network(nn.Cell):

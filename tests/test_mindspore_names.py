@@ -19,7 +19,7 @@ import autostrat.dataset as ds
 from autostrat import nn
 from autostrat.common.initializer import Constant, Normal, One, Zero, initializer
 from autostrat.errors import CheckpointError, ConfigError
-from autostrat.frontend import context, ms_context
+from autostrat.frontend import mindspore_keys, ms_context
 from autostrat.models import FFN
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def _clean():
     yield
     ms.reset_auto_parallel_context()
     ms_context.reset_context()
-    context._warned.clear()  # what warn_once said, for both contexts
+    mindspore_keys.forget_warnings()  # what warn_once said, for both contexts
 
 
 def test_the_names_a_script_imports_are_there():
@@ -313,7 +313,7 @@ def test_the_scaled_and_truncated_initializers_keep_mindspores_bounds():
 
 
 def test_mindspores_other_context_keys_warn_alias_or_refuse_by_name():
-    context._warned.clear()
+    mindspore_keys.forget_warnings()
     with pytest.warns(UserWarning, match="comm_fusion is accepted and has no effect in autostrat"):
         ms.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "auto"}}, device_num=8)
     assert ms.get_auto_parallel_context("device_num") == 8

@@ -16,7 +16,7 @@ import autostrat as ms
 import autostrat.dataset as ds
 from autostrat import nn, ops, train
 from autostrat.errors import ConfigError
-from autostrat.frontend import context, ms_context
+from autostrat.frontend import mindspore_keys, ms_context
 from autostrat.frontend.tensor import Tensor
 from tests.mindspore_samples import MNIST_COUNT, SAMPLE_FILES, SAMPLES, rename_imports, run_sample, write_mnist
 
@@ -26,7 +26,7 @@ def _clean():
     yield
     ms.reset_auto_parallel_context()
     ms_context.reset_context()
-    context._warned.clear()
+    mindspore_keys.forget_warnings()
 
 
 # --- the harness ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 import autostrat as ms
 from autostrat import nn
-from autostrat.frontend import context, ms_context
+from autostrat.frontend import mindspore_keys, ms_context
 from autostrat.search.mindspore_checkpoint import mindspore_names, read_mindspore_plan
 from tests.mindspore_samples import SAMPLE_FILES, SAMPLES, rename_imports
 
@@ -72,7 +72,7 @@ def _eight_ranks(monkeypatch, tmp_path):
     yield
     ms.reset_auto_parallel_context()
     ms_context.reset_context()
-    context._warned.clear()  # the samples' accepted-but-ignored settings warn again in the next test
+    mindspore_keys.forget_warnings()  # the samples' accepted-but-ignored settings warn again in the next test
 
 
 def _tuples(strategy) -> list[list[int]]:

@@ -21,7 +21,8 @@ import numpy as np
 
 from autostrat.errors import RuntimeBackendError
 from autostrat.frontend.api import plan_for
-from autostrat.frontend.context import ParallelContext, current_context, warn_once
+from autostrat.frontend.context import ParallelContext, current_context
+from autostrat.frontend.mindspore_keys import warn_once
 from autostrat.frontend.batches import batch_split
 from autostrat.frontend.global_batch import global_arrays, rank_share
 from autostrat.frontend.tensor import Tensor

@@ -8,7 +8,7 @@ from typing import Iterator
 
 from autostrat.errors import ConfigError
 from autostrat.frontend import tracing
-from autostrat.frontend.context import warn_once
+from autostrat.frontend.mindspore_keys import warn_once
 from autostrat.frontend.primitive import Primitive, primitive_classes
 from autostrat.frontend.tensor import Parameter
 

@@ -45,7 +45,8 @@ from pathlib import Path
 
 from autostrat.autodiff import OPTIMIZERS
 from autostrat.errors import AutostratError, ConfigError, LayoutError
-from autostrat.frontend.context import KEYS, ParallelContext, keys_from_file
+from autostrat.frontend.context import KEYS, ParallelContext
+from autostrat.frontend.mindspore_keys import keys_from_file
 from autostrat.frontend.registry import model_class, model_file_builder, model_file_keys
 from autostrat.frontend.tensor import Tensor
 from autostrat.frontend.yaml_text import parse_config_text

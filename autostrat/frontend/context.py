@@ -11,12 +11,10 @@ that folder: the context records the file (`output_paths_from`), and the writer 
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 
-from autostrat.cost import DEFAULT_PROFILE, PROFILES, Hardware
-from autostrat.cost.overlap import check_bucket_bytes, comm_fusion_bytes
+from autostrat.cost import DEFAULT_PROFILE, Hardware
+from autostrat.cost.overlap import check_bucket_bytes
 from autostrat.errors import ConfigError
 from autostrat.frontend.hardware_file import hardware_number, resolve_hardware
 from autostrat.io import OutputPath
@@ -24,6 +22,7 @@ from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.precision import PRECISIONS, check_loss_scale
+from autostrat.frontend.mindspore_keys import NO_EFFECT, UNSUPPORTED, mindspore_only
 from autostrat.frontend.pipeline_keys import schedule_and_chunks
 from autostrat.search.options import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
@@ -320,25 +319,6 @@ def _check_choice(key: str, value, choices: tuple) -> None:
         raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
-# MindSpore keys that tune its compiler or its collectives' fusion: accepted, one warning each.
-NO_EFFECT = ("all_reduce_fusion_config", "comm_fusion", "enable_alltoall", "force_fp32_communication",
-             "gradient_fp32_sync", "group_ckpt_save_file", "loss_repeated_mean", "pipeline_result_broadcast")
-# MindSpore keys whose meaning autostrat does not implement: refused, saying why.
-UNSUPPORTED = {
-    "grad_accumulation_step": "gradient accumulation is not built; nn.PipelineCell's micro_size accumulates micro-batches",
-    "auto_pipeline": "the stage split is always searched when pipeline_stages > 1 and no cell has a pipeline_stage",
-}
-_warned: set[str] = set()  # what `warn_once` has said, by key (both contexts')
-
-
-def warn_once(key: str, message: str, stacklevel: int = 3) -> None:
-    """`message` as a warning, the first time `key` asks for it in this process: a key that is
-    accepted and does nothing is said once, not at every call."""
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, stacklevel=stacklevel + 1)
-
-
 def _check_keys(keys) -> None:
     for key in keys:
         if key in UNSUPPORTED:
@@ -346,31 +326,6 @@ def _check_keys(keys) -> None:
     unknown = sorted(set(keys) - set(KEYS) - set(NO_EFFECT) - {"auto_parallel_search_mode"})
     if unknown:
         raise ConfigError(f"unknown auto-parallel context key {unknown[0]!r}; valid keys: {', '.join(KEYS)}")
-
-
-def _mindspore_only(kwargs: dict) -> dict:
-    """`kwargs` without the keys that have no effect here (each warned about once) and with
-    MindSpore's deprecated ``auto_parallel_search_mode`` as `search_mode`."""
-    kwargs = dict(kwargs)
-    fused = comm_fusion_bytes(kwargs.get("comm_fusion"))
-    if fused is not None:  # by size: gradient buckets, which autostrat builds
-        if kwargs.get("bucket_bytes", fused) != fused:
-            raise ConfigError(f"comm_fusion asks for buckets of {fused} bytes and bucket_bytes for {kwargs['bucket_bytes']}: "
-                              f"give one of them")
-        kwargs.pop("comm_fusion")
-        kwargs["bucket_bytes"] = fused
-    for key in NO_EFFECT:
-        if key in kwargs:
-            kwargs.pop(key)
-            warn_once(key, f"set_auto_parallel_context: {key} is accepted and has no effect in autostrat "
-                           f"(it tunes MindSpore's compiler or collectives)", stacklevel=3)
-    if "auto_parallel_search_mode" in kwargs:
-        kwargs.setdefault("search_mode", kwargs.pop("auto_parallel_search_mode"))
-    if kwargs.get("parameter_broadcast") is True:
-        warn_once("parameter_broadcast", "set_auto_parallel_context: parameter_broadcast=True is what autostrat always "
-                                         "does (every rank's parameters are made from one seed), nothing to broadcast",
-                  stacklevel=3)
-    return kwargs
 
 
 # The context keys a user sets (Python or YAML); where a path came from is the loader's to say.
@@ -389,7 +344,7 @@ def set_auto_parallel_context(**kwargs) -> None:
     """
     global _context
     _check_keys(kwargs)
-    _context = replace(_context, **_mindspore_only(kwargs))
+    _context = replace(_context, **mindspore_only(kwargs))
 
 
 def get_auto_parallel_context(key: str):
@@ -409,34 +364,3 @@ def reset_auto_parallel_context() -> None:
 def current_context() -> ParallelContext:
     """The frozen context that searches and runs receive."""
     return _context
-
-
-def keys_from_file(keys: dict, path) -> dict:
-    """The context `keys` a config file at `path` gives, with its file paths (the checkpoints,
-    a `hardware` profile file) relative to the file's folder, ``strategy_ckpt_config``'s paths moved onto the keys they set (so that a
-    command-line option replaces them), and a path it writes refused outside that folder: a
-    config is data, and data does not choose what to overwrite (see `autostrat.io`).
-
-    Example:
-        >>> keys_from_file({"strategy_ckpt_config": {"load_file": "s.json"}}, "configs/ffn.yaml")
-        {'strategy_ckpt_config': {}, 'strategy_ckpt_load_file': 'configs/s.json'}
-    """
-    keys, given, path = dict(keys), {}, Path(path)
-    for key in ("strategy_ckpt_save_file", "strategy_ckpt_load_file"):
-        if keys.get(key):
-            given[key] = (key, keys[key])
-    mindspore = keys.get("strategy_ckpt_config")
-    if isinstance(mindspore, dict) and set(mindspore) <= {"save_file", "load_file", "only_trainable_params"}:
-        keys["strategy_ckpt_config"] = {key: value for key, value in mindspore.items() if key == "only_trainable_params"}
-        for key in ("save_file", "load_file"):
-            if mindspore.get(key):  # over the plain key, as in `ParallelContext`
-                given[f"strategy_ckpt_{key}"] = (f"strategy_ckpt_config.{key}", mindspore[key])
-    if isinstance(keys.get("hardware"), str) and keys["hardware"] not in PROFILES:  # a profile file
-        keys["hardware"] = str(path.parent / keys["hardware"])
-    for key, (name, value) in given.items():
-        if isinstance(value, str):  # anything else: refused by `ParallelContext`
-            value = str(path.parent / value)
-            if key == "strategy_ckpt_save_file":
-                OutputPath(value, name, str(path)).check()
-        keys[key] = value
-    return keys

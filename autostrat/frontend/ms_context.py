@@ -12,7 +12,7 @@ config's folder, see `autostrat.io`); the dumps are written as every file is.
 from __future__ import annotations
 
 from autostrat.errors import ConfigError
-from autostrat.frontend.context import warn_once
+from autostrat.frontend.mindspore_keys import warn_once
 
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
