@@ -209,6 +209,24 @@ class Hardware:
         return replace(self, **{f: getattr(self, f) / crowding for f in rates}, **{f: getattr(self, f) * crowding for f in latencies},
                        cores_per_server=0)  # its share taken: sharing it again changes nothing
 
+    def describe(self) -> str:
+        """One line of the hardware a prediction assumes.
+
+        Example:
+            >>> Hardware().describe()
+            '989.4 TFLOP/s (16-bit), memory 3350 GB/s, 8 devices per server linked at 450 GB/s and 2 us, servers at 50 GB/s and 4 us'
+            >>> PROFILES["a100-80gb"].describe()
+            'a100-80gb: 312 TFLOP/s (16-bit), memory 2039 GB/s, 8 devices per server linked at 300 GB/s and 2 us, servers at 25 GB/s and 4 us; matmul_efficiency 0.7977'
+        """
+        efficiencies = ", ".join(f"{field} {getattr(self, field):g}" for field in EFFICIENCIES if getattr(self, field) != 1)
+        return (f"{self.name + ': ' if self.name else ''}"
+                f"{self.device_flops / 1e12:g} TFLOP/s (16-bit), memory {self.device_memory_bandwidth / 1e9:g} GB/s, "
+                f"{self.devices_per_server} devices per server linked at {self.intra_server_bandwidth / 1e9:g} GB/s "
+                f"and {self.intra_server_latency * 1e6:g} us, servers at {self.inter_server_bandwidth / 1e9:g} GB/s "
+                f"and {self.inter_server_latency * 1e6:g} us" + (f"; {efficiencies}" if efficiencies else "")
+                + (f"; {self.kernel_latency * 1e6:g} us per kernel" if self.kernel_latency else "")
+                + (f"; {self.cores_per_server} cores per server shared" if self.cores_per_server else ""))
+
 
 def _checked_passes(value) -> tuple[tuple[str, float], ...]:
     """`kernel_passes` as the profile keeps it: (op type, passes > 0) pairs sorted by op type,

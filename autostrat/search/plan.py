@@ -9,7 +9,6 @@ from pathlib import Path
 
 from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware
-from autostrat.cost.hardware import EFFICIENCIES
 from autostrat.cost.ring import ring_bytes
 from autostrat.ir import Graph
 from autostrat.layout import Layout, Strategy
@@ -234,7 +233,7 @@ class Plan:
             lines.append("per training step: " + ", ".join(f"{k} {v}" for k, v in self.phase_bytes().items()))
         if self.precision != "fp32":
             lines.append(f"precision: {self.precision} ({PRECISION_MEMORY})")
-        lines += [f"cost model: {self.cost_model}; hardware: {describe(self.hardware)}", *self.prediction.lines()]
+        lines += [f"cost model: {self.cost_model}; hardware: {self.hardware.describe()}", *self.prediction.lines()]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -389,23 +388,3 @@ def resting_parameters(graph: Graph, strategies) -> frozenset[str]:
         ['dense1.weight']
     """
     return frozenset(graph.ops[name].inputs[index] for name, strategy in strategies.items() for index in strategy.at_rest)
-
-
-def describe(hardware: Hardware) -> str:
-    """One line of the hardware a prediction assumes.
-
-    Example:
-        >>> describe(Hardware())
-        '989.4 TFLOP/s (16-bit), memory 3350 GB/s, 8 devices per server linked at 450 GB/s and 2 us, servers at 50 GB/s and 4 us'
-        >>> from autostrat.cost import PROFILES
-        >>> describe(PROFILES["a100-80gb"])
-        'a100-80gb: 312 TFLOP/s (16-bit), memory 2039 GB/s, 8 devices per server linked at 300 GB/s and 2 us, servers at 25 GB/s and 4 us; matmul_efficiency 0.7977'
-    """
-    efficiencies = ", ".join(f"{field} {getattr(hardware, field):g}" for field in EFFICIENCIES if getattr(hardware, field) != 1)
-    return (f"{hardware.name + ': ' if hardware.name else ''}"
-            f"{hardware.device_flops / 1e12:g} TFLOP/s (16-bit), memory {hardware.device_memory_bandwidth / 1e9:g} GB/s, "
-            f"{hardware.devices_per_server} devices per server linked at {hardware.intra_server_bandwidth / 1e9:g} GB/s "
-            f"and {hardware.intra_server_latency * 1e6:g} us, servers at {hardware.inter_server_bandwidth / 1e9:g} GB/s "
-            f"and {hardware.inter_server_latency * 1e6:g} us" + (f"; {efficiencies}" if efficiencies else "")
-            + (f"; {hardware.kernel_latency * 1e6:g} us per kernel" if hardware.kernel_latency else "")
-            + (f"; {hardware.cores_per_server} cores per server shared" if hardware.cores_per_server else ""))
