@@ -22,7 +22,7 @@ from autostrat.search import SearchOptions
 from autostrat.search.coarsen import LEVELS as COARSEN_LEVELS
 from autostrat.search.optimizer_shard import OptimizerShard
 from autostrat.search.precision import PRECISIONS, check_loss_scale
-from autostrat.frontend.mindspore_keys import NO_EFFECT, UNSUPPORTED, mindspore_only
+from autostrat.frontend.mindspore_keys import NO_EFFECT, UNSUPPORTED, mindspore_only, warn_once
 from autostrat.frontend.pipeline_keys import schedule_and_chunks
 from autostrat.search.options import COST_MODELS, MODES as PARALLEL_MODES, REFINERS, SEARCH_MODES
 from autostrat.strategies import check_mesh
@@ -122,6 +122,9 @@ class ParallelContext:
       started as each bucket's gradients are final and overlapped with the rest of the backward
       (PyTorch DDP's buckets; `runtime.stream`), and priced so (`search.SearchOptions`); 0
       (default): every gradient synchronised after the backward.
+    - `pricing_processes` (autostrat's own): above 1, the processes that price the refinement's
+      cost tables (`redistribution.parallel`): the same prices, so the same plan, sooner on a
+      machine with cores to spare; 0 (default): this process alone.
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
     - `precision`: "fp32" (default), "fp16" or "bf16": what the search's memory counts — in
@@ -190,6 +193,7 @@ class ParallelContext:
     inter_server_latency: float | None = None
     devices_per_server: int | None = None
     bucket_bytes: int = 0
+    pricing_processes: int = 0
     output_paths_from: str = ""
 
     def __post_init__(self) -> None:
@@ -224,6 +228,9 @@ class ParallelContext:
         if self.global_rank >= self.device_num:
             raise ConfigError(f"global_rank {self.global_rank} must be below device_num {self.device_num}")
         self.optimizer_shard()  # validates parallel_optimizer_config, naming the key
+        processes = self.pricing_processes
+        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
+            raise ConfigError(f"pricing_processes must be a whole number of processes (0: price in this one), got {processes!r}")
         check_bucket_bytes(self.bucket_bytes)
         stages = self.pipeline_stages
         if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:  # dividing device_num: checked when planning
@@ -251,6 +258,11 @@ class ParallelContext:
 
     def search_options(self, workers: int = 0):
         """The options the search layer takes (it never reads the context itself)."""
+        refines = self.refine is not None or self.max_device_memory is not None or self.search_mode == "integer_programming"
+        if self.pricing_processes > 1 and not refines:
+            warn_once("pricing_processes", f"pricing_processes={self.pricing_processes} has no effect: only a refining search "
+                                           f"(refine, max_device_memory or integer_programming) prices cost tables up front",
+                      stacklevel=3)
         return SearchOptions(
             mode=self.parallel_mode,
             search_mode=self.search_mode,
@@ -265,6 +277,7 @@ class ParallelContext:
             cost_model=self.cost_model,
             precision=self.precision,
             bucket_bytes=self.bucket_bytes,
+            pricing_processes=self.pricing_processes,
             hardware=self.hardware_profile(),
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
             seeds_from_one_plan=bool(self.strategy_ckpt_load_file),
