@@ -78,3 +78,14 @@ def test_a_search_given_pricing_processes_finds_the_plan_of_one(monkeypatch):
 def test_pricing_processes_must_be_a_whole_number(processes):
     with pytest.raises(ConfigError, match="pricing_processes must be a whole number of processes"):
         SearchOptions(pricing_processes=processes)
+
+
+def test_a_pair_a_process_cannot_price_is_the_callers_error():
+    # As when this process prices it (`cost_table`): the planner's error, naming both layouts.
+    from autostrat.errors import RedistributionError
+    from autostrat.layout import DeviceMatrix, Layout, TensorMap
+
+    four, eight = (Layout(DeviceMatrix((n,)), TensorMap((0, -1)), (8, 8)) for n in (4, 8))
+    with pytest.raises(RedistributionError, match=r"cannot redistribute .*dm\[4\].* to .*dm\[8\]"):
+        price_in_parallel([(four, four, "float32", None), (four, eight, "float32", None)], 2)
+    clear_memos()

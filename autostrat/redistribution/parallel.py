@@ -97,11 +97,14 @@ def price_in_parallel(pairs: list[tuple], workers: int, seconds: float = math.in
     tasks = [pairs[start:start + PAIRS_PER_TASK] for start in range(0, len(pairs), PAIRS_PER_TASK)]
     end = time.time() + seconds if math.isfinite(seconds) else math.inf  # the wall clock: shared by every process
     priced = 0
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
         for task, prices in zip(tasks, pool.map(_price, tasks, [end] * len(tasks))):
             for pair, price in zip(task, prices):
                 remember(*pair, price)
                 priced += 1
+    finally:  # an error or an interrupt here: the tasks not started are dropped, not run to the end
+        pool.shutdown(wait=True, cancel_futures=True)
     return priced
 
 
