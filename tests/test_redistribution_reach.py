@@ -224,3 +224,18 @@ def test_the_benchmarks_count_every_constructive_fallback(monkeypatch):
         redistribution_cost(src, dst)
     clear_memos()
     assert counts.fallbacks == 1
+
+
+@pytest.mark.parametrize("price", ["bytes", "time", "plan"])
+def test_layouts_on_other_device_counts_are_refused_naming_both(price):
+    # The bytes' shape class assumed one device count: a pair over 4 and 8 devices failed inside
+    # it, as a LayoutError about a shape neither layout has.
+    from autostrat.cost import Hardware
+    from autostrat.redistribution import redistribution_time
+
+    four, eight = (Layout(DeviceMatrix((n,)), TensorMap((0, -1)), (8, 8)) for n in (4, 8))
+    call = {"bytes": lambda: redistribution_cost(four, eight), "plan": lambda: plan_redistribution(four, eight),
+            "time": lambda: redistribution_time(four, eight, model=Hardware().alpha_beta(8))}[price]
+    with pytest.raises(RedistributionError, match=r"cannot redistribute \[8, 8\] dm\[4\] tm\(0, -1\) to \[8, 8\] dm\[8\] "
+                                                  r"tm\(0, -1\): device_num 4 != 8"):
+        call()

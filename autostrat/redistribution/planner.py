@@ -137,13 +137,13 @@ def redistribution_cost(src: Layout, dst: Layout, dtype="float32", model=None) -
         >>> redistribution_cost(split.with_partial([0]), split)
         12288
     """
+    check_pair(src, dst)  # before the shape class: it assumes one device count
     whole = _resolved_first(src, dst)
     if whole is not None:
         return redistribution_cost(src, whole, dtype, model)
     if model is not None:
         return plan_redistribution(src, dst, dtype, model).cost
     if src.shape != dst.shape:
-        check_pair(src, dst)
         return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
     return _cheapest_bytes(src, dst, dtype)
 
