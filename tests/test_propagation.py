@@ -185,6 +185,24 @@ def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(monkeypat
     assert fast == slow
 
 
+def test_a_candidate_stops_being_priced_once_its_terms_exceed_the_best():
+    """`_candidate_total` prices terms in order and stops past `best`; a tie is priced whole."""
+    from autostrat.search.propagate import _candidate_total
+
+    priced = []
+
+    def term(price):
+        def read(indices):
+            priced.append(price)
+            return np.array([price])
+        return read
+
+    terms = [term(2.0), term(3.0), term(100.0)]
+    assert _candidate_total(1.0, terms, 0, 4.0) == np.inf and priced == [2.0, 3.0]  # 1 + 2 + 3 > 4: 100 never priced
+    priced.clear()
+    assert _candidate_total(1.0, terms, 0, 106.0) == 106.0 and priced == [2.0, 3.0, 100.0]  # tied with the best
+
+
 def test_a_partial_target_from_fewer_partial_values_is_priced_by_the_search():
     # Issue #32: these pairs were priced inf (no step created partial values); the missing
     # contributions are now created for free, after the gathers the brute force also finds.

@@ -104,7 +104,8 @@ def _total_cost(problem: SearchProblem, op: str, terms: list) -> np.ndarray:
 
     Branch and bound, exact: the first term is priced for every candidate, the others only for
     candidates, cheapest first, whose own cost and first term do not already exceed the best
-    full total (terms are never negative). Candidates tied with the best are all priced, so the
+    full total (terms are never negative), and only while the terms priced so far do not
+    exceed it (`_candidate_total`). Candidates tied with the best are all priced, so the
     tie-breaks see them; at 1024 devices this skips most redistribution searches of candidates
     nobody would choose.
     """
@@ -119,9 +120,25 @@ def _total_cost(problem: SearchProblem, op: str, terms: list) -> np.ndarray:
     for j in np.argsort(partial, kind="stable"):
         if partial[j] > best:
             break
-        total[j] = partial[j] + sum(float(term(np.array([j]))[0]) for term in terms[1:])
+        total[j] = _candidate_total(partial[j], terms[1:], j, best)
         best = min(best, total[j])
     return total
+
+
+def _candidate_total(partial: float, terms: list, j: int, best: float) -> float:
+    """``partial + sum(terms' prices of candidate j)``, or inf as soon as the terms priced so
+    far exceed `best` (the rest are never priced: the last terms, where activation gradients go,
+    were 24 of the 38 s of redistribution searches of the 405B estimate, one of them 16 s).
+
+    Exact: in floating point a prefix of a sum of non-negative numbers never exceeds the whole
+    sum, so a candidate left at inf totals more than `best` as the whole sum would.
+    """
+    prices = []
+    for term in terms:
+        prices.append(float(term(np.array([j]))[0]))
+        if partial + sum(prices) > best:
+            return np.inf
+    return partial + sum(prices)
 
 
 def _paid_for(problem: SearchProblem, edge, choice: dict[str, int]) -> set:
