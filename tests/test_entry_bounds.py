@@ -23,7 +23,8 @@ def test_no_bound_exceeds_its_entry_on_a_training_step(device_num):
     for edge in problem.edges:
         table = edge.table
         rows, columns = table.shape
-        bounds = np.array([table_bounds(table, row, range(columns)) for row in range(rows)])
+        bounds = np.array([table_bounds(table, row=row) for row in range(rows)])
+        assert (bounds == np.array([table_bounds(table, column=column) for column in range(columns)]).T).all()
         priced = table.full()
         assert (bounds <= priced).all(), (edge.producer, edge.consumer, np.argwhere(bounds > priced)[:3])
         positive += int(np.count_nonzero(bounds))

@@ -33,7 +33,7 @@ class RowTerm:
         return values
 
     def bounds(self) -> np.ndarray:
-        values = table_bounds(self.table, self.row, range(self.table.shape[1]))
+        values = table_bounds(self.table, row=self.row)
         return values if self.free is None else np.where(self.free, 0.0, values)
 
 
@@ -50,7 +50,7 @@ class ColumnTerm:
         return np.array([self.table[int(i), self.column] for i in indices])
 
     def bounds(self) -> np.ndarray:
-        return table_bounds(self.table, range(self.table.shape[0]), self.column)
+        return table_bounds(self.table, column=self.column)
 
 
 @dataclass(frozen=True)
