@@ -39,3 +39,25 @@ def test_a_gather_is_bounded_by_its_price_and_a_partial_layout_by_nothing():
     assert entry_bound(split, whole, 4) == cost_table([split], [whole])[0, 0] == 4 * (64 - 8)
     assert 0 < entry_bound(split, swapped, 4) <= cost_table([split], [swapped])[0, 0]  # rank 0 alone sees nothing missing
     assert entry_bound(whole.with_partial([0]), whole, 4) == 0
+
+
+def test_a_cheaper_edge_is_found_exactly_when_the_whole_row_has_one():
+    """`SearchProblem.has_cheaper_edge` prices by bound and stops early; against the minimum of
+    every option's price, for each cost a table row holds."""
+    from autostrat.search.precision import TensorSizes
+    from autostrat.strategies import generate_strategies
+
+    net = TransformerStack(layers=1, hidden=48, heads=4, seq=12, batch=8)
+    problem = build_problem(build_training(trace(net, *net.example_inputs(), device_num=8), Adam()), 8)
+    checked = 0
+    for edge in problem.edges[::7]:
+        consumer = problem.graph.ops[edge.consumer]
+        options = generate_strategies(consumer.rule, 8, problem.allow_repeated, problem.split_values, problem.mesh)
+        dtype = (problem.sizes or TensorSizes.of(problem.graph)).priced(edge.tensor)
+        for row in range(min(edge.table.shape[0], 3)):
+            source = edge.source_layout(problem.candidates[edge.producer][row])
+            least = cost_table([source], [s.input_layouts[edge.input_index] for s in options], dtype).min()
+            for cost in {0.0, least, least + 1, *edge.table[row, :].tolist()}:
+                assert problem.has_cheaper_edge(edge, row, cost) == (cost > least), (edge.producer, edge.consumer, row, cost)
+                checked += 1
+    assert checked > 100

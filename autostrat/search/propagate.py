@@ -318,7 +318,7 @@ def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, st
     for edge in () if seeds_from_one_plan else problem.edges:
         if origin[edge.producer] == SEED and origin[edge.consumer] == SEED and not gathers_by_design(edge.producer, edge.consumer):
             cost = edge.table[choice[edge.producer], choice[edge.consumer]]
-            if cost > problem.least_edge_cost(edge, choice[edge.producer]):
+            if problem.has_cheaper_edge(edge, choice[edge.producer], cost):
                 warnings.append(
                     f"seeds of {edge.producer} and {edge.consumer} disagree on {edge.tensor}: "
                     f"a redistribution of {cost:.0f} {problem.unit} per device is inserted"
