@@ -1,5 +1,5 @@
 """Lower bounds on cost-table entries, cheap enough to read before the entries themselves, so
-that propagation's branch and bound (`propagate._total_cost`) prices only the candidates that
+that propagation's branch and bound (`candidate_prices.total_cost`) prices only the candidates that
 can be cheapest: at 1 024 devices one entry is a redistribution search of up to seconds, and
 most candidates of an op under a decided neighbour need gathers nobody would choose.
 
@@ -26,7 +26,8 @@ from autostrat.cost import dtype_size
 
 # (id(source), id(target), itemsize) -> (bytes, source, target): keyed by identity, since a
 # layout hashes by value through its nested fields (3.9 M reads took 26 of 99 s profiled of
-# GPT-OSS's search), and holding both layouts keeps their ids from being reused
+# GPT-OSS's search), and holding both layouts keeps their ids from being reused; so callers pass
+# layouts that outlive the question (candidates' own, normal forms), never ones built for it
 _BOUNDS: dict = {}
 _TABLES: WeakKeyDictionary = WeakKeyDictionary()  # table -> {(row, column): its bounds}
 
