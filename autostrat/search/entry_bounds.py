@@ -29,6 +29,7 @@ from autostrat.cost import dtype_size
 # GPT-OSS's search), and holding both layouts keeps their ids from being reused; so callers pass
 # layouts that outlive the question (candidates' own, normal forms), never ones built for it
 _BOUNDS: dict = {}
+_RANGES: dict = {}  # (id(layout), rank) -> (the rank's slice ranges, layout), likewise
 _TABLES: WeakKeyDictionary = WeakKeyDictionary()  # table -> {(row, column): its bounds}
 
 
@@ -58,9 +59,18 @@ def _missing_elements(source, target) -> int:
     most = 0
     for rank in _probes(source, target):
         held = math.prod(max(0, min(stop, other_stop) - max(start, other_start)) for (start, stop), (other_start, other_stop)
-                         in zip(target.slice_range(rank), source.slice_range(rank)))
+                         in zip(_slice_range(target, rank), _slice_range(source, rank)))
         most = max(most, wanted - held)
     return most
+
+
+def _slice_range(layout, rank: int) -> tuple:
+    """`Layout.slice_range`, remembered: a layout meets many others, each probing the same ranks."""
+    key = (id(layout), rank)
+    found = _RANGES.get(key)
+    if found is None:
+        found = _RANGES[key] = (layout.slice_range(rank), layout)
+    return found[0]
 
 
 def _probes(source, target) -> list[int]:
