@@ -171,18 +171,37 @@ def test_a_training_step_with_partial_sums_and_shared_redistributions_matches_on
 
 
 def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(monkeypatch):
-    """`_total_cost` skips candidates that cannot be cheapest; choosing from every candidate's
-    full price must give the same plan, on a training stack where ties are common."""
+    """`total_cost` skips candidates that cannot be cheapest (by their bounds and by the terms
+    priced so far); choosing from every candidate's full price must give the same plan, on a
+    training stack where ties are common."""
     import autostrat.search.propagate as propagation
 
-    def every_price(problem, op, terms):
-        return problem.costs[op].comm + sum((term(None) for term in terms), np.zeros(len(problem.candidates[op])))
+    def every_price(base, terms):
+        return base + sum((term(None) for term in terms), np.zeros(len(base)))
 
     graph = stack(2, hidden=64)
     fast = {tie: _propagate(build_problem(graph, 8, allow_repeated=True), None, True, tie).choice for tie in TIE_BREAKS}
-    monkeypatch.setattr(propagation, "_total_cost", every_price)
+    monkeypatch.setattr(propagation, "total_cost", every_price)
     slow = {tie: _propagate(build_problem(graph, 8, allow_repeated=True), None, True, tie).choice for tie in TIE_BREAKS}
     assert fast == slow
+
+
+def test_a_candidate_stops_being_priced_once_its_terms_exceed_the_best():
+    """`candidate_total` prices terms in order and stops past `best`; a tie is priced whole."""
+    from autostrat.search.candidate_prices import candidate_total
+
+    priced = []
+
+    def term(price):
+        def read(indices):
+            priced.append(price)
+            return np.array([price])
+        return read
+
+    terms = [term(2.0), term(3.0), term(100.0)]
+    assert candidate_total(1.0, terms, 0, 4.0) == np.inf and priced == [2.0, 3.0]  # 1 + 2 + 3 > 4: 100 never priced
+    priced.clear()
+    assert candidate_total(1.0, terms, 0, 106.0) == 106.0 and priced == [2.0, 3.0, 100.0]  # tied with the best
 
 
 def test_a_partial_target_from_fewer_partial_values_is_priced_by_the_search():

@@ -44,7 +44,7 @@ from autostrat.autodiff import gradient_name, op_phase
 from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
 from autostrat.layout import Strategy
 from autostrat.layout.nd_tp import gathers_by_design
-from autostrat.redistribution import cost_table
+from autostrat.search.candidate_prices import ColumnTerm, DestinationTerm, RowTerm, total_cost
 from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import SearchProblem, layers_of
 
@@ -64,7 +64,7 @@ class Assignment:
 
 def _neighbour_terms(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool) -> list:
     """One term per edge to a decided neighbour (over gradient-synchronisation edges too when
-    `sync`): a function of candidate indices (None: all) giving their redistribution bytes."""
+    `sync`): its redistribution bytes per candidate (`candidate_prices`)."""
     terms = []
     for edge in problem.incident[op]:
         if edge.sync and not sync:
@@ -72,56 +72,17 @@ def _neighbour_terms(problem: SearchProblem, op: str, choice: dict[str, int], sy
         if edge.consumer == op and edge.producer in choice:
             terms.append(_row_term(problem, edge, choice))
         elif edge.producer == op and edge.consumer in choice:
-            terms.append(_column_term(edge.table, choice[edge.consumer]))
+            terms.append(ColumnTerm(edge.table, choice[edge.consumer]))
     return terms
 
 
-def _row_term(problem: SearchProblem, edge, choice: dict[str, int]):
-    row, table = choice[edge.producer], edge.table
+def _row_term(problem: SearchProblem, edge, choice: dict[str, int]) -> RowTerm:
     paid = _paid_for(problem, edge, choice)
     free = None
     if paid:  # another reader already has the tensor redistributed to these layouts
         wanted = (c.input_layouts[edge.input_index].normalized() for c in problem.candidates[edge.consumer])
         free = np.array([layout in paid for layout in wanted])
-
-    def term(indices):
-        values = table[row, :] if indices is None else np.array([table[row, int(j)] for j in indices])
-        if free is not None:
-            values = np.where(free if indices is None else free[indices], 0.0, values)
-        return values
-    return term
-
-
-def _column_term(table, column: int):
-    def term(indices):
-        return table[:, column] if indices is None else np.array([table[int(i), column] for i in indices])
-    return term
-
-
-def _total_cost(problem: SearchProblem, op: str, terms: list) -> np.ndarray:
-    """Per candidate, its own communication plus every term; inf for candidates left unpriced
-    because they cannot be cheapest.
-
-    Branch and bound, exact: the first term is priced for every candidate, the others only for
-    candidates, cheapest first, whose own cost and first term do not already exceed the best
-    full total (terms are never negative). Candidates tied with the best are all priced, so the
-    tie-breaks see them; at 1024 devices this skips most redistribution searches of candidates
-    nobody would choose.
-    """
-    base = problem.costs[op].comm
-    if not terms:
-        return base.copy()
-    partial = base + terms[0](None)
-    if len(terms) == 1:
-        return partial
-    total = np.full(len(partial), np.inf)
-    best = np.inf
-    for j in np.argsort(partial, kind="stable"):
-        if partial[j] > best:
-            break
-        total[j] = partial[j] + sum(float(term(np.array([j]))[0]) for term in terms[1:])
-        best = min(best, total[j])
-    return total
+    return RowTerm(edge.table, choice[edge.producer], free)
 
 
 def _paid_for(problem: SearchProblem, edge, choice: dict[str, int]) -> set:
@@ -142,9 +103,9 @@ TIE_BREAKS = ("memory", "outer")
 def best_candidate(problem: SearchProblem, op: str, choice: dict[str, int], sync: bool = True,
                    extra: tuple = (), tie_break: str = "memory") -> int:
     """The cheapest candidate: bytes (to decided neighbours; over gradient-synchronisation edges
-    too unless `sync` is False; plus the `extra` terms, see `_total_cost`), then flops, then as `tie_break`
+    too unless `sync` is False; plus the `extra` terms, see `candidate_prices.total_cost`), then flops, then as `tie_break`
     says: "memory" (fewer bytes held, then enumeration order) or "outer" (`outer_first`)."""
-    total = _total_cost(problem, op, _neighbour_terms(problem, op, choice, sync) + list(extra))
+    total = total_cost(problem.costs[op].comm, _neighbour_terms(problem, op, choice, sync) + list(extra))
     candidates, costs = problem.candidates[op], problem.costs[op]
     ties = (np.arange(len(candidates)), costs.memory) if tie_break == "memory" else (outer_first(candidates),)
     return int(np.lexsort((*ties, costs.flops, total))[0])
@@ -302,7 +263,7 @@ def _forward_op(graph, name: str) -> str:
 
 
 def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, int]) -> list:
-    """Terms (see `_total_cost`) pricing, per candidate of `op`, the bytes that bring each
+    """Terms (see `candidate_prices.total_cost`) pricing, per candidate of `op`, the bytes that bring each
     activation gradient it outputs, and each part of a parameter's gradient an accumulate op
     sums (a tied table's lookup and LM head), to the layout its first forward reader read the
     activation (the parameter) in. A weight gradient of one part is priced by the gradient-
@@ -320,7 +281,7 @@ def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, in
             wanted = problem.candidates[reader[0]][choice[reader[0]]].input_layouts[reader[1]]
             held = [candidate.output_layouts[index] for candidate in problem.candidates[op]]
             dtype = (problem.sizes or TensorSizes.of(graph)).priced(tensor)
-            terms.append(_destination_term(held, wanted, dtype, problem.model))
+            terms.append(DestinationTerm(tuple(held), wanted, dtype, problem.model))
     return terms
 
 
@@ -333,13 +294,6 @@ def _accumulated_parameter(graph, tensor: str) -> str | None:
         if kind == "accumulate" and target in graph.tensors and graph.tensors[target].kind == "parameter":
             return target
     return None
-
-
-def _destination_term(held: list, wanted, dtype: str, model):
-    def term(indices):
-        sources = held if indices is None else [held[int(j)] for j in indices]
-        return cost_table(sources, [wanted], dtype, model)[:, 0]
-    return term
 
 
 def _stores_shared_input(graph, op: str) -> bool:
@@ -364,7 +318,7 @@ def _finish(problem: SearchProblem, choice: dict[str, int], origin: dict[str, st
     for edge in () if seeds_from_one_plan else problem.edges:
         if origin[edge.producer] == SEED and origin[edge.consumer] == SEED and not gathers_by_design(edge.producer, edge.consumer):
             cost = edge.table[choice[edge.producer], choice[edge.consumer]]
-            if cost > problem.least_edge_cost(edge, choice[edge.producer]):
+            if problem.has_cheaper_edge(edge, choice[edge.producer], cost):
                 warnings.append(
                     f"seeds of {edge.producer} and {edge.consumer} disagree on {edge.tensor}: "
                     f"a redistribution of {cost:.0f} {problem.unit} per device is inserted"

@@ -1,0 +1,116 @@
+"""Lower bounds on cost-table entries, cheap enough to read before the entries themselves, so
+that propagation's branch and bound (`candidate_prices.total_cost`) prices only the candidates that
+can be cheapest: at 1 024 devices one entry is a redistribution search of up to seconds, and
+most candidates of an op under a decided neighbour need gathers nobody would choose.
+
+The bound, in bytes per device: a rank must receive every element of its target slice that
+its source slice lacks, and every step of a plan between two layouts without partial values
+(Slice, AllGather, AllToAll, collective permute) costs each device at least the bytes it
+receives (`DESIGN.md`: AllGather (g-1)·s, AllToAll (g-1)·s/g, permute s, slice 0). So each
+rank's missing elements times the item size bound the entry; a few ranks are probed (rank 0,
+the last, and the first rank along every device-matrix axis) and the largest count is taken.
+
+Cases with no bound here (0): either layout partial (a sum may be created for free or need a
+reduction), two shapes (a reshape's route), two device counts, and time entries (an α–β
+model: latencies and algorithms, not bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+from autostrat.cost import dtype_size
+
+# (id(source), id(target), itemsize) -> (bytes, source, target): keyed by identity, since a
+# layout hashes by value through its nested fields (3.9 M reads took 26 of 99 s profiled of
+# GPT-OSS's search), and holding both layouts keeps their ids from being reused; so callers pass
+# layouts that outlive the question (candidates' own, normal forms), never ones built for it
+_BOUNDS: dict = {}
+_RANGES: dict = {}  # (id(layout), rank) -> (the rank's slice ranges, layout), likewise
+_TABLES: WeakKeyDictionary = WeakKeyDictionary()  # table -> {(row, column): its bounds}
+
+
+def entry_bound(source, target, itemsize: int) -> int:
+    """A lower bound on the bytes per device of any redistribution from `source` to `target`
+    (layouts of one tensor), 0 where none is known (see the module docstring).
+
+    Example (rows split 4 ways, then whole: each rank lacks three quarters of an 8 x 8 table):
+        >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+        >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (8, 8))
+        >>> whole = Layout(DeviceMatrix((4,)), TensorMap((-1, -1)), (8, 8))
+        >>> entry_bound(rows, whole, 4), entry_bound(whole, rows, 4)
+        (192, 0)
+    """
+    key = (id(source), id(target), itemsize)
+    found = _BOUNDS.get(key)
+    if found is None:
+        found = _BOUNDS[key] = (_missing_elements(source, target) * itemsize, source, target)
+    return found[0]
+
+
+def _missing_elements(source, target) -> int:
+    """The most elements of its `target` slice that one probed rank's `source` slice lacks."""
+    if source.partial or target.partial or source.shape != target.shape or source.device_num != target.device_num:
+        return 0
+    wanted = math.prod(target.slice_shape)
+    most = 0
+    for rank in _probes(source, target):
+        held = math.prod(max(0, min(stop, other_stop) - max(start, other_start)) for (start, stop), (other_start, other_stop)
+                         in zip(_slice_range(target, rank), _slice_range(source, rank)))
+        most = max(most, wanted - held)
+    return most
+
+
+def _slice_range(layout, rank: int) -> tuple:
+    """`Layout.slice_range`, remembered: a layout meets many others, each probing the same ranks."""
+    key = (id(layout), rank)
+    found = _RANGES.get(key)
+    if found is None:
+        found = _RANGES[key] = (layout.slice_range(rank), layout)
+    return found[0]
+
+
+def _probes(source, target) -> list[int]:
+    """Rank 0, the last rank, and per axis of either device matrix the rank one step along it."""
+    ranks = {0, source.device_num - 1}
+    for matrix in (source.device_matrix, target.device_matrix):
+        sizes = matrix.shape
+        ranks.update(math.prod(sizes[position + 1:]) for position in range(len(sizes)) if sizes[position] > 1)
+    return sorted(ranks)
+
+
+def table_bounds(table, row: int | None = None, column: int | None = None) -> np.ndarray:
+    """Lower bounds on the entries of one `row` or one `column` of a `LazyCostTable`, as the
+    table scales them (kept while the table lives: propagation reads a row again in every
+    round); zeros for a table of times.
+
+    Example:
+        >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
+        >>> from autostrat.redistribution import LazyCostTable
+        >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (8, 8))
+        >>> whole = Layout(DeviceMatrix((4,)), TensorMap((-1, -1)), (8, 8))
+        >>> table_bounds(LazyCostTable([rows, whole], [rows, whole]), row=0).tolist()
+        [0.0, 192.0]
+    """
+    known = _TABLES.setdefault(table, {})
+    found = known.get((row, column))
+    if found is None:
+        found = known[row, column] = _line_bounds(table, row, column)
+    return found
+
+
+def _line_bounds(table, row: int | None, column: int | None) -> np.ndarray:
+    sources, targets = table.producer_layouts, table.consumer_layouts
+    if table.model is not None:
+        return np.zeros(len(targets) if column is None else len(sources))
+    itemsize = dtype_size(table.dtype)
+    if column is None:
+        bounds = [entry_bound(sources[row], target, itemsize) for target in targets]
+    else:
+        bounds = [entry_bound(source, targets[column], itemsize) for source in sources]
+    found = np.array(bounds, dtype=float) * table.scale
+    found.setflags(write=False)
+    return found
