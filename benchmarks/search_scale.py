@@ -34,11 +34,11 @@ from autostrat.search.propagate import propagate
 def clear_caches() -> None:
     """Every run starts cold: the memo tables of strategies, costs and redistributions."""
     from autostrat.redistribution.memo import clear_memos
-    from autostrat.search import problem
+    from autostrat.search import problem, problem_edges
     from autostrat.strategies import generate_strategies
 
     generate_strategies.cache_clear()
-    problem._edge_table.cache_clear()
+    problem_edges.edge_table.cache_clear()
     problem._op_costs.cache_clear()
     clear_memos()
 

@@ -33,7 +33,7 @@ from autostrat.frontend.config import apply_seeds
 from autostrat.models import GPT, megatron_seeds
 from autostrat.redistribution.memo import clear_memos
 from autostrat.search import SearchOptions, search
-from autostrat.search import problem as problem_module
+from autostrat.search import problem_edges
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.tables import format_table
 
@@ -50,7 +50,7 @@ def training_graph(layers: int, device_num: int, seeds: dict | None = None):
 
 def row(name: str, graph, device_num: int, options: SearchOptions) -> list[str]:
     clear_memos()
-    problem_module._edge_table.cache_clear()
+    problem_edges.edge_table.cache_clear()
     started = time.perf_counter()
     plan = search(graph, device_num, options)
     seconds = time.perf_counter() - started

@@ -21,7 +21,7 @@ from autostrat.models.gpt import causal_mask
 from autostrat.redistribution.algorithms import plan_with_algorithms
 from autostrat.rules.notation import _parsed, parse_equation
 from autostrat.search import plan as plan_module
-from autostrat.search.problem import can_be_partial
+from autostrat.search.op_candidates import can_be_partial
 
 ROOT = Path(__file__).parent.parent
 

@@ -15,6 +15,7 @@ from autostrat.redistribution import LazyCostTable, cost_table
 from autostrat.redistribution.memo import clear_memos
 from autostrat.rules import make_rule
 from autostrat.search import problem as problem_module
+from autostrat.search import problem_edges
 from autostrat.strategies import generate_strategies
 
 # `autostrat.search.search` is the function re-exported by the package; the module is wanted here.
@@ -33,7 +34,7 @@ def planned(path: Path, device_num: int, lazy: bool, monkeypatch, **overrides):
 
     monkeypatch.setattr(search_module, "build_problem", build)
     clear_memos()
-    problem_module._edge_table.cache_clear()
+    problem_edges.edge_table.cache_clear()
     plan, _ = plan_config(load_config(path, **overrides), device_num)
     return plan, found[0]
 

@@ -19,14 +19,14 @@ from autostrat.search.pricing import price_tables
 from autostrat.search.deadline import Deadline
 from autostrat.search import SearchOptions, search
 from autostrat.search import pricing as pricing_module
-from autostrat.search import problem as problem_module
+from autostrat.search import problem_edges
 from autostrat.search.problem import build_problem
 
 
 def timed_problem():
     """A training step whose tables are priced in α–β time across two servers of 4, every table
-    new (problems share the tables of equal edges, `problem._edge_table`)."""
-    problem_module._edge_table.cache_clear()
+    new (problems share the tables of equal edges, `problem_edges.edge_table`)."""
+    problem_edges.edge_table.cache_clear()
     graph = build_training(trace(FFN(), Tensor(shape=(64, 64)), device_num=8), Adam(1e-3))
     return build_problem(graph, 8, hardware=Hardware(devices_per_server=4))
 
@@ -65,7 +65,7 @@ def test_a_search_given_pricing_processes_finds_the_plan_of_one(monkeypatch):
     monkeypatch.setattr(pricing_module, "price_in_parallel", lambda pairs, *rest: priced.append(len(pairs)) or parallel(pairs, *rest))
     for processes in (0, 2):
         clear_memos()
-        problem_module._edge_table.cache_clear()
+        problem_edges.edge_table.cache_clear()
         options = SearchOptions(refine="cpsat", cost_model="time", hardware=Hardware(devices_per_server=4),
                                 pricing_processes=processes)
         plans.append(search(graph, 8, options).to_json())

@@ -14,7 +14,8 @@ from autostrat.redistribution import plan_redistribution
 from autostrat.search.optimizer_shard import rest_layout
 from autostrat.search.plan import Plan, build_plan
 from autostrat.search.prediction import format_nanoseconds
-from autostrat.search.problem import candidate_mesh, candidate_values, op_candidates, searched_graph
+from autostrat.search.op_candidates import candidate_mesh, candidate_values, op_candidates
+from autostrat.search.problem import searched_graph
 from autostrat.search.propagate import SEED
 from autostrat.search.search import follow_parameters
 

@@ -25,19 +25,21 @@ from functools import cache
 
 import numpy as np
 
-from autostrat.autodiff import UPDATE_OP_TYPES, gradient_name
+from autostrat.autodiff import UPDATE_OP_TYPES
 from autostrat.cost import AlphaBeta, Hardware, dtype_size, op_cost
 from autostrat.cost.ring import ring_nanoseconds
-from autostrat.ir import Graph, OpNode
+from autostrat.ir import Graph
 from autostrat.layout import FollowedStrategy, Layout, Strategy
-from autostrat.redistribution import LazyCostTable, cost_table
+from autostrat.redistribution import cost_table
 from autostrat.search.entry_bounds import entry_bound
-from autostrat.search.optimizer_shard import OptimizerShard, rest_layout, update_layout
-from autostrat.search.precision import TensorSizes
+from autostrat.search.op_candidates import (can_be_partial, candidate_mesh, candidate_values, computed_inputs_only, op_candidates,
+                                             seeded)
+from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.search.orders import order_variants
-from autostrat.strategies import LINEAR_OP_TYPES, generate_strategies, mesh_axes, on_mesh, split_values
+from autostrat.search.precision import TensorSizes
+from autostrat.search.problem_edges import SearchEdge, edge_into, sync_edges, synced, writeback_edge
+from autostrat.strategies import generate_strategies, split_values
 
-# An op of a repeated layer (a `CellList`): ``<prefix>.<index>.<rest>``, e.g. blocks.3.ffn1.matmul.
 _LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
 
 
@@ -54,36 +56,6 @@ def layers_of(names) -> dict[str, dict[int, dict[str, str]]]:
         if match:
             layers.setdefault(match["prefix"], {}).setdefault(int(match["index"]), {})[match["rest"]] = name
     return layers
-
-
-@dataclass(frozen=True)
-class SearchEdge:
-    """Output `output_index` of `producer` feeds input `input_index` of `consumer`.
-
-    `table[i, j]` is the redistribution cost (bytes per device, or nanoseconds) from the
-    producer's candidate i to the consumer's candidate j, computed when first read (`table.full()` computes them all;
-    edges alike share one table). A parameter or graph input read by several ops is stored as
-    its first consumer wants it; each later consumer gets an edge from that first one with
-    `from_input` set, `output_index` then being the first consumer's input index.
-    """
-
-    tensor: str
-    producer: str
-    output_index: int
-    consumer: str
-    input_index: int
-    table: LazyCostTable
-    from_input: bool = False
-    sync: bool = False  # a gradient-synchronisation or writeback edge (training graphs)
-    sharding: OptimizerShard | None = None  # from_input: where a parameter at rest is held
-    dtype: str = "float32"  # from_input: the tensor's own dtype, whose size the rest layout's threshold counts
-
-    def source_layout(self, strategy: Strategy):
-        """The layout the tensor is held in when the producer runs `strategy` (from an input:
-        where it rests, `optimizer_shard.rest_layout`)."""
-        if self.from_input:
-            return rest_layout(self.sharding, strategy, self.output_index, self.dtype)
-        return strategy.output_layouts[self.output_index]
 
 
 @dataclass(frozen=True)
@@ -178,92 +150,6 @@ class SearchProblem:
         return False
 
 
-def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False,
-                  values: frozenset[int] | None = None, mesh: tuple[int, ...] | None = None) -> tuple[Strategy, ...]:
-    """An unseeded op's candidates (with splits in `values`, on `mesh`'s axes, unless None).
-    With `full_only`, only strategies using every device, when the op has any (otherwise its
-    all-ones strategy)."""
-    candidates = generate_strategies(op.rule, device_num, allow_repeated, values, mesh)
-    if full_only:
-        return tuple(s for s in candidates if s.repeat == 1 and device_num > 1) or candidates[:1]
-    return candidates
-
-
-def _computed_inputs_only(graph: Graph, op: OpNode, candidates: tuple[Strategy, ...], seen: dict) -> tuple[Strategy, ...]:
-    """`candidates` without those summing partial inputs when an input can never be partial
-    sums (`can_be_partial`), as in a bias-free row-parallel MatMul feeding a residual Add whose
-    other input comes from a Reshape (LLaMA blocks). Such a candidate is fed by a PartialCreate
-    of that input (free, `redistribution.moves`), so the filter only keeps candidate sets (and
-    plans) as small as they were before that step existed; lifting it is a search decision of
-    its own. `seen` carries `can_be_partial`'s answers from op to op."""
-    if all(can_be_partial(graph, tensor, seen) for tensor in op.inputs):
-        return candidates
-    return tuple(strategy for strategy in candidates if not strategy.sums_partials)
-
-
-def can_be_partial(graph: Graph, tensor: str, seen: dict | None = None) -> bool:
-    """Whether some strategy of its producer leaves `tensor` as partial sums: a split reduction
-    factor, or a linear op (`LINEAR_OP_TYPES`) summing inputs that can be partial. A parameter,
-    graph input or constant is stored whole, never as partial sums. `seen` (tensor -> answer)
-    keeps the answers of earlier calls on `graph`: each op asking anew walked the residual
-    stream's chain of Adds back to its start (quadratic in the layers: 8 of 250 profiled s at
-    126 layers).
-
-    Example:
-        >>> from autostrat.frontend import trace
-        >>> from autostrat.models import FFN
-        >>> from autostrat.nn import Tensor
-        >>> graph = trace(FFN(), Tensor(shape=(64, 64)))
-        >>> can_be_partial(graph, "dense1.matmul:0"), can_be_partial(graph, "dense1.weight")
-        (True, False)
-    """
-    seen = {} if seen is None else seen
-    pending = [tensor]
-    while pending:  # depth first without recursion: chains of Adds can be thousands of ops long
-        name = pending[-1]
-        if name in seen:  # answered by an earlier call
-            pending.pop()
-            continue
-        producer = graph.tensors[name].producer
-        op = graph.ops.get(producer) if producer is not None else None
-        if op is None or op.rule.reduction or op.op_type not in LINEAR_OP_TYPES:
-            seen[name] = op is not None and bool(op.rule.reduction)
-            pending.pop()
-            continue
-        waiting = [t for t in op.inputs if t not in seen]
-        if waiting:
-            pending.extend(waiting)
-            continue
-        seen[name] = all(seen[t] for t in op.inputs)
-        pending.pop()
-    return seen[tensor]
-
-
-def _seed(op: OpNode, device_num: int) -> tuple[Strategy]:
-    return (Strategy.from_tuples(op.rule, op.in_strategy, device_num, op.out_strategy, where=op.name),)
-
-
-def candidate_mesh(seeds, device_num: int, mesh="auto") -> tuple[int, ...] | None:
-    """The axes of `mesh` (`strategies.mesh_axes`) every candidate's device matrix is made of
-    (`strategies.on_mesh`); None, any device matrix, without a mesh or when a seed is off it
-    (Megatron's TP 4 on 8 x 8 devices), so that its neighbours can still take its layouts."""
-    axes = mesh_axes(device_num, mesh)
-    if axes is None:
-        return None
-    if all(on_mesh(seed.splits, seed.repeat, axes) for seed in seeds):
-        return axes
-    return None
-
-
-def candidate_values(seeds, device_num: int, mesh="auto") -> frozenset[int] | None:
-    """The splits candidates may use on `mesh` (`strategies.mesh_axes`): products of its axes and
-    every split the `seeds` (strategies) use; None for every divisor."""
-    axes = mesh_axes(device_num, mesh)
-    if axes is None:
-        return None
-    return split_values(axes, frozenset(split for seed in seeds for split in seed.splits))
-
-
 @cache
 def _op_costs(candidates: tuple[Strategy, ...], dtypes: tuple[str, ...], rates: tuple[str, ...],
               hardware: Hardware | None = None) -> OpCosts:
@@ -288,20 +174,6 @@ def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], rates: 
     return hardware.compute_nanoseconds(op_cost(FollowedStrategy(rule, layout), dtypes), rates, rule.op_type)
 
 
-@cache
-def _edge_table(producer: tuple[Strategy, ...], output_index: int, consumer: tuple[Strategy, ...], input_index: int,
-                dtype: str, from_input: bool = False, model: AlphaBeta | None = None,
-                sharding: OptimizerShard | None = None, priced: str | None = None, scale: float = 1.0) -> LazyCostTable:
-    # Repeated layers have equal rules and candidates, so they share one table: an entry one
-    # layer's search computed serves every other layer. `dtype` is the tensor's own (a rest
-    # layout's threshold counts it), `priced` what its bytes are priced in (`TensorSizes.priced`).
-    if from_input:  # a parameter or graph input, from where its first reader keeps it
-        sources = [rest_layout(sharding, s, output_index, dtype) for s in producer]
-    else:
-        sources = [s.output_layouts[output_index] for s in producer]
-    return LazyCostTable(sources, [s.input_layouts[input_index] for s in consumer], priced or dtype, model, scale=scale)
-
-
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
                   lazy: bool = True, mesh="auto", hardware: Hardware | None = None,
                   optimizer_shard: OptimizerShard | None = None, precision: str = "fp32",
@@ -318,11 +190,11 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     rest, which every micro-batch pays (issue #34's finding 1)."""
     full, sizes = graph, TensorSizes.of(graph, precision)
     graph, followers = searched_graph(graph)
-    seeds = {name: _seed(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
+    seeds = {name: seeded(op, device_num) for name, op in graph.ops.items() if op.is_seeded}
     values = candidate_values((seed for seed, in seeds.values()), device_num, mesh)
     axes = candidate_mesh((seed for seed, in seeds.values()), device_num, mesh)
     partial: dict[str, bool] = {}  # `can_be_partial`'s answers, shared by every op
-    candidates = {name: seeds.get(name) or _computed_inputs_only(graph, op, op_candidates(
+    candidates = {name: seeds.get(name) or computed_inputs_only(graph, op, op_candidates(
         op, device_num, allow_repeated, full_only, values, axes), partial) for name, op in graph.ops.items()}
     candidates = _rest_variants(graph, order_variants(graph, candidates), followers, optimizer_shard)
     model = None if hardware is None else hardware.alpha_beta(device_num)
@@ -331,14 +203,14 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     edges = []
     for op in graph.ops.values():
         for index, tensor in enumerate(op.inputs):
-            edge = _edge_into(graph, candidates, tensor, op.name, index, model, optimizer_shard, sizes)
+            edge = edge_into(graph, candidates, tensor, op.name, index, model, optimizer_shard, sizes)
             if edge is not None:
                 edges.append(edge)
-    edges += _sync_edges(graph, candidates, followers, model, optimizer_shard, sizes, once)
+    edges += sync_edges(graph, candidates, followers, model, optimizer_shard, sizes, once)
     for parameter, value in graph.updates:
         if graph.tensors[value].producer in followers:
             continue
-        edge = _writeback_edge(graph, candidates, parameter, value, model, sizes, once)
+        edge = writeback_edge(graph, candidates, parameter, value, model, sizes, once)
         if edge.producer != edge.consumer:
             edges.append(edge)
         else:  # the op reads and updates its own state: only its own candidate's cost counts
@@ -381,7 +253,7 @@ def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str],
                sharding: OptimizerShard | None, device_num: int, sizes: TensorSizes, once: float = 1.0) -> dict[str, OpCosts]:
     """Every searched op's `OpCosts`; on `hardware`, a parameter's first reader also pays, per
     candidate, the compute of the parameter's update in the layout it runs in. The gather of a
-    sharded parameter's new value goes with its gradient's sync edge (`_sync_edges`), which
+    sharded parameter's new value goes with its gradient's sync edge (`sync_edges`), which
     then costs what the AllReduce it replaces costs: a propagation weighing an op's own cost
     before its gradient's edge would otherwise see only the gather's price. What the update
     adds runs once per step: weighed `once` (`build_problem`)."""
@@ -400,40 +272,15 @@ def _own_costs(full: Graph, graph: Graph, candidates, followers: dict[str, str],
         for number, strategy in enumerate(candidates[owner]):
             used = strategy.input_layouts[index]
             updated = update_layout(sharding, used, graph.tensors[parameter].dtype)
-            if index in strategy.at_rest or (updated is not used and not _synced(graph, parameter)):
+            if index in strategy.at_rest or (updated is not used and not synced(graph, parameter)):
                 # At rest: its gather for this reader. Else a parameter with no gradient has no
-                # sync edge to carry the gather of its new value (`_sync_edges`).
+                # sync edge to carry the gather of its new value (`sync_edges`).
                 extra[number] += cost_table([updated], [used], sizes.priced(parameter), model)[0, 0]
             if hardware is not None:
                 extra[number] += _followed_nanoseconds(op.rule, updated, dtypes, rates, hardware)
         own = costs[owner]
         costs[owner] = OpCosts(own.comm + extra * once, own.flops, own.memory)
     return costs
-
-
-def _synced(graph: Graph, parameter: str) -> bool:
-    """Whether `parameter`'s gradient is computed (it then has a sync edge)."""
-    gradient = gradient_name(parameter)
-    return gradient in graph.tensors and graph.producer(gradient) is not None
-
-
-def _edge_into(graph: Graph, candidates, tensor: str, consumer: str, index: int, model=None,
-               sharding: OptimizerShard | None = None, sizes: TensorSizes | None = None) -> SearchEdge | None:
-    """The edge bringing `tensor` to input `index` of `consumer`: from its producer, or from its
-    first consumer when it is a parameter or graph input (None for that first consumer itself);
-    priced as `sizes` says (None: at its dtype)."""
-    dtype = graph.tensors[tensor].dtype
-    priced = dtype if sizes is None else sizes.priced(tensor)
-    producer = graph.producer(tensor)
-    if producer is not None:
-        output_index = producer.outputs.index(tensor)
-        table = _edge_table(candidates[producer.name], output_index, candidates[consumer], index, priced, False, model)
-        return SearchEdge(tensor, producer.name, output_index, consumer, index, table)
-    owner, owner_index = graph.consumers(tensor)[0]
-    if (owner, owner_index) == (consumer, index):
-        return None
-    table = _edge_table(candidates[owner], owner_index, candidates[consumer], index, dtype, True, model, sharding, priced)
-    return SearchEdge(tensor, owner, owner_index, consumer, index, table, from_input=True, sharding=sharding, dtype=dtype)
 
 
 def optimizer_state(graph: Graph, followers: dict[str, str]) -> dict[str, str]:
@@ -468,53 +315,6 @@ def searched_graph(graph: Graph) -> tuple[Graph, dict[str, str]]:
         return graph, {}
     ops = {name: op for name, op in graph.ops.items() if name not in followers}
     return Graph(graph.tensors, ops, graph.outputs, graph.name, graph.values), followers
-
-
-def _sync_edges(graph: Graph, candidates, followers: dict[str, str], model=None,
-                sharding: OptimizerShard | None = None, sizes: TensorSizes | None = None, once: float = 1.0) -> list[SearchEdge]:
-    """Per update op, an edge from each computed operand of its parameter's shape (the
-    gradient) to the parameter's first reader, priced to the layout the parameter is updated
-    in: the one it lives in, or with optimizer sharding its shard layout, plus the gather of
-    the new value back into the layout it lives in; weighed `once` (`build_problem`)."""
-    edges = []
-    for parameter in followers.values():
-        readers = graph.consumers(parameter)
-        if not readers:
-            continue  # only its update reads it: it is stored whole, see `follow_parameters`
-        owner, owner_index = readers[0]
-        gradient = gradient_name(parameter)
-        producer = graph.producer(gradient) if gradient in graph.tensors else None
-        if producer is None:
-            continue
-        output_index = producer.outputs.index(gradient)
-        dtype = graph.tensors[gradient].dtype
-        priced = dtype if sizes is None else sizes.priced(gradient)  # fp16 under fp16, fp32 under bf16
-        if sharding is None:
-            table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index, priced, False, model,
-                                scale=once)
-        else:
-            sources = [s.output_layouts[output_index] for s in candidates[producer.name]]
-            used = [s.input_layouts[owner_index] for s in candidates[owner]]
-            updated = [update_layout(sharding, layout, dtype) for layout in used]
-            # At rest (ZeRO-3) a parameter's new value stays in its shard layout: no gather back.
-            gathers = [None if new is old or owner_index in s.at_rest else (new, old)
-                       for new, old, s in zip(updated, used, candidates[owner])]
-            table = LazyCostTable(sources, updated, priced, model, gathers,
-                                  None if sizes is None else sizes.priced(parameter), once)
-        edges.append(SearchEdge(gradient, producer.name, output_index, owner, owner_index, table, sync=True))
-    return edges
-
-
-def _writeback_edge(graph: Graph, candidates, parameter: str, value: str, model=None,
-                    sizes: TensorSizes | None = None, once: float = 1.0) -> SearchEdge:
-    """The edge from the op computing `parameter`'s next value to the parameter's first consumer
-    (once per step: weighed `once`)."""
-    producer = graph.producer(value)
-    owner, owner_index = graph.consumers(parameter)[0]
-    output_index = producer.outputs.index(value)
-    table = _edge_table(candidates[producer.name], output_index, candidates[owner], owner_index,
-                        graph.tensors[value].dtype if sizes is None else sizes.priced(value), False, model, scale=once)
-    return SearchEdge(value, producer.name, output_index, owner, owner_index, table, sync=True)
 
 
 def _incident(graph: Graph, edges: list[SearchEdge]) -> dict[str, tuple[SearchEdge, ...]]:

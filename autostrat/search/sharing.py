@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autostrat.search.problem import SearchEdge, SearchProblem
+from autostrat.search.problem import SearchProblem
+from autostrat.search.problem_edges import SearchEdge
 
 
 @dataclass(frozen=True)
