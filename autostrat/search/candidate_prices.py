@@ -67,10 +67,8 @@ class DestinationTerm:
         return cost_table(sources, [self.wanted], self.dtype, self.model)[:, 0]
 
     def bounds(self) -> np.ndarray:
-        if self.model is not None:
-            return np.zeros(len(self.held))
         itemsize = dtype_size(self.dtype)
-        return np.array([entry_bound(layout, self.wanted, itemsize) for layout in self.held], dtype=float)
+        return np.array([entry_bound(layout, self.wanted, itemsize, self.model) for layout in self.held], dtype=float)
 
 
 def total_cost(base: np.ndarray, terms: list) -> np.ndarray:

@@ -10,9 +10,14 @@ receives (`DESIGN.md`: AllGather (g-1)·s, AllToAll (g-1)·s/g, permute s, slice
 rank's missing elements times the item size bound the entry; a few ranks are probed (rank 0,
 the last, and the first rank along every device-matrix axis) and the largest count is taken.
 
+Under an α–β model the entry is a time: those bytes reach the rank over links no faster than
+the model's fastest, in at least one message, so the entry takes at least the least latency
+plus their time at the greatest bandwidth, rounded up (`redistribution.timed.time_floor`: each
+step's time is, whatever algorithm runs it, and a sum of ceilings is at least the ceiling of
+the sum).
+
 Cases with no bound here (0): either layout partial (a sum may be created for free or need a
-reduction), two shapes (a reshape's route), two device counts, and time entries (an α–β
-model: latencies and algorithms, not bytes).
+reduction), two shapes (a reshape's route) and two device counts.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from autostrat.cost import dtype_size
+from autostrat.cost.time_model import ceil_nanoseconds
+from autostrat.redistribution.timed import time_floor
 
 # (id(source), id(target), itemsize) -> (bytes, source, target): keyed by identity, since a
 # layout hashes by value through its nested fields (3.9 M reads took 26 of 99 s profiled of
@@ -33,9 +40,10 @@ _RANGES: dict = {}  # (id(layout), rank) -> (the rank's slice ranges, layout), l
 _TABLES: WeakKeyDictionary = WeakKeyDictionary()  # table -> {(row, column): its bounds}
 
 
-def entry_bound(source, target, itemsize: int) -> int:
+def entry_bound(source, target, itemsize: int, model=None) -> int:
     """A lower bound on the bytes per device of any redistribution from `source` to `target`
-    (layouts of one tensor), 0 where none is known (see the module docstring).
+    (layouts of one tensor), or with an α–β `model` on its nanoseconds; 0 where none is known
+    (see the module docstring).
 
     Example (rows split 4 ways, then whole: each rank lacks three quarters of an 8 x 8 table):
         >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
@@ -43,12 +51,24 @@ def entry_bound(source, target, itemsize: int) -> int:
         >>> whole = Layout(DeviceMatrix((4,)), TensorMap((-1, -1)), (8, 8))
         >>> entry_bound(rows, whole, 4), entry_bound(whole, rows, 4)
         (192, 0)
+        >>> from autostrat.cost import Hardware
+        >>> entry_bound(rows, whole, 4, Hardware().alpha_beta(4))  # 2 µs + 192 B at 450 GB/s
+        2001
     """
-    key = (id(source), id(target), itemsize)
+    key = (id(source), id(target), itemsize, model)
     found = _BOUNDS.get(key)
     if found is None:
-        found = _BOUNDS[key] = (_missing_elements(source, target) * itemsize, source, target)
+        sent = _missing_elements(source, target) * itemsize
+        found = _BOUNDS[key] = (sent if model is None else _least_time(sent, model), source, target)
     return found[0]
+
+
+def _least_time(sent: int, model) -> int:
+    """The least nanoseconds of steps that bring `sent` bytes to one rank under `model`."""
+    if not sent:
+        return 0
+    latency, bandwidth = time_floor(model)
+    return latency + ceil_nanoseconds(sent, bandwidth)
 
 
 def _missing_elements(source, target) -> int:
@@ -85,7 +105,7 @@ def _probes(source, target) -> list[int]:
 def table_bounds(table, row: int | None = None, column: int | None = None) -> np.ndarray:
     """Lower bounds on the entries of one `row` or one `column` of a `LazyCostTable`, as the
     table scales them (kept while the table lives: propagation reads a row again in every
-    round); zeros for a table of times.
+    round).
 
     Example:
         >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
@@ -103,14 +123,12 @@ def table_bounds(table, row: int | None = None, column: int | None = None) -> np
 
 
 def _line_bounds(table, row: int | None, column: int | None) -> np.ndarray:
-    sources, targets = table.producer_layouts, table.consumer_layouts
-    if table.model is not None:
-        return np.zeros(len(targets) if column is None else len(sources))
+    sources, targets, model = table.producer_layouts, table.consumer_layouts, table.model
     itemsize = dtype_size(table.dtype)
     if column is None:
-        bounds = [entry_bound(sources[row], target, itemsize) for target in targets]
+        bounds = [entry_bound(sources[row], target, itemsize, model) for target in targets]
     else:
-        bounds = [entry_bound(source, targets[column], itemsize) for source in sources]
+        bounds = [entry_bound(source, targets[column], itemsize, model) for source in sources]
     found = np.array(bounds, dtype=float) * table.scale
     found.setflags(write=False)
     return found

@@ -141,7 +141,7 @@ class SearchProblem:
         dtype = (self.sizes or TensorSizes.of(self.graph)).priced(edge.tensor)
         targets = [s.input_layouts[edge.input_index] for s in options]
         normal = source.normalized()  # one object for equal layouts (`normal_form`): the bounds' memo finds it again
-        bounds = [0 if self.model is not None else entry_bound(normal, target, dtype_size(dtype)) for target in targets]
+        bounds = [entry_bound(normal, target, dtype_size(dtype), self.model) for target in targets]
         for index in sorted(range(len(targets)), key=bounds.__getitem__):
             if bounds[index] >= cost:
                 return False
