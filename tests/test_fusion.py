@@ -110,3 +110,32 @@ def test_a_fused_collective_survives_the_job_file(tmp_path):
     job = make_job(replace(plan, bucket_bytes=1 << 20), 1)
     loaded = load_job(tmp_path, save_job(job, tmp_path))
     assert loaded.programs == job.programs
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "doubling", "hierarchical:2"])
+def test_a_fused_allreduce_sums_each_piece_and_sends_what_each_member_is_predicted(algorithm):
+    # 4 local ranks (2 servers of 2 for the hierarchical), pieces of 5 and 2 float32 elements:
+    # 7 cut unevenly into 4 (ring) or 2 (hierarchical) chunks, so members send unequal bytes.
+    from autostrat.runtime.local import LocalCluster
+    from autostrat.runtime.program import Communicate, member_bytes
+    from autostrat.runtime.stream import FusedAllReduce, SyncStream
+
+    group = (0, 1, 2, 3)
+    steps = tuple(Communicate("AllReduce", key, key + "'", group, (), (), "sum", (0, 0), 0, key, "sync", algorithm)
+                  for key in ("a", "b"))
+
+    def run(backend):
+        fused = FusedAllReduce(steps, algorithm, member_bytes("AllReduce", algorithm, 28, group, backend.rank, 4))
+        stream = SyncStream(backend, lambda step, messages: (step.predicted, sum(m.bytes for m in messages)))
+        pieces = {"a": np.arange(5, dtype=np.float32).reshape(5, 1) + backend.rank, "b": np.full(2, 10.0 * backend.rank, np.float32)}
+        stream.start((fused,), pieces)
+        return stream.wait((fused,))
+
+    sends = []
+    for written, traffic in LocalCluster(4).run(run):
+        np.testing.assert_array_equal(written["a'"], 4 * np.arange(5, dtype=np.float32).reshape(5, 1) + 6)
+        np.testing.assert_array_equal(written["b'"], np.full(2, 60.0, np.float32))
+        [(predicted, sent)] = traffic  # one collective, one record
+        assert predicted == sent > 0
+        sends.append(sent)
+    assert len(set(sends)) > 1 or algorithm == "doubling"  # uneven chunks: each member's own count

@@ -169,7 +169,7 @@ def _bucket_lines(job) -> list[str]:
     steps = [step for start in starts for step in start.steps]
     fused = [step for step in steps if isinstance(step, FusedAllReduce)]
     joined = f" ({sum(len(step.steps) for step in fused)} gradients fused into {len(fused)} AllReduce(s))" if fused else ""
-    return [f"gradient synchronisation: {len(steps)} step(s){joined} in {len(starts)} bucket(s) on the communication stream, "
+    return [f"gradient synchronisation: {len(steps)} step(s) in {len(starts)} bucket(s) on the communication stream{joined}, "
             f"begun as each bucket's gradients were final and progressed between the backward's kernels"]
 
 

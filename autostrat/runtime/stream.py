@@ -56,7 +56,8 @@ class FusedAllReduce:
 
     @property
     def edge(self) -> str:
-        return " + ".join(step.edge for step in self.steps)
+        """Its first edge's label and how many it fused (the report's line of the collective)."""
+        return f"{self.steps[0].edge} (+ {len(self.steps) - 1} fused)"
 
     @property
     def phase(self) -> str:
