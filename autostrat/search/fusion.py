@@ -22,18 +22,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autostrat.cost.algorithms import algorithm_bytes, algorithm_nanoseconds, choose_algorithm, server_size
+from autostrat.cost.algorithms import algorithm_nanoseconds, choose_algorithm
 
 
 @dataclass(frozen=True)
 class SyncCollective:
     """One collective of a bucket: `edges` (the plan's "sync" edges; one unless fused) and, when
-    fused, the `algorithm` chosen for their concatenated `local_bytes` of `itemsize`-byte elements."""
+    fused, the `algorithm` chosen for their concatenated `local_bytes` of `itemsize`-byte elements
+    and what its busiest member sends (`sent`, as `choose_algorithm` counts it)."""
 
     edges: tuple
     algorithm: str = "ring"
     local_bytes: int = 0
     itemsize: int = 0
+    sent: int = 0
 
     @property
     def fused(self) -> bool:
@@ -55,11 +57,7 @@ class SyncCollective:
     @property
     def bytes(self) -> int:
         """What its busiest member sends."""
-        if not self.fused:
-            return self.edges[0].plan.cost
-        group = self.step.groups[0]
-        servers = len({member // server_size(self.algorithm) for member in group}) if self.algorithm.startswith("hierarchical") else 1
-        return algorithm_bytes("AllReduce", self.algorithm, len(group), self.local_bytes, self.itemsize, None, servers)
+        return self.sent if self.fused else self.edges[0].plan.cost
 
 
 def fusion_key(plan, edge) -> tuple | None:
@@ -107,6 +105,6 @@ def _collective(plan, edges: tuple) -> SyncCollective:
         return SyncCollective(edges)
     step, itemsize = edges[0].plan.steps[0], plan.sizes(edges[0].tensor)
     local_bytes = sum(math.prod(edge.plan.steps[0].before.slice_shape) for edge in edges) * itemsize
-    algorithm, _, _ = choose_algorithm(plan.hardware.alpha_beta(plan.device_num), "AllReduce", step.before.device_matrix,
-                                       tuple(step.axes), local_bytes, itemsize, plan.cost_model)
-    return SyncCollective(edges, algorithm, local_bytes, itemsize)
+    algorithm, _, sent = choose_algorithm(plan.hardware.alpha_beta(plan.device_num), "AllReduce", step.before.device_matrix,
+                                          tuple(step.axes), local_bytes, itemsize, plan.cost_model)
+    return SyncCollective(edges, algorithm, local_bytes, itemsize, sent)
