@@ -57,25 +57,28 @@ collective as a flat ring, as before `cost.algorithms` (`ring_collectives`; defa
 each step's algorithm chosen by the plan's objective, hierarchical across servers under bytes);
 ``--bucket-bytes 25MB`` puts the no-pipeline row's gradient synchronisation in buckets
 overlapped with its backward (`cost.overlap`; a pipeline's synchronisation runs after its last
-micro-batch and is not bucketed). Measured 2026-12-02 at 1024 devices (load 3-4; step ms, the
-fastest row in brackets):
+micro-batch and is not bucketed; a bucket's AllReduces over one group run as one, `search.fusion`).
+Measured 2026-12-02 at 1024 devices (load 2-9; step ms, the fastest row in brackets):
 
   collectives, buckets   no pipeline   2 stages   4 stages   8 stages
   ring, none             2,670.9       1,201.8    845.8      789.3     (8 stages)
   chosen, none           1,242.3       833.4      739.5      749.6     (4 stages)
-  ring, 25MB             2,368.7       1,201.8    845.8      789.3     (8 stages)
-  chosen, 25MB           940.1         833.4      739.5      749.6     (4 stages)
+  ring, 25MB             1,150.4       1,201.8    845.8      789.3     (8 stages)
+  chosen, 25MB           642.9         833.4      739.5      749.6     (no pipeline)
 
 The no-pipeline step's sync is 2,131.8 ms as rings, 703.2 ms as planned (`collective_algorithms.py`:
 the 196 replicated parameters' AllReduces over 1024 devices hierarchical, 2·7 messages inside a
-server and 2·127 across, not 2·1023), and buckets hide 302 ms of it behind the 304 ms backward:
-the rest, 401 ms, is the latencies of some 420 small AllReduces (224 over 128 devices, 194 over
-1024), each still its own collective, since a bucket here overlaps its gradients' collectives
-but does not fuse them into one (as the runtime runs them, `runtime.stream`). So the pipeline
-still wins, by 3.4x with rings, 1.7x with the algorithms and 1.27x with buckets as well; and the
-winner moves from 8 stages to 4, whose smaller bubble now outweighs the 8-stage plan's smaller
-synchronisation. Fused buckets (one collective per bucket, as DDP and Megatron run them) would
-save most of the 401 ms; they are neither priced nor run.
+server and 2·127 across, not 2·1023). In buckets of 25 MB its 517 sync edges fill 196 buckets
+and run as 228 collectives: 386 edges fused into 97 AllReduces (65 hierarchical over the 1024
+devices, 32 rings over 128), the rest alone: 98 AllReduces alone in their bucket (66 of
+gradients as large as a bucket, 32 whose neighbour did not fit), 32 ReduceScatter-ReduceScatter-
+AllGather chains and an AllGather, which do not fuse. That sync
+takes 405.9 ms on the stream, of which the 305 ms backward hides 302 ms: 103.8 ms stay
+exposed, against 401 ms before fusing (when every edge paid its own latencies; the step was
+940.1 ms, the ring row's 2,368.7). So with fused buckets and the chosen algorithms the
+no-pipeline step (642.9 ms) beats the best pipeline (4 stages, 739.5 ms) by 1.15x; with flat
+rings the 8-stage pipeline still wins (789.3 against 1,150.4 ms). The pipeline rows' sync runs
+after their last micro-batch, unbucketed: bucketing them is not priced here.
 
 Run: .venv/bin/python benchmarks/quality.py [--models stack-8 stack-32 stack-96 7b] [--time-limit 60] [--pricing-processes N]
      .venv/bin/python benchmarks/quality.py --pipeline 64 1024 [--stages 2 4 8] [--budget 80GB] [--refined]

@@ -83,7 +83,7 @@ def test_the_same_job_gives_the_same_bytes(tmp_path, forward_job):
 def test_the_job_is_json_and_an_npz_without_pickle(tmp_path, forward_job):
     save_job(forward_job, tmp_path)
     document = json.loads((tmp_path / JOB_FOLDER / JOB_JSON).read_text())
-    assert (document["format"], document["version"]) == ("autostrat job", 6)
+    assert (document["format"], document["version"]) == ("autostrat job", 7)
     assert {ins["type"] for ins in document["programs"][0]["instructions"]} == {"Communicate", "Compute", "Load"}
     with np.load(tmp_path / JOB_FOLDER / ARRAYS, allow_pickle=False) as archive:
         assert "values/dense1.weight" in archive.files and "batches/1/x" in archive.files
@@ -162,7 +162,7 @@ MALFORMED = [
     (_instruction("Communicate"), r"programs\[0\]\.instructions\[\d+\]\.kind: expected one of \['AllGather', .*, got \"Exec\""),
     (_instruction("Load"), r"programs\[0\]\.instructions\[\d+\]: expected a Communicate or Compute or Load or RingCompute or SyncStart or SyncWait record, got "),
     (_instruction("Compute"), r"programs\[0\]\.instructions\[\d+\]\.inputs: expected a list of a string, got \"x\""),
-    (lambda d: d.update(version=2), r"expected format version 6, got 2"),
+    (lambda d: d.update(version=2), r"expected format version 7, got 2"),
     (lambda d: d["programs"][0].update(extra=1), r"programs\[0\]: expected the fields \[.*\] of Program, got \[.*'extra'"),
     (lambda d: d["arrays"]["values"].append("ghost"), rf"{ARRAYS}: expected the arrays job.json lists; missing \['values/ghost'\]"),
     (lambda d: d.update(fault={"type": "Fault", "rank": 1, "kind": "rm", "at": 0}), r"fault.kind: expected one of"),

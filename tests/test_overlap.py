@@ -82,7 +82,11 @@ def test_a_plan_with_buckets_is_predicted_on_the_two_stream_schedule():
     serial, overlapped = sync_schedule(plan, Hardware(), 0), sync_schedule(plan, Hardware(), 300)
     assert bucketed.prediction.overlapped_ns == serial.end_ns - overlapped.end_ns > 0
     assert bucketed.prediction.step_time_ns == plan.prediction.step_time_ns - bucketed.prediction.overlapped_ns
-    assert bucketed.prediction.phases == plan.prediction.phases  # the same work and bytes, only hidden
+    from autostrat.search.fusion import sync_collectives
+    from autostrat.search.prediction import sync_buckets
+
+    assert not any(c.fused for bucket in sync_buckets(bucketed) for c in sync_collectives(bucketed, bucket))
+    assert bucketed.prediction.phases == plan.prediction.phases  # nothing fused: the same work and bytes, only hidden
     assert "- overlapped" in bucketed.prediction.lines()[0] and plan.prediction.overlapped_ns == 0
     assert bucketed.to_dict()["bucket_bytes"] == 300 and "bucket_bytes" not in plan.to_dict()
     from autostrat.search.recompute_choice import plan_cost  # what a "time" search compares plans on

@@ -7,10 +7,11 @@ when the next gradient would take it past `bucket_bytes` (MindSpore's ``comm_fus
 PyTorch DDP's ``bucket_cap_mb``; a gradient larger than the size is a bucket alone:
 `packed_buckets`). A bucket's
 synchronisation starts on the communication stream once its last gradient is ready and the
-bucket before it is done, and takes its gradients' own times summed (a fused message would
-also save latencies; this schedule prices the overlap only; the runtime keeps several edges'
-messages in flight at once, `runtime.stream`, whose latencies this schedule does not overlap). The backward with its
-synchronisation ends when both streams are done.
+bucket before it is done, and takes the time of its collectives (`bucket_ns`: the plan's fused
+ones, one latency per fused collective, `search.fusion`; by default its gradients' own times
+summed). The runtime keeps several collectives' messages in flight at once (`runtime.stream`),
+whose latencies this schedule does not overlap. The backward with its synchronisation ends
+when both streams are done.
 
 Cases: no gradients (the backward alone); `bucket_bytes` 0, no overlap: the backward, then
 every gradient's synchronisation one after another (what `search.prediction` charges without buckets).
@@ -47,10 +48,11 @@ class SyncTimeline:
         return self.end_ns - self.backward_ns
 
 
-def sync_timeline(backward_ns, gradients, bucket_bytes: int) -> SyncTimeline:
+def sync_timeline(backward_ns, gradients, bucket_bytes: int, bucket_ns=None) -> SyncTimeline:
     """The schedule of the backward ops' times `backward_ns` (in order) and `gradients`, each
     ``(index of the op producing it, bytes, its synchronisation's ns)`` in the order they are
-    produced; `bucket_bytes` 0: no overlap (module docstring).
+    produced; `bucket_bytes` 0: no overlap (module docstring). ``bucket_ns(members)`` times a
+    bucket of those gradients' indices (default: their own times summed, nothing fused).
 
     Example (ops of 30, 20, 40 ns, a gradient of 100 bytes and 20 ns after each; buckets of 200
     bytes: the first two go at 50 ns and end at 90, the third at 90, ending at 110, against 150
@@ -69,11 +71,13 @@ def sync_timeline(backward_ns, gradients, bucket_bytes: int) -> SyncTimeline:
         total = sum(ns for _, _, ns in gradients)
         return SyncTimeline(elapsed + total, elapsed, (Bucket(tuple(range(len(gradients))), sum(b for _, b, _ in gradients),
                                                               elapsed, elapsed + total),) if gradients else ())
+    if bucket_ns is None:
+        bucket_ns = lambda members: sum(gradients[i][2] for i in members)  # noqa: E731
     buckets, free = [], 0
     for members in packed_buckets([size for _, size, _ in gradients], bucket_bytes):
         ready = max(ends[gradients[i][0]] for i in members)
         start = max(ready, free)
-        free = start + sum(gradients[i][2] for i in members)
+        free = start + bucket_ns(members)
         buckets.append(Bucket(members, sum(gradients[i][1] for i in members), start, free))
     return SyncTimeline(max(elapsed, free), elapsed, tuple(buckets))
 

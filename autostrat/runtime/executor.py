@@ -269,7 +269,7 @@ def touched(instruction) -> tuple[str, ...]:
     if isinstance(instruction, SyncStart):
         return instruction.reads()
     if isinstance(instruction, SyncWait):
-        return tuple(dict.fromkeys(step.target for step in instruction.steps))
+        return instruction.writes()
     return (instruction.source, instruction.target)
 
 

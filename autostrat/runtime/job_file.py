@@ -43,8 +43,8 @@ from autostrat.runtime.job import Job
 from autostrat.runtime.job_schema import NAMES, Fixed, Many, Nullable, OneOf, Record, decode, encode
 
 FORMAT = "autostrat job"
-VERSION = 6  # 2: the predicted peak memory per device; 3: pipeline stage programs; 4: their chunks (schedules); 5: collective
-# algorithms; 6: gradient synchronisation in buckets (SyncStart, SyncWait)
+VERSION = 7  # 2: the predicted peak memory per device; 3: pipeline stage programs; 4: their chunks (schedules); 5: collective
+# algorithms; 6: gradient synchronisation in buckets (SyncStart, SyncWait); 7: fused buckets (FusedAllReduce)
 JOB_FOLDER = "job"
 JOB_JSON = "job.json"
 ARRAYS = "arrays.npz"

@@ -16,7 +16,7 @@ from autostrat.layout import SliceContext
 from autostrat.runtime.job import FAULTS, Fault
 from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, RingCompute, Send
 from autostrat.runtime.stage_program import SCHEDULES, ChunkProgram, StageProgram
-from autostrat.runtime.stream import SyncStart, SyncWait
+from autostrat.runtime.stream import FusedAllReduce, SyncStart, SyncWait
 
 KINDS = ("AllGather", "AllReduce", "AllToAll", "PartialCreate", "ReduceScatter", "Sendrecv", "Slice")
 
@@ -76,8 +76,9 @@ RECORDS = {
         "context": Record(("SliceContext",)), "dtypes": NAMES, "main": NAMES, "group": Many(int), "wire_dtype": str,
         "predicted": int, "edge": str, "phase": OneOf(PHASES)}),
     "Fault": (Fault, {"rank": int, "kind": OneOf(FAULTS), "at": int}),
-    "SyncStart": (SyncStart, {"steps": Many(Record(("Communicate",)))}),
-    "SyncWait": (SyncWait, {"steps": Many(Record(("Communicate",)))}),
+    "FusedAllReduce": (FusedAllReduce, {"steps": Many(Record(("Communicate",))), "algorithm": str, "predicted": int}),
+    "SyncStart": (SyncStart, {"steps": Many(Record(("Communicate", "FusedAllReduce")))}),
+    "SyncWait": (SyncWait, {"steps": Many(Record(("Communicate", "FusedAllReduce")))}),
     "Load": (Load, {"tensor": str, "ranges": RANGES, "dtype": str, "of": str, "via": str}),
     "Recv": (Recv, {"key": str, "source": int, "tag": int, "shape": Many(int), "dtype": str}),
     "Send": (Send, {"key": str, "dest": int, "tag": int, "predicted": int, "edge": str, "phase": OneOf(PHASES)}),

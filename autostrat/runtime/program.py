@@ -19,7 +19,8 @@ each op reading it), and `Program.updates` names, per updated parameter or optim
 state, the store key of its next value, already in that layout: the next step loads it from there.
 A plan with `bucket_bytes` (`search.prediction.sync_buckets`) runs its "sync" edges on the
 communication stream (`bucketed`, `runtime.stream`): a bucket started after the backward kernel
-making its last gradient final, each edge waited for before its update.
+making its last gradient final, its AllReduces over one group fused into one (`search.fusion`),
+each edge waited for before its update.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.layout import Layout, SliceContext, TensorMap
 from autostrat.redistribution import RedistributionPlan, plan_redistribution
 from autostrat.search.precision import check_runnable, held_dtype, main_gradient_name, main_name
-from autostrat.search.prediction import sync_buckets
 from autostrat.runtime.stream import SyncWait
 
 PHASES = ("forward", "backward", "sync", "update", "gather", "pipeline", "output")
@@ -300,9 +300,9 @@ def _lower_rank(plan, output_plans, partitions, rank: int) -> Program:
     updates = _writebacks(plan, rank, instructions)
     updates += [(main.tensor, main.tensor) for main in mains]  # carried to the next step as they are
     if plan.bucket_bytes and plan.pipeline is None:
-        from autostrat.runtime.bucketing import bucketed  # it reads this module's instruction types
+        from autostrat.runtime.bucketing import bucketed, plan_buckets  # they read this module's instruction types
 
-        instructions = bucketed(instructions, [[_label(edge) for edge in bucket] for bucket in sync_buckets(plan)])
+        instructions = bucketed(instructions, plan_buckets(plan, rank, _label))
     inputs = tuple(info.name for info in graph.inputs())
     return Program(rank, plan.device_num, partitions, tuple(instructions), inputs, tuple(outputs), tuple(updates))
 
@@ -427,11 +427,22 @@ def _predicted(step, group: tuple[int, ...], rank: int, itemsize: int) -> int:
     doubling (`cost.algorithms.algorithm_bytes`)."""
     if step.kind != "AllReduce" and step.algorithm == "ring":
         return step.bytes
-    local_bytes = math.prod(step.before.slice_shape) * itemsize
-    if not step.algorithm.startswith("hierarchical"):
-        return algorithm_bytes(step.kind, step.algorithm, len(group), local_bytes, itemsize, group.index(rank))
-    size = server_size(step.algorithm)
+    return member_bytes(step.kind, step.algorithm, math.prod(step.before.slice_shape) * itemsize, group, rank, itemsize)
+
+
+def member_bytes(kind: str, algorithm: str, local_bytes: int, group: tuple[int, ...], rank: int, itemsize: int) -> int:
+    """What `rank` sends in a `kind` of its `group` run as `algorithm` on a piece of `local_bytes`
+    (`cost.algorithms.algorithm_bytes` at the rank's position).
+
+    Example (a ring AllReduce of 10 four-byte elements over 4 ranks: chunks of 3, 3, 2 and 2
+    elements, so members send unequal bytes):
+        >>> [member_bytes("AllReduce", "ring", 40, (0, 1, 2, 3), rank, 4) for rank in range(4)]
+        [56, 60, 64, 60]
+    """
+    if not algorithm.startswith("hierarchical"):
+        return algorithm_bytes(kind, algorithm, len(group), local_bytes, itemsize, group.index(rank))
+    size = server_size(algorithm)
     servers = list(dict.fromkeys(member // size for member in group))  # in order of first appearance
     inside = [member for member in group if member // size == rank // size]
     position = (servers.index(rank // size), inside.index(rank))
-    return algorithm_bytes(step.kind, step.algorithm, len(group), local_bytes, itemsize, position, len(servers))
+    return algorithm_bytes(kind, algorithm, len(group), local_bytes, itemsize, position, len(servers))

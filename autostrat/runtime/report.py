@@ -17,7 +17,7 @@ import numpy as np
 
 from autostrat.tables import format_table
 from autostrat.runtime.program import PHASES
-from autostrat.runtime.stream import SyncStart
+from autostrat.runtime.stream import FusedAllReduce, SyncStart
 from autostrat.runtime.reference import OWN_KERNELS, reference_line
 
 # What each byte phase counts, in one line for the reports.
@@ -166,8 +166,10 @@ def _bucket_lines(job) -> list[str]:
     starts = [i for i in getattr(job.programs[0], "instructions", ()) if isinstance(i, SyncStart)]  # a stage program has none
     if not starts:
         return []
-    steps = sum(len(start.steps) for start in starts)
-    return [f"gradient synchronisation: {steps} step(s) in {len(starts)} bucket(s) on the communication stream, "
+    steps = [step for start in starts for step in start.steps]
+    fused = [step for step in steps if isinstance(step, FusedAllReduce)]
+    joined = f" ({sum(len(step.steps) for step in fused)} gradients fused into {len(fused)} AllReduce(s))" if fused else ""
+    return [f"gradient synchronisation: {len(steps)} step(s) in {len(starts)} bucket(s) on the communication stream{joined}, "
             f"begun as each bucket's gradients were final and progressed between the backward's kernels"]
 
 

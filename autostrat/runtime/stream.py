@@ -14,6 +14,13 @@ sent and received in one order. (One edge at a time, a ring's steps each wait fo
 of its members to be scheduled: on 4 ranks of 2 cores, 11 of 204 messages left during the
 backward, against 42-109 with 16 lanes: `benchmarks/overlap.py`.)
 
+A bucket's AllReduces fused into one (`search.fusion`) are one `FusedAllReduce` step: its
+gradients flattened and concatenated in bucket order, one AllReduce of the flat buffer (the
+plan's algorithm for the fused size), the result split back into each gradient's shape. Every
+rank ends with the same sums; they may differ from the unfused run's in the last bits: a ring
+sums an element in an order set by the chunk it falls in, and the fused buffer is cut into
+other chunks than each gradient alone was.
+
 Bytes are counted where messages are sent (`Wire.post` records them as `exchange` does);
 each step's `Traffic` is handed to the executor at its wait, in program order, so a run's
 traffic lists its communication instructions as the blocking run does. The same algorithm
@@ -27,6 +34,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -35,10 +43,43 @@ from autostrat.runtime.mpi import LONGEST_NAP  # mpi4py itself is imported on fi
 
 
 @dataclass(frozen=True)
+class FusedAllReduce:
+    """Several "sync" edges' AllReduce `steps` (a `program.Communicate` each, over one group,
+    reduce op and dtype) run as one AllReduce of their concatenated flat pieces, as
+    `algorithm`; `predicted` is what the plan says this rank sends (module docstring)."""
+
+    steps: tuple
+    algorithm: str
+    predicted: int
+
+    kind: ClassVar[str] = "AllReduce"  # as a `Communicate`'s, in reports and traffic
+
+    @property
+    def edge(self) -> str:
+        """Its first edge's label and how many it fused (the report's line of the collective)."""
+        return f"{self.steps[0].edge} (+ {len(self.steps) - 1} fused)"
+
+    @property
+    def phase(self) -> str:
+        return self.steps[0].phase
+
+
+def step_sources(step) -> tuple[str, ...]:
+    """The store keys a stream step reads: a `Communicate`'s source, a fused one's sources."""
+    return tuple(s.source for s in step.steps) if isinstance(step, FusedAllReduce) else (step.source,)
+
+
+def step_targets(step) -> tuple[str, ...]:
+    """The store keys a stream step writes."""
+    return tuple(s.target for s in step.steps) if isinstance(step, FusedAllReduce) else (step.target,)
+
+
+@dataclass(frozen=True)
 class SyncStart:
-    """Hand a bucket's gradient synchronisation `steps` (its edges' `Communicate`s, in order)
-    to the communication stream (`runtime.stream`): placed after the kernel that makes its last
-    gradient final, so they run while the rest of the backward does."""
+    """Hand a bucket's gradient synchronisation `steps` (its edges' `Communicate`s, in order,
+    or a `FusedAllReduce` for those it fuses) to the communication stream (`runtime.stream`):
+    placed after the kernel that makes its last gradient final, so they run while the rest of
+    the backward does."""
 
     steps: tuple
 
@@ -46,23 +87,28 @@ class SyncStart:
         """The store keys it takes (each edge's gradient: what no earlier step of it writes)."""
         written, read = set(), []
         for step in self.steps:
-            if step.source not in written:
-                read.append(step.source)
-            written.add(step.target)
+            read += [source for source in step_sources(step) if source not in written]
+            written.update(step_targets(step))
         return tuple(read)
 
 
 @dataclass(frozen=True)
 class SyncWait:
-    """Wait for one edge's `steps` on the communication stream, where they would have run
-    (before the update reading them); its results join the store."""
+    """Wait for one edge's `steps` (or one `FusedAllReduce`) on the communication stream, where
+    they would have run (before the first update reading them); its results join the store."""
 
     steps: tuple
+
+    def writes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(target for step in self.steps for target in step_targets(step)))
 
 
 def communicate_steps(step, backend, piece: np.ndarray):
     """The rank's piece after one redistribution `step` (a `program.Communicate`), as a
-    generator of the exchanges it makes (`wire.Wire.drive` runs it blocking)."""
+    generator of the exchanges it makes (`wire.Wire.drive` runs it blocking); a
+    `FusedAllReduce` takes its pieces and gives its results as tuples, in its steps' order."""
+    if isinstance(step, FusedAllReduce):
+        return (yield from fused_allreduce_steps(step, backend, piece))
     piece = np.ascontiguousarray(piece)
     if step.kind == "Slice":
         parts, chunk = step.chunks
@@ -84,6 +130,15 @@ def communicate_steps(step, backend, piece: np.ndarray):
                                                         step.algorithm))
     dest, source = step.peers
     return (yield from backend.sendrecv_steps(piece, dest, source))
+
+
+def fused_allreduce_steps(step: FusedAllReduce, backend, pieces: tuple):
+    """The AllReduce of `pieces` concatenated flat (module docstring), split back into their shapes."""
+    flat = np.concatenate([np.ascontiguousarray(piece).reshape(-1) for piece in pieces])
+    first = step.steps[0]
+    reduced = yield from backend.allreduce_steps(flat, first.group, first.reduce_op, step.algorithm)
+    ends = np.cumsum([np.size(piece) for piece in pieces])[:-1]
+    return tuple(part.reshape(np.shape(piece)) for part, piece in zip(np.split(reduced, ends), pieces))
 
 
 def create_partial(piece: np.ndarray, op: str, position: int) -> np.ndarray:
@@ -140,11 +195,12 @@ class SyncStream:
     def start(self, steps, store: dict) -> None:
         """Queue a bucket's `steps`, edge by edge; an edge's first step takes its key from
         `store` now (the gradient: final, and dropped from the store after this)."""
-        edges: dict[str, list] = {}
+        edges: dict[tuple, list] = {}
         for step in steps:
-            edges.setdefault(step.target, []).append(step)
+            edges.setdefault(step_targets(step), []).append(step)
         for edge in edges.values():
-            self.queue.append((self.started, edge, store[edge[0].source]))
+            pieces = tuple(store[source] for source in step_sources(edge[0]))
+            self.queue.append((self.started, edge, pieces if isinstance(edge[0], FusedAllReduce) else pieces[0]))
             self.started += 1
         self.progress()
 
@@ -164,7 +220,7 @@ class SyncStream:
         and their `Traffic`, in the order of `steps`. Between polls of every lane it sleeps
         (from 10 us, doubling up to `mpi.LONGEST_NAP`) once the backend's spins are spent, as
         `mpi.settle` does: a lane's message may come before another's, so none is waited on alone."""
-        targets = tuple(dict.fromkeys(step.target for step in steps))
+        targets = tuple(dict.fromkeys(target for step in steps for target in step_targets(step)))
         polls, nap = 0, 1e-5
         while any(self._pending(target) for target in targets):
             if self.progress():
@@ -176,17 +232,19 @@ class SyncStream:
             if polls > getattr(self.backend, "spins", 0):
                 time.sleep(nap)
                 nap = min(2 * nap, LONGEST_NAP)
-        traffic = [record for target in targets for record in self.traffic.pop(target)]
+        traffic = [record for target in targets for record in self.traffic.pop(target, ())]  # a fused step's: at its first
         return {target: self.results.pop(target) for target in targets}, traffic
 
     def held(self) -> list:
         """The arrays the stream holds for the rank: gradients taken, pieces in flight, results
         not waited for."""
-        return [piece for _, _, piece in self.queue] + [lane[5] for lane in self.lanes.values()] + list(self.results.values())
+        pieces = [piece for _, _, piece in self.queue] + [lane[5] for lane in self.lanes.values()]
+        return [array for piece in pieces for array in (piece if isinstance(piece, tuple) else (piece,))] + list(
+            self.results.values())
 
     def _pending(self, target: str) -> bool:
-        return any(edge[0].target == target for _, edge, _ in self.queue) or any(
-            lane[1].target == target for lane in self.lanes.values())
+        return any(target in step_targets(edge[0]) for _, edge, _ in self.queue) or any(
+            target in step_targets(lane[1]) for lane in self.lanes.values())
 
     def _begin(self) -> bool:
         """Begin the queued edges, in order, while the next one's lane is free."""
@@ -219,8 +277,9 @@ class SyncStream:
         try:
             request = exchanges.send(received)
         except StopIteration as finished:
-            self.results[step.target] = finished.value
-            self.traffic.setdefault(step.target, []).append(self.traffic_of(step, messages))
+            fused = isinstance(step, FusedAllReduce)
+            self.results.update(zip(step_targets(step), finished.value if fused else (finished.value,)))
+            self.traffic.setdefault(step_targets(step)[0], []).append(self.traffic_of(step, messages))
             if steps_left:
                 return self._next_step(lane, steps_left.popleft(), finished.value)
             del self.lanes[lane]

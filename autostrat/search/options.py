@@ -72,7 +72,8 @@ class SearchOptions:
       synchronisation, updates) weighs ``1 / micro_batches`` against what every micro-batch
       pays (`problem.build_problem`).
     - `bucket_bytes`: gradient synchronisation in buckets of this many gradient bytes per
-      device, overlapped with the backward (MindSpore's ``comm_fusion`` by size): every plan's
+      device, overlapped with the backward, a bucket's AllReduces over one group fused into one
+      (MindSpore's ``comm_fusion`` by size, `search.fusion`): every plan's
       predicted step is the two-stream schedule (`prediction.sync_schedule`), so plans are
       compared on the overlapped time, and runs overlap it (`runtime.stream`); 0: after the backward.
     """

@@ -14,8 +14,9 @@
 One device's step is the sum of its phases: compute and communication are not overlapped,
 except, in a plan with `bucket_bytes`, the gradient synchronisation: it runs in buckets on a
 second stream while the backward does (`sync_schedule`, `cost.overlap`, as the runtime runs it:
-`runtime.stream`), and `Prediction.overlapped_ns`, what the two-stream schedule hides of it, is
-taken off the step.
+`runtime.stream`), a bucket's AllReduces over one group fused into one collective
+(`search.fusion`): its "sync" phase holds the fused collectives' time and bytes, and
+`Prediction.overlapped_ns`, what the two-stream schedule hides of them, is taken off the step.
 Where the devices of a server share its cores (MPI ranks on one machine: the profile's
 `cores_per_server`), every time is priced on `Hardware.shared`, the profile each rank sees.
 """
@@ -30,6 +31,7 @@ from autostrat.cost import Hardware, op_cost
 from autostrat.cost.overlap import SyncTimeline, packed_buckets, sync_timeline
 from autostrat.cost.ring import ring_nanoseconds
 from autostrat.search.buffers import plan_peak
+from autostrat.search.fusion import sync_collectives
 from autostrat.search.memory import peak_bytes
 from autostrat.search.problem import SearchProblem, optimizer_state, searched_graph
 
@@ -169,7 +171,10 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
     overlapped = 0
     if plan.bucket_bytes and plan.pipeline is None and "sync" in phases:  # as the runtime lowers it (`runtime.bucketing`)
         timeline = sync_schedule(plan, hardware, plan.bucket_bytes)
-        overlapped = timeline.backward_ns + sum(b.end_ns - b.start_ns for b in timeline.buckets) - timeline.end_ns
+        synchronised = sum(b.end_ns - b.start_ns for b in timeline.buckets)  # the fused collectives' time
+        fused = sum(c.bytes for bucket in sync_buckets(plan) for c in sync_collectives(plan, bucket))
+        costs["sync"] = PhaseCost(compute["sync"], synchronised, fused)
+        overlapped = timeline.backward_ns + synchronised - timeline.end_ns
     return Prediction(costs, plan_peak(plan), plan_peak_bytes(plan), overlapped)
 
 
@@ -219,9 +224,10 @@ def sync_buckets(plan, bucket_bytes: int | None = None) -> tuple[tuple, ...]:
 
 def sync_schedule(plan, hardware: Hardware, bucket_bytes: int) -> SyncTimeline:
     """The backward of `plan` (its ops' `op_times`, in graph order) with its gradient
-    synchronisation (`sync_edges`, each timed as `predict` times it, ready when the op
-    producing its gradient ends) scheduled in buckets of `bucket_bytes` gradient bytes
-    (`cost.overlap`, `sync_buckets`): the step's backward and sync as the runtime runs them.
+    synchronisation (`sync_edges`, ready when the op producing its gradient ends) scheduled in
+    buckets of `bucket_bytes` gradient bytes (`cost.overlap`, `sync_buckets`), a bucket timed as
+    its fused collectives (`search.fusion.sync_collectives`); `bucket_bytes` 0: each edge after
+    the backward as `predict` times it. The step's backward and sync as the runtime runs them.
 
     Example (the tutorial FFN trained on 8 devices: its sync is small next to its backward):
         >>> from autostrat.autodiff import SGD
@@ -235,6 +241,11 @@ def sync_schedule(plan, hardware: Hardware, bucket_bytes: int) -> SyncTimeline:
     model, graph = hardware.alpha_beta(plan.device_num), plan.graph
     backward = op_times(plan, hardware, ("backward",))
     order = {name: index for index, name in enumerate(backward)}
+    edges = sync_edges(plan)
     gradients = [(order.get(graph.tensors[edge.tensor].producer, len(order) - 1), gradient_bytes(plan, edge),
-                  edge.plan.nanoseconds(model)) for edge in sync_edges(plan)]
-    return sync_timeline(list(backward.values()), gradients, bucket_bytes)
+                  edge.plan.nanoseconds(model)) for edge in edges]
+
+    def bucket_ns(members) -> int:
+        return sum(c.nanoseconds(model) for c in sync_collectives(plan, [edges[i] for i in members]))
+
+    return sync_timeline(list(backward.values()), gradients, bucket_bytes, bucket_ns)
