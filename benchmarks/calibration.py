@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from autostrat.runtime.executor import execute
-from autostrat.runtime.program import Compute, Load, Program
+from autostrat.runtime.instructions import Compute, Load, Program
 
 MESSAGE_SIZES = (4, 1024, 16384, 262144, 1048576)  # bytes
 ADD_ELEMENTS, MATMUL_SIZE, CHAIN = 262144, 128, 60

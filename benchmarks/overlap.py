@@ -127,7 +127,7 @@ def sync_seconds(program, marks: list[float]) -> float:
     """Seconds the rank spent in the step's synchronisation instructions that the backward does
     not hide: the blocking "sync" steps, or the stream's waits (`marks`: each instruction's
     start, then the step's end)."""
-    from autostrat.runtime.program import Communicate
+    from autostrat.runtime.instructions import Communicate
     from autostrat.runtime.stream import SyncWait
 
     return sum(marks[i + 1] - marks[i] for i, instruction in enumerate(program.instructions)

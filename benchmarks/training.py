@@ -38,7 +38,7 @@ from autostrat.frontend.train import (
 from autostrat.io import write_atomically
 from autostrat.models import FFN, GPT, megatron_seeds
 from autostrat.runtime.executor import graph_values
-from autostrat.runtime.program import PHASES
+from autostrat.runtime.instructions import PHASES
 from autostrat.runtime.training import (
     reference_graph,
     train_collective,

@@ -117,7 +117,8 @@ def test_a_fused_allreduce_sums_each_piece_and_sends_what_each_member_is_predict
     # 4 local ranks (2 servers of 2 for the hierarchical), pieces of 5 and 2 float32 elements:
     # 7 cut unevenly into 4 (ring) or 2 (hierarchical) chunks, so members send unequal bytes.
     from autostrat.runtime.local import LocalCluster
-    from autostrat.runtime.program import Communicate, member_bytes
+    from autostrat.runtime.program import member_bytes
+    from autostrat.runtime.instructions import Communicate
     from autostrat.runtime.stream import FusedAllReduce, SyncStream
 
     group = (0, 1, 2, 3)

@@ -21,7 +21,7 @@ from autostrat.runtime import launcher
 from autostrat.runtime.job import Job
 from autostrat.runtime.job_file import ARRAY_SECTIONS, ARRAYS, JOB_FIELDS, JOB_FOLDER, JOB_JSON, load_job, save_job
 from autostrat.runtime.job_schema import RECORDS, Record, encode
-from autostrat.runtime.program import Load
+from autostrat.runtime.instructions import Load
 from autostrat.runtime.rank import digest_argument
 
 ROOT = Path(__file__).resolve().parent.parent

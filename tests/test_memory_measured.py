@@ -25,7 +25,8 @@ from autostrat.autodiff import Adam, Momentum, build_training
 from autostrat.runtime import executor, held_memory
 from autostrat.runtime.executor import execute, graph_values, release_schedule
 from autostrat.runtime.local import LocalCluster
-from autostrat.runtime.program import Compute, Load, Program, lower_programs
+from autostrat.runtime.program import lower_programs
+from autostrat.runtime.instructions import Compute, Load, Program
 from autostrat.runtime.report import memory_line
 from autostrat.runtime.training import train_locally
 from autostrat.search import SearchOptions, search

@@ -112,7 +112,8 @@ def test_buckets_follow_the_gradients_readiness_and_size():
 def test_the_stream_runs_the_sync_while_the_backward_does_and_equals_the_serial_run():
     from dataclasses import replace
 
-    from autostrat.runtime.program import Compute, lower_programs
+    from autostrat.runtime.program import lower_programs
+    from autostrat.runtime.instructions import Compute
     from autostrat.runtime.stream import SyncStart, SyncWait
     from autostrat.runtime.training import train_locally
 
@@ -140,7 +141,8 @@ def _sent_before_the_sync_waits(plan, values, batches) -> int:
     """Messages rank 0 has sent when it reaches its first "sync" instruction (a `SyncWait` or a
     blocking step): with buckets, the stream's are among them (begun during the backward)."""
     from autostrat.runtime.local import LocalCluster
-    from autostrat.runtime.program import Communicate, lower_programs
+    from autostrat.runtime.program import lower_programs
+    from autostrat.runtime.instructions import Communicate
     from autostrat.runtime.stream import SyncWait
     from autostrat.runtime.training import train_rank
 
@@ -189,7 +191,7 @@ def test_a_bucket_whose_update_comes_before_its_last_gradient_is_refused():
 
     from autostrat.errors import RuntimeBackendError
     from autostrat.runtime.bucketing import bucketed
-    from autostrat.runtime.program import Communicate, Compute
+    from autostrat.runtime.instructions import Communicate, Compute
 
     def made(name):
         return Compute(name, "Neg", (), (name + ":0",), (), None)

@@ -95,7 +95,7 @@ def test_the_runner_traces_every_message_of_its_passes_after_the_warm_up_step():
     from autostrat.models import TransformerStack
     from autostrat.runtime.local import LocalCluster
     from autostrat.runtime.pipeline import SLOT_OF, pipeline_values, train_stage, trace_rows
-    from autostrat.runtime.program import Recv, Send
+    from autostrat.runtime.instructions import Recv, Send
     from autostrat.runtime.stage_program import lower_stage_programs
 
     reset_auto_parallel_context()

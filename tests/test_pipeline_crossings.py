@@ -17,7 +17,7 @@ from autostrat.cost import Hardware
 from autostrat.frontend.train import relative_error, train_single_device, training_plan
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
 from autostrat.redistribution.algorithms import plan_with_algorithms
-from autostrat.runtime.program import Communicate
+from autostrat.runtime.instructions import Communicate
 from autostrat.runtime.stage_program import Recv, Send, lower_stage_programs
 from autostrat.runtime.training import reference_graph, train_locally
 from autostrat.search.cell_stages import marked_units

@@ -16,7 +16,7 @@ from autostrat.frontend.config import parse_config
 from autostrat.frontend.train import relative_error, train, train_single_device, training_plan
 from autostrat.models import TransformerStack, megatron_seeds
 from autostrat.runtime import pipeline as runtime_pipeline
-from autostrat.runtime.program import Compute, Recv, Send
+from autostrat.runtime.instructions import Compute, Recv, Send
 from autostrat.runtime.stage_program import SLOTS, lower_stage_programs
 from autostrat.runtime.training import reference_graph, train_locally
 from autostrat.search.schedules import SCHEDULE_ORDERS, schedule_orders

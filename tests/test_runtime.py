@@ -16,7 +16,8 @@ from autostrat.rules import make_rule
 from autostrat.runtime.executor import execute
 from autostrat.runtime.job import make_job, run_steps
 from autostrat.runtime.local import LocalCluster, run_job_locally
-from autostrat.runtime.program import Load, Program, lower_programs, lower_steps
+from autostrat.runtime.program import lower_programs, lower_steps
+from autostrat.runtime.instructions import Load, Program
 
 CASES = [("ffn", 8), ("mlp", 8), ("gpt", 8), ("resnet", 8), ("ffn", 4), ("mlp", 4), ("gpt", 4), ("resnet", 4),
          ("ffn", 6), ("mlp", 6), ("gpt", 6), ("resnet", 6)]

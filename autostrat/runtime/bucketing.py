@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autostrat.errors import RuntimeBackendError
-from autostrat.runtime.program import Communicate, Compute, Load, member_bytes
+from autostrat.runtime.program import member_bytes
+from autostrat.runtime.instructions import Communicate, Compute, Load
 from autostrat.runtime.stream import FusedAllReduce, SyncStart, SyncWait
 from autostrat.search.fusion import sync_collectives
 from autostrat.search.prediction import sync_buckets

@@ -44,7 +44,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend
 from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
-from autostrat.runtime.program import Communicate, Compute, Load, Program, Recv, RingCompute, Send
+from autostrat.runtime.instructions import Communicate, Compute, Load, Program, Recv, RingCompute, Send
 from autostrat.runtime.ring import ring_compute
 from autostrat.runtime.stream import SyncStart, SyncStream, SyncWait, communicate_steps
 from autostrat.runtime.sixteen_bit import rounded, run_sixteen_bit
@@ -283,7 +283,7 @@ def load_slice(instruction: Load, values: dict, resident: dict | None) -> np.nda
         return piece
     whole = np.asarray(values[instruction.of or instruction.tensor])
     piece = whole[tuple(slice(a, b) for a, b in instruction.ranges)]
-    if instruction.via:  # a main copy starts as its 16-bit parameter's value (`program.Load`)
+    if instruction.via:  # a main copy starts as its 16-bit parameter's value (`instructions.Load`)
         piece = rounded(piece, instruction.via)
     return np.array(rounded(piece, instruction.dtype), order="C")  # a scalar stays 0-d
 

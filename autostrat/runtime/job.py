@@ -20,7 +20,8 @@ from autostrat.errors import ConfigError
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, graph_values, single_device_run
 from autostrat.runtime.pipeline import StageRunner, pipeline_values, stage_peaks_per_rank
-from autostrat.runtime.program import LOCAL_KINDS, Load, Program, lower_programs
+from autostrat.runtime.program import lower_programs
+from autostrat.runtime.instructions import LOCAL_KINDS, Load, Program
 from autostrat.runtime.stage_program import StageProgram, lower_stage_programs
 from autostrat.runtime.reference import reference_run, sixteen_bit_tolerance, tensor_errors
 from autostrat.runtime.report import rank_summary

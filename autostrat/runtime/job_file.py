@@ -126,7 +126,7 @@ class Programs(Sequence):
     15 programs instead of 64 (a 2-layer GPT's training step: ~1 s of each rank's start-up).
 
     Example:
-        >>> from autostrat.runtime.program import Load, Program
+        >>> from autostrat.runtime.instructions import Load, Program
         >>> program = Program(0, 1, (), (Load("x", ((0, 4),)),), ("x",), ())
         >>> programs = Programs([encode(program, JOB_FIELDS["programs"].item, "program")], "job")
         >>> len(programs), programs[0].instructions, programs == (program,)

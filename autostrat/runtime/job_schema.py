@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout import SliceContext
 from autostrat.runtime.job import FAULTS, Fault
-from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Program, Recv, RingCompute, Send
+from autostrat.runtime.instructions import PHASES, Communicate, Compute, Load, Program, Recv, RingCompute, Send
 from autostrat.runtime.stage_program import SCHEDULES, ChunkProgram, StageProgram
 from autostrat.runtime.stream import FusedAllReduce, SyncStart, SyncWait
 

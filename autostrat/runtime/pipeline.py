@@ -35,7 +35,7 @@ from autostrat.runtime.held_memory import HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.pipeline_clock import NONE, PassClock, virtual_bubbles
-from autostrat.runtime.program import PHASES, Communicate, Compute, Load, Recv, Send
+from autostrat.runtime.instructions import PHASES, Communicate, Compute, Load, Recv, Send
 from autostrat.runtime.training import TrainingResult, allgather_slices, phase_bytes
 from autostrat.runtime.stage_program import SLOTS, StageProgram, lower_stage_programs
 

@@ -105,7 +105,7 @@ def inject(fault, backend) -> None:
 
 
 def _hook(program, watchdog: Watchdog, fault, backend):
-    from autostrat.runtime.program import LOCAL_KINDS, Communicate, Recv, RingCompute
+    from autostrat.runtime.instructions import LOCAL_KINDS, Communicate, Recv, RingCompute
 
     def on_instruction(index: int, instruction) -> None:  # a Recv waits on another stage as a collective on its group
         collective = isinstance(instruction, (Recv, RingCompute)) or isinstance(instruction, Communicate) and instruction.kind not in LOCAL_KINDS

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.tables import format_table
-from autostrat.runtime.program import PHASES
+from autostrat.runtime.instructions import PHASES
 from autostrat.runtime.stream import FusedAllReduce, SyncStart
 from autostrat.runtime.reference import OWN_KERNELS, reference_line
 

@@ -46,7 +46,7 @@ def run_ring_kernel(op_type: str, inputs, attrs: dict, context, ring: Ring) -> t
 
 
 def ring_compute(instruction, inputs, backend) -> tuple[np.ndarray, ...]:
-    """The results of a `program.RingCompute`: in a 16-bit run, computed in float32 on the
+    """The results of a `instructions.RingCompute`: in a 16-bit run, computed in float32 on the
     widened slices and rounded to the dtypes held (`sixteen_bit`)."""
     ring = Ring(backend, instruction.group, instruction.wire_dtype)
     arrays = [widened(np.asarray(array)) for array in inputs] if instruction.dtypes else list(inputs)

@@ -68,7 +68,7 @@ def run_sixteen_bit(instruction, inputs: list, store: dict, loss_scale: float = 
 
     Example (a bf16 MatMul: 1 + 2^-8 + 2^-8 summed in fp32 and rounded once; summed in bf16,
     each 1 + 2^-8 would round back to 1):
-        >>> from autostrat.runtime.program import Compute
+        >>> from autostrat.runtime.instructions import Compute
         >>> matmul = Compute("m", "MatMul", ("a", "b"), ("c",), (), None, ("bfloat16",))
         >>> bf16 = numpy_dtype("bfloat16")
         >>> a = np.array([[1, 2**-8, 2**-8]], bf16)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autostrat.cost import dtype_size
-from autostrat.runtime.program import Communicate, Compute, Program, lower_steps
+from autostrat.runtime.program import lower_steps
+from autostrat.runtime.instructions import Communicate, Compute, Program
 
 
 def cross_stages(plan, programs: tuple[Program, ...], owners: list) -> tuple[tuple[Program, ...], list]:

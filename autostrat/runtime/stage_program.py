@@ -34,7 +34,8 @@ from autostrat.autodiff import op_phase
 from autostrat.cost import dtype_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout.layout import Layout
-from autostrat.runtime.program import Communicate, Compute, Load, Recv, RingCompute, Send, lower_programs
+from autostrat.runtime.program import lower_programs
+from autostrat.runtime.instructions import Communicate, Compute, Load, Recv, RingCompute, Send
 from autostrat.runtime.stage_crossings import cross_stages
 from autostrat.search.schedules import SCHEDULE_ORDERS, Instruction, schedule_orders
 

@@ -1,7 +1,7 @@
 """A rank's communication stream: gradient synchronisation in buckets, overlapped with the backward.
 
 The runtime is one Python thread per rank, so the stream is not a thread: it is a queue of
-redistribution steps (`program.Communicate`) that the executor progresses between kernels.
+redistribution steps (`instructions.Communicate`) that the executor progresses between kernels.
 A bucket's steps join the queue when its last gradient is final (`SyncStart`, placed by the
 lowering, `runtime.bucketing`, after the kernel producing it). Each step runs as the same
 generator of exchanges as a blocking call (`communicate_steps`, `wire.Wire`'s ``*_steps``),
@@ -44,7 +44,7 @@ from autostrat.runtime.mpi import LONGEST_NAP  # mpi4py itself is imported on fi
 
 @dataclass(frozen=True)
 class FusedAllReduce:
-    """Several "sync" edges' AllReduce `steps` (a `program.Communicate` each, over one group,
+    """Several "sync" edges' AllReduce `steps` (a `instructions.Communicate` each, over one group,
     reduce op and dtype) run as one AllReduce of their concatenated flat pieces, as
     `algorithm`; `predicted` is what the plan says this rank sends (module docstring)."""
 
@@ -104,7 +104,7 @@ class SyncWait:
 
 
 def communicate_steps(step, backend, piece: np.ndarray):
-    """The rank's piece after one redistribution `step` (a `program.Communicate`), as a
+    """The rank's piece after one redistribution `step` (a `instructions.Communicate`), as a
     generator of the exchanges it makes (`wire.Wire.drive` runs it blocking); a
     `FusedAllReduce` takes its pieces and gives its results as tuples, in its steps' order."""
     if isinstance(step, FusedAllReduce):
@@ -169,7 +169,7 @@ class SyncStream:
 
     Example (two local ranks: a bucket of one AllReduce started, progressed, waited for):
         >>> from autostrat.runtime.local import LocalCluster
-        >>> from autostrat.runtime.program import Communicate
+        >>> from autostrat.runtime.instructions import Communicate
         >>> step = Communicate("AllReduce", "g", "g>u", (0, 1), (), (), "sum", (0, 0), 8, "g -> u", "sync")
         >>> def run(backend):
         ...     stream = SyncStream(backend, lambda step, messages: len(messages))

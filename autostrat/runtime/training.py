@@ -17,7 +17,8 @@ from autostrat.layout import assemble_tensor
 from autostrat.runtime.backend import check_world
 from autostrat.runtime.executor import execute, single_device_run
 from autostrat.runtime.local import LocalCluster
-from autostrat.runtime.program import PHASES, kernel_attrs, lower_programs
+from autostrat.runtime.program import kernel_attrs, lower_programs
+from autostrat.runtime.instructions import PHASES
 from autostrat.runtime.reference import reference_run
 
 
