@@ -1,0 +1,80 @@
+"""Recompute inside a pipeline: with every block of a 4-block stack recomputed, every schedule
+trains on 2 local device groups equal to one device (until a block's backward read only its own
+recomputed copies, interleaved_1f1b, zero_bubble_h1 and zbv waited forever: the next stage's
+backward read a copy the previous stage's backward made), and no backward op of a stage reads
+what another stage's backward wrote but the gradients of the activations it sent on."""
+
+from __future__ import annotations
+
+import pytest
+
+from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
+from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
+from autostrat.frontend.train import relative_error, train_single_device, training_plan
+from autostrat.models import TransformerStack, megatron_seeds
+from autostrat.runtime import local
+from autostrat.runtime.training import reference_graph, train_locally
+from autostrat.search.schedules import SCHEDULE_ORDERS
+
+LAYERS = 4
+
+
+@pytest.fixture(autouse=True)
+def _clean_context():
+    reset_auto_parallel_context()
+    yield
+    reset_auto_parallel_context()
+
+
+@pytest.fixture
+def _fail_fast(monkeypatch):
+    """A rank waiting 10 s for a message or a collective fails the run (the default is 60 s):
+    these runs take about 2 s, so a hang fails fast."""
+    start = local.LocalCluster.__init__
+    monkeypatch.setattr(local.LocalCluster, "__init__", lambda self, device_num, timeout=60.0: start(self, device_num, 10.0))
+
+
+def _recomputed_plan(schedule: str, steps: int):
+    """(plan, values, batches) of a 4-block stack, every block recomputed, as 2 device groups of
+    2 devices (Megatron's seeds inside a group), 4 micro-batches (interleaved_1f1b and zbv: 2
+    chunks a group, 4 model stages)."""
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=4, pipeline_stages=2, pipeline_schedule=schedule)
+    net = TransformerStack(layers=LAYERS, hidden=32, heads=4, seq=8, batch=8)
+    primitives = dict(net.primitives_and_names())
+    for name, (strategy, _) in megatron_seeds(LAYERS, 2).items():
+        primitives[name].shard(strategy)
+    for block in net.blocks:
+        block.recompute()
+    cell = nn.TrainOneStepCell(nn.PipelineCell(net, micro_size=4), nn.Adam(net.trainable_params(), learning_rate=1e-3))
+    return training_plan(cell, None, net.example_inputs(), steps=steps)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULE_ORDERS)
+def test_every_schedule_trains_a_recomputed_stack_like_one_device(schedule, _fail_fast):
+    plan, values, batches = _recomputed_plan(schedule, steps=2)
+    assert sum(name.startswith(RECOMPUTE_PREFIX) for name in plan.graph.ops) > 0
+    run, alone = train_locally(plan, values, batches), train_single_device(reference_graph(plan), values, batches)
+    assert relative_error(run.losses, alone.losses) <= 1e-5 and relative_error(run.parameters, alone.parameters) <= 1e-5
+    assert run.bytes_match and run.measured_peaks == run.predicted_peaks
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
+def test_no_stages_backward_reads_another_stages_backward_but_the_gradients_it_sent_on(schedule):
+    """On the graph, by the plan's stage of every op: a backward op of stage s reading a tensor
+    a backward op of stage t != s wrote reads ``grad/x`` of an activation x that stage s wrote
+    and a later stage t read (the gradient flowing back); never a recomputed copy."""
+    plan, _, _ = _recomputed_plan(schedule, steps=1)
+    pipeline, graph = plan.pipeline, plan.graph
+    backward = {name for name in graph.ops if name.startswith(("bprop/", "accumulate/", "identity/", RECOMPUTE_PREFIX))}
+    crossings = 0
+    for name in sorted(backward - pipeline.shared):
+        for tensor in graph.ops[name].inputs:
+            producer = graph.tensors[tensor].producer
+            if producer not in backward or producer in pipeline.shared or pipeline.op_stages[producer] == pipeline.op_stages[name]:
+                continue
+            activation = tensor.removeprefix("grad/")
+            written = graph.tensors[activation].producer if tensor.startswith("grad/") and activation in graph.tensors else None
+            assert written is not None and not tensor.startswith(RECOMPUTE_PREFIX), (name, tensor)
+            assert pipeline.op_stages[written] == pipeline.op_stages[name] < pipeline.op_stages[producer], (name, tensor)
+            crossings += 1
+    assert crossings >= pipeline.stages - 1  # every stage but the last receives its output's gradient
