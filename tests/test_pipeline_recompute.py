@@ -6,13 +6,19 @@ what another stage's backward wrote but the gradients of the activations it sent
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
 from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
+from autostrat.errors import RuntimeBackendError
 from autostrat.frontend.train import relative_error, train_single_device, training_plan
 from autostrat.models import TransformerStack, megatron_seeds
 from autostrat.runtime import local
+from autostrat.runtime.program import Recv, Send
+from autostrat.runtime.stage_program import lower_stage_programs
+from autostrat.runtime.stage_waits import refuse_waits_forever
 from autostrat.runtime.training import reference_graph, train_locally
 from autostrat.search.schedules import SCHEDULE_ORDERS
 
@@ -78,3 +84,50 @@ def test_no_stages_backward_reads_another_stages_backward_but_the_gradients_it_s
             assert pipeline.op_stages[written] == pipeline.op_stages[name] < pipeline.op_stages[producer], (name, tensor)
             crossings += 1
     assert crossings >= pipeline.stages - 1  # every stage but the last receives its output's gradient
+
+
+def _moved_send(program, stage: int):
+    """`program` with the activation its chunk of `stage` sends on moved from its forward to
+    the end of its backward: the next stage's F then waits for this stage's B, which waits for
+    the next stage's B."""
+    chunks = []
+    for chunk in program.chunks:
+        sends = tuple(i for i in chunk.forward if isinstance(i, Send)) if chunk.stage == stage else ()
+        chunks.append(replace(chunk, forward=tuple(i for i in chunk.forward if i not in sends), backward=chunk.backward + sends))
+    return replace(program, chunks=tuple(chunks))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULE_ORDERS)
+def test_a_pipeline_whose_ranks_would_wait_forever_is_refused_before_its_first_step(schedule):
+    """The lowered programs pass the check (it accepts what runs: every schedule above); with
+    stage 0's activation sent in its backward instead of its forward, every schedule is refused
+    naming the keys, the ops writing them and the stages of the cycle of waits."""
+    plan, _, _ = _recomputed_plan(schedule, steps=1)
+    programs = lower_stage_programs(plan)
+    refuse_waits_forever(plan, programs)
+    [key] = {i.key for p in programs for c in p.chunks if c.stage == 0 for i in c.forward if isinstance(i, Send)}
+    with pytest.raises(RuntimeBackendError) as refused:
+        refuse_waits_forever(plan, tuple(_moved_send(program, 0) for program in programs))
+    message = str(refused.value)
+    assert message.startswith(f"pipeline ({schedule}): the ranks would wait for one another forever: ")
+    assert f"the forward of stage 1 (micro-batch 0) receives {key} (written by op {key.split(':')[0]}) sent in the backward of stage 0 (micro-batch 0)" in message
+
+
+def _without(programs, stage: int, kind: type):
+    """`programs` with the `kind` (Send or Recv) instructions of the forward of `stage` left out."""
+    return tuple(replace(program, chunks=tuple(replace(chunk, forward=tuple(i for i in chunk.forward if not isinstance(i, kind)))
+                                               if chunk.stage == stage else chunk for chunk in program.chunks))
+                 for program in programs)
+
+
+def test_a_receive_never_sent_or_a_send_never_received_is_refused():
+    plan, _, _ = _recomputed_plan("1f1b", steps=1)
+    programs = lower_stage_programs(plan)
+    with pytest.raises(RuntimeBackendError, match=r"^pipeline \(1f1b\): the forward of stage 1 \(micro-batch 0\) \(rank 2\) receives "
+                       r"blocks\.1\.residual2:0 \(written by op blocks\.1\.residual2\) more often than rank 0 sends it; "
+                       r"expected one send per receive$"):
+        refuse_waits_forever(plan, _without(programs, 0, Send))
+    with pytest.raises(RuntimeBackendError, match=r"^pipeline \(1f1b\): the forward of stage 0 \(micro-batch 0\) \(rank 0\) sends "
+                       r"blocks\.1\.residual2:0 \(written by op blocks\.1\.residual2\) more often than rank 2 receives it; "
+                       r"expected one receive per send$"):
+        refuse_waits_forever(plan, _without(programs, 1, Recv))

@@ -36,6 +36,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.layout.layout import Layout
 from autostrat.runtime.program import Communicate, Compute, Load, Recv, RingCompute, Send, lower_programs
 from autostrat.runtime.stage_crossings import cross_stages
+from autostrat.runtime.stage_waits import refuse_waits_forever
 from autostrat.search.schedules import SCHEDULE_ORDERS, Instruction, schedule_orders
 
 SLOTS = ("forward", "backward", "weight")  # a micro-batch's; the update runs once per step
@@ -165,7 +166,9 @@ def lower_stage_programs(plan) -> tuple[StageProgram, ...]:
                                   "expected another strategy for it in a pipeline plan")
     local, owners = cross_stages(plan, local, _owners(plan.graph, local[0].instructions))
     cutter = _Cutter(plan, local[0], owners)
-    return tuple(cutter.program(local[rank % pipeline.group_size], rank) for rank in range(pipeline.device_num))
+    programs = tuple(cutter.program(local[rank % pipeline.group_size], rank) for rank in range(pipeline.device_num))
+    refuse_waits_forever(plan, programs)  # before the first step, not at a rank's timeout
+    return programs
 
 
 def _owners(graph, instructions) -> list[str | None]:
