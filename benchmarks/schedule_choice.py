@@ -15,12 +15,16 @@ How (cases):
   same shape with 2 layers on one stage's 64 devices (tp 8 x dp 8), one micro-batch of
   ``8 x 32 / m`` sequences; its units (embedding, block 0, block 1, head and loss:
   `search.stages.unit_costs`) are extended to 126 blocks (block 0's costs for blocks 0-124, block
-  1's for the last: alike blocks cost alike, tested in tests/test_stages.py, but under full
-  recompute the last block is not like the others: its output is read back only as the head's
-  backward recomputes it, so it keeps no checkpoint from F to B, where every other block keeps its
-  output, 1.07 GB a micro-batch, for the next block's recompute; a 3-layer plan's middle block
-  has block 0's figures to the byte. Block 1's repeated 125 times, before, left 124 blocks'
-  checkpoints out of every peak: without sequence parallel 1F1B peaked at 69.9 GB so, 184.6 with them).
+  1's for the last: alike blocks cost alike, tested in tests/test_stages.py, but the last block
+  is not like the others: it holds less from B to W, 2.265 GB a micro-batch against 2.399. Every
+  block, the last too, keeps its output, 0.134 GB a micro-batch (sequence-parallel), from F to B
+  as the next unit's input, which that unit's backward reads as the original (a backward op reads
+  the recomputed copies of its own block alone: `autodiff.recompute`; until it did, the head's
+  backward read the last block's recomputed output, which kept no checkpoint, and every block
+  recomputed its output's matmul, ffn_down, for the next block's backward: 4 % of the step); a
+  3-layer plan's middle block has block 0's figures to the byte. Block 1's repeated 125 times,
+  before, left 124 blocks' checkpoints out of every peak: without sequence parallel 1F1B peaked
+  at 69.9 GB so, 184.6 with them).
 - Each row: a schedule (1F1B, interleaved 1F1B with v = 2, 4, 8, ZB-H1, zbv) split by
   `search.schedule_split.split_stages` on 8 device groups, its simulated step (the
   micro-batches' part: the once-per-step gradient synchronisation and update, the same for
@@ -29,7 +33,7 @@ How (cases):
   tokens/s/device; the ratio to 1F1B. The search's own choice: `choose_schedule` over every
   candidate schedule and v and m in {8, 16, 32}, under 80 GB per device.
 
-Why ZB-H1 peaks at 337.9 GB against 1F1B's 84.0: full recompute keeps a block's input (0.134 GB
+Why ZB-H1 peaks at 337.8 GB against 1F1B's 83.8: full recompute keeps a block's input (0.134 GB
 a micro-batch, sequence-parallel) from F to B, but W's inputs (the matmuls' inputs, which B
 recomputes, and the output gradients B writes: 2.40 GB a block) from B to W. ZB-H1's device d
 runs micro-batch i's W after the B of i + d, so the last device (15 blocks and the head: 37.3 GB
@@ -41,7 +45,7 @@ measures the peak it has without recompute), as Qi et al.'s implementation does
 (sail-sg/zero-bubble-pipeline-parallelism issue 74: under recompute ZB-H1's memory grows with
 the stage). zbv holds back at most one micro-batch chunk's W on its peak group (2.4 GB): its
 peak is not W's inputs. torchtitan measured 82.5 GiB (88.6 GB) for 1F1B and 72.7 GiB (78.1 GB)
-for interleaved 1F1B (issue #34); the split's model gives 84.0 and 76.5 GB (v = 2).
+for interleaved 1F1B (issue #34); the split's model gives 83.8 and 76.3 GB (v = 2).
 
 Run: .venv/bin/python benchmarks/schedule_choice.py   (three 2-layer plans: a minute or two)
 """

@@ -265,8 +265,8 @@ def test_zero_bubble_h1s_device_d_holds_the_w_inputs_of_d_plus_1_micro_batches(s
 
 def test_under_recompute_zero_bubble_h1s_last_stage_holds_every_w_input_b_recomputed():
     """Recompute and ZB-H1 on the ranks (a 4-block stack on 2 stages of one device, 4
-    micro-batches; blocks 0, 2 and 3 recomputed: a stage starting after a recomputed block
-    deadlocks today, see `_recomputing`): the last stage runs every W after all its B, so it
+    micro-batches; blocks 0, 2 and 3 recomputed; every block recomputed, on every schedule:
+    tests/test_pipeline_recompute.py): the last stage runs every W after all its B, so it
     holds every micro-batch's W inputs, which its B recomputed: its measured peak is the one
     without recompute, over 1F1B's with the same recompute; the split's model, holding W's
     inputs from B to W, is within 5 % of every rank's measured peak."""
@@ -282,11 +282,7 @@ def test_under_recompute_zero_bubble_h1s_last_stage_holds_every_w_input_b_recomp
 
 def _recomputing(blocks, schedule: str):
     """(plan, per-rank peaks measured over a step on 2 local ranks) of a 4-block stack as 2
-    pipeline stages of one device, 4 micro-batches, its `blocks` recomputed. Not the last block
-    of a stage when the next is too: the next stage's first backward op reads that block's
-    recomputed output, which the runtime's rule (`stage_program.weight_part`) sends in the
-    sending stage's W, after its B, which waits for the gradient from that next stage's B:
-    ZB-H1 and zbv deadlock there."""
+    pipeline stages of one device, 4 micro-batches, its `blocks` recomputed."""
     reset_auto_parallel_context()
     set_auto_parallel_context(parallel_mode="auto_parallel", device_num=2, pipeline_stages=2,
                               pipeline_config={"pipeline_scheduler": schedule})

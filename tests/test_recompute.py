@@ -33,7 +33,20 @@ def _stack_graph(layers: int = 2, seq: int = 16, batch: int = 4):
     return apply_seeds(graph, megatron_seeds(layers, 4, True, data_parallel=2), 8)
 
 
-def test_the_backward_reads_only_recomputed_activations_of_the_cell():
+def _block_of(name: str) -> str | None:
+    """The block (``blocks.<i>``) a forward, bprop or recomputed op belongs to, read from its name."""
+    core = name.removeprefix(RECOMPUTE_PREFIX).removeprefix("bprop/")
+    return next((block for block in BLOCKS if core.startswith(block + ".")), None)
+
+
+def test_a_blocks_backward_reads_its_own_recomputed_activations_and_others_read_originals():
+    """The rule: a backward op reads the recomputed copy of what its own block recomputes, and
+    the original of what another block produced. Until this rule, every backward op read the
+    copies: block 1's first bprop (its layer norm's) read block 0's recomputed output, which block
+    0's backward made, so on 2 pipeline stages stage 1's backward waited for stage 0's, and
+    interleaved_1f1b, zero_bubble_h1 and zbv deadlocked (`tests/test_pipeline_recompute.py`).
+    That original is kept anyway: block 1's forward reads it, and block 1's copies too (their
+    input)."""
     forward = _stack_graph()
     plain = build_training(forward, Adam(1e-3))
     graph = build_training(forward, Adam(1e-3), recompute=BLOCKS)
@@ -41,9 +54,21 @@ def test_the_backward_reads_only_recomputed_activations_of_the_cell():
     inside = {name for name in forward.ops if name.startswith(BLOCKS)}
     copies = [name for name in names if name.startswith(RECOMPUTE_PREFIX)]
     assert copies and all(name.removeprefix(RECOMPUTE_PREFIX) in inside for name in copies)
-    for name in inside:  # no backward op reads an original (another block's copies read its output, their input)
+    across = []  # (reader, original) read by another block's backward
+    for name in inside:
         for tensor in graph.ops[name].outputs:
-            assert all(reader in forward.ops or reader.startswith(RECOMPUTE_PREFIX) for reader, _ in graph.consumers(tensor)), tensor
+            for reader, _ in graph.consumers(tensor):
+                if reader in forward.ops or reader.startswith(RECOMPUTE_PREFIX):
+                    continue
+                assert _block_of(reader) != _block_of(name), (reader, tensor)  # its own block's backward reads the copy
+                assert any(r in forward.ops for r, _ in graph.consumers(tensor)), tensor  # kept anyway
+                across.append((reader, tensor))
+    assert ("bprop/blocks.1.ln1.layer_norm/layer_norm_grad", "blocks.0.residual2:0") in across
+    for copy in copies:  # every copy is read by its own block's backward (or its copies) alone
+        for tensor in graph.ops[copy].outputs:
+            assert all(_block_of(reader) == _block_of(copy) for reader, _ in graph.consumers(tensor)), tensor
+    # A block's output, read by no bprop of its own (an add's gradient needs no input), is not recomputed.
+    assert RECOMPUTE_PREFIX + "blocks.0.residual2" not in graph.ops and RECOMPUTE_PREFIX + "blocks.0.residual1" in graph.ops
     for copy in copies:  # a copy reads copies of its own block, or what the block reads from outside
         block = next(b for b in BLOCKS if copy.startswith(RECOMPUTE_PREFIX + b))
         for tensor in graph.ops[copy].inputs:

@@ -2,14 +2,20 @@
 its forward ops run again inside the backward, just before the first backward op needing them.
 
 On a training graph: every forward op of a recomputed cell (an op named ``<cell path>.…``) whose
-output a backward op reads gets a copy ``recompute/<op>``, computing ``recompute/<tensor>`` from
-the same inputs (or their recomputed copies, inside the cell), with the same attributes and seed
+output a backward op of the same recomputed unit reads (a bprop ``bprop/<op>/…`` of one of its
+forward ops) gets a copy ``recompute/<op>``, computing ``recompute/<tensor>`` from the same
+inputs (or their recomputed copies, inside the cell), with the same attributes and seed
 (Dropout's mask is a function of its seed and element positions, so it is drawn again alike).
-Backward ops then read the copies. The originals' outputs die at their last forward reader, so
-the live activations of the cell between its forward and its backward are its inputs alone; the
-copies live from their recomputation to their last backward reader. The copies are placed, in
-forward order, just before the first backward op reading any of the cell's copies, so one cell's
-activations are rebuilt only when its backward starts.
+The unit's backward ops then read the copies; a backward op outside the unit reads the
+original, which its own forward op read and so kept anyway (the next block's input checkpoint):
+a copy is made by its unit's backward alone, so no backward waits for another unit's backward
+(on another pipeline stage: a dependency no schedule has, which deadlocked interleaved and
+zero-bubble schedules). The originals' outputs read by no other unit's backward die at their
+last forward reader, so the live activations of the cell between its forward and its backward
+are its inputs (and what other units' backward ops read of it); the copies live from their
+recomputation to their last backward reader. The copies are placed, in forward order, just
+before the first backward op reading any of the unit's copies, so one unit's activations are
+rebuilt only when its backward starts.
 """
 
 from __future__ import annotations
@@ -50,12 +56,15 @@ def recompute_cells(graph: Graph, cells: tuple[str, ...], forward: set[str]) -> 
         (('recompute/relu:0',), (('dense2.matmul', 0),))
     """
     units = _units(graph, cells, forward)
-    # What the backward reads, once: asked per unit, it scanned every op per unit (quadratic
-    # in the layers: 13 of 650 profiled s of a 126-layer estimate).
-    read_back = {graph.tensors[tensor].producer for name, op in graph.ops.items() if name not in forward for tensor in op.inputs}
-    ops_of = {}  # unit -> its forward ops to copy, in forward order
-    for cell, inside in units.items():
-        ops_of[cell] = sorted(_copied(graph, inside, read_back), key=graph.op_index)
+    unit_of = {name: cell for cell, inside in units.items() for name in inside}  # forward op -> its unit
+    # What each unit's backward reads, once: asked per unit, it scanned every op per unit
+    # (quadratic in the layers: 13 of 650 profiled s of a 126-layer estimate).
+    read_back: dict[str, set[str]] = {cell: set() for cell in units}
+    for name, op in graph.ops.items():
+        cell = unit_of.get(_bprop_of(name)) if name not in forward else None
+        if cell is not None:
+            read_back[cell].update(graph.tensors[tensor].producer for tensor in op.inputs)
+    ops_of = {cell: sorted(_copied(graph, inside, read_back[cell]), key=graph.op_index) for cell, inside in units.items()}
     renamed = {tensor: RECOMPUTE_PREFIX + tensor for names in ops_of.values() for name in names for tensor in graph.ops[name].outputs}
     if not renamed:
         return graph
@@ -64,18 +73,21 @@ def recompute_cells(graph: Graph, cells: tuple[str, ...], forward: set[str]) -> 
         tensors[copy] = replace(graph.tensors[tensor], name=copy, producer=RECOMPUTE_PREFIX + graph.tensors[tensor].producer)
     ops: dict[str, OpNode] = {}
     pending = {cell: _copies(graph, names, renamed) for cell, names in ops_of.items() if names}
-    units_of: dict[str, set[str]] = {}  # forward op -> the units holding it
-    for cell, inside in units.items():
-        for name in inside:
-            units_of.setdefault(name, set()).add(cell)
     for name, op in graph.ops.items():
-        if name not in forward:
-            reading = {cell for t in op.inputs if t in renamed for cell in units_of.get(graph.tensors[t].producer, ())}
-            for cell in [cell for cell in pending if cell in reading] if reading else ():
-                ops.update((copy.name, copy) for copy in pending.pop(cell))  # the cell's copies, before their first reader
-            op = replace(op, inputs=tuple(renamed.get(tensor, tensor) for tensor in op.inputs))
+        cell = unit_of.get(_bprop_of(name)) if name not in forward else None
+        if cell is not None:
+            own = {tensor for tensor in op.inputs if tensor in renamed and unit_of.get(graph.tensors[tensor].producer) == cell}
+            if own and cell in pending:
+                ops.update((copy.name, copy) for copy in pending.pop(cell))  # the unit's copies, before their first reader
+            op = replace(op, inputs=tuple(renamed[tensor] if tensor in own else tensor for tensor in op.inputs))
         ops[name] = op
     return Graph(tensors, ops, graph.outputs, graph.name, graph.values, graph.updates)
+
+
+def _bprop_of(name: str) -> str | None:
+    """The forward op whose bprop the backward op `name` belongs to (``bprop/<op>/<kind>``), or
+    None (a gradient sum, a parameter's identity: no unit's backward)."""
+    return name.removeprefix("bprop/").rpartition("/")[0] if name.startswith("bprop/") else None
 
 
 def _units(graph: Graph, cells: tuple[str, ...], forward: set[str]) -> dict[str, set[str]]:

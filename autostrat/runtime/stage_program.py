@@ -31,12 +31,14 @@ import math
 from dataclasses import dataclass, replace
 
 from autostrat.autodiff import op_phase
+from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
 from autostrat.cost import dtype_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout.layout import Layout
 from autostrat.runtime.program import lower_programs
 from autostrat.runtime.instructions import Communicate, Compute, Load, Recv, RingCompute, Send
 from autostrat.runtime.stage_crossings import cross_stages
+from autostrat.runtime.stage_waits import refuse_waits_forever
 from autostrat.search.schedules import SCHEDULE_ORDERS, Instruction, schedule_orders
 
 SLOTS = ("forward", "backward", "weight")  # a micro-batch's; the update runs once per step
@@ -118,7 +120,9 @@ def activation_gradient(graph, key: str) -> bool:
 def weight_part(graph, backward) -> tuple[bool, ...]:
     """Per instruction of a stage's backward, whether it is W (the weight gradient: what no
     activation gradient needs). Walking back from the end, an instruction is B when it writes an
-    activation gradient or a key a B instruction reads; a send is B when B wrote what it sends.
+    activation gradient or a key a B instruction reads, or is a recomputed forward op (one W
+    alone reads, a SwiGLU's product, would hold its inputs from B to W, twice its output); a send
+    is B when B wrote what it sends.
 
     Example (a bias gradient reads the received gradient before the matmul's input gradient does):
         >>> from types import SimpleNamespace
@@ -132,7 +136,9 @@ def weight_part(graph, backward) -> tuple[bool, ...]:
     needed: set[str] = set()
     weight = [True] * len(backward)
     for index in range(len(backward) - 1, -1, -1):
-        if any(key in needed or activation_gradient(graph, key) for key in _writes(backward[index])):
+        instruction = backward[index]
+        if (isinstance(instruction, Compute) and instruction.op.startswith(RECOMPUTE_PREFIX)
+                or any(key in needed or activation_gradient(graph, key) for key in _writes(instruction))):
             weight[index] = False
             needed.update(_reads(backward[index]))
     written = {key for instruction, w in zip(backward, weight) if not w for key in _writes(instruction)}
@@ -166,7 +172,9 @@ def lower_stage_programs(plan) -> tuple[StageProgram, ...]:
                                   "expected another strategy for it in a pipeline plan")
     local, owners = cross_stages(plan, local, _owners(plan.graph, local[0].instructions))
     cutter = _Cutter(plan, local[0], owners)
-    return tuple(cutter.program(local[rank % pipeline.group_size], rank) for rank in range(pipeline.device_num))
+    programs = tuple(cutter.program(local[rank % pipeline.group_size], rank) for rank in range(pipeline.device_num))
+    refuse_waits_forever(plan, programs)  # before the first step, not at a rank's timeout
+    return programs
 
 
 def _owners(graph, instructions) -> list[str | None]:

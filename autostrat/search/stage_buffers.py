@@ -37,6 +37,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from autostrat.autodiff import op_phase
+from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
 from autostrat.cost.live_bytes import LiveBytes, last_touches, release_after
 from autostrat.search.buffers import DeviceProgram, Event, device_program
 from autostrat.search.crossings import crossed
@@ -76,13 +77,14 @@ def activation_gradient(graph, key: str) -> bool:
 
 def weight_part(graph, backward: list[Event]) -> list[bool]:
     """Per event of a stage's backward, whether it is W: no activation gradient needs it. B is
-    every event writing an activation gradient (`activation_gradient`) and, walking back, every
-    event writing what a B event reads; a send is B when it sends what B wrote."""
+    every event writing an activation gradient (`activation_gradient`) or of a recomputed forward
+    op (as the runtime's `stage_program.weight_part` has it) and, walking back, every event
+    writing what a B event reads; a send is B when it sends what B wrote."""
     needed: set[str] = set()
     weight = [True] * len(backward)
     for index in range(len(backward) - 1, -1, -1):
         event = backward[index]
-        if any(key in needed or activation_gradient(graph, key) for key in event.writes):
+        if event.op.startswith(RECOMPUTE_PREFIX) or any(key in needed or activation_gradient(graph, key) for key in event.writes):
             weight[index] = False
             needed.update(event.reads)
     written_by_b = {key for event, w in zip(backward, weight) if not w for key in event.writes}

@@ -138,8 +138,8 @@ def weight_ops(graph) -> frozenset[str]:
     """The backward ops of a training graph that are W (the weight gradient): by the runtime's
     rule (`runtime.stage_program.weight_part`, there per instruction of a stage, here per op):
     walking back from the last op, an op is B when it writes an activation gradient (``grad/``
-    of a tensor other than a parameter) or a tensor a B op reads; a backward op that is not B
-    is W.
+    of a tensor other than a parameter) or a tensor a B op reads, or is a recomputed forward op;
+    a backward op that is not B is W.
 
     Example (an FFN's weight and bias gradients are W; the matmul's input gradient is B):
         >>> from autostrat.autodiff import SGD, build_training
@@ -155,7 +155,7 @@ def weight_ops(graph) -> frozenset[str]:
     weight = set()
     for name in reversed(backward):
         outputs = graph.ops[name].outputs
-        if any(tensor in needed or _activation_gradient(graph, tensor) for tensor in outputs):
+        if name.startswith(RECOMPUTE_PREFIX) or any(tensor in needed or _activation_gradient(graph, tensor) for tensor in outputs):
             needed.update(graph.ops[name].inputs)
         else:
             weight.add(name)
