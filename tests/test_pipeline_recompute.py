@@ -16,7 +16,7 @@ from autostrat.errors import RuntimeBackendError
 from autostrat.frontend.train import relative_error, train_single_device, training_plan
 from autostrat.models import LLaMA, TransformerStack, megatron_seeds
 from autostrat.runtime import local
-from autostrat.runtime.program import Compute, Recv, Send
+from autostrat.runtime.instructions import Compute, Recv, Send
 from autostrat.runtime.stage_program import lower_stage_programs
 from autostrat.runtime.stage_waits import refuse_waits_forever
 from autostrat.runtime.training import reference_graph, train_locally

@@ -21,7 +21,7 @@ from collections import deque
 from typing import NamedTuple
 
 from autostrat.errors import RuntimeBackendError
-from autostrat.runtime.program import Recv, Send
+from autostrat.runtime.instructions import Recv, Send
 from autostrat.search.stage_buffers import PARTS
 
 
