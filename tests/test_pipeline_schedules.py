@@ -89,9 +89,14 @@ def test_every_schedule_trains_on_local_ranks_like_stand_alone_in_its_order(sche
     assert result.measured_peaks == result.predicted_peaks
     # Per rank its parts' CPU seconds, those over their wall seconds (a thread's own: the other
     # ranks' threads run beside it, so a process's CPU time would exceed them), and its bubble on
-    # the virtual clock: the stages wait for one another even on cores of their own.
-    assert all(forward > 0 and backward > 0 and 0 < share <= 1 and 0 < virtual < 1
-               for _, forward, backward, _, share, virtual in result.stage_timings)
+    # the virtual clock: the stages wait for one another even on cores of their own. Not every
+    # rank: a device group's collectives are not composed on the clock (`pipeline_clock`), so the
+    # rank of a group whose passes ran longest (measured: 4.0 ms forwards beside its partner's
+    # 2.3, 4 ranks beside 3 busy loops on 2 cores) may never wait on it.
+    timings = result.stage_timings
+    assert all(forward > 0 and backward > 0 and 0 < share <= 1 and 0 <= virtual < 1
+               for _, forward, backward, _, share, virtual in timings), timings
+    assert max(virtual for *_, virtual in timings) > 0, timings
     plan, _, _ = training_plan(cell, None, net.example_inputs(), steps=1)
     orders = schedule_orders(schedule, 2, 4, plan.pipeline.chunks)
     for program in lower_stage_programs(plan):

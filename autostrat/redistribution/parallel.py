@@ -63,6 +63,8 @@ def missing_pairs(tables) -> list[tuple]:
     Example:
         >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
         >>> from autostrat.redistribution.lazy import LazyCostTable
+        >>> from autostrat.redistribution.memo import clear_memos
+        >>> clear_memos()  # what another caller priced is memoised: not missing
         >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (8, 8))
         >>> whole = Layout(DeviceMatrix((4,)), TensorMap((-1, -1)), (8, 8))
         >>> [(str(src), str(dst)) for src, dst, _, _ in missing_pairs([LazyCostTable([rows], [rows, whole])])]
