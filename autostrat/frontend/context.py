@@ -258,12 +258,7 @@ class ParallelContext:
 
     def search_options(self, workers: int = 0):
         """The options the search layer takes (it never reads the context itself)."""
-        refines = self.refine is not None or self.max_device_memory is not None or self.search_mode == "integer_programming"
-        if self.pricing_processes > 1 and not refines:
-            warn_once("pricing_processes", f"pricing_processes={self.pricing_processes} has no effect: only a refining search "
-                                           f"(refine, max_device_memory or integer_programming) prices cost tables up front",
-                      stacklevel=3)
-        return SearchOptions(
+        options = SearchOptions(
             mode=self.parallel_mode,
             search_mode=self.search_mode,
             allow_repeated=None if self.fully_use_devices is None else not self.fully_use_devices,
@@ -282,6 +277,11 @@ class ParallelContext:
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,
             seeds_from_one_plan=bool(self.strategy_ckpt_load_file),
         )
+        if self.pricing_processes > 1 and not options.refines:
+            warn_once("pricing_processes", f"pricing_processes={self.pricing_processes} has no effect: only a refining search "
+                                           f"(refine, max_device_memory or integer_programming) prices cost tables up front",
+                      stacklevel=3)
+        return options
 
     def _mindspore_keys(self) -> None:
         """`dataset_strategy` and `strategy_ckpt_config` onto the keys that act on them."""

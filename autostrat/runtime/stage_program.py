@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, replace
 
 from autostrat.autodiff import op_phase
-from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
+from autostrat.autodiff.weight_gradients import input_gradient_part
 from autostrat.cost import dtype_size
 from autostrat.errors import RuntimeBackendError
 from autostrat.layout.layout import Layout
@@ -101,28 +101,10 @@ class StageProgram:
         return {name: array[tuple(slice(a, b) for a, b in ranges[name])] for name, array in whole.items() if name in ranges}
 
 
-def activation_gradient(graph, key: str) -> bool:
-    """Whether store key `key` is (a layout of) the gradient of a tensor other than a parameter.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> graph = SimpleNamespace(tensors={"h": SimpleNamespace(kind="output"), "w": SimpleNamespace(kind="parameter")})
-        >>> activation_gradient(graph, "grad/h"), activation_gradient(graph, "grad/w>optimizer/w[1]")
-        (True, False)
-    """
-    tensor = key.split(">")[0]
-    if not tensor.startswith("grad/"):
-        return False
-    info = graph.tensors.get(tensor[len("grad/"):])
-    return info is not None and info.kind != "parameter"
-
-
 def weight_part(graph, backward) -> tuple[bool, ...]:
     """Per instruction of a stage's backward, whether it is W (the weight gradient: what no
-    activation gradient needs). Walking back from the end, an instruction is B when it writes an
-    activation gradient or a key a B instruction reads, or is a recomputed forward op (one W
-    alone reads, a SwiGLU's product, would hold its inputs from B to W, twice its output); a send
-    is B when B wrote what it sends.
+    activation gradient needs), by the rule the models share (`autodiff.weight_gradients`); a
+    send is B when B wrote what it sends.
 
     Example (a bias gradient reads the received gradient before the matmul's input gradient does):
         >>> from types import SimpleNamespace
@@ -133,14 +115,8 @@ def weight_part(graph, backward) -> tuple[bool, ...]:
         >>> weight_part(graph, backward)
         (False, True, False, True)
     """
-    needed: set[str] = set()
-    weight = [True] * len(backward)
-    for index in range(len(backward) - 1, -1, -1):
-        instruction = backward[index]
-        if (isinstance(instruction, Compute) and instruction.op.startswith(RECOMPUTE_PREFIX)
-                or any(key in needed or activation_gradient(graph, key) for key in _writes(instruction))):
-            weight[index] = False
-            needed.update(_reads(backward[index]))
+    op_of = lambda instruction: instruction.op if isinstance(instruction, Compute) else ""  # noqa: E731
+    weight = [not b for b in input_gradient_part(graph, backward, op_of, _writes, _reads)]
     written = {key for instruction, w in zip(backward, weight) if not w for key in _writes(instruction)}
     for index, instruction in enumerate(backward):
         if isinstance(instruction, Send) and instruction.key in written:

@@ -117,6 +117,11 @@ class SearchOptions:
         return self.mode == "auto_parallel" and self.search_mode == "integer_programming"
 
     @property
+    def refines(self) -> bool:
+        """Whether the search refines its propagated plan (and so prices its cost tables up front)."""
+        return self.refine is not None or self.automatic or self.max_device_memory is not None
+
+    @property
     def coarsening(self) -> str:
         """The coarsening level the refinement uses (`coarsen`, resolved)."""
         if self.coarsen is not None:

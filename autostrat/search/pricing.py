@@ -34,8 +34,8 @@ def price_tables(problem: SearchProblem, deadline: Deadline) -> None:
         True
     """
     deadline.check(PRICING)
-    if processes() > 1:
-        price_in_parallel(missing_pairs(edge.table for edge in problem.edges), processes(), deadline.left())
+    if (count := processes()) > 1:
+        price_in_parallel(missing_pairs(edge.table for edge in problem.edges), count, deadline.left())
         deadline.check(PRICING)
     with polled(lambda: deadline.check(PRICING)):  # inside one entry's search too: it may take seconds
         for edge in problem.edges:

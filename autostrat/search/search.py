@@ -145,7 +145,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress, col
     else:
         assignment = data_parallel(problem, keep_seeds=options.mode == "semi_auto_parallel",
                                    seeds_from_one_plan=options.seeds_from_one_plan)
-    if not (options.refine is not None or options.automatic or options.max_device_memory is not None):
+    if not options.refines:
         return _plan_of(problem, graph, device_num, options, assignment, assignment.choice, progress)
     return _refined_plan(problem, graph, device_num, options, assignment, progress, deadline, collects)
 

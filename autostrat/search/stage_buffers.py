@@ -37,7 +37,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from autostrat.autodiff import op_phase
-from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
+from autostrat.autodiff.weight_gradients import input_gradient_part
 from autostrat.cost.live_bytes import LiveBytes, last_touches, release_after
 from autostrat.search.buffers import DeviceProgram, Event, device_program
 from autostrat.search.crossings import crossed
@@ -61,32 +61,10 @@ class StageSteps:
     receives: list[Event] = field(default_factory=list)  # next values another device sends, at the end of the step
 
 
-def activation_gradient(graph, key: str) -> bool:
-    """Whether store key `key` is (a layout of) the gradient of a tensor other than a parameter.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> graph = SimpleNamespace(tensors={"x": SimpleNamespace(kind="output"), "w": SimpleNamespace(kind="parameter")})
-        >>> activation_gradient(graph, "grad/x>bprop/y[0]"), activation_gradient(graph, "grad/w")
-        (True, False)
-    """
-    tensor = key.split(">")[0]
-    info = graph.tensors.get(tensor.removeprefix("grad/")) if tensor.startswith("grad/") else None
-    return info is not None and info.kind != "parameter"
-
-
 def weight_part(graph, backward: list[Event]) -> list[bool]:
-    """Per event of a stage's backward, whether it is W: no activation gradient needs it. B is
-    every event writing an activation gradient (`activation_gradient`) or of a recomputed forward
-    op (as the runtime's `stage_program.weight_part` has it) and, walking back, every event
-    writing what a B event reads; a send is B when it sends what B wrote."""
-    needed: set[str] = set()
-    weight = [True] * len(backward)
-    for index in range(len(backward) - 1, -1, -1):
-        event = backward[index]
-        if event.op.startswith(RECOMPUTE_PREFIX) or any(key in needed or activation_gradient(graph, key) for key in event.writes):
-            weight[index] = False
-            needed.update(event.reads)
+    """Per event of a stage's backward, whether it is W: no activation gradient needs it, by the
+    rule the runtime shares (`autodiff.weight_gradients`); a send is B when it sends what B wrote."""
+    weight = [not b for b in input_gradient_part(graph, backward, lambda e: e.op, lambda e: e.writes, lambda e: e.reads)]
     written_by_b = {key for event, w in zip(backward, weight) if not w for key in event.writes}
     for index, event in enumerate(backward):
         if not event.writes and any(key in written_by_b for key in event.reads):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from autostrat.autodiff import BACKWARD_PREFIXES, op_phase
 from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
+from autostrat.autodiff.weight_gradients import input_gradient_part
 from autostrat.autodiff.optimizers import UPDATE_PREFIX
 from autostrat.cost import Hardware
 from autostrat.errors import ConfigError
@@ -136,10 +137,8 @@ _WRAPPERS = (*BACKWARD_PREFIXES, UPDATE_PREFIX)
 
 def weight_ops(graph) -> frozenset[str]:
     """The backward ops of a training graph that are W (the weight gradient): by the runtime's
-    rule (`runtime.stage_program.weight_part`, there per instruction of a stage, here per op):
-    walking back from the last op, an op is B when it writes an activation gradient (``grad/``
-    of a tensor other than a parameter) or a tensor a B op reads, or is a recomputed forward op;
-    a backward op that is not B is W.
+    rule (`autodiff.weight_gradients`; the runtime applies it per instruction of a stage, here per
+    op): a backward op that is not B is W.
 
     Example (an FFN's weight and bias gradients are W; the matmul's input gradient is B):
         >>> from autostrat.autodiff import SGD, build_training
@@ -150,21 +149,10 @@ def weight_ops(graph) -> frozenset[str]:
         >>> "bprop/dense2.matmul/mat_mul_1" in weights, "bprop/dense2.matmul/mat_mul" in weights
         (True, False)
     """
-    needed: set[str] = set()
     backward = [name for name in graph.ops if op_phase(name) == "backward"]
-    weight = set()
-    for name in reversed(backward):
-        outputs = graph.ops[name].outputs
-        if name.startswith(RECOMPUTE_PREFIX) or any(tensor in needed or _activation_gradient(graph, tensor) for tensor in outputs):
-            needed.update(graph.ops[name].inputs)
-        else:
-            weight.add(name)
-    return frozenset(weight)
-
-
-def _activation_gradient(graph, tensor: str) -> bool:
-    info = graph.tensors.get(tensor.removeprefix("grad/")) if tensor.startswith("grad/") else None
-    return info is not None and info.kind != "parameter"
+    part = input_gradient_part(graph, backward, lambda name: name, lambda name: graph.ops[name].outputs,
+                               lambda name: graph.ops[name].inputs)
+    return frozenset(name for name, b in zip(backward, part) if not b)
 
 
 def op_units(graph) -> dict[str, int]:
