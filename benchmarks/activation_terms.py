@@ -34,16 +34,16 @@ TERMS = (
     ("QKV input (LayerNorm 1 output)", 2, None, False, False, ("ln1.layer_norm:0",)),
     ("Q and K (QKᵀ inputs)", 4, None, True, False, ("attention.to_heads:0", "attention.to_heads_1:0")),
     ("softmax output", None, 2, True, True, ("attention.softmax:0",)),
-    ("softmax dropout mask", None, 1, True, True, ()),
-    ("softmax dropout output", None, 2, True, True, ()),
+    ("softmax dropout mask", None, 1, True, True, ("attention.probs_dropout:1",)),
+    ("softmax dropout output", None, 2, True, True, ("attention.probs_dropout:0",)),
     ("V", 2, None, True, False, ("attention.to_heads_2:0",)),
     ("projection input", 2, None, True, False, ("attention.merge_heads:0",)),
-    ("attention dropout mask", 1, None, False, False, ()),
+    ("attention dropout mask", 1, None, False, False, ("dropout1:1",)),
     ("LayerNorm 2 input", 2, None, False, False, ("residual1:0",)),
     ("MLP input (LayerNorm 2 output)", 2, None, False, False, ("ln2.layer_norm:0",)),
     ("GeLU input", 8, None, True, False, ("ffn1.bias_add:0",)),
     ("GeLU output", 8, None, True, False, ("ffn1.activation.gelu:0",)),
-    ("MLP dropout mask", 1, None, False, False, ()),
+    ("MLP dropout mask", 1, None, False, False, ("dropout2:1",)),
 )
 
 

@@ -105,6 +105,7 @@ def cast(b, op, dy):
 
 @register_bprop("Dropout")
 def dropout(b, op, dy):
-    # The mask depends only on the element index and the `seed` attribute: the same Dropout applied to dy
-    # keeps exactly the elements the forward kept, scaled by 1 / keep_prob.
-    return (b.emit("Dropout", dy, **op.attr_dict),)
+    # The backward reads the mask the forward kept (PyTorch's and so Megatron-LM's rule: one byte
+    # an element until the backward); under recompute the recomputed forward writes it again,
+    # alike, as the mask is a function of the seed and the element's index.
+    return (b.emit("DropoutGrad", dy, op.outputs[1], keep_prob=op.attr_dict["keep_prob"]),)

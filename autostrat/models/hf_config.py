@@ -3,7 +3,8 @@ and the mixtures of experts mixtral, deepseek_v3 and gpt_oss) becomes `LLaMA`, G
 
 The file is data (`reading.read_json`, never code). Each model_type lists the fields it reads,
 the fields whose value changes what the model computes (each must hold a value autostrat
-computes: ``hidden_act: silu``, ``rope_scaling: null``, no dropout...), and the fields that
+computes: ``hidden_act: silu``, ``rope_scaling: null``, the LLaMA family's
+``attention_dropout: 0``...), and the fields that
 only describe the checkpoint (token ids, torch_dtype...), which are ignored. An absent field
 takes HuggingFace's default for its model_type, which is then checked as if written. Anything
 else, an unknown model_type or field, or a value autostrat cannot honour is a `ConfigError`
@@ -12,6 +13,8 @@ naming the file, the field and the value.
 The training sequence length and batch are no part of a config.json: ``seq`` defaults to
 ``max_position_embeddings`` (gpt2: ``n_positions``) and may not exceed it; ``batch`` to 1.
 GPT's learned positions are a ``[seq, hidden]`` table (GPT-2's holds ``n_positions`` rows).
+gpt2's ``attn_pdrop``, ``resid_pdrop`` and ``embd_pdrop`` (HuggingFace's default 0.1 each) build
+Dropout ops where GPT-2 and Megatron-LM drop (`models.gpt.GPT`); 0 builds none.
 Nor is an expert's capacity (Mixtral routes without dropping): ``capacity_factor`` defaults to
 null, dropless (`models.moe.expert_capacity`), and is refused for a model without experts.
 
@@ -65,10 +68,9 @@ _LLAMA_FIXED = {"hidden_act": ("silu", ("silu",), "the SwiGLU gate SiLU"), "rope
 FAMILIES = {
     "gpt2": Family(
         read={"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257, "layer_norm_epsilon": 1e-5,
-              "tie_word_embeddings": True, "n_inner": None},
+              "tie_word_embeddings": True, "n_inner": None, "attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1},
         fixed={"activation_function": ("gelu_new", ("gelu",), "the exact (erf) GeLU, 'gelu'"),
-               "resid_pdrop": (0.1, (0, 0.0), "no dropout"), "embd_pdrop": (0.1, (0, 0.0), "no dropout"),
-               "attn_pdrop": (0.1, (0, 0.0), "no dropout"), "scale_attn_weights": (True, (True,), "scores scaled by 1/sqrt(head size)"),
+               "scale_attn_weights": (True, (True,), "scores scaled by 1/sqrt(head size)"),
                "scale_attn_by_inverse_layer_idx": (False, (False,), "no per-layer score scaling"),
                "reorder_and_upcast_attn": (False, (False,), "attention in the model's dtype")},
         descriptive=frozenset({"n_ctx", "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
@@ -187,6 +189,12 @@ class _Fields:
             raise self.fail(field, "expected a positive number")
         return float(value)
 
+    def probability(self, field: str) -> float:
+        value = self.values[field]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise self.fail(field, "expected a dropout probability in [0, 1)")
+        return float(value)
+
     def flag(self, field: str) -> bool:
         if not isinstance(self.values[field], bool):
             raise self.fail(field, "expected true or false")
@@ -284,4 +292,5 @@ def _gpt(fields: _Fields, model_type: str, seq, batch):
         raise fields.fail("n_inner", f"autostrat's GPT has an FFN of 4 * n_embd = {4 * hidden}")
     return GPT(layers=fields.integer("n_layer"), hidden=hidden, heads=heads, seq=fields.seq("n_positions", seq), batch=batch,
                vocab=fields.integer("vocab_size"), epsilon=fields.number("layer_norm_epsilon"),
-               tie_embeddings=fields.flag("tie_word_embeddings"))
+               tie_embeddings=fields.flag("tie_word_embeddings"),
+               dropout=tuple(fields.probability(field) for field in ("attn_pdrop", "resid_pdrop", "embd_pdrop")))
