@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from activation_terms import TERMS, paper_bytes, terms_table  # noqa: E402
+from activation_terms import TERMS, kept_at_backward, paper_bytes, terms_table  # noqa: E402
 from published import efficiency_table  # noqa: E402
 
 from autostrat.cost import PROFILES  # noqa: E402
@@ -59,3 +59,17 @@ def test_a_small_gpt_layer_keeps_the_paper_terms(tmp_path, t, sequence_parallel)
     a, s, h = 8, 16, 64
     expected = (30 / t, 4.0) if sequence_parallel else (10 + 24 / t + 5 * a * s / (h * t), 0.0)
     assert (float(total[3]), float(total[4])) == pytest.approx(expected, abs=1e-3)
+
+
+def test_a_gpt_layer_with_dropout_keeps_34_sbh_plus_5_as2b_bytes(tmp_path):
+    # One device, bf16, dropout 0.1: every activation of layer 1 held when the backward starts
+    # (its op outputs, and the residual stream layer 0 hands it), by hand: 34·s·b·h + 5·a·s²·b.
+    s, b, h, a = 16, 2, 64, 8
+    config = tmp_path / "plan.yaml"
+    config.write_text(f"hardware: a100-80gb\nprecision: bf16\nmodel: {{name: GPT, params: {{layers: 2, hidden: {h}, heads: {a}, "
+                      f"seq: {s}, vocab: 128, dropout: [0.1, 0.1, 0.1]}}}}\nglobal_batch: {b}\nplan: {{tp: 1, pp: 1, dp: 1, "
+                      f"sequence_parallel: false, recompute: none, micro_batch: {b}}}\n")
+    kept = kept_at_backward(estimate(config).plan)
+    layer = {key: size for key, size in kept.items()
+             if key == "blocks.0.residual2:0" or (key.startswith("blocks.1.") and ":" in key and ">" not in key)}
+    assert sum(layer.values()) == 34 * s * b * h + 5 * a * s * s * b, sorted(layer)
