@@ -118,3 +118,17 @@ def test_a_gpt_with_dropout_on_8_ranks_equals_jax():
     check = run_job_locally(make_job(plan, steps=2))
     assert check.results_match, check.text
     assert f"reference: {LIBRARY}; worst tensor " in check.text
+
+
+def test_a_llama_config_drops_its_attention_probabilities_unfused_only(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64,
+                                "max_position_embeddings": 8, "attention_dropout": 0.1}))
+    net = from_hf_config(path, batch=2)
+    graph = trace(net, *net.example_inputs(), device_num=1)
+    assert sorted(name for name, op in graph.ops.items() if op.op_type == "Dropout") == [
+        "blocks.0.attention.probs_dropout", "blocks.1.attention.probs_dropout"]
+    with pytest.raises(ConfigError, match=r"config.json: attention_dropout: the fused attention \(fused_attention: true\) "
+                                          r"drops nothing: expected 0, got 0.1"):
+        from_hf_config(path, fused_attention=True)

@@ -67,7 +67,7 @@ class Attention(Cell):
         q, k, v = self.heads_of(self.query(x)), self.heads_of(self.key(x)), self.heads_of(self.value(x))
         scores = self.mask(self.scale(self.scores(q, k), self.scale_factor), self.causal_mask)
         probs = self.softmax(scores)
-        context = self.context(_dropped(self.probs_dropout, probs), v)
+        context = self.context(dropped(self.probs_dropout, probs), v)
         context = self.from_heads(context, (0, 2, 1, 3))
         context = self.merge_heads(context, (context.shape[0] * self.seq, self.heads * self.head_size))
         return self.projection(context)
@@ -92,11 +92,11 @@ class Block(Cell):
         self.residual2 = ops.Add()
 
     def construct(self, x):
-        x = self.residual1(x, _dropped(self.dropout1, self.attention(self.ln1(x))))
-        return self.residual2(x, _dropped(self.dropout2, self.ffn2(self.ffn1(self.ln2(x)))))
+        x = self.residual1(x, dropped(self.dropout1, self.attention(self.ln1(x))))
+        return self.residual2(x, dropped(self.dropout2, self.ffn2(self.ffn1(self.ln2(x)))))
 
 
-def _dropped(primitive, x):
+def dropped(primitive, x):
     """`x` through the Dropout `primitive` (its output, not its mask), or `x` where there is none."""
     return x if primitive is None else primitive(x)[0]
 
@@ -156,17 +156,21 @@ class GPT(LanguageModel):
         self.loss = SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
     def construct(self, ids, labels):
-        x = _dropped(self.embedding_dropout, self.add_position(self.embedding(ids), self.position))
+        x = dropped(self.embedding_dropout, self.add_position(self.embedding(ids), self.position))
         x = self.flatten(x, (ids.shape[0] * self.seq, self.hidden))
         for block in self.blocks:
             x = block(x)
         return self.head_loss(x, labels)
 
 
+def is_probability(value) -> bool:
+    """Whether `value` is a dropout probability: a number in [0, 1) (1 would drop everything)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+
+
 def check_dropout(where: str, probabilities) -> None:
     """A ConfigError at `where` unless `probabilities` are three numbers in [0, 1)."""
-    if not isinstance(probabilities, tuple) or len(probabilities) != 3 or not all(
-            isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1 for p in probabilities):
+    if not isinstance(probabilities, tuple) or len(probabilities) != 3 or not all(map(is_probability, probabilities)):
         raise ConfigError(f"{where}: dropout must be a tuple of 3 probabilities in [0, 1) (attention, hidden, embedding), got {probabilities!r}")
 
 
