@@ -15,11 +15,12 @@ from autostrat.autodiff.recompute import RECOMPUTE_PREFIX, recompute_cells
 from autostrat.errors import ConfigError
 from autostrat.frontend import trace
 from autostrat.frontend.train import TrainOneStepCell, training_plan
-from autostrat.models import GPT, from_hf_config, megatron_seeds
+from autostrat.models import GPT, LLaMA, from_hf_config, megatron_seeds
 from autostrat.runtime.job import make_job
 from autostrat.runtime.kernels.registry import run_kernel
 from autostrat.runtime.local import run_job_locally
 from autostrat.runtime.reference_jax import LIBRARY
+from autostrat.search import SearchOptions, search
 
 MASK64 = 2**64 - 1
 
@@ -103,21 +104,42 @@ def test_gpt_refuses_a_dropout_that_is_not_three_probabilities():
         GPT(dropout=(0.1, 0.1))
 
 
-def test_a_gpt_with_dropout_on_8_ranks_equals_jax():
-    """Megatron TP 4 x DP 2: every rank slices the masks of its own elements; JAX draws them
-    from its own splitmix64 (`reference_jax._dropout`)."""
+def _megatron_gpt_with_dropout() -> GPT:
+    """A 2-layer GPT with dropout 0.1 everywhere, seeded as Megatron's TP 4 x DP 2."""
     net = GPT(layers=2, hidden=32, heads=4, seq=8, batch=4, vocab=64, dropout=(0.1, 0.1, 0.1))
-    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
     for name, (strategy, _) in megatron_seeds(2, 4, data_parallel=2).items():
         block, rest = name.split(".", 2)[1:]
         cell = net.blocks[int(block)]
         for part in rest.split("."):
             cell = getattr(cell, part)
         cell.shard(strategy)
+    return net
+
+
+@pytest.mark.slow
+def test_a_gpt_with_dropout_on_8_ranks_equals_jax():
+    """Every rank slices the masks of its own elements; JAX draws them from its own splitmix64
+    (`reference_jax._dropout`)."""
+    net = _megatron_gpt_with_dropout()
+    set_auto_parallel_context(parallel_mode="auto_parallel", device_num=8)
     plan, _, _ = training_plan(TrainOneStepCell(net, nn.Adam(net.trainable_params(), 1e-3)), None, net.example_inputs(), 2)
     check = run_job_locally(make_job(plan, steps=2))
     assert check.results_match, check.text
     assert f"reference: {LIBRARY}; worst tensor " in check.text
+
+
+@pytest.mark.slow
+def test_a_bf16_llama_with_attention_dropout_on_8_ranks_equals_the_mixed_precision_reference():
+    """The masks stay bool (one byte) beside bf16 activations, on the ranks and in JAX's step.
+    (A LLaMA: GPT's key bias, whose exact gradient is zero, fails bf16's check with or without
+    dropout, its second moment all rounding noise.)"""
+    net = LLaMA(layers=2, hidden=32, ffn=48, heads=4, kv_heads=2, seq=8, batch=4, vocab=64, attention_dropout=0.1)
+    graph = build_training(trace(net.set_train(), *net.example_inputs(), device_num=8), Adam(1e-3))
+    plan = search(graph, 8, SearchOptions(precision="bf16"))
+    assert plan.graph.tensors["blocks.0.attention.probs_dropout:1"].dtype == "bool"
+    check = run_job_locally(make_job(plan, steps=1))
+    assert check.results_match, check.text
+    assert "bf16 mixed precision" in check.text
 
 
 def test_a_llama_config_drops_its_attention_probabilities_unfused_only(tmp_path):
