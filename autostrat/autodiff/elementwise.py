@@ -1,5 +1,7 @@
 """Bprops of the elementwise ops. Broadcasting binary ops sum each operand's gradient back to
-its shape (`GradBuilder.sum_to`)."""
+its shape (`GradBuilder.sum_to`). Dropout's backward reads the 1-byte mask its forward kept (one
+rule, PyTorch's and so Megatron-LM's, whose activation memory counts the mask); a recomputed
+Dropout writes its mask again, alike (`autodiff.recompute`), so recompute needs no other form."""
 
 from __future__ import annotations
 

@@ -37,7 +37,12 @@ def causal_mask(seq: int) -> np.ndarray:
 
 def make_dropout(drop: float, seed: int):
     """The Dropout primitive dropping with probability `drop` (its output and mask: `ops.Dropout`),
-    or None at 0, where a model builds no op."""
+    or None at 0, where a model builds no op.
+
+    Example:
+        >>> make_dropout(0.1, 4), make_dropout(0.0, 4)
+        (Dropout(keep_prob=0.9, seed=4), None)
+    """
     return ops.Dropout(1 - drop, seed) if drop else None
 
 
@@ -164,7 +169,12 @@ class GPT(LanguageModel):
 
 
 def is_probability(value) -> bool:
-    """Whether `value` is a dropout probability: a number in [0, 1) (1 would drop everything)."""
+    """Whether `value` is a dropout probability: a number in [0, 1) (1 would drop everything).
+
+    Example:
+        >>> is_probability(0), is_probability(0.1), is_probability(1.0), is_probability(True)
+        (True, True, False, False)
+    """
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
 
 
