@@ -11,10 +11,16 @@ pipeline stage, where every layer's forward is done by then). A copy a redistrib
 a consumer (``tensor>op``) is shown as such: `autostrat estimate` counts it under communication
 buffers, not activations (`search.memory_breakdown`).
 
-The GPT configs have no dropout (``*_pdrop: 0``: the model builds no Dropout op), so the
-paper's dropout terms (the attention probabilities' mask and output, the masks after the
-attention and the MLP) have no tensor here; autostrat's Dropout op would keep no mask either
-(its backward draws the mask again from its seed and the element's index, `autodiff.elementwise`).
+The GPT configs drop as Megatron-LM's defaults do (``--attention-dropout 0.1``,
+``--hidden-dropout 0.1``: `published`'s docstring), so every term of the paper has its tensor:
+a Dropout's output and its 1-byte bool mask, which the forward writes and its backward reads
+(`autodiff.elementwise`; under recompute the recomputed forward writes it again). Measured
+2026-12-02 (the 22B row, load 2): without SP a layer keeps exactly the paper's
+(10 + 24/t + 5·a·s/(h·t))·s·b·h (1.000); with SP + selective 30/t of its 34/t (0.882): each
+LayerNorm output (2/t) is kept as the copy gathered for its matmul, 2·s·b·h, counted under
+communication buffers, where Megatron keeps the sequence shard and gathers again in the
+backward (not yet expressible: a backward reader shares its forward reader's redistribution,
+`search.sharing`).
 
 Run through `benchmarks/published.py --terms`.
 """
@@ -34,16 +40,16 @@ TERMS = (
     ("QKV input (LayerNorm 1 output)", 2, None, False, False, ("ln1.layer_norm:0",)),
     ("Q and K (QKᵀ inputs)", 4, None, True, False, ("attention.to_heads:0", "attention.to_heads_1:0")),
     ("softmax output", None, 2, True, True, ("attention.softmax:0",)),
-    ("softmax dropout mask", None, 1, True, True, ()),
-    ("softmax dropout output", None, 2, True, True, ()),
+    ("softmax dropout mask", None, 1, True, True, ("attention.probs_dropout:1",)),
+    ("softmax dropout output", None, 2, True, True, ("attention.probs_dropout:0",)),
     ("V", 2, None, True, False, ("attention.to_heads_2:0",)),
     ("projection input", 2, None, True, False, ("attention.merge_heads:0",)),
-    ("attention dropout mask", 1, None, False, False, ()),
+    ("attention dropout mask", 1, None, False, False, ("dropout1:1",)),
     ("LayerNorm 2 input", 2, None, False, False, ("residual1:0",)),
     ("MLP input (LayerNorm 2 output)", 2, None, False, False, ("ln2.layer_norm:0",)),
     ("GeLU input", 8, None, True, False, ("ffn1.bias_add:0",)),
     ("GeLU output", 8, None, True, False, ("ffn1.activation.gelu:0",)),
-    ("MLP dropout mask", 1, None, False, False, ()),
+    ("MLP dropout mask", 1, None, False, False, ("dropout2:1",)),
 )
 
 

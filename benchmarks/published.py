@@ -41,10 +41,14 @@ R, and the fits run on that model: at the shipped factor the model is the table,
 is exact up to the nanosecond rounding of each op, unless the stage split moves.
 The fit's table prints each entry predicted at the factor as shipped and at the fitted one, and
 their mean absolute relative errors (issue #37: whether the factor moves with the step-time model
-of overlap, collective algorithms and interleaved schedules). Measured 2026-12-02 (load 2-4):
-over all eight step-time entries (175B and 530B interleaved now expressible) the fit gives
-0.8084 against the shipped 0.7977 (fitted on 22B and 1T alone), MARE 4.46 % -> 4.41 % (leave-one-out 5.01 %), every
-entry within ±15 % at both: the shipped factor stays (a 1.3 % move for 0.05 points of error).
+of overlap, collective algorithms and interleaved schedules). Measured 2026-12-02 (load 3-4),
+with Megatron's dropout (its elementwise passes priced: +4.9 % and +13.6 % on 22B's selective
+and full-recompute steps, +2.4 % and +11.2 % on 175B's, against the same plans without it):
+over all eight step-time entries the fit gives 0.835 against the shipped 0.7977, MARE 4.06 %
+-> 3.29 % (leave-one-out 3.77 %), every entry within ±15 % at both (the worst 530B full
+recompute, +11.2 % at the shipped factor). The shipped factor was fitted on 22B and 1T before
+the dropout; refitting it would move it 4.7 % for 0.77 points of error (before the dropout:
+0.8084, MARE 4.46 % -> 4.41 %).
 `calibration.py` fits this machine's MPI ranks (a CPU host), not an A100: it has no factor to give.
 
 Memory: after the table, `paper_accounting` prints what Fig. 1 counts, which its formulas
@@ -63,19 +67,25 @@ accounting as much as modelling:
   was computed for all 51 200 rows, 2 · 4 + 2 bytes per table element (12.2 GiB on 1T's first
   stage). The first stage still holds the table's 18 bytes per element of its rows (parameter,
   fp32 gradient, main copy and moments), which Fig. 1 leaves out.
-- activations: the paper's layers have dropout (its masks and outputs: 3·a·s/(h·t) + 2 of the
-  s·b·h units above); the GPT configs have none (``*_pdrop: 0``), nor has autostrat a dropout
-  op. The 22B run is one micro-batch of 4 sequences: the paper's formula gives its Fig. 1 bars
+- activations: the paper's layers drop as Megatron-LM does by default (its arguments'
+  ``--attention-dropout 0.1`` and ``--hidden-dropout 0.1``, `_add_regularization_args` in
+  megatron/training/arguments.py; the hidden one also after the embedding), and so do the GPT
+  configs (``attn_pdrop``, ``resid_pdrop``, ``embd_pdrop`` 0.1, `models.gpt.GPT`): each Dropout
+  keeps a 1-byte mask for its backward, as PyTorch's does (the paper's 3·a·s/(h·t) + 2 of the
+  s·b·h units: the attention probabilities' mask and output, the masks after the attention and
+  the MLP). The 22B run is one micro-batch of 4 sequences: the paper's formula gives its Fig. 1 bars
   at b = 4 (and at no other b), and with pp = dp = 1 only a micro-batch of 4 holds 4 sequences'
   activations at once. Without SP the given plan keeps the norms and residual adds whole on the
   tp devices, as Megatron does (`models.megatron_plan`).
   ``--terms`` prints a layer's activations term by term against the paper's (`activation_terms`,
-  the one-stage 22B row): without SP a layer keeps every term of the paper but its dropout ones,
-  (8 + 24/t + 2·a·s/(h·t))·s·b·h of its (10 + 24/t + 5·a·s/(h·t))·s·b·h (0.620 on 22B; the rows'
-  0.64-0.68 add the tables and the head); with SP + selective it keeps 28/t of the paper's 34/t
-  (no dropout masks, 2/t; and each LayerNorm output, 2/t, kept as the copy gathered for its
-  matmul, 2·s·b·h, counted under communication buffers, where Megatron keeps the sequence shard
-  and gathers it again in the backward): 0.824 of a layer, the pipelined rows' 0.84-0.86.
+  the one-stage 22B row): without SP a layer keeps every term of the paper, exactly (1.000; the
+  rows 1.005-1.019 with the tables and the head); with SP + selective 30/t of the paper's 34/t
+  (0.882 of a layer; the pipelined rows 0.914-0.924, the one-stage 22B 1.050 with its embedding,
+  head and loss beside its layers):
+  each LayerNorm output, 2/t, is kept as the copy gathered for its matmul, 2·s·b·h, counted
+  under communication buffers, where Megatron keeps the sequence shard and gathers it again in
+  the backward. Measured 2026-12-02 at a load of 2-4 (before the dropout: 0.639-0.678 without
+  SP, 0.84-0.98 with SP + selective).
 
 Search: after the table, per row the plan-space search's candidates and its bounds
 (`bound_counts`: the candidates, those past the resident bound, and those whose step-time bound
@@ -86,15 +96,16 @@ the faster of its two recompute columns: predicted step and peak of both, whethe
 one fits 80 GiB, their ratio, the candidates priced / pruned by the resident bound / pruned by
 the step-time bound / refused, and the search's wall seconds against the issue's 30 s. Every
 priced candidate is a full estimate (the published plans' take 2.6-4.8, 5.6-8.0, 9.6-15.8 and
-9.5-16.3 CPU-s for 22B, 175B, 530B and 1T at a load of 7-10 on 2 cores): 22B priced 116 of its
-340 in 460 s at a load of 3-5 (pruned 34 by memory, 190 by the step-time bound; 250 priced in
-1,183 s before the step-time bound); the larger rows have 578 (175B), 154 (530B) and 195 (1T)
-candidates whose bound is below the published plan's step, hours each (``--no-search`` leaves
+9.5-16.3 CPU-s for 22B, 175B, 530B and 1T at a load of 7-10 on 2 cores, before the dropout):
+22B priced 116 of its 340 in 460 s at a load of 3-5 (pruned 34 by memory, 190 by the step-time
+bound; 250 priced in 1,183 s before the step-time bound), before the dropout. With it, 22B has
+339 candidates, 164 with a bound below the published plan's step, and the larger rows 593
+(175B), 159 (530B) and 196 (1T) such candidates, hours each (``--no-search`` leaves
 the searches out).
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit] [--terms]   (22B, 175B,
-530B and 1T took 35, 169, 190 and 133 s for their three plans at a load of 11-16 on 2 cores, the
-fit 270 s more; 796 s in all, without the searches)
+530B and 1T took 9.5, 30.9, 97.6 and 64.5 s for their three plans at a load of 3-4 on 2 cores, the
+fit 74.6 s more; 286 s and 0.59 GB in all with --terms, without the searches)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from activation_terms import TERMS, paper_bytes, terms_table  # noqa: E402
+from activation_terms import TERMS, kept_at_backward, paper_bytes, terms_table  # noqa: E402
 from published import efficiency_table  # noqa: E402
 
 from autostrat.cost import PROFILES  # noqa: E402
@@ -41,20 +41,35 @@ def test_the_fit_table_prices_each_factor_on_the_two_point_model():
     assert lines[2].split() == ["MARE", f"{abs(shipped / 2 - 1):.2%}", "25.00%", "10.00%"]
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_a_small_gpt_layer_keeps_the_paper_terms_less_dropout(tmp_path, sequence_parallel):
-    # GPT 2 x 64, 8 heads, seq 16, 2 sequences a micro-batch, tp 2, bf16: a layer keeps, in s·b·h
-    # bytes, 8 + 24/t + 2·a·s/(h·t) without SP (the paper's 10 + 24/t + 5·a·s/(h·t) less its
-    # dropout masks and dropout output); with SP + selective the sharded 2/t of the LayerNorm
-    # input and residual, Q, K, V, projection input and GeLU's 16/t: 28/t, and each LayerNorm
-    # output gathered whole (2 s·b·h, a copy for its matmul).
+@pytest.mark.parametrize("t,sequence_parallel", [(1, False), (2, False), (2, True)])
+def test_a_small_gpt_layer_keeps_the_paper_terms(tmp_path, t, sequence_parallel):
+    # GPT 2 x 64, 8 heads, seq 16, 2 sequences a micro-batch, tp t, bf16, Megatron's dropout 0.1:
+    # a layer keeps, in s·b·h bytes, the paper's 10 + 24/t + 5·a·s/(h·t) without SP (2-byte
+    # values, 1-byte masks: 34·s·b·h + 5·a·s²·b on one device); with SP + selective the
+    # sharded 2/t of the LayerNorm inputs and residual, Q, K, V, projection input, GeLU's 16/t
+    # and the two hidden dropout masks' 1/t each: 30/t, and each LayerNorm output gathered whole
+    # (2 s·b·h, a copy for its matmul, where Megatron keeps the paper's 2/t shard).
     config = tmp_path / "plan.yaml"
     recompute = "selective" if sequence_parallel else "none"
     config.write_text("hardware: a100-80gb\nprecision: bf16\nmodel: {name: GPT, params: {layers: 2, hidden: 64, heads: 8, "
-                      f"seq: 16, vocab: 128}}}}\nglobal_batch: 2\nplan: {{tp: 2, pp: 1, dp: 1, sequence_parallel: "
-                      f"{str(sequence_parallel).lower()}, recompute: {recompute}, micro_batch: 2}}\n")
-    table = terms_table(estimate(config).plan, {"s": 16, "b": 2, "h": 64, "a": 8}, 2, sequence_parallel, sequence_parallel)
+                      f"seq: 16, vocab: 128, dropout: [0.1, 0.1, 0.1]}}}}\nglobal_batch: 2\nplan: {{tp: {t}, pp: 1, dp: 1, "
+                      f"sequence_parallel: {str(sequence_parallel).lower()}, recompute: {recompute}, micro_batch: 2}}\n")
+    table = terms_table(estimate(config).plan, {"s": 16, "b": 2, "h": 64, "a": 8}, t, sequence_parallel, sequence_parallel)
     total = table.splitlines()[-1].split()
-    t, a, s, h = 2, 8, 16, 64
-    expected = (28 / t, 4.0) if sequence_parallel else (8 + 24 / t + 2 * a * s / (h * t), 0.0)
+    a, s, h = 8, 16, 64
+    expected = (30 / t, 4.0) if sequence_parallel else (10 + 24 / t + 5 * a * s / (h * t), 0.0)
     assert (float(total[3]), float(total[4])) == pytest.approx(expected, abs=1e-3)
+
+
+def test_a_gpt_layer_with_dropout_keeps_34_sbh_plus_5_as2b_bytes(tmp_path):
+    # One device, bf16, dropout 0.1: every activation of layer 1 held when the backward starts
+    # (its op outputs, and the residual stream layer 0 hands it), by hand: 34·s·b·h + 5·a·s²·b.
+    s, b, h, a = 16, 2, 64, 8
+    config = tmp_path / "plan.yaml"
+    config.write_text(f"hardware: a100-80gb\nprecision: bf16\nmodel: {{name: GPT, params: {{layers: 2, hidden: {h}, heads: {a}, "
+                      f"seq: {s}, vocab: 128, dropout: [0.1, 0.1, 0.1]}}}}\nglobal_batch: {b}\nplan: {{tp: 1, pp: 1, dp: 1, "
+                      f"sequence_parallel: false, recompute: none, micro_batch: {b}}}\n")
+    kept = kept_at_backward(estimate(config).plan)
+    layer = {key: size for key, size in kept.items()
+             if key == "blocks.0.residual2:0" or (key.startswith("blocks.1.") and ":" in key and ">" not in key)}
+    assert sum(layer.values()) == 34 * s * b * h + 5 * a * s * s * b, sorted(layer)

@@ -73,8 +73,9 @@ class _Backward:
         grads = [self.finish(t) for t in op.outputs]
         if all(g is None for g in grads):
             return
-        if len(op.outputs) != 1:
-            raise ConfigError(f"{op.name}: bprops take ops with one output, {op.op_type} has {len(op.outputs)}")
+        if any(g is not None for g in grads[1:]):  # Dropout's mask: a bool no loss differentiates
+            raise ConfigError(f"{op.name}: bprops take the gradient of an op's first output only, {op.op_type}'s "
+                              f"outputs {', '.join(t for t, g in zip(op.outputs[1:], grads[1:]) if g is not None)} have one")
         self.builder.scope = op.name
         results = get_bprop(op.op_type, where=op.name)(self.builder, op, grads[0])
         assert len(results) == len(op.inputs), f"the {op.op_type} bprop returned {len(results)} gradients"

@@ -2,7 +2,7 @@
 
 Op names: ``bprop/<forward op>/<op type in snake case>``, then ``_1``, ``_2``... for repeats;
 their outputs ``<op name>:<index>`` as in a traced graph. Shapes come from the op's rule, dtypes
-from `ir.output_dtype`, so a bprop only says which op computes what.
+from `ir.output_dtypes`, so a bprop only says which op computes what.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autostrat.errors import AutostratError
-from autostrat.ir import OpNode, TensorInfo, output_dtype
+from autostrat.ir import OpNode, TensorInfo, output_dtypes
 from autostrat.rules import make_rule
 
 
@@ -87,9 +87,9 @@ class GradBuilder:
             rule = make_rule(op_type, [self.shape(t) for t in inputs], **attrs)
         except AutostratError as error:
             raise type(error)(f"{name} (the gradient of {self.scope}): {error}") from None
-        dtype = output_dtype(op_type, [self.dtype(t) for t in inputs], attrs)
+        dtypes = output_dtypes(op_type, [self.dtype(t) for t in inputs], attrs, len(rule.output_shapes))
         outputs = tuple(f"{name}:{i}" for i in range(len(rule.output_shapes)))
-        for tensor, shape in zip(outputs, rule.output_shapes):
+        for tensor, shape, dtype in zip(outputs, rule.output_shapes, dtypes):
             self.tensors[tensor] = TensorInfo(tensor, shape, dtype, "output", name)
         self.ops[name] = OpNode(name, op_type, tuple(sorted(attrs.items())), tuple(inputs), outputs, rule)
         return outputs

@@ -1,5 +1,7 @@
 """Bprops of the elementwise ops. Broadcasting binary ops sum each operand's gradient back to
-its shape (`GradBuilder.sum_to`)."""
+its shape (`GradBuilder.sum_to`). Dropout's backward reads the 1-byte mask its forward kept (one
+rule, PyTorch's and so Megatron-LM's, whose activation memory counts the mask); a recomputed
+Dropout writes its mask again, alike (`autodiff.recompute`), so recompute needs no other form."""
 
 from __future__ import annotations
 
@@ -105,6 +107,7 @@ def cast(b, op, dy):
 
 @register_bprop("Dropout")
 def dropout(b, op, dy):
-    # The mask depends only on the element index and the `seed` attribute: the same Dropout applied to dy
-    # keeps exactly the elements the forward kept, scaled by 1 / keep_prob.
-    return (b.emit("Dropout", dy, **op.attr_dict),)
+    # The backward reads the mask the forward kept (PyTorch's and so Megatron-LM's rule: one byte
+    # an element until the backward); under recompute the recomputed forward writes it again,
+    # alike, as the mask is a function of the seed and the element's index.
+    return (b.emit("DropoutGrad", dy, op.outputs[1], keep_prob=op.attr_dict["keep_prob"]),)

@@ -27,6 +27,7 @@ WITHOUT_BPROP: dict[str, str] = {
     "ApplyMomentum": _UPDATE_OP,
     "Conv2DBackpropFilter": _BACKWARD_OP,
     "Conv2DBackpropInput": _BACKWARD_OP,
+    "DropoutGrad": _BACKWARD_OP,
     "FlashAttentionScoreKeyValueGrad": _BACKWARD_OP,
     "FlashAttentionScoreQueryGrad": _BACKWARD_OP,
     "GatherGrad": _BACKWARD_OP,

@@ -130,14 +130,15 @@ class Embedding(Cell):
 
 
 class Dropout(Cell):
-    """Drops with probability ``1 - keep_prob`` in training mode; the identity otherwise."""
+    """Drops with probability ``1 - keep_prob`` in training mode (the output of `ops.Dropout`,
+    whose mask the backward reads); the identity otherwise."""
 
     def __init__(self, keep_prob: float = 0.5, seed: int = 0):
         super().__init__()
         self.dropout = ops.Dropout(keep_prob, seed)
 
     def construct(self, x):
-        return self.dropout(x) if self.training else x
+        return self.dropout(x)[0] if self.training else x
 
 
 class Conv2d(Cell):

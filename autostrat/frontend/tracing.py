@@ -18,7 +18,7 @@ import numpy as np
 
 from autostrat.errors import AutostratError, ConfigError
 from autostrat.frontend.tensor import Parameter, Tensor
-from autostrat.ir import Graph, OpNode, TensorInfo, output_dtype
+from autostrat.ir import Graph, OpNode, TensorInfo, output_dtypes
 from autostrat.layout import Strategy, nd_tp
 from autostrat.rules import make_rule
 
@@ -95,8 +95,9 @@ def _add_op(tracer: _Tracer, name: str, op_type: str, tensors: list[Tensor], att
     infos = [tracer.tensors[n] for n in inputs]
     check_dtypes(op_type, infos, name)
     rule = _checked_rule(tracer, name, op_type, infos, attrs, seeds)
-    dtype = output_dtype(op_type, [info.dtype for info in infos], attrs)
-    outputs = [TensorInfo(f"{name}:{i}", shape, dtype, "output", name) for i, shape in enumerate(rule.output_shapes)]
+    dtypes = output_dtypes(op_type, [info.dtype for info in infos], attrs, len(rule.output_shapes))
+    outputs = [TensorInfo(f"{name}:{i}", shape, dtype, "output", name)
+               for i, (shape, dtype) in enumerate(zip(rule.output_shapes, dtypes))]
     tracer.ops[name] = OpNode(
         name, op_type, tuple(sorted(attrs.items())), inputs, tuple(o.name for o in outputs),
         rule, seeds[0], seeds[1], _source(),

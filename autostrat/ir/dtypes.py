@@ -35,3 +35,15 @@ def output_dtype(op_type: str, input_dtypes: list[str], attrs: dict) -> str:
         return "float32"
     floats = [d for d in input_dtypes if np.issubdtype(np.dtype(d), np.floating)]
     return floats[0] if floats else input_dtypes[0]
+
+
+def output_dtypes(op_type: str, input_dtypes: list[str], attrs: dict, count: int) -> tuple[str, ...]:
+    """The dtypes of an op's `count` outputs: `output_dtype` for each, but Dropout's second
+    output, its kept mask, is bool (one byte an element, as PyTorch keeps it).
+
+    Example:
+        >>> output_dtypes("Dropout", ["float32"], {}, 2)
+        ('float32', 'bool')
+    """
+    dtype = output_dtype(op_type, input_dtypes, attrs)
+    return (dtype, "bool") if op_type == "Dropout" else (dtype,) * count

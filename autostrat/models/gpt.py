@@ -35,8 +35,19 @@ def causal_mask(seq: int) -> np.ndarray:
     return mask
 
 
+def make_dropout(drop: float, seed: int):
+    """The Dropout primitive dropping with probability `drop` (its output and mask: `ops.Dropout`),
+    or None at 0, where a model builds no op.
+
+    Example:
+        >>> make_dropout(0.1, 4), make_dropout(0.0, 4)
+        (Dropout(keep_prob=0.9, seed=4), None)
+    """
+    return ops.Dropout(1 - drop, seed) if drop else None
+
+
 class Attention(Cell):
-    def __init__(self, seq: int, hidden: int, heads: int):
+    def __init__(self, seq: int, hidden: int, heads: int, attention_dropout: float = 0.0, seed: int = 0):
         super().__init__()
         self.seq, self.heads, self.head_size = seq, heads, hidden // heads
         self.query, self.key, self.value = Dense(hidden, hidden), Dense(hidden, hidden), Dense(hidden, hidden)
@@ -45,6 +56,7 @@ class Attention(Cell):
         self.scale = ops.Mul()
         self.mask = ops.Add()
         self.softmax = ops.Softmax()
+        self.probs_dropout = make_dropout(attention_dropout, seed)  # on the attention probabilities (GPT-2's attn_dropout)
         self.context = ops.BatchMatMul()
         self.from_heads, self.merge_heads = ops.Transpose(), ops.Reshape()
         self.projection = Dense(hidden, hidden)
@@ -59,26 +71,39 @@ class Attention(Cell):
     def construct(self, x):
         q, k, v = self.heads_of(self.query(x)), self.heads_of(self.key(x)), self.heads_of(self.value(x))
         scores = self.mask(self.scale(self.scores(q, k), self.scale_factor), self.causal_mask)
-        context = self.context(self.softmax(scores), v)
+        probs = self.softmax(scores)
+        context = self.context(dropped(self.probs_dropout, probs), v)
         context = self.from_heads(context, (0, 2, 1, 3))
         context = self.merge_heads(context, (context.shape[0] * self.seq, self.heads * self.head_size))
         return self.projection(context)
 
 
 class Block(Cell):
-    def __init__(self, seq: int, hidden: int, heads: int, epsilon: float = 1e-7):
+    """Pre-LayerNorm attention and FFN with residuals; with `dropouts` (``(attention, hidden)``
+    probabilities, GPT-2's attn_pdrop and resid_pdrop) a Dropout on the attention probabilities,
+    after the attention's projection and after the FFN, as GPT-2 and Megatron-LM place them, each
+    seeded ``seed + 0, 1, 2``."""
+
+    def __init__(self, seq: int, hidden: int, heads: int, epsilon: float = 1e-7, dropouts: tuple = (0.0, 0.0), seed: int = 0):
         super().__init__()
         self.ln1 = LayerNorm((hidden,), epsilon=epsilon)
-        self.attention = Attention(seq, hidden, heads)
+        self.attention = Attention(seq, hidden, heads, dropouts[0], seed)
+        self.dropout1 = make_dropout(dropouts[1], seed + 1)
         self.residual1 = ops.Add()
         self.ln2 = LayerNorm((hidden,), epsilon=epsilon)
         self.ffn1 = Dense(hidden, 4 * hidden, activation=GELU())
         self.ffn2 = Dense(4 * hidden, hidden)
+        self.dropout2 = make_dropout(dropouts[1], seed + 2)
         self.residual2 = ops.Add()
 
     def construct(self, x):
-        x = self.residual1(x, self.attention(self.ln1(x)))
-        return self.residual2(x, self.ffn2(self.ffn1(self.ln2(x))))
+        x = self.residual1(x, dropped(self.dropout1, self.attention(self.ln1(x))))
+        return self.residual2(x, dropped(self.dropout2, self.ffn2(self.ffn1(self.ln2(x)))))
+
+
+def dropped(primitive, x):
+    """`x` through the Dropout `primitive` (its output, not its mask), or `x` where there is none."""
+    return x if primitive is None else primitive(x)[0]
 
 
 class LanguageModel(Cell):
@@ -105,7 +130,10 @@ class LanguageModel(Cell):
 class GPT(LanguageModel):
     """Inputs: token ids ``[batch, seq]`` and next-token labels ``[batch * seq]``; output: the
     mean loss. `epsilon` is the LayerNorms'; `tie_embeddings` makes the LM head the embedding
-    table's transpose (GPT-2's, Megatron's default).
+    table's transpose (GPT-2's, Megatron's default); `dropout` the probabilities ``(attention,
+    hidden, embedding)`` of GPT-2's attn_pdrop, resid_pdrop and embd_pdrop (`Block`; the embedding's
+    after the positions are added), none by default. Block ``i``'s Dropouts are seeded ``3 i + 1``
+    to ``3 i + 3``, the embedding's 0, so no two draw the same mask.
 
     Example:
         >>> net = GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64)
@@ -114,8 +142,10 @@ class GPT(LanguageModel):
     """
 
     def __init__(self, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, batch: int = 4, vocab: int = 128,
-                 epsilon: float = 1e-7, tie_embeddings: bool = False):
+                 epsilon: float = 1e-7, tie_embeddings: bool = False, dropout: tuple = (0.0, 0.0, 0.0)):
         super().__init__()
+        dropout = tuple(dropout) if isinstance(dropout, list) else dropout  # a YAML list
+        check_dropout("GPT", dropout)
         check_sizes("GPT", layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch, vocab=vocab)
         if hidden % heads:
             raise ConfigError(f"GPT: hidden must be a multiple of heads, got hidden {hidden} and heads {heads}")
@@ -123,18 +153,35 @@ class GPT(LanguageModel):
         self.embedding = Embedding(vocab, hidden)
         self.position = Parameter(initializer("normal", (seq, hidden)))
         self.add_position = ops.Add()
+        self.embedding_dropout = make_dropout(dropout[2], 0)
         self.flatten = ops.Reshape()
-        self.blocks = CellList(Block(seq, hidden, heads, epsilon) for _ in range(layers))
+        self.blocks = CellList(Block(seq, hidden, heads, epsilon, dropout[:2], 3 * i + 1) for i in range(layers))
         self.ln_final = LayerNorm((hidden,), epsilon=epsilon)
         self.lm_head = ops.MatMul(transpose_b=True) if self.tie_embeddings else Dense(hidden, vocab, has_bias=False)
         self.loss = SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
     def construct(self, ids, labels):
-        x = self.add_position(self.embedding(ids), self.position)
+        x = dropped(self.embedding_dropout, self.add_position(self.embedding(ids), self.position))
         x = self.flatten(x, (ids.shape[0] * self.seq, self.hidden))
         for block in self.blocks:
             x = block(x)
         return self.head_loss(x, labels)
+
+
+def is_probability(value) -> bool:
+    """Whether `value` is a dropout probability: a number in [0, 1) (1 would drop everything).
+
+    Example:
+        >>> is_probability(0), is_probability(0.1), is_probability(1.0), is_probability(True)
+        (True, True, False, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+
+
+def check_dropout(where: str, probabilities) -> None:
+    """A ConfigError at `where` unless `probabilities` are three numbers in [0, 1)."""
+    if not isinstance(probabilities, tuple) or len(probabilities) != 3 or not all(map(is_probability, probabilities)):
+        raise ConfigError(f"{where}: dropout must be a tuple of 3 probabilities in [0, 1) (attention, hidden, embedding), got {probabilities!r}")
 
 
 class TransformerStack(Cell):

@@ -3,7 +3,7 @@ and the mixtures of experts mixtral, deepseek_v3 and gpt_oss) becomes `LLaMA`, G
 
 The file is data (`reading.read_json`, never code). Each model_type lists the fields it reads,
 the fields whose value changes what the model computes (each must hold a value autostrat
-computes: ``hidden_act: silu``, ``rope_scaling: null``, no dropout...), and the fields that
+computes: ``hidden_act: silu``, ``rope_scaling: null``...), and the fields that
 only describe the checkpoint (token ids, torch_dtype...), which are ignored. An absent field
 takes HuggingFace's default for its model_type, which is then checked as if written. Anything
 else, an unknown model_type or field, or a value autostrat cannot honour is a `ConfigError`
@@ -12,6 +12,9 @@ naming the file, the field and the value.
 The training sequence length and batch are no part of a config.json: ``seq`` defaults to
 ``max_position_embeddings`` (gpt2: ``n_positions``) and may not exceed it; ``batch`` to 1.
 GPT's learned positions are a ``[seq, hidden]`` table (GPT-2's holds ``n_positions`` rows).
+gpt2's ``attn_pdrop``, ``resid_pdrop`` and ``embd_pdrop`` (HuggingFace's default 0.1 each) build
+Dropout ops where GPT-2 and Megatron-LM drop (`models.gpt.GPT`), the LLaMA family's
+``attention_dropout`` one on the attention probabilities (not with ``fused_attention``); 0 builds none.
 Nor is an expert's capacity (Mixtral routes without dropping): ``capacity_factor`` defaults to
 null, dropless (`models.moe.expert_capacity`), and is refused for a model without experts.
 
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autostrat.errors import ConfigError
-from autostrat.models.gpt import GPT
+from autostrat.models.gpt import GPT, is_probability
 from autostrat.models.llama import LLaMA
 from autostrat.reading import read_json
 
@@ -58,17 +61,16 @@ class Family:
 
 _LLAMA_READ = {"hidden_size": None, "intermediate_size": None, "num_hidden_layers": None, "num_attention_heads": None,
                "num_key_value_heads": None, "vocab_size": None, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-               "tie_word_embeddings": False, "max_position_embeddings": 2048}
+               "tie_word_embeddings": False, "max_position_embeddings": 2048, "attention_dropout": 0.0}
 _LLAMA_FIXED = {"hidden_act": ("silu", ("silu",), "the SwiGLU gate SiLU"), "rope_scaling": (None, (None,), "unscaled rotary frequencies"),
-                "attention_dropout": (0.0, (0, 0.0), "no dropout"), "mlp_bias": (False, (False,), "an FFN without biases")}
+                "mlp_bias": (False, (False,), "an FFN without biases")}
 
 FAMILIES = {
     "gpt2": Family(
         read={"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257, "layer_norm_epsilon": 1e-5,
-              "tie_word_embeddings": True, "n_inner": None},
+              "tie_word_embeddings": True, "n_inner": None, "attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1},
         fixed={"activation_function": ("gelu_new", ("gelu",), "the exact (erf) GeLU, 'gelu'"),
-               "resid_pdrop": (0.1, (0, 0.0), "no dropout"), "embd_pdrop": (0.1, (0, 0.0), "no dropout"),
-               "attn_pdrop": (0.1, (0, 0.0), "no dropout"), "scale_attn_weights": (True, (True,), "scores scaled by 1/sqrt(head size)"),
+               "scale_attn_weights": (True, (True,), "scores scaled by 1/sqrt(head size)"),
                "scale_attn_by_inverse_layer_idx": (False, (False,), "no per-layer score scaling"),
                "reorder_and_upcast_attn": (False, (False,), "attention in the model's dtype")},
         descriptive=frozenset({"n_ctx", "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
@@ -88,7 +90,7 @@ FAMILIES = {
               "num_experts_per_tok": None, "first_k_dense_replace": 3, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
               "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
               "vocab_size": None, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-              "tie_word_embeddings": False},
+              "tie_word_embeddings": False, "attention_dropout": 0.0},
         fixed=_LLAMA_FIXED | {"attention_bias": (False, (False,), "projections without biases"),
                               "n_group": (8, (1,), "top-k over all experts (no group-limited routing)"),
                               "topk_group": (4, (1,), "top-k over all experts (no group-limited routing)"),
@@ -187,6 +189,12 @@ class _Fields:
             raise self.fail(field, "expected a positive number")
         return float(value)
 
+    def probability(self, field: str) -> float:
+        value = self.values[field]
+        if not is_probability(value):
+            raise self.fail(field, "expected a dropout probability in [0, 1)")
+        return float(value)
+
     def flag(self, field: str) -> bool:
         if not isinstance(self.values[field], bool):
             raise self.fail(field, "expected true or false")
@@ -220,7 +228,15 @@ def _llama(fields: _Fields, model_type: str, seq, batch, capacity_factor=None, f
                  kv_heads=kv_heads, seq=seq, batch=batch, vocab=fields.integer("vocab_size"), epsilon=fields.number("rms_norm_eps"),
                  rope_theta=fields.number("rope_theta"), tie_embeddings=fields.flag("tie_word_embeddings"),
                  qkv_bias=bias or model_type == "qwen2", output_bias=bias, attention=attention, fused_attention=fused_attention,
-                 **_experts(fields, model_type, capacity_factor))
+                 attention_dropout=_attention_dropout(fields, fused_attention), **_experts(fields, model_type, capacity_factor))
+
+
+def _attention_dropout(fields: _Fields, fused_attention: bool) -> float:
+    """The LLaMA family's attention_dropout: a probability, 0 with the fused attention (which keeps every probability)."""
+    dropout = fields.probability("attention_dropout")
+    if dropout and fused_attention:
+        raise fields.fail("attention_dropout", "the fused attention (fused_attention: true) drops nothing: expected 0")
+    return dropout
 
 
 def _check_full_attention(fields: _Fields, model_type: str, seq: int) -> None:
@@ -261,7 +277,8 @@ def _deepseek(fields: _Fields, seq, batch, capacity_factor, fused_attention: boo
                  heads=heads, kv_heads=kv_heads, seq=fields.seq("max_position_embeddings", seq), batch=batch,
                  vocab=fields.integer("vocab_size"), epsilon=fields.number("rms_norm_eps"), rope_theta=fields.number("rope_theta"),
                  tie_embeddings=fields.flag("tie_word_embeddings"), experts=experts, experts_per_token=top_k,
-                 capacity_factor=capacity_factor, moe=moe, attention=attention, fused_attention=fused_attention)
+                 capacity_factor=capacity_factor, moe=moe, attention=attention, fused_attention=fused_attention,
+                 attention_dropout=_attention_dropout(fields, fused_attention))
 
 
 def _experts(fields: _Fields, model_type: str, capacity_factor) -> dict:
@@ -284,4 +301,5 @@ def _gpt(fields: _Fields, model_type: str, seq, batch):
         raise fields.fail("n_inner", f"autostrat's GPT has an FFN of 4 * n_embd = {4 * hidden}")
     return GPT(layers=fields.integer("n_layer"), hidden=hidden, heads=heads, seq=fields.seq("n_positions", seq), batch=batch,
                vocab=fields.integer("vocab_size"), epsilon=fields.number("layer_norm_epsilon"),
-               tie_embeddings=fields.flag("tie_word_embeddings"))
+               tie_embeddings=fields.flag("tie_word_embeddings"),
+               dropout=tuple(fields.probability(field) for field in ("attn_pdrop", "resid_pdrop", "embd_pdrop")))

@@ -33,7 +33,7 @@ from autostrat.errors import ConfigError
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import Dense, Embedding, RMSNorm, SoftmaxCrossEntropyWithLogits
 from autostrat.frontend.tensor import LazyTensor, Tensor
-from autostrat.models.gpt import LanguageModel, causal_mask
+from autostrat.models.gpt import LanguageModel, causal_mask, dropped, is_probability, make_dropout
 from autostrat.models.moe import MoeFeedForward, expert_capacity
 from autostrat.models.sizes import check_sizes
 
@@ -65,12 +65,16 @@ class Attention(Cell):
     `fused` computes the attention with one causal ``FlashAttentionScore`` instead. `head_size`
     defaults to ``hidden / heads``; `q_rank` and `kv_rank` make the query and the key-value
     projections low-rank (MLA's shapes, the module docstring), each through an RMSNorm of
-    `epsilon`."""
+    `epsilon`. `dropout` drops attention probabilities (HuggingFace's attention_dropout), seeded
+    `seed`; the fused attention has none (a ConfigError)."""
 
     def __init__(self, seq: int, hidden: int, heads: int, kv_heads: int, theta: float, qkv_bias: bool = False, output_bias: bool = False,
                  fused: bool = False, head_size: int | None = None, q_rank: int | None = None, kv_rank: int | None = None,
-                 epsilon: float = 1e-6):
+                 epsilon: float = 1e-6, dropout: float = 0.0, seed: int = 0):
         super().__init__()
+        if fused and dropout:
+            raise ConfigError(f"LLaMA: attention dropout {dropout} needs the unfused attention (autostrat's FlashAttentionScore "
+                              "keeps every probability: keep_prob 1); set fused_attention false")
         self.fused = fused
         self.head_size = hidden // heads if head_size is None else head_size
         self.seq, self.heads, self.kv_heads = seq, heads, kv_heads
@@ -87,6 +91,7 @@ class Attention(Cell):
         self.split_query, self.split_key, self.split_value = ops.Reshape(), ops.Reshape(), ops.Reshape()
         self.query_heads, self.key_heads, self.value_heads = ops.Transpose(), ops.Transpose(), ops.Transpose()
         self.rotary_query, self.rotary_key = ops.RotaryPositionEmbedding(), ops.RotaryPositionEmbedding()
+        self.dropout, self.seed = dropout, seed
         if fused:
             self._init_fused()
         else:
@@ -102,6 +107,7 @@ class Attention(Cell):
             self.expand_key, self.expand_value = ops.ExpandDims(), ops.ExpandDims()
         self.scores = ops.BatchMatMul(transpose_b=True)
         self.scale, self.mask, self.softmax = ops.Mul(), ops.Add(), ops.Softmax()
+        self.probs_dropout = make_dropout(self.dropout, self.seed)
         self.context = ops.BatchMatMul()
         self.causal_mask = LazyTensor(functools.partial(causal_mask, self.seq), (self.seq, self.seq))  # made only for a run
         self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
@@ -147,7 +153,7 @@ class Attention(Cell):
             q = self.group_queries(q, (q.shape[0], self.kv_heads, self.group, self.seq, self.head_size))
             k, v = self.expand_key(k, 2), self.expand_value(v, 2)
         scores = self.mask(self.scale(self.scores(q, k), self.scale_factor), self.causal_mask)
-        context = self.context(self.softmax(scores), v)
+        context = self.context(dropped(self.probs_dropout, self.softmax(scores)), v)
         if self.group > 1:
             context = self.ungroup_context(context, (context.shape[0], self.heads, self.seq, self.head_size))
         return context
@@ -190,7 +196,8 @@ class LLaMA(LanguageModel):
     routed to `experts_per_token` of them with `models.moe.expert_capacity` slots per expert;
     `moe` adds DeepSeek's pieces (`MOE_OPTIONS`: the experts' own width, shared experts, the
     first dense blocks, sigmoid gates, the routed scaling). `attention` holds `Attention`'s
-    `head_size`, `q_rank` and `kv_rank` (MLA's shapes).
+    `head_size`, `q_rank` and `kv_rank` (MLA's shapes). `attention_dropout` drops the attention
+    probabilities of the unfused attention (block ``i``'s Dropout seeded ``i + 1``).
 
     Example:
         >>> net = LLaMA(layers=1, hidden=32, ffn=48, heads=4, kv_heads=2, seq=8, batch=2, vocab=64)
@@ -205,8 +212,10 @@ class LLaMA(LanguageModel):
                  seq: int = 16, batch: int = 4, vocab: int = 128, epsilon: float = 1e-6, rope_theta: float = 10000.0,
                  tie_embeddings: bool = False, qkv_bias: bool = False, output_bias: bool = False, fused_attention: bool = False,
                  experts: int | None = None, experts_per_token: int = 2, capacity_factor: float | None = None,
-                 moe: dict | None = None, attention: dict | None = None):
+                 moe: dict | None = None, attention: dict | None = None, attention_dropout: float = 0.0):
         super().__init__()
+        if not is_probability(attention_dropout):
+            raise ConfigError(f"LLaMA: attention_dropout must be a probability in [0, 1), got {attention_dropout!r}")
         kv_heads = heads if kv_heads is None else kv_heads
         attention = _attention_options(attention)
         check_sizes("LLaMA", layers=layers, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, seq=seq, batch=batch, vocab=vocab)
@@ -216,7 +225,8 @@ class LLaMA(LanguageModel):
         self.embedding = Embedding(vocab, hidden)
         self.flatten = ops.Reshape()
         self.blocks = CellList(Block(seq, hidden, ffn, heads, kv_heads, rope_theta, epsilon, qkv_bias=qkv_bias, output_bias=output_bias,
-                                     fused=bool(fused_attention), moe=None if index < dense_layers else routing, **attention)
+                                     fused=bool(fused_attention), moe=None if index < dense_layers else routing, **attention,
+                                     dropout=attention_dropout, seed=index + 1)
                                for index in range(layers))
         self.ln_final = RMSNorm((hidden,), epsilon)
         self.lm_head = ops.MatMul(transpose_b=True) if self.tie_embeddings else Dense(hidden, vocab, has_bias=False)

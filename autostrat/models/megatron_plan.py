@@ -14,7 +14,7 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
   then partial, the logits column-split (the loss gathers their classes: autostrat has no
   vocabulary-parallel cross-entropy).
 - Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): the ops between two
-  tensor-parallel regions (the norms, the residual adds, the biases after a row-split product)
+  tensor-parallel regions (the norms, the residual adds, the biases and dropouts after a row-split product)
   split their rows (batch x sequence) over the ``dp · tp`` devices, so that each tensor-parallel
   rank holds its part of the sequence; the row-split product's partial output then becomes a
   ReduceScatter and the column-split product's input an AllGather, chosen by the planner as for
@@ -30,7 +30,7 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
   Liu et al. 2025, arXiv 2504.14960): the rest, ``dp · tp / (ep · etp)``, split the token
   groups (expert data parallelism); the router, the dispatch and the combine keep attention's rows.
 - Selective recompute (ibid., section 5): the attention core, QKᵀ, its scale and mask, the
-  softmax and ·V, is computed again in the backward instead of kept (`Primitive.recompute`).
+  softmax, its dropout and ·V, is computed again in the backward instead of kept (`Primitive.recompute`).
 - Pipeline stages (Narayanan et al. 2021): the blocks split evenly over the ``pp · vp`` model
   stages in order (Megatron's default, the embedding on the first stage, the final norm, the LM
   head and the loss on the last), or, where they do not divide the blocks, with fewer blocks on
@@ -51,8 +51,9 @@ from autostrat.models.llama import LLaMA, llama_megatron_seeds
 # parameter vector, 2: activations [rows, hidden]); ops a block lacks (a bias) are skipped.
 SEQUENCE_OPS = {"ln1.layer_norm": (2, 1, 1), "ln1.rms_norm": (2, 1), "attention.projection.bias_add": (2, 1),
                 "residual1": (2, 2), "ln2.layer_norm": (2, 1, 1), "ln2.rms_norm": (2, 1), "ffn2.bias_add": (2, 1),
-                "ffn_down.bias_add": (2, 1), "residual2": (2, 2)}
-ATTENTION_CORE = ("scores", "scale", "mask", "softmax", "context")  # unfused attention's ops between Q, K, V and merge
+                "ffn_down.bias_add": (2, 1), "residual2": (2, 2), "dropout1": (2,), "dropout2": (2,)}
+# Unfused attention's ops between Q, K, V and merge (GPT's probs_dropout where it has dropout).
+ATTENTION_CORE = ("scores", "scale", "mask", "softmax", "probs_dropout", "context")
 
 
 def tensor_parallel_seeds(net, tensor_parallel: int, data_parallel: int, where: str = "plan.tp",

@@ -48,8 +48,10 @@ def cast(shapes, dtype: str = "float32") -> RuleSpec:
 
 @register("Dropout", examples=[Example(((24, 48),), {"keep_prob": 0.7, "seed": 3})])
 def dropout(shapes, keep_prob: float = 0.5, seed: int = 0) -> RuleSpec:
-    """Training-mode dropout; its mask depends only on the global element index and `seed`,
-    so any strategy drops exactly the elements the single-device run drops."""
+    """Training-mode dropout: the output and the kept mask (MindSpore's ``(output, mask)``). The
+    mask depends only on the global element index and `seed`, so any strategy drops exactly the
+    elements the single-device run drops."""
     if not 0 < keep_prob <= 1:
         raise RuleError(f"Dropout: keep_prob must be in (0, 1], got {keep_prob}")
-    return RuleSpec(broadcast_equation(shapes[:1]))
+    operand = broadcast_equation(shapes[:1]).split(" -> ")[1]
+    return RuleSpec(f"{operand} -> {operand}, {operand}")

@@ -34,6 +34,14 @@ for _name in ("GeLUGrad", "ReluGrad", "SiLUGrad", "SigmoidGrad", "TanhGrad"):
 _pointwise_grad("SqrtGrad", positive=True)
 
 
+@register("DropoutGrad", examples=[Example(((24, 48), (24, 48)), {"keep_prob": 0.7}, integers={1: 2})])
+def dropout_grad(shapes, keep_prob: float = 0.5) -> RuleSpec:
+    """DropoutGrad(dy, mask): dy where the forward's kept mask holds, scaled by 1 / keep_prob."""
+    if not 0 < keep_prob <= 1:
+        raise RuleError(f"DropoutGrad: keep_prob must be in (0, 1], got {keep_prob}")
+    return RuleSpec(_same_shape_equation("DropoutGrad", shapes))
+
+
 def _select_grad(op_type: str) -> None:
     examples = [Example(((24, 48), (24, 48), (24, 48))), Example(((24, 1), (1, 48), (24, 48))), Example(((24, 48), (48,), (24, 48)))]
 

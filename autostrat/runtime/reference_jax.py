@@ -162,6 +162,19 @@ def _reduce(fn):
     return lambda x, axis=(), keep_dims=False: fn(x, axis=_axes(axis, x.ndim), keepdims=keep_dims)
 
 
+def _dropout(x, keep_prob=0.5, seed=0):
+    """MindSpore's Dropout as autostrat defines its mask (`rules.elementwise`): element i kept
+    where splitmix64(i + the seed's offset), its top 53 bits as a fraction, is below keep_prob;
+    written here from the published splitmix64 (Steele et al. 2014), not autostrat's kernel."""
+    offset = (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**64
+    z = jnp.arange(x.size, dtype=jnp.uint64).reshape(x.shape) + jnp.uint64(offset)
+    for shift, multiplier in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        z = (z ^ (z >> jnp.uint64(shift))) * jnp.uint64(multiplier)
+    z = z ^ (z >> jnp.uint64(31))
+    keep = (z >> jnp.uint64(11)).astype(jnp.float64) / 2.0**53 < keep_prob
+    return jnp.where(keep, x / keep_prob, 0), keep
+
+
 FORWARD = {
     "Add": jnp.add, "Sub": jnp.subtract, "Mul": jnp.multiply, "RealDiv": jnp.divide,
     "Maximum": jnp.maximum, "Minimum": jnp.minimum,
@@ -179,7 +192,7 @@ FORWARD = {
     "Reshape": lambda x, shape=(): jnp.reshape(x, tuple(shape)),
     "Transpose": lambda x, perm=(): jnp.transpose(x, perm),
     "ExpandDims": lambda x, axis=0: jnp.expand_dims(x, axis),
-    "Squeeze": _squeeze, "Concat": lambda *xs, axis=0: jnp.concatenate(xs, axis=axis),
+    "Dropout": _dropout, "Squeeze": _squeeze, "Concat": lambda *xs, axis=0: jnp.concatenate(xs, axis=axis),
     "BroadcastTo": _broadcast_to, "Slice": _slice,
     "Einsum": lambda *operands, equation="": jnp.einsum(equation, *operands),
     "MoeDispatchMask": lambda logits, top_k=2, capacity=1, gate="softmax", norm_topk_prob=False:
@@ -187,6 +200,14 @@ FORWARD = {
     "MoeCombineWeights": lambda logits, top_k=2, capacity=1, gate="softmax", norm_topk_prob=False:
         _moe_routing(logits, top_k, capacity, gate, norm_topk_prob)[1],
 }
+
+
+MULTI_OUTPUT = {"Dropout": 2}  # the translations that return a tuple: output and mask
+
+
+def forward_outputs(op, result) -> dict:
+    """Output name -> value of a translated forward op's `result` (a tuple for `MULTI_OUTPUT`)."""
+    return dict(zip(op.outputs, result if op.op_type in MULTI_OUTPUT else (result,)))
 
 
 def check_translatable(graph) -> None:
@@ -202,7 +223,7 @@ def check_translatable(graph) -> None:
         phase = op_phase(op.name)
         if phase == "forward" and op.op_type not in FORWARD:
             raise Untranslatable(f"op {op.name} ({op.op_type})")
-        if phase == "forward" and len(op.outputs) != 1:
+        if phase == "forward" and len(op.outputs) != MULTI_OUTPUT.get(op.op_type, 1):
             raise Untranslatable(f"op {op.name} ({op.op_type}) with {len(op.outputs)} outputs")
     updated = set(_updaters(graph))
     for state, _ in graph.updates:
@@ -216,7 +237,7 @@ def _forward(graph, env: dict) -> dict:
     for op in graph.ops.values():
         if op_phase(op.name) == "forward":
             inputs = [env[name] for name in op.inputs]
-            env[op.outputs[0]] = FORWARD[op.op_type](*inputs, **op.attr_dict)
+            env |= forward_outputs(op, FORWARD[op.op_type](*inputs, **op.attr_dict))
     return env
 
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autostrat.autodiff import UPDATE_OP_TYPES, op_phase
-from autostrat.runtime.reference_jax import _COMPILER_OPTIONS, FORWARD, _float64, _update, check_translatable
+from autostrat.runtime.reference_jax import _COMPILER_OPTIONS, FORWARD, _float64, _update, check_translatable, forward_outputs
 from autostrat.search.precision import main_name
 
 HALF = {"fp16": jnp.float16, "bf16": jnp.bfloat16}
@@ -43,8 +43,8 @@ def _mixed_forward(graph, env: dict, half) -> dict:
     for op in graph.ops.values():
         if op_phase(op.name) == "forward":
             inputs = [x.astype(jnp.float64) if _floating(x) else x for x in (env[name] for name in op.inputs)]
-            result = FORWARD[op.op_type](*inputs, **op.attr_dict)
-            env[op.outputs[0]] = result.astype(half) if _floating(result) else result
+            results = forward_outputs(op, FORWARD[op.op_type](*inputs, **op.attr_dict))
+            env |= {name: result.astype(half) if _floating(result) else result for name, result in results.items()}
     return env
 
 

@@ -71,4 +71,4 @@ def dropout(x, keep_prob=0.5, seed=0, context=None):
     grid = np.indices(x.shape, dtype=np.int64)
     flat = np.ravel_multi_index(tuple(g + o for g, o in zip(grid, offsets)), shape) if x.ndim else np.zeros((), np.int64)
     keep = _uniform(np.asarray(flat), seed) < keep_prob
-    return np.where(keep, x / keep_prob, 0).astype(x.dtype)
+    return np.where(keep, x / keep_prob, 0).astype(x.dtype), keep

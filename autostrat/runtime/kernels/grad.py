@@ -18,6 +18,11 @@ def relu_grad(dy, y):
     return np.where(y > 0, dy, 0).astype(dy.dtype)
 
 
+@kernel("DropoutGrad")
+def dropout_grad(dy, mask, keep_prob=0.5):
+    return np.where(mask, dy / keep_prob, 0).astype(dy.dtype)
+
+
 @kernel("GeLUGrad")
 def gelu_grad(dy, x):
     cdf = 0.5 * (1 + special.erf(x / math.sqrt(2)))
