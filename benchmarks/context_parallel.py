@@ -31,7 +31,8 @@ attention must have for the measured ratios, on T(cp) = rest + share·T(1)·work
 Measured 2026-12-02, load 3-5 (the figures are the model's, not timed):
 
 - ``--rings`` (torchtitan's form: every attention op a ring in the forward's split): ratio
-  errors -11.0 / +15.1 / +17.9 %. The ring's sends (0.27 / 0.73 / 1.65 s a step over NVLink)
+  errors -12.3 / +12.5 / +14.7 % (``--rings --no-search`` on 1618dca, 2026-12-02: every row
+  within ±15 %; -11.0 / +15.1 / +17.9 % before the recompute and bucket changes of that day). The ring's sends (0.27 / 0.73 / 1.65 s a step over NVLink)
   are all hidden by the blocks' compute (4.7 / 11.0 / 23.5 s): overlap is not what the model
   misses (left unhidden they would take rows 2-4 to -14.0 / +9.4 / +10.9 %: they are not).
 - Load balance: the model prices the contiguous split (the rank with the last rows does
