@@ -122,7 +122,7 @@ OPTIONAL_FIELDS = (*EFFICIENCIES, *HOST_FIELDS, "device_memory", *ATTENTION_EFFI
 # flop `op_cost` counts (the forward as autostrat does; the backward's two ops as one kernel).
 _BACKWARD_COUNTED = Fraction(FLASH_BACKWARD_FLOPS, FLOPS_PER_ITERATION["FlashAttentionScoreQueryGrad"]
                              + FLOPS_PER_ITERATION["FlashAttentionScoreKeyValueGrad"])
-ATTENTION_OPS = {"FlashAttentionScore": ("attention_efficiency", Fraction(1)),
+ATTENTION_OPS = {"FlashAttentionScore": ("attention_efficiency", 1),
                  "FlashAttentionScoreQueryGrad": ("attention_backward_efficiency", _BACKWARD_COUNTED),
                  "FlashAttentionScoreKeyValueGrad": ("attention_backward_efficiency", _BACKWARD_COUNTED)}
 INTEGER_FIELDS = ("devices_per_server", "cores_per_server", "device_memory")  # a profile keeps these as ints
@@ -232,20 +232,21 @@ class Hardware:
             memory = math.ceil(Fraction(cost.memory_bytes_per_device) * Fraction(passes) * 10**9 / Fraction(bandwidth))
         return round(self.kernel_latency * 1e9) + compute + memory
 
-    def flop_rate(self, op_type: str) -> tuple[float, Fraction]:
+    def flop_rate(self, op_type: str) -> tuple[float, int | Fraction]:
         """(The fraction of `device_flops` an op of `op_type` runs at, the flops that rate counts
         per flop `op_cost` counts): a fused attention op's own efficiency when the profile
-        gives it (`ATTENTION_OPS`), else `matmul_efficiency` on the flops as counted.
+        gives it (`ATTENTION_OPS`), else `matmul_efficiency` on the flops as counted (an int 1,
+        which keeps the hot path's arithmetic in ints).
 
         Example:
             >>> Hardware(attention_backward_efficiency=0.25).flop_rate("FlashAttentionScoreQueryGrad")
             (0.25, Fraction(5, 7))
             >>> Hardware(matmul_efficiency=0.5).flop_rate("FlashAttentionScore")
-            (0.5, Fraction(1, 1))
+            (0.5, 1)
         """
-        field, counted = ATTENTION_OPS.get(op_type, (None, Fraction(1)))
+        field, counted = ATTENTION_OPS.get(op_type, (None, 1))
         if field is None or getattr(self, field) is None:
-            return self.matmul_efficiency, Fraction(1)
+            return self.matmul_efficiency, 1
         return getattr(self, field), counted
 
     def shared(self, device_num: int) -> "Hardware":
@@ -280,8 +281,9 @@ class Hardware:
             >>> PROFILES["a100-80gb"].describe()
             'a100-80gb: 312 TFLOP/s (16-bit), memory 2039 GB/s, 8 devices per server linked at 300 GB/s and 2 us, servers at 25 GB/s and 4 us; matmul_efficiency 0.7977'
         """
-        efficiencies = ", ".join(f"{field} {getattr(self, field):g}" for field in (*EFFICIENCIES, *ATTENTION_EFFICIENCIES)
-                                 if getattr(self, field) not in (1, None))
+        efficiencies = ", ".join([f"{field} {getattr(self, field):g}" for field in EFFICIENCIES if getattr(self, field) != 1]
+                                 + [f"{field} {getattr(self, field):g}" for field in ATTENTION_EFFICIENCIES
+                                    if getattr(self, field) is not None])  # 1.0 there is no default
         return (f"{self.name + ': ' if self.name else ''}"
                 f"{self.device_flops / 1e12:g} TFLOP/s (16-bit), memory {self.device_memory_bandwidth / 1e9:g} GB/s, "
                 f"{self.devices_per_server} devices per server linked at {self.intra_server_bandwidth / 1e9:g} GB/s "
