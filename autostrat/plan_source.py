@@ -23,7 +23,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from autostrat.cost import PROFILES, Hardware
-from autostrat.cost.hardware import HOST_FIELDS
+from autostrat.cost.hardware import ATTENTION_EFFICIENCIES, HOST_FIELDS
 from autostrat.errors import ConfigError
 from autostrat.frontend.config import parse_config
 from autostrat.io import write_atomically
@@ -116,12 +116,13 @@ def _check_shape(source, where: str) -> None:
 
 def _embedded_hardware(record, where: str) -> Hardware:
     """The hardware profile a "source" record embeds (`Hardware`'s fields by name; a record
-    written before the host fields existed has none of them: 0, as then)."""
-    names = {field.name for field in fields(Hardware)}
-    required = names - set(HOST_FIELDS)
+    written before the host fields or the attention efficiencies existed has none of them: 0 and
+    None, as then)."""
+    names, later = {field.name for field in fields(Hardware)}, (*HOST_FIELDS, *ATTENTION_EFFICIENCIES)
+    required = names - set(later)
     if not isinstance(record, dict) or not required <= set(record) <= names:
         raise ConfigError(f"{where}: source.hardware: expected a mapping of {', '.join(sorted(required))} "
-                          f"(and optionally {', '.join(HOST_FIELDS)}), got {record!r}")
+                          f"(and optionally {', '.join(later)}), got {record!r}")
     try:
         return Hardware(**record)
     except ConfigError as error:

@@ -28,13 +28,20 @@ What the rows say (``--decompose``: the predicted step as attention compute, rin
 of them the blocks' compute leaves unhidden, and the rest; and the share of row 1's step the
 attention must have for the measured ratios, on T(cp) = rest + share·T(1)·work(cp), work 1, 3,
 7, 15 for a contiguous causal split, 1, 2, 4, 8 for a balanced one, `attention_work`).
-Measured 2026-12-02, load 3-5 (the figures are the model's, not timed):
+Measured 2026-12-02, load 2-7 (the figures are the model's, not timed), at 1a01907 ("before")
+and with the profile's attention efficiencies (`cost.hardware`: FlashAttention-2's published
+H100 rates, 0.339 of the peak forward, 0.325 backward, the matrix products still at the
+nominal peak; "after"):
 
 - ``--rings`` (torchtitan's form: every attention op a ring in the forward's split): ratio
-  errors -12.3 / +12.5 / +14.7 % (``--rings --no-search`` on 1618dca, 2026-12-02: every row
-  within ±15 %; -11.0 / +15.1 / +17.9 % before the recompute and bucket changes of that day). The ring's sends (0.27 / 0.73 / 1.65 s a step over NVLink)
-  are all hidden by the blocks' compute (4.7 / 11.0 / 23.5 s): overlap is not what the model
-  misses (left unhidden they would take rows 2-4 to -14.0 / +9.4 / +10.9 %: they are not).
+  errors before -12.3 / +12.5 / +14.7 % (within ±15 %; the -11.0 / +15.1 / +17.9 % first
+  recorded here predate later step-time mends), after -29.8 / -20.0 / -23.3 % (missed by 14.8,
+  5.0 and 8.3 points). Attention compute goes from 1.61 / 4.74 / 11.00 / 23.52 s a step to
+  3.92 / 11.65 / 27.11 / 58.04 s, the rest stays 2.71 / 2.81 / 2.96 / 3.26 s: attention is now
+  0.59 of row 1's predicted step where the measured rows 3 and 4 imply 0.44 (below). The ring's
+  sends (0.27 / 0.73 / 1.65 s over NVLink) stay hidden by the blocks' compute.
+- Without ``--rings`` (the default plan's head-split backward, balanced): before +0.8 / +42.5 /
+  +54.3 %, after -17.4 / +2.1 / +2.1 % (rows 3 and 4 within, row 2 missed by 2.4 points).
 - Load balance: the model prices the contiguous split (the rank with the last rows does
   (2·cp - 1)/cp of the mean); PyTorch's context_parallel balances causal attention by default
   (``enable_load_balance``: chunks i and 2·cp - 1 - i on rank i). Balanced, the measured ratios
@@ -43,20 +50,23 @@ Measured 2026-12-02, load 3-5 (the figures are the model's, not timed):
   the 989 TFLOP/s peak: no balanced run gives those ratios. Contiguous, they need 0.27 / 0.44 /
   0.44: rows 3 and 4 agree (attention 3.7 s at 34 % of peak by FlashAttention's 10 flops per
   score of a backward, the rest 4.7 s at 45 %: a plausible H100 run), row 2 is faster than
-  either hypothesis. So the contiguous split is kept (it is what the measurements support), and
-  the default plan's head-split backward (balanced, priced exactly so) is what gives
-  +1.9 / +45.4 / +58.4 % without ``--rings``: the search's backward, not torchtitan's.
-- What remains: the model gives attention 0.361 of row 1's step where rows 3 and 4 imply 0.44
-  (flash attention runs further below its peak than the matrix products; the profile's at most
-  three efficiency factors, issue #33, have none for it), and row 2 implies 0.27; every row
-  within ±15 % needs 0.369-0.40, between the two, so no one share explains the table. Not
-  fitted (DESIGN §5: constants are never fitted per case).
-- The search by itself (``--rows 4 3 --rings``, load 2-4): row 4 (256k) b 1 n 8 s 1, query
-  product ((8, 1), (1, 1)), 2,179 tokens/s/GPU in 205 s; row 3 (128k) b 2 n 4 s 1, the same
-  query product, 3,653 in 251 s (row 1: b 8, no CP, 7,528 in 297 s): the sequence split over
-  the 8 devices outside attention (context parallelism) chosen on its own for the long rows, in
-  Ulysses' form (heads split inside attention, all-to-all), whose head split balances the
-  causal work, 1.79 and 1.57 times the ring plan's predicted tokens/s.
+  either hypothesis. So the contiguous split is kept (it is what the measurements support).
+- What remains: the published attention rate, 0.339 of the peak, is the 34 % rows 3 and 4
+  imply (above), so the attention's own price now agrees with the run; but the profile's
+  matrix products run at the peak itself (``h100-sxm-80gb``'s `matmul_efficiency` 1.0, no
+  published H100 run fitted): attention is charged 1 / 0.34 = 2.9 times the matrix products'
+  time per flop, where the measured rows say about 45 / 34 = 1.3. The ratios test that quotient,
+  so the ring table needs the matrix products' own H100 rate, from a published source (a GEMM
+  or an H100 step time, not this table), beside the attention's; nothing here is fitted to it
+  (DESIGN §5). Row 2 implies 0.27 whatever the rates: no one share explains the table.
+- The search by itself (``--rows 4 3 --rings``): before (load 2-4), row 4 (256k) b 1 n 8 s 1,
+  query product ((8, 1), (1, 1)), 2,179 tokens/s/GPU in 205 s; row 3 (128k) b 2 n 4 s 1, the
+  same query product, 3,653 in 251 s (row 1: b 8, no CP, 7,528 in 297 s). After (load 2-4, 7 min
+  49 s for both, 1.9 GB peak): row 4 the same split and query product, 1,009 tokens/s/GPU in
+  213 s; row 3 the same, 1,849 in 253 s: the sequence split over the 8 devices outside
+  attention (context parallelism) still chosen on its own for the long rows, in Ulysses' form
+  (heads split inside attention, all-to-all), whose head split balances the causal work, 1.89
+  and 1.70 times the ring plan's predicted tokens/s.
 
 "Search" is what the search picks by itself for the row's model and batch on 8 devices (fully
 automatic, step time, 80 GB per device, no seeds, recomputed layers and ZeRO (level 3: parameters

@@ -8,6 +8,17 @@ default: then a prediction is exactly what it was before the factors existed):
 - `memory_efficiency` scales the HBM bandwidth (an op's bytes read and written),
 - `network_efficiency` scales both link bandwidths (inside and across servers; not the latencies).
 
+Two more, unset (None) unless a profile gives them, when fused attention runs at
+`matmul_efficiency` as before: the fractions of the nominal FLOP rate FlashAttention's kernels
+reach (`ATTENTION_OPS`), which run further below the peak than the matrix products do:
+
+- `attention_efficiency`, of the forward (`FlashAttentionScore`, recomputed ones and ring
+  attention's blocks too),
+- `attention_backward_efficiency`, of the backward (both gradient ops), whose flops are counted
+  as FlashAttention counts them (10 per score, where autostrat's two ops count 14: each computes
+  the scores again, `cost.op_cost.FLASH_BACKWARD_FLOPS`), so the pair takes what the one
+  published kernel takes.
+
 A profile measured on a machine (`benchmarks/time_model.py` calibrates this one's MPI ranks) may
 also give three host fields, absent (0) in the named profiles, where they change nothing:
 
@@ -37,6 +48,18 @@ Tensor Core GPU datasheet and NCCL ``src/graph/tuning.cc``:
 - `devices_per_server` 8.
 - `device_memory` 80 GiB (85,899,345,920 bytes): the "80GB" of HBM3 the datasheet gives, five
   16 GiB stacks; what `autostrat search` fits a plan into when no `max_device_memory` is given.
+- `attention_efficiency` 335/989.4 = 0.3386 and `attention_backward_efficiency` 322/989.4 =
+  0.3254: FlashAttention-2 on H100 SXM5 80GB, head dim 128, 16-bit, sequence 16k (16k tokens a
+  batch, hidden 2048), as Shah et al. 2024, "FlashAttention-3" (arXiv 2407.08608) measured it
+  beside their kernel: 335 TFLOP/s forward with the causal mask (Figure 5, causal, head dim 128),
+  322 TFLOP/s backward (Figure 6, head dim 128: the paper's only backward figures, without the
+  mask), each the longest sequence measured, where the rate has levelled off (333 and 318 at 8k).
+  FlashAttention-2, not 3 or cuDNN (616 and 539 TFLOP/s forward there): PyTorch's
+  scaled_dot_product_attention runs its flash backend first, FlashAttention-2's kernel, and
+  torchtitan's context parallelism allows only it and the memory-efficient one
+  (``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION])``). The paper counts flops as
+  autostrat's forward does (4 per score, half the scores under the mask) and a backward as 2.5
+  forwards.
 
 ``a100-80gb``: one NVIDIA DGX/HGX A100 server (8 × A100 SXM4 80GB), NVIDIA A100 Tensor Core GPU
 datasheet and the same NCCL table (its ``hwLat`` is per link type, not per GPU generation):
@@ -49,6 +72,9 @@ datasheet and the same NCCL table (its ``hwLat`` is per link type, not per GPU g
 - `inter_server_bandwidth` 25e9 B/s: one 200 Gb/s HDR InfiniBand (ConnectX-6) port per GPU.
 - `intra_server_latency` 2 µs, `inter_server_latency` 4 µs, `devices_per_server` 8: as above.
 - `device_memory` 80 GiB: the datasheet's "80GB HBM2e" (nvidia-smi reports 81,920 MiB).
+- No attention efficiencies: no published FlashAttention-2 rate on A100 at head dim 128 was
+  found to cite, so its fused attention runs at the fitted `matmul_efficiency` (its fit's runs,
+  Korthikanti et al.'s GPT, compute attention unfused: the factor never saw a fused kernel).
 
 All are nominal peaks; what a kernel or NCCL achieves is lower, which the efficiency factors say
 once they are fitted to published runs. The search compares plans, and for that the ratios
@@ -65,7 +91,7 @@ schedules) over all eight step times, 175B and 530B now expressible, the fit giv
 mean absolute relative error over the eight moves from 4.46 % at 0.7977 to 4.41 % (leave-one-out
 5.01 %), every entry within ±15 % at both, so the factor stays as fitted (``published.py``'s
 fit table prints both columns).
-Its other factors, and every factor of ``h100-sxm-80gb`` (no published run here), stay 1.0.
+Its other factors, and the three of ``h100-sxm-80gb`` (no published run here), stay 1.0.
 """
 
 from __future__ import annotations
@@ -76,7 +102,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from autostrat.cost.op_cost import OpCost
+from autostrat.cost.op_cost import FLASH_BACKWARD_FLOPS, FLOPS_PER_ITERATION, OpCost
 from autostrat.cost.time_model import AlphaBeta, ceil_nanoseconds
 from autostrat.errors import ConfigError
 from autostrat.layout import DeviceMatrix
@@ -89,7 +115,16 @@ EFFICIENCIES = ("matmul_efficiency", "network_efficiency", "memory_efficiency")
 # Fields a profile may leave out: the efficiencies (1.0), and two a calibrated machine gives
 # (`benchmarks/time_model.py`): 0 leaves every prediction as it was without them.
 HOST_FIELDS = ("kernel_latency", "cores_per_server", "kernel_passes")
-OPTIONAL_FIELDS = (*EFFICIENCIES, *HOST_FIELDS, "device_memory")
+# The fused attention kernels' own rates (None: `matmul_efficiency`'s, as before they existed).
+ATTENTION_EFFICIENCIES = ("attention_efficiency", "attention_backward_efficiency")
+OPTIONAL_FIELDS = (*EFFICIENCIES, *HOST_FIELDS, "device_memory", *ATTENTION_EFFICIENCIES)
+# Per fused attention op type, the field its flop rate takes and the flops that rate counts per
+# flop `op_cost` counts (the forward as autostrat does; the backward's two ops as one kernel).
+_BACKWARD_COUNTED = Fraction(FLASH_BACKWARD_FLOPS, FLOPS_PER_ITERATION["FlashAttentionScoreQueryGrad"]
+                             + FLOPS_PER_ITERATION["FlashAttentionScoreKeyValueGrad"])
+ATTENTION_OPS = {"FlashAttentionScore": ("attention_efficiency", 1),
+                 "FlashAttentionScoreQueryGrad": ("attention_backward_efficiency", _BACKWARD_COUNTED),
+                 "FlashAttentionScoreKeyValueGrad": ("attention_backward_efficiency", _BACKWARD_COUNTED)}
 INTEGER_FIELDS = ("devices_per_server", "cores_per_server", "device_memory")  # a profile keeps these as ints
 
 
@@ -129,6 +164,8 @@ class Hardware:
     # Per op type, how many times its kernel moves the bytes it reads and writes (unlisted: 1).
     kernel_passes: tuple[tuple[str, float], ...] = ()
     name: str = ""  # the profile's name, or the file it was read from ("": given field by field)
+    attention_efficiency: float | None = None  # fused attention's forward rate (None: matmul_efficiency's)
+    attention_backward_efficiency: float | None = None  # and its backward's, per FlashAttention's flops
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -176,15 +213,41 @@ class Hardware:
         ``device_memory_bandwidth · memory_efficiency``, each rounded up, the bytes times the
         `kernel_passes` of `op_type` (1 unless listed), plus `kernel_latency`. The sum, not the
         larger of the two: an op is charged for both, which keeps the model additive (and is
-        the issue's model)."""
+        the issue's model). A fused attention op of a profile with its attention efficiency
+        runs at that instead of `matmul_efficiency`, on the flops FlashAttention counts
+        (`flop_rate`).
+
+        Example (a key/value gradient's 14 autostrat flops are 10 of FlashAttention's):
+            >>> grad = OpCost(flops_per_device=14 * 98_940_000, memory_bytes_per_device=0)
+            >>> Hardware(attention_backward_efficiency=0.5).compute_nanoseconds(grad, ("float16",), "FlashAttentionScoreKeyValueGrad")
+            2000
+        """
         itemsize = max(2, max((np.dtype(d).itemsize for d in dtypes if np.dtype(d).kind == "f"), default=2))
-        compute = ceil_nanoseconds(cost.flops_per_device * itemsize, self.device_flops * self.matmul_efficiency * 2)
+        efficiency, counted = self.flop_rate(op_type)
+        compute = ceil_nanoseconds(cost.flops_per_device * itemsize * counted, self.device_flops * efficiency * 2)
         bandwidth, passes = self.device_memory_bandwidth * self.memory_efficiency, dict(self.kernel_passes).get(op_type, 1.0)
         if passes == 1:
             memory = ceil_nanoseconds(cost.memory_bytes_per_device, bandwidth)
         else:  # exactly, as `ceil_nanoseconds`: floats are binary fractions
             memory = math.ceil(Fraction(cost.memory_bytes_per_device) * Fraction(passes) * 10**9 / Fraction(bandwidth))
         return round(self.kernel_latency * 1e9) + compute + memory
+
+    def flop_rate(self, op_type: str) -> tuple[float, int | Fraction]:
+        """(The fraction of `device_flops` an op of `op_type` runs at, the flops that rate counts
+        per flop `op_cost` counts): a fused attention op's own efficiency when the profile
+        gives it (`ATTENTION_OPS`), else `matmul_efficiency` on the flops as counted (an int 1,
+        which keeps the hot path's arithmetic in ints).
+
+        Example:
+            >>> Hardware(attention_backward_efficiency=0.25).flop_rate("FlashAttentionScoreQueryGrad")
+            (0.25, Fraction(5, 7))
+            >>> Hardware(matmul_efficiency=0.5).flop_rate("FlashAttentionScore")
+            (0.5, 1)
+        """
+        field, counted = ATTENTION_OPS.get(op_type, (None, 1))
+        if field is None or getattr(self, field) is None:
+            return self.matmul_efficiency, 1
+        return getattr(self, field), counted
 
     def shared(self, device_num: int) -> "Hardware":
         """The profile as each of `device_num` devices sees it when the devices of a server
@@ -218,7 +281,9 @@ class Hardware:
             >>> PROFILES["a100-80gb"].describe()
             'a100-80gb: 312 TFLOP/s (16-bit), memory 2039 GB/s, 8 devices per server linked at 300 GB/s and 2 us, servers at 25 GB/s and 4 us; matmul_efficiency 0.7977'
         """
-        efficiencies = ", ".join(f"{field} {getattr(self, field):g}" for field in EFFICIENCIES if getattr(self, field) != 1)
+        efficiencies = ", ".join([f"{field} {getattr(self, field):g}" for field in EFFICIENCIES if getattr(self, field) != 1]
+                                 + [f"{field} {getattr(self, field):g}" for field in ATTENTION_EFFICIENCIES
+                                    if getattr(self, field) is not None])  # 1.0 there is no default
         return (f"{self.name + ': ' if self.name else ''}"
                 f"{self.device_flops / 1e12:g} TFLOP/s (16-bit), memory {self.device_memory_bandwidth / 1e9:g} GB/s, "
                 f"{self.devices_per_server} devices per server linked at {self.intra_server_bandwidth / 1e9:g} GB/s "
@@ -252,7 +317,9 @@ def _checked(field: str, value):
             raise ConfigError(f"{field} must be {'a positive' if lowest else 'a non-negative'} integer{unit}, got {value!r}")
         return value
     number = not isinstance(value, bool) and isinstance(value, (int, float))
-    if field in EFFICIENCIES:
+    if field in ATTENTION_EFFICIENCIES and value is None:  # unset: the matrix products' rate
+        return None
+    if field in EFFICIENCIES or field in ATTENTION_EFFICIENCIES:
         if not (number and 0 < value <= 1):  # NaN too
             raise ConfigError(f"{field} must be a number in (0, 1] (a fraction of the nominal peak), got {value!r}")
         return float(value)
@@ -271,6 +338,7 @@ PROFILES = {
                           name="a100-80gb"),
     "h100-sxm-80gb": Hardware(device_flops=989.4e12, device_memory_bandwidth=3.35e12, intra_server_bandwidth=450e9,
                               inter_server_bandwidth=50e9, intra_server_latency=2e-6, inter_server_latency=4e-6,
-                              devices_per_server=8, device_memory=DEVICE_MEMORY, name="h100-sxm-80gb"),
+                              devices_per_server=8, device_memory=DEVICE_MEMORY, name="h100-sxm-80gb",
+                              attention_efficiency=335 / 989.4, attention_backward_efficiency=322 / 989.4),  # FlashAttention-2 (docstring)
 }
 DEFAULT_PROFILE = "h100-sxm-80gb"

@@ -29,6 +29,10 @@ from autostrat.errors import LayoutError
 
 
 FLOPS_PER_ITERATION = {"FlashAttentionScore": 4, "FlashAttentionScoreQueryGrad": 6, "FlashAttentionScoreKeyValueGrad": 8}
+# FlashAttention's own count of its backward, per iteration: one kernel computing S again, dV, dP,
+# dQ and dK (5 products, 2.5 forwards: Dao 2023, §4.1); autostrat's two gradient ops count 14, each
+# computing S again. What its published rates measure (`cost.hardware.ATTENTION_OPS`).
+FLASH_BACKWARD_FLOPS = 10
 
 
 @dataclass(frozen=True)

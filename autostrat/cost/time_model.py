@@ -30,7 +30,8 @@ _MESSAGES = {"AllGather": 1, "AllToAll": 1, "ReduceScatter": 1, "AllReduce": 2}
 
 
 def ceil_nanoseconds(amount: int, rate: float) -> int:
-    """Whole nanoseconds, rounded up, of `amount` units at `rate` units per second, exactly.
+    """Whole nanoseconds, rounded up, of `amount` units (an int or a `Fraction`) at `rate` units
+    per second, exactly.
 
     Example:
         >>> ceil_nanoseconds(3000, 1e11), ceil_nanoseconds(1, 3.0), ceil_nanoseconds(0, 3.0)

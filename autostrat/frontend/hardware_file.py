@@ -14,6 +14,8 @@ without max_device_memory fits its plan into it); its name is the file's name::
     inter_server_latency: 4e-6
     devices_per_server: 8
     matmul_efficiency: 0.6          # optional, each in (0, 1]
+    attention_efficiency: 0.34      # optional, each in (0, 1]: fused attention's forward and
+    attention_backward_efficiency: 0.33  # backward rates (absent: matmul_efficiency's)
     kernel_latency: 5e-6            # optional: seconds per op beyond its flops and bytes (default 0)
     cores_per_server: 2             # optional: cores the devices of a server share (default 0: their own)
     device_memory: 85899345920      # optional, bytes per device
