@@ -28,10 +28,12 @@ What the rows say (``--decompose``: the predicted step as attention compute, rin
 of them the blocks' compute leaves unhidden, and the rest; and the share of row 1's step the
 attention must have for the measured ratios, on T(cp) = rest + share·T(1)·work(cp), work 1, 3,
 7, 15 for a contiguous causal split, 1, 2, 4, 8 for a balanced one, `attention_work`).
-Measured 2026-12-02, load 2-7 (the figures are the model's, not timed), at 1a01907 ("before")
-and with the profile's attention efficiencies (`cost.hardware`: FlashAttention-2's published
-H100 rates, 0.339 of the peak forward, 0.325 backward, the matrix products still at the
-nominal peak; "after"):
+Measured 2026-12-02, load 2-7 (the figures are the model's, not timed), with the shipped
+``h100-sxm-80gb`` ("before": fused attention at the matrix products' nominal peak; the script
+prints these, confirmed on 8a8ad4e) and with FlashAttention-2's published H100 rates given to it
+(`cost.hardware`: 0.339 of the peak forward, 0.325 backward, the matrix products still at the
+nominal peak; "after", measured on the branch that shipped them, which the profile no longer
+does: given alone they move this table away, below):
 
 - ``--rings`` (torchtitan's form: every attention op a ring in the forward's split): ratio
   errors before -12.3 / +12.5 / +14.7 % (within ±15 %; the -11.0 / +15.1 / +17.9 % first
