@@ -53,7 +53,14 @@ other jobs' load (1.9 before, 6.85 after; 338 s, 70 run: gpt_train 4 ranks and l
 so. Still far from the targets: the steps measure 3-4x their prediction at 2 ranks too under
 that load (each rank had about a third of a core), and the small plans' collectives measure
 several times the calibration's α (their per-step runtime work: the lowering's Python per
-message, not priced). Not yet re-run quiet.
+message, not priced).Then --quick at 13:09 UTC (load 3.57 before, 2.67 after; 36 plans, 113 s): MARE 64.6 %,
+τ 0.848 (quiet, before: 60.2 %, 0.819); ffn 8 config 23.64 -> 5.77 ms, mlp 8 data 12.43 ->
+3.65, gpt_train 8 none 709.9 -> 198.8, transformer_stack 8 data 605.0 -> 394.9. Worst five:
+mlp 8 none +104 % (ranks that never wait for one another run in their own slices, not on
+the quarter core `Hardware.shared` gives them), transformer_stack 8 data -91 %, 8 config
+-89 %, ffn 8 config -88 %, gpt_train 8 config -83 % (8 ranks' collectives on 2 cores: each
+message still waits for its partner's turn on a core, which the 4x α does not price).
+Not yet re-run quiet.
 """
 
 from __future__ import annotations
