@@ -6,7 +6,7 @@ calls are the bytes MPI moves; pipeline stages use Isend/Irecv on the world comm
 run report a Gather. The communication stream's collectives (`runtime.stream`: gradient
 synchronisation in buckets) are the same messages begun with Isend/Irecv on `STREAM_TAG` and
 tested between kernels, each lane of the stream on a tag of its own below `WIRE_TAG`, so that
-they never match a blocking collective's message or one another's. Every wait is `settle`'s: MPI's own blocking calls spin on the core, and a
+they never match a blocking collective's message or one another's. Every wait is `settle`'s (a `Pause` between polls): MPI's own blocking calls spin on the core, and a
 job with more ranks than cores (8 on a 2-core machine) would spend its waits taking the core
 from the very rank it waits for (a rank computing a check while seven spun: 68 s of a 110 s run).
 Only the buffer (upper-case) methods are used, on contiguous numpy arrays, so nothing is pickled. mpi4py is
@@ -16,6 +16,7 @@ imported on first use, so `autostrat` imports without it; a missing MPI becomes 
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -27,28 +28,59 @@ from autostrat.runtime.wire import Message, Wire
 
 WIRE_TAG = 32767  # the largest tag every MPI allows (MPI_TAG_UB >= 32767); pipeline tags count from 0
 STREAM_TAG = WIRE_TAG - 1  # the communication stream's lane 0 (`runtime.stream`); lane k: STREAM_TAG - k
-SPINS = 200  # tests before the first sleep: a partner that is already there answers within them
+SPINS = 200  # tests before the first yield: a partner that is already there answers within them
+YIELDING = 0.005  # seconds of a wait spent yielding the core before sleeping (see `Pause`)
 LONGEST_NAP = 0.002  # seconds: the latency a long wait adds at most
 
 
+class Pause:
+    """What a waiting rank does between two polls of its requests: nothing for its first
+    `spins` polls, then it yields its core (``sched_yield``) until it has waited `YIELDING`
+    seconds, then sleeps (from 10 us, doubling up to `LONGEST_NAP`).
+
+    Why yield first: with more ranks than cores (8 on 2), the rank a wait needs is runnable
+    and a yield hands it the core at once, where a sleep of 10 us to 2 ms lets the message
+    arrive and then lie unread until the timer fires, once per message (ffn.yaml's 8-rank
+    config step: 25.1 ms sleeping, 4.6 ms yielding, `benchmarks/time_model.py`). Why sleep
+    after: a wait of seconds (a rank computing its check) would otherwise keep a core busy
+    yielding to nobody.
+
+    Example:
+        >>> pause = Pause(spins=0)
+        >>> pause(); pause.polls
+        1
+    """
+
+    def __init__(self, spins: int = SPINS):
+        self.spins, self.polls, self.nap, self.started = spins, 0, 1e-5, None
+
+    def __call__(self) -> None:
+        self.polls += 1
+        if self.polls <= self.spins:
+            return
+        now = time.perf_counter()
+        self.started = now if self.started is None else self.started
+        if now - self.started < YIELDING:
+            os.sched_yield()
+        else:
+            time.sleep(self.nap)
+            self.nap = min(2 * self.nap, LONGEST_NAP)
+
+
 def settle(requests: list, spins: int = SPINS) -> None:
-    """Wait until every MPI request in `requests` completes: first by polling `spins` times,
-    then by sleeping between polls (from 10 us, doubling up to `LONGEST_NAP`), so that a
-    waiting rank gives its core to the ranks still computing.
+    """Wait until every MPI request in `requests` completes, polling them with a `Pause`
+    between polls, so that a waiting rank gives its core to the ranks still computing.
 
     Example:
         >>> class Done:
         ...     def Test(self): return True
         >>> settle([Done(), Done()])
     """
-    pending = list(requests)
-    nap, polls = 1e-5, 0
+    pending, pause = list(requests), Pause(spins)
     while pending:
         pending = [request for request in pending if not request.Test()]
-        polls += 1
-        if pending and polls > spins:
-            time.sleep(nap)
-            nap = min(2 * nap, LONGEST_NAP)
+        if pending:
+            pause()
 
 
 def import_mpi():
@@ -75,7 +107,7 @@ class MpiBackend(Wire):
         self.comm = comm if comm is not None else self.MPI.COMM_WORLD
         self.rank, self.device_num = self.comm.Get_rank(), self.comm.Get_size()
         # Before the first kernel: the ranks on this machine split its cores. Where they
-        # outnumber them, a waiting rank sleeps at once: its polls would take the core from the
+        # outnumber them, a waiting rank yields at once: its polls would take the core from the
         # rank it waits for (the pipeline sample on 8 ranks, 2 cores: 46.2 CPU-seconds with 200
         # polls, 44.6 with none, two runs each).
         self.spins = 0 if share_cores().crowded else SPINS

@@ -31,7 +31,6 @@ it for the peak.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
@@ -39,7 +38,7 @@ from typing import ClassVar
 import numpy as np
 
 from autostrat.errors import RuntimeBackendError
-from autostrat.runtime.mpi import LONGEST_NAP  # mpi4py itself is imported on first use only
+from autostrat.runtime.mpi import Pause  # mpi4py itself is imported on first use only
 
 
 @dataclass(frozen=True)
@@ -217,21 +216,19 @@ class SyncStream:
 
     def wait(self, steps) -> tuple[dict, list]:
         """Run the stream until every step of `steps` is done: the results of their targets
-        and their `Traffic`, in the order of `steps`. Between polls of every lane it sleeps
-        (from 10 us, doubling up to `mpi.LONGEST_NAP`) once the backend's spins are spent, as
-        `mpi.settle` does: a lane's message may come before another's, so none is waited on alone."""
+        and their `Traffic`, in the order of `steps`. Between polls of every lane it pauses
+        (`mpi.Pause`: yields, then sleeps, once the backend's spins are spent), as `mpi.settle`
+        does: a lane's message may come before another's, so none is waited on alone."""
         targets = tuple(dict.fromkeys(target for step in steps for target in step_targets(step)))
-        polls, nap = 0, 1e-5
+        spins = getattr(self.backend, "spins", 0)
+        pause = Pause(spins)
         while any(self._pending(target) for target in targets):
             if self.progress():
-                polls, nap = 0, 1e-5
+                pause = Pause(spins)
                 continue
             if not self.lanes:
                 raise RuntimeBackendError(f"rank {self.backend.rank}: the stream ended before {targets} were synchronised")
-            polls += 1
-            if polls > getattr(self.backend, "spins", 0):
-                time.sleep(nap)
-                nap = min(2 * nap, LONGEST_NAP)
+            pause()
         traffic = [record for target in targets for record in self.traffic.pop(target, ())]  # a fused step's: at its first
         return {target: self.results.pop(target) for target in targets}, traffic
 
