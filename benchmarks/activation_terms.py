@@ -27,10 +27,16 @@ Run through `benchmarks/published.py --terms`.
 
 from __future__ import annotations
 
-from autostrat.autodiff import op_phase
-from autostrat.cost.live_bytes import LiveBytes, release_after
-from autostrat.search.buffers import device_program
-from autostrat.tables import format_table
+import json
+import tempfile
+from pathlib import Path
+
+from published_runs import ROOT, estimated  # first: it puts the repository on sys.path
+
+from autostrat.autodiff import op_phase  # noqa: E402
+from autostrat.cost.live_bytes import LiveBytes, release_after  # noqa: E402
+from autostrat.search.buffers import device_program  # noqa: E402
+from autostrat.tables import format_table  # noqa: E402
 
 # Per term of §4.1: (name, s·b·h units or None, a·s²·b units or None, split over t without SP,
 # dropped by selective recompute, tensors of layer L it is (their names after "blocks.L.";
@@ -100,3 +106,19 @@ def terms_table(plan, shape: dict, t: int, sequence_parallel: bool, selective: b
     lines.append(["layer total", f"{totals[0] / unit:.3f}", f"{totals[1] / unit:.3f}", f"{totals[2] / unit:.3f}",
                   f"activations / paper {totals[1] / totals[0]:.3f}"])
     return format_table(["term", "paper (s·b·h)", "activations (s·b·h)", "copies (s·b·h)", "tensors"], lines)
+
+
+def print_terms(rows) -> None:
+    """Per one-stage row (pp 1: every layer's forward done when the backward starts), layer 1's
+    activations term by term against the paper's (`activation_terms`), without SP and
+    recompute, and with SP + selective recompute."""
+    with tempfile.TemporaryDirectory(prefix="autostrat-terms-") as work:
+        for row in (row for row in rows if row.pp == 1):
+            config = json.loads((ROOT / "configs" / "models" / row.model).read_text())
+            shape = {"s": 2048, "b": row.micro_batch, "h": config["n_embd"], "a": config["n_head"]}
+            for name, choices, both in (("no SP, no recompute", {"recompute": "none"}, False),
+                                        ("SP + selective recompute", {"recompute": "full", "selective": True}, True)):
+                found = estimated(row, Path(work), f"terms_{both}", **choices)
+                print(f"\n{row.name}, {name}: layer 1's activations when the backward starts, per device "
+                      f"(s·b·h = {2048 * row.micro_batch * config['n_embd']:,} bytes; `activation_terms`):")
+                print(terms_table(found.plan, shape, row.tp, both, both), flush=True)

@@ -128,7 +128,7 @@ from autostrat.models import from_hf_config  # noqa: E402
 from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound  # noqa: E402
 from autostrat.report.plan_space import plan_candidates, resident_bound, search_plan_space  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
-from activation_terms import terms_table  # noqa: E402  (beside this script)
+from activation_terms import print_terms  # noqa: E402  (beside this script)
 from published_runs import COLUMNS, PRECISION, ROWS, Row, estimated  # noqa: E402
 
 GIB = 2**30
@@ -340,22 +340,6 @@ def efficiency_table(models: dict, efficiency: float, leave_one_out: dict) -> st
 
     lines.append(["MARE", "", "", "", mare(errors["shipped"]), "", mare(errors["fitted"]), mare(errors["out"])])
     return format_table(headers, lines)
-
-
-def print_terms(rows) -> None:
-    """Per one-stage row (pp 1: every layer's forward done when the backward starts), layer 1's
-    activations term by term against the paper's (`activation_terms`), without SP and
-    recompute, and with SP + selective recompute."""
-    with tempfile.TemporaryDirectory(prefix="autostrat-terms-") as work:
-        for row in (row for row in rows if row.pp == 1):
-            config = json.loads((ROOT / "configs" / "models" / row.model).read_text())
-            shape = {"s": 2048, "b": row.micro_batch, "h": config["n_embd"], "a": config["n_head"]}
-            for name, choices, both in (("no SP, no recompute", {"recompute": "none"}, False),
-                                        ("SP + selective recompute", {"recompute": "full", "selective": True}, True)):
-                found = estimated(row, Path(work), f"terms_{both}", **choices)
-                print(f"\n{row.name}, {name}: layer 1's activations when the backward starts, per device "
-                      f"(s·b·h = {2048 * row.micro_batch * config['n_embd']:,} bytes; `activation_terms`):")
-                print(terms_table(found.plan, shape, row.tp, both, both), flush=True)
 
 
 def main() -> None:
