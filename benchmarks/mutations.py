@@ -158,6 +158,18 @@ MUTATIONS = (
         ("tests/test_pipeline_clock.py::test_the_clock_composed_along_the_messages_gives_the_bubble_drawn_by_hand",
          "tests/test_pipeline_clock.py::test_a_later_send_stamp_than_the_receivers_clock_sets_the_clock"),
     ),
+    Mutation(
+        "dropout-grad-ignores-mask", "autostrat/runtime/kernels/grad.py",
+        "    return np.where(mask, dy / keep_prob, 0).astype(dy.dtype)\n",
+        "    return (dy / keep_prob).astype(dy.dtype)\n",
+        ("tests/test_dropout.py::test_a_gpt_with_dropout_on_8_ranks_equals_jax",),
+    ),
+    Mutation(
+        "dropout-mask-4-bytes", "autostrat/ir/dtypes.py",
+        'return (dtype, "bool") if op_type == "Dropout" else (dtype,) * count',
+        'return (dtype, dtype) if op_type == "Dropout" else (dtype,) * count',
+        ("tests/test_published.py::test_a_gpt_layer_with_dropout_keeps_34_sbh_plus_5_as2b_bytes",),
+    ),
 )
 
 
