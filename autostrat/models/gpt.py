@@ -144,8 +144,7 @@ class GPT(LanguageModel):
     def __init__(self, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, batch: int = 4, vocab: int = 128,
                  epsilon: float = 1e-7, tie_embeddings: bool = False, dropout: tuple = (0.0, 0.0, 0.0)):
         super().__init__()
-        dropout = tuple(dropout) if isinstance(dropout, list) else dropout  # a YAML list
-        check_dropout("GPT", dropout)
+        dropout = checked_dropout("GPT", dropout)
         check_sizes("GPT", layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch, vocab=vocab)
         if hidden % heads:
             raise ConfigError(f"GPT: hidden must be a multiple of heads, got hidden {hidden} and heads {heads}")
@@ -178,10 +177,17 @@ def is_probability(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
 
 
-def check_dropout(where: str, probabilities) -> None:
-    """A ConfigError at `where` unless `probabilities` are three numbers in [0, 1)."""
-    if not isinstance(probabilities, tuple) or len(probabilities) != 3 or not all(map(is_probability, probabilities)):
+def checked_dropout(where: str, probabilities) -> tuple:
+    """`probabilities` as a tuple (a YAML list too), or a ConfigError at `where` unless they are
+    three numbers in [0, 1).
+
+    Example:
+        >>> checked_dropout("GPT", [0.1, 0.0, 0.1])
+        (0.1, 0.0, 0.1)
+    """
+    if not isinstance(probabilities, (tuple, list)) or len(probabilities) != 3 or not all(map(is_probability, probabilities)):
         raise ConfigError(f"{where}: dropout must be a tuple of 3 probabilities in [0, 1) (attention, hidden, embedding), got {probabilities!r}")
+    return tuple(probabilities)
 
 
 class TransformerStack(Cell):
