@@ -282,5 +282,5 @@ def test_a_result_that_cannot_be_saved_is_printed_and_named(saved, capsys):
     assert result.returncode != 0
     assert result.message.startswith(f"job failed: rank 0: RuntimeBackendError: the result printed above was not saved: "
                                      f"cannot write {run_dir / 'report.txt'}: File exists"), result.message
-    assert "limit 0.0001): OK" in capsys.readouterr().out
+    assert "limit 0.0003): OK" in capsys.readouterr().out
     assert (run_dir / "report.txt").read_text() == "" and not (run_dir / "measured.json").exists()

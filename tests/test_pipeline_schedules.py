@@ -218,7 +218,7 @@ def test_virtual_stage_schedules_train_on_4_mpi_ranks(schedule, tmp_path, capsys
     assert code == 0, text + printed
     assert f"pipeline: 4 stages (2 on each of 2 device groups) x 2 devices, 4 micro-batches, {schedule} (searched" in printed
     assert "bytes: measured = predicted on every rank" in printed and "measured/predicted 1.000..1.000: equal" in printed
-    assert "limit 0.0001): OK" in printed
+    assert "limit 0.0003): OK" in printed
 
 
 def test_auto_chooses_the_fastest_schedule_a_named_one_gives_and_trains_like_stand_alone():

@@ -80,7 +80,7 @@ def test_autostrat_alone_equals_jax_on_every_tensor(optimizer):
     for got, expected in zip(own, reference.outputs):
         assert tensor_errors(got, expected)[1] < 1e-5  # float32 against float64: rounding only
     errors = tensor_errors(final, reference.final)
-    assert errors[1] < errors[2], errors  # the float32 limit, 1e-4: Adam scales up gradient rounding
+    assert errors[1] < errors[2], errors  # the float32 limit, 3e-4: Adam scales up gradient rounding
     assert set(reference.final) == {name for name, _ in graph.updates}
 
 
@@ -107,7 +107,7 @@ def test_a_run_names_jax_and_its_worst_tensor():
     assert check.results_match, check.text
     line = next(line for line in check.text.splitlines() if line.startswith("reference:"))
     assert line.startswith(f"reference: {LIBRARY}; worst tensor "), line
-    assert line.endswith("(limit 0.0001)"), line
+    assert line.endswith("(limit 0.0003)"), line
 
 
 def test_an_adam_moment_15_percent_wrong_fails_naming_it():
@@ -117,7 +117,7 @@ def test_an_adam_moment_15_percent_wrong_fails_naming_it():
     final = dict(job.final) | {"moment2.dense1.weight": job.final["moment2.dense1.weight"] * np.float32(1.15)}
     check = run_job_locally(replace(job, final=final))
     assert not check.results_match
-    assert "worst tensor moment2.dense1.weight 0.13 (limit 0.0001)" in check.text
+    assert "worst tensor moment2.dense1.weight 0.13 (limit 0.0003)" in check.text
 
 
 def test_without_jax_the_check_falls_back_and_says_so(monkeypatch):
@@ -167,4 +167,4 @@ def test_a_training_report_checks_every_tensor_against_jax():
     assert f"reference: {LIBRARY}; worst tensor " in report.text
     wrong = dict(reference.parameters) | {"moments.dense2.bias": reference.parameters["moments.dense2.bias"] * np.float32(1.15)}
     report = compare(plan, run, replace(reference, parameters=wrong))
-    assert not report.ok and "worst tensor moments.dense2.bias 0.13 (limit 0.0001)" in report.text
+    assert not report.ok and "worst tensor moments.dense2.bias 0.13 (limit 0.0003)" in report.text
