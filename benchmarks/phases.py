@@ -104,10 +104,13 @@ def timed_calls(clock: PhaseClock, module, phases: dict[str, str]):
 
 class PairCounts:
     """Redistribution pairs a run priced unreachable or answered with the constructive fallback
-    (past the search's state limit, not proven optimal), counted by `counted_pairs`."""
+    (past the search's state limit, not proven optimal), and timed searches stopped at the
+    planner's budget (`search.TIMED_BUDGET`: their pairs take the faster of the path reached and
+    the link plan, not proven optimal either), counted by `counted_pairs`."""
 
     def __init__(self) -> None:
         self.fallbacks = 0
+        self.cut = 0
         self.before = _priced_unreachable()
 
     def unreachable(self) -> int:
@@ -115,7 +118,8 @@ class PairCounts:
         return _priced_unreachable() - self.before
 
     def __str__(self) -> str:
-        return f"{self.unreachable()} pairs priced unreachable, {self.fallbacks} answered by the constructive fallback"
+        return (f"{self.unreachable()} pairs priced unreachable, {self.fallbacks} answered by the constructive fallback, "
+                f"{self.cut} timed searches stopped at their budget")
 
 
 def _priced_unreachable() -> int:
@@ -127,25 +131,29 @@ def _priced_unreachable() -> int:
 @contextlib.contextmanager
 def counted_pairs():
     """While the body runs, count the planner's constructive fallbacks (each call of
-    `solving.constructive_path`, which the planner calls only past a search's state limit).
+    `solving.constructive_path`, which the planner calls only past a search's state limit) and
+    the timed searches stopped at their budget (each call of `solving._cut`; a search's memo
+    answers its class's later pairs).
 
     Example:
         >>> with counted_pairs() as counts:
         ...     pass
-        >>> counts.fallbacks
-        0
+        >>> counts.fallbacks, counts.cut
+        (0, 0)
     """
     from autostrat.redistribution import solving
 
-    counts, original = PairCounts(), solving.constructive_path
+    counts, originals = PairCounts(), (solving.constructive_path, solving._cut)
 
-    @functools.wraps(original)
-    def counted(*args, **kwargs):
-        counts.fallbacks += 1
-        return original(*args, **kwargs)
+    def counting(original, field: str):
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            setattr(counts, field, getattr(counts, field) + 1)
+            return original(*args, **kwargs)
+        return counted
 
-    solving.constructive_path = counted
+    solving.constructive_path, solving._cut = counting(originals[0], "fallbacks"), counting(originals[1], "cut")
     try:
         yield counts
     finally:
-        solving.constructive_path = original
+        solving.constructive_path, solving._cut = originals

@@ -20,8 +20,9 @@ Rows per model:
 Columns: bytes per device per phase (forward, backward, gradient sync), total, peak memory per
 device (parameters, optimiser state and live activations: `search.memory`), predicted step
 time, search seconds (tracing excluded), the refinement's status; below the table, per model,
-the redistribution pairs priced unreachable and those left to the planner's constructive
-fallback (issue #32). Targets: refined predicted
+the redistribution pairs priced unreachable, those left to the planner's constructive
+fallback and the timed searches stopped at their budget (`search.TIMED_BUDGET`, whose pairs
+are not proven optimal: `redistribution.planner`) (issue #32). Targets: refined predicted
 time <= every baseline's; bfs predicted time <= 1.1 x megatron's.
 
 Pipeline rows (``--pipeline DEVICES``, issue #17): the 7b shape on each device count with one

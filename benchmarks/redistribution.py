@@ -183,10 +183,10 @@ def dijkstra_objective(src, dst, model) -> float:
     return value
 
 
-def collect_pairs(device_num: int, seeding: str, layers: int) -> tuple[list[dict], int]:
+def collect_pairs(device_num: int, seeding: str, layers: int) -> tuple[list[dict], object]:
     """Every redistribution cost the scale benchmark's 7b case computes on `device_num`
-    devices, with its value and the milliseconds it took as the search met it; and how many
-    pairs the planner's constructive fallback answered."""
+    devices, with its value and the milliseconds it took as the search met it; and the run's
+    `phases.PairCounts`."""
     import scale  # this folder is on sys.path
     from phases import PhaseClock
 
@@ -195,7 +195,7 @@ def collect_pairs(device_num: int, seeding: str, layers: int) -> tuple[list[dict
     return _met_by(device_num, lambda: scale.plan_case(case, PhaseClock(io.StringIO())))
 
 
-def collect_quality_pairs(time_limit: float) -> tuple[list[dict], int]:
+def collect_quality_pairs(time_limit: float) -> tuple[list[dict], object]:
     """`collect_pairs` for the 7b row of `benchmarks/quality.py` refined for predicted time
     (64 devices; its BFS and its refinement's cost tables time every pair under the α–β model):
     the Megatron plan gives its memory budget, as in quality.py, and its pairs (in bytes) are
@@ -214,9 +214,9 @@ def collect_quality_pairs(time_limit: float) -> tuple[list[dict], int]:
     return _met_by(device_num, lambda: search(first_block, device_num, quality.refined_options(budget, time_limit)))
 
 
-def _met_by(device_num: int, run) -> tuple[list[dict], int]:
+def _met_by(device_num: int, run) -> tuple[list[dict], object]:
     """The costs `run()` computes (`redistribution.table.entry_price`), each with its value and
-    milliseconds, and how many pairs the constructive fallback answered."""
+    milliseconds, and the run's `phases.PairCounts` (fallbacks and searches stopped at their budget)."""
     from phases import counted_pairs
 
     from autostrat.redistribution import table
@@ -238,7 +238,7 @@ def _met_by(device_num: int, run) -> tuple[list[dict], int]:
     finally:
         table.entry_price = compute
     clear_memos()
-    return met, counts.fallbacks
+    return met, counts
 
 
 def pair_row(pair: dict, value, ms: float, *extra) -> list[str]:
@@ -250,11 +250,12 @@ def pair_row(pair: dict, value, ms: float, *extra) -> list[str]:
 def print_collected(path: Path, devices: list[int], seeding: str, layers: int, top: int, quality: bool = False) -> None:
     slowest = []
     for device_num in [64] if quality else devices:
-        met, fallbacks = collect_quality_pairs(60.0) if quality else collect_pairs(device_num, seeding, layers)
+        met, counts = collect_quality_pairs(60.0) if quality else collect_pairs(device_num, seeding, layers)
         unreachable = [pair for pair in met if math.isinf(pair["value"])]
         print(f"{device_num} devices: {len(met)} costs computed in {sum(p['ms'] for p in met) / 1000:.1f} s, "
               f"{len(unreachable)} priced unreachable, "
-              f"{fallbacks} answered by the constructive fallback", flush=True)
+              f"{counts.fallbacks} answered by the constructive fallback, {counts.cut} timed searches stopped at their budget",
+              flush=True)
         for pair in unreachable[:5]:
             print(f"  unreachable: {pair['src']} -> {pair['dst']}")
         slowest += sorted(met, key=lambda pair: -pair["ms"])[:top]

@@ -96,7 +96,7 @@ def plan_to_text(plan) -> str:
         >>> print(plan_to_text(plan_redistribution(src, src.with_partial(()))))
         redistribution [4] dm[2] tm(0,) -> [4] dm[2] tm(0,): 0B
     """
-    lines = [f"redistribution {plan.src} -> {plan.dst}: {plan.cost}B" + ("" if plan.exhaustive else " (constructive)")]
+    lines = [f"redistribution {plan.src} -> {plan.dst}: {plan.cost}B{plan.tag}"]
     for index, step in enumerate(plan.steps, start=1):
         lines.append(f"  {index}. {step}  {step.before} -> {step.after}")
         lines.extend(f"     {primitive}" for primitive in lower_step(step))

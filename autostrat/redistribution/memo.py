@@ -11,7 +11,7 @@ def clear_memos() -> None:
         >>> clear_memos()
     """
     from autostrat.layout import layout
-    from autostrat.redistribution import algorithms, heuristic, layers, moves, planner, relabellings, solving, table, timed
+    from autostrat.redistribution import algorithms, dim_class, heuristic, layers, moves, planner, relabellings, solving, table, timed
 
     layout.normal_form.cache_clear()
     algorithms.algorithm_time.cache_clear()
@@ -25,9 +25,10 @@ def clear_memos() -> None:
     planner._reshape_route.cache_clear()
     solving.common_prime_matrix.cache_clear()
     solving.refined.cache_clear()
-    solving.solve_path.cache_clear()
-    solving.solve_cost.cache_clear()
-    solving.solve_time.cache_clear()
+    solving._class_path.cache_clear()
+    solving._class_cost.cache_clear()
+    solving._class_time.cache_clear()
+    dim_class.dim_class.cache_clear()
     layers.expansions.cache_clear()
     layers.permuted_edges.cache_clear()
     relabellings._class_rows.cache_clear()

@@ -59,7 +59,9 @@ class RedistributionPlan:
 
     `exhaustive` is False when the state space was too large for the shortest-path search and
     the plan comes from the constructive fallback (`constructive.constructive_path`: resolve, gather,
-    permute, slice; tagged "(constructive)"): valid but not proven minimal.
+    permute, slice; tagged "(constructive)"): valid but not proven minimal. A timed plan whose
+    search stopped at its budget (`planner._timed_plan`) sets `least`, nanoseconds no plan beats
+    (ring prices), and is tagged "(fastest >= N ns)".
 
     Example:
         >>> from autostrat.layout import DeviceMatrix, TensorMap
@@ -74,6 +76,7 @@ class RedistributionPlan:
     steps: tuple[RedistributionStep, ...]
     cost: int
     exhaustive: bool = True
+    least: int | None = None
 
     def nanoseconds(self, model) -> int:
         """Predicted time of the steps under an α–β `model` (`cost.AlphaBeta`), whole nanoseconds.
@@ -94,7 +97,14 @@ class RedistributionPlan:
 
     def __str__(self) -> str:
         body = " -> ".join(str(step) for step in self.steps) or "no steps"
-        return f"{body}; {self.cost}B" + ("" if self.exhaustive else " (constructive)")
+        return f"{body}; {self.cost}B{self.tag}"
+
+    @property
+    def tag(self) -> str:
+        """What a plan not proven minimal says of itself in its text: nothing when it is."""
+        if self.exhaustive:
+            return ""
+        return " (constructive)" if self.least is None else f" (fastest >= {self.least} ns)"
 
 
 def step_nanoseconds(model, step: RedistributionStep) -> int:

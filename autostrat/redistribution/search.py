@@ -62,6 +62,9 @@ from autostrat.redistribution.relabellings import (ClassLimit, bundle_classes, m
 from autostrat.redistribution.timed import step_nanoseconds, time_floor, timed_bound
 
 SETTLED_LIMIT = 100_000  # beyond this many settled states the planner falls back to the constructive plan
+# Settled nodes within which a timed search proves its optimum, or the planner takes the link plan
+# (`planner._timed_plan`): the 7B row's 21 searches past it took 33.5 of its 51.9 s of pricing.
+TIMED_BUDGET = 4_000
 
 
 class Search:
@@ -74,9 +77,12 @@ class Search:
     """
 
     def __init__(self, problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False,
-                 bound: float = math.inf):
+                 bound: float = math.inf, limit: int | None = None):
         self.problem, self.model, self.target = problem, model, target
         self.bound = bound  # the objective of some plan: a state whose estimate exceeds it is never kept
+        self.limit = limit  # settled nodes after which `settle` stops unfinished (`cut`), if below SETTLED_LIMIT
+        self.cut = False
+        self.least = 0  # the largest key settled: no path to the target costs less
         self.unit = unit and model is None
         last = problem.spaces[-1]
         self.permuted_target = (PERMUTED, canonical(last.sizes, last.sizes, target[1])[0])
@@ -285,13 +291,16 @@ class Search:
         """
         targets, heap, best, parent, settled = (self.target, self.permuted_target), self.heap, self.best, self.parent, self.settled
         push, pop, estimate_of, limit = heapq.heappush, heapq.heappop, self._estimate, self.bound
-        while heap and len(settled) < SETTLED_LIMIT:
-            _, estimate, objective, steps, sent, late, node, exact = pop(heap)
+        cap = SETTLED_LIMIT if self.limit is None else min(self.limit, SETTLED_LIMIT)
+        while heap and len(settled) < cap:
+            key, estimate, objective, steps, sent, late, node, exact = pop(heap)
             if (objective, steps, sent) != best[node]:
                 continue  # a stale entry: the node was reached more cheaply since
             if not exact and (bound := self._bound(node)) != estimate:
                 push(heap, (objective + bound, bound, objective, steps, sent, late, node, True))
                 continue
+            if key > self.least:  # the least key left bounds every path not yet settled (admissible bounds)
+                self.least = key
             settled.add(node)
             if node in targets:
                 return node
@@ -313,11 +322,17 @@ class Search:
                     continue
                 best[child], parent[child] = (reached, steps, sent + moved), (node, move)
                 push(heap, (reached + estimate, estimate, reached, steps, sent + moved, len(child) == 4, child, exact))
+        self.cut = bool(heap) and cap < SETTLED_LIMIT
         return None
 
     @property
     def exhausted(self) -> bool:
         return not self.heap and not self.gave_up
+
+    def reached_best(self):
+        """The target node reached most cheaply so far (settled or not), or None."""
+        return min((node for node in (self.target, self.permuted_target) if node in self.best), key=self.best.__getitem__,
+                   default=None)
 
     def path(self, reached) -> list[tuple]:
         """The ``(node, move, child)`` triples of real steps from the start to the target."""
@@ -349,11 +364,12 @@ def _symmetry(sizes, start: State, target: State, symmetry: str) -> tuple[bool, 
 
 
 def search(problem: Problem, start, target, model=None, symmetry: str = "target", unit: bool = False,
-           bound: float = math.inf) -> tuple[Search, object]:
+           bound: float = math.inf, limit: int | None = None) -> tuple[Search, object]:
     """A search of `problem` from `start` to `target`, run, and the node it reached (or None).
     `bound`, the objective of a plan known (never below the optimum), keeps only states whose
-    estimate stays within it: the same optimum, far fewer states held (`planner._coarse_bound`)."""
-    found = Search(problem, start, target, model, symmetry, unit, bound)
+    estimate stays within it: the same optimum, far fewer states held (`planner._coarse_bound`);
+    `limit` settled nodes, below `SETTLED_LIMIT`, end it unfinished (`Search.cut`)."""
+    found = Search(problem, start, target, model, symmetry, unit, bound, limit)
     return found, found.settle()
 
 
