@@ -9,7 +9,7 @@ import pytest
 from autostrat.cost import Hardware
 from autostrat.redistribution import plan_redistribution, redistribution_time, search
 from autostrat.redistribution.memo import clear_memos
-from autostrat.redistribution.planner import _link_matrix
+from autostrat.redistribution.link_plans import link_matrix
 from tests.redistribution_oracle import all_layouts, oracle_times
 
 
@@ -31,7 +31,7 @@ def test_a_cut_plan_is_bounded_by_its_least_and_priced_as_it_runs(one_node_budge
     for src in layouts:
         fastest = oracle_times(src, model)
         for dst in layouts:
-            if _link_matrix(src, dst, model) is None:
+            if link_matrix(src, dst, model) is None:
                 continue
             plan, optimum = plan_redistribution(src, dst, model=model), fastest(dst)
             nanoseconds = plan.nanoseconds(model)

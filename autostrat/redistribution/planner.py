@@ -39,19 +39,8 @@ and ``[4, 4]`` it is at most 10 times the optimum, and free whenever the optimum
 (tests/test_redistribution_reach.py, both). No pair of the 7b scale and
 quality benchmarks at 64 and 1 024 devices falls back (`benchmarks/redistribution.py` counts).
 
-Under a time model a search has a budget of `search.TIMED_BUDGET` settled nodes when the layouts
-and the model's links (inside a server, across servers) meet on fewer axes than the prime ones
-(`_link_matrix`): every pair it settles within that is proven optimal, as above. Past it the plan
-is the faster of the path the search had reached and the link plan, the fastest over those
-coarser axes (`_link_solution`); it is marked not exhaustive and carries ``least``, the
-largest key the search settled, below which no plan exists, so it is at most ``time / least``
-times the optimum (its text says ``fastest >= least ns``). Measured: on every pair of [8, 4]
-layouts over 2 servers of 4 with a budget of one node, at most 2.5 times the optimum (a reorder
-on the 8-device axis that the link plan moves whole; tests/test_redistribution_budget.py); the 7B
-row of `benchmarks/quality.py` refined for time (400 s limit), at the shipped budget: 21 of its
-searches stop at the budget (exact, they took 33.5 of its 51.9 s of pricing), 33 of its 1 821
-priced pairs differ from the exact price, by at most 9.3 %, and the plan found is the same
-(631.836 ms, OPTIMAL over those prices).
+Under a time model a search may stop at a budget of settled nodes, and its plan is then not
+proven optimal but bounded (`link_plans`).
 """
 
 from __future__ import annotations
@@ -64,14 +53,13 @@ from functools import lru_cache
 from autostrat.cost import dtype_size
 from autostrat.errors import RedistributionError
 from autostrat.layout import DeviceMatrix, Layout, TensorMap
-from autostrat.redistribution import search
+from autostrat.redistribution.link_plans import timed_objective, timed_solution
 from autostrat.redistribution.layers import Problem
 from autostrat.redistribution.paths import ordered_slices
 from autostrat.redistribution.plan import RedistributionPlan, RedistributionStep
 from autostrat.redistribution.refine import common_matrix, prime_matrix
 from autostrat.redistribution.reshape import reshape_pairs
-from autostrat.redistribution.solving import (COARSE_FIRST_ABOVE, Cut, check_pair, refined, solve_cost, solve_layouts, solve_path,
-                                              solve_time)
+from autostrat.redistribution.solving import COARSE_FIRST_ABOVE, check_pair, refined, solve_cost, solve_layouts, solve_path
 from autostrat.redistribution.steps import make_step
 
 
@@ -265,13 +253,7 @@ def redistribution_time(src: Layout, dst: Layout, dtype="float32", model=None) -
         check_pair(src, dst)
         return _reshape_route(src.normalized(), dst.normalized(), dtype, model)[2]
     check_pair(src, dst)
-    itemsize = dtype_size(dtype)
-    if _link_matrix(src, dst, model) is None:
-        return solve_layouts(src, dst, itemsize, model, solve_time)[1]
-    found = solve_layouts(src, dst, itemsize, model, _budgeted(solve_time))[1]
-    if not isinstance(found, Cut):
-        return found
-    return int(min(found.objective, _link_solution(src, dst, itemsize, model)[2]))
+    return timed_objective(src, dst, dtype_size(dtype), model)
 
 
 def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -> RedistributionPlan:
@@ -299,64 +281,9 @@ def plan_redistribution(src: Layout, dst: Layout, dtype="float32", model=None) -
         return replace(resolved, dst=dst, steps=resolved.steps + (creation_step(whole, dst),))
     if src.shape != dst.shape:
         return _plan_through_reshape(src, dst, dtype, model)
-    problem, (path, cost, exhaustive), least = _coarse_plan(src, dst, dtype, model) or _timed_plan(src, dst, dtype, model)
+    problem, (path, cost, exhaustive), least = _coarse_plan(src, dst, dtype, model) or timed_solution(src, dst, dtype_size(dtype), model)
     steps = tuple(step for triple in ordered_slices(path) if (step := make_step(problem, *triple)) is not None)
     return RedistributionPlan(src, dst, steps, cost, exhaustive, least)
-
-
-def _timed_plan(src: Layout, dst: Layout, dtype, model) -> tuple:
-    """``(problem, (path, bytes, exhaustive), least)``: the plan of the search over prime axes;
-    under a time `model`, when that search settles `search.TIMED_BUDGET` nodes unfinished and
-    the link matrix has fewer axes (`_link_matrix`), the faster of the path it had reached and
-    the link plan (`_link_solution`), with ``least``, the search's lower bound of the optimum
-    (else None)."""
-    itemsize = dtype_size(dtype)
-    if model is None or _link_matrix(src, dst, model) is None:
-        return (*solve_layouts(src, dst, itemsize, model), None)
-    problem, found = solve_layouts(src, dst, itemsize, model, _budgeted(solve_path))
-    if not isinstance(found, Cut):
-        return problem, found, None
-    link_problem, solution, nanoseconds = _link_solution(src, dst, itemsize, model)
-    if found.objective < nanoseconds:
-        return problem, (found.path, found.sent, False), found.least
-    return link_problem, solution, found.least
-
-
-def _budgeted(solve):
-    """`solve` (`solve_path` or `solve_time`) stopped at `search.TIMED_BUDGET` settled nodes."""
-    def budgeted(problem, start, target, model):
-        return solve(problem, start, target, model, search.TIMED_BUDGET)
-    return budgeted
-
-
-def _link_matrix(src: Layout, dst: Layout, model) -> DeviceMatrix | None:
-    """The coarsest device matrix refining both layouts' and `model`'s (whose axes are its links:
-    inside a server, across servers), when it has fewer axes than its prime refinement; else None.
-
-    Example (8 servers of 8: a split over 64 devices and one over 8 x 8 meet on the servers' axes):
-        >>> from autostrat.cost import Hardware
-        >>> from autostrat.layout import TensorMap
-        >>> whole = Layout(DeviceMatrix((64,)), TensorMap((0,)), (64,))
-        >>> _link_matrix(whole, Layout(DeviceMatrix((8, 8)), TensorMap((1,)), (64,)), Hardware().alpha_beta(64))
-        DeviceMatrix(shape=(8, 8))
-    """
-    if model is None or model.device_matrix.device_num != src.device_num:
-        return None
-    matrix = common_matrix(src.normalized().device_matrix, dst.normalized().device_matrix)
-    matrix = None if matrix is None else common_matrix(matrix, model.device_matrix)
-    return matrix if matrix is not None and matrix.ndim < prime_matrix(matrix).ndim else None
-
-
-def _link_solution(src: Layout, dst: Layout, itemsize: int, model) -> tuple:
-    """``(problem, (path, bytes, False), nanoseconds)``: the fastest plan over `_link_matrix`,
-    whose axes move whole (a plan over prime axes too, so never faster than the optimum)."""
-    src, dst = src.normalized(), dst.normalized()
-    matrix = _link_matrix(src, dst, model)
-    (space, first), (_, second) = refined(src, matrix, itemsize), refined(dst, matrix, itemsize)
-    problem = Problem((space,), src.partial_op if src.partial else dst.partial_op)
-    path, sent, _ = solve_path(problem, (0, first), (0, second), model)
-    nanoseconds = sum(model.step_nanoseconds(move.kind, problem.matrix(node[0]), move.axes, move.bytes) for node, move, _ in path)
-    return problem, (path, sent, False), nanoseconds
 
 
 def _coarse_plan(src: Layout, dst: Layout, dtype, model):
