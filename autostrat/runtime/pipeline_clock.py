@@ -55,6 +55,7 @@ class PassClock:
         self.rows: list[tuple[float, float, float, float]] = []
         self.busy, self._since = 0.0, None  # seconds of the step's passes before `_since` (None: not in a pass)
         self._began = 0.0  # `busy` when the pass began
+        self._paused = False  # in a pass, its clock stopped (`pause`)
 
     def begin(self) -> None:
         self._began, self._since = self.busy, time.thread_time()
@@ -72,12 +73,22 @@ class PassClock:
     def waiting(self, source: int, tag: int) -> None:
         """A receive begins: the clock stops until `received`."""
         if self._since is not None:
-            self.busy += time.thread_time() - self._since
+            self.pause()
             self.rows.append((RECV, source, tag, self.busy))
 
     def received(self) -> None:
+        self.resume()
+
+    def pause(self) -> None:
+        """Stop the clock inside a pass until `resume`: for what is not the pass's compute (a
+        receive's wait, the run's own measurement of its memory); outside a pass nothing."""
         if self._since is not None:
-            self._since = time.thread_time()
+            self.busy += time.thread_time() - self._since
+            self._since, self._paused = None, True
+
+    def resume(self) -> None:
+        if self._paused:
+            self._since, self._paused = time.thread_time(), False
 
     def close_step(self) -> None:
         self.rows.append((END, 0, 0, self.busy))
