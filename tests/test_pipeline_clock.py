@@ -36,15 +36,34 @@ def test_the_clock_composed_along_the_messages_gives_the_bubble_drawn_by_hand():
     assert virtual_bubbles(_gpipe_two_stages()) == pytest.approx((1 / 3, 1 / 3))
 
 
-def test_a_run_is_its_median_step_and_padding_rows_are_ignored():
-    """Three steps, the second's first forward preempted (5 s for 1: span 13, busy 10 and 6, a
-    bubble of 3/13 and 7/13 by rank): the run's is the median step's, 1/3, not the outlier's nor
-    the steps' mean. Of two steps the higher middle one counts (here the outlier's)."""
-    normal, preempted = _gpipe_two_stages(), _gpipe_two_stages(first=5.0)
+def _gpipe_two_stages_slowed(rank: int, row: int, seconds: float) -> list[np.ndarray]:
+    """`_gpipe_two_stages` with the segment before `row` of `rank`'s trace `seconds` longer."""
+    traces = _gpipe_two_stages()
+    traces[rank][row:, 3] += seconds
+    return traces
+
+
+def test_a_run_is_its_median_step_per_segment_and_padding_rows_are_ignored():
+    """Three steps, each with another pass preempted (stage 0's first forward 4 s longer, stage
+    1's first backward, stage 0's last backward): every step's bubble is above 1/3, so a median of
+    whole steps would be too; per segment each preemption is in one step of three: 1/3. Of two
+    steps the higher of the two middle segments counts (here every preempted one: span 13)."""
+    steps = [_gpipe_two_stages_slowed(0, 0, 4.0), _gpipe_two_stages_slowed(1, 1, 4.0), _gpipe_two_stages_slowed(0, 4, 4.0)]
+    assert all(np.mean(virtual_bubbles(step)) > 1 / 3 + 0.05 for step in steps)
     padding = np.array([(NONE, 0, 0, 0.0)])
-    traces = [np.concatenate([normal[rank], preempted[rank], padding, normal[rank]]) for rank in (0, 1)]
+    traces = [np.concatenate([steps[0][rank], steps[1][rank], padding, steps[2][rank]]) for rank in (0, 1)]
     assert virtual_bubbles(traces) == pytest.approx((1 / 3, 1 / 3))
+    normal, preempted = _gpipe_two_stages(), _gpipe_two_stages(first=5.0)
     assert virtual_bubbles([np.concatenate([normal[rank], preempted[rank]]) for rank in (0, 1)]) == pytest.approx((3 / 13, 7 / 13))
+
+
+def test_steps_exchanging_other_messages_are_refused():
+    normal = _gpipe_two_stages()
+    other = [trace.copy() for trace in normal]
+    other[1][0, 2] = 5  # stage 1's first receive on another tag
+    with pytest.raises(RuntimeBackendError, match=r"^virtual clock: rank 1's steps must send and receive the same messages in the "
+                                                  r"same order; got 2 different sequences$"):
+        virtual_bubbles([np.concatenate([normal[rank], other[rank]]) for rank in (0, 1)])
 
 
 def test_a_later_send_stamp_than_the_receivers_clock_sets_the_clock():
