@@ -354,7 +354,7 @@ def _result(plan, programs, runs, losses, slices_by_rank):
     lines = (
         plan.pipeline.summary().splitlines()[0],  # the stages (which cells run where), micro-batches and schedule
         f"pipeline bubble: predicted {split.bubble:.1%}, measured {np.mean(virtual):.1%} on the virtual clock (the passes' "
-        f"CPU seconds composed along the messages, as on dedicated cores; the median step), {np.mean([run.bubble for run in runs]):.1%} "
+        f"CPU seconds composed along the messages, as on dedicated cores; the median step, per segment), {np.mean([run.bubble for run in runs]):.1%} "
         f"on the wall clock (the share of the micro-batch slots a rank waits in its receives), means over ranks",
         f"the stage split's memory model (weights, state and gradients, activations of the micro-batches in flight) "
         f"per device group: {', '.join(f'{p:,}' for p in split.peak_bytes)} bytes",
