@@ -10,10 +10,12 @@ allocated and its kernels called for the first time, which made GPipe's first st
 about a third longer and its bubble 8 points over the next steps'). Columns:
 
 - measured bubble: on the virtual clock (`runtime.pipeline_clock`): per rank, each part's
-  thread CPU seconds, the ranks' clocks composed along the messages they exchanged (a receive
-  waits for its sender's clock at the send), ``1 - sum busy / (ranks x span)`` of the median
-  step: the bubble the orders that ran leave with the compute times that ran, on a core per
-  rank and free sends. It shares no code with the prediction (`search.schedule_simulation`);
+  thread CPU seconds (its receives' waits and the runner's memory samples left out), the ranks'
+  clocks composed along the messages they exchanged (a receive waits for its sender's clock at
+  the send), ``1 - sum busy / (ranks x span)`` of the median step, every segment between two
+  messages its median over the steps: the bubble the orders that ran leave with the compute
+  times that ran, on a core per rank and free sends. It shares no code with the prediction
+  (`search.schedule_simulation`);
 - wall bubble: per rank, the share of the micro-batch slots' wall time it spent in its
   receives (`runtime.pipeline`), the mean over the ranks. It counts the waits for a core too:
   with 4 ranks on 2 cores, a rank whose message has arrived waits for its turn to run, and the
@@ -27,9 +29,11 @@ about a third longer and its bubble 8 points over the next steps'). Columns:
   column is what zbv's order takes there;
 - simulated: `search.schedule_simulation.simulate` of the same orders with each stage's
   measured F, B, W (sends free): the prediction at the measured times;
-- F/B/W ms: CPU milliseconds of one part of one chunk, the mean over the ranks;
-- CPU share: a rank's thread CPU seconds in its parts over their wall seconds (receives left
-  out), the mean over the ranks: below 100 % the ranks share the machine's cores;
+- F/B/W ms: CPU milliseconds of one part of one chunk (memory samples left out), the mean over
+  the ranks;
+- CPU share: a rank's thread CPU seconds in its parts over their wall seconds (receives and
+  memory samples left out), the mean over the ranks: below 100 % the ranks share the machine's
+  cores;
 - peak per rank measured (`runtime.held_memory`) / predicted (`Pipeline.peak_bytes`);
 - equal: the loss and parameters against one device running the whole batch (limit 1e-5),
   and bytes measured = predicted.
@@ -41,12 +45,22 @@ column, over the ``>=`` bound. The last row runs zbv where the closed form holds
 W are per layer one matmul each of one size (their ``>=`` only says the measured times are not
 exactly equal).
 
-The ranks' CPU seconds vary with what else shares the cores. A preempted pass runs long (a 13.4 ms
-forward among 3.2 ms ones), which the median step leaves out; a rank slowed for a whole run is
-not left out: in one run of the last row a rank's forwards took 4.9 ms against the others' 3.4,
-and it measured 15.2 % (simulated 14.8 %) where the run before measured 6.8 % (6.6 %). Such a run
-has unequal stages, which the closed form (equal stages, the ranks' mean times) does not follow
-and the simulated column, per stage, does.
+Why the measured bubble ran over the closed form (GPipe by up to 7.8 points, the DenseStack's
+zbv by 4.9, the measured always above), found with every pass's CPU seconds per rank and step:
+the runner's memory measurement (`runtime.held_memory`, after every instruction over every array
+the rank holds) ran inside the passes. On GPipe it was 24 % of a rank's pass CPU seconds, growing
+with the micro-batches held: a forward's 1.4 ms with one held to 3.0 ms with eight, the first
+backward's 4.8 ms; so GPipe's passes grew along the step (forwards 9.7 to 11.3 ms, backwards 15.3
+down to 11.9) and ran longer than 1F1B's for the same work (B 13.4 ms against 12.5), unequal
+parts the closed form does not have, whose longest chain the virtual clock follows. The clock now
+stops around the samples (`PassClock.pause`): GPipe's F/B fell to 8.1-8.7/9.0-9.7 ms, flat along
+the step within about 10 % (the step's first forward and first backward the longest). The
+DenseStack holds few arrays (samples 3 % of its passes). What else varies is the machine: a
+preempted pass runs long in CPU seconds too (a 13.4 ms forward among 3.2 ms ones), which the
+median per segment leaves out unless most steps' same segment ran long; a rank slowed for a whole
+run is not left out (in one run of the last row a rank's forwards took 4.9 ms against the others'
+3.4; it measured 15.2 %, simulated 14.8 %): such a run has unequal stages, which the closed form
+(equal stages, the ranks' mean times) does not follow and the simulated column, per stage, does.
 
 Run: .venv/bin/python benchmarks/pipeline.py --schedules [--steps 6] (it starts 4 MPI ranks).
 """

@@ -17,10 +17,14 @@ clocks along the messages they exchanged, as if each rank had a core of its own:
 
 A step's span is the latest clock at the end of any rank's passes (every rank starts them at 0),
 its bubble ``1 - sum busy / (ranks x span)``, per rank ``1 - busy / span``; a run's is its median
-step's. A pass the machine preempts runs long in CPU seconds too (on 4 ranks sharing 2 cores, a
-13.4 ms forward among 3.2 ms ones, after an involuntary context switch: its caches cold, or its
-virtual CPU stolen), and one on the critical path lengthens its step's span by as much; the
-median step leaves such a step out, as a run's step time does (`runtime.job.step_seconds`).
+step's, composed of every segment's median (`median_step`: the CPU seconds between two messages,
+over the steps). A pass the machine preempts runs long in CPU seconds too (on 4 ranks sharing 2
+cores, a 13.4 ms forward among 3.2 ms ones, after an involuntary context switch: its caches cold,
+or its virtual CPU stolen), and one on the critical path lengthens its step's span by as much; a
+median per segment leaves it out unless most steps' same segment ran long, where a median of
+whole steps kept the median step's preempted passes (under load most steps have one). What the
+runner does between the messages that is not the passes' compute (its memory samples, its
+receives' waits) is left out (`PassClock.pause`).
 A device group's collectives inside the passes count at their CPU seconds, their waits for the
 group's other ranks not composed (exact for groups of one device, the benchmarks' setup). It
 measures the orders that ran with the compute times that ran; it reads nothing of the
@@ -29,7 +33,6 @@ prediction (`search.schedule_simulation`, `search.stages`).
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 
@@ -55,6 +58,7 @@ class PassClock:
         self.rows: list[tuple[float, float, float, float]] = []
         self.busy, self._since = 0.0, None  # seconds of the step's passes before `_since` (None: not in a pass)
         self._began = 0.0  # `busy` when the pass began
+        self._paused = False  # in a pass, its clock stopped (`pause`)
 
     def begin(self) -> None:
         self._began, self._since = self.busy, time.thread_time()
@@ -72,12 +76,22 @@ class PassClock:
     def waiting(self, source: int, tag: int) -> None:
         """A receive begins: the clock stops until `received`."""
         if self._since is not None:
-            self.busy += time.thread_time() - self._since
+            self.pause()
             self.rows.append((RECV, source, tag, self.busy))
 
     def received(self) -> None:
+        self.resume()
+
+    def pause(self) -> None:
+        """Stop the clock inside a pass until `resume`: for what is not the pass's compute (a
+        receive's wait, the run's own measurement of its memory); outside a pass nothing."""
         if self._since is not None:
-            self._since = time.thread_time()
+            self.busy += time.thread_time() - self._since
+            self._since, self._paused = None, True
+
+    def resume(self) -> None:
+        if self._paused:
+            self._since, self._paused = time.thread_time(), False
 
     def close_step(self) -> None:
         self.rows.append((END, 0, 0, self.busy))
@@ -89,8 +103,7 @@ class PassClock:
 
 def virtual_bubbles(traces) -> tuple[float, ...]:
     """Per rank, ``1 - busy / span`` of the median step of the ranks' traces (`PassClock.trace`,
-    rows of kind NONE ignored; the step whose mean over the ranks is the median, the higher of
-    the two middle ones for an even count): their mean is the run's bubble on the virtual clock.
+    rows of kind NONE ignored; `median_step`): their mean is the run's bubble on the virtual clock.
 
     Example (two stages, one micro-batch: F 2 s, B 3 s on each; rank 1 starts at 2, ends at 7, so
     rank 0 waits 5 s for its gradient; span 10):
@@ -103,14 +116,33 @@ def virtual_bubbles(traces) -> tuple[float, ...]:
     counts = {len(per_rank) for per_rank in steps}
     if len(counts) != 1:
         raise RuntimeBackendError(f"virtual clock: every rank's trace must hold the same steps; got {[len(s) for s in steps]}")
-    bubbles = []  # per step, per rank
-    for step in range(counts.pop()):
-        span = max(_compose([per_rank[step] for per_rank in steps], step), default=0.0)
-        bubbles.append(tuple(1.0 - per_rank[step][-1][3] / span if span else 0.0 for per_rank in steps))
-    if not bubbles:
+    if not counts.pop():
         return (0.0,) * len(steps)
-    means = [sum(step) / len(step) for step in bubbles]
-    return bubbles[means.index(statistics.median_high(means))]
+    median = [median_step(rank, per_rank) for rank, per_rank in enumerate(steps)]
+    span = max(_compose(median, 0), default=0.0)
+    return tuple(1.0 - rows[-1][3] / span if span else 0.0 for rows in median)
+
+
+def median_step(rank: int, steps: list[list]) -> list[tuple]:
+    """One step of a rank's steps (lists of trace rows) whose every segment, the CPU seconds
+    between two of its rows, is that segment's median over the steps (the higher middle one of
+    an even count). Every step runs the same orders on the same shapes, so a segment is the
+    same compute every step: its median leaves out a preemption that hit it in a minority of
+    the steps, where a median of whole steps keeps every preemption of the median step's.
+
+    Example (a forward of 1, 9 (preempted) and 1 s; the gradient's wait and B of 2, 2 and 7 s):
+        >>> steps = [[(SEND, 1, 0, 1.0), (END, 0, 0, 3.0)], [(SEND, 1, 0, 9.0), (END, 0, 0, 11.0)],
+        ...          [(SEND, 1, 0, 1.0), (END, 0, 0, 8.0)]]
+        >>> median_step(0, steps)
+        [(1.0, 1, 0, 1.0), (3.0, 0, 0, 3.0)]
+    """
+    messages = {tuple(row[:3] for row in step) for step in steps}
+    if len(messages) != 1:
+        raise RuntimeBackendError(f"virtual clock: rank {rank}'s steps must send and receive the same messages in the same "
+                                  f"order; got {len(messages)} different sequences")
+    busy = np.array([[0.0] + [row[3] for row in step] for step in steps])
+    segments = np.sort(np.diff(busy, axis=1), axis=0)[len(steps) // 2]
+    return [(*row[:3], float(total)) for row, total in zip(steps[0], np.cumsum(segments))]
 
 
 def _steps(rank: int, trace: np.ndarray) -> list[list]:
