@@ -14,7 +14,7 @@ from autostrat.models import FFN
 from autostrat.nn import Tensor
 from autostrat.redistribution import table
 from autostrat.redistribution.memo import clear_memos
-from autostrat.redistribution.parallel import missing_pairs, price_in_parallel, pricing
+from autostrat.redistribution.parallel import by_class, missing_pairs, price_in_parallel, pricing, search_class
 from autostrat.search.pricing import price_tables
 from autostrat.search.deadline import Deadline
 from autostrat.search import SearchOptions, search
@@ -47,6 +47,37 @@ def test_tables_priced_by_processes_equal_those_priced_here(monkeypatch):
     assert len(expected) == len(together.edges) and sum(e.size for e in expected) > 100
     for edge, values in zip(together.edges, expected):
         assert np.array_equal(edge.table.full(), values), edge
+
+
+def test_tasks_partition_the_pairs_one_search_class_each():
+    # One process prices all the pairs of a class (they share its searches' memos), each once.
+    clear_memos()
+    pairs = missing_pairs(edge.table for edge in timed_problem().edges)
+    tasks = by_class(pairs)
+    keys = [{(search_class(*pair[:3]), pair[3]) for pair in task} for task in tasks]
+    assert len(tasks) > 1 and all(len(key) == 1 for key in keys)
+    assert len(set().union(*keys)) == len(tasks)  # no class split over two tasks
+    assert sum(map(len, tasks)) == len(pairs) == len(set(pairs))  # each pair once
+    assert {pair for task in tasks for pair in task} == set(pairs)
+    assert [len(task) for task in tasks] == sorted((len(task) for task in tasks), reverse=True)
+    clear_memos()
+
+
+def test_this_process_prices_the_tasks_no_worker_started(monkeypatch):
+    # Its memos are warm: it takes the smallest tasks; the spawned process (which does not see
+    # this patch) the largest. Every pair is priced once, and alike.
+    from autostrat.redistribution import parallel
+
+    clear_memos()
+    pairs = missing_pairs(edge.table for edge in timed_problem().edges)
+    expected = [table.entry_price(*pair) for pair in pairs]
+    clear_memos()
+    here, price = [], parallel.entry_price
+    monkeypatch.setattr(parallel, "entry_price", lambda *pair: here.append(pair) or price(*pair))
+    assert len(by_class(pairs)) > 2 and price_in_parallel(pairs, 2) == len(pairs)
+    assert here and by_class(pairs)[-1][0] in here  # the last task, which no worker had taken yet
+    assert [float(table.cost_table([s], [d], t, m)[0, 0]) for s, d, t, m in pairs] == expected
+    clear_memos()
 
 
 def test_processes_out_of_time_price_nothing():

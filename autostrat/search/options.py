@@ -43,8 +43,8 @@ class SearchOptions:
     - `max_device_memory`: per-device bytes the refined plan's peak must fit in.
     - `workers`: CP-SAT's workers (0: one, and the plan byte-identical run to run; more race,
       and of equal plans any may win).
-    - `pricing_processes`: above 1, the processes that price the refinement's cost tables
-      (`redistribution.parallel`): the same prices, so the same plans, sooner.
+    - `pricing_processes`: above 1, the processes that price the refinement's cost tables, this
+      one among them (`redistribution.parallel`): the same prices, so the same plans, sooner.
     - `coarsen`: how the solver's model is reduced (`coarsen.LEVELS`): "exact" keeps the
       optimum, "layers" also shares the variables of identical repeated layers (the optimum
       among plans whose repeated layers agree, as Megatron's and Alpa's layer clustering
