@@ -295,7 +295,9 @@ def print_models(models: list[str], time_limit: float, processes: int = 0) -> No
         with counted_pairs() as counts:
             found, met = model_rows(model, time_limit, processes)
         rows += found
-        notes += met + [f"{model}: {counts}"]
+        # The pricing processes' searches are not seen here; their prices are (unreachable ones too).
+        alone = " (fallbacks and budget stops: this process's searches only)" if processes > 1 else ""
+        notes += met + [f"{model}: {counts}{alone}"]
         print(format_table(HEADERS, found), flush=True)
     print()
     print(format_table(HEADERS, rows))
