@@ -123,8 +123,8 @@ class ParallelContext:
       (PyTorch DDP's buckets; `runtime.stream`), and priced so (`search.SearchOptions`); 0
       (default): every gradient synchronised after the backward.
     - `pricing_processes` (autostrat's own): above 1, the processes that price the refinement's
-      cost tables, this one among them (`redistribution.parallel`): the same prices, so the same plan, sooner on a
-      machine with cores to spare; 0 (default): this process alone.
+      cost tables, this one among them (`redistribution.parallel`): the same prices, so the
+      same plan, sooner on a machine with cores to spare; 0 (default): this process alone.
     - `cost_model`: what the search minimises: "bytes" (default) sent per device, or "time",
       the predicted step time. Every plan reports both, with its peak memory per device.
     - `precision`: "fp32" (default), "fp16" or "bf16": what the search's memory counts — in

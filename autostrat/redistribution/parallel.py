@@ -4,8 +4,9 @@ Each entry is a pure function of its two layouts, its dtype and the α–β mode
 so which process prices it changes nothing: `price_in_parallel` hands the missing entries of
 some tables (`missing_pairs`) to `workers` processes, this one and spawned ones, one task per
 search class (`search_class`), and writes every price it gets back into the entries' memo, where
-the tables then read them as if they had priced them themselves. Spawned, not forked: the caller may hold threads (a solver's, a JAX runtime's), and
-the processes need nothing of its memory but the pairs.
+the tables then read them as if they had priced them themselves. Spawned, not forked: the
+caller may hold threads (a solver's, a JAX runtime's), and the processes need nothing of its
+memory but the pairs.
 
 Why by class: the pairs of one class share one search (`dim_class`) and its memos (expanded
 states, the bounds towards each target). Handed out 4 pairs a task in the tables' order, every
@@ -160,8 +161,9 @@ def search_class(src, dst, dtype) -> tuple:
 
 
 def by_class(pairs: list[tuple]) -> list[list[tuple]]:
-    """`pairs` as one task per `search_class` and model, each in the pairs' order, the most pairs first
-    (the longest tasks start first, so the processes end near together), ties in first-seen order.
+    """`pairs` as one task per `search_class` and model, each in the pairs' order, the most
+    pairs first (the longest tasks start first, so the processes end near together), ties in
+    first-seen order.
 
     Example:
         >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
@@ -179,7 +181,8 @@ def by_class(pairs: list[tuple]) -> list[list[tuple]]:
 
 
 def _price(pairs: list[tuple], end: float) -> list[float]:
-    """In a worker: the prices of `pairs` in order, until `end` (the ones after it left out)."""
+    """In a spawned process or this one: the prices of `pairs` in order, until `end` (the ones
+    after it left out)."""
     def check():
         if time.time() > end:
             raise _Stopped
