@@ -150,3 +150,60 @@ def test_coarse_hint_maps_pruned_choices_to_their_dominators():
     for op, index in mapped.items():
         assert exact.kept[op][index] == exact.dominator[op].get(hint[op], hint[op])
     assert np.isfinite(problem.cost(exact.expand({o: mapped[o] for o in exact.variables})))
+
+
+@pytest.mark.parametrize("layers", [2, 4])
+def test_merged_fanouts_give_the_unmerged_optimum_with_fewer_booleans(layers, monkeypatch):
+    # Repeated layers sharing variables repeat each other's fanouts; priced once at their sum,
+    # the model is the same: the same optimum and bound, each solve checked against the plan's
+    # own bytes (`refine._checked_start`), and fewer booleans, as many at 4 layers as at 2.
+    from autostrat.search import coarsen as coarsen_module
+    from autostrat.search.cpsat import SolverModel
+
+    problem = gpt_problem(layers)
+    hint = {op: 0 for op in problem.candidates}
+    flat = len(coarsen(gpt_problem(2), "layers", budget=True).fanouts)
+    results, sizes = [], []
+    for merge in (True, False):
+        if not merge:
+            monkeypatch.setattr(coarsen_module, "merged_fanouts", lambda fanouts: fanouts)
+        coarse = coarsen(problem, "layers", budget=True)
+        sizes.append((len(coarse.fanouts), len(SolverModel(problem, coarse).model.Proto().variables)))
+        results.append(refine(problem, hint, time_limit=60, coarsen_level="layers"))
+    merged, unmerged = results
+    assert merged.status == unmerged.status == "OPTIMAL"
+    assert merged.objective == unmerged.objective and merged.choice == unmerged.choice
+    assert sizes[0][0] < sizes[1][0] and sizes[0][1] < sizes[1][1]
+    assert sizes[0][0] == flat  # whatever the depth
+
+
+def test_merged_fanouts_price_every_choice_as_its_plan_pays():
+    # Not only at the optimum: each of these layered choices, fixed in the merged model, costs
+    # what the problem charges it with shared redistributions paid once.
+    import random
+
+    from autostrat.autodiff import Adam, build_training
+    from autostrat.search.cpsat import SolverModel
+    from autostrat.search.sharing import fanouts
+    from autostrat.search.solver_run import new_solver, run
+
+    problem = build_problem(build_training(gpt_graph(3), Adam(1e-3)), 8)
+    coarse = coarsen(problem, "layers")
+    assert len(coarse.fanouts) < len(fanouts(problem))  # some were merged
+    generator = random.Random(0)
+    priced = set()
+    for _ in range(12):
+        chosen = {owner: generator.randrange(count) for owner, count in coarse.variables.items()}
+        built = SolverModel(problem, coarse)
+        objective = built.minimize_bytes()
+        for owner, index in chosen.items():
+            built.model.Add(built.x[owner][index] == 1)
+        solver = new_solver(30, 0)
+        status = run(solver, built)
+        choice = coarse.expand(chosen)
+        if status == 3:  # INFEASIBLE: the choice pairs unreachable layouts, and the problem says so too
+            assert problem.cost(choice, shared=True) == float("inf")
+            continue
+        priced.add(objective.bytes(solver.ObjectiveValue()))
+        assert objective.bytes(solver.ObjectiveValue()) == problem.cost(choice, shared=True)
+    assert len(priced) >= 6  # choices of different costs were compared

@@ -34,7 +34,7 @@ from autostrat.search.deadline import Deadline
 from autostrat.search.memory import tensor_bytes
 from autostrat.search.pricing import price_tables
 from autostrat.search.problem import SearchProblem, layers_of
-from autostrat.search.sharing import CoarseFanout, Fanout, coarse_fanout, fanouts, reader_columns
+from autostrat.search.sharing import CoarseFanout, Fanout, coarse_fanout, fanouts, merged_fanouts, reader_columns
 
 LEVELS = ("none", "exact", "layers")
 
@@ -154,7 +154,7 @@ def coarsen(problem: SearchProblem, level: str = "exact", budget: bool = False, 
         fixed = {owner[op] for group in groups for op in (group.producer, *(e.consumer for e in group.edges))}
         constant += _eliminate(problem, owner, kept, owned, budget, unary, flops, tables, eliminated, fixed, deadline)
     edges = tuple(CoarseEdge(a, b, table) for (a, b), table in tables.items())
-    coarse_fanouts = tuple(coarse_fanout(group, kept, owner) for group in groups)
+    coarse_fanouts = merged_fanouts(tuple(coarse_fanout(group, kept, owner) for group in groups))
     return Coarsening(level, kept, dominator, owner, unary, flops, edges, tuple(eliminated), constant, shared,
                       coarse_fanouts)
 
