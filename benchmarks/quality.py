@@ -23,7 +23,14 @@ time, search seconds (tracing excluded), the refinement's status; below the tabl
 the redistribution pairs priced unreachable, those left to the planner's constructive
 fallback and the timed searches stopped at their budget (`search.TIMED_BUDGET`, whose pairs
 are not proven optimal: `redistribution.planner`) (issue #32). Targets: refined predicted
-time <= every baseline's; bfs predicted time <= 1.1 x megatron's.
+time <= every baseline's; bfs predicted time <= 1.1 x megatron's; the 7b refined row within
+60 s of search and 2 GB (issue #32).
+
+Recorded (issue #32, 2 shared cores, `/usr/bin/time -v` for the memory): the 7b refined row
+OPTIMAL at 631.836 ms in 44.3 s of search, 1.10 GB (41.5 s, 0.75 GB with
+``--pricing-processes 2``), two solves (the first plan's copies peak over the budget); before
+fanouts of one structure were merged (`search.sharing.merged_fanouts`) it ended FEASIBLE at its
+60 s limit with the 660.930 ms start, and needed 85-123 s to prove the same plan.
 
 Pipeline rows (``--pipeline DEVICES``, issue #17): the 7b shape on each device count with one
 sequence per device (a global batch of 64 sequences on 64 devices, 1024 on 1024), each row
