@@ -22,12 +22,11 @@ them out and the search checks the plan's exact peak against a budget afterwards
 
 What that costs, measured (`benchmarks/quality.py`'s 7b row refined for time, 64 devices): the
 first solve's optimum peaks at 66.4 GB against a budget of 64.0 GB, 15.2 GB above what these
-forms count, and a second solve follows (3.8 s; 20-28 s before `sharing.merged_fanouts`). At that peak 66 copies hold 17.7 GB, 65 of
-them the LayerNorm outputs gathered for the QKV, first FFN and output matmuls (268 MB each),
-which the backward reads again (`Edge.shares`), so they live from the forward matmul to its
-gradient.
-Such a copy depends on one edge's pair of candidates: a term on that edge's pair variable in
-every step it spans would let one solve see it.
+forms count, and a second solve follows (3.8 s; 20-28 s before `sharing.merged_fanouts`). At
+that peak 66 copies hold 17.7 GB, 65 of them the LayerNorm outputs gathered for the QKV, first
+FFN and output matmuls (268 MB each), which the backward reads again (`Edge.shares`), so they
+live from the forward matmul to its gradient. Such a copy depends on one edge's pair of
+candidates: a term on that edge's pair variable in every step it spans would let one solve see it.
 """
 
 from __future__ import annotations
