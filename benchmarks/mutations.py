@@ -144,6 +144,13 @@ MUTATIONS = (
          "tests/test_refine.py::test_without_seeds_the_gpt_plan_sends_no_more_than_megatron"),
     ),
     Mutation(
+        "fanouts-merged-at-first-cost", "autostrat/search/sharing.py",
+        "        merged[key] = CoarseFanout(first.producer, first.costs + fanout.costs, readers, first.resting)\n",
+        "        merged[key] = CoarseFanout(first.producer, first.costs, readers, first.resting)\n",
+        ("tests/test_coarsen.py::test_merged_fanouts_price_every_choice_as_its_plan_pays",
+         "tests/test_coarsen.py::test_merged_fanouts_give_the_unmerged_optimum_with_fewer_booleans"),
+    ),
+    Mutation(
         "stage-split-sum", "autostrat/search/stages.py",
         "                found = (max(before[0], cost), before[1] + (n,))\n",
         "                found = (before[0] + cost, before[1] + (n,))\n",
