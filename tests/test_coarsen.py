@@ -182,6 +182,8 @@ def test_merged_fanouts_price_every_choice_as_its_plan_pays():
     # what the problem charges it with shared redistributions paid once.
     import random
 
+    from ortools.sat.python import cp_model
+
     from autostrat.autodiff import Adam, build_training
     from autostrat.search.cpsat import SolverModel
     from autostrat.search.sharing import fanouts
@@ -201,7 +203,7 @@ def test_merged_fanouts_price_every_choice_as_its_plan_pays():
         solver = new_solver(30, 0)
         status = run(solver, built)
         choice = coarse.expand(chosen)
-        if status == 3:  # INFEASIBLE: the choice pairs unreachable layouts, and the problem says so too
+        if status == cp_model.INFEASIBLE:  # the choice pairs unreachable layouts, and the problem says so too
             assert problem.cost(choice, shared=True) == float("inf")
             continue
         priced.add(objective.bytes(solver.ObjectiveValue()))
