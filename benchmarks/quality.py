@@ -39,8 +39,9 @@ under the per-device budget ``--budget`` (80 GB):
 - megatron: no pipeline, the megatron plan above on all the devices (the cheapest to compute;
   its peak is over the budget if the row says so);
 - refined (with ``--refined``): no pipeline, the refined plan above, its budget ``--budget``;
-  off by default: about 6 minutes on 64 devices, and on 1024 it ran 17 minutes and out of 21 GB
-  of memory before finishing (a 2-core, 23 GB machine);
+  off by default: 47 s on 64 devices (604.3 ms, 2026-12-03; about 6 minutes before
+  `search.sharing.merged_fanouts`), and on 1024 it ran 17 minutes and out of 21 GB of memory
+  before finishing (a 2-core, 23 GB machine; not re-run since);
 - S stages (``--stages``, default 2 4 8): the devices in S equal groups, each running one
   micro-batch of ``batch / m`` sequences with the same Megatron seeds on its own devices, the
   stage split of the 34 units (embedding, 32 blocks, head and loss) searched by
