@@ -54,7 +54,7 @@ def test_tasks_partition_the_pairs_one_search_class_each():
     clear_memos()
     pairs = missing_pairs(edge.table for edge in timed_problem().edges)
     tasks = by_class(pairs)
-    keys = [{(search_class(*pair[:3]), pair[3]) for pair in task} for task in tasks]
+    keys = [{search_class(*pair) for pair in task} for task in tasks]
     assert len(tasks) > 1 and all(len(key) == 1 for key in keys)
     assert len(set().union(*keys)) == len(tasks)  # no class split over two tasks
     assert sum(map(len, tasks)) == len(pairs) == len(set(pairs))  # each pair once

@@ -135,11 +135,12 @@ def _remembered(task: list[tuple], prices: list[float]) -> int:
     return len(prices)
 
 
-def search_class(src, dst, dtype) -> tuple:
-    """What the searches of a pair depend on beyond which dims hold which axes: the element
-    count, each layout's dims as their gcds with the device count (a search sees a dim only
-    through that gcd, `dim_class`), the dtype and the device count. Pairs of one key share
-    their dim classes' searches and memos, so one process should price them all.
+def search_class(src, dst, dtype, model) -> tuple:
+    """What the searches of a pair (`missing_pairs`) depend on beyond which dims hold which
+    axes: the element count, each layout's dims as their gcds with the device count (a search
+    sees a dim only through that gcd, `dim_class`), the dtype, the device count and the α–β
+    model. Pairs of one key share their dim classes' searches and memos, so one process should
+    price them all.
 
     Example (a matrix and its transpose meet one search; a larger tensor does not):
         >>> from autostrat.layout import DeviceMatrix, Layout, TensorMap
@@ -147,9 +148,9 @@ def search_class(src, dst, dtype) -> tuple:
         ...     return Layout(DeviceMatrix((8,)), TensorMap((0, -1)), shape)
         >>> def columns(shape):
         ...     return Layout(DeviceMatrix((8,)), TensorMap((-1, 0)), shape)
-        >>> search_class(rows((16, 4)), rows((16, 4)), "float32") == search_class(columns((4, 16)), columns((4, 16)), "float32")
+        >>> search_class(rows((16, 4)), rows((16, 4)), "float32", None) == search_class(columns((4, 16)), columns((4, 16)), "float32", None)
         True
-        >>> search_class(rows((16, 4)), rows((16, 4)), "float32") == search_class(rows((16, 8)), rows((16, 8)), "float32")
+        >>> search_class(rows((16, 4)), rows((16, 4)), "float32", None) == search_class(rows((16, 8)), rows((16, 8)), "float32", None)
         False
     """
     devices = src.device_num
@@ -157,11 +158,11 @@ def search_class(src, dst, dtype) -> tuple:
     def gcds(layout) -> tuple[int, ...]:
         return tuple(sorted(math.gcd(size, devices) for size in layout.shape))
 
-    return math.prod(src.shape), gcds(src), gcds(dst), dtype, devices
+    return math.prod(src.shape), gcds(src), gcds(dst), dtype, devices, model
 
 
 def by_class(pairs: list[tuple]) -> list[list[tuple]]:
-    """`pairs` as one task per `search_class` and model, each in the pairs' order, the most
+    """`pairs` as one task per `search_class`, each in the pairs' order, the most
     pairs first (the longest tasks start first, so the processes end near together), ties in
     first-seen order.
 
@@ -176,7 +177,7 @@ def by_class(pairs: list[tuple]) -> list[list[tuple]]:
     """
     groups: dict[tuple, list[tuple]] = {}
     for pair in pairs:
-        groups.setdefault((search_class(*pair[:3]), pair[3]), []).append(pair)
+        groups.setdefault(search_class(*pair), []).append(pair)
     return sorted(groups.values(), key=len, reverse=True)  # stable: ties keep the first-seen order
 
 
