@@ -23,7 +23,7 @@ def test_no_bound_exceeds_its_entry_on_a_training_step(device_num, timed):
     hardware = Hardware(devices_per_server=4) if timed else None
     problem = build_problem(build_training(trace(net, *net.example_inputs(), device_num=device_num), Adam()), device_num,
                             hardware=hardware)
-    positive = 0
+    positive = partial = 0
     for edge in problem.edges:
         table = edge.table
         rows, columns = table.shape
@@ -32,17 +32,27 @@ def test_no_bound_exceeds_its_entry_on_a_training_step(device_num, timed):
         priced = table.full()
         assert (bounds <= priced).all(), (edge.producer, edge.consumer, np.argwhere(bounds > priced)[:3])
         positive += int(np.count_nonzero(bounds))
+        summed = [row for row, layout in enumerate(table.producer_layouts) if layout.partial]
+        partial += int(np.count_nonzero(bounds[summed]))
     assert positive > 1000  # the bound prunes: it is not 0 everywhere
+    assert (partial > 100) != timed  # partial sums are bounded in bytes (the search's start bound), not in time
 
 
-def test_a_gather_is_bounded_by_its_price_and_a_partial_layout_by_nothing():
+def test_a_gather_is_bounded_by_its_price_and_a_partial_sum_by_its_reduction():
     matrix = DeviceMatrix((2, 4))
     split = Layout(matrix, TensorMap((1, 0)), (8, 8))
     whole = Layout(matrix, TensorMap((-1, -1)), (8, 8))
     swapped = Layout(matrix, TensorMap((0, 1)), (8, 8))  # the same piece sizes, other ranks' pieces
     assert entry_bound(split, whole, 4) == cost_table([split], [whole])[0, 0] == 4 * (64 - 8)
     assert 0 < entry_bound(split, swapped, 4) <= cost_table([split], [swapped])[0, 0]  # rank 0 alone sees nothing missing
-    assert entry_bound(whole.with_partial([0]), whole, 4) == 0
+    # A sum over the axis of 2 (axes count from the right) of 8 x 8 float32 made whole: an
+    # AllReduce of 2 · (2 - 1)/2 of the 256-byte piece, which the search's start bound (combine:
+    # T · (g + R - 2)/N) proves.
+    summed = whole.with_partial([1])
+    assert entry_bound(summed, whole, 4) == cost_table([summed], [whole])[0, 0] == 256
+    assert 0 < entry_bound(summed, split, 4) <= cost_table([summed], [split])[0, 0]
+    from autostrat.cost import Hardware
+    assert entry_bound(summed, whole, 4, Hardware().alpha_beta(8)) == 0  # timed: its algorithms are not bounded here
 
 
 def test_a_cheaper_edge_is_found_exactly_when_the_whole_row_has_one():

@@ -16,8 +16,18 @@ plus their time at the greatest bandwidth, rounded up (`redistribution.timed.tim
 step's time is, whatever algorithm runs it, and a sum of ceilings is at least the ceiling of
 the sum).
 
-Cases with no bound here (0): either layout partial (a sum may be created for free or need a
-reduction), two shapes (a reshape's route) and two device counts.
+Partial layouts, in bytes (no time model): the redistribution search's own A* bound at its
+start (`redistribution.heuristic.ReceiveBound`, the bound its optimum is proven against: the
+sums still to be reduced, and what the reduced values must still move), read on the pair's
+search problem (`redistribution.solving.build_problem`), a millisecond where the search may take
+seconds: at 1 024 devices DeepSeek-V3's partial expert sums towards a candidate's partial layouts
+took 5-31 s each, their start bounds 0.82-0.99 of their price, so a decided neighbour's cheaper
+candidate leaves them unpriced.
+
+Cases with no bound here (0): a partial layout under a time model (its collectives run as their
+fastest algorithms, which the byte bound does not bound), or with two partial ops (priced
+through the whole shadow, `planner._resolved_first`), two shapes (a reshape's route) and two
+device counts.
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ import numpy as np
 
 from autostrat.cost import dtype_size
 from autostrat.cost.time_model import ceil_nanoseconds
+from autostrat.redistribution.heuristic import receive_bound
+from autostrat.redistribution.solving import build_problem
 from autostrat.redistribution.timed import time_floor
 
 # (id(source), id(target), itemsize) -> (bytes, source, target): keyed by identity, since a
@@ -58,7 +70,8 @@ def entry_bound(source, target, itemsize: int, model=None) -> int:
     key = (id(source), id(target), itemsize, model)
     found = _BOUNDS.get(key)
     if found is None:
-        sent = _missing_elements(source, target) * itemsize
+        partial = source.partial or target.partial
+        sent = _partial_bytes(source, target, itemsize) if partial and model is None else _missing_elements(source, target) * itemsize
         found = _BOUNDS[key] = (sent if model is None else _least_time(sent, model), source, target)
     return found[0]
 
@@ -69,6 +82,19 @@ def _least_time(sent: int, model) -> int:
         return 0
     latency, bandwidth = time_floor(model)
     return latency + ceil_nanoseconds(sent, bandwidth)
+
+
+def _partial_bytes(source, target, itemsize: int) -> int:
+    """The redistribution search's start bound from `source` to `target` (one of them partial),
+    in bytes; 0 where the module docstring gives none."""
+    if source.shape != target.shape or source.device_num != target.device_num:
+        return 0
+    if source.partial and target.partial and source.partial_op != target.partial_op:
+        return 0
+    problem, start, goal = build_problem(source.normalized(), target.normalized(), itemsize)
+    if len(problem.spaces) != 1:
+        return 0
+    return receive_bound(problem.spaces[0], goal[1])(start[1])
 
 
 def _missing_elements(source, target) -> int:
