@@ -153,3 +153,17 @@ def test_assemble_detects_replicas_that_differ():
     layout = Layout(DeviceMatrix((2,)), TensorMap((-1,)), (2,))
     with pytest.raises(ValueError, match="ranks 0 and 1 should hold the same slice"):
         assemble_tensor([np.array([1, 2]), np.array([1, 3])], layout, check_replicas=True)
+
+
+def test_a_layout_remembers_its_hash_but_never_sends_it_to_another_process():
+    # A string's hash differs between processes (PYTHONHASHSEED): a pickled remembered hash
+    # would file the layout under the wrong bucket of a worker's memos.
+    import pickle
+
+    first = Layout(DeviceMatrix((2, 4)), TensorMap((1, 0)), (8, 8), (), "sum")
+    second = Layout(DeviceMatrix((2, 4)), TensorMap((1, 0)), (8, 8))
+    assert hash(first) == hash(second) == hash(first) and first == second
+    assert hash(Layout(DeviceMatrix((2, 4)), TensorMap((0, 1)), (8, 8))) != hash(first)  # the fields decide
+    sent = pickle.loads(pickle.dumps(first))
+    assert "_hash" in first.__dict__ and "_hash" not in sent.__dict__
+    assert sent == first and {first: 1}[sent] == 1
