@@ -167,3 +167,12 @@ def test_a_layout_remembers_its_hash_but_never_sends_it_to_another_process():
     sent = pickle.loads(pickle.dumps(first))
     assert "_hash" in first.__dict__ and "_hash" not in sent.__dict__
     assert sent == first and {first: 1}[sent] == 1
+
+
+def test_a_strategy_remembers_its_hash_but_never_sends_it_to_another_process(tutorial):
+    import pickle
+
+    again = Strategy.from_tuples(tutorial.rule, ((2, 1), (1, 4)), device_num=8)
+    assert hash(tutorial) == hash(again) and tutorial == again
+    sent = pickle.loads(pickle.dumps(tutorial))
+    assert "_hash" in tutorial.__dict__ and "_hash" not in sent.__dict__ and {tutorial: 1}[sent] == 1

@@ -10,7 +10,7 @@ one (``[8]`` seen as ``[2, 4]`` splits a dim over both axes).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache, lru_cache
 
 import numpy as np
@@ -122,16 +122,11 @@ class Layout:
 
     def __hash__(self) -> int:
         # Remembered: propagation asks sets and memos about the same layouts millions of times
-        # (DeepSeek-V3's estimate: 3.5 M hashes, each through the nested matrix and map). Not
-        # pickled (`__getstate__`): a string's hash differs between processes.
-        found = self.__dict__.get("_hash")
-        if found is None:
-            found = hash((self.device_matrix, self.tensor_map, self.shape, self.partial, self.partial_op))
-            object.__setattr__(self, "_hash", found)
-        return found
+        # (DeepSeek-V3's estimate: 3.5 M hashes, each through the nested matrix and map).
+        return remembered_hash(self)
 
     def __getstate__(self) -> dict:
-        return {key: value for key, value in self.__dict__.items() if key != "_hash"}
+        return without_hash(self)
 
     def _validate(self) -> tuple[int, ...]:
         """Into how many parts each dim is split; a `LayoutError` for a layout that cannot be."""
@@ -248,6 +243,28 @@ def _continues(previous: tuple, role: tuple) -> bool:
     if role[0] == "dim":
         return role[1] == previous[1] and role[2] == previous[2] + 1
     return True
+
+
+def remembered_hash(instance) -> int:
+    """The hash a frozen dataclass would have (its compared fields'), computed once per
+    instance; with `without_hash` as its ``__getstate__``, since a string's hash differs between
+    processes and a pickled one would file the object under the wrong bucket of a worker's memos.
+
+    Example:
+        >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (4, 12))
+        >>> remembered_hash(rows) == hash((rows.device_matrix, rows.tensor_map, rows.shape, (), "sum")) == hash(rows)
+        True
+    """
+    found = instance.__dict__.get("_hash")
+    if found is None:
+        found = hash(tuple(getattr(instance, one.name) for one in fields(instance) if one.compare))
+        object.__setattr__(instance, "_hash", found)
+    return found
+
+
+def without_hash(instance) -> dict:
+    """`instance`'s state to pickle: its ``__dict__`` without the `remembered_hash`."""
+    return {key: value for key, value in instance.__dict__.items() if key != "_hash"}
 
 
 @lru_cache(maxsize=8192)  # a few MB; a search at 1 024 devices meets more, the recent ones again

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from autostrat.errors import LayoutError
 from autostrat.layout.device_matrix import DeviceMatrix
-from autostrat.layout.layout import Layout, TensorMap, format_tuple
+from autostrat.layout.layout import Layout, TensorMap, format_tuple, remembered_hash, without_hash
 from autostrat.layout.named import is_layout_strategy
 from autostrat.layout.placement import Placement, default_placement
 from autostrat.layout.slicing import SliceContext
@@ -130,6 +130,14 @@ class Strategy:
                               f"got splits {self.splits} on {self.device_num} devices")
         if self.ring:
             _check_ring(self.rule, self.splits)
+
+    def __hash__(self) -> int:
+        # Remembered: the cost tables are shared by candidate tuples (`search.problem_edges.edge_table`),
+        # hashed through every strategy's rule for every edge.
+        return remembered_hash(self)
+
+    def __getstate__(self) -> dict:
+        return without_hash(self)
 
     @classmethod
     def from_tuples(cls, rule: FactorRule, in_strategy, device_num: int, out_strategy=None, where: str = "") -> Strategy:
