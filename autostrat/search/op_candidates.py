@@ -11,6 +11,28 @@ from autostrat.layout import Strategy
 from autostrat.strategies import LINEAR_OP_TYPES, generate_strategies, mesh_axes, on_mesh, split_values
 
 
+class Candidates(tuple):
+    """An op's candidates: a tuple of strategies whose hash is computed once. The search's memos
+    (cost tables `problem_edges.edge_table`, own costs, tie orders) are keyed by candidate
+    tuples, and a tuple's hash hashes every strategy in it: 7.5 M strategy hashes in the
+    estimate of DeepSeek-V3 on tp 4 x pp 8, 6.6 of its 49.8 s profiled. Equal to (and hashed as)
+    the plain tuple of its strategies; pickled as one (a string's hash differs between processes).
+
+    Example:
+        >>> Candidates((1, 2)) == (1, 2) and hash(Candidates((1, 2))) == hash((1, 2))
+        True
+    """
+
+    def __hash__(self) -> int:
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = self.__dict__["_hash"] = tuple.__hash__(self)
+        return found
+
+    def __reduce__(self):
+        return Candidates, (tuple(self),)
+
+
 def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False,
                   values: frozenset[int] | None = None, mesh: tuple[int, ...] | None = None) -> tuple[Strategy, ...]:
     """An unseeded op's candidates (with splits in `values`, on `mesh`'s axes, unless None).
