@@ -12,6 +12,15 @@
   the search's wall and CPU seconds against the 30 s target, with the search's counts.
 
 Run: .venv/bin/python benchmarks/moe_recipes.py [--models deepseek-v3 gpt-oss-120b] [--limit N]
+
+Measured 2026-12-03 (2 shared cores, load about 1): DeepSeek-V3's search now ends, in 63.6 s
+wall (1.08 GB peak) for its 5 estimates, and returns the recipe (the fastest fitting plan
+priced; 3 of 5 fit): the 30 s target is missed by 2.1x. Per candidate (the "priced ... in"
+lines): the recipe 7.8 s, recompute none 6.2 s, pp 1 18.7 s, tp 8 12.5 s, tp 4 18.3 s. Before
+cb19ee1 the third (tp 2 pp 1 dp 512, 1 024 devices in one stage) never finished: propagation
+priced partial expert sums towards partial candidate layouts, 5-31 s each, for want of a bound
+on them; the recipe's estimate took 30.2 s. GPT-OSS-120B: 22.9 s, the same plan (0.748 of the
+recipe's step; 25.2-30.2 s on c8bc099, `farm-bench -n 3` paired).
 """
 
 from __future__ import annotations
@@ -42,6 +51,19 @@ def row(model: str, kind: str, found, budget: int) -> list[str]:
             f"{found.tokens_per_s_per_device:,.1f}", f"{found.mfu:.1%}", f"{peak / 2**30:.2f}", "yes" if peak <= budget else "NO"]
 
 
+def progress_printer(model: str):
+    """A search's `progress`: each candidate priced, its figures and the seconds its estimate took."""
+    last = [time.perf_counter()]
+
+    def progress(given, found) -> None:
+        now = time.perf_counter()
+        figures = "refused" if found is None else (f"{found.step_time_s:.3f} s, "
+                                                   f"{max(stage.peak_bytes for stage in found.memory) / 2**30:.1f} GiB")
+        print(f"{model}: priced [{plan_name(given)}] in {now - last[0]:.1f} s: {figures}", file=sys.stderr, flush=True)
+        last[0] = now
+    return progress
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=sorted(CASES))
@@ -51,10 +73,7 @@ def main() -> None:
     rows, notes = [], []
     for model in args.models:
         wall, cpu = time.perf_counter(), time.process_time()
-        found = search_expert_plans(CASES[model], limit=args.limit, progress=lambda given, est: print(
-            f"{model}: priced [{plan_name(given)}]: " + ("refused" if est is None else f"{est.step_time_s:.3f} s, "
-                                                        f"{max(s.peak_bytes for s in est.memory) / 2**30:.1f} GiB"),
-            file=sys.stderr, flush=True))
+        found = search_expert_plans(CASES[model], limit=args.limit, progress=progress_printer(model))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         recipe = found.priced[0][1]
         rows += [row(model, "recipe", recipe, found.budget), row(model, "searched", found.best, found.budget)]
