@@ -151,6 +151,13 @@ MUTATIONS = (
          "tests/test_coarsen.py::test_merged_fanouts_give_the_unmerged_optimum_with_fewer_booleans"),
     ),
     Mutation(
+        "partial-entry-bound-doubled", "autostrat/search/entry_bounds.py",
+        "    return receive_bound(problem.spaces[0], goal[1])(start[1])\n",
+        "    return 2 * receive_bound(problem.spaces[0], goal[1])(start[1])\n",
+        ("tests/test_entry_bounds.py::test_no_bound_exceeds_its_entry_on_a_training_step",
+         "tests/test_propagation.py::test_branch_and_bound_chooses_what_pricing_every_candidate_chooses"),
+    ),
+    Mutation(
         "stage-split-sum", "autostrat/search/stages.py",
         "                found = (max(before[0], cost), before[1] + (n,))\n",
         "                found = (before[0] + cost, before[1] + (n,))\n",
