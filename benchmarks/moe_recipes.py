@@ -13,14 +13,15 @@
 
 Run: .venv/bin/python benchmarks/moe_recipes.py [--models deepseek-v3 gpt-oss-120b] [--limit N]
 
-Measured 2026-12-03 (2 shared cores, load about 1): DeepSeek-V3's search now ends, in 63.6 s
-wall (1.08 GB peak) for its 5 estimates, and returns the recipe (the fastest fitting plan
-priced; 3 of 5 fit): the 30 s target is missed by 2.1x. Per candidate (the "priced ... in"
-lines): the recipe 7.8 s, recompute none 6.2 s, pp 1 18.7 s, tp 8 12.5 s, tp 4 18.3 s. Before
-cb19ee1 the third (tp 2 pp 1 dp 512, 1 024 devices in one stage) never finished: propagation
-priced partial expert sums towards partial candidate layouts, 5-31 s each, for want of a bound
-on them; the recipe's estimate took 30.2 s. GPT-OSS-120B: 22.9 s, the same plan (0.748 of the
-recipe's step; 25.2-30.2 s on c8bc099, `farm-bench -n 3` paired).
+Measured 2026-12-03 (2 shared cores, load 1.4; both models in one run, 67.6 s, 1.09 GB):
+DeepSeek-V3's search now ends, in 46.1 s wall for its 5 estimates, and returns the recipe (the
+fastest fitting plan priced; 3 of 5 fit): the 30 s target is missed by 1.5x. Per candidate
+(the "priced ... in" lines): the recipe 7.9 s, recompute none 4.8 s, pp 1 13.6 s, tp 8 7.8 s,
+tp 4 12.0 s. Before cb19ee1 the third (tp 2 pp 1 dp 512, 1 024 devices in one stage) never
+finished: propagation priced partial expert sums towards partial candidate layouts, 5-31 s
+each, for want of a bound on them; the recipe's estimate took 30.2 s. GPT-OSS-120B: 16.6 s
+after DeepSeek-V3 in that run (memos warm), 22.9 s alone (25.2-30.2 s on c8bc099,
+`farm-bench -n 3` paired), the same plan (0.748 of the recipe's step).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ redistribution search, a lower bound for every candidate (`entry_bounds`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -67,8 +68,16 @@ class DestinationTerm:
         return cost_table(sources, [self.wanted], self.dtype, self.model)[:, 0]
 
     def bounds(self) -> np.ndarray:
-        itemsize = dtype_size(self.dtype)
-        return np.array([entry_bound(layout, self.wanted, itemsize, self.model) for layout in self.held], dtype=float)
+        return destination_bounds(self.held, self.wanted, dtype_size(self.dtype), self.model)
+
+
+@cache
+def destination_bounds(held: tuple, wanted, itemsize: int, model) -> np.ndarray:
+    """`DestinationTerm.bounds`, remembered: every layer's gradients ask for the same ones (in
+    DeepSeek-V3's search 22 290 times, 11.5 of its 127 s profiled)."""
+    found = np.array([entry_bound(layout, wanted, itemsize, model) for layout in held], dtype=float)
+    found.setflags(write=False)
+    return found
 
 
 def total_cost(base: np.ndarray, terms: list) -> np.ndarray:

@@ -91,6 +91,12 @@ def wanted_layouts(candidates: tuple, index: int) -> tuple:
     return tuple(candidate.input_layouts[index].normalized() for candidate in candidates)
 
 
+@cache
+def output_layouts(candidates: tuple, index: int) -> tuple:
+    """The layout of output `index` under each of `candidates`."""
+    return tuple(candidate.output_layouts[index] for candidate in candidates)
+
+
 def _paid_for(problem: SearchProblem, edge, choice: dict[str, int]) -> set:
     """The layouts (normal forms) the decided other readers of `edge`'s tensor want it in: one
     redistribution per tensor and layout serves them all (`plan.EdgeRedistribution.shares`)."""
@@ -285,9 +291,8 @@ def _gradient_destinations(problem: SearchProblem, op: str, choice: dict[str, in
         reader = next(((r, i) for r, i in graph.consumers(target) if op_phase(r) == "forward" and r in choice), None)
         if reader is not None:
             wanted = problem.candidates[reader[0]][choice[reader[0]]].input_layouts[reader[1]]
-            held = [candidate.output_layouts[index] for candidate in problem.candidates[op]]
             dtype = (problem.sizes or TensorSizes.of(graph)).priced(tensor)
-            terms.append(DestinationTerm(tuple(held), wanted, dtype, problem.model))
+            terms.append(DestinationTerm(output_layouts(problem.candidates[op], index), wanted, dtype, problem.model))
     return terms
 
 
