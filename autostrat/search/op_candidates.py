@@ -11,15 +11,15 @@ from autostrat.layout import Strategy
 from autostrat.strategies import LINEAR_OP_TYPES, generate_strategies, mesh_axes, on_mesh, split_values
 
 
-class Candidates(tuple):
-    """An op's candidates: a tuple of strategies whose hash is computed once. The search's memos
-    (cost tables `problem_edges.edge_table`, own costs, tie orders) are keyed by candidate
-    tuples, and a tuple's hash hashes every strategy in it: 7.5 M strategy hashes in the
-    estimate of DeepSeek-V3 on tp 4 x pp 8, 6.6 of its 49.8 s profiled. Equal to (and hashed as)
-    the plain tuple of its strategies; pickled as one (a string's hash differs between processes).
+class HashedTuple(tuple):
+    """A tuple whose hash is computed once: an op's candidates, or their layouts. The search's
+    memos (cost tables `problem_edges.edge_table`, own costs, tie orders, bounds) are keyed by
+    such tuples, and a tuple's hash hashes every item: 7.5 M strategy hashes in the estimate
+    of DeepSeek-V3 on tp 4 x pp 8, 6.6 of its 49.8 s profiled. Equal to (and hashed as) the plain
+    tuple of its items; pickled as one (a string's hash differs between processes).
 
     Example:
-        >>> Candidates((1, 2)) == (1, 2) and hash(Candidates((1, 2))) == hash((1, 2))
+        >>> HashedTuple((1, 2)) == (1, 2) and hash(HashedTuple((1, 2))) == hash((1, 2))
         True
     """
 
@@ -30,7 +30,7 @@ class Candidates(tuple):
         return found
 
     def __reduce__(self):
-        return Candidates, (tuple(self),)
+        return HashedTuple, (tuple(self),)
 
 
 def op_candidates(op: OpNode, device_num: int, allow_repeated: bool, full_only: bool = False,

@@ -32,7 +32,7 @@ from autostrat.ir import Graph
 from autostrat.layout import FollowedStrategy, Layout, Strategy
 from autostrat.redistribution import cost_table
 from autostrat.search.entry_bounds import entry_bound
-from autostrat.search.op_candidates import (Candidates, can_be_partial, candidate_mesh, candidate_values, computed_inputs_only, op_candidates,
+from autostrat.search.op_candidates import (HashedTuple, can_be_partial, candidate_mesh, candidate_values, computed_inputs_only, op_candidates,
                                              seeded)
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.search.orders import order_variants
@@ -196,7 +196,7 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
     partial: dict[str, bool] = {}  # `can_be_partial`'s answers, shared by every op
     candidates = {name: seeds.get(name) or computed_inputs_only(graph, op, op_candidates(
         op, device_num, allow_repeated, full_only, values, axes), partial) for name, op in graph.ops.items()}
-    candidates = {name: Candidates(found) for name, found in
+    candidates = {name: HashedTuple(found) for name, found in
                   _rest_variants(graph, order_variants(graph, candidates), followers, optimizer_shard).items()}
     model = None if hardware is None else hardware.alpha_beta(device_num)
     once = 1.0 / micro_batches  # a per-step cost's weight against a micro-batch's
