@@ -245,10 +245,11 @@ def _continues(previous: tuple, role: tuple) -> bool:
     return True
 
 
-def remembered_hash(instance) -> int:
-    """The hash a frozen dataclass would have (its compared fields'), computed once per
-    instance; with `without_hash` as its ``__getstate__``, since a string's hash differs between
-    processes and a pickled one would file the object under the wrong bucket of a worker's memos.
+def remembered_hash(instance, compute=None) -> int:
+    """The hash of `instance`, computed once (by `compute(instance)`; by default the hash a frozen
+    dataclass would have, its compared fields') and kept in its ``__dict__``; with `without_hash`
+    as its ``__getstate__``, since a string's hash differs between processes and a pickled one
+    would file the object under the wrong bucket of a worker's memos.
 
     Example:
         >>> rows = Layout(DeviceMatrix((4,)), TensorMap((0, -1)), (4, 12))
@@ -257,8 +258,8 @@ def remembered_hash(instance) -> int:
     """
     found = instance.__dict__.get("_hash")
     if found is None:
-        found = hash(tuple(getattr(instance, one.name) for one in fields(instance) if one.compare))
-        object.__setattr__(instance, "_hash", found)
+        found = compute(instance) if compute else hash(tuple(getattr(instance, one.name) for one in fields(instance) if one.compare))
+        instance.__dict__["_hash"] = found  # past a frozen dataclass's __setattr__, as `object.__setattr__` would go
     return found
 
 

@@ -83,8 +83,12 @@ def _normal_bound(source, target, itemsize: int, model) -> int:
     key = (id(source), id(target), itemsize, model)
     found = _NORMAL_BOUNDS.get(key)
     if found is None:
-        partial = source.partial or target.partial
-        sent = _partial_bytes(source, target, itemsize) if partial and model is None else _missing_elements(source, target) * itemsize
+        if source.shape != target.shape or source.device_num != target.device_num:
+            sent = 0
+        elif source.partial or target.partial:
+            sent = _partial_bytes(source, target, itemsize) if model is None else 0
+        else:
+            sent = _missing_elements(source, target) * itemsize
         found = _NORMAL_BOUNDS[key] = (sent if model is None else _least_time(sent, model), source, target)
     return found[0]
 
@@ -98,10 +102,9 @@ def _least_time(sent: int, model) -> int:
 
 
 def _partial_bytes(source, target, itemsize: int) -> int:
-    """The redistribution search's start bound from `source` to `target` (normal forms, one of them partial),
-    in bytes; 0 where the module docstring gives none."""
-    if source.shape != target.shape or source.device_num != target.device_num:
-        return 0
+    """The redistribution search's start bound from `source` to `target` (normal forms of one
+    shape on one device count, one of them partial), in bytes; 0 where the module docstring
+    gives none."""
     if source.partial and target.partial and source.partial_op != target.partial_op:
         return 0
     problem, start, goal = build_problem(source, target, itemsize)
@@ -111,9 +114,8 @@ def _partial_bytes(source, target, itemsize: int) -> int:
 
 
 def _missing_elements(source, target) -> int:
-    """The most elements of its `target` slice that one probed rank's `source` slice lacks."""
-    if source.partial or target.partial or source.shape != target.shape or source.device_num != target.device_num:
-        return 0
+    """The most elements of its `target` slice that one probed rank's `source` slice lacks (two
+    whole layouts of one shape on one device count)."""
     wanted = math.prod(target.slice_shape)
     most = 0
     for rank in _probes(source, target):

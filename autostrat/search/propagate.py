@@ -45,7 +45,7 @@ from autostrat.autodiff.recompute import RECOMPUTE_PREFIX
 from autostrat.layout import Strategy
 from autostrat.layout.nd_tp import gathers_by_design
 from autostrat.search.candidate_prices import ColumnTerm, DestinationTerm, RowTerm, total_cost
-from autostrat.search.op_candidates import HashedTuple
+from autostrat.search.op_candidates import output_layouts, wanted_positions
 from autostrat.search.precision import TensorSizes
 from autostrat.search.problem import SearchProblem, layers_of
 
@@ -87,24 +87,6 @@ def _row_term(problem: SearchProblem, edge, choice: dict[str, int]) -> RowTerm:
         for layout in paid:
             free[positions.get(layout, [])] = True
     return RowTerm(edge.table, choice[edge.producer], free)
-
-
-@cache
-def wanted_positions(candidates: tuple, index: int) -> dict:
-    """Per normal form of input `index`, the positions of the `candidates` (a consumer's) that
-    want it: read once per decided neighbour (1.9 M candidates' layouts in DeepSeek-V3's tp 4
-    estimate, against a few paid layouts each time)."""
-    positions: dict = {}
-    for position, candidate in enumerate(candidates):
-        positions.setdefault(candidate.input_layouts[index].normalized(), []).append(position)
-    return positions
-
-
-@cache
-def output_layouts(candidates: tuple, index: int) -> HashedTuple:
-    """The layout of output `index` under each of `candidates` (a tuple hashed once: the
-    destination bounds are remembered by it, `candidate_prices.destination_bounds`)."""
-    return HashedTuple(candidate.output_layouts[index] for candidate in candidates)
 
 
 def _paid_for(problem: SearchProblem, edge, choice: dict[str, int]) -> set:
