@@ -158,6 +158,12 @@ MUTATIONS = (
          "tests/test_propagation.py::test_branch_and_bound_chooses_what_pricing_every_candidate_chooses"),
     ),
     Mutation(
+        "choice-key-without-row", "autostrat/search/candidate_prices.py",
+        '        return "row", self.table, self.row, None if self.free is None else self.free.tobytes()\n',
+        '        return "row", self.table, None if self.free is None else self.free.tobytes()\n',
+        ("tests/test_propagation.py::test_remembered_choices_are_the_choices_priced_again",),
+    ),
+    Mutation(
         "stage-split-sum", "autostrat/search/stages.py",
         "                found = (max(before[0], cost), before[1] + (n,))\n",
         "                found = (before[0] + cost, before[1] + (n,))\n",

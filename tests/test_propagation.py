@@ -186,6 +186,26 @@ def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(monkeypat
     assert fast == slow
 
 
+def test_remembered_choices_are_the_choices_priced_again(monkeypatch):
+    """`best_candidate`'s memo (`candidate_prices.choice_key`) gives every op of a 4-layer
+    training stack, seeded on every block, the candidate pricing it again gives, in both tie-breaks
+    and followed or not, while pricing fewer ops: the repeated layers meet equal keys."""
+    import autostrat.search.propagate as propagation
+
+    priced = []
+    counted = propagation.total_cost
+    monkeypatch.setattr(propagation, "total_cost", lambda base, terms: priced.append(1) or counted(base, terms))
+    problem = build_problem(stack(4, hidden=64, seeds="all"), 8, allow_repeated=True)
+    for follow in (True, False):
+        for tie in TIE_BREAKS:
+            priced.clear()
+            again = _propagate(problem, None, follow, tie).choice
+            every = len(priced)
+            priced.clear()
+            assert _propagate(problem, None, follow, tie, memo={}).choice == again
+            assert len(priced) < every / 2
+
+
 def test_a_candidate_stops_being_priced_once_its_terms_exceed_the_best():
     """`candidate_total` prices terms in order and stops past `best`; a tie is priced whole."""
     from autostrat.search.candidate_prices import candidate_total

@@ -37,6 +37,11 @@ class RowTerm:
         values = table_bounds(self.table, row=self.row)
         return values if self.free is None else np.where(self.free, 0.0, values)
 
+    def key(self) -> tuple:
+        """What the term's prices depend on (`choice_key`): the table (one object per pair of
+        candidate lists, `problem_edges.edge_table`), the row and the free candidates."""
+        return "row", self.table, self.row, None if self.free is None else self.free.tobytes()
+
 
 @dataclass(frozen=True)
 class ColumnTerm:
@@ -52,6 +57,9 @@ class ColumnTerm:
 
     def bounds(self) -> np.ndarray:
         return table_bounds(self.table, column=self.column)
+
+    def key(self) -> tuple:
+        return "column", self.table, self.column
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,9 @@ class DestinationTerm:
     def bounds(self) -> np.ndarray:
         return destination_bounds(self.held, self.wanted, dtype_size(self.dtype), self.model)
 
+    def key(self) -> tuple:
+        return "destination", self.held, self.wanted, self.dtype, self.model
+
 
 @cache
 def destination_bounds(held: tuple, wanted, itemsize: int, model) -> np.ndarray:
@@ -78,6 +89,23 @@ def destination_bounds(held: tuple, wanted, itemsize: int, model) -> np.ndarray:
     found = np.array([entry_bound(layout, wanted, itemsize, model) for layout in held], dtype=float)
     found.setflags(write=False)
     return found
+
+
+def choice_key(candidates: tuple, costs, terms: list, tie_break: str) -> tuple:
+    """Everything the cheapest candidate of an op depends on (`propagate.best_candidate`): its
+    candidates, own costs, terms in order (a float sum's order is part of its value) and the
+    tie-break. The ops of repeated layers meet equal keys: their candidates, own costs and
+    tables are equal, and so are their decided neighbours' choices.
+
+    Example (two equal terms give one key; another row, another key):
+        >>> table = np.zeros((2, 2))
+        >>> costs = type("Costs", (), {"comm": np.zeros(2), "flops": np.ones(2), "memory": np.ones(2)})
+        >>> key = lambda row: choice_key((0, 1), costs, [RowTerm(table, row)], "memory")
+        >>> key(0) == key(0), key(0) == key(1)
+        (True, False)
+    """
+    own = (costs.comm.tobytes(), costs.flops.tobytes(), costs.memory.tobytes())
+    return tie_break, candidates, own, tuple(term.key() for term in terms)
 
 
 def total_cost(base: np.ndarray, terms: list) -> np.ndarray:
