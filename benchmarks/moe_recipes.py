@@ -53,15 +53,15 @@ def row(model: str, kind: str, found, budget: int) -> list[str]:
 
 
 def progress_printer(model: str):
-    """A search's `progress`: each candidate priced, its figures and the seconds its estimate took."""
-    last = [time.perf_counter()]
+    """A search's `progress`: each candidate priced, its figures and the seconds since the search
+    began (on several processes the estimates overlap: no one estimate's own seconds)."""
+    began = time.perf_counter()
 
     def progress(given, found) -> None:
-        now = time.perf_counter()
         figures = "refused" if found is None else (f"{found.step_time_s:.3f} s, "
                                                    f"{max(stage.peak_bytes for stage in found.memory) / 2**30:.1f} GiB")
-        print(f"{model}: priced [{plan_name(given)}] in {now - last[0]:.1f} s: {figures}", file=sys.stderr, flush=True)
-        last[0] = now
+        print(f"{model}: priced [{plan_name(given)}] at {time.perf_counter() - began:.1f} s: {figures}", file=sys.stderr,
+              flush=True)
     return progress
 
 
@@ -69,17 +69,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=sorted(CASES))
     parser.add_argument("--limit", type=int, default=4, help="candidates the search prices besides the recipe")
+    parser.add_argument("--processes", type=int, default=2, help="processes pricing the candidates (this one among them)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)  # the seeds' own redistributions are announced as disagreements
     rows, notes = [], []
     for model in args.models:
         wall, cpu = time.perf_counter(), time.process_time()
-        found = search_expert_plans(CASES[model], limit=args.limit, progress=progress_printer(model))
+        found = search_expert_plans(CASES[model], limit=args.limit, progress=progress_printer(model), processes=args.processes)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         recipe = found.priced[0][1]
         rows += [row(model, "recipe", recipe, found.budget), row(model, "searched", found.best, found.budget)]
         ratio = found.best.step_time_s / recipe.step_time_s
-        notes.append(f"{model}: searched / recipe step time {ratio:.3f}; search {wall:.1f} s wall, {cpu:.1f} CPU-s "
+        notes.append(f"{model}: searched / recipe step time {ratio:.3f}; search {wall:.1f} s wall on {args.processes} "
+                     f"process(es), {cpu:.1f} CPU-s in this one "
                      f"({'within' if wall <= TARGET_S else 'over'} the {TARGET_S:.0f} s target); {found.summary()}; "
                      f"priced: " + "; ".join(f"[{plan_name(given)}] " + ("refused" if est is None else f"{est.step_time_s:.3f} s, "
                                                                         f"{max(s.peak_bytes for s in est.memory) / 2**30:.1f} GiB")

@@ -50,6 +50,7 @@ from autostrat.models.flops import model_flops
 from autostrat.models.megatron_plan import (context_parallel_seeds, expert_parallel_seeds, mark_pipeline_stages,
                                             mark_selective_recompute, sequence_parallel_seeds, tensor_parallel_seeds)
 from autostrat.reading import read_text
+from autostrat.redistribution import collector_paused
 from autostrat.search.memory_breakdown import KINDS, memory_breakdowns
 from autostrat.search.precision import PRECISION_MEMORY
 from autostrat.search.prediction import format_nanoseconds
@@ -222,10 +223,12 @@ class Estimate:
     """A given plan's predicted step: `phases_ns` sum to the step time (a pipeline's: its
     micro-batches' slots, the bubble, the slowest device group's synchronisation and updates), the
     bubble's idle share, the model FLOPs of a step and their formula, and per stage the memory
-    one device holds at its peak (`memory_breakdown`)."""
+    one device holds at its peak (`memory_breakdown`); what it reads of its plan (hardware,
+    precision, the pipeline's summary) is kept apart, so that an estimate priced in another
+    process comes back without the plan (`detached`)."""
 
     given: GivenPlan
-    plan: object
+    plan: object  # None once detached
     model: str
     seq: int
     model_flops: int
@@ -233,6 +236,20 @@ class Estimate:
     phases_ns: dict
     bubble: float
     memory: tuple
+    hardware: object
+    precision: str
+    pipeline_summary: str = ""  # `Pipeline.summary()`; "" without stages
+
+    def detached(self) -> Estimate:
+        """This estimate without its plan: its figures, text and JSON are the same, and it
+        pickles (a plan holds closures).
+
+        Example:
+            >>> found = estimate("configs/estimate/gpt_small.yaml")
+            >>> found.detached().plan, found.detached().to_json() == found.to_json()
+            (None, True)
+        """
+        return replace(self, plan=None)
 
     @property
     def step_time_s(self) -> float:
@@ -250,8 +267,8 @@ class Estimate:
     def peak_tflops_per_device(self) -> float:
         """The nominal matrix rate of the plan's precision (fp32 runs at half the 16-bit rate, as
         `Hardware.compute_nanoseconds` charges it), without efficiency factors."""
-        full = self.plan.hardware.device_flops / 1e12
-        return full if self.plan.precision != "fp32" else full / 2
+        full = self.hardware.device_flops / 1e12
+        return full if self.precision != "fp32" else full / 2
 
     @property
     def mfu(self) -> float:
@@ -265,7 +282,7 @@ class Estimate:
                      "recompute": given.recompute, "zero": given.zero,
                      "micro_batch": given.micro_batch, "global_batch": given.global_batch,
                      "micro_batches": given.micro_batches},
-            "device_num": given.device_num, "hardware": self.plan.hardware.name, "precision": self.plan.precision,
+            "device_num": given.device_num, "hardware": self.hardware.name, "precision": self.precision,
             "step_time_s": self.step_time_s, "phases_s": {name: ns / 1e9 for name, ns in self.phases_ns.items()},
             "bubble": self.bubble, "tokens_per_s_per_device": self.tokens_per_s_per_device,
             "model_flops_per_step": self.model_flops, "model_flops_formula": self.formula,
@@ -277,17 +294,17 @@ class Estimate:
 
     def lines(self, path) -> list[str]:
         """The human-readable estimate of the config at `path`."""
-        given, plan = self.given, self.plan
+        given = self.given
         lines = [f"{path}: {self.model} on {given.device_num} devices: tp {given.tp} x pp {given.pp} x dp {given.dp}"
                  f"{f' x cp {given.cp}' if given.cp > 1 else ''}{f', ep {given.ep}' if given.ep > 1 else ''}"
                  f"{f', etp {given.etp}' if given.etp > 1 else ''}, "
                  f"{'sequence parallel, ' if given.sequence_parallel else ''}micro-batch {given.micro_batch}, "
-                 f"{given.micro_batches} micro-batch(es) of global batch {given.global_batch}, recompute {given.recompute}, zero {given.zero}; hardware {plan.hardware.name or 'given field by field'}, "
-                 f"precision {plan.precision}"]
-        if plan.precision != "fp32":
-            lines.append(f"precision {plan.precision}: {PRECISION_MEMORY}")
-        if plan.pipeline:
-            lines.append(plan.pipeline.summary())
+                 f"{given.micro_batches} micro-batch(es) of global batch {given.global_batch}, recompute {given.recompute}, zero {given.zero}; hardware {self.hardware.name or 'given field by field'}, "
+                 f"precision {self.precision}"]
+        if self.precision != "fp32":
+            lines.append(f"precision {self.precision}: {PRECISION_MEMORY}")
+        if self.pipeline_summary:
+            lines.append(self.pipeline_summary)
         lines.append(f"step time: {format_nanoseconds(round(self.step_time_s * 1e9))}")
         lines += [f"  {name}: {format_nanoseconds(ns)}" for name, ns in self.phases_ns.items()]
         lines.append(f"  bubble: {self.bubble:.1%} of the step idle on average over the stages")
@@ -315,18 +332,40 @@ def estimate(path) -> Estimate:
         >>> sum(found.phases_ns.values()) == found.plan.pipeline.step_time_ns, len(found.memory)
         (True, 2)
     """
-    config, given = given_plan_config(path)
-    return estimate_config(config, given)
+    with collector_paused():  # building the config allocates as much as the estimate (`estimate_config`)
+        config, given = given_plan_config(path)
+        return estimate_config(config, given)
+
+
+def estimate_given(data: dict, text: str, path, given: GivenPlan) -> Estimate:
+    """The estimate of the plan `given` of a config's YAML `data` (its `text`, read from
+    `path`): what ``autostrat estimate`` gives for that config with `given` as its ``plan:``,
+    for the plans a plan-space search tries (`report.plan_space`, `report.expert_plans`).
+
+    Example (the small GPT's plan, given apart from its config: the same figures):
+        >>> text = open("configs/estimate/gpt_small.yaml").read()
+        >>> data = parse_config_text(text, "gpt_small.yaml")
+        >>> given = read_given_plan(data, "gpt_small.yaml")
+        >>> estimate_given(data, text, "configs/estimate/gpt_small.yaml", given).to_json() == estimate("configs/estimate/gpt_small.yaml").to_json()
+        True
+    """
+    with collector_paused():
+        return estimate_config(plan_pieces_config(dict(data), text, path, given), given)
 
 
 def estimate_config(config, given: GivenPlan) -> Estimate:
-    """The estimate of `config`, the search's config of the plan `given` (`plan_pieces_config`)."""
-    with warnings.catch_warnings():
+    """The estimate of `config`, the search's config of the plan `given` (`plan_pieces_config`).
+
+    The collector is paused throughout, as `search.search` pauses it: a pipeline's schedule
+    simulation and memory replay allocate millions of small objects next to the memos, none in
+    a cycle, and the collector's passes over them were 29 % of DeepSeek-V3's search (its five
+    estimates: 37.2 s, 26.4 s paused)."""
+    with warnings.catch_warnings(), collector_paused():
         # The seeds disagree by design: a row-split product's partial output is resolved for the
         # ops after it, an AllReduce (whole on the tp devices) or a ReduceScatter (sequence parallel).
         warnings.filterwarnings("ignore", message="seeds of .* disagree on .*: a redistribution")
         plan, _ = plan_config(config)
-    return estimate_of(plan, config.net, given)
+        return estimate_of(plan, config.net, given)
 
 
 def estimate_of(plan, net, given: GivenPlan) -> Estimate:
@@ -345,4 +384,5 @@ def estimate_of(plan, net, given: GivenPlan) -> Estimate:
         bubble = pipeline.split.bubble
     else:
         phases, bubble = {name: phase.time_ns for name, phase in plan.prediction.phases.items()}, 0.0
-    return Estimate(given, plan, type(net).__name__, net.seq, flops, formula, phases, bubble, memory_breakdowns(plan))
+    return Estimate(given, plan, type(net).__name__, net.seq, flops, formula, phases, bubble, memory_breakdowns(plan),
+                    plan.hardware, plan.precision, plan.pipeline.summary() if plan.pipeline else "")

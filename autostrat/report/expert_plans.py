@@ -34,12 +34,14 @@ import math
 import time
 from dataclasses import dataclass
 
-from autostrat.errors import AutostratError, ConfigError, InfeasibleError
+from autostrat.errors import ConfigError, InfeasibleError
 from autostrat.frontend.config import config_from_data
 from autostrat.frontend.run import memory_budget
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
-from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, plan_pieces_config, read_given_plan, search_keys
+from autostrat.redistribution import collector_paused
+from autostrat.report.estimate import Estimate, GivenPlan, read_given_plan, search_keys
+from autostrat.report.plan_pricing import price_plans
 from autostrat.report.plan_space import RESIDENT_BYTES, device_splits
 from autostrat.strategies import divisors
 
@@ -120,12 +122,14 @@ def _peak(found: Estimate) -> int:
     return max(stage.peak_bytes for stage in found.memory)
 
 
+@collector_paused()  # one collection after the search, not one per estimate (`report.estimate.estimate_given`)
 def search_expert_plans(path, device_num: int | None = None, limit: int | None = None, max_device_memory=None,
-                        progress=None) -> ExpertPlanSearch:
+                        progress=None, processes: int = 1) -> ExpertPlanSearch:
     """The search of the estimate config at `path` on `device_num` devices (default: its
     ``plan:``'s), from its ``plan:`` if it has one for those devices, pricing at most `limit`
     candidates besides it (None: every one not pruned) under `max_device_memory` bytes (None:
-    the profile's memory); `progress(given, estimate)` is called after each is priced.
+    the profile's memory), on `processes` processes (`report.plan_pricing`: the same answer on
+    any number); `progress(given, estimate)` is called after each is priced.
 
     Example (the tiny DeepSeek on its 8 devices: its plan and two candidates priced):
         >>> found = search_expert_plans("configs/estimate/deepseek_tiny.yaml", limit=2)
@@ -156,11 +160,8 @@ def search_expert_plans(path, device_num: int | None = None, limit: int | None =
                                         sparse[0].moe.w_gate.shape[0], config.context.hardware_profile().devices_per_server)
     kept = [given for given in candidates if resident_floor(given, dense, experts, precision) <= budget]
     chosen = ([start] if start is not None else []) + [given for given in pricing_order(kept, start) if given != start][:limit]
-    priced = []
-    for given in chosen:
-        priced.append((given, _estimate(data, text, path, given)))
-        if progress is not None:
-            progress(*priced[-1])
+    found = price_plans(data, text, path, chosen, processes, progress)
+    priced = [(given, one if isinstance(one, Estimate) else None) for given, one in zip(chosen, found)]
     fitting = [found for _, found in priced if found is not None and _peak(found) <= budget]
     if not fitting:
         peaks = [_peak(found) for _, found in priced if found is not None]
@@ -179,10 +180,3 @@ def _weights(net) -> tuple[int, int]:
                 sizes[len(parameter.shape)] += math.prod(parameter.shape)
     return sizes[2], sizes[3]
 
-
-def _estimate(data: dict, text: str, path, given: GivenPlan) -> Estimate | None:
-    """`given`'s estimate, or None where the estimate refuses it (a split it cannot make)."""
-    try:
-        return estimate_config(plan_pieces_config(dict(data), text, path, given), given)
-    except AutostratError:
-        return None

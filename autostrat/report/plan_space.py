@@ -32,7 +32,7 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
   candidates are priced in increasing bound order (candidate order on a tie), and pricing
   stops at the first whose bound exceeds the fastest fitting step found (or equals it, coming
   later in candidate order): no candidate left could be chosen. The rest are pruned, unpriced.
-- Pricing: each candidate by `report.estimate.estimate_config`, exactly as ``autostrat
+- Pricing: each candidate by `report.estimate.estimate_given`, exactly as ``autostrat
   estimate`` prices the config with that ``plan:``; a candidate the estimate refuses (a ``tp``
   that does not divide the heads) keeps its reason. The op-level search's plan is priced by
   the same `estimate_of`.
@@ -55,7 +55,8 @@ from autostrat.frontend.context import parse_bytes
 from autostrat.frontend.run import fit_into, memory_budget, plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
-from autostrat.report.estimate import Estimate, GivenPlan, estimate_config, estimate_of, plan_pieces_config, search_keys
+from autostrat.redistribution import collector_paused
+from autostrat.report.estimate import Estimate, GivenPlan, estimate_given, estimate_of, search_keys
 from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.search.schedules import SPLIT_BACKWARD
@@ -222,6 +223,7 @@ class PlanSearch:
                                    format_table(["plan", "step", "peak bytes per device"], rows, "  ")]
 
 
+@collector_paused()  # one collection after the search, not one per estimate (`report.estimate.estimate_given`)
 def search_plan_space(path, device_num: int | None = None, max_device_memory=None, progress=None) -> PlanSearch:
     """The plan-space search of the config at `path` (the module docstring), on `device_num`
     devices (default: the config's) under `max_device_memory` bytes (default: the config's,
@@ -301,7 +303,7 @@ def _price(data: dict, text: str, path, given: GivenPlan, bound: int, budget: in
     if bound > budget:
         return Priced(given, bound=bound, reason=f"pruned: parameters and optimiser state need at least {bound:,} bytes")
     try:
-        return Priced(given, estimate_config(plan_pieces_config(dict(data), text, path, given), given), bound)
+        return Priced(given, estimate_given(data, text, path, given), bound)
     except AutostratError as error:
         return Priced(given, bound=bound, reason=f"refused: {error}")
 
