@@ -103,6 +103,9 @@ def search_command(args) -> str:
     if args.json:
         raise ConfigError(f"--json {args.json}: the figures of a plan-space search (a config with global_batch and no "
                           f"plan); {args.config} has no global_batch: --out writes its plan's JSON")
+    if args.processes:
+        raise ConfigError(f"--processes {args.processes}: the processes of a plan-space search (a config with global_batch "
+                          f"and no plan); {args.config} has no global_batch: its config's pricing_processes prices its refinement")
     config = _search_config(args)
     check_config_outputs(config, planned_outputs(args))
     checkpoint = config.context.strategy_output()
@@ -130,14 +133,14 @@ def _plan_space_command(args) -> str:
     the config's plans decide are refused, naming the first."""
     from autostrat.report.plan_space import search_plan_space  # a report: off the search's import path
 
-    allowed = {"config", "device_num", "max_device_memory", "json", "command", "imports", "started"}
+    allowed = {"config", "device_num", "max_device_memory", "json", "processes", "command", "imports", "started"}
     given = [key for key, value in vars(args).items() if key not in allowed and value not in (None, False, [])]
     if given:
         raise ConfigError(f"--{given[0].replace('_', '-')}: {args.config} is a plan-space config (global_batch, no plan), "
-                          f"whose search takes --device-num, --max-device-memory and --json only")
+                          f"whose search takes --device-num, --max-device-memory, --json and --processes only")
     outputs = [command_line_output(args.json, "--json")] if args.json else []
     check_outputs(outputs, {"the config": args.config})
-    found = search_plan_space(args.config, args.device_num, args.max_device_memory)
+    found = search_plan_space(args.config, args.device_num, args.max_device_memory, processes=args.processes or 1)
     return "\n".join(found.lines(args.config) + write_outputs({output: ("search", found.to_json()) for output in outputs}))
 
 

@@ -155,6 +155,9 @@ def parser() -> argparse.ArgumentParser:
                         help="a plan-space config's search (global_batch, no plan: report.plan_space): also write the "
                              "chosen plan's figures, as autostrat estimate --json does, and every candidate's, to this "
                              "file (-: standard output, and the text to standard error)")
+    search.add_argument("--processes", type=positive(int),
+                        help="a plan-space config's search: price its candidates on N processes, this one among them "
+                             "(the same answer on any number; default 1)")
     search.add_argument("--refine", choices=["cpsat", "solve"],
                         help="refine the BFS plan: cpsat to the CP-SAT optimum, solve with the IOPDDL solver (large graphs)")
     search.add_argument("--time-limit", type=positive(float), help="seconds the whole refinement may take (default 60)")

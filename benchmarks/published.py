@@ -103,7 +103,7 @@ bound; 250 priced in 1,183 s before the step-time bound), before the dropout. Wi
 (175B), 159 (530B) and 196 (1T) such candidates, hours each (``--no-search`` leaves
 the searches out).
 
-Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit] [--terms]   (22B, 175B,
+Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit] [--terms] [--processes N]   (22B, 175B,
 530B and 1T took 9.5, 30.9, 97.6 and 64.5 s for their three plans at a load of 3-4 on 2 cores, the
 fit 74.6 s more; 286 s and 0.59 GB in all with --terms, without the searches)
 """
@@ -204,18 +204,19 @@ def paper_accounting(row: Row) -> str:
             f"SP + selective {selective / GIB:.2f} (published {row.published['selective_activations']:g})")
 
 
-def searched(row: Row, folder: Path):
+def searched(row: Row, folder: Path, processes: int = 1):
     """The plan-space search (`autostrat search`, `report.plan_space`) of `row`'s model, devices
-    and global batch under the profile's 80 GiB, and its wall seconds; or why it found none."""
+    and global batch under the profile's 80 GiB, its candidates priced on `processes` processes,
+    and its wall seconds; or why it found none."""
     path = folder / f"{row.name}_search.yaml"
     path.write_text("\n".join(["hardware: a100-80gb", f"precision: {PRECISION}",
                                f"model: {{hf_config: {ROOT / 'configs' / 'models' / row.model}, params: {{seq: 2048}}}}",
                                f"global_batch: {row.global_batch}", f"device_num: {row.gpus}", ""]))
     started = time.perf_counter()
     try:
-        found = search_plan_space(path, progress=lambda done, total: print(
-            f"{row.name}: {done} of {total} candidates, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-            if done % 25 == 0 or done == total else None)
+        found = search_plan_space(path, processes=processes, progress=lambda done, total: print(
+            f"{row.name}: {done} of {total} candidates priced, {time.perf_counter() - started:.0f} s", file=sys.stderr,
+            flush=True) if done % 25 == 0 or done == total else None)
     except AutostratError as error:
         found = str(error).split(": ", 1)[1]
     return found, time.perf_counter() - started
@@ -348,6 +349,7 @@ def main() -> None:
     parser.add_argument("--no-search", action="store_true", help="leave out the plan-space search of every row")
     parser.add_argument("--no-fit", action="store_true", help="leave out the efficiency fit")
     parser.add_argument("--terms", action="store_true", help="the activations of a layer term by term (one-stage rows)")
+    parser.add_argument("--processes", type=int, default=2, help="processes pricing each search's candidates (this one among them)")
     args = parser.parse_args()
     rows = [row for row in ROWS if row.name in args.rows]
     started, predicted, plans, searches = time.perf_counter(), {}, {}, {}
@@ -363,7 +365,7 @@ def main() -> None:
         print("\nThe plan-space search's candidates and its bounds (`report.plan_space`, `report.plan_bound`):")
         print(bound_counts(rows, plans), flush=True)
         for row in rows if not args.no_search else ():
-            searches[row.name] = searched(row, folder)
+            searches[row.name] = searched(row, folder, args.processes)
             print(f"{row.name}: searched in {searches[row.name][1]:.1f} s", file=sys.stderr, flush=True)
         if searches:
             print("\nThe published plan against autostrat search's (the fastest predicted plan that fits 80 GiB, "

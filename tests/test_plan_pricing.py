@@ -58,7 +58,7 @@ def test_a_worker_that_fails_sends_its_traceback_and_claims_nothing_more():
     claims, sent = _Claims(multiprocessing.get_context("spawn"), 3), []
     _work(claims, type("Sent", (), {"put": staticmethod(sent.append)}), data, text, SMALL, [given, broken, given], os.getppid())
     assert [index for index, _, _ in sent] == [0, 1] and sent[0][2] == "" and "TypeError" in sent[1][2]
-    assert claims.last() == 2 and claims.last() is None  # the third is left to the parent
+    assert claims.claim(from_back=True) == 2 and claims.claim() is None  # the third is left to the parent
 
 
 def test_a_failing_plan_stops_the_pricing_wherever_it_runs():
@@ -88,3 +88,20 @@ def test_the_expert_plan_search_answers_the_same_on_three_processes():
     alone, shared = search_expert_plans(path, limit=3), search_expert_plans(path, limit=3, processes=3)
     assert [(given, found.to_json()) for given, found in shared.priced] == [(given, found.to_json()) for given, found in alone.priced]
     assert shared.best.to_json() == alone.best.to_json() and len(alone.priced) == 4
+
+
+def test_bounded_pricing_stops_past_the_fastest_and_more_processes_price_no_fewer():
+    """Bounds of 0 ns, then one above the first plan's step: one process prices the first
+    two (a tie on the bound with a larger key is past the best only on the key) and stops;
+    two processes price those too, the fastest known later."""
+    data, text, given = _small()
+    plans = [given, replace(given, recompute="none"), replace(given, zero=0), replace(given, micro_batch=2)]
+    step = sum(price_plans(data, text, SMALL, plans[:1])[0].phases_ns.values())
+    bounds = [(0, 0), (0, 1), (step + 1, 2), (step + 2, 3)]
+    alone = price_plans(data, text, SMALL, plans, bounds=bounds)
+    assert [one is not None for one in alone] == [True, True, False, False]
+    for processes in (2, 3):
+        shared = price_plans(data, text, SMALL, plans, processes=processes, bounds=bounds)
+        assert all(one is not None for one, mine in zip(shared, alone) if mine is not None)
+        assert _figures([one for one in shared[:2]]) == _figures(alone[:2])
+    assert price_plans(data, text, SMALL, plans, bounds=bounds, start=(0, -1)) == [None] * 4  # a start no plan beats

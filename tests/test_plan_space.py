@@ -126,9 +126,13 @@ def test_the_command_prints_the_chosen_plan_and_writes_the_estimates_fields(tmp_
     again = tmp_path / "again.json"
     assert main(["search", str(SMALL), "--device-num", "1", "--max-device-memory", "3MB", "--json", str(again)]) == 0
     assert again.read_bytes() == out.read_bytes() and capsys.readouterr().out == text.replace("search.json", "again.json")
+    shared = tmp_path / "shared.json"
+    assert main(["search", str(SMALL), "--device-num", "1", "--max-device-memory", "3MB", "--json", str(shared),
+                 "--processes", "2"]) == 0
+    assert shared.read_bytes() == out.read_bytes() and capsys.readouterr().out == text.replace("search.json", "shared.json")
     assert main(["search", str(SMALL), "--refine", "cpsat"]) == 2
     error = capsys.readouterr().err
-    assert "--refine: " in error and "takes --device-num, --max-device-memory and --json only" in error
+    assert "--refine: " in error and "takes --device-num, --max-device-memory, --json and --processes only" in error
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -147,6 +151,8 @@ def test_a_plan_space_config_is_checked_before_any_plan_is_priced(tmp_path, caps
 def test_json_is_refused_for_a_config_without_global_batch(capsys):
     assert main(["search", str(ROOT / "configs" / "ffn.yaml"), "--json", "x.json"]) == 2
     assert "--json x.json: the figures of a plan-space search" in capsys.readouterr().err
+    assert main(["search", str(ROOT / "configs" / "ffn.yaml"), "--processes", "2"]) == 2
+    assert "--processes 2: the processes of a plan-space search" in capsys.readouterr().err
 
 
 # Three blocks (pp 2 is uneven: 1 and 2 blocks) wide enough that the products weigh: the
@@ -204,6 +210,16 @@ def test_branch_and_bound_chooses_what_pricing_every_candidate_chooses(bounded):
     assert all(steps[index] >= steps[fastest] and found.priced[index].time_bound >= steps[fastest] for index in pruned)
     for one, step in zip(found.priced, steps):
         assert one.estimate is None or one.step_ns == step
+
+
+def test_branch_and_bound_on_three_processes_answers_what_one_does(bounded, tmp_path):
+    """Candidates priced on 3 processes (`report.plan_pricing`): the same JSON, pruned
+    candidates and their reasons included, as the search on one."""
+    found, _ = bounded
+    path = tmp_path / "space.yaml"
+    path.write_text(MID + "device_num: 2\n")
+    shared = search_plan_space(path, processes=3)
+    assert shared.to_json() == found.to_json() and found.counts()["pruned_by_time"] > 0
 
 
 def test_a_schedule_that_splits_the_backward_keeps_the_bound_below_the_estimate(tmp_path):

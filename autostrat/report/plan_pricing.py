@@ -24,10 +24,20 @@ from autostrat.errors import AutostratError
 from autostrat.report.estimate import Estimate, GivenPlan, estimate_given
 
 
-def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: int = 1, progress=None) -> list:
+def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: int = 1, progress=None,
+                bounds: list[tuple[int, int]] | None = None, budget: int | None = None, start: tuple | None = None) -> list:
     """Per plan of `plans` (a config's YAML `data`, its `text`, read from `path`), in order, its
     detached `Estimate`, or the reason the estimate refused it (a string); `progress(given,
     estimate or None)` is called here as each is priced, in the order they end.
+
+    With `bounds` (per plan, in increasing order, a lower bound on its step in nanoseconds and
+    its tie-break key), branch and bound: a plan is claimed only while its pair does not exceed
+    the (step, key) of the fastest priced plan whose peak fits `budget` (or `start`, one priced
+    before, while none is faster); the rest are None. On
+    several processes the fastest is known later, so more may be priced than by one, never fewer
+    (a plan one process prices, every count does: the fastest known then is at least one
+    process's): a caller wanting one answer for every count prunes again from what it gets
+    (`report.plan_space`).
 
     Example (two plans of the small GPT, on two processes: the figures of one):
         >>> from autostrat.frontend.yaml_text import parse_config_text
@@ -41,27 +51,32 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
         (True, None)
     """
     workers = min(processes, len(plans)) - 1
+    found = [None] * len(plans)
     if workers < 1:
-        found = []
-        for given in plans:
-            found.append(_priced(data, text, path, given))
-            _told(progress, given, found[-1])
+        best = start
+        for index, given in enumerate(plans):
+            if bounds is not None and best is not None and bounds[index] > best:
+                break
+            found[index] = _priced(data, text, path, given)
+            best = _faster(best, found[index], bounds[index][1] if bounds else index, budget)
+            _told(progress, given, found[index])
         return found
     import multiprocessing  # here: a search pricing alone never loads it
 
     context = multiprocessing.get_context("spawn")
-    claims = _Claims(context, len(plans))
+    claims = _Claims(context, len(plans), bounds, budget, start)
     results = context.Queue()
     children = [context.Process(target=_work, args=(claims, results, data, text, path, plans, os.getpid()), daemon=True)
                 for _ in range(workers)]
-    found, missing = [None] * len(plans), set(range(len(plans)))
+    here = set()
     try:
         for child in children:
             child.start()
-        while (index := claims.last()) is not None:
-            found[index] = _priced(data, text, path, plans[index])
-            missing.discard(index)
+        while (index := claims.claim(from_back=bounds is None)) is not None:
+            found[index] = claims.priced(index, _priced(data, text, path, plans[index]))
+            here.add(index)
             _told(progress, plans[index], found[index])
+        missing = set(range(claims.claimed())) - here
         while missing:
             index, one, failure = _result(results, children, plans, missing)
             if failure:
@@ -77,26 +92,54 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
     return found
 
 
+def _faster(best: tuple | None, found, key: int, budget: int | None) -> tuple | None:
+    """`best` ((step ns, key) of the fastest fitting plan so far), or `found`'s if it fits and is faster."""
+    if not isinstance(found, Estimate):
+        return best
+    mine = (sum(found.phases_ns.values()), key)
+    fits = budget is None or max(stage.peak_bytes for stage in found.memory) <= budget
+    return mine if fits and (best is None or mine < best) else best
+
+
 class _Claims:
-    """The next plan from the front and from the back, claimed under one lock."""
+    """The next plan from the front (the back: none with bounds), and the fastest fitting plan
+    priced so far, under one lock shared by every process."""
 
-    def __init__(self, context, count: int):
-        self.lock = context.Lock()
-        self.front, self.back = context.RawValue("i", 0), context.RawValue("i", count - 1)
+    def __init__(self, context, count: int, bounds: list | None = None, budget: int | None = None,
+                 start: tuple | None = None):
+        self.lock, self.bounds, self.budget = context.Lock(), bounds, budget
+        self.front, self.back = context.RawValue("q", 0), context.RawValue("q", count - 1)
+        self.stopped = context.RawValue("b", 0)  # a bound passed the fastest: no plan left can be chosen
+        self.best = context.RawArray("q", [0, 0, 0] if start is None else [1, *start])  # known (0 or 1), step ns, key
 
-    def first(self) -> int | None:
+    def claim(self, from_back: bool = False) -> int | None:
         with self.lock:
-            if self.front.value > self.back.value:
+            if self.stopped.value or self.front.value > self.back.value:
+                return None
+            if from_back:
+                self.back.value -= 1
+                return self.back.value + 1
+            index = self.front.value
+            if self.bounds is not None and self.best[0] and tuple(self.bounds[index]) > (self.best[1], self.best[2]):
+                self.stopped.value = 1
                 return None
             self.front.value += 1
-            return self.front.value - 1
+            return index
 
-    def last(self) -> int | None:
+    def claimed(self) -> int:
+        """How many plans were claimed from the front (once no more can be)."""
         with self.lock:
-            if self.front.value > self.back.value:
-                return None
-            self.back.value -= 1
-            return self.back.value + 1
+            return self.front.value
+
+    def priced(self, index: int, found):
+        """`found`, the estimate of plan `index`, made the fastest known when it is (then returned)."""
+        with self.lock:
+            known = (self.best[1], self.best[2]) if self.best[0] else None
+            key = self.bounds[index][1] if self.bounds is not None else index
+            faster = _faster(known, found, key, self.budget)
+            if faster != known:
+                self.best[0], self.best[1], self.best[2] = 1, *faster
+        return found
 
 
 def _result(results, children: list, plans: list, missing: set) -> tuple:
@@ -114,9 +157,9 @@ def _result(results, children: list, plans: list, missing: set) -> tuple:
 
 def _work(claims: _Claims, results, data: dict, text: str, path, plans: list, parent: int) -> None:
     """A worker: price the plans it claims from the front while its parent lives."""
-    while os.getppid() == parent and (index := claims.first()) is not None:
+    while os.getppid() == parent and (index := claims.claim()) is not None:
         try:
-            results.put((index, _priced(data, text, path, plans[index]), ""))
+            results.put((index, claims.priced(index, _priced(data, text, path, plans[index])), ""))
         except BaseException:  # a bug: the parent raises it with this traceback, stopping the search
             results.put((index, None, traceback.format_exc()))
             return

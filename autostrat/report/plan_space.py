@@ -56,7 +56,8 @@ from autostrat.frontend.run import fit_into, memory_budget, plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 from autostrat.redistribution import collector_paused
-from autostrat.report.estimate import Estimate, GivenPlan, estimate_given, estimate_of, search_keys
+from autostrat.report.estimate import Estimate, GivenPlan, estimate_of, search_keys
+from autostrat.report.plan_pricing import price_plans
 from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.search.schedules import SPLIT_BACKWARD
@@ -224,11 +225,13 @@ class PlanSearch:
 
 
 @collector_paused()  # one collection after the search, not one per estimate (`report.estimate.estimate_given`)
-def search_plan_space(path, device_num: int | None = None, max_device_memory=None, progress=None) -> PlanSearch:
+def search_plan_space(path, device_num: int | None = None, max_device_memory=None, progress=None,
+                      processes: int = 1) -> PlanSearch:
     """The plan-space search of the config at `path` (the module docstring), on `device_num`
     devices (default: the config's) under `max_device_memory` bytes (default: the config's,
-    else the hardware profile's memory); `progress(done, total)` is called after each candidate
-    is priced or pruned.
+    else the hardware profile's memory), its candidates priced on `processes` processes (the
+    same answer on any number: `report.plan_pricing`); `progress(done, total)` is called after
+    each candidate is priced, and once all are priced or pruned.
 
     Example (a 2-layer GPT on 1 device: the fastest fitting plan is no slower than any priced):
         >>> found = search_plan_space("configs/estimate/gpt_small_search.yaml", device_num=1)
@@ -251,21 +254,34 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     split = op_level.context.pipeline_schedule_chunks()[0] in SPLIT_BACKWARD  # the config's schedule, where vp is 1
     bounds = [step_time_bound(shape, given, hardware, precision, split and given.vp == 1) for given in candidates]
     bounds.append(op_level_bound(shape, device_num, global_batch, hardware, precision))
+    order = sorted(range(len(bounds)), key=lambda index: (bounds[index], index))
+    op_index, residents = len(candidates), [resident_bound(given, matrices, precision) for given in candidates]
+    first = _op_level(op_level, budget, device_num, global_batch) if order[0] == op_index else None
+    start = None if first is None or first.estimate is None or first.peak_bytes > budget else (first.step_ns, op_index)
+    wanted = [index for index in order if index != op_index and residents[index] <= budget]
+    counted = [0]
+
+    def heard(given, found) -> None:
+        counted[0] += 1
+        if progress is not None:
+            progress(counted[0], len(bounds))
+
+    found = price_plans(data, text, path, [candidates[index] for index in wanted], processes, heard,
+                        [(bounds[index], index) for index in wanted], budget, start)
+    results = dict(zip(wanted, found))
     priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
-    for done, index in enumerate(sorted(range(len(bounds)), key=lambda index: (bounds[index], index)), 1):
+    for index in order:  # branch and bound again over what was priced: the answer of one process, whatever the count
         if best is not None and (bounds[index], index) > best:  # it, and every one after it, cannot be chosen
             priced[index] = _pruned(candidates, index, bounds[index], best, matrices, precision)
-        elif index == len(candidates):
-            priced[index] = replace(_op_level(op_level, budget, device_num, global_batch), time_bound=bounds[index])
+        elif index == op_index:
+            priced[index] = replace(first or _op_level(op_level, budget, device_num, global_batch), time_bound=bounds[index])
         else:
-            given = candidates[index]
-            priced[index] = replace(_price(data, text, path, given, resident_bound(given, matrices, precision), budget),
-                                    time_bound=bounds[index])
+            priced[index] = _candidate(candidates[index], residents[index], results, index, bounds[index])
         one = priced[index]
         if one.estimate is not None and one.peak_bytes <= budget and (best is None or (one.step_ns, index) < best):
             best = (one.step_ns, index)
-        if progress is not None:
-            progress(done, len(bounds))
+    if progress is not None:
+        progress(len(bounds), len(bounds))
     return PlanSearch(device_num, budget, source, tuple(priced), _best(priced, budget, path), time.perf_counter() - started)
 
 
@@ -298,14 +314,18 @@ def _search_values(data: dict, path, device_num: int | None, max_device_memory) 
     return data, device_num, budget, global_batch
 
 
-def _price(data: dict, text: str, path, given: GivenPlan, bound: int, budget: int) -> Priced:
-    """`given` estimated, pruned by its resident `bound`, or refused with the estimate's reason."""
-    if bound > budget:
-        return Priced(given, bound=bound, reason=f"pruned: parameters and optimiser state need at least {bound:,} bytes")
-    try:
-        return Priced(given, estimate_given(data, text, path, given), bound)
-    except AutostratError as error:
-        return Priced(given, bound=bound, reason=f"refused: {error}")
+def _candidate(given: GivenPlan, resident: int, results: dict, index: int, time_bound: int) -> Priced:
+    """Candidate `index`, pruned by its `resident` bound, or as `price_plans` priced it
+    (`results`: its detached estimate, or the estimate's reason to refuse it)."""
+    if index not in results:
+        return Priced(given, bound=resident, time_bound=time_bound,
+                      reason=f"pruned: parameters and optimiser state need at least {resident:,} bytes")
+    found = results[index]
+    if found is None:  # `price_plans` prices every candidate one process would
+        raise AssertionError(f"candidate {index} was not priced, though branch and bound needs it")
+    if isinstance(found, str):
+        return Priced(given, bound=resident, time_bound=time_bound, reason=f"refused: {found}")
+    return Priced(given, found, resident, time_bound=time_bound)
 
 
 def _op_level(config, budget: int, device_num: int, global_batch: int) -> Priced:
