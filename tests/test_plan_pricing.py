@@ -104,4 +104,4 @@ def test_bounded_pricing_stops_past_the_fastest_and_more_processes_price_no_fewe
         shared = price_plans(data, text, SMALL, plans, processes=processes, bounds=bounds)
         assert all(one is not None for one, mine in zip(shared, alone) if mine is not None)
         assert _figures([one for one in shared[:2]]) == _figures(alone[:2])
-    assert price_plans(data, text, SMALL, plans, bounds=bounds, start=(0, -1)) == [None] * 4  # a start no plan beats
+    assert price_plans(data, text, SMALL, plans, bounds=bounds, before=lambda: (0, -1)) == [None] * 4  # a start no plan beats

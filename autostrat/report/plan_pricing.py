@@ -25,15 +25,16 @@ from autostrat.report.estimate import Estimate, GivenPlan, estimate_given
 
 
 def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: int = 1, progress=None,
-                bounds: list[tuple[int, int]] | None = None, budget: int | None = None, start: tuple | None = None) -> list:
+                bounds: list[tuple[int, int]] | None = None, budget: int | None = None, before=None) -> list:
     """Per plan of `plans` (a config's YAML `data`, its `text`, read from `path`), in order, its
     detached `Estimate`, or the reason the estimate refused it (a string); `progress(given,
     estimate or None)` is called here as each is priced, in the order they end.
 
     With `bounds` (per plan, in increasing order, a lower bound on its step in nanoseconds and
     its tie-break key), branch and bound: a plan is claimed only while its pair does not exceed
-    the (step, key) of the fastest priced plan whose peak fits `budget` (or `start`, one priced
-    before, while none is faster); the rest are None. On
+    the (step, key) of the fastest priced plan whose peak fits `budget` (or the one `before`
+    returns, while none is faster: a job this process runs first, the workers already pricing,
+    giving the (step, key) of a plan it priced that fits, or None); the rest are None. On
     several processes the fastest is known later, so more may be priced than by one, never fewer
     (a plan one process prices, every count does: the fastest known then is at least one
     process's): a caller wanting one answer for every count prunes again from what it gets
@@ -53,7 +54,7 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
     workers = min(processes, len(plans)) - 1
     found = [None] * len(plans)
     if workers < 1:
-        best = start
+        best = None if before is None else before()
         for index, given in enumerate(plans):
             if bounds is not None and best is not None and bounds[index] > best:
                 break
@@ -64,7 +65,7 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
     import multiprocessing  # here: a search pricing alone never loads it
 
     context = multiprocessing.get_context("spawn")
-    claims = _Claims(context, len(plans), bounds, budget, start)
+    claims = _Claims(context, len(plans), bounds, budget)
     results = context.Queue()
     children = [context.Process(target=_work, args=(claims, results, data, text, path, plans, os.getpid()), daemon=True)
                 for _ in range(workers)]
@@ -72,6 +73,8 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
     try:
         for child in children:
             child.start()
+        if before is not None:
+            claims.offer(before())
         while (index := claims.claim(from_back=bounds is None)) is not None:
             found[index] = claims.priced(index, _priced(data, text, path, plans[index]))
             here.add(index)
@@ -105,12 +108,11 @@ class _Claims:
     """The next plan from the front (the back: none with bounds), and the fastest fitting plan
     priced so far, under one lock shared by every process."""
 
-    def __init__(self, context, count: int, bounds: list | None = None, budget: int | None = None,
-                 start: tuple | None = None):
+    def __init__(self, context, count: int, bounds: list | None = None, budget: int | None = None):
         self.lock, self.bounds, self.budget = context.Lock(), bounds, budget
         self.front, self.back = context.RawValue("q", 0), context.RawValue("q", count - 1)
         self.stopped = context.RawValue("b", 0)  # a bound passed the fastest: no plan left can be chosen
-        self.best = context.RawArray("q", [0, 0, 0] if start is None else [1, *start])  # known (0 or 1), step ns, key
+        self.best = context.RawArray("q", 3)  # known (0 or 1), step ns, key
 
     def claim(self, from_back: bool = False) -> int | None:
         with self.lock:
@@ -136,10 +138,18 @@ class _Claims:
         with self.lock:
             known = (self.best[1], self.best[2]) if self.best[0] else None
             key = self.bounds[index][1] if self.bounds is not None else index
-            faster = _faster(known, found, key, self.budget)
-            if faster != known:
-                self.best[0], self.best[1], self.best[2] = 1, *faster
+            self._know(known, _faster(known, found, key, self.budget))
         return found
+
+    def offer(self, pair: tuple | None) -> None:
+        """A fitting plan's (step ns, key) priced elsewhere, made the fastest known when it is."""
+        with self.lock:
+            known = (self.best[1], self.best[2]) if self.best[0] else None
+            self._know(known, known if pair is None or (known is not None and known <= pair) else pair)
+
+    def _know(self, known: tuple | None, faster: tuple | None) -> None:
+        if faster != known:
+            self.best[0], self.best[1], self.best[2] = 1, *faster
 
 
 def _result(results, children: list, plans: list, missing: set) -> tuple:

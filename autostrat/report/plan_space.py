@@ -256,8 +256,13 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     bounds.append(op_level_bound(shape, device_num, global_batch, hardware, precision))
     order = sorted(range(len(bounds)), key=lambda index: (bounds[index], index))
     op_index, residents = len(candidates), [resident_bound(given, matrices, precision) for given in candidates]
-    first = _op_level(op_level, budget, device_num, global_batch) if order[0] == op_index else None
-    start = None if first is None or first.estimate is None or first.peak_bytes > budget else (first.step_ns, op_index)
+    first = []  # the op-level search's plan, when it comes first: priced here while the workers start on the rest
+
+    def op_level_first() -> tuple | None:
+        first.append(_op_level(op_level, budget, device_num, global_batch))
+        fits = first[0].estimate is not None and first[0].peak_bytes <= budget
+        return (first[0].step_ns, op_index) if fits else None
+
     wanted = [index for index in order if index != op_index and residents[index] <= budget]
     counted = [0]
 
@@ -267,14 +272,15 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
             progress(counted[0], len(bounds))
 
     found = price_plans(data, text, path, [candidates[index] for index in wanted], processes, heard,
-                        [(bounds[index], index) for index in wanted], budget, start)
+                        [(bounds[index], index) for index in wanted], budget, op_level_first if order[0] == op_index else None)
     results = dict(zip(wanted, found))
     priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
     for index in order:  # branch and bound again over what was priced: the answer of one process, whatever the count
         if best is not None and (bounds[index], index) > best:  # it, and every one after it, cannot be chosen
             priced[index] = _pruned(candidates, index, bounds[index], best, matrices, precision)
         elif index == op_index:
-            priced[index] = replace(first or _op_level(op_level, budget, device_num, global_batch), time_bound=bounds[index])
+            priced[index] = replace(first[0] if first else _op_level(op_level, budget, device_num, global_batch),
+                                    time_bound=bounds[index])
         else:
             priced[index] = _candidate(candidates[index], residents[index], results, index, bounds[index])
         one = priced[index]
