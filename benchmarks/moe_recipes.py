@@ -11,17 +11,24 @@
   plan, their predicted step time, tokens/s/GPU, peak memory per device, whether it fits, and
   the search's wall and CPU seconds against the 30 s target, with the search's counts.
 
-Run: .venv/bin/python benchmarks/moe_recipes.py [--models deepseek-v3 gpt-oss-120b] [--limit N]
+Run: .venv/bin/python benchmarks/moe_recipes.py [--models deepseek-v3 gpt-oss-120b] [--limit N] [--processes N]
 
-Measured 2026-12-03 (2 shared cores, load 1.4; both models in one run, 67.6 s, 1.09 GB):
-DeepSeek-V3's search now ends, in 46.1 s wall for its 5 estimates, and returns the recipe (the
-fastest fitting plan priced; 3 of 5 fit): the 30 s target is missed by 1.5x. Per candidate
-(the "priced ... in" lines): the recipe 7.9 s, recompute none 4.8 s, pp 1 13.6 s, tp 8 7.8 s,
-tp 4 12.0 s. Before cb19ee1 the third (tp 2 pp 1 dp 512, 1 024 devices in one stage) never
-finished: propagation priced partial expert sums towards partial candidate layouts, 5-31 s
-each, for want of a bound on them; the recipe's estimate took 30.2 s. GPT-OSS-120B: 16.6 s
-after DeepSeek-V3 in that run (memos warm), 22.9 s alone (25.2-30.2 s on c8bc099,
-`farm-bench -n 3` paired), the same plan (0.748 of the recipe's step).
+Measured 2026-12-04 (2 shared cores, load about 1), ``--models deepseek-v3``, `farm-bench -n 3`
+paired: on 2 processes (the default: this one and one spawned, `report.plan_pricing`) the search
+took 17.9 / 20.4 / 21.0 s (its printed wall; the whole command 20.6-23.9 s, median 23.3 s), on
+1 process 31.4 / 32.4 / 38.0 s (the command's median 37.6 s): within the 30 s target on 2
+processes, not on 1. The same 5 candidates, figures and answer on both: the recipe
+(searched/recipe 1.000; 3 of 5 fit). Two changes took the 1-process search from 46 s to about
+32 s: the collector paused while an estimate runs (`report.estimate.estimate_given`: its
+passes over the memos had been 29 % of the search) and propagation's choices remembered across
+repeated layers (`search.propagate.best_candidate`). Both models in one run on 2 processes:
+DeepSeek-V3 23.5 s, GPT-OSS-120B 6.9 s after it (memos warm; 0.748 of the recipe's step,
+recompute none), 33.4 s and 0.52 GB for the command.
+
+Before (2026-12-03, 7690f90, 1 process, load 1.4): DeepSeek-V3's search 46.1 s (the recipe
+7.9 s, recompute none 4.8 s, pp 1 13.6 s, tp 8 7.8 s, tp 4 12.0 s); before cb19ee1 it never
+finished (propagation priced partial expert sums towards partial candidate layouts, 5-31 s
+each, for want of a bound on them). GPT-OSS-120B alone 22.9 s.
 """
 
 from __future__ import annotations

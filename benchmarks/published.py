@@ -101,7 +101,14 @@ priced candidate is a full estimate (the published plans' take 2.6-4.8, 5.6-8.0,
 bound; 250 priced in 1,183 s before the step-time bound), before the dropout. With it, 22B has
 339 candidates, 164 with a bound below the published plan's step, and the larger rows 593
 (175B), 159 (530B) and 196 (1T) such candidates, hours each (``--no-search`` leaves
-the searches out).
+the searches out). Measured 2026-12-04 (load about 1), ``--rows 22B --no-fit``: 22B's search
+328.1 s at 7690f90, 276.0 s with the collector paused in each estimate (1 process), 138.3 s on
+``--processes 2`` (the default; the op-level search's plan, 65 s of refinement that ends over
+the budget, priced in this process while the worker prices the rest), the same answer each
+time: tp 4 pp 2 vp 12 sp, recompute none, 0.982 s (0.914 of the published plan's 1.074 s),
+69.9 GiB; 129 priced, 36 pruned by memory, 175 by the step-time bound. The 30 s target is
+missed by 4.6x: the bound (0.49-0.81 of each priced candidate's step, median 0.76) leaves 165
+candidates below the answer's step, and even a bound 25 % tighter would leave 47.
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit] [--terms] [--processes N]   (22B, 175B,
 530B and 1T took 9.5, 30.9, 97.6 and 64.5 s for their three plans at a load of 3-4 on 2 cores, the

@@ -1,12 +1,17 @@
 """The estimates of many plans of one config, priced by one process or several: a plan search's
-candidates (`report.expert_plans`) are independent estimates.
+candidates are independent estimates (`report.expert_plans` prices a list of them,
+`report.plan_space` prices them by branch and bound).
 
 With `processes` above 1, ``processes - 1`` spawned workers claim the plans from the first,
-and this process, whose memos are warm, claims them from the last, one at a time under one
-lock, until they meet: nobody waits while a plan is left (a pool that queues plans ahead left
-this process idle for 14 of DeepSeek-V3's 20 s search). Spawned, not forked, as
-`redistribution.parallel` spawns its workers. A worker whose parent is gone (killed) claims
-nothing more; on an error or an interrupt here the workers are terminated.
+and this process, whose memos are warm, claims them from the last (by branch and bound: from
+the first too, the fastest fitting plan found shared by all), one at a time under one lock,
+until they meet: nobody waits while a plan is left (a pool that queues plans ahead left this
+process idle for 14 of DeepSeek-V3's 20 s search). Spawned, not forked, as
+`redistribution.parallel` spawns its workers; as with any spawning Python program, a script
+calling this on several processes keeps its own work under ``if __name__ == "__main__":`` (a
+worker imports the main module; one that fails to start leaves its plans to this process). A
+worker whose parent is gone (killed) claims nothing more; on an error or an interrupt here the
+workers are terminated.
 
 Every estimate comes back `detached` (without its plan, which holds closures and does not
 pickle), wherever it was priced: the answer does not depend on the process count, and a search
@@ -89,6 +94,8 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
             _told(progress, plans[index], one)
     finally:
         for child in children:
+            if child.pid is None:
+                continue  # never started (the start failed)
             if child.is_alive():
                 child.terminate()  # done, or stopped by an error or an interrupt: nothing is left to price
             child.join()

@@ -35,7 +35,12 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
 - Pricing: each candidate by `report.estimate.estimate_given`, exactly as ``autostrat
   estimate`` prices the config with that ``plan:``; a candidate the estimate refuses (a ``tp``
   that does not divide the heads) keeps its reason. The op-level search's plan is priced by
-  the same `estimate_of`.
+  the same `estimate_of`. On several processes (`processes`, `report.plan_pricing`) the
+  candidates are priced in the same order, the fastest fitting step found shared; each knows
+  it later than one process would, so more may be priced, never fewer, and the branch and
+  bound is run again over what was priced: the answer, the counts and the JSON are one
+  process's. The op-level search's plan, when it comes first, is priced here while the
+  workers price the rest.
 - The answer: the candidate with the lowest predicted step time whose peak fits the budget, the
   first in candidate order on a tie: what pricing every candidate would choose; none fits: an
   `InfeasibleError` naming the budget and the smallest peak found, before anything is printed.
