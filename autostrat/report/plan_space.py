@@ -260,32 +260,19 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     bounds = [step_time_bound(shape, given, hardware, precision, split and given.vp == 1) for given in candidates]
     bounds.append(op_level_bound(shape, device_num, global_batch, hardware, precision))
     order = sorted(range(len(bounds)), key=lambda index: (bounds[index], index))
-    op_index, residents = len(candidates), [resident_bound(given, matrices, precision) for given in candidates]
-    first = []  # the op-level search's plan, when it comes first: priced here while the workers start on the rest
+    residents = [resident_bound(given, matrices, precision) for given in candidates]
 
-    def op_level_first() -> tuple | None:
-        first.append(_op_level(op_level, budget, device_num, global_batch))
-        fits = first[0].estimate is not None and first[0].peak_bytes <= budget
-        return (first[0].step_ns, op_index) if fits else None
+    def op_level_plan() -> Priced:
+        return _op_level(op_level, budget, device_num, global_batch)
 
-    wanted = [index for index in order if index != op_index and residents[index] <= budget]
-    counted = [0]
-
-    def heard(given, found) -> None:
-        counted[0] += 1
-        if progress is not None:
-            progress(counted[0], len(bounds))
-
-    found = price_plans(data, text, path, [candidates[index] for index in wanted], processes, heard,
-                        [(bounds[index], index) for index in wanted], budget, op_level_first if order[0] == op_index else None)
-    results = dict(zip(wanted, found))
+    results, first = _priced_candidates(data, text, path, candidates, bounds, order, residents, budget, processes,
+                                        progress, op_level_plan)
     priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
     for index in order:  # branch and bound again over what was priced: the answer of one process, whatever the count
         if best is not None and (bounds[index], index) > best:  # it, and every one after it, cannot be chosen
             priced[index] = _pruned(candidates, index, bounds[index], best, matrices, precision)
-        elif index == op_index:
-            priced[index] = replace(first[0] if first else _op_level(op_level, budget, device_num, global_batch),
-                                    time_bound=bounds[index])
+        elif index == len(candidates):
+            priced[index] = replace(first[0] if first else op_level_plan(), time_bound=bounds[index])
         else:
             priced[index] = _candidate(candidates[index], residents[index], results, index, bounds[index])
         one = priced[index]
@@ -323,6 +310,31 @@ def _search_values(data: dict, path, device_num: int | None, max_device_memory) 
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise ConfigError(f"{path}: global_batch: expected a positive integer, got {global_batch!r}")
     return data, device_num, budget, global_batch
+
+
+def _priced_candidates(data: dict, text: str, path, candidates: list, bounds: list, order: list, residents: list,
+                       budget: int, processes: int, progress, op_level_plan) -> tuple[dict, list]:
+    """The candidates within the budget by their resident bound, priced by branch and bound in
+    `order` on `processes` processes (`price_plans`): {candidate index: estimate, reason, or None
+    where unpriced}; and the op-level search's plan in a list when it comes first, priced here
+    (`op_level_plan`) while the workers price the rest (else an empty list)."""
+    op_index, first = len(candidates), []
+
+    def op_level_first() -> tuple | None:
+        first.append(op_level_plan())
+        fits = first[0].estimate is not None and first[0].peak_bytes <= budget
+        return (first[0].step_ns, op_index) if fits else None
+
+    done = itertools.count(1)
+
+    def heard(given, found) -> None:
+        if progress is not None:
+            progress(next(done), len(bounds))
+
+    wanted = [index for index in order if index != op_index and residents[index] <= budget]
+    found = price_plans(data, text, path, [candidates[index] for index in wanted], processes, heard,
+                        [(bounds[index], index) for index in wanted], budget, op_level_first if order[0] == op_index else None)
+    return dict(zip(wanted, found)), first
 
 
 def _candidate(given: GivenPlan, resident: int, results: dict, index: int, time_bound: int) -> Priced:
