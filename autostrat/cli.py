@@ -133,14 +133,15 @@ def _plan_space_command(args) -> str:
     the config's plans decide are refused, naming the first."""
     from autostrat.report.plan_space import search_plan_space  # a report: off the search's import path
 
-    allowed = {"config", "device_num", "max_device_memory", "json", "processes", "command", "imports", "started"}
+    allowed = {"config", "device_num", "max_device_memory", "json", "processes", "time_limit", "command", "imports", "started"}
     given = [key for key, value in vars(args).items() if key not in allowed and value not in (None, False, [])]
     if given:
         raise ConfigError(f"--{given[0].replace('_', '-')}: {args.config} is a plan-space config (global_batch, no plan), "
-                          f"whose search takes --device-num, --max-device-memory, --json and --processes only")
+                          f"whose search takes --device-num, --max-device-memory, --json, --processes and --time-limit only")
     outputs = [command_line_output(args.json, "--json")] if args.json else []
     check_outputs(outputs, {"the config": args.config})
-    found = search_plan_space(args.config, args.device_num, args.max_device_memory, processes=args.processes or 1)
+    found = search_plan_space(args.config, args.device_num, args.max_device_memory, processes=args.processes or 1,
+                              time_limit=args.time_limit)
     return "\n".join(found.lines(args.config) + write_outputs({output: ("search", found.to_json()) for output in outputs}))
 
 

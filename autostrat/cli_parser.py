@@ -160,7 +160,9 @@ def parser() -> argparse.ArgumentParser:
                              "(the same answer on any number; default 1)")
     search.add_argument("--refine", choices=["cpsat", "solve"],
                         help="refine the BFS plan: cpsat to the CP-SAT optimum, solve with the IOPDDL solver (large graphs)")
-    search.add_argument("--time-limit", type=positive(float), help="seconds the whole refinement may take (default 60)")
+    search.add_argument("--time-limit", type=positive(float), help="seconds the whole refinement may take (default 60); "
+                                                                   "a plan-space config's search: seconds it may price "
+                                                                   "candidates (default: until its branch and bound ends)")
     search.add_argument("--max-device-memory", help="per-device memory budget: bytes or e.g. 16GB (implies --refine); "
                                                      "default: the hardware profile's device_memory, searched under only "
                                                      "when the unbounded plan peaks over it")

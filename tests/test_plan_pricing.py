@@ -105,3 +105,19 @@ def test_bounded_pricing_stops_past_the_fastest_and_more_processes_price_no_fewe
         assert all(one is not None for one, mine in zip(shared, alone) if mine is not None)
         assert _figures([one for one in shared[:2]]) == _figures(alone[:2])
     assert price_plans(data, text, SMALL, plans, bounds=bounds, before=lambda: (0, -1)) == [None] * 4  # a start no plan beats
+
+
+def test_with_a_deadline_workers_price_and_nothing_is_claimed_after_it(monkeypatch):
+    """A deadline passed prices nothing; a far one prices what no deadline does, by spawned
+    workers only (this process waits: an estimate here could not stop at the deadline)."""
+    import time
+
+    import autostrat.report.plan_pricing as pricing
+
+    data, text, given = _small()
+    plans = [given, replace(given, recompute="none")]
+    alone = price_plans(data, text, SMALL, plans)
+    monkeypatch.setattr(pricing, "_priced", lambda *args: pytest.fail("priced in the waiting process"))  # not in a worker
+    assert price_plans(data, text, SMALL, plans, deadline=time.time() - 1) == [None, None]
+    far = price_plans(data, text, SMALL, plans, deadline=time.time() + 600)
+    assert _figures(far) == _figures(alone)

@@ -132,7 +132,7 @@ def test_the_command_prints_the_chosen_plan_and_writes_the_estimates_fields(tmp_
     assert shared.read_bytes() == out.read_bytes() and capsys.readouterr().out == text.replace("search.json", "shared.json")
     assert main(["search", str(SMALL), "--refine", "cpsat"]) == 2
     error = capsys.readouterr().err
-    assert "--refine: " in error and "takes --device-num, --max-device-memory, --json and --processes only" in error
+    assert "--refine: " in error and "takes --device-num, --max-device-memory, --json, --processes and --time-limit only" in error
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -220,6 +220,39 @@ def test_branch_and_bound_on_three_processes_answers_what_one_does(bounded, tmp_
     path.write_text(MID + "device_num: 2\n")
     shared = search_plan_space(path, processes=3)
     assert shared.to_json() == found.to_json() and found.counts()["pruned_by_time"] > 0
+
+
+def test_a_time_limit_that_cuts_nothing_answers_what_no_limit_does(bounded, tmp_path):
+    found, _ = bounded
+    path = tmp_path / "space.yaml"
+    path.write_text(MID + "device_num: 2\n")
+    limited = search_plan_space(path, time_limit=600)
+    assert limited.best.name() == found.best.name() and limited.best.step_ns == found.best.step_ns
+    assert limited.counts() == found.counts() and limited.counts()["not_priced"] == 0 and limited.gap() == 0
+    assert json.loads(limited.to_json())["search"]["time_limit_s"] == 600
+
+
+def test_a_time_limit_before_any_candidate_is_priced_says_so(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(MID + "device_num: 2\n")
+    with pytest.raises(InfeasibleError, match=r"no plan of the \d+ candidates priced within the time limit "
+                                              r"\((\d+) of them not priced\) fits"):
+        search_plan_space(path, time_limit=1e-6)
+
+
+def test_candidates_left_unpriced_bound_how_much_faster_the_space_can_be():
+    """The chosen plan (2 ms) against candidates the time limit left unpriced: their least
+    bound, 1.6 ms, leaves it at most 25 % slower than the space's fastest; with bounds of 2 ms
+    and more, none can be faster."""
+    from autostrat.report.estimate import GivenPlan
+    from autostrat.report.plan_results import NOT_PRICED, PlanSearch, Priced
+
+    chosen = Priced(GivenPlan(1, 1, 1, "none", 0, 1, 1), estimate=type("E", (), {"phases_ns": {"step": 2_000_000}})())
+    for bounds, gap in (((1_600_000, 1_900_000), 0.25), ((2_000_000, 3_000_000), 0.0)):
+        left = tuple(Priced(None, reason=NOT_PRICED, time_bound=bound) for bound in bounds)
+        search = PlanSearch(1, 1, "x", (chosen, *left), chosen, 0.0, time_limit=1.0)
+        assert search.unpriced_bound() == bounds[0] and search.gap() == pytest.approx(gap)
+    assert PlanSearch(1, 1, "x", (chosen,), chosen, 0.0).gap() == 0
 
 
 def test_a_schedule_that_splits_the_backward_keeps_the_bound_below_the_estimate(tmp_path):

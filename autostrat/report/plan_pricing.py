@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 import traceback
 
 from autostrat.errors import AutostratError
@@ -30,7 +31,8 @@ from autostrat.report.estimate import Estimate, GivenPlan, estimate_given
 
 
 def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: int = 1, progress=None,
-                bounds: list[tuple[int, int]] | None = None, budget: int | None = None, before=None) -> list:
+                bounds: list[tuple[int, int]] | None = None, budget: int | None = None, before=None,
+                deadline: float | None = None) -> list:
     """Per plan of `plans` (a config's YAML `data`, its `text`, read from `path`), in order, its
     detached `Estimate`, or the reason the estimate refused it (a string); `progress(given,
     estimate or None)` is called here as each is priced, in the order they end.
@@ -45,6 +47,10 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
     process's): a caller wanting one answer for every count prunes again from what it gets
     (`report.plan_space`).
 
+    With a `deadline` (a `time.time()`), `processes` workers price and this process only waits
+    (an estimate under way here could not stop at the deadline): no plan is claimed after it,
+    what the workers are still pricing then is dropped, and those plans are None too.
+
     Example (two plans of the small GPT, on two processes: the figures of one):
         >>> from autostrat.frontend.yaml_text import parse_config_text
         >>> from autostrat.report.estimate import read_given_plan
@@ -56,12 +62,13 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
         >>> one.to_json() == two.to_json(), one.plan
         (True, None)
     """
-    workers = min(processes, len(plans)) - 1
+    here = deadline is None  # this process prices too (not with a deadline: see above)
+    workers = min(processes, len(plans)) - here
     found = [None] * len(plans)
     if workers < 1:
         best = None if before is None else before()
         for index, given in enumerate(plans):
-            if bounds is not None and best is not None and bounds[index] > best:
+            if (bounds is not None and best is not None and bounds[index] > best) or _past(deadline):
                 break
             found[index] = _priced(data, text, path, given)
             best = _faster(best, found[index], bounds[index][1] if bounds else index, budget)
@@ -70,27 +77,29 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
     import multiprocessing  # here: a search pricing alone never loads it
 
     context = multiprocessing.get_context("spawn")
-    claims = _Claims(context, len(plans), bounds, budget)
+    claims = _Claims(context, len(plans), bounds, budget, deadline)
     results = context.Queue()
     children = [context.Process(target=_work, args=(claims, results, data, text, path, plans, os.getpid()), daemon=True)
                 for _ in range(workers)]
-    here = set()
+    received = set()
     try:
         for child in children:
             child.start()
         if before is not None:
             claims.offer(before())
-        while (index := claims.claim(from_back=bounds is None)) is not None:
+        while here and (index := claims.claim(from_back=bounds is None)) is not None:
             found[index] = claims.priced(index, _priced(data, text, path, plans[index]))
-            here.add(index)
+            received.add(index)
             _told(progress, plans[index], found[index])
-        missing = set(range(claims.claimed())) - here
-        while missing:
-            index, one, failure = _result(results, children, plans, missing)
+        while not (claims.exhausted() and set(range(claims.claimed())) <= received):
+            got = _result(results, children, plans, set(range(claims.claimed())) - received, deadline)
+            if got is None:
+                break  # the deadline: what the workers are still pricing is dropped
+            index, one, failure = got
             if failure:
                 raise RuntimeError(f"pricing {plans[index]} in a worker failed:\n{failure}")
             found[index] = one
-            missing.discard(index)
+            received.add(index)
             _told(progress, plans[index], one)
     finally:
         for child in children:
@@ -100,6 +109,10 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
                 child.terminate()  # done, or stopped by an error or an interrupt: nothing is left to price
             child.join()
     return found
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.time() >= deadline
 
 
 def _faster(best: tuple | None, found, key: int, budget: int | None) -> tuple | None:
@@ -115,15 +128,16 @@ class _Claims:
     """The next plan from the front (the back: none with bounds), and the fastest fitting plan
     priced so far, under one lock shared by every process."""
 
-    def __init__(self, context, count: int, bounds: list | None = None, budget: int | None = None):
-        self.lock, self.bounds, self.budget = context.Lock(), bounds, budget
+    def __init__(self, context, count: int, bounds: list | None = None, budget: int | None = None,
+                 deadline: float | None = None):
+        self.lock, self.bounds, self.budget, self.deadline = context.Lock(), bounds, budget, deadline
         self.front, self.back = context.RawValue("q", 0), context.RawValue("q", count - 1)
         self.stopped = context.RawValue("b", 0)  # a bound passed the fastest: no plan left can be chosen
         self.best = context.RawArray("q", 3)  # known (0 or 1), step ns, key
 
     def claim(self, from_back: bool = False) -> int | None:
         with self.lock:
-            if self.stopped.value or self.front.value > self.back.value:
+            if self.stopped.value or self.front.value > self.back.value or _past(self.deadline):
                 return None
             if from_back:
                 self.back.value -= 1
@@ -134,6 +148,11 @@ class _Claims:
                 return None
             self.front.value += 1
             return index
+
+    def exhausted(self) -> bool:
+        """Whether no plan can be claimed any more."""
+        with self.lock:
+            return bool(self.stopped.value) or self.front.value > self.back.value or _past(self.deadline)
 
     def claimed(self) -> int:
         """How many plans were claimed from the front (once no more can be)."""
@@ -159,17 +178,20 @@ class _Claims:
             self.best[0], self.best[1], self.best[2] = 1, *faster
 
 
-def _result(results, children: list, plans: list, missing: set) -> tuple:
-    """The next (index, estimate, failure text) a worker sends; raises when every worker has
-    ended with plans still missing (one died: killed, or out of memory)."""
+def _result(results, children: list, plans: list, missing: set, deadline: float | None = None) -> tuple | None:
+    """The next (index, estimate, failure text) a worker sends, or None once past `deadline`;
+    raises when every worker has ended with plans still missing (one died: killed, or out of
+    memory)."""
     while True:
         try:
-            return results.get(timeout=1.0)
+            return results.get(timeout=1.0 if deadline is None else max(0.01, min(1.0, deadline - time.time())))
         except queue.Empty:
+            if _past(deadline):
+                return None
             if not any(child.is_alive() for child in children) and results.empty():
                 codes = ", ".join(str(child.exitcode) for child in children)
-                raise RuntimeError(f"the pricing workers ended (exit codes {codes}) without the estimates of "
-                                   f"{', '.join(str(plans[index]) for index in sorted(missing))}") from None
+                what = ", ".join(str(plans[index]) for index in sorted(missing)) or "the plans left"
+                raise RuntimeError(f"the pricing workers ended (exit codes {codes}) without the estimates of {what}") from None
 
 
 def _work(claims: _Claims, results, data: dict, text: str, path, plans: list, parent: int) -> None:

@@ -44,15 +44,23 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
 - The answer: the candidate with the lowest predicted step time whose peak fits the budget, the
   first in candidate order on a tie: what pricing every candidate would choose; none fits: an
   `InfeasibleError` naming the budget and the smallest peak found, before anything is printed.
+- A time limit (``time_limit``, ``autostrat search --time-limit``): no candidate is claimed
+  after it (the estimates under way then end; the workers' are dropped), and the op-level
+  search's plan comes last, its refinement within what is left. The answer is the fastest
+  fitting plan priced; the candidates left unpriced say so, and the least of their step-time
+  bounds says how much faster than the answer the space's fastest plan can be (`PlanSearch.gap`:
+  0 when none can be faster, which is then proven). The bound order finds fast plans early (22B
+  of the published runs: the fastest at the 18th of 129 candidates priced), and the rest of a
+  full search proves it. What is priced within a limit depends on the machine's speed, so the
+  answer may too.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from autostrat.errors import AutostratError, ConfigError, InfeasibleError, SolverError
 from autostrat.frontend.config import config_from_data
@@ -61,13 +69,13 @@ from autostrat.frontend.run import fit_into, memory_budget, plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.reading import read_text
 from autostrat.redistribution import collector_paused
-from autostrat.report.estimate import Estimate, GivenPlan, estimate_of, search_keys
+from autostrat.report.estimate import GivenPlan, estimate_of, search_keys
 from autostrat.report.plan_pricing import price_plans
+from autostrat.report.plan_results import NOT_PRICED, TIME_PRUNED, PlanSearch, Priced, best_of
 from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.search.schedules import SPLIT_BACKWARD
 from autostrat.strategies import divisors
-from autostrat.tables import format_table
 
 # Bytes per parameter that live for the whole step, from Megatron-LM's distributed optimizer
 # table ("Distributed Optimizer" in its docs: fp16 4 + 16/d, bf16 6 + 12/d, fp32 8 + 8/d) without
@@ -77,8 +85,6 @@ from autostrat.tables import format_table
 # replicas of the optimiser shard) for the parameter, its fp32 main copy and Adam's two moments.
 RESIDENT_BYTES = {"fp16": (2, 12), "bf16": (2, 12), "fp32": (4, 8)}
 ACCUMULATED_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}  # a gradient sum's bytes at least (16-bit or wider)
-OP_LEVEL = "op-level search"
-TIME_PRUNED = "pruned: the step takes at least"
 
 
 def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[GivenPlan]:
@@ -132,111 +138,15 @@ def resident_bound(given: GivenPlan, matrix_parameters: int, precision: str) -> 
     return math.ceil(matrix_parameters * (whole + sharded / shard) / (given.tp * given.pp))
 
 
-@dataclass(frozen=True)
-class Priced:
-    """One candidate: its plan (None: the op-level search's), its resident `bound` (bytes) and
-    step-time bound (`time_bound`, nanoseconds), and its estimate, or the reason it has none
-    (pruned by a bound, or refused by the estimate)."""
-
-    given: GivenPlan | None
-    estimate: Estimate | None = None
-    bound: int = 0
-    reason: str = ""
-    time_bound: int = 0
-
-    @property
-    def step_ns(self) -> int | None:
-        """The estimate's step in whole nanoseconds (the sum `Estimate.step_time_s` divides)."""
-        return None if self.estimate is None else sum(self.estimate.phases_ns.values())
-
-    @property
-    def peak_bytes(self) -> int | None:
-        return None if self.estimate is None else max(stage.peak_bytes for stage in self.estimate.memory)
-
-    def name(self) -> str:
-        given = self.given
-        if given is None:
-            return OP_LEVEL
-        return (f"tp {given.tp} pp {given.pp} vp {given.vp} dp {given.dp}{' sp' if given.sequence_parallel else ''} "
-                f"recompute {given.recompute} zero {given.zero} mb {given.micro_batch}")
-
-    def to_dict(self, budget: int) -> dict:
-        peak = self.peak_bytes
-        status = self.reason or ("fits" if peak <= budget else "over the budget")
-        return {"plan": _vocabulary(self.given), "step_time_s": None if self.estimate is None else self.estimate.step_time_s,
-                "peak_bytes_per_device": peak, "resident_bound_bytes": self.bound,
-                "step_time_bound_s": self.time_bound / 1e9, "status": status}
-
-
-def _vocabulary(given: GivenPlan | None) -> dict | None:
-    """`given` in the ``plan:`` vocabulary (what a config's ``plan:`` section would say)."""
-    if given is None:
-        return None
-    return {"tp": given.tp, "pp": given.pp, "vp": given.vp, "dp": given.dp, "cp": given.cp, "ep": 1,
-            "sequence_parallel": given.sequence_parallel, "recompute": given.recompute, "zero": given.zero,
-            "micro_batch": given.micro_batch}
-
-
-@dataclass(frozen=True)
-class PlanSearch:
-    """A plan-space search's result: the budget and where it came from, every candidate in
-    order (`Priced`), the chosen one and the search's wall seconds (not printed: the text and the
-    JSON of one config are the same every time)."""
-
-    device_num: int
-    budget: int
-    budget_source: str
-    priced: tuple
-    best: Priced
-    seconds: float
-
-    def counts(self) -> dict:
-        """Candidates per outcome: priced (with an estimate), pruned (by either bound; by the
-        step-time bound alone in ``pruned_by_time``), refused, over the budget."""
-        estimated = [one for one in self.priced if one.estimate is not None]
-        return {"candidates": len(self.priced), "priced": len(estimated),
-                "pruned": sum(one.reason.startswith("pruned") for one in self.priced),
-                "pruned_by_time": sum(one.reason.startswith(TIME_PRUNED) for one in self.priced),
-                "refused": sum(one.estimate is None and not one.reason.startswith("pruned") for one in self.priced),
-                "over_budget": sum(one.peak_bytes > self.budget for one in estimated)}
-
-    def to_dict(self) -> dict:
-        figures = self.best.estimate.to_dict()
-        return figures | {"plan": _vocabulary(self.best.given), "search": {
-            "chosen": self.best.name(), "budget_bytes": self.budget, "budget_source": self.budget_source,
-            **self.counts(), "candidates_priced": [one.to_dict(self.budget) for one in self.priced]}}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    def lines(self, path, shown: int = 10) -> list[str]:
-        """The search's summary, the chosen plan's estimate and the `shown` fastest that fit."""
-        counts = self.counts()
-        lines = [f"{path}: plan-space search on {self.device_num} devices under {self.budget:,} bytes per device "
-                 f"({self.budget_source}): {counts['candidates']} candidates, {counts['priced']} priced "
-                 f"({counts['over_budget']} over the budget), {counts['pruned'] - counts['pruned_by_time']} pruned by the "
-                 f"resident bound, {counts['pruned_by_time']} by the step-time bound, "
-                 f"{counts['refused']} refused",
-                 f"chosen: {self.best.name()}" + ("" if self.best.given else " (its strategies fit no plan: vocabulary)")]
-        estimate = self.best.estimate.lines(path)
-        if self.best.given is None:
-            estimate[0] = f"{path}: {self.best.estimate.model} on {self.device_num} devices: the op-level search's strategies"
-        fitting = sorted((one for one in self.priced if one.estimate is not None and one.peak_bytes <= self.budget),
-                         key=lambda one: one.estimate.step_time_s)
-        rows = [[one.name(), format_nanoseconds(round(one.estimate.step_time_s * 1e9)), f"{one.peak_bytes:,}"]
-                for one in fitting[:shown]]
-        return lines + estimate + [f"the {len(rows)} fastest that fit:",
-                                   format_table(["plan", "step", "peak bytes per device"], rows, "  ")]
-
-
 @collector_paused()  # one collection after the search, not one per estimate (`report.estimate.estimate_given`)
 def search_plan_space(path, device_num: int | None = None, max_device_memory=None, progress=None,
-                      processes: int = 1) -> PlanSearch:
+                      processes: int = 1, time_limit: float | None = None) -> PlanSearch:
     """The plan-space search of the config at `path` (the module docstring), on `device_num`
     devices (default: the config's) under `max_device_memory` bytes (default: the config's,
     else the hardware profile's memory), its candidates priced on `processes` processes (the
-    same answer on any number: `report.plan_pricing`); `progress(done, total)` is called after
-    each candidate is priced, and once all are priced or pruned.
+    same answer on any number: `report.plan_pricing`), within `time_limit` seconds if given
+    (the module docstring's last case); `progress(done, total)` is called after each candidate
+    is priced, and once all are priced or pruned.
 
     Example (a 2-layer GPT on 1 device: the fastest fitting plan is no slower than any priced):
         >>> found = search_plan_space("configs/estimate/gpt_small_search.yaml", device_num=1)
@@ -244,7 +154,7 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
         ...     if one.estimate is not None and one.peak_bytes <= found.budget)
         True
     """
-    started = time.perf_counter()
+    started, deadline = time.perf_counter(), None if time_limit is None else time.time() + time_limit
     text = read_text(path, "config")
     data, device_num, budget, global_batch = _search_values(parse_config_text(text, path), path, device_num,
                                                             max_device_memory)
@@ -262,25 +172,33 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     order = sorted(range(len(bounds)), key=lambda index: (bounds[index], index))
     residents = [resident_bound(given, matrices, precision) for given in candidates]
 
-    def op_level_plan() -> Priced:
-        return _op_level(op_level, budget, device_num, global_batch)
+    def op_level_plan() -> Priced | None:  # with a time limit: its refinement within what is left, if anything is
+        left = math.inf if deadline is None else deadline - time.time()
+        if left <= 0:
+            return None
+        limited = replace(op_level.context, refine_time_limit=min(op_level.context.refine_time_limit, left))
+        return _op_level(replace(op_level, context=limited), budget, device_num, global_batch)
 
     results, first = _priced_candidates(data, text, path, candidates, bounds, order, residents, budget, processes,
-                                        progress, op_level_plan)
+                                        progress, op_level_plan, deadline)
+    if deadline is not None:  # the op-level search's plan last, in what the time limit leaves (else unpriced)
+        first = [one for one in [op_level_plan()] if one is not None]
     priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
     for index in order:  # branch and bound again over what was priced: the answer of one process, whatever the count
         if best is not None and (bounds[index], index) > best:  # it, and every one after it, cannot be chosen
             priced[index] = _pruned(candidates, index, bounds[index], best, matrices, precision)
         elif index == len(candidates):
-            priced[index] = replace(first[0] if first else op_level_plan(), time_bound=bounds[index])
+            unpriced = Priced(None, reason=NOT_PRICED) if deadline is not None else None
+            priced[index] = replace(first[0] if first else unpriced or op_level_plan(), time_bound=bounds[index])
         else:
-            priced[index] = _candidate(candidates[index], residents[index], results, index, bounds[index])
+            priced[index] = _candidate(candidates[index], residents[index], results, index, bounds[index], deadline)
         one = priced[index]
         if one.estimate is not None and one.peak_bytes <= budget and (best is None or (one.step_ns, index) < best):
             best = (one.step_ns, index)
     if progress is not None:
         progress(len(bounds), len(bounds))
-    return PlanSearch(device_num, budget, source, tuple(priced), _best(priced, budget, path), time.perf_counter() - started)
+    return PlanSearch(device_num, budget, source, tuple(priced), best_of(priced, budget, path), time.perf_counter() - started,
+                      time_limit)
 
 
 def _pruned(candidates: list, index: int, bound: int, best: tuple, matrices: int, precision: str) -> Priced:
@@ -313,11 +231,12 @@ def _search_values(data: dict, path, device_num: int | None, max_device_memory) 
 
 
 def _priced_candidates(data: dict, text: str, path, candidates: list, bounds: list, order: list, residents: list,
-                       budget: int, processes: int, progress, op_level_plan) -> tuple[dict, list]:
+                       budget: int, processes: int, progress, op_level_plan, deadline: float | None) -> tuple[dict, list]:
     """The candidates within the budget by their resident bound, priced by branch and bound in
-    `order` on `processes` processes (`price_plans`): {candidate index: estimate, reason, or None
-    where unpriced}; and the op-level search's plan in a list when it comes first, priced here
-    (`op_level_plan`) while the workers price the rest (else an empty list)."""
+    `order` on `processes` processes until `deadline` (`price_plans`): {candidate index:
+    estimate, reason, or None where unpriced}; and the op-level search's plan in a list when it
+    comes first without a deadline, priced here (`op_level_plan`) while the workers price the
+    rest (else an empty list)."""
     op_index, first = len(candidates), []
 
     def op_level_first() -> tuple | None:
@@ -333,17 +252,22 @@ def _priced_candidates(data: dict, text: str, path, candidates: list, bounds: li
 
     wanted = [index for index in order if index != op_index and residents[index] <= budget]
     found = price_plans(data, text, path, [candidates[index] for index in wanted], processes, heard,
-                        [(bounds[index], index) for index in wanted], budget, op_level_first if order[0] == op_index else None)
+                        [(bounds[index], index) for index in wanted], budget,
+                        op_level_first if order[0] == op_index and deadline is None else None, deadline)
     return dict(zip(wanted, found)), first
 
 
-def _candidate(given: GivenPlan, resident: int, results: dict, index: int, time_bound: int) -> Priced:
+def _candidate(given: GivenPlan, resident: int, results: dict, index: int, time_bound: int,
+               deadline: float | None = None) -> Priced:
     """Candidate `index`, pruned by its `resident` bound, or as `price_plans` priced it
-    (`results`: its detached estimate, or the estimate's reason to refuse it)."""
+    (`results`: its detached estimate, the estimate's reason to refuse it, or None: left
+    unpriced by the time limit, `deadline`)."""
     if index not in results:
         return Priced(given, bound=resident, time_bound=time_bound,
                       reason=f"pruned: parameters and optimiser state need at least {resident:,} bytes")
     found = results[index]
+    if found is None and deadline is not None:
+        return Priced(given, bound=resident, time_bound=time_bound, reason=NOT_PRICED)
     if found is None:  # `price_plans` prices every candidate one process would
         raise AssertionError(f"candidate {index} was not priced, though branch and bound needs it")
     if isinstance(found, str):
@@ -366,19 +290,3 @@ def _op_level(config, budget: int, device_num: int, global_batch: int) -> Priced
     except (InfeasibleError, SolverError):  # none found under the budget (proven, or not within the time limit)
         pass  # priced as it is: over the budget, its peak among those the error names
     return Priced(None, estimate_of(plan, config.net, given))
-
-
-def _best(priced: list, budget: int, path) -> Priced:
-    """The fastest candidate that fits `budget` (the first on a tie), else the error saying none does."""
-    fitting = [one for one in priced if one.estimate is not None and one.peak_bytes <= budget]
-    if fitting:
-        return min(fitting, key=lambda one: one.estimate.step_time_s)  # min keeps the first of equals
-    estimated = [one for one in priced if one.estimate is not None]
-    if estimated:
-        smallest = min(estimated, key=lambda one: one.peak_bytes)
-        found = f"the smallest peak found is {smallest.peak_bytes:,} bytes per device ({smallest.name()})"
-    else:
-        smallest = min(priced, key=lambda one: one.bound or math.inf)
-        found = (f"none could be priced; the smallest resident bound is {smallest.bound:,} bytes ({smallest.name()}), "
-                 f"and the {OP_LEVEL} was {priced[-1].reason}")
-    raise InfeasibleError(f"{path}: no plan of the {len(priced)} candidates fits {budget:,} bytes per device: {found}")
