@@ -164,6 +164,18 @@ MUTATIONS = (
         ("tests/test_propagation.py::test_remembered_choices_are_the_choices_priced_again",),
     ),
     Mutation(
+        "plan-gap-inverted", "autostrat/report/plan_results.py",
+        "        return 0.0 if bound is None or bound >= self.best.step_ns else self.best.step_ns / max(bound, 1) - 1\n",
+        "        return 0.0 if bound is None or bound >= self.best.step_ns else 1 - bound / self.best.step_ns\n",
+        ("tests/test_plan_space.py::test_candidates_left_unpriced_bound_how_much_faster_the_space_can_be",),
+    ),
+    Mutation(
+        "pricing-deadline-ignored", "autostrat/report/plan_pricing.py",
+        "    return deadline is not None and time.time() >= deadline\n",
+        "    return False\n",
+        ("tests/test_plan_pricing.py::test_with_a_deadline_workers_price_and_nothing_is_claimed_after_it",),
+    ),
+    Mutation(
         "stage-split-sum", "autostrat/search/stages.py",
         "                found = (max(before[0], cost), before[1] + (n,))\n",
         "                found = (before[0] + cost, before[1] + (n,))\n",

@@ -108,7 +108,15 @@ the budget, priced in this process while the worker prices the rest), the same a
 time: tp 4 pp 2 vp 12 sp, recompute none, 0.982 s (0.914 of the published plan's 1.074 s),
 69.9 GiB; 129 priced, 36 pruned by memory, 175 by the step-time bound. The 30 s target is
 missed by 4.6x: the bound (0.49-0.81 of each priced candidate's step, median 0.76) leaves 165
-candidates below the answer's step, and even a bound 25 % tighter would leave 47.
+candidates below the answer's step, and even a bound 25 % tighter would leave 47. In bound
+order the answer is the 18th priced, so ``--time-limit 25`` (load 1-2, three runs) returns it
+in 25.0 s on 2 processes (26-27 priced, 102-103 left unpriced: at most 41.7 % slower than the
+space's fastest, by the op-level search's bound, left unpriced), and tp 4 pp 2 vp 24 sp none,
+0.997 s (0.929 of the published plan's step), on 1 (13 priced). The larger rows in 25 s on 2
+processes find no plan that fits (0.94 of 1 314, 1 149 and 909 candidates past the resident
+bound left unpriced): the least bounds belong to plans without recompute, whose activations
+need 131-179 GB (the smallest peaks priced), and no activation floor prunes them before
+pricing.
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit] [--terms] [--processes N]
 [--time-limit S]   (22B, 175B,
