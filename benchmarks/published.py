@@ -113,8 +113,8 @@ order the answer is the 18th priced, so ``--time-limit 25`` (load 1-2, three run
 in 25.0 s on 2 processes (26-27 priced, 102-103 left unpriced: at most 41.7 % slower than the
 space's fastest, by the op-level search's bound, left unpriced), and tp 4 pp 2 vp 24 sp none,
 0.997 s (0.929 of the published plan's step), on 1 (13 priced). The larger rows in 25 s on 2
-processes find no plan that fits (0.94 of 1 314, 1 149 and 909 candidates past the resident
-bound left unpriced): the least bounds belong to plans without recompute, whose activations
+processes find no plan that fits (1 305 of 1 314, 1 143 of 1 149 and 907 of 909 candidates
+past the resident bound left unpriced): the least bounds belong to plans without recompute, whose activations
 need 131-179 GB (the smallest peaks priced), and no activation floor prunes them before
 pricing.
 
