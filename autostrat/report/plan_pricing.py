@@ -74,8 +74,15 @@ def price_plans(data: dict, text: str, path, plans: list[GivenPlan], processes: 
             best = _faster(best, found[index], bounds[index][1] if bounds else index, budget)
             _told(progress, given, found[index])
         return found
+    return _in_processes(data, text, path, plans, workers, here, progress, bounds, budget, before, deadline)
+
+
+def _in_processes(data: dict, text: str, path, plans: list, workers: int, here: bool, progress, bounds, budget,
+                  before, deadline) -> list:
+    """`price_plans` on `workers` spawned workers, and on this process too where `here` says."""
     import multiprocessing  # here: a search pricing alone never loads it
 
+    found = [None] * len(plans)
     context = multiprocessing.get_context("spawn")
     claims = _Claims(context, len(plans), bounds, budget, deadline)
     results = context.Queue()
