@@ -68,7 +68,10 @@ does: given alone they move this table away, below):
   213 s; row 3 the same, 1,849 in 253 s: the sequence split over the 8 devices outside
   attention (context parallelism) still chosen on its own for the long rows, in Ulysses' form
   (heads split inside attention, all-to-all), whose head split balances the causal work, 1.89
-  and 1.70 times the ring plan's predicted tokens/s.
+  and 1.70 times the ring plan's predicted tokens/s. Re-run 2026-12-04 on the shipped profile
+  (load 2-3, beside a test suite): row 4 b 1 n 8 s 1, query product ((8, 1), (1, 1)), 2,197
+  tokens/s/GPU in 53 s; row 3 b 2 n 4 s 1, the same, 3,704 in 56 s (the collector paused in
+  searches and estimates); ``--rings --no-search``: -12.3 / +12.5 / +14.7 %, as before.
 
 "Search" is what the search picks by itself for the row's model and batch on 8 devices (fully
 automatic, step time, 80 GB per device, no seeds, recomputed layers and ZeRO (level 3: parameters
