@@ -232,6 +232,29 @@ def test_a_llama_from_config_json_trains_on_8_mpi_ranks(tmp_path, config):
 
 
 @pytest.mark.slow
+def test_the_tiny_mixtral_with_experts_split_8_ways_trains_on_8_mpi_ranks(tmp_path):
+    """configs/moe_train.yaml with EP 8 and no ETP (`tests.test_moe.EP_ONLY`, the seeds the
+    local-rank test gives it): one expert per rank, the tokens dispatched by one AllToAll over
+    the 8 ranks; equal to the JAX reference, every message counted at its send as predicted."""
+    import yaml
+
+    from tests.test_moe import EP_ONLY
+
+    config = yaml.safe_load((ROOT / "configs/moe_train.yaml").read_text())
+    config["strategies"] |= EP_ONLY
+    config["model"]["hf_config"] = str(ROOT / "configs/models/mixtral-tiny.json")
+    path = tmp_path / "moe_ep8.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code, out, err, run_dir, _ = run(tmp_path, str(path), "--steps", "2", timeout=180)
+    assert code == 0, err
+    assert "2 training step(s)" in out and "bytes: measured = predicted on every rank" in out
+    assert ": OK" in out and "reference: JAX" in out
+    assert "blocks.0.moe.dispatch:0 -> blocks.0.moe.expert_gate[0]: AllToAll (forward) sent 5376, predicted 5376" in out
+    assert_nothing_left(run_dir, 8)
+    assert_peaks_within(out, 8)
+
+
+@pytest.mark.slow
 def test_the_three_context_parallel_forms_train_on_8_mpi_ranks(tmp_path):
     """configs/cp/llama_cp_train.yaml: DP 2 x CP 4, one block's attention in each form (all-gather,
     Ulysses, ring) in one job: equal to the JAX reference, and every message counted at its send,
