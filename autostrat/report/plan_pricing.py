@@ -9,7 +9,8 @@ until they meet: nobody waits while a plan is left (a pool that queues plans ahe
 process idle for 14 of DeepSeek-V3's 20 s search). Spawned, not forked, as
 `redistribution.parallel` spawns its workers; as with any spawning Python program, a script
 calling this on several processes keeps its own work under ``if __name__ == "__main__":`` (a
-worker imports the main module; one that fails to start leaves its plans to this process). A
+worker imports the main module; one that fails to start leaves its plans to this process, or,
+with a deadline, where this process only waits, ends the pricing with an error). A
 worker whose parent is gone (killed) claims nothing more; on an error or an interrupt here the
 workers are terminated.
 
