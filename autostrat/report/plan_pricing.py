@@ -125,11 +125,15 @@ def _past(deadline: float | None) -> bool:
 
 def _faster(best: tuple | None, found, key: int, budget: int | None) -> tuple | None:
     """`best` ((step ns, key) of the fastest fitting plan so far), or `found`'s if it fits and is faster."""
-    if not isinstance(found, Estimate):
-        return best
-    mine = (sum(found.phases_ns.values()), key)
-    fits = budget is None or max(stage.peak_bytes for stage in found.memory) <= budget
-    return mine if fits and (best is None or mine < best) else best
+    mine = _fitting(found, key, budget)
+    return mine if mine is not None and (best is None or mine < best) else best
+
+
+def _fitting(found, key: int, budget: int | None) -> tuple | None:
+    """(step ns, `key`) of the estimate `found` if its peak fits `budget`, else None."""
+    if not isinstance(found, Estimate) or (budget is not None and max(stage.peak_bytes for stage in found.memory) > budget):
+        return None
+    return sum(found.phases_ns.values()), key
 
 
 class _Claims:
@@ -169,21 +173,14 @@ class _Claims:
 
     def priced(self, index: int, found):
         """`found`, the estimate of plan `index`, made the fastest known when it is (then returned)."""
-        with self.lock:
-            known = (self.best[1], self.best[2]) if self.best[0] else None
-            key = self.bounds[index][1] if self.bounds is not None else index
-            self._know(known, _faster(known, found, key, self.budget))
+        self.offer(_fitting(found, self.bounds[index][1] if self.bounds is not None else index, self.budget))
         return found
 
     def offer(self, pair: tuple | None) -> None:
-        """A fitting plan's (step ns, key) priced elsewhere, made the fastest known when it is."""
+        """A fitting plan's (step ns, key), made the fastest known when it is."""
         with self.lock:
-            known = (self.best[1], self.best[2]) if self.best[0] else None
-            self._know(known, known if pair is None or (known is not None and known <= pair) else pair)
-
-    def _know(self, known: tuple | None, faster: tuple | None) -> None:
-        if faster != known:
-            self.best[0], self.best[1], self.best[2] = 1, *faster
+            if pair is not None and (not self.best[0] or pair < (self.best[1], self.best[2])):
+                self.best[0], self.best[1], self.best[2] = 1, *pair
 
 
 def _result(results, children: list, plans: list, missing: set, deadline: float | None = None) -> tuple | None:

@@ -172,7 +172,7 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     order = sorted(range(len(bounds)), key=lambda index: (bounds[index], index))
     residents = [resident_bound(given, matrices, precision) for given in candidates]
 
-    def op_level_plan() -> Priced | None:  # with a time limit: its refinement within what is left, if anything is
+    def op_level_plan() -> Priced | None:  # with a time limit: its refinement within what is left, if anything is (else None)
         left = math.inf if deadline is None else deadline - time.time()
         if left <= 0:
             return None
@@ -181,32 +181,38 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
 
     results, first = _priced_candidates(data, text, path, candidates, bounds, order, residents, budget, processes,
                                         progress, op_level_plan, deadline)
-    if deadline is not None:  # the op-level search's plan last, in what the time limit leaves (else unpriced)
-        first = [one for one in [op_level_plan()] if one is not None]
-    priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
-    for index in order:  # branch and bound again over what was priced: the answer of one process, whatever the count
-        if best is not None and (bounds[index], index) > best:  # it, and every one after it, cannot be chosen
-            priced[index] = _pruned(candidates, index, bounds[index], best, matrices, precision)
-        elif index == len(candidates):
-            unpriced = Priced(None, reason=NOT_PRICED) if deadline is not None else None
-            priced[index] = replace(first[0] if first else unpriced or op_level_plan(), time_bound=bounds[index])
-        else:
-            priced[index] = _candidate(candidates[index], residents[index], results, index, bounds[index], deadline)
-        one = priced[index]
-        if one.estimate is not None and one.peak_bytes <= budget and (best is None or (one.step_ns, index) < best):
-            best = (one.step_ns, index)
+    priced = _bound_again(candidates, bounds, order, residents, results, first, op_level_plan, budget, deadline)
     if progress is not None:
         progress(len(bounds), len(bounds))
     return PlanSearch(device_num, budget, source, tuple(priced), best_of(priced, budget, path), time.perf_counter() - started,
                       time_limit)
 
 
-def _pruned(candidates: list, index: int, bound: int, best: tuple, matrices: int, precision: str) -> Priced:
+def _bound_again(candidates: list, bounds: list, order: list, residents: list, results: dict, first: list,
+                 op_level_plan, budget: int, deadline: float | None) -> list[Priced]:
+    """Every candidate, as branch and bound in `order` leaves it over what was priced (`results`;
+    the op-level search's plan in `first`, else priced at its turn by `op_level_plan`, or left
+    unpriced when the time limit has passed): the answer of one process, whatever the count."""
+    priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
+    for index in order:
+        if best is not None and (bounds[index], index) > best:  # it, and every one after it, cannot be chosen
+            priced[index] = _pruned(candidates, residents, index, bounds[index], best)
+        elif index == len(candidates):
+            one = first[0] if first else op_level_plan() or Priced(None, reason=NOT_PRICED)
+            priced[index] = replace(one, time_bound=bounds[index])
+        else:
+            priced[index] = _candidate(candidates[index], residents[index], results, index, bounds[index], deadline)
+        one = priced[index]
+        if one.estimate is not None and one.peak_bytes <= budget and (best is None or (one.step_ns, index) < best):
+            best = (one.step_ns, index)
+    return priced
+
+
+def _pruned(candidates: list, residents: list, index: int, bound: int, best: tuple) -> Priced:
     """Candidate `index` (the op-level search's past the end of `candidates`), unpriced: its
     step-time `bound` already exceeds the fastest fitting step found (`best`: ns and index)."""
     given = candidates[index] if index < len(candidates) else None
-    resident = resident_bound(given, matrices, precision) if given is not None else 0
-    return Priced(given, bound=resident, time_bound=bound,
+    return Priced(given, bound=residents[index] if given is not None else 0, time_bound=bound,
                   reason=f"{TIME_PRUNED} {format_nanoseconds(bound)}, no faster than the chosen "
                          f"{format_nanoseconds(best[0])}" + (" (which comes first)" if bound == best[0] else ""))
 
