@@ -158,6 +158,12 @@ MUTATIONS = (
          "tests/test_propagation.py::test_branch_and_bound_chooses_what_pricing_every_candidate_chooses"),
     ),
     Mutation(
+        "floor-scores-doubled", "autostrat/report/memory_floor.py",
+        "            kept += scores * size + scores * (size + 1) * self.attention_dropout\n",
+        "            kept += 2 * scores * size + scores * (size + 1) * self.attention_dropout\n",
+        ("tests/test_memory_floor.py::test_the_floor_is_below_every_peak_and_near_it_without_recompute",),
+    ),
+    Mutation(
         "choice-key-without-row", "autostrat/search/candidate_prices.py",
         '        return "row", self.table, self.row, None if self.free is None else self.free.tobytes()\n',
         '        return "row", self.table, None if self.free is None else self.free.tobytes()\n',

@@ -88,12 +88,12 @@ accounting as much as modelling:
   SP, 0.84-0.98 with SP + selective).
 
 Search: after the table, per row the plan-space search's candidates and its bounds
-(`bound_counts`: the candidates, those past the resident bound, and those whose step-time bound
+(`bound_counts`: the candidates, those past the memory floor, and those whose step-time bound
 is below the published plan's predicted step: the most branch and bound prices once it has found
 that plan), then each row's plan-space search (`report.plan_space`, what ``autostrat search``
 does with the row's model, devices and global batch and no plan) next to the published plan,
 the faster of its two recompute columns: predicted step and peak of both, whether the searched
-one fits 80 GiB, their ratio, the candidates priced / pruned by the resident bound / pruned by
+one fits 80 GiB, their ratio, the candidates priced / pruned by the memory floor / pruned by
 the step-time bound / refused, and the search's wall seconds against the issue's 30 s. Every
 priced candidate is a full estimate (the published plans' take 2.6-4.8, 5.6-8.0, 9.6-15.8 and
 9.5-16.3 CPU-s for 22B, 175B, 530B and 1T at a load of 7-10 on 2 cores, before the dropout):
@@ -142,7 +142,8 @@ from autostrat.errors import AutostratError  # noqa: E402
 from autostrat.report.estimate import estimate  # noqa: E402
 from autostrat.models import from_hf_config  # noqa: E402
 from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound  # noqa: E402
-from autostrat.report.plan_space import plan_candidates, resident_bound, search_plan_space  # noqa: E402
+from autostrat.report.memory_floor import LayerActivations, peak_floor  # noqa: E402
+from autostrat.report.plan_space import plan_candidates, search_plan_space  # noqa: E402
 from autostrat.tables import format_table  # noqa: E402
 from activation_terms import print_terms  # noqa: E402  (beside this script)
 from published_runs import COLUMNS, PRECISION, ROWS, Row, estimated  # noqa: E402
@@ -263,7 +264,7 @@ def side_by_side(rows, plans: dict, searches: dict) -> str:
         counts, chosen = found.counts(), found.best.estimate
         broken = [one.name() for one in found.priced if one.estimate is not None and one.bound > one.peak_bytes]
         slow = [one.name() for one in found.priced if one.estimate is not None and one.time_bound > one.step_ns]
-        notes.append(f"[{len(notes) + 1}] {row.name}: the resident bound is below the peak of every priced candidate: "
+        notes.append(f"[{len(notes) + 1}] {row.name}: the memory floor is below the peak of every priced candidate: "
                      f"{'no, ' + ', '.join(broken) if broken else 'yes'}; the step-time bound below its step: "
                      f"{'no, ' + ', '.join(slow) if slow else 'yes'}")
         ratio = f"{chosen.step_time_s / best.step_time_s:.3f}" if best else ""
@@ -276,11 +277,11 @@ def side_by_side(rows, plans: dict, searches: dict) -> str:
 
 
 def bound_counts(rows, plans: dict) -> str:
-    """Per row, the plan-space search's candidates, those past the resident bound, and those
+    """Per row, the plan-space search's candidates, those past the memory floor, and those
     whose step-time bound (`report.plan_bound`) is below the published plan's predicted step:
     what branch and bound must price at most once that plan is found (every one it prices has a
     bound below the chosen step, which is at most the published plan's)."""
-    headers = ["model", "GPUs", "candidates", "past the resident bound", "step bound < published plan's step",
+    headers = ["model", "GPUs", "candidates", "past the memory floor", "step bound < published plan's step",
                "published plan's step (s)", "op-level bound (s)"]
     lines = []
     for row in rows:
@@ -289,8 +290,9 @@ def bound_counts(rows, plans: dict) -> str:
         net = from_hf_config(ROOT / "configs" / "models" / row.model, seq=2048)
         shape, hardware = ModelShape.of(net), PROFILES["a100-80gb"]
         candidates = plan_candidates(row.gpus, row.global_batch, shape.layers, hardware.devices_per_server)
+        activations, weights = LayerActivations.of(net), [shape.block_weights] * shape.layers
         past = [one for one in candidates
-                if resident_bound(one, shape.layers * shape.block_weights, PRECISION) <= hardware.device_memory]
+                if peak_floor(one, weights, PRECISION, activations, shape.seq) <= hardware.device_memory]
         below = "" if best is None else str(sum(step_time_bound(shape, one, hardware, PRECISION) < best.step_time_s * 1e9
                                                 for one in past))
         lines.append([row.name, str(row.gpus), str(len(candidates)), str(len(past)), below,
@@ -388,7 +390,7 @@ def main() -> None:
             print(f"{row.name}: searched in {searches[row.name][1]:.1f} s", file=sys.stderr, flush=True)
         if searches:
             print("\nThe published plan against autostrat search's (the fastest predicted plan that fits 80 GiB, "
-                  "report.plan_space; its candidates priced, pruned by the resident bound, pruned by the step-time "
+                  "report.plan_space; its candidates priced, pruned by the memory floor, pruned by the step-time "
                   "bound, refused):")
             print(side_by_side(rows, plans, searches), flush=True)
         fit_started = time.perf_counter()

@@ -12,7 +12,7 @@ a dimension of the search. The search (cases):
   none then full (with fused attention selective recompute is none); ``sequence_parallel`` on
   with ``tp`` above 1, ``zero`` 1 with ``dp`` above 1, ``micro_batch`` 1, ``etp`` 1, ``vp`` 1.
 - Pruning (`resident_floor`): a candidate whose matrix weights' parameters and optimiser state
-  (`report.plan_space.RESIDENT_BYTES`) need more than the budget on average over its stages is
+  (`report.memory_floor.RESIDENT_BYTES`) need more than the budget on average over its stages is
   not priced: the dense weights split over ``tp`` devices at most and sharded over ``dp · tp``,
   the routed experts' over ``ep`` devices and sharded over ``dp · tp / ep``, each at most; the
   busiest device holds at least the average.
@@ -42,7 +42,8 @@ from autostrat.reading import read_text
 from autostrat.redistribution import collector_paused
 from autostrat.report.estimate import Estimate, GivenPlan, read_given_plan, search_keys
 from autostrat.report.plan_pricing import price_plans
-from autostrat.report.plan_space import RESIDENT_BYTES, device_splits
+from autostrat.report.memory_floor import RESIDENT_BYTES
+from autostrat.report.plan_space import device_splits
 from autostrat.strategies import divisors
 
 RECOMPUTE = ("none", "full")

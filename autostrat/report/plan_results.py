@@ -50,7 +50,7 @@ class Priced:
         peak = self.peak_bytes
         status = self.reason or ("fits" if peak <= budget else "over the budget")
         return {"plan": _vocabulary(self.given), "step_time_s": None if self.estimate is None else self.estimate.step_time_s,
-                "peak_bytes_per_device": peak, "resident_bound_bytes": self.bound,
+                "peak_bytes_per_device": peak, "memory_floor_bytes": self.bound,
                 "step_time_bound_s": self.time_bound / 1e9, "status": status}
 
 
@@ -117,7 +117,7 @@ class PlanSearch:
         lines = [f"{path}: plan-space search on {self.device_num} devices under {self.budget:,} bytes per device "
                  f"({self.budget_source}): {counts['candidates']} candidates, {counts['priced']} priced "
                  f"({counts['over_budget']} over the budget), {counts['pruned'] - counts['pruned_by_time']} pruned by the "
-                 f"resident bound, {counts['pruned_by_time']} by the step-time bound, "
+                 f"memory floor, {counts['pruned_by_time']} by the step-time bound, "
                  f"{counts['refused']} refused",
                  f"chosen: {self.best.name()}" + ("" if self.best.given else " (its strategies fit no plan: vocabulary)")]
         if counts["not_priced"]:
@@ -148,7 +148,7 @@ def best_of(priced: list, budget: int, path) -> Priced:
         found = f"the smallest peak found is {smallest.peak_bytes:,} bytes per device ({smallest.name()})"
     else:
         smallest = min(priced, key=lambda one: one.bound or math.inf)
-        found = (f"none could be priced; the smallest resident bound is {smallest.bound:,} bytes ({smallest.name()}), "
+        found = (f"none could be priced; the smallest memory floor is {smallest.bound:,} bytes ({smallest.name()}), "
                  f"and the {OP_LEVEL} was {priced[-1].reason}")
     unpriced = sum(one.reason.startswith(NOT_PRICED) for one in priced)
     within = f" priced within the time limit ({unpriced} of them not priced)" if unpriced else ""

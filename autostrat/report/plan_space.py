@@ -18,15 +18,11 @@ optionally ``max_device_memory`` (default: the hardware profile's `device_memory
   ``cp`` and ``ep`` stay 1. Values that would give the same plan as an earlier candidate are
   not generated. The op-level search's plan (no seeds: propagation, fitted into the budget by
   `frontend.run.fit_into`, the search's bounded refinement) is the last candidate.
-- Memory pruning (`resident_bound`): a candidate whose parameters and optimiser state alone
-  need more than the budget on its busiest device is not priced. The bound counts only the
-  blocks' weight matrices, which Megatron's seeds split over exactly ``tp`` devices, at the
-  bytes that live all step (`RESIDENT_BYTES`: Megatron's distributed optimizer's table without
-  the gradients, which a peak need not hold all at once; 2 + 12/d in 16 bits, 4 + 8/d in fp32,
-  d the ZeRO shard), spread evenly over the ``pp`` device groups; every stage holds at least that.
-  With two micro-batches or more, the gradients too (`ACCUMULATED_BYTES`, 2 bytes each in 16
-  bits, 4 in fp32): a step's gradient sums live from the first micro-batch's backward to the
-  update (`search.stage_buffers`, case 2), next to the parameters and the optimiser state.
+- Memory pruning (`report.memory_floor.peak_floor`): a candidate whose memory floor exceeds the
+  budget is not priced. The floor is a lower bound on the estimate's peak on each device group:
+  the blocks' weights there at the bytes that live all step (Megatron's distributed optimizer's
+  table without the gradients), their gradient sums once a micro-batch's backward has made
+  them, and the activations the micro-batches in flight in the schedule keep for their backward.
 - Branch and bound on the step time (`report.plan_bound`: a lower bound on each candidate's
   predicted step, from its matrix products, tensor-parallel reductions and pipeline): the
   candidates are priced in increasing bound order (candidate order on a tie), and pricing
@@ -72,20 +68,11 @@ from autostrat.redistribution import collector_paused
 from autostrat.report.estimate import GivenPlan, estimate_of, search_keys
 from autostrat.report.plan_pricing import price_plans
 from autostrat.report.plan_results import NOT_PRICED, TIME_PRUNED, PlanSearch, Priced, best_of
+from autostrat.report.memory_floor import LayerActivations, peak_floor
 from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.search.schedules import SPLIT_BACKWARD
 from autostrat.strategies import divisors
-
-# Bytes per parameter that live for the whole step, from Megatron-LM's distributed optimizer
-# table ("Distributed Optimizer" in its docs: fp16 4 + 16/d, bf16 6 + 12/d, fp32 8 + 8/d) without
-# the gradients and fp16's main gradient, which a peak need not hold all at once (a parameter's
-# update may run, and free them, before the last gradients exist; measured: four 22B candidates
-# at tp 1, pp 4, dp 2 peaked below the table's bytes): (kept on every replica, split over the d
-# replicas of the optimiser shard) for the parameter, its fp32 main copy and Adam's two moments.
-RESIDENT_BYTES = {"fp16": (2, 12), "bf16": (2, 12), "fp32": (4, 8)}
-ACCUMULATED_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}  # a gradient sum's bytes at least (16-bit or wider)
-
 
 def plan_candidates(device_num: int, global_batch: int, layers: int, devices_per_server: int) -> list[GivenPlan]:
     """Every plan of the ``plan:`` vocabulary on `device_num` devices (the module docstring's
@@ -121,23 +108,6 @@ def device_splits(device_num: int, global_batch: int, layers: int, devices_per_s
             if pp <= layers and global_batch % (device_num // (tp * pp)) == 0]
 
 
-def resident_bound(given: GivenPlan, matrix_parameters: int, precision: str) -> int:
-    """A lower bound on the peak bytes per device of `given`: the parameters and optimiser
-    state of the blocks' `matrix_parameters` weight elements (`RESIDENT_BYTES`), and their
-    gradient sums with two micro-batches or more (`ACCUMULATED_BYTES`), split over ``tp``
-    devices and evenly over the ``pp`` device groups.
-
-    Example (22B's 21.7e9 block weights in fp16 on tp 8: 14 bytes each over 8 devices, 16 with
-    4 micro-batches):
-        >>> [resident_bound(GivenPlan(8, 1, 1, "full", 0, micro_batch, 4), 21_743_271_936, "fp16") for micro_batch in (4, 1)]
-        [38050725888, 43486543872]
-    """
-    whole, sharded = RESIDENT_BYTES[precision]
-    whole += ACCUMULATED_BYTES[precision] if given.micro_batches > 1 else 0
-    shard = given.dp if given.zero else 1
-    return math.ceil(matrix_parameters * (whole + sharded / shard) / (given.tp * given.pp))
-
-
 @collector_paused()  # one collection after the search, not one per estimate (`report.estimate.estimate_given`)
 def search_plan_space(path, device_num: int | None = None, max_device_memory=None, progress=None,
                       processes: int = 1, time_limit: float | None = None) -> PlanSearch:
@@ -162,15 +132,17 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
                                 example_inputs=True)
     hardware, precision = op_level.context.hardware_profile(), op_level.context.precision
     budget, source = memory_budget(op_level.context, budget)
-    matrices = sum(math.prod(parameter.shape) for block in op_level.net.blocks
-                   for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
+    block_weights = [sum(math.prod(parameter.shape) for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
+                     for block in op_level.net.blocks]
     shape = ModelShape.of(op_level.net)
     candidates = plan_candidates(device_num, global_batch, shape.layers, hardware.devices_per_server)
-    split = op_level.context.pipeline_schedule_chunks()[0] in SPLIT_BACKWARD  # the config's schedule, where vp is 1
+    schedule = op_level.context.pipeline_schedule_chunks()[0]  # the config's, where vp is 1
+    split = schedule in SPLIT_BACKWARD
     bounds = [step_time_bound(shape, given, hardware, precision, split and given.vp == 1) for given in candidates]
     bounds.append(op_level_bound(shape, device_num, global_batch, hardware, precision))
     order = sorted(range(len(bounds)), key=lambda index: (bounds[index], index))
-    residents = [resident_bound(given, matrices, precision) for given in candidates]
+    activations = LayerActivations.of(op_level.net)
+    floors = [peak_floor(given, block_weights, precision, activations, shape.seq, schedule) for given in candidates]
 
     def op_level_plan() -> Priced | None:  # with a time limit: its refinement within what is left, if anything is (else None)
         left = math.inf if deadline is None else deadline - time.time()
@@ -179,16 +151,16 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
         limited = replace(op_level.context, refine_time_limit=min(op_level.context.refine_time_limit, left))
         return _op_level(replace(op_level, context=limited), budget, device_num, global_batch)
 
-    results, first = _priced_candidates(data, text, path, candidates, bounds, order, residents, budget, processes,
+    results, first = _priced_candidates(data, text, path, candidates, bounds, order, floors, budget, processes,
                                         progress, op_level_plan, deadline)
-    priced = _bound_again(candidates, bounds, order, residents, results, first, op_level_plan, budget, deadline)
+    priced = _bound_again(candidates, bounds, order, floors, results, first, op_level_plan, budget, deadline)
     if progress is not None:
         progress(len(bounds), len(bounds))
     return PlanSearch(device_num, budget, source, tuple(priced), best_of(priced, budget, path), time.perf_counter() - started,
                       time_limit)
 
 
-def _bound_again(candidates: list, bounds: list, order: list, residents: list, results: dict, first: list,
+def _bound_again(candidates: list, bounds: list, order: list, floors: list, results: dict, first: list,
                  op_level_plan, budget: int, deadline: float | None) -> list[Priced]:
     """Every candidate, as branch and bound in `order` leaves it over what was priced (`results`;
     the op-level search's plan in `first`, else priced at its turn by `op_level_plan`, or left
@@ -196,23 +168,23 @@ def _bound_again(candidates: list, bounds: list, order: list, residents: list, r
     priced, best = [None] * len(bounds), None  # best: (step ns, candidate index) of the fastest fitting so far
     for index in order:
         if best is not None and (bounds[index], index) > best:  # it, and every one after it, cannot be chosen
-            priced[index] = _pruned(candidates, residents, index, bounds[index], best)
+            priced[index] = _pruned(candidates, floors, index, bounds[index], best)
         elif index == len(candidates):
             one = first[0] if first else op_level_plan() or Priced(None, reason=NOT_PRICED)
             priced[index] = replace(one, time_bound=bounds[index])
         else:
-            priced[index] = _candidate(candidates[index], residents[index], results, index, bounds[index], deadline)
+            priced[index] = _candidate(candidates[index], floors[index], results, index, bounds[index], deadline)
         one = priced[index]
         if one.estimate is not None and one.peak_bytes <= budget and (best is None or (one.step_ns, index) < best):
             best = (one.step_ns, index)
     return priced
 
 
-def _pruned(candidates: list, residents: list, index: int, bound: int, best: tuple) -> Priced:
+def _pruned(candidates: list, floors: list, index: int, bound: int, best: tuple) -> Priced:
     """Candidate `index` (the op-level search's past the end of `candidates`), unpriced: its
     step-time `bound` already exceeds the fastest fitting step found (`best`: ns and index)."""
     given = candidates[index] if index < len(candidates) else None
-    return Priced(given, bound=residents[index] if given is not None else 0, time_bound=bound,
+    return Priced(given, bound=floors[index] if given is not None else 0, time_bound=bound,
                   reason=f"{TIME_PRUNED} {format_nanoseconds(bound)}, no faster than the chosen "
                          f"{format_nanoseconds(best[0])}" + (" (which comes first)" if bound == best[0] else ""))
 
@@ -236,9 +208,9 @@ def _search_values(data: dict, path, device_num: int | None, max_device_memory) 
     return data, device_num, budget, global_batch
 
 
-def _priced_candidates(data: dict, text: str, path, candidates: list, bounds: list, order: list, residents: list,
+def _priced_candidates(data: dict, text: str, path, candidates: list, bounds: list, order: list, floors: list,
                        budget: int, processes: int, progress, op_level_plan, deadline: float | None) -> tuple[dict, list]:
-    """The candidates within the budget by their resident bound, priced by branch and bound in
+    """The candidates within the budget by their memory floor, priced by branch and bound in
     `order` on `processes` processes until `deadline` (`price_plans`): {candidate index:
     estimate, reason, or None where unpriced}; and the op-level search's plan in a list when it
     comes first without a deadline, priced here (`op_level_plan`) while the workers price the
@@ -256,29 +228,29 @@ def _priced_candidates(data: dict, text: str, path, candidates: list, bounds: li
         if progress is not None:
             progress(next(done), len(bounds))
 
-    wanted = [index for index in order if index != op_index and residents[index] <= budget]
+    wanted = [index for index in order if index != op_index and floors[index] <= budget]
     found = price_plans(data, text, path, [candidates[index] for index in wanted], processes, heard,
                         [(bounds[index], index) for index in wanted], budget,
                         op_level_first if order[0] == op_index and deadline is None else None, deadline)
     return dict(zip(wanted, found)), first
 
 
-def _candidate(given: GivenPlan, resident: int, results: dict, index: int, time_bound: int,
+def _candidate(given: GivenPlan, floor: int, results: dict, index: int, time_bound: int,
                deadline: float | None = None) -> Priced:
-    """Candidate `index`, pruned by its `resident` bound, or as `price_plans` priced it
+    """Candidate `index`, pruned by its memory `floor`, or as `price_plans` priced it
     (`results`: its detached estimate, the estimate's reason to refuse it, or None: left
     unpriced by the time limit, `deadline`)."""
     if index not in results:
-        return Priced(given, bound=resident, time_bound=time_bound,
-                      reason=f"pruned: parameters and optimiser state need at least {resident:,} bytes")
+        return Priced(given, bound=floor, time_bound=time_bound,
+                      reason=f"pruned: its memory floor is {floor:,} bytes")
     found = results[index]
     if found is None and deadline is not None:
-        return Priced(given, bound=resident, time_bound=time_bound, reason=NOT_PRICED)
+        return Priced(given, bound=floor, time_bound=time_bound, reason=NOT_PRICED)
     if found is None:  # `price_plans` prices every candidate one process would
         raise AssertionError(f"candidate {index} was not priced, though branch and bound needs it")
     if isinstance(found, str):
-        return Priced(given, bound=resident, time_bound=time_bound, reason=f"refused: {found}")
-    return Priced(given, found, resident, time_bound=time_bound)
+        return Priced(given, bound=floor, time_bound=time_bound, reason=f"refused: {found}")
+    return Priced(given, found, floor, time_bound=time_bound)
 
 
 def _op_level(config, budget: int, device_num: int, global_batch: int) -> Priced:
