@@ -230,7 +230,7 @@ def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_devic
     readers = [edge for edge in plan.redistributions if edge.tensor == "blocks.0.ln2.layer_norm:0"]
     phases = {(op_phase(edge.consumer), edge.shares is None, tuple(step.kind for step in edge.plan.steps)) for edge in readers}
     assert ("forward", True, ("AllGather",)) in phases and ("backward", True, ("AllGather",)) in phases
-    assert "blocks.0.ln1.layer_norm:0" in {edge.tensor for edge in plan.regathered()}
+    assert "blocks.0.ln2.layer_norm:0" in {edge.tensor for edge in plan.regathered()}
     assert_trains_like_one_device(plan)
 
 
