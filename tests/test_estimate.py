@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from autostrat.autodiff import op_phase
 from autostrat.cli import main
 from autostrat.frontend.config import load_config
 from autostrat.frontend.run import plan_config
@@ -224,13 +223,6 @@ def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_devic
     config, _ = given_plan_config(path)
     with pytest.warns(UserWarning, match="seeds of .* disagree"):  # the AllGathers sequence parallelism trades for
         plan, _ = plan_config(config)
-    # The backward gathers each norm's output again for the weight gradient, as Megatron's does:
-    # its own AllGather, sent in the backward, not the forward's copy kept.
-    assert plan.backward_regathers
-    readers = [edge for edge in plan.redistributions if edge.tensor == "blocks.0.ln2.layer_norm:0"]
-    phases = {(op_phase(edge.consumer), edge.shares is None, tuple(step.kind for step in edge.plan.steps)) for edge in readers}
-    assert ("forward", True, ("AllGather",)) in phases and ("backward", True, ("AllGather",)) in phases
-    assert "blocks.0.ln2.layer_norm:0" in {edge.tensor for edge in plan.regathered()}
     assert_trains_like_one_device(plan)
 
 

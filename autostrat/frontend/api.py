@@ -91,9 +91,6 @@ def _finished(plan: Plan, context: ParallelContext) -> Plan:
                       + ("a pipeline's stages synchronise their gradients after the backward (buckets are built for "
                          "plans without stages)" if plan.pipeline is not None else
                          "a forward pass synchronises no gradient"), stacklevel=4)
-    if context.backward_regathers and not plan.regathered():
-        warnings.warn("backward_regathers=True: nothing to gather again: the backward reads no tensor a forward "
-                      "redistribution copied", stacklevel=4)
     if context.strategy_ckpt_save_file:  # a config's path is checked to stay in its folder (`io.OutputPath`)
         plan.save_strategy(context.strategy_output())
     folder = graphs_folder(context.global_rank)

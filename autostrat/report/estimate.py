@@ -201,9 +201,8 @@ def plan_pieces_config(data: dict, text: str, path, given: GivenPlan):
     config = config_from_data(keys, text, path, given.micro_batches, example_inputs=True)
     rows = given.dp * given.cp  # the norms' rows: a sequence's parts on cp devices of each data-parallel rank
     seeds = tensor_parallel_seeds(config.net, given.tp, given.dp, f"{path}: plan.tp", given.cp)
-    if given.sequence_parallel:  # and the backward gathers the sequence again, as Megatron's does
+    if given.sequence_parallel:
         seeds |= sequence_parallel_seeds(config.net, given.tp, rows)
-        config = replace(config, context=replace(config.context, backward_regathers=True))
     if given.cp > 1:
         seeds |= context_parallel_seeds(config.net, given.tp, given.dp, given.cp, f"{path}: plan.cp")
     if given.ep * given.etp > 1 or any(getattr(block, "sparse", False) for block in config.net.blocks):
