@@ -91,3 +91,21 @@ def test_a_search_prunes_by_activations_what_the_weights_alone_would_price(tmp_p
     assert pruned and all(one.bound > found.budget for one in pruned)
     assert {one.given.recompute for one in pruned} >= {"none"}
     assert found.best.peak_bytes <= found.budget
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_floor_holds_where_the_weights_and_their_sums_dominate(tmp_path, zero):
+    # Short sequences, wide blocks, 2 micro-batches on dp 2: under ZeRO the sums are held as
+    # shards (a floor counting them whole was 76.0 MB against a 66.6 MB peak).
+    text = ("hardware: a100-80gb\nprecision: bf16\nglobal_batch: 4\n"
+            "model:\n  name: GPT\n  params: {layers: 4, hidden: 512, heads: 8, seq: 16, vocab: 128}\n")
+    path = tmp_path / "wide.yaml"
+    path.write_text(text)
+    data = parse_config_text(text, path)
+    given = GivenPlan(1, 2, 2, "none", zero, 1, 4)
+    net = config_from_data(search_keys(dict(data), path, 4) | {"device_num": 4}, text, path, 1, example_inputs=True).net
+    weights = [sum(math.prod(parameter.shape) for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
+               for block in net.blocks]
+    peak = max(stage.peak_bytes for stage in estimate_given(dict(data), text, path, given).memory)
+    floor = peak_floor(given, weights, "bf16", LayerActivations.of(net), net.seq)
+    assert 0.7 * peak < floor <= peak

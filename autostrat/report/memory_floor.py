@@ -11,8 +11,10 @@ without a pipeline) and counts what the replay certainly holds then (cases):
   (`RESIDENT_BYTES` per weight element of their 2-D weights, split over ``tp``; the
   embedding and the LM head are not counted).
 - The gradient sums of a model stage, from the end of its first backward (its first W where
-  the schedule splits the backward) to the update, with two micro-batches or more
-  (`ACCUMULATED_BYTES`; the replay adds each micro-batch's gradients into the first one's).
+  the schedule splits the backward) to the start of its last, with two micro-batches or more
+  (`ACCUMULATED_BYTES`, split over ``dp`` under ZeRO, whose reduction to the shard comes before
+  the sum; the replay adds each micro-batch's gradients into the first one's; after the last,
+  a sum may be reduced, or updated, before the others are).
 - Just before each backward instruction: every micro-batch whose forward on a stage is done
   and whose backward there has not started holds what its backward reads there, for each of
   the stage's blocks (`LayerActivations`): per token, the tensors a backward of that block
@@ -149,15 +151,16 @@ def peak_floor(given, block_weights: list[int], precision: str, activations: Lay
     if states is None:  # the schedule's chunks are not the plan's: loads and sums alone
         states, activations = _instants("1f1b", given.pp, given.micro_batches, 1), None
     whole, sharded = RESIDENT_BYTES[precision]
+    shards = given.dp if given.zero else 1  # ZeRO reduces each micro-batch's gradients to a shard before summing
     summed = ACCUMULATED_BYTES[precision] * (given.micro_batches > 1)
     kept = 0 if activations is None else activations.kept_bytes(
         given.micro_batch * seq, given.tp, given.sequence_parallel, given.recompute, precision)
     most = 0
     for device, device_states in enumerate(states):
         stages = [chunk * given.pp + device for chunk in range(given.vp)]
-        loaded = sum(weights[stage] * whole + weights[stage] * sharded // (given.dp if given.zero else 1) for stage in stages)
+        loaded = sum(weights[stage] * whole + weights[stage] * sharded // shards for stage in stages)
         for in_flight, summing in device_states:
-            most = max(most, loaded + sum(flying * counts[stage] * kept + done * summed * weights[stage]
+            most = max(most, loaded + sum(flying * counts[stage] * kept + done * summed * weights[stage] // shards
                                           for stage, flying, done in zip(stages, in_flight, summing)))
     return most
 
@@ -166,8 +169,9 @@ def peak_floor(given, block_weights: list[int], precision: str, activations: Lay
 def _instants(name: str, devices: int, micro_batches: int, chunks: int) -> tuple | None:
     """Per device of the schedule, the distinct states just before each of its backward
     instructions and at its end: (micro-batches in flight per chunk, whether the chunk's
-    gradient sums exist); one device running micro-batch after micro-batch without a pipeline;
-    None where the schedule's chunks per device are not `chunks`."""
+    gradient sums exist: some of its micro-batches' backward has added into them, not all);
+    one device running micro-batch after micro-batch without a pipeline; None where the
+    schedule's chunks per device are not `chunks`."""
     if devices == 1:
         return ((((1,), (False,)),) + ((((1,), (True,)),) if micro_batches > 1 else ()),)
     schedule = schedule_orders(name, devices, micro_batches, chunks if name == "interleaved_1f1b" else None)
@@ -176,15 +180,15 @@ def _instants(name: str, devices: int, micro_batches: int, chunks: int) -> tuple
     summing_kind = "W" if name in SPLIT_BACKWARD else "B"
     found = []
     for order in schedule.orders:
-        in_flight, summing, states = [0] * chunks, [False] * chunks, set()
+        in_flight, summed, states = [0] * chunks, [0] * chunks, set()
         for instruction in order:
             if instruction.kind == "B":
-                states.add((tuple(in_flight), tuple(summing)))
+                states.add((tuple(in_flight), tuple(0 < count < micro_batches for count in summed)))
                 in_flight[instruction.chunk] -= 1
             elif instruction.kind == "F":
                 in_flight[instruction.chunk] += 1
             if instruction.kind == summing_kind:
-                summing[instruction.chunk] = True
-        states.add((tuple(in_flight), tuple(summing)))
+                summed[instruction.chunk] += 1
+        states.add((tuple(in_flight), (False,) * chunks))
         found.append(tuple(sorted(states)))
     return tuple(found)
