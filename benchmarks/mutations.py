@@ -209,12 +209,6 @@ MUTATIONS = (
         ("tests/test_published.py::test_a_gpt_layer_with_dropout_keeps_34_sbh_plus_5_as2b_bytes",),
     ),
     Mutation(
-        "floor-scores-doubled", "autostrat/report/memory_floor.py",
-        "            kept += scores * size + scores * (size + 1) * self.attention_dropout\n",
-        "            kept += 2 * scores * size + scores * (size + 1) * self.attention_dropout\n",
-        ("tests/test_memory_floor.py::test_the_floor_is_below_every_peak_and_near_it_without_recompute",),
-    ),
-    Mutation(
         "floor-sums-whole-under-zero", "autostrat/report/memory_floor.py",
         "    shards = given.dp if given.zero else 1",
         "    shards = 1",
