@@ -32,8 +32,8 @@ from autostrat import ops
 from autostrat.errors import ConfigError
 from autostrat.frontend.cell import Cell, CellList
 from autostrat.frontend.layers import Dense, Embedding, RMSNorm, SoftmaxCrossEntropyWithLogits
-from autostrat.frontend.tensor import LazyTensor, Tensor
-from autostrat.models.gpt import LanguageModel, causal_mask, dropped, is_probability, make_dropout
+from autostrat.frontend.tensor import Tensor
+from autostrat.models.gpt import LanguageModel, causal_mask_tensor, dropped, is_probability, make_dropout
 from autostrat.models.moe import MoeFeedForward, expert_capacity
 from autostrat.models.sizes import check_sizes
 
@@ -109,7 +109,7 @@ class Attention(Cell):
         self.scale, self.mask, self.softmax = ops.Mul(), ops.Add(), ops.Softmax()
         self.probs_dropout = make_dropout(self.dropout, self.seed)
         self.context = ops.BatchMatMul()
-        self.causal_mask = LazyTensor(functools.partial(causal_mask, self.seq), (self.seq, self.seq))  # made only for a run
+        self.causal_mask = causal_mask_tensor(self.seq)
         self.scale_factor = Tensor(np.float32(1 / math.sqrt(self.head_size)))
 
     def _init_fused(self):
