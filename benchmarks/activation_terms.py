@@ -15,12 +15,12 @@ The GPT configs drop as Megatron-LM's defaults do (``--attention-dropout 0.1``,
 ``--hidden-dropout 0.1``: `published`'s docstring), so every term of the paper has its tensor:
 a Dropout's output and its 1-byte bool mask, which the forward writes and its backward reads
 (`autodiff.elementwise`; under recompute the recomputed forward writes it again). Measured
-2026-12-02 (the 22B row, load 2): without SP a layer keeps exactly the paper's
-(10 + 24/t + 5·a·s/(h·t))·s·b·h (1.000); with SP + selective 30/t of its 34/t (0.882): each
-LayerNorm output (2/t) is kept as the copy gathered for its matmul, 2·s·b·h, counted under
-communication buffers, where Megatron keeps the sequence shard and gathers again in the
-backward (not yet expressible: a backward reader shares its forward reader's redistribution,
-`search.sharing`).
+2026-12-04 (the 22B row, load 1-2): a layer keeps exactly the paper's terms, without SP
+(10 + 24/t + 5·a·s/(h·t))·s·b·h, and with SP + selective 34/t (1.000 both, no copy): each
+LayerNorm output is kept as its sequence's part and gathered again in the backward for the
+weight gradients, as Megatron's is (``backward_regathers``,
+`models.megatron_plan.weight_gradient_seeds`). Before that, SP + selective kept 30/t of 34/t
+and a gathered copy of each LayerNorm output (2·s·b·h) for the backward.
 
 Run through `benchmarks/published.py --terms`.
 """

@@ -12,7 +12,9 @@ from autostrat.errors import ConfigError, UnknownOpError
 from autostrat.frontend import trace
 from autostrat.frontend.config import apply_seeds
 from autostrat.models import FFN, GPT, megatron_seeds
+from autostrat.models.megatron_plan import sequence_parallel_seeds
 from autostrat.nn import Cell, Parameter, Tensor
+from autostrat.search.plan import build_plan
 from autostrat.search import search
 from tests.graph_eval import evaluate
 
@@ -121,21 +123,27 @@ def test_search_plans_the_gpt_training_graph():
     assert all(gradient_name(p.name) in plan.layouts for p in graph.parameters())
 
 
-@pytest.mark.parametrize("refine", [None, "cpsat"])
-def test_the_search_objective_counts_every_reader_of_a_shared_parameter(refine):
+@pytest.mark.parametrize("refine, regathers", [(None, False), ("cpsat", False), (None, True), ("cpsat", True)])
+def test_the_search_objective_counts_every_reader_of_a_shared_parameter(refine, regathers):
     # In a training graph each weight is read by the forward and the backward MatMul: the edge
     # from its first reader to the second must be in the problem, or CP-SAT optimises bytes the
-    # plan does not send. (Readers wanting one layout share a redistribution: `SearchProblem.cost`.)
+    # plan does not send. (Readers wanting one layout share a redistribution: `SearchProblem.cost`;
+    # with `backward_regathers`, and sequence parallelism, only those of one phase: the plan's rule too.)
     from autostrat.search import SearchOptions
     from autostrat.search.problem import build_problem
 
     net = GPT(layers=1)
-    graph = apply_seeds(trace(net, *net.example_inputs(), device_num=8), megatron_seeds(1, 4, data_parallel=2), 8)
+    seeds = megatron_seeds(1, 4, data_parallel=2) | (sequence_parallel_seeds(net, 4, 2) if regathers else {})
+    graph = apply_seeds(trace(net, *net.example_inputs(), device_num=8), seeds, 8)
     training = build_backward(graph)
-    plan = search(training, 8, SearchOptions(refine=refine, refine_time_limit=30))
-    problem = build_problem(training, 8, allow_repeated=True)  # as sharding_propagation searches
+    plan = search(training, 8, SearchOptions(refine=refine, refine_time_limit=30, backward_regathers=regathers))
+    problem = build_problem(training, 8, allow_repeated=True, backward_regathers=regathers)  # as sharding_propagation searches
     choice = {name: problem.candidates[name].index(op.strategy) for name, op in plan.ops.items()}
     assert any(edge.from_input for edge in problem.edges)
     assert problem.cost(choice, shared=True) == plan.total_bytes
+    if regathers:  # the same choice, each phase paying its own: more bytes than sharing across them
+        kept = build_plan(training, 8, plan.mode, {name: op.strategy for name, op in plan.ops.items()},
+                          {name: op.origin for name, op in plan.ops.items()}, ())
+        assert plan.total_bytes > kept.total_bytes == build_problem(training, 8, allow_repeated=True).cost(choice)
     if refine:  # CP-SAT's model prices every reader's redistribution; the plan shares equal ones
         assert plan.total_bytes <= plan.refinement.result.objective <= plan.refinement.before

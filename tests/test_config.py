@@ -50,7 +50,7 @@ GOOD = "device_num: 8\nmodel: {name: FFN}\ninputs:\n  - {shape: [64, 64]}\n"
 CASES = {
     "not yaml": ("model: [1, 2\n", r"bad.yaml: not valid YAML at line 2, column 1"),
     "not a mapping": ("- 1\n- 2\n", r"bad.yaml: expected a mapping of keys \(parallel_mode, model, inputs, ...\), got list"),
-    "unknown key": (GOOD + "devices: 8\n", r"bad.yaml: unknown key 'devices'; valid keys: auto_recompute, bucket_bytes, coarsen, cost_model, dataset_strategy, device_flops, device_memory_bandwidth, device_num"),
+    "unknown key": (GOOD + "devices: 8\n", r"bad.yaml: unknown key 'devices'; valid keys: auto_recompute, backward_regathers, bucket_bytes, coarsen, cost_model, dataset_strategy, device_flops, device_memory_bandwidth, device_num"),
     "bad context value": (GOOD.replace("device_num: 8", "device_num: eight"), r"bad.yaml: device_num must be a positive integer, got 'eight'"),
     "missing model": ("inputs: [{shape: [2]}]\n", r"bad.yaml: missing key 'model'"),
     "model not a mapping": (GOOD.replace("{name: FFN}", "FFN"), r"bad.yaml: model: expected a mapping with one of 'name', 'hf_config' \(and optional 'params'\), got 'FFN'"),

@@ -72,6 +72,7 @@ SETTINGS = {
     "inter_server_latency": (1e-2, {"devices_per_server": 2}),
     "devices_per_server": (2, {}),
     "bucket_bytes": (64, {}),
+    "backward_regathers": (True, {}),
     "pricing_processes": (2, {}),
     # MindSpore's compiler and fusion knobs: accepted, saying they do nothing here.
     "all_reduce_fusion_config": ([2], {}),

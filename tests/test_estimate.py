@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from autostrat.autodiff import op_phase
 from autostrat.cli import main
 from autostrat.frontend.config import load_config
 from autostrat.frontend.run import plan_config
@@ -223,6 +224,21 @@ def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_devic
     config, _ = given_plan_config(path)
     with pytest.warns(UserWarning, match="seeds of .* disagree"):  # the AllGathers sequence parallelism trades for
         plan, _ = plan_config(config)
+    # The backward gathers each norm's output again for the weight gradient, as Megatron's does:
+    # its own AllGather, sent in the backward, not the forward's copy kept.
+    assert plan.backward_regathers
+    readers = [edge for edge in plan.redistributions if edge.tensor == "blocks.0.ln2.layer_norm:0"]
+    phases = {(op_phase(edge.consumer), edge.shares is None, tuple(step.kind for step in edge.plan.steps)) for edge in readers}
+    assert ("forward", True, ("AllGather",)) in phases and ("backward", True, ("AllGather",)) in phases
+    assert "blocks.0.ln1.layer_norm:0" in {edge.tensor for edge in plan.regathered()}
+    # Each weight gradient of a column-split product is the device's part of the weight, as
+    # Megatron's (seeded: left to propagation, it was the whole weight's, partial over tp).
+    for forward in [f"blocks.1.{product}.matmul" for product in ("attention.query", "attention.key", "attention.value", "ffn1")] + [
+            "lm_head.matmul"]:
+        weight_gradient = f"bprop/{forward}/mat_mul_1"
+        [gradient], weight = plan.graph.ops[weight_gradient].outputs, plan.graph.ops[forward].inputs[1]
+        assert plan.ops[weight_gradient].origin == "seed"
+        assert plan.layouts[gradient].slice_shape == plan.layouts[weight].slice_shape
     assert_trains_like_one_device(plan)
 
 

@@ -212,3 +212,20 @@ def test_built_in_models_trace_and_run_eagerly():
     assert len(trace(MLP(layers=3), Tensor(shape=(8, 64))).ops) == 8
     resnet = ResNet(blocks=1, channels=8, classes=4)
     assert "blocks.0.conv1.conv2d" in trace(resnet, Tensor(shape=(4, 3, 8, 8)), Tensor(shape=(4,), dtype="int32")).ops
+
+
+def test_a_backward_op_seed_pins_the_training_step_and_is_refused_in_a_forward_pass():
+    from autostrat.autodiff import SGD
+    from autostrat.frontend.api import plan_for
+    from autostrat.frontend.context import ParallelContext
+
+    context = ParallelContext(device_num=4, parallel_mode="semi_auto_parallel")
+    forward = {"dense1.matmul": (((1, 1), (1, 4)), None)}
+    weight_gradient = {"bprop/dense1.matmul/mat_mul_1": (((1, 1), (1, 4)), None)}  # the weight's columns, not the rows' sums
+    plan = plan_for(FFN(), (Tensor(shape=(64, 64)),), context, forward | weight_gradient, optimizer=SGD())
+    op = plan.ops["bprop/dense1.matmul/mat_mul_1"]
+    assert op.origin == "seed" and op.strategy.to_tuples() == ((1, 1), (1, 4))
+    unseeded = plan_for(FFN(), (Tensor(shape=(64, 64)),), context, forward, optimizer=SGD())
+    assert unseeded.ops["bprop/dense1.matmul/mat_mul_1"].strategy.to_tuples() == ((4, 1), (4, 1))
+    with pytest.raises(ConfigError, match=r"strategies\.bprop/dense1\.matmul/mat_mul_1: the graph has no op named"):
+        plan_for(FFN(), (Tensor(shape=(64, 64)),), context, forward | weight_gradient)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
-from autostrat.autodiff import Momentum, build_training
+from autostrat.autodiff import Momentum, build_training, op_phase
 from autostrat.autodiff.recompute import in_cell
 from autostrat.errors import ConfigError
 from autostrat.frontend.cell import recomputed_cells
@@ -38,12 +38,26 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
     cell paths `recompute` recomputed in the backward, search, save the checkpoint.
 
     A training plan's strategy checkpoint seeds the forward ops; its backward and update ops
-    are rebuilt, and ignored when planning a forward pass."""
+    are rebuilt, and ignored when planning a forward pass. Seeds of backward ops (autostrat's
+    own: MindSpore derives them) are applied to the training graph, after it is built.
+
+    Example (a product's weight gradient seeded as its forward is split):
+        >>> from autostrat.autodiff import SGD
+        >>> from autostrat.frontend.context import ParallelContext
+        >>> from autostrat.models import FFN
+        >>> from autostrat.nn import Tensor
+        >>> context = ParallelContext(device_num=4, parallel_mode="semi_auto_parallel")
+        >>> seeds = {"dense1.matmul": (((1, 1), (1, 4)), None), "bprop/dense1.matmul/mat_mul_1": (((1, 1), (1, 4)), None)}
+        >>> plan = plan_for(FFN(), (Tensor(shape=(64, 64)),), context, seeds, optimizer=SGD())
+        >>> plan.ops["bprop/dense1.matmul/mat_mul_1"].origin
+        'seed'
+    """
     net, optimizer = training_parts(net, context, optimizer)
     net, micro_batches = pipeline_parts(net)
     where = context.strategy_ckpt_load_file
     mindspore = read_mindspore_plan(where) if where else None  # (seeds, parameter layouts) of a checkpoint MindSpore saved
     checkpoint = seeds_by_phase(load_checkpoint_seeds(where)) if where and mindspore is None else {}
+    seeds, backward_seeds = _by_phase(seeds or {})
 
     def seeded(graph, device_num: int):
         graph = apply_seeds(graph, seeds, device_num) if seeds else graph
@@ -61,13 +75,15 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
                               f"training step: give an optimizer (TrainOneStepCell, or phase='train')")
 
         def training(graph, device_num: int):
-            return build_training(seeded(graph, device_num), optimizer, gradients_mean=context.gradients_mean,
-                                  recompute=recomputed_cells(net) + tuple(recompute))
+            graph = build_training(seeded(graph, device_num), optimizer, gradients_mean=context.gradients_mean,
+                                   recompute=recomputed_cells(net) + tuple(recompute))
+            return apply_seeds(graph, backward_seeds, device_num) if backward_seeds else graph
 
         plan = plan_pipeline_for(net, inputs, micro_batches, context, training, progress)
         return _finished(plan, context)
     graph = seeded(trace(net, *inputs, device_num=context.device_num), context.device_num)
     if optimizer is None:
+        check_op_names(graph, backward_seeds)  # a forward pass has no backward op to seed
         if context.auto_recompute:
             raise ConfigError("auto_recompute chooses layers to recompute in a training step; this plan is of a forward "
                               "pass (set phase='train' or give an optimizer)")
@@ -77,8 +93,15 @@ def plan_for(net, inputs, context: ParallelContext, seeds: dict | None = None, p
         # derives them from the forward seeds again, as when the checkpoint was saved. (Seeding
         # them too would pin pairs the saved plan joined by a redistribution: "seeds disagree".)
         saved = (checkpoint["backward"] | checkpoint["update"]) if checkpoint else {}
-        plan = _training_plan(graph, optimizer, context, recomputed_cells(net) + tuple(recompute), progress, saved, where)
+        plan = _training_plan(graph, optimizer, context, recomputed_cells(net) + tuple(recompute), progress, saved, where,
+                              backward_seeds)
     return _finished(plan, context)
+
+
+def _by_phase(seeds: dict) -> tuple[dict, dict]:
+    """`seeds` of forward ops, and of backward ops (named as `autodiff.op_phase` knows them)."""
+    backward = {name: seed for name, seed in seeds.items() if op_phase(name) == "backward"}
+    return {name: seed for name, seed in seeds.items() if name not in backward}, backward
 
 
 def _finished(plan: Plan, context: ParallelContext) -> Plan:
@@ -91,6 +114,9 @@ def _finished(plan: Plan, context: ParallelContext) -> Plan:
                       + ("a pipeline's stages synchronise their gradients after the backward (buckets are built for "
                          "plans without stages)" if plan.pipeline is not None else
                          "a forward pass synchronises no gradient"), stacklevel=4)
+    if context.backward_regathers and not plan.regathered():
+        warnings.warn("backward_regathers=True: nothing to gather again: the backward reads no tensor a forward "
+                      "redistribution copied", stacklevel=4)
     if context.strategy_ckpt_save_file:  # a config's path is checked to stay in its folder (`io.OutputPath`)
         plan.save_strategy(context.strategy_output())
     folder = graphs_folder(context.global_rank)
@@ -100,10 +126,11 @@ def _finished(plan: Plan, context: ParallelContext) -> Plan:
 
 
 def _training_plan(graph, optimizer, context: ParallelContext, recompute: tuple[str, ...], progress, saved=(),
-                   where: str = "") -> Plan:
-    """The plan of `graph`'s training step with the cells `recompute` recomputed, and with
-    ``auto_recompute`` as many more repeated layers as `choose_recompute` finds best; the op
-    names `saved` (from the strategy checkpoint at `where`) must be ops of some such step."""
+                   where: str = "", backward_seeds: dict | None = None) -> Plan:
+    """The plan of `graph`'s training step with the cells `recompute` recomputed, its backward
+    ops `backward_seeds` seeded, and with ``auto_recompute`` as many more repeated layers as
+    `choose_recompute` finds best; the op names `saved` (from the strategy checkpoint at
+    `where`) must be ops of some such step."""
     if len(graph.outputs) != 1:
         raise ConfigError(f"training needs a network returning one loss; {graph.name} returns {len(graph.outputs)} outputs")
     layers = ()
@@ -114,7 +141,8 @@ def _training_plan(graph, optimizer, context: ParallelContext, recompute: tuple[
                               f"left to choose (recomputed already: {', '.join(recompute) or 'none'})")
 
     def training(cells: tuple[str, ...]):
-        return build_training(graph, optimizer, gradients_mean=context.gradients_mean, recompute=recompute + cells)
+        step = build_training(graph, optimizer, gradients_mean=context.gradients_mean, recompute=recompute + cells)
+        return apply_seeds(step, backward_seeds, context.device_num) if backward_seeds else step
 
     if saved:  # every op any choice can have: refused before a search (a graph built only to check)
         check_op_names(training(layers), saved, where)

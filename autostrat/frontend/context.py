@@ -122,6 +122,11 @@ class ParallelContext:
       started as each bucket's gradients are final and overlapped with the rest of the backward
       (PyTorch DDP's buckets; `runtime.stream`), and priced so (`search.SearchOptions`); 0
       (default): every gradient synchronised after the backward.
+    - `backward_regathers` (autostrat's own): True makes the backward redistribute the
+      forward's tensors it reads itself, when it reads them, instead of keeping the copies the
+      forward's redistributions made (`plan.EdgeRedistribution`): fewer bytes held, more sent.
+      Megatron's sequence parallelism gathers the norms' outputs again so, and a plan with
+      ``sequence_parallel`` sets it (`report.estimate`); False (default): the copies are kept.
     - `pricing_processes` (autostrat's own): above 1, the processes that price the refinement's
       cost tables, this one among them (`redistribution.parallel`): the same prices, so the
       same plan, sooner on a machine with cores to spare; 0 (default): this process alone.
@@ -195,6 +200,7 @@ class ParallelContext:
     bucket_bytes: int = 0
     pricing_processes: int = 0
     output_paths_from: str = ""
+    backward_regathers: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel_mode, str):
@@ -237,7 +243,7 @@ class ParallelContext:
             raise ConfigError(f"pipeline_stages must be a positive integer, got {stages!r}")
         self.pipeline_schedule_chunks()  # validates pipeline_config, pipeline_schedule and pipeline_interleave_num
         for key in ("full_batch", "fully_use_devices", "gradients_mean", "follow_layers", "enable_parallel_optimizer",
-                    "auto_recompute", "parameter_broadcast"):
+                    "auto_recompute", "parameter_broadcast", "backward_regathers"):
             value = getattr(self, key)
             if not isinstance(value, bool) and not (key == "fully_use_devices" and value is None):
                 raise ConfigError(f"{key} must be True or False, got {value!r}")
@@ -272,6 +278,7 @@ class ParallelContext:
             cost_model=self.cost_model,
             precision=self.precision,
             bucket_bytes=self.bucket_bytes,
+            backward_regathers=self.backward_regathers,
             pricing_processes=self.pricing_processes,
             hardware=self.hardware_profile(),
             optimizer_shard=self.optimizer_shard() if self.enable_parallel_optimizer else None,

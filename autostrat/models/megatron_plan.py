@@ -18,7 +18,9 @@ and sequence parallelism as seeds, selective recompute as recomputed ops (`autos
   split their rows (batch x sequence) over the ``dp · tp`` devices, so that each tensor-parallel
   rank holds its part of the sequence; the row-split product's partial output then becomes a
   ReduceScatter and the column-split product's input an AllGather, chosen by the planner as for
-  any edge (`DESIGN.md`: partial is a state).
+  any edge (`DESIGN.md`: partial is a state). The backward gathers that input again for the
+  weight gradient (``backward_regathers``), whose products are seeded as Megatron computes them
+  (`weight_gradient_seeds`), so a device keeps the sequence's part of each norm's output.
 - Context parallelism (Llama 3's all-gather form, Dubey et al. 2024, section 3.3.2): the rows of
   a data-parallel rank's sequence split over ``cp`` devices (the products' rows over ``dp · cp``),
   every fused attention's query rows over ``cp`` with K and V whole, which the planner gathers
@@ -195,6 +197,32 @@ def sequence_parallel_seeds(net, tensor_parallel: int, data_parallel: int) -> di
     """
     _check_family(net)
     return _between_regions_seeds(net, tensor_parallel * data_parallel)
+
+
+def weight_gradient_seeds(seeds: dict) -> dict:
+    """Seeds of the weight-gradient products of `seeds`' products (the blocks' and the LM
+    head's) whose weight is split by columns or whole (their input's hidden dim whole): split as Megatron computes them, the
+    gradient of the output by the forward's rows and columns, the input by its rows, so that
+    each device's part of the weight gradient is its part of the weight, partial over the
+    rows' devices only. With sequence parallelism that input is a norm's output, gathered over
+    the ``tp`` devices in the backward again (`search.plan.EdgeRedistribution`): left to
+    propagation, the product took the sequence's part and the output's gradient by rows, and
+    kept a whole-weight gradient, partial over ``tp``. Named as `autodiff.matmul` emits them: a
+    Dense product's input gradient first, its weight gradient second (``mat_mul_1``).
+
+    Example:
+        >>> weight_gradient_seeds(tensor_parallel_seeds(GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64), 2, 4))[
+        ...     "bprop/blocks.0.ffn1.matmul/mat_mul_1"]
+        (((4, 2), (4, 1)), None)
+    """
+    found = {}
+    for name, (strategy, _) in seeds.items():
+        if not (name.endswith(".matmul") or name == "lm_head") or not all(isinstance(part, tuple) for part in strategy):
+            continue  # products only (a tied head is its own op), seeded by device counts
+        activation, weight = strategy
+        if len(activation) == len(weight) == 2 and activation[1] == weight[1] == 1:
+            found[f"bprop/{name}/mat_mul_1"] = (((activation[0], weight[0]), (activation[0], 1)), None)
+    return found
 
 
 def _between_regions_seeds(net, rows: int) -> dict:

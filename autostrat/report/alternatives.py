@@ -183,7 +183,7 @@ def swapped_plan(plan: Plan, op: str, strategy) -> Plan:
         strategies[name], origins[name] = followed, origin
     return build_plan(plan.graph, plan.device_num, plan.mode, strategies, origins, plan.warnings,
                       cost_model=plan.cost_model, hardware=plan.hardware, optimizer_shard=plan.optimizer_shard,
-                      precision=plan.precision, bucket_bytes=plan.bucket_bytes)
+                      precision=plan.precision, bucket_bytes=plan.bucket_bytes, backward_regathers=plan.backward_regathers)
 
 
 def _edge_bytes(plan: Plan) -> dict[str, int]:

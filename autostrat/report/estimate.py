@@ -22,7 +22,9 @@ model (cases):
 - ``micro_batch`` and ``global_batch``: ``global_batch / (dp · micro_batch)`` micro-batches per
   step (gradient accumulation when ``pp`` is 1), each of ``dp · micro_batch`` sequences.
 - ``sequence_parallel``: the norms, residual adds and biases between the tensor-parallel regions
-  split by rows over ``dp · tp`` devices (`models.megatron_plan.sequence_parallel_seeds`).
+  split by rows over ``dp · tp`` devices (`models.megatron_plan.sequence_parallel_seeds`); the
+  backward gathers the norms' outputs again for the weight gradients, as Megatron's does
+  (``backward_regathers``, `models.megatron_plan.weight_gradient_seeds`).
 - ``recompute``: ``none``, ``full`` (every block recomputed in the backward) or ``selective``
   (every block's attention core: `models.megatron_plan.mark_selective_recompute`).
 - ``zero``: 0, or 1 (the optimiser state split over the data-parallel replicas, Megatron's
@@ -48,7 +50,8 @@ from autostrat.frontend.run import plan_config
 from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.models.flops import model_flops
 from autostrat.models.megatron_plan import (context_parallel_seeds, expert_parallel_seeds, mark_pipeline_stages,
-                                            mark_selective_recompute, sequence_parallel_seeds, tensor_parallel_seeds)
+                                            mark_selective_recompute, sequence_parallel_seeds, tensor_parallel_seeds,
+                                            weight_gradient_seeds)
 from autostrat.reading import read_text
 from autostrat.redistribution import collector_paused
 from autostrat.search.memory_breakdown import KINDS, memory_breakdowns
@@ -201,13 +204,16 @@ def plan_pieces_config(data: dict, text: str, path, given: GivenPlan):
     config = config_from_data(keys, text, path, given.micro_batches, example_inputs=True)
     rows = given.dp * given.cp  # the norms' rows: a sequence's parts on cp devices of each data-parallel rank
     seeds = tensor_parallel_seeds(config.net, given.tp, given.dp, f"{path}: plan.tp", given.cp)
-    if given.sequence_parallel:
+    if given.sequence_parallel:  # and the backward gathers the sequence again, as Megatron's does
         seeds |= sequence_parallel_seeds(config.net, given.tp, rows)
+        config = replace(config, context=replace(config.context, backward_regathers=True))
     if given.cp > 1:
         seeds |= context_parallel_seeds(config.net, given.tp, given.dp, given.cp, f"{path}: plan.cp")
     if given.ep * given.etp > 1 or any(getattr(block, "sparse", False) for block in config.net.blocks):
         seeds |= expert_parallel_seeds(config.net, given.ep, given.etp, given.dp * given.tp, given.dp, given.dp * given.micro_batch,
                                        f"{path}: plan.{'ep' if given.ep > 1 else 'etp'}")
+    if given.sequence_parallel:  # each weight gradient as Megatron's, from the input gathered again
+        seeds |= weight_gradient_seeds(seeds)
     config = replace(config, strategies=seeds)
     if given.pp > 1:  # Megatron's even split of the blocks, given as their pipeline_stage
         mark_pipeline_stages(config.net, given.pp * given.vp, f"{path}: plan.pp")

@@ -26,9 +26,8 @@ without a pipeline) and counts what the replay certainly holds then (cases):
     - the two norms' inputs (their backward reads them) and, with hidden dropout, the two
       1-byte masks of the dropouts before the residual adds;
     - the two norms' outputs, each a weight product's input, which its weight gradient
-      reads, whole: the product reads it gathered over the ``tp`` devices, and the replay
-      keeps that copy for the backward (with sequence parallelism too, where Megatron keeps
-      the sequence's part and gathers it again: `benchmarks/activation_terms.py`);
+      reads (with sequence parallelism the backward gathers the part kept again, as
+      Megatron's does: `plan.EdgeRedistribution`);
     - Q, K and V (the attention products', or the fused attention's, inputs) and the
       projection's input, at their widths (GQA's K and V at the key-value heads' width);
     - an unfused attention without recompute: the softmax's output (its backward reads it),
@@ -118,8 +117,7 @@ class LayerActivations:
         size, stream = (4 if precision == "fp32" else 2), tokens * self.stream // (tp if sequence_parallel else 1)
         if recompute == "full":
             return stream * size
-        gathered = tokens * self.stream  # each norm's output as its product reads it: whole on the tp devices
-        kept = (2 * stream + 2 * gathered + tokens * (self.heads + self.mlp) // tp) * size + 2 * stream * self.hidden_dropout
+        kept = (4 * stream + tokens * (self.heads + self.mlp) // tp) * size + 2 * stream * self.hidden_dropout
         if recompute == "none":
             scores = tokens * self.scores // tp
             kept += scores * size + scores * (size + 1) * self.attention_dropout

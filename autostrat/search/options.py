@@ -96,6 +96,7 @@ class SearchOptions:
     precision: str = "fp32"
     micro_batches: int = 1
     bucket_bytes: int = 0
+    backward_regathers: bool = False
 
     def __post_init__(self) -> None:
         for key, value, valid in (("parallel_mode", self.mode, MODES), ("search_mode", self.search_mode, SEARCH_MODES),

@@ -39,7 +39,11 @@ class EdgeRedistribution:
 
     When an earlier op (in graph order) already wants the tensor in an equivalent layout,
     `shares` names that op's input ``(op, index)``: this edge reads its result, sends nothing
-    and costs nothing (one redistribution per tensor and target layout).
+    and costs nothing (one redistribution per tensor and target layout). With
+    `Plan.backward_regathers` a backward op shares only a backward op's: the forward's copy is
+    dropped after its forward readers, and the backward redistributes the tensor again when it
+    needs it, as Megatron's sequence parallelism gathers the norms' outputs again for the weight
+    gradients (Korthikanti et al. 2022, section 4.2.2): fewer bytes held, more sent.
     """
 
     tensor: str
@@ -121,6 +125,7 @@ class Plan:
     pipeline: object = None  # with pipeline_stages: the `pipeline.Pipeline` (this plan is one stage's devices')
     precision: str = "fp32"  # what its memory counts per trained parameter (`search.precision`)
     bucket_bytes: int = 0  # gradient synchronisation in buckets of this many bytes, overlapped (0: after the backward)
+    backward_regathers: bool = False  # the backward redistributes its inputs itself (`build_plan`)
 
     @cached_property
     def sizes(self) -> TensorSizes:
@@ -193,6 +198,22 @@ class Plan:
         for name, sent in self.ring_bytes.items():
             totals[op_phase(name)] += sent
         return totals
+
+    def regathered(self) -> tuple[EdgeRedistribution, ...]:
+        """The backward's redistributions that would share a forward one's copy but for
+        `backward_regathers` (the same tensor into the same layout): what it sends again.
+
+        Example (a forward-only plan regathers nothing):
+            >>> from autostrat.models import tutorial_plan
+            >>> tutorial_plan().regathered()
+            ()
+        """
+        def wanted(edge: EdgeRedistribution):
+            return edge.tensor, self.ops[edge.consumer].strategy.input_layouts[edge.input_index].normalized()
+
+        forward = {wanted(edge) for edge in self.redistributions if op_phase(edge.consumer) == "forward"}
+        return tuple(edge for edge in self.redistributions
+                     if not edge.shares and op_phase(edge.consumer) == "backward" and wanted(edge) in forward)
 
     def bytes_into(self, op: str) -> int:
         """Bytes per device the redistributions into `op`'s inputs send."""
@@ -334,9 +355,12 @@ def _described(edge: EdgeRedistribution) -> str:
 
 def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, Strategy], origins: dict[str, str], warnings,
                progress=None, cost_model: str = "bytes", hardware: Hardware = Hardware(),
-               optimizer_shard: OptimizerShard | None = None, precision: str = "fp32", bucket_bytes: int = 0) -> Plan:
+               optimizer_shard: OptimizerShard | None = None, precision: str = "fp32", bucket_bytes: int = 0,
+               backward_regathers: bool = False) -> Plan:
     """Layouts and redistributions implied by one strategy per op (`progress.step` hears of
-    every op planned, see `progress.SearchProgress`), predicted on `hardware`."""
+    every op planned, see `progress.SearchProgress`), predicted on `hardware`; with
+    `backward_regathers`, the backward shares no forward op's redistribution
+    (`EdgeRedistribution`)."""
     model = hardware.alpha_beta(device_num) if cost_model == "time" else None  # the search's redistributions
     timing = hardware.alpha_beta(device_num)  # what each collective's algorithm is chosen on (`plan_with_algorithms`)
     planned = PlanMemo(model, timing, cost_model)
@@ -356,7 +380,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             held = layouts[tensor]
             if held.equivalent(wanted):
                 continue
-            key = (tensor, wanted.normalized())
+            key = (tensor, wanted.normalized(), backward_regathers and op_phase(name) == "backward")
             earlier = paid.get(key)
             if earlier is not None and tensor not in resting:  # a resting parameter is gathered per use
                 edges.append(replace(earlier, consumer=name, input_index=index, shares=(earlier.consumer, earlier.input_index)))
@@ -372,7 +396,8 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
                        for parameter, value in graph.updates)
     return Plan(graph, device_num, mode, ops, ordered, tuple(edges), tuple(warnings),
                 writebacks=tuple(w for w in writebacks if w.plan.steps), cost_model=cost_model, hardware=hardware,
-                optimizer_shard=optimizer_shard, precision=precision, bucket_bytes=bucket_bytes)
+                optimizer_shard=optimizer_shard, precision=precision, bucket_bytes=bucket_bytes,
+                backward_regathers=backward_regathers)
 
 
 def resting_parameters(graph: Graph, strategies) -> frozenset[str]:

@@ -25,7 +25,7 @@ from functools import cache
 
 import numpy as np
 
-from autostrat.autodiff import UPDATE_OP_TYPES
+from autostrat.autodiff import UPDATE_OP_TYPES, op_phase
 from autostrat.cost import AlphaBeta, Hardware, dtype_size, op_cost
 from autostrat.cost.ring import ring_nanoseconds
 from autostrat.ir import Graph
@@ -85,6 +85,21 @@ class SearchProblem:
     model: AlphaBeta | None = None  # with cost_model "time": the tables' α–β model (costs are nanoseconds)
     optimizer_shard: OptimizerShard | None = None  # enable_parallel_optimizer: how updates split over replicas
     sizes: TensorSizes | None = None  # bytes per element in its precision (`search.precision`); None: dtypes'
+    backward_regathers: bool = False  # backward readers share no forward reader's redistribution (`share_group`)
+
+    def share_group(self, edge: SearchEdge) -> tuple:
+        """The readers whose redistributions of one tensor into one layout are one
+        (`plan.EdgeRedistribution.shares`): those of `edge`'s tensor and producer; with
+        `backward_regathers`, the forward's and the backward's apart (`plan.build_plan`).
+
+        Example:
+            >>> from autostrat.autodiff import SGD
+            >>> from autostrat.models import tutorial_plan
+            >>> problem = build_problem(tutorial_plan(optimizer=SGD()).graph, 8, backward_regathers=True)
+            >>> sorted({problem.share_group(edge) for edge in problem.edges if edge.tensor == "relu:0"})
+            [('relu:0', 'relu', False), ('relu:0', 'relu', True)]
+        """
+        return edge.tensor, edge.producer, self.backward_regathers and op_phase(edge.consumer) == "backward"
 
     def update_layout(self, parameter: str, stored: Layout) -> Layout:
         """The layout `parameter`'s update runs in, and its optimiser state is kept in, when
@@ -116,7 +131,7 @@ class SearchProblem:
         for edge in self.edges:
             if shared and not edge.sync and not self._resting(edge, choice):
                 wanted = self.candidates[edge.consumer][choice[edge.consumer]].input_layouts[edge.input_index]
-                key = (edge.tensor, edge.producer, wanted.normalized())
+                key = (self.share_group(edge), wanted.normalized())
                 if key in paid:
                     continue
                 paid.add(key)
@@ -177,7 +192,7 @@ def _followed_nanoseconds(rule, layout: Layout, dtypes: tuple[str, ...], rates: 
 def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, full_only: bool = False,
                   lazy: bool = True, mesh="auto", hardware: Hardware | None = None,
                   optimizer_shard: OptimizerShard | None = None, precision: str = "fp32",
-                  micro_batches: int = 1) -> SearchProblem:
+                  micro_batches: int = 1, backward_regathers: bool = False) -> SearchProblem:
     """Candidates on `mesh` (`candidate_values`), own costs and edge tables of every op and edge
     of `graph`; the tables' entries are computed as the search reads them, or all at once
     without `lazy` (tests compare the two). Costs are bytes, or nanoseconds on `hardware`.
@@ -221,7 +236,7 @@ def build_problem(graph: Graph, device_num: int, allow_repeated: bool = False, f
         for edge in edges:
             edge.table.full()
     return SearchProblem(graph, device_num, allow_repeated, candidates, tuple(edges), costs, _incident(graph, edges),
-                         optimizer_state(full, followers), values, axes, model, optimizer_shard, sizes)
+                         optimizer_state(full, followers), values, axes, model, optimizer_shard, sizes, backward_regathers)
 
 
 def _rest_variants(graph: Graph, candidates, followers: dict[str, str], sharding: OptimizerShard | None):

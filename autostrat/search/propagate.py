@@ -92,10 +92,10 @@ def _row_term(problem: SearchProblem, edge, choice: dict[str, int]) -> RowTerm:
 def _paid_for(problem: SearchProblem, edge, choice: dict[str, int]) -> set:
     """The layouts (normal forms) the decided other readers of `edge`'s tensor want it in: one
     redistribution per tensor and layout serves them all (`plan.EdgeRedistribution.shares`)."""
-    paid = set()
+    paid, group = set(), problem.share_group(edge)
     for other in problem.incident[edge.producer]:
-        if (other.tensor == edge.tensor and other.consumer != edge.consumer and other.consumer in choice
-                and other.producer == edge.producer and not other.sync):
+        if (other.consumer != edge.consumer and other.consumer in choice and not other.sync
+                and problem.share_group(other) == group):
             strategy = problem.candidates[other.consumer][choice[other.consumer]]
             paid.add(strategy.input_layouts[other.input_index].normalized())
     return paid

@@ -56,7 +56,8 @@ def _extra_starts(problem, graph: Graph, device_num: int, options: SearchOptions
     starts = [data_parallel(problem, keep_seeds=True).choice]
     if problem.model is not None and options.mode == "auto_parallel":
         by_bytes = build_problem(graph, device_num, options.repeated, mesh=options.mesh, optimizer_shard=options.optimizer_shard,
-                                 precision=options.precision, micro_batches=options.micro_batches)
+                                 precision=options.precision, micro_batches=options.micro_batches,
+                                 backward_regathers=options.backward_regathers)
         try:
             starts.append(propagate(by_bytes, _CheckingDeadline(deadline), options.follow_layers).choice)
         except TimeRanOut:
@@ -132,7 +133,7 @@ def _search(graph: Graph, device_num: int, options: SearchOptions, progress, col
     hardware = options.hardware if options.cost_model == "time" else None
     problem = build_problem(graph, device_num, options.repeated, full_only=options.automatic, mesh=options.mesh,
                             hardware=hardware, optimizer_shard=options.optimizer_shard, precision=options.precision,
-                            micro_batches=options.micro_batches)
+                            micro_batches=options.micro_batches, backward_regathers=options.backward_regathers)
     _check_shared_parameters(problem.graph, problem)
     if options.max_device_memory is not None:  # a budget no choice fits: refused before any cost table is priced
         floor = peak_floor(problem)
@@ -297,4 +298,4 @@ def _plan_of(problem, graph: Graph, device_num: int, options: SearchOptions, ass
         strategies[name], origins[name] = strategy, origin
     return build_plan(graph, device_num, options.mode, strategies, origins, assignment.warnings, progress,
                       options.cost_model, options.hardware, options.optimizer_shard, options.precision,
-                      bucket_bytes=options.bucket_bytes)
+                      bucket_bytes=options.bucket_bytes, backward_regathers=options.backward_regathers)

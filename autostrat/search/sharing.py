@@ -65,12 +65,12 @@ def fanouts(problem: SearchProblem) -> tuple[Fanout, ...]:
         >>> [(fanout.tensor, len(fanout.edges)) for fanout in fanouts(problem)][0]
         ('relu:0', 3)
     """
-    groups: dict[tuple[str, str], list[SearchEdge]] = {}
+    groups: dict[tuple, list[SearchEdge]] = {}
     for edge in problem.edges:
         if not edge.sync:
-            groups.setdefault((edge.tensor, edge.producer), []).append(edge)
+            groups.setdefault(problem.share_group(edge), []).append(edge)
     return tuple(_fanout(problem, tensor, producer, edges)
-                 for (tensor, producer), edges in groups.items() if len(edges) > 1)
+                 for (tensor, producer, _), edges in groups.items() if len(edges) > 1)
 
 
 def _fanout(problem: SearchProblem, tensor: str, producer: str, edges: list[SearchEdge]) -> Fanout:

@@ -101,7 +101,7 @@ def to_instance(problem: SearchProblem, budget: int | None = None, deadline: Dea
     for edge in problem.edges:
         deadline.check(PRICING)
         pairs.append((position[edge.producer], position[edge.consumer]))
-        share = readers[edge.tensor, edge.producer] if relaxed and not edge.sync else 1
+        share = readers[problem.share_group(edge)] if relaxed and not edge.sync else 1
         matrices.append(_finite(np.asarray(edge.table.full(), dtype=np.float64) / share).ravel())
     costs, edge_list, edge_costs = _simple_graph(costs, pairs, matrices)
     usages, intervals, owners = _memory_nodes(problem, position)
@@ -136,8 +136,9 @@ def shares_nothing(problem: SearchProblem) -> bool:
 
 
 def _readers(problem: SearchProblem) -> Counter:
-    """How many priced edges read each (tensor, producer) (gradient synchronisation never shares)."""
-    return Counter((edge.tensor, edge.producer) for edge in problem.edges if not edge.sync)
+    """How many priced edges read each tensor of each share group (`SearchProblem.share_group`;
+    gradient synchronisation never shares)."""
+    return Counter(problem.share_group(edge) for edge in problem.edges if not edge.sync)
 
 
 def _finite(values: np.ndarray) -> np.ndarray:
