@@ -209,6 +209,12 @@ MUTATIONS = (
         ("tests/test_published.py::test_a_gpt_layer_with_dropout_keeps_34_sbh_plus_5_as2b_bytes",),
     ),
     Mutation(
+        "floor-seeded-sums-as-shards", "autostrat/report/memory_floor.py",
+        "    summed_shards = 1 if activations is not None and given.sequence_parallel else shards\n",
+        "    summed_shards = shards\n",
+        ("tests/test_memory_floor.py::test_under_zero_the_sums_count_as_shards_but_whole_where_sequence_parallelism_seeds_them",),
+    ),
+    Mutation(
         "floor-sums-whole-under-zero", "autostrat/report/memory_floor.py",
         "    shards = given.dp if given.zero else 1",
         "    shards = 1",

@@ -231,10 +231,10 @@ def test_a_sequence_parallel_plan_with_selective_recompute_trains_like_one_devic
     phases = {(op_phase(edge.consumer), edge.shares is None, tuple(step.kind for step in edge.plan.steps)) for edge in readers}
     assert ("forward", True, ("AllGather",)) in phases and ("backward", True, ("AllGather",)) in phases
     assert "blocks.0.ln1.layer_norm:0" in {edge.tensor for edge in plan.regathered()}
-    # Each weight gradient of a column-split product is the device's part of the weight, as
-    # Megatron's (seeded: left to propagation, it was the whole weight's, partial over tp).
-    for forward in [f"blocks.1.{product}.matmul" for product in ("attention.query", "attention.key", "attention.value", "ffn1")] + [
-            "lm_head.matmul"]:
+    # Each weight gradient is the device's part of the weight, as Megatron's (seeded: left to
+    # propagation, a column-split product's was the whole weight's, partial over tp).
+    products = ("attention.query", "attention.key", "attention.value", "attention.projection", "ffn1", "ffn2")
+    for forward in [f"blocks.1.{product}.matmul" for product in products] + ["lm_head.matmul"]:
         weight_gradient = f"bprop/{forward}/mat_mul_1"
         [gradient], weight = plan.graph.ops[weight_gradient].outputs, plan.graph.ops[forward].inputs[1]
         assert plan.ops[weight_gradient].origin == "seed"

@@ -73,6 +73,15 @@ def test_the_weights_gradient_sums_count_once_a_backward_made_them():
     assert one == 2 * 500 * 14 and many == 2 * 500 * 18
 
 
+def test_under_zero_the_sums_count_as_shards_but_whole_where_sequence_parallelism_seeds_them():
+    # tp 2, dp 2, ZeRO 1, 4 micro-batches, no activations: 1000 elements a device; loads 2 + 12/2
+    # bytes each; sums 4 bytes each, split over dp unless the weight gradients are seeded (SP).
+    layer = LayerActivations(stream=0, heads=0, mlp=0, scores=0, attention_dropout=False, hidden_dropout=False)
+    floors = [peak_floor(GivenPlan(2, 1, 2, "none", 1, 1, 8, sequence_parallel), [1000] * 2, "bf16", layer, 16)
+              for sequence_parallel in (False, True)]
+    assert floors == [1000 * (2 + 6) + 1000 * 4 // 2, 1000 * (2 + 6) + 1000 * 4]
+
+
 def test_the_shape_of_llama_and_gpt_blocks():
     gpt = LayerActivations.of(GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64))
     llama = LayerActivations.of(LLaMA(layers=1, hidden=32, ffn=48, heads=4, kv_heads=2, seq=8, vocab=64, fused_attention=True))
@@ -93,19 +102,21 @@ def test_a_search_prunes_by_activations_what_the_weights_alone_would_price(tmp_p
     assert found.best.peak_bytes <= found.budget
 
 
-@pytest.mark.parametrize("zero", [0, 1])
-def test_the_floor_holds_where_the_weights_and_their_sums_dominate(tmp_path, zero):
-    # Short sequences, wide blocks, 2 micro-batches on dp 2: under ZeRO the sums are held as
-    # shards (a floor counting them whole was 76.0 MB against a 66.6 MB peak).
+@pytest.mark.parametrize("tp, zero, sequence_parallel", [(1, 0, False), (1, 1, False), (2, 1, True)])
+def test_the_floor_holds_where_the_weights_and_their_sums_dominate(tmp_path, tp, zero, sequence_parallel):
+    # Short sequences, wide blocks, 2 micro-batches on dp 2: under ZeRO a sum may be a shard's
+    # (a floor counting them whole was 76.0 MB against a 66.6 MB peak at tp 1), except the
+    # weight gradients sequence parallelism seeds, which are summed whole (counted so: closer).
     text = ("hardware: a100-80gb\nprecision: bf16\nglobal_batch: 4\n"
             "model:\n  name: GPT\n  params: {layers: 4, hidden: 512, heads: 8, seq: 16, vocab: 128}\n")
     path = tmp_path / "wide.yaml"
     path.write_text(text)
     data = parse_config_text(text, path)
-    given = GivenPlan(1, 2, 2, "none", zero, 1, 4)
+    given = GivenPlan(tp, 2, 2, "none", zero, 1, 4, sequence_parallel)
     net = config_from_data(search_keys(dict(data), path, 4) | {"device_num": 4}, text, path, 1, example_inputs=True).net
     weights = [sum(math.prod(parameter.shape) for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
                for block in net.blocks]
     peak = max(stage.peak_bytes for stage in estimate_given(dict(data), text, path, given).memory)
-    floor = peak_floor(given, weights, "bf16", LayerActivations.of(net), net.seq)
+    layer = LayerActivations.of(net)
+    floor = peak_floor(given, weights, "bf16", layer, net.seq)
     assert 0.7 * peak < floor <= peak

@@ -201,27 +201,31 @@ def sequence_parallel_seeds(net, tensor_parallel: int, data_parallel: int) -> di
 
 def weight_gradient_seeds(seeds: dict) -> dict:
     """Seeds of the weight-gradient products of `seeds`' products (the blocks' and the LM
-    head's) whose weight is split by columns or whole (their input's hidden dim whole): split as Megatron computes them, the
-    gradient of the output by the forward's rows and columns, the input by its rows, so that
-    each device's part of the weight gradient is its part of the weight, partial over the
-    rows' devices only. With sequence parallelism that input is a norm's output, gathered over
-    the ``tp`` devices in the backward again (`search.plan.EdgeRedistribution`): left to
-    propagation, the product took the sequence's part and the output's gradient by rows, and
-    kept a whole-weight gradient, partial over ``tp``. Named as `autodiff.matmul` emits them: a
-    Dense product's input gradient first, its weight gradient second (``mat_mul_1``).
+    head's) whose weight is split by columns, by rows or not at all: split as Megatron computes
+    them, the gradient of the output and the input by the forward's rows and as the forward
+    splits their widths, so that each device's part of the weight gradient is its part of the
+    weight, partial over the rows' devices only (reduced in the update, with the other
+    micro-batches'). With sequence parallelism a column-split product's input is a norm's
+    output, gathered over the ``tp`` devices in the backward again, and a row-split product's
+    output gradient too (`search.plan.EdgeRedistribution`): left to propagation, the column-split
+    products took the sequence's part and the output's gradient by rows, and kept a whole-weight
+    gradient, partial over ``tp``. Named as `autodiff.matmul` emits them: a Dense product's
+    input gradient first, its weight gradient second (``mat_mul_1``).
 
     Example:
-        >>> weight_gradient_seeds(tensor_parallel_seeds(GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64), 2, 4))[
-        ...     "bprop/blocks.0.ffn1.matmul/mat_mul_1"]
-        (((4, 2), (4, 1)), None)
+        >>> seeds = tensor_parallel_seeds(GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64), 2, 4)
+        >>> found = weight_gradient_seeds(seeds)
+        >>> found["bprop/blocks.0.ffn1.matmul/mat_mul_1"], found["bprop/blocks.0.ffn2.matmul/mat_mul_1"]
+        ((((4, 2), (4, 1)), None), (((4, 1), (4, 2)), None))
     """
     found = {}
     for name, (strategy, _) in seeds.items():
         if not (name.endswith(".matmul") or name == "lm_head") or not all(isinstance(part, tuple) for part in strategy):
             continue  # products only (a tied head is its own op), seeded by device counts
         activation, weight = strategy
-        if len(activation) == len(weight) == 2 and activation[1] == weight[1] == 1:
-            found[f"bprop/{name}/mat_mul_1"] = (((activation[0], weight[0]), (activation[0], 1)), None)
+        if len(activation) == len(weight) == 2 and activation[1] == weight[1] and 1 in weight:
+            rows, inner, outer = activation[0], weight[1], weight[0]
+            found[f"bprop/{name}/mat_mul_1"] = (((rows, outer), (rows, inner)), None)
     return found
 
 

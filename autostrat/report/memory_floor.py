@@ -12,9 +12,12 @@ without a pipeline) and counts what the replay certainly holds then (cases):
   embedding and the LM head are not counted).
 - The gradient sums of a model stage, from the end of its first backward (its first W where
   the schedule splits the backward) to the start of its last, with two micro-batches or more
-  (`ACCUMULATED_BYTES`, split over ``dp`` under ZeRO, whose reduction to the shard comes before
-  the sum; the replay adds each micro-batch's gradients into the first one's; after the last,
-  a sum may be reduced, or updated, before the others are).
+  (`ACCUMULATED_BYTES`; the replay adds each micro-batch's gradients into the first one's;
+  after the last, a sum may be reduced, or updated, before the others are). Under ZeRO a sum
+  may be of a gradient the backward already reduced to its shard (propagation may choose so),
+  so it counts split over ``dp``; but with sequence parallelism a dense block's products have
+  their weight gradients seeded whole over ``dp`` (partial there,
+  `models.megatron_plan.weight_gradient_seeds`), reduced in the update: their sums count whole.
 - Just before each backward instruction: every micro-batch whose forward on a stage is done
   and whose backward there has not started holds what its backward reads there, for each of
   the stage's blocks (`LayerActivations`): per token, the tensors a backward of that block
@@ -149,8 +152,10 @@ def peak_floor(given, block_weights: list[int], precision: str, activations: Lay
     if states is None:  # the schedule's chunks are not the plan's: loads and sums alone
         states, activations = _instants("1f1b", given.pp, given.micro_batches, 1), None
     whole, sharded = RESIDENT_BYTES[precision]
-    shards = given.dp if given.zero else 1  # ZeRO reduces each micro-batch's gradients to a shard before summing
+    shards = given.dp if given.zero else 1
     summed = ACCUMULATED_BYTES[precision] * (given.micro_batches > 1)
+    # A dense block's weight gradients seeded (sequence parallelism): summed whole, under ZeRO too.
+    summed_shards = 1 if activations is not None and given.sequence_parallel else shards
     kept = 0 if activations is None else activations.kept_bytes(
         given.micro_batch * seq, given.tp, given.sequence_parallel, given.recompute, precision)
     most = 0
@@ -158,8 +163,9 @@ def peak_floor(given, block_weights: list[int], precision: str, activations: Lay
         stages = [chunk * given.pp + device for chunk in range(given.vp)]
         loaded = sum(weights[stage] * whole + weights[stage] * sharded // shards for stage in stages)
         for in_flight, summing in device_states:
-            most = max(most, loaded + sum(flying * counts[stage] * kept + done * summed * weights[stage] // shards
-                                          for stage, flying, done in zip(stages, in_flight, summing)))
+            held = [flying * counts[stage] * kept + done * summed * weights[stage] // summed_shards
+                    for stage, flying, done in zip(stages, in_flight, summing)]
+            most = max(most, loaded + sum(held))
     return most
 
 
