@@ -48,7 +48,9 @@ over all eight step-time entries the fit gives 0.835 against the shipped 0.7977,
 -> 3.29 % (leave-one-out 3.77 %), every entry within ±15 % at both (the worst 530B full
 recompute, +11.2 % at the shipped factor). The shipped factor was fitted on 22B and 1T before
 the dropout; refitting it would move it 4.7 % for 0.77 points of error (before the dropout:
-0.8084, MARE 4.46 % -> 4.41 %).
+0.8084, MARE 4.46 % -> 4.41 %). 2026-12-04 (load 1), with sequence parallelism gathering the
+norms' outputs again in the backward: 0.846, MARE 4.00 % -> 2.85 % (leave-one-out 3.26 %), the
+worst still 530B full recompute, +11.2 %.
 `calibration.py` fits this machine's MPI ranks (a CPU host), not an A100: it has no factor to give.
 
 Memory: after the table, `paper_accounting` prints what Fig. 1 counts, which its formulas
@@ -78,14 +80,18 @@ accounting as much as modelling:
   activations at once. Without SP the given plan keeps the norms and residual adds whole on the
   tp devices, as Megatron does (`models.megatron_plan`).
   ``--terms`` prints a layer's activations term by term against the paper's (`activation_terms`,
-  the one-stage 22B row): without SP a layer keeps every term of the paper, exactly (1.000; the
-  rows 1.005-1.019 with the tables and the head); with SP + selective 30/t of the paper's 34/t
-  (0.882 of a layer; the pipelined rows 0.914-0.924, the one-stage 22B 1.050 with its embedding,
-  head and loss beside its layers):
-  each LayerNorm output, 2/t, is kept as the copy gathered for its matmul, 2·s·b·h, counted
-  under communication buffers, where Megatron keeps the sequence shard and gathers it again in
-  the backward. Measured 2026-12-02 at a load of 2-4 (before the dropout: 0.639-0.678 without
-  SP, 0.84-0.98 with SP + selective).
+  the one-stage 22B row): a layer keeps every term of the paper, exactly, without SP and with
+  SP + selective (1.000 both; the rows 1.002-1.007 without SP with the tables and the head,
+  1.027-1.031 with SP + selective on the pipelined rows and 1.089 on the one-stage 22B: at its
+  most the blocks hold 15.9 s·b·h over their 48 · 34/t, the last layer's backward recomputing
+  its attention core, 5·a·s/(h·t) = 13.3, while the layers below still hold theirs). Each LayerNorm output is kept as its sequence's part and gathered again
+  for the weight gradients in the backward, as Megatron's is (``backward_regathers``, with
+  the weight-gradient products seeded as Megatron computes them:
+  `models.megatron_plan.weight_gradient_seeds`). Measured 2026-12-04 at a load of 1; before
+  (2026-12-02), the forward's gathered copy (2·s·b·h each) was kept to the backward: 30/t of
+  the paper's 34/t a layer, 0.914-0.924 and 1.050, and the 1T plan peaked at 86.05 GiB. Every
+  attention reads one causal mask (`models.gpt.causal_mask_tensor`; one a layer was 0.75 GiB on
+  the 22B row).
 
 Search: after the table, per row the plan-space search's candidates and its bounds
 (`bound_counts`: the candidates, those past the memory floor, and those whose step-time bound
@@ -94,34 +100,29 @@ that plan), then each row's plan-space search (`report.plan_space`, what ``autos
 does with the row's model, devices and global batch and no plan) next to the published plan,
 the faster of its two recompute columns: predicted step and peak of both, whether the searched
 one fits 80 GiB, their ratio, the candidates priced / pruned by the memory floor / pruned by
-the step-time bound / refused, and the search's wall seconds against the issue's 30 s. Every
-priced candidate is a full estimate (the published plans' take 2.6-4.8, 5.6-8.0, 9.6-15.8 and
-9.5-16.3 CPU-s for 22B, 175B, 530B and 1T at a load of 7-10 on 2 cores, before the dropout):
-22B priced 116 of its 340 in 460 s at a load of 3-5 (pruned 34 by memory, 190 by the step-time
-bound; 250 priced in 1,183 s before the step-time bound), before the dropout. With it, 22B has
-339 candidates, 164 with a bound below the published plan's step, and the larger rows 593
-(175B), 159 (530B) and 196 (1T) such candidates, hours each (``--no-search`` leaves
-the searches out). Measured 2026-12-04 (load about 1), ``--rows 22B --no-fit``: 22B's search
-328.1 s at 7690f90, 276.0 s with the collector paused in each estimate (1 process), 138.3 s on
-``--processes 2`` (the default; the op-level search's plan, 65 s of refinement that ends over
-the budget, priced in this process while the worker prices the rest), the same answer each
-time: tp 4 pp 2 vp 12 sp, recompute none, 0.982 s (0.914 of the published plan's 1.074 s),
-69.9 GiB; 129 priced, 36 pruned by memory, 175 by the step-time bound. The 30 s target is
-missed by 4.6x: the bound (0.49-0.81 of each priced candidate's step, median 0.76) leaves 165
-candidates below the answer's step, and even a bound 25 % tighter would leave 47. In bound
-order the answer is the 18th priced, so ``--time-limit 25`` (load 1-2, three runs) returns it
-in 25.0 s on 2 processes (26-27 priced, 102-103 left unpriced: at most 41.7 % slower than the
-space's fastest, by the op-level search's bound, left unpriced), and tp 4 pp 2 vp 24 sp none,
-0.997 s (0.929 of the published plan's step), on 1 (13 priced). The larger rows in 25 s on 2
-processes find no plan that fits (1 305 of 1 314, 1 143 of 1 149 and 907 of 909 candidates
-past the resident bound left unpriced): the least bounds belong to plans without recompute, whose activations
-need 131-179 GB (the smallest peaks priced), and no activation floor prunes them before
-pricing.
+the step-time bound / refused / left unpriced, and the search's wall seconds against the
+issue's 30 s. Every priced candidate is a full estimate (3-8 CPU-s on 175B and 1T). The whole
+branch and bound takes minutes to hours on the rows but 530B, so the issue's 30 s needs
+``--time-limit`` (below). Measured 2026-12-04 (load 1-2), ``--time-limit 25`` on 2 processes,
+twice, the same answers: 22B tp 4 pp 2 vp 12 sp, recompute none, mb 2, 0.995 s (0.909 of the
+published plan's 1.095 s), 76.6 GiB, 28-31 priced; 175B tp 8 pp 8 vp 12 sp selective mb 2,
+13.47 s (0.976 of 13.81), 68.2 GiB, 10 priced, 24 left unpriced; 530B the published plan itself,
+38.67 s, the branch and bound complete in 18.4 s (5 priced: optimal over the candidates); 1T
+tp 8 pp 64 vp 2 sp selective, 73.09 s (0.962 of 75.99), 77.6 GiB, 4 priced and every other
+candidate pruned but the op-level search's plan. Two changes make that possible: the memory
+floor (`report.memory_floor`), which counts the activations the schedule keeps in flight and a
+sequence-parallel plan's gradient sums whole (past 80 GiB: 239 / 407 / 269 / 250 of 339 /
+3 345 / 2 922 / 4 206 candidates, against 1 314 / 1 149 / 909 on 175B / 530B / 1T with the
+parameters and optimiser state alone), and the backward run as Megatron's under sequence
+parallelism (the norms' outputs kept as sequence parts and gathered again, every weight
+gradient each device's part of the weight: `models.megatron_plan.weight_gradient_seeds`; the
+1T published plan peaked at 86.05 GiB with the gathered copies kept, 102.5 GiB with them
+gathered again but the weight gradients left to propagation). Before both, the larger rows
+found no plan that fits within 25 s.
 
 Run: .venv/bin/python benchmarks/published.py [--rows 22B 1T] [--no-search] [--no-fit] [--terms] [--processes N]
-[--time-limit S]   (22B, 175B,
-530B and 1T took 9.5, 30.9, 97.6 and 64.5 s for their three plans at a load of 3-4 on 2 cores, the
-fit 74.6 s more; 286 s and 0.59 GB in all with --terms, without the searches)
+[--time-limit S]   (22B, 175B, 530B and 1T took 4.4, 11.3, 20.0 and 23.6 s for their three plans at
+a load of 1 on 2 cores, the fit 34.1 s more; 203 s in all with --time-limit 25)
 """
 
 from __future__ import annotations
