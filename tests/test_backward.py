@@ -147,3 +147,26 @@ def test_the_search_objective_counts_every_reader_of_a_shared_parameter(refine, 
         assert plan.total_bytes > kept.total_bytes == build_problem(training, 8, allow_repeated=True).cost(choice)
     if refine:  # CP-SAT's model prices every reader's redistribution; the plan shares equal ones
         assert plan.total_bytes <= plan.refinement.result.objective <= plan.refinement.before
+
+
+def test_weight_gradient_seeds_name_each_dense_products_weight_gradient_in_the_training_graph():
+    # Every seeded Dense product of GPT and LLaMA blocks and the head gets one, named as the
+    # training graph names the op writing its weight's gradient; a product without transpose_b
+    # (its weight [in, out]) gets none.
+    from autostrat.autodiff import SGD, build_training
+    from autostrat.models import LLaMA
+    from autostrat.models.megatron_plan import tensor_parallel_seeds, weight_gradient_seeds
+
+    for net in (GPT(layers=2, hidden=32, heads=4, seq=8, batch=2, vocab=64), LLaMA(layers=2, hidden=32, ffn=48, heads=4,
+                                                                                 kv_heads=2, seq=8, vocab=64)):
+        seeds = tensor_parallel_seeds(net, 2, 2)
+        found = weight_gradient_seeds(net, seeds)
+        graph = build_training(trace(net, *net.example_inputs(), device_num=4), SGD())
+        for product in (name for name in seeds if name.endswith(".matmul")):
+            weight = graph.ops[product].inputs[1]
+            [writer] = [name for name, op in graph.ops.items() if f"grad/{weight}" in op.outputs]
+            assert found[writer][0][0][0] == seeds[product][0][0][0]  # the forward's rows
+        assert len(found) == len([name for name in seeds if name.endswith(".matmul")])
+    net = GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64)
+    net.blocks[0].ffn1.matmul = ops.MatMul()
+    assert "bprop/blocks.0.ffn1.matmul/mat_mul_1" not in weight_gradient_seeds(net, tensor_parallel_seeds(net, 2, 2))

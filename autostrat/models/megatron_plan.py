@@ -199,9 +199,10 @@ def sequence_parallel_seeds(net, tensor_parallel: int, data_parallel: int) -> di
     return _between_regions_seeds(net, tensor_parallel * data_parallel)
 
 
-def weight_gradient_seeds(seeds: dict) -> dict:
-    """Seeds of the weight-gradient products of `seeds`' products (the blocks' and the LM
-    head's) whose weight is split by columns, by rows or not at all: split as Megatron computes
+def weight_gradient_seeds(net, seeds: dict) -> dict:
+    """Seeds of the weight-gradient products of `seeds`' Dense products of `net` (MatMul with
+    ``transpose_b``, the weight ``[out, in]``: the blocks' and the LM head's) whose weight is
+    split by columns, by rows or not at all: split as Megatron computes
     them, the gradient of the output and the input by the forward's rows and as the forward
     splits their widths, so that each device's part of the weight gradient is its part of the
     weight, partial over the rows' devices only (reduced in the update, with the other
@@ -213,15 +214,17 @@ def weight_gradient_seeds(seeds: dict) -> dict:
     input gradient first, its weight gradient second (``mat_mul_1``).
 
     Example:
-        >>> seeds = tensor_parallel_seeds(GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64), 2, 4)
-        >>> found = weight_gradient_seeds(seeds)
+        >>> net = GPT(layers=1, hidden=32, heads=4, seq=8, batch=2, vocab=64)
+        >>> found = weight_gradient_seeds(net, tensor_parallel_seeds(net, 2, 4))
         >>> found["bprop/blocks.0.ffn1.matmul/mat_mul_1"], found["bprop/blocks.0.ffn2.matmul/mat_mul_1"]
         ((((4, 2), (4, 1)), None), (((4, 1), (4, 2)), None))
     """
-    found = {}
+    primitives, found = dict(net.primitives_and_names()), {}
     for name, (strategy, _) in seeds.items():
-        if not (name.endswith(".matmul") or name == "lm_head") or not all(isinstance(part, tuple) for part in strategy):
-            continue  # products only (a tied head is its own op), seeded by device counts
+        primitive = primitives.get(name)
+        dense = primitive is not None and primitive.op_type == "MatMul" and primitive.attrs == {"transpose_b": True}
+        if not dense or not all(isinstance(part, tuple) for part in strategy):
+            continue  # Dense products only, seeded by device counts
         activation, weight = strategy
         if len(activation) == len(weight) == 2 and activation[1] == weight[1] and 1 in weight:
             rows, inner, outer = activation[0], weight[1], weight[0]

@@ -213,7 +213,7 @@ def plan_pieces_config(data: dict, text: str, path, given: GivenPlan):
         seeds |= expert_parallel_seeds(config.net, given.ep, given.etp, given.dp * given.tp, given.dp, given.dp * given.micro_batch,
                                        f"{path}: plan.{'ep' if given.ep > 1 else 'etp'}")
     if given.sequence_parallel:  # each weight gradient as Megatron's, from the input gathered again
-        seeds |= weight_gradient_seeds(seeds)
+        seeds |= weight_gradient_seeds(config.net, seeds)
     config = replace(config, strategies=seeds)
     if given.pp > 1:  # Megatron's even split of the blocks, given as their pipeline_stage
         mark_pipeline_stages(config.net, given.pp * given.vp, f"{path}: plan.pp")
