@@ -209,6 +209,13 @@ MUTATIONS = (
         ("tests/test_published.py::test_a_gpt_layer_with_dropout_keeps_34_sbh_plus_5_as2b_bytes",),
     ),
     Mutation(
+        "held-blocks-never-freed", "autostrat/runtime/held_memory.py",
+        "            self.total -= size\n",
+        "            pass\n",
+        ("tests/test_memory_measured.py::test_held_blocks_kept_as_arrays_come_and_go_are_what_a_walk_of_them_finds",
+         "tests/test_memory_measured.py::test_held_memory_is_what_tracemalloc_traces_in_numpys_domain"),
+    ),
+    Mutation(
         "floor-seeded-sums-as-shards", "autostrat/report/memory_floor.py",
         "    summed_shards = 1 if activations is not None and given.sequence_parallel else shards\n",
         "    summed_shards = shards\n",

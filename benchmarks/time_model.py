@@ -65,7 +65,14 @@ MARE 53.4 %, τ 0.806 (τ's target met, MARE's not). Every 2-rank plan measures 
 predicted (-3.5 % to -67.5 %: ffn's 0.07 ms steps 0.11-0.23 ms), the communicating plans at 4
 and 8 ranks 2-11 times their prediction (transformer_stack 8 data 31.2 -> 352.4 ms), and the
 plans that never communicate less (mlp 8 none +113.6 %): the same three patterns, now without
-other jobs' load.
+other jobs' load. Per instruction (an ad-hoc timer on `on_instruction`, rank 0 of 2) the
+executor spent 20-30 us on each whatever it did, most of it walking every array the rank holds
+to sample its memory; kept as arrays come and go (`runtime.held_memory.HeldBlocks`) the same
+peaks cost 2-5 us: gpt_train 2 config measures 21.09 -> 9.95 ms. Re-run so (20:25 UTC, load
+1.2): MARE 50.8 %, τ 0.800; the larger 2-rank plans now measure less than predicted (gpt_train
++36.7 % to +53.7 %, transformer_stack +15.8 % to +34.6 %), the small ones still more (ffn
+-48 % to -74 %): the calibration's kernel chains (kernel_latency 9.6 -> 6.0 us) no longer
+carry what a program's instructions cost beside their kernels.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from autostrat import nn, reset_auto_parallel_context, set_auto_parallel_context
 from autostrat.frontend import trace
@@ -23,6 +25,7 @@ from autostrat.layout import SliceContext
 from autostrat.models import FFN, GPT, megatron_seeds, tutorial_plan
 from autostrat.autodiff import Adam, Momentum, build_training
 from autostrat.runtime import executor, held_memory
+from autostrat.runtime.held_memory import HeldBlocks, held_bytes
 from autostrat.runtime.executor import execute, graph_values, release_schedule
 from autostrat.runtime.local import LocalCluster
 from autostrat.runtime.program import lower_programs
@@ -107,13 +110,13 @@ def test_held_memory_is_what_tracemalloc_traces_in_numpys_domain(monkeypatch):
     plan = tutorial_plan(seed=None, device_num=1, optimizer=Adam())
     program = lower_programs(plan)[0]
     values = graph_values(plan.graph, {}) | synthetic_batches(plan.graph, 1)[0]
-    traced, sample = [], held_memory.HeldMemory.sample
+    traced, note = [], held_memory.HeldMemory.note
 
-    def both(memory, *groups):
-        sample(memory, *groups)
+    def both(memory, held: int):
+        note(memory, held)
         traced.append(held_memory.numpy_traced_bytes())
 
-    monkeypatch.setattr(held_memory.HeldMemory, "sample", both)
+    monkeypatch.setattr(held_memory.HeldMemory, "note", both)
     tracemalloc.start()
     try:
         before = held_memory.numpy_traced_bytes()
@@ -263,3 +266,24 @@ def test_a_budget_just_under_the_tutorials_exact_peak_gives_a_plan_whose_run_fit
     result = train_locally(plan, graph_values(plan.graph, {}), synthetic_batches(plan.graph, 2))
     assert_peaks_match(result, f"the tutorial FFN with {optimizer} under {budget:,} bytes")
     assert max(result.measured_peaks) <= budget, (result.measured_peaks, budget)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove"]), st.integers(0, 5), st.integers(0, 2)), max_size=40),
+       st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2)), max_size=4))
+def test_held_blocks_kept_as_arrays_come_and_go_are_what_a_walk_of_them_finds(steps, extra):
+    # Six blocks, each seen as itself, a view, or a view of a view; an array added twice holds
+    # its block until removed twice; the fast count against held_bytes over the arrays held.
+    blocks = [np.zeros(4 * (number + 1), np.float32) for number in range(6)]
+    views = [[block, block[1:], block[1:][::2]] for block in blocks]
+    kept, held = HeldBlocks(), []
+    for action, number, view in steps:
+        array = views[number][view]
+        if action == "add":
+            kept.add(array)
+            held.append(array)
+        elif any(one is array for one in held):
+            kept.remove(array)
+            held.pop(next(index for index, one in enumerate(held) if one is array))
+        assert kept.total == held_bytes(held)
+    group = [views[number][view] for number, view in extra]
+    assert kept.bytes_with(group, [np.float32(1)]) == held_bytes(held, group, [np.float32(1)])

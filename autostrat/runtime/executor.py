@@ -34,6 +34,7 @@ rank's memory.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,7 @@ from autostrat.autodiff import UPDATE_OP_TYPES
 from autostrat.cost.live_bytes import release_after
 from autostrat.errors import RuntimeBackendError
 from autostrat.runtime.backend import Backend
-from autostrat.runtime.held_memory import HeldMemory
+from autostrat.runtime.held_memory import HeldBlocks, HeldMemory
 from autostrat.runtime.kernels import run_kernel
 from autostrat.runtime.instructions import Communicate, Compute, Load, Program, Recv, RingCompute, Send
 from autostrat.runtime.ring import ring_compute
@@ -138,18 +139,40 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     store: dict[str, np.ndarray] = {}
     traffic, stream = [], SyncStream(backend, traffic_of)
     memory, uncounted = HeldMemory(), set()
+    # What the rank holds between instructions: the store's counted arrays and the carried
+    # slices not yet loaded, kept as they change (a walk of them all after every instruction
+    # took a third of a small training step).
+    held, counted_store, stored = HeldBlocks(), {}, Counter()  # stored: the ids of the store's arrays (`materialised`)
+    for array in (resident or {}).values():
+        held.add(array)
     for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
         if on_instruction is not None:
             on_instruction(index, instruction)
+        carried = resident.get(instruction.tensor) if isinstance(instruction, Load) and resident else None
         inputs, written = run_instruction(instruction, program, backend, store, (values, resident), traffic, stream)
-        written = materialised(instruction, written, store, released)
+        if carried is not None:
+            held.remove(carried)  # in the store from now on, if its load keeps it
+        written = materialised(instruction, written, store, released, stored)
         if not counted(instruction):
             uncounted.update(written)
-        memory.sample([a for key, a in store.items() if key not in uncounted], [a for key, a in written.items() if key not in uncounted],
-                      inputs, (resident or {}).values(), stream.held())
-        store.update(written)
+            for key in written:
+                if key in counted_store:
+                    held.remove(counted_store.pop(key))
+        memory.note(held.bytes_with([a for key, a in written.items() if key not in uncounted], inputs, stream.held()))
+        for key, array in written.items():
+            if key in store:
+                stored[id(store[key])] -= 1
+            store[key] = array
+            stored[id(array)] += 1
+            if key in counted_store:
+                held.remove(counted_store.pop(key))
+            if key not in uncounted:
+                counted_store[key] = array
+                held.add(array)
         for key in released:
-            del store[key]
+            stored[id(store.pop(key))] -= 1
+            if key in counted_store:
+                held.remove(counted_store.pop(key))
         if stream.busy:
             stream.progress()  # between kernels: the stream's messages that arrived let it go on
     outputs = {tensor: store[key] for tensor, key in program.outputs}
@@ -202,14 +225,16 @@ def counted_bytes(instruction, written: dict) -> dict[str, int]:
     return {key: array.nbytes if counted(instruction) else 0 for key, array in written.items()}
 
 
-def materialised(instruction, written: dict, store: dict, released) -> dict:
+def materialised(instruction, written: dict, store: dict, released, stored: Counter | None = None) -> dict:
     """The results as a device holds them: every result in a buffer of its own (a numpy view of
     an input, or an input itself, is copied), except a result written over an input read for the
-    last time here (`written_over`), which takes that input's buffer."""
+    last time here (`written_over`), which takes that input's buffer. `stored`: the ids of the
+    store's arrays, where the caller keeps them (else found from `store`)."""
+    stored = Counter(id(array) for array in store.values()) if stored is None else stored
     own = {}
     for key, array in written.items():
         array = np.asarray(array)
-        own[key] = array if array.flags.owndata and not any(array is held for held in store.values()) else array.copy()
+        own[key] = array if array.flags.owndata and not stored[id(array)] else array.copy()
     for source, target in written_over(instruction):
         old, new = store.get(source), own[target]
         if source in released and old is not None and old.shape == new.shape and old.dtype == new.dtype and old.flags.owndata:

@@ -47,8 +47,65 @@ def held_bytes(*groups) -> int:
     return sum(blocks.values())
 
 
+def _block(array) -> tuple[object, int]:
+    """The object whose memory `array` uses (the end of its chain of `base`s; anything other
+    than an array is its own), and that memory's bytes: `held_bytes`' rule."""
+    if not isinstance(array, np.ndarray):
+        return array, np.asarray(array).nbytes
+    base = array.base
+    while isinstance(base, np.ndarray):
+        array, base = base, base.base
+    return array, array.nbytes
+
+
+class HeldBlocks:
+    """The distinct blocks behind a set of arrays that changes an array at a time, and their
+    bytes (`total`), kept up to date as arrays come and go instead of walked again at every
+    sample: what `held_bytes` gives for the set (tests compare the two at every instruction).
+    An array held twice holds its block until both are gone.
+
+    Example (a view of a held array adds nothing; a copy adds its block):
+        >>> whole, blocks = np.zeros(8, np.float32), HeldBlocks()
+        >>> blocks.add(whole); blocks.add(whole[:4]); blocks.remove(whole)
+        >>> blocks.total, blocks.bytes_with([whole[2:]], [whole.copy()])
+        (32, 64)
+    """
+
+    def __init__(self):
+        self._blocks: dict[int, list] = {}  # id(block) -> [block, arrays holding it]; the block kept, so its id stays its own
+        self.total = 0
+
+    def add(self, array) -> None:
+        block, size = _block(array)
+        entry = self._blocks.get(id(block))
+        if entry is None:
+            self._blocks[id(block)] = [block, 1]
+            self.total += size
+        else:
+            entry[1] += 1
+
+    def remove(self, array) -> None:
+        block, size = _block(array)
+        entry = self._blocks[id(block)]
+        entry[1] -= 1
+        if not entry[1]:
+            del self._blocks[id(block)]
+            self.total -= size
+
+    def bytes_with(self, *groups) -> int:
+        """`total` with the blocks behind the arrays of `groups` that it lacks, each once."""
+        extra: dict[int, int] = {}
+        for group in groups:
+            for array in group:
+                block, size = _block(array)
+                if id(block) not in self._blocks:
+                    extra[id(block)] = size
+        return self.total + sum(extra.values())
+
+
 class HeldMemory:
-    """The peak of `held_bytes` over the moments a rank samples.
+    """The peak of `held_bytes` over the moments a rank samples (`sample`), or of what a rank
+    found another way (`note`: `HeldBlocks.bytes_with`).
 
     Example:
         >>> memory = HeldMemory(); memory.sample([np.zeros(4)]); memory.sample([np.zeros(2)]); memory.peak
@@ -59,7 +116,10 @@ class HeldMemory:
         self.peak = 0
 
     def sample(self, *groups) -> None:
-        self.peak = max(self.peak, held_bytes(*groups))
+        self.note(held_bytes(*groups))
+
+    def note(self, held: int) -> None:
+        self.peak = max(self.peak, held)
 
 
 def numpy_traced_bytes() -> int:
