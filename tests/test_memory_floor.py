@@ -5,7 +5,6 @@ and it is close to the peak where activations weigh (no recompute), so that it p
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from autostrat.frontend.yaml_text import parse_config_text
 from autostrat.models.gpt import GPT
 from autostrat.models.llama import LLaMA
 from autostrat.report.estimate import GivenPlan, estimate_given, search_keys
-from autostrat.report.memory_floor import LayerActivations, peak_floor
+from autostrat.report.memory_floor import LayerActivations, block_weights, peak_floor
 from autostrat.report.plan_space import plan_candidates, search_plan_space
 
 MODELS = {
@@ -27,20 +26,26 @@ MODELS = {
 }
 
 
-def _floors_and_peaks(tmp_path: Path, model: str, schedule: str, precision: str = "bf16", step: int = 3):
-    """Every `step`-th candidate on 4 devices (global batch 4) of `model`: its floor and its estimated peak."""
-    text = f"hardware: a100-80gb\nprecision: {precision}\nglobal_batch: 4\npipeline_schedule: {schedule}\nmodel:\n  {MODELS[model]}\n"
+def _floor_and_peak(tmp_path: Path, text: str):
+    """For the plan-space config `text` (global batch 4): a GivenPlan's (floor, estimated peak)."""
     path = tmp_path / "floor.yaml"
     path.write_text(text)
     data = parse_config_text(text, path)
     net = config_from_data(search_keys(dict(data), path, 4) | {"device_num": 4}, text, path, 1, example_inputs=True).net
-    weights = [sum(math.prod(parameter.shape) for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
-               for block in net.blocks]
-    found = []
-    for given in plan_candidates(4, 4, 4, 8)[::step]:
+    weights, layer, schedule = block_weights(net), LayerActivations.of(net), data.get("pipeline_schedule", "1f1b")
+
+    def priced(given: GivenPlan) -> tuple[int, int]:
         peak = max(stage.peak_bytes for stage in estimate_given(dict(data), text, path, given).memory)
-        found.append((given, peak_floor(given, weights, precision, LayerActivations.of(net), net.seq, schedule), peak))
-    return found
+        return peak_floor(given, weights, data["precision"], layer, net.seq, schedule), peak
+
+    return priced
+
+
+def _floors_and_peaks(tmp_path: Path, model: str, schedule: str, precision: str = "bf16", step: int = 3):
+    """Every `step`-th candidate on 4 devices (global batch 4) of `model`: its floor and its estimated peak."""
+    text = f"hardware: a100-80gb\nprecision: {precision}\nglobal_batch: 4\npipeline_schedule: {schedule}\nmodel:\n  {MODELS[model]}\n"
+    priced = _floor_and_peak(tmp_path, text)
+    return [(given, *priced(given)) for given in plan_candidates(4, 4, 4, 8)[::step]]
 
 
 @pytest.mark.parametrize("model, schedule, precision", [
@@ -109,14 +114,5 @@ def test_the_floor_holds_where_the_weights_and_their_sums_dominate(tmp_path, tp,
     # weight gradients sequence parallelism seeds, which are summed whole (counted so: closer).
     text = ("hardware: a100-80gb\nprecision: bf16\nglobal_batch: 4\n"
             "model:\n  name: GPT\n  params: {layers: 4, hidden: 512, heads: 8, seq: 16, vocab: 128}\n")
-    path = tmp_path / "wide.yaml"
-    path.write_text(text)
-    data = parse_config_text(text, path)
-    given = GivenPlan(tp, 2, 2, "none", zero, 1, 4, sequence_parallel)
-    net = config_from_data(search_keys(dict(data), path, 4) | {"device_num": 4}, text, path, 1, example_inputs=True).net
-    weights = [sum(math.prod(parameter.shape) for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
-               for block in net.blocks]
-    peak = max(stage.peak_bytes for stage in estimate_given(dict(data), text, path, given).memory)
-    layer = LayerActivations.of(net)
-    floor = peak_floor(given, weights, "bf16", layer, net.seq)
+    floor, peak = _floor_and_peak(tmp_path, text)(GivenPlan(tp, 2, 2, "none", zero, 1, 4, sequence_parallel))
     assert 0.7 * peak < floor <= peak

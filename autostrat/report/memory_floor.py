@@ -49,6 +49,7 @@ plan's ``vp`` (zbv).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from autostrat.models.megatron_plan import stage_layer_counts
@@ -130,6 +131,18 @@ class LayerActivations:
 def _width(dense) -> tuple[int, int]:
     """A Dense cell's (output, input) widths (its weight is ``[out, in]``)."""
     return tuple(dense.weight.shape)
+
+
+def block_weights(net) -> list[int]:
+    """The 2-D weight elements of each of `net`'s blocks, in order: what `peak_floor` counts.
+
+    Example (a GPT block: Q, K, V and the projection 32 x 32 each, the MLP 2 x 32 x 128):
+        >>> from autostrat.models.gpt import GPT
+        >>> block_weights(GPT(layers=2, hidden=32, heads=4, seq=8, batch=2, vocab=64))
+        [12288, 12288]
+    """
+    return [sum(math.prod(parameter.shape) for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
+            for block in net.blocks]
 
 
 def peak_floor(given, block_weights: list[int], precision: str, activations: LayerActivations | None, seq: int,

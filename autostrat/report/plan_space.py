@@ -68,7 +68,7 @@ from autostrat.redistribution import collector_paused
 from autostrat.report.estimate import GivenPlan, estimate_of, search_keys
 from autostrat.report.plan_pricing import price_plans
 from autostrat.report.plan_results import NOT_PRICED, TIME_PRUNED, PlanSearch, Priced, best_of
-from autostrat.report.memory_floor import LayerActivations, peak_floor
+from autostrat.report.memory_floor import LayerActivations, block_weights, peak_floor
 from autostrat.report.plan_bound import ModelShape, op_level_bound, step_time_bound
 from autostrat.search.prediction import format_nanoseconds
 from autostrat.search.schedules import SPLIT_BACKWARD
@@ -132,8 +132,7 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
                                 example_inputs=True)
     hardware, precision = op_level.context.hardware_profile(), op_level.context.precision
     budget, source = memory_budget(op_level.context, budget)
-    block_weights = [sum(math.prod(parameter.shape) for _, parameter in block.parameters_and_names() if len(parameter.shape) == 2)
-                     for block in op_level.net.blocks]
+    weights = block_weights(op_level.net)
     shape = ModelShape.of(op_level.net)
     candidates = plan_candidates(device_num, global_batch, shape.layers, hardware.devices_per_server)
     schedule = op_level.context.pipeline_schedule_chunks()[0]  # the config's, where vp is 1
@@ -142,7 +141,7 @@ def search_plan_space(path, device_num: int | None = None, max_device_memory=Non
     bounds.append(op_level_bound(shape, device_num, global_batch, hardware, precision))
     order = sorted(range(len(bounds)), key=lambda index: (bounds[index], index))
     activations = LayerActivations.of(op_level.net)
-    floors = [peak_floor(given, block_weights, precision, activations, shape.seq, schedule) for given in candidates]
+    floors = [peak_floor(given, weights, precision, activations, shape.seq, schedule) for given in candidates]
 
     def op_level_plan() -> Priced | None:  # with a time limit: its refinement within what is left, if anything is (else None)
         left = math.inf if deadline is None else deadline - time.time()

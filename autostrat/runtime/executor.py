@@ -138,46 +138,60 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     backend.prepare(program.partitions)
     store: dict[str, np.ndarray] = {}
     traffic, stream = [], SyncStream(backend, traffic_of)
-    memory, uncounted = HeldMemory(), set()
-    # What the rank holds between instructions: the store's counted arrays and the carried
-    # slices not yet loaded, kept as they change (a walk of them all after every instruction
-    # took a third of a small training step).
-    held, counted_store, stored = HeldBlocks(), {}, Counter()  # stored: the ids of the store's arrays (`materialised`)
-    for array in (resident or {}).values():
-        held.add(array)
+    memory, held = HeldMemory(), _HeldStore(store, resident)
     for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
         if on_instruction is not None:
             on_instruction(index, instruction)
         carried = resident.get(instruction.tensor) if isinstance(instruction, Load) and resident else None
         inputs, written = run_instruction(instruction, program, backend, store, (values, resident), traffic, stream)
         if carried is not None:
-            held.remove(carried)  # in the store from now on, if its load keeps it
-        written = materialised(instruction, written, store, released, stored)
+            held.blocks.remove(carried)  # in the store from now on, if its load keeps it
+        written = materialised(instruction, written, store, released, held.ids)
         if not counted(instruction):
-            uncounted.update(written)
-            for key in written:
-                if key in counted_store:
-                    held.remove(counted_store.pop(key))
-        memory.note(held.bytes_with([a for key, a in written.items() if key not in uncounted], inputs, stream.held()))
+            held.uncount(written)
+        memory.note(held.blocks.bytes_with([a for key, a in written.items() if key not in held.uncounted], inputs, stream.held()))
         for key, array in written.items():
-            if key in store:
-                stored[id(store[key])] -= 1
-            store[key] = array
-            stored[id(array)] += 1
-            if key in counted_store:
-                held.remove(counted_store.pop(key))
-            if key not in uncounted:
-                counted_store[key] = array
-                held.add(array)
+            held.write(key, array)
         for key in released:
-            stored[id(store.pop(key))] -= 1
-            if key in counted_store:
-                held.remove(counted_store.pop(key))
+            held.drop(key)
         if stream.busy:
             stream.progress()  # between kernels: the stream's messages that arrived let it go on
     outputs = {tensor: store[key] for tensor, key in program.outputs}
     updated = {name: store[key] for name, key in program.updates}
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
+
+
+class _HeldStore:
+    """`execute`'s store and what the rank holds between instructions, kept as the store
+    changes (a walk of every array after each instruction took a third of a small training
+    step): the blocks of the store's counted arrays and of the carried slices not yet loaded
+    (`blocks`), the ids of the store's arrays (`ids`, for `materialised`), and the keys whose
+    results are not the plan's memory (`uncounted`, see `counted`)."""
+
+    def __init__(self, store: dict, resident: dict | None):
+        self.store, self.blocks, self.ids, self.uncounted = store, HeldBlocks(), Counter(), set()
+        for array in (resident or {}).values():
+            self.blocks.add(array)
+
+    def uncount(self, keys) -> None:
+        for key in keys:
+            if key not in self.uncounted and key in self.store:
+                self.blocks.remove(self.store[key])
+            self.uncounted.add(key)
+
+    def write(self, key: str, array) -> None:
+        if key in self.store:
+            self.drop(key)
+        self.store[key] = array
+        self.ids[id(array)] += 1
+        if key not in self.uncounted:
+            self.blocks.add(array)
+
+    def drop(self, key: str) -> None:
+        array = self.store.pop(key)
+        self.ids[id(array)] -= 1
+        if key not in self.uncounted:
+            self.blocks.remove(array)
 
 
 def run_instruction(instruction, program: Program, backend: Backend, store: dict, loaded: tuple, traffic: list,

@@ -19,6 +19,7 @@ from autostrat.search.checkpoint import checkpoint_bytes
 from autostrat.search.dump import write_dumps
 from autostrat.search.optimizer_shard import OptimizerShard, rest_layout
 from autostrat.search.precision import PRECISION_MEMORY, TensorSizes
+from autostrat.search.problem_edges import backward_apart
 from autostrat.search.prediction import Prediction, predict
 from autostrat.search.shared_plans import LoweredPlans, PlanMemo
 from autostrat.tables import format_table
@@ -380,7 +381,7 @@ def build_plan(graph: Graph, device_num: int, mode: str, strategies: dict[str, S
             held = layouts[tensor]
             if held.equivalent(wanted):
                 continue
-            key = (tensor, wanted.normalized(), backward_regathers and op_phase(name) == "backward")
+            key = (tensor, wanted.normalized(), backward_apart(name, backward_regathers))
             earlier = paid.get(key)
             if earlier is not None and tensor not in resting:  # a resting parameter is gathered per use
                 edges.append(replace(earlier, consumer=name, input_index=index, shares=(earlier.consumer, earlier.input_index)))

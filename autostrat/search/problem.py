@@ -25,7 +25,7 @@ from functools import cache
 
 import numpy as np
 
-from autostrat.autodiff import UPDATE_OP_TYPES, op_phase
+from autostrat.autodiff import UPDATE_OP_TYPES
 from autostrat.cost import AlphaBeta, Hardware, dtype_size, op_cost
 from autostrat.cost.ring import ring_nanoseconds
 from autostrat.ir import Graph
@@ -37,7 +37,7 @@ from autostrat.search.op_candidates import (HashedTuple, can_be_partial, candida
 from autostrat.search.optimizer_shard import OptimizerShard, update_layout
 from autostrat.search.orders import order_variants
 from autostrat.search.precision import TensorSizes
-from autostrat.search.problem_edges import SearchEdge, edge_into, sync_edges, synced, writeback_edge
+from autostrat.search.problem_edges import SearchEdge, backward_apart, edge_into, sync_edges, synced, writeback_edge
 from autostrat.strategies import generate_strategies, split_values
 
 _LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
@@ -99,7 +99,7 @@ class SearchProblem:
             >>> sorted({problem.share_group(edge) for edge in problem.edges if edge.tensor == "relu:0"})
             [('relu:0', 'relu', False), ('relu:0', 'relu', True)]
         """
-        return edge.tensor, edge.producer, self.backward_regathers and op_phase(edge.consumer) == "backward"
+        return edge.tensor, edge.producer, backward_apart(edge.consumer, self.backward_regathers)
 
     def update_layout(self, parameter: str, stored: Layout) -> Layout:
         """The layout `parameter`'s update runs in, and its optimiser state is kept in, when

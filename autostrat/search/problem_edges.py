@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from autostrat.autodiff import gradient_name
+from autostrat.autodiff import gradient_name, op_phase
 from autostrat.cost import AlphaBeta
 from autostrat.ir import Graph
 from autostrat.layout import Strategy
@@ -46,6 +46,19 @@ class SearchEdge:
         if self.from_input:
             return rest_layout(self.sharding, strategy, self.output_index, self.dtype)
         return strategy.output_layouts[self.output_index]
+
+
+def backward_apart(consumer: str, backward_regathers: bool) -> bool:
+    """Whether `consumer` reads its inputs apart from the forward's readers: with
+    `backward_regathers`, a backward op shares only a backward op's redistribution of a tensor
+    (`plan.EdgeRedistribution.shares`), the rule the plan (`plan.build_plan`) and the search's
+    objective (`problem.SearchProblem.share_group`) both follow.
+
+    Example:
+        >>> backward_apart("bprop/dense1.matmul/mat_mul_1", True), backward_apart("dense1.matmul", True)
+        (True, False)
+    """
+    return backward_regathers and op_phase(consumer) == "backward"
 
 
 @cache
