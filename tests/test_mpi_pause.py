@@ -62,3 +62,52 @@ def test_settle_polls_until_every_request_completes_pausing_between(calls):
     mpi.settle(requests, spins=0)
     assert [request.tests for request in requests] == [0, 0]  # each tested until done, not after
     assert done == ["yield"] * 4
+
+
+class DoneAfter:
+    """A request that completes on its `polls`-th Test."""
+
+    def __init__(self, polls: int):
+        self.left = polls
+
+    def Test(self):
+        self.left -= 1
+        return self.left <= 0
+
+
+def test_a_blocking_wait_runs_the_background_between_polls_and_a_patient_one_never_sleeps(calls):
+    done, clock = calls
+    ran = []
+    mpi.settle([DoneAfter(4)], spins=0, background=lambda: ran.append(1))
+    assert len(ran) == 3  # between the four polls, not after the last
+    done.clear()
+
+    class Slow(DoneAfter):
+        def Test(self):
+            clock.now += 1.0  # a second per poll: past the yielding budget at once
+            return super().Test()
+
+    mpi.settle([Slow(5)], spins=0, yielding=float("inf"))
+    assert done == ["yield"] * 4  # never a sleep
+    mpi.settle([Slow(3)], spins=0)
+    assert any(isinstance(call, tuple) and call[0] == "sleep" for call in done)
+
+
+def test_the_executor_lends_its_stream_to_blocking_waits_for_the_run_only():
+    import numpy as np
+
+    from autostrat.runtime.executor import execute
+    from autostrat.runtime.instructions import Load, Program
+
+    class Backend:
+        sent: list = []
+        background = None
+
+        def prepare(self, partitions):
+            pass
+
+    backend, seen = Backend(), []
+    program = Program(0, 1, (), (Load("x", ((0, 2),)),), ("x",), (("x", "x"),))
+    execute(program, backend, {"x": np.ones(2, np.float32)}, on_instruction=lambda index, _: seen.append(backend.background))
+    assert [getattr(b, "__name__", None) for b in seen] == ["progress_idle"]  # the stream's, during the run
+    assert backend.background is None  # and no longer after it

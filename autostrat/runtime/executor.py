@@ -139,6 +139,19 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     store: dict[str, np.ndarray] = {}
     traffic, stream = [], SyncStream(backend, traffic_of)
     memory, held = HeldMemory(), _HeldStore(store, resident)
+    backend.background = stream.progress_idle  # a blocking wait moves the stream on (`mpi.settle`)
+    try:
+        _run(program, backend, values, on_instruction, resident, (store, traffic, stream, memory, held))
+    finally:
+        backend.background = None
+    outputs = {tensor: store[key] for tensor, key in program.outputs}
+    updated = {name: store[key] for name, key in program.updates}
+    return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
+
+
+def _run(program: Program, backend: Backend, values: dict, on_instruction, resident, state) -> None:
+    """`execute`'s loop over the instructions; `state`: its store, traffic, stream, memory and held store."""
+    store, traffic, stream, memory, held = state
     for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
         if on_instruction is not None:
             on_instruction(index, instruction)
@@ -156,9 +169,6 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
             held.drop(key)
         if stream.busy:
             stream.progress()  # between kernels: the stream's messages that arrived let it go on
-    outputs = {tensor: store[key] for tensor, key in program.outputs}
-    updated = {name: store[key] for name, key in program.updates}
-    return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
 
 
 class _HeldStore:

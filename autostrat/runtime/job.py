@@ -10,8 +10,10 @@ a filesystem every host sees.
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
+import zlib
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -231,17 +233,44 @@ def _worst(errors: tuple, more: tuple) -> tuple:
 def step_seconds(times: list[float]) -> float:
     """The seconds of one step as a run reports it: the median of the steps after the first
     (a warm-up: its first touches of every buffer and code path), the first alone when it is
-    the only one. Each step's time is its program's run from a barrier of every rank (a
-    rank's first collective would otherwise wait for the others' check of the step before),
-    not the check that follows it. No barrier ends it: its wake-ups (milliseconds where ranks
-    share cores) would be timed as the step's, so ranks that never communicate each time only
-    their own run.
+    the only one.
 
     Example:
         >>> step_seconds([9.0, 1.0, 3.0, 2.0]), step_seconds([9.0])
         (2.0, 9.0)
     """
     return statistics.median(times[1:]) if len(times) > 1 else times[0] if times else 0.0
+
+
+def job_step_seconds(backend, starts: list[float], ends: list[float]) -> float:
+    """`step_seconds` of the job's steps: on rank 0, each step from the first rank's start to
+    the last rank's end where every rank runs on this host (`time.perf_counter`, the host's
+    monotonic clock, is one clock for them all), else each rank's own run, the slowest; on
+    the other ranks their own. Each rank starts a step as it leaves a barrier of every rank
+    (a rank's first collective would otherwise wait for the others' check of the step before);
+    no barrier ends it (its wake-ups, milliseconds where ranks share cores, would be timed as
+    the step's). Ranks sharing cores that never wait for one another each run their step in
+    turn, within their own slices: the job's step is the whole turn, where one rank's is a
+    fraction of it (8 ranks on 2 cores: a quarter).
+
+    Example (rank 0 of two on this host; rank 1 starts and ends each step 0.5 s later):
+        >>> class TwoRanks:
+        ...     def gather_report(self, values):
+        ...         return [values, values + [0, 0.5, 0.5, 0.5, 0.5]]
+        >>> job_step_seconds(TwoRanks(), [0.0, 10.0], [1.0, 11.0])
+        1.5
+    """
+    host = zlib.crc32(socket.gethostname().encode())
+    gathered = backend.gather_report(np.array([host, *starts, *ends], np.float64))
+    own = [end - start for start, end in zip(starts, ends)]
+    if gathered is None:
+        return step_seconds(own)
+    count = len(starts)
+    if len({float(vector[0]) for vector in gathered}) > 1:  # hosts' clocks differ: each rank's own step
+        return max(step_seconds([e - s for s, e in zip(v[1:1 + count], v[1 + count:])]) for v in gathered)
+    first = np.min([v[1:1 + count] for v in gathered], axis=0)
+    last = np.max([v[1 + count:] for v in gathered], axis=0)
+    return step_seconds([float(e - s) for s, e in zip(first, last)])
 
 
 def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) -> list | None:
@@ -257,18 +286,18 @@ def run_steps(job: Job, backend, on_instruction=None, on_gather=None, log=None) 
     sent_to = np.zeros(job.device_num, np.int64)
     errors, peak = (0.0, 0.0, 0.0, ""), 0
     resident = {} if job.training else None
-    times = []
+    starts, ends = [], []
     for batch, expected in zip(job.batches, job.expected):
-        backend.barrier()  # every rank starts the step together (`step_seconds`)
-        started = time.perf_counter()
+        backend.barrier()  # every rank starts the step together (`job_step_seconds`)
+        starts.append(time.perf_counter())
         result = execute(program, backend, job.values | batch, on_instruction, resident)
-        times.append(time.perf_counter() - started)
+        ends.append(time.perf_counter())
         resident = result.updated if job.training else None
         sums += result.sent()
         sent_to += result.sent_to(job.device_num)
         peak = max(peak, result.peak_bytes)
         errors = _worst(errors, tensor_errors(result.outputs, expected, limit=job.tolerance))
-    seconds = step_seconds(times)
+    seconds = job_step_seconds(backend, starts, ends)
     if job.training:
         errors = _worst(errors, tensor_errors(resident, own_slices(program, job.final), job.pooled, job.tolerance))
     if on_gather is not None:
@@ -282,15 +311,15 @@ def _run_stage_steps(job: Job, program: StageProgram, backend, on_instruction, o
     """`run_steps` for a pipeline rank: the loss (the last stage's) and the final parameters
     and state of the stage are compared with the single-device run of the whole batch."""
     runner, resident, errors = StageRunner(program, backend, on_instruction), {}, (0.0, 0.0, 0.0, "")
-    times = []
+    starts, ends = [], []
     for batch, expected in zip(job.batches, job.expected):
         backend.barrier()
-        started = time.perf_counter()
+        starts.append(time.perf_counter())
         losses, resident = runner.step(job.values, batch, resident)
-        times.append(time.perf_counter() - started)
+        ends.append(time.perf_counter())
         outputs = {tensor: np.float32(np.mean(losses)) for tensor, _ in program.outputs}
         errors = _worst(errors, tensor_errors(outputs, {name: expected[name] for name in outputs}))
-    seconds = step_seconds(times)
+    seconds = job_step_seconds(backend, starts, ends)
     if resident:
         errors = _worst(errors, tensor_errors(resident, program.own_slices(job.final), job.pooled))
     if on_gather is not None:

@@ -5,7 +5,7 @@ Each rank condenses its run into one vector (`rank_summary`): the bytes it sent 
 counted at its send calls, phase "output" left out), the bytes it sent in every collective
 instruction, both summed over steps, its peak memory (`executor.RankResult.peak_bytes`,
 the largest over steps), then its largest absolute and relative output errors and its seconds
-per step (`job.step_seconds`). Rank 0 gathers the vectors and formats them with the programs, which carry the
+per step (`job.job_step_seconds`: rank 0's is the job's). Rank 0 gathers the vectors and formats them with the programs, which carry the
 byte predictions, and the job, which carries the predicted peak.
 """
 
@@ -25,7 +25,7 @@ PHASE_LEGEND = ("forward/backward = the plan's redistributions; sync = gradient 
                 "update = writing new parameters and state back to their layouts; pipeline = activations and their "
                 "gradients sent between pipeline stages; output = assembling split or "
                 "partial graph outputs (a training step's loss) on every rank for the check, not part of the plan")
-STEP_TIMING = "the slowest rank's median step after the first"  # `job.step_seconds`, the largest over ranks
+STEP_TIMING = "the median step after the first, from the first rank's start to the last rank's end"  # `job.job_step_seconds`
 MEASURED = "measured.json"  # rank 0 saves `RunCheck.measured` there, in the run directory
 MEMORY_TOLERANCE = 0.05  # how far a rank's measured peak may be from the predicted one (issue #16)
 

@@ -214,6 +214,15 @@ class SyncStream:
             any_moved |= moved
         return any_moved
 
+    def progress_idle(self) -> None:
+        """`progress`, from inside a blocking wait of the rank (`mpi.settle`'s background).
+        The messages it posts are the stream's traffic (its steps keep them), not the blocking
+        instruction's the wait is in, which counts the backend's messages sent during it."""
+        if self.queue or self.lanes:
+            before = len(self.backend.sent)
+            self.progress()
+            del self.backend.sent[before:]
+
     def wait(self, steps) -> tuple[dict, list]:
         """Run the stream until every step of `steps` is done: the results of their targets
         and their `Traffic`, in the order of `steps`. Between polls of every lane it pauses
