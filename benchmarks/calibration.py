@@ -1,15 +1,18 @@
-"""Calibration of the MPI backend on this machine: α, β of a ring message and kernel throughput.
+"""Calibration of the MPI backend on this machine: its collectives, kernels and host costs.
 
 `measure_rank` is what every rank of a calibration run does at once (all ranks busy, as in a
-plan's step, so that ranks sharing cores share them here too):
+plan's step, so that ranks sharing cores share them here too), each figure timed through the
+executor (`runtime.executor.execute`) as a plan's instructions run:
 
-- a ring message: `Wire.exchange` of a float32 piece to the next rank while receiving from the
-  previous one (a ring step of the runtime, `runtime.wire`), each after a few kernels, for
-  sizes from 4 B to 1 MiB;
-- kernels: the executor (`runtime.executor.execute`) running a program of chained Compute
-  instructions, so the per-instruction work of the runtime is in the time: a chain of Adds of
-  one element (the fixed cost of an instruction), of 256 Ki elements (bytes read and written),
-  and of 128 × 128 MatMuls (FLOP/s).
+- kernels: chains of Compute instructions, an Add of one element, of 256 Ki elements (bytes
+  read and written) and 128 x 128 MatMuls (FLOP/s; orthogonal factors, so that no value turns
+  subnormal along the chain);
+- the executor's own time per instruction in a training step of realistic size (gpt_train
+  on one device, its kernels' time taken out: `instruction_overhead`);
+- collectives: chains of AllReduce and AllToAll instructions (ring) of one, 4 Ki and 64 Ki
+  elements per member, their messages and bytes as the wire counts them; and an AllReduce of
+  one element after a MatMul of about a millisecond, against the MatMul alone (where ranks
+  share cores, each reaches the collective at its turn on a core).
 
 Every figure is a mean over many, after a warm-up, not a median or a minimum: a step meets the
 waits for a partner that lost its core (to another rank or another job) as often as the mean
@@ -17,41 +20,75 @@ does; a median of short calls measures a core nobody else wants, which a shared 
 
 `fit_profile` turns the means into a hardware profile (`cost.hardware.Hardware` fields) the
 way the model charges them (`Hardware.compute_nanoseconds`: flops over the rate plus bytes
-over the memory bandwidth, plus `kernel_latency`; `AlphaBeta.step_nanoseconds`: α per message
-plus bytes over β), never reading the model's code; `kernel_passes` adds, per op type, how
-much longer than one pass over its bytes its numpy kernel takes (GeLU's series for erf: hundreds).
+over the memory bandwidth, plus `kernel_latency`; `AlphaBeta.step_nanoseconds`:
+`collective_latency` plus α per message plus bytes over β), never reading the model's code;
+`crowded_row` does so for a run with more ranks than cores; `kernel_passes` adds, per op
+type, how much longer than one pass over its bytes its numpy kernel takes (GeLU's series for
+erf: hundreds).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
 from autostrat.runtime.executor import execute
-from autostrat.runtime.instructions import Compute, Load, Program
+from autostrat.runtime.instructions import Communicate, Compute, Load, Program
 
-MESSAGE_SIZES = (4, 1024, 16384, 262144, 1048576)  # bytes
+COLLECTIVE_ELEMENTS = (1, 4096, 65536)  # float32 elements per member of a collective's piece
+COLLECTIVES = ("AllReduce", "AllToAll")  # 2 (g - 1) ring messages and g - 1: α apart from the fixed cost
 ADD_ELEMENTS, MATMUL_SIZE, CHAIN = 262144, 128, 60
-BETWEEN = 10  # kernels between two messages
+OVERHEAD_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "gpt_train.yaml"  # `instruction_overhead`'s program
+WAIT_ROWS, WAIT_KERNEL = 256, 512  # a MatMul of [256, 512] x [512, 512] before each collective: ~1 ms on one core
 
 
-def ring_seconds(backend, size: int, repeats: int) -> float:
-    """Mean seconds of one ring exchange of `size` bytes (every rank sending to the next),
-    each after a few kernels, as a plan's collectives come between its ops: the mean, not the
-    median, so that the waits for a partner that lost its core (another job, another rank)
-    are in it as often as a step meets them."""
-    piece = np.zeros(size // 4, np.float32)
-    right, left = (backend.rank + 1) % backend.device_num, (backend.rank - 1) % backend.device_num
-    work, times = np.ones(4096, np.float32), []
-    for _ in range(repeats + 3):
-        for _ in range(BETWEEN):
-            work = np.add(work, 1.0)
+def collective_program(kind: str, rank: int, device_num: int, elements: int, length: int, kernel: int = 0) -> Program:
+    """A program of `length` chained collective instructions over every rank (``a_i =
+    kind(a_{i-1})``, each of the shape it reads: an AllReduce, or an AllToAll of dim 0 onto
+    itself), on a piece of `elements` per member, as the lowering writes them
+    (`instructions.Communicate`, ring algorithm); with `kernel`, each after a MatMul of
+    ``[WAIT_ROWS, kernel] x [kernel, kernel]`` (kind "": the MatMuls alone)."""
+    group = tuple(range(device_num))
+    instructions, previous = [Load("x", ((0, elements * device_num),)), Load("w", ((0, WAIT_ROWS), (0, kernel))),
+                              Load("v", ((0, kernel), (0, kernel)))], "x"
+    for index in range(length):
+        if kernel:
+            instructions.append(Compute(f"k{index}", "MatMul", ("w", "v"), (f"k{index}",), (), None))
+        if kind:
+            instructions.append(Communicate(kind, previous, f"a{index}", group, (0, 0), group, "sum", (rank, rank), 0, f"e{index}"))
+            previous = f"a{index}"
+    return Program(rank, device_num, (), tuple(instructions), ("x", "w", "v"), ((previous, previous),))
+
+
+def collective_seconds(backend, kind: str, elements: int, repeats: int, kernel: int = 0) -> tuple[float, float, float]:
+    """(mean seconds, ring messages, bytes) per collective of a chain of `kind` (with
+    `kernel`: per MatMul and collective) run by the executor on every rank at once, each chain
+    after a barrier; messages and bytes as the wire counts them (every `transfer` it makes),
+    never as the model counts them."""
+    program = collective_program(kind, backend.rank, backend.device_num, elements, CHAIN, kernel)
+    rng = np.random.default_rng(0)
+    values = {"x": np.full(elements * backend.device_num, 1e-3, np.float32), "w": np.ones((WAIT_ROWS, kernel), np.float32),
+              "v": np.linalg.qr(rng.standard_normal((kernel, kernel)))[0].astype(np.float32) if kernel else np.ones((0, 0), np.float32)}
+    sent, transfer = [], backend.transfer
+
+    def counted(piece, dest, source, shape):
+        if dest != backend.rank:
+            sent.append(piece.nbytes)
+        return transfer(piece, dest, source, shape)
+
+    backend.transfer = counted
+    times = []
+    for _ in range(repeats + 2):
+        backend.barrier()
         started = time.perf_counter()
-        backend.exchange(piece, right, left)
+        execute(program, backend, values)
         times.append(time.perf_counter() - started)
-    return statistics.mean(times[3:])
+    del backend.transfer  # the method again
+    runs = CHAIN * (repeats + 2)
+    return statistics.mean(times[2:]) / CHAIN, len(sent) / runs, sum(sent) / runs
 
 
 def chain_program(op_type: str, shape: tuple[int, ...], length: int) -> Program:
@@ -70,14 +107,26 @@ def chain_program(op_type: str, shape: tuple[int, ...], length: int) -> Program:
 def kernel_seconds(backend, op_type: str, shape: tuple[int, ...], repeats: int) -> float:
     """Mean seconds per Compute instruction of a chain of `op_type` on `shape` arrays."""
     program = chain_program(op_type, shape, CHAIN)
-    rng = np.random.default_rng(0)
-    values = {"x": rng.standard_normal(shape).astype(np.float32) * 0.01, "y": rng.standard_normal(shape).astype(np.float32) * 0.01}
+    values = chain_values(op_type, shape)
     times = []
     for _ in range(repeats + 2):
         started = time.perf_counter()
         execute(program, _Alone(), values)
         times.append(time.perf_counter() - started)
     return statistics.mean(times[2:]) / CHAIN
+
+
+def chain_values(op_type: str, shape: tuple[int, ...]) -> dict:
+    """x and y of a chain whose values stay normal floats all along it: a MatMul's y is
+    orthogonal (each product keeps the norm), an Add's small. Subnormal floats, where the
+    values shrink along the chain (y of 0.01-scaled normals: 0.01^60 after 60 products),
+    take the FPU tens of times longer (128 x 128 MatMuls 965 us per instruction, the rate of
+    a real run's 20 times lower)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if op_type == "MatMul":
+        return {"x": x, "y": np.linalg.qr(rng.standard_normal(shape))[0].astype(np.float32)}
+    return {"x": x, "y": np.full(shape, 1e-3, np.float32)}
 
 
 class _Alone:
@@ -90,24 +139,82 @@ class _Alone:
 
 
 def measure_rank(backend, repeats: int = 30) -> dict:
-    """This rank's means (seconds): per message size the ring exchange, and the three chains."""
-    measured = {f"ring_{size}": ring_seconds(backend, size, 10 * repeats) for size in MESSAGE_SIZES}
-    measured["kernel_tiny"] = kernel_seconds(backend, "Add", (1,), 5 * repeats)
-    measured["kernel_add"] = kernel_seconds(backend, "Add", (ADD_ELEMENTS,), repeats)
-    measured["kernel_matmul"] = kernel_seconds(backend, "MatMul", (MATMUL_SIZE, MATMUL_SIZE), repeats)
+    """This rank's means (seconds) of the three kernel chains and of each collective chain at
+    each size, with the collectives' messages and bytes per instruction; and of the wait
+    chains. The collectives run back to back: where ranks share cores, what a collective
+    waits after compute is `collective_wait`'s, measured apart (each collective after a small
+    MatMul instead, its time taken out, charged that wait twice: gpt_train's 4-rank steps
+    predicted 25-54 % above their measure, against -2..+9 % so)."""
+    measured = {"kernel_tiny": kernel_seconds(backend, "Add", (1,), 5 * repeats),
+                "kernel_add": kernel_seconds(backend, "Add", (ADD_ELEMENTS,), repeats),
+                "kernel_matmul": kernel_seconds(backend, "MatMul", (MATMUL_SIZE, MATMUL_SIZE), repeats)}
+    for kind in COLLECTIVES:
+        for elements in COLLECTIVE_ELEMENTS:
+            seconds, messages, sent = collective_seconds(backend, kind, elements, max(3, repeats // 3))
+            measured |= {f"{kind}_{elements}": seconds, f"{kind}_{elements} messages": messages, f"{kind}_{elements} bytes": sent}
+    measured["instruction_overhead"] = instruction_overhead(OVERHEAD_CONFIG)
+    measured["kernel_call"] = kernel_call_seconds()
+    measured["wait_kernel"] = collective_seconds(backend, "", 1, max(3, repeats // 3), WAIT_KERNEL)[0]
+    measured["wait_pair"] = collective_seconds(backend, "AllReduce", 1, max(3, repeats // 3), WAIT_KERNEL)[0]
     return measured
 
 
-def kernel_passes(config_paths, repeats: int = 3) -> dict[str, float]:
-    """Per op type, the passes over its bytes its numpy kernel takes (`Hardware.kernel_passes`),
-    all timed in this process, so that each is a ratio of two times taken alike (whatever
-    share of a core the process has): every op of each config's graph planned on one device
-    (whole tensors; the calibrated plans run slices of them on 2 to 8) run by its kernel
-    alone `repeats` times, less a kernel call's fixed cost (an Add of one element: the rest of
-    an instruction's is `kernel_latency`) and its flops at this process's rate (a 128 × 128
-    MatMul's), over its bytes (`cost.op_cost` counts both) at this process's bandwidth (an
-    Add of 256 Ki elements'); the median over the op type's ops, at least 0.01 (a Reshape's
-    view moves nothing)."""
+def instruction_overhead(config_path, repeats: int = 3) -> float:
+    """Mean seconds per instruction that the executor spends beside its kernels in a program of
+    realistic size (`config_path` planned on one device: a training step's loads and a few
+    hundred kernels, its activations held for the backward): the program's run by
+    `runtime.executor.execute` less the time inside its kernels (each `run_kernel` call
+    timed), over its instructions. A chain of Adds of one element holds a few arrays and
+    names a few keys: about 9 us per instruction where a training step's took 12-20."""
+    from autostrat.frontend.config import load_config
+    from autostrat.frontend.run import plan_config
+    from autostrat.runtime import executor as runtime_executor
+    from autostrat.runtime.job import random_batch
+    from autostrat.runtime.program import lower_programs
+
+    plan, _ = plan_config(load_config(config_path, device_num=1), 1)
+    program = lower_programs(plan)[0]
+    values = runtime_executor.graph_values(plan.graph, random_batch(plan.graph, np.random.default_rng(0)))
+    inner, in_kernels = runtime_executor.run_kernel, []
+
+    def timed(*args):
+        started = time.perf_counter()
+        result = inner(*args)
+        in_kernels.append(time.perf_counter() - started)
+        return result
+
+    runtime_executor.run_kernel = timed
+    try:
+        runs = []
+        for _ in range(repeats + 1):
+            in_kernels.clear()
+            started = time.perf_counter()
+            execute(program, _Alone(), values)
+            runs.append((time.perf_counter() - started - sum(in_kernels)) / len(program.instructions))
+    finally:
+        runtime_executor.run_kernel = inner
+    return statistics.mean(runs[1:])
+
+
+def kernel_call_seconds(count: int = 1000) -> float:
+    """Mean seconds of a kernel call on one element (an Add): its own fixed cost."""
+    from autostrat.runtime.kernels import run_kernel
+
+    one = np.ones(1, np.float32)
+    return statistics.mean(_seconds(lambda: run_kernel("Add", [one, one], {}, None)) for _ in range(count))
+
+
+def kernel_passes(config_paths, profile: dict, repeats: int = 3) -> dict[str, float]:
+    """Per op type, the passes over its bytes its numpy kernel takes (`Hardware.kernel_passes`)
+    on the calibrated `profile` (`fit_profile`'s fields): every op of each config's graph
+    planned on one device (whole tensors; the calibrated plans run slices of them on 2 to 8)
+    run by its kernel alone `repeats` times, less a kernel call's fixed cost (an Add of one
+    element, timed here: the rest of an instruction's is `kernel_latency`) and its flops at
+    the profile's float32 rate, over its bytes (`cost.op_cost` counts both) at the profile's
+    memory bandwidth; the median over the op type's ops. The profile's rates, not this
+    process's own: the model charges the passes at them (an Add alone in its process moved
+    35-45 GB/s, a busy rank's executor 13: passes taken at the first charged GeLU twice its
+    time)."""
     from autostrat.cost import op_cost
     from autostrat.frontend.config import load_config
     from autostrat.frontend.run import plan_config
@@ -118,10 +225,8 @@ def kernel_passes(config_paths, repeats: int = 3) -> dict[str, float]:
     def mean_seconds(op_type: str, inputs, attrs, count: int) -> float:
         return statistics.mean(_seconds(lambda: run_kernel(op_type, inputs, attrs, None)) for _ in range(count))
 
-    one, large, square = np.ones(1, np.float32), np.ones(ADD_ELEMENTS, np.float32), np.ones((MATMUL_SIZE,) * 2, np.float32)
-    call = mean_seconds("Add", [one, one], {}, 1000)  # a kernel's own fixed cost
-    bandwidth = 12 * ADD_ELEMENTS / (mean_seconds("Add", [large, large], {}, 50) - call)
-    rate = 2 * MATMUL_SIZE**3 / (mean_seconds("MatMul", [square, square], {}, 50) - call - 12 * MATMUL_SIZE**2 / bandwidth)
+    call = kernel_call_seconds()
+    bandwidth, rate = profile["device_memory_bandwidth"], profile["device_flops"] / 2  # float32: half the rate
     found: dict[str, list[float]] = {}
     for path in config_paths:
         plan, _ = plan_config(load_config(path, device_num=1), 1)
@@ -135,7 +240,7 @@ def kernel_passes(config_paths, repeats: int = 3) -> dict[str, float]:
             if cost.memory_bytes_per_device:
                 moving = seconds - call - cost.flops_per_device / rate
                 found.setdefault(op.op_type, []).append(moving * bandwidth / cost.memory_bytes_per_device)
-    return {op_type: round(max(0.01, statistics.median(values)), 3) for op_type, values in sorted(found.items())}
+    return {op_type: statistics.median(values) for op_type, values in sorted(found.items())}
 
 
 def _seconds(run) -> float:
@@ -146,20 +251,45 @@ def _seconds(run) -> float:
 
 def fit_profile(measured: dict) -> dict:
     """Hardware fields from a calibration's means (the slowest rank's, `measure_rank`):
-    α the smallest message's time, β the least-squares slope of the larger ones' time over
-    their bytes; `kernel_latency` an instruction of one element; the memory bandwidth from the
-    large Add's extra time over its 12 bytes per element read and written; the float32 FLOP
-    rate from the MatMul's time less its fixed and memory parts (``device_flops`` is twice it:
-    the model runs float32 at half the 16-bit rate)."""
-    alpha = measured["ring_4"]
-    sizes = [s for s in MESSAGE_SIZES if s > 4]
-    extra = [measured[f"ring_{s}"] - alpha for s in sizes]
-    beta = sum(s * s for s in sizes) / sum(s * e for s, e in zip(sizes, extra))
+    `kernel_latency` the executor's time per instruction of a training step beside its
+    kernels plus a kernel call's fixed cost (`instruction_overhead`, `kernel_call_seconds`);
+    the memory bandwidth from the large Add's extra time (beyond a chained Add of one element)
+    over its 12 bytes per element read and written; the float32 FLOP rate from the
+    MatMul's time less its fixed and memory parts (``device_flops`` is twice it: the model runs
+    float32 at half the 16-bit rate); of the collectives of one element, which send few bytes,
+    α the time per ring message (their difference over their messages' difference) and
+    `collective_latency` the rest; β the least-squares slope of the larger ones' time beyond
+    those over their bytes; `collective_wait` what an AllReduce of one element takes after a
+    MatMul of about a millisecond beyond what it takes alone, over the MatMul's time (ranks
+    sharing cores reach it at their turns, not at once). The way the model charges them (`Hardware.compute_nanoseconds`:
+    flops over the rate plus bytes over the bandwidth plus `kernel_latency`;
+    `AlphaBeta.step_nanoseconds`: `collective_latency` plus α per message plus bytes over β),
+    never reading the model's code."""
     latency = measured["kernel_tiny"]
     memory = 12 * ADD_ELEMENTS / max(measured["kernel_add"] - latency, 1e-9)
     n = MATMUL_SIZE
     matmul = measured["kernel_matmul"] - latency - 12 * n * n / memory
     rate = 2 * n**3 / max(matmul, 1e-9)
+    (many, t_many), (few, t_few) = [(measured[f"{kind}_1 messages"], measured[f"{kind}_1"]) for kind in COLLECTIVES]
+    alpha = max(0.0, (t_many - t_few) / (many - few))
+    fixed = max(0.0, t_few - few * alpha)
+    samples = [(measured[f"{kind}_{e} bytes"], measured[f"{kind}_{e}"] - fixed - measured[f"{kind}_{e} messages"] * alpha)
+               for kind in COLLECTIVES for e in COLLECTIVE_ELEMENTS if e > 1]
+    beta = sum(b * b for b, _ in samples) / max(sum(b * extra for b, extra in samples), 1e-12)
+    wait = max(0.0, (measured["wait_pair"] - measured["wait_kernel"] - measured["AllReduce_1"]) / measured["wait_kernel"])
     return {"device_flops": 2 * rate, "device_memory_bandwidth": memory, "intra_server_bandwidth": beta,
             "inter_server_bandwidth": beta, "intra_server_latency": alpha, "inter_server_latency": alpha,
-            "kernel_latency": latency}
+            "kernel_latency": measured["instruction_overhead"] + measured["kernel_call"], "collective_latency": fixed,
+            "collective_wait": wait}
+
+
+def crowded_row(alone: dict, crowded: dict, crowding: int) -> tuple[float, ...]:
+    """A `Hardware.crowded` row from two calibrations' means, one rank per core (`alone`) and
+    `crowding` ranks per core: (crowding, the crowded collectives' α and β as `fit_profile`
+    fits them, the mean over the three kernel chains of how many times longer each took, the
+    crowded collectives' fixed latency and wait)."""
+    fitted = fit_profile(crowded)
+    chains = ("kernel_tiny", "kernel_add", "kernel_matmul")
+    slowdown = statistics.mean(crowded[key] / alone[key] for key in chains)
+    return (float(crowding), fitted["intra_server_latency"], fitted["intra_server_bandwidth"], slowdown,
+            fitted["collective_latency"], fitted["collective_wait"])

@@ -1,84 +1,50 @@
 """Issue #37: the predicted step time against the step time measured on this machine's MPI ranks.
 
-1. Calibration (`calibration.py`, ~10 s): as many MPI ranks as this machine has cores each
-   time a ring message of the runtime at five sizes and three chains of kernels run by the
-   executor; the slowest rank's means give α, β, the memory bandwidth, the float32 FLOP rate
-   and the fixed cost of an instruction (`kernel_latency`); then, in this process, every op of
-   the shipped configs' graphs on one device gives its op type's passes over its bytes
-   (`kernel_passes`). The profile also says how many cores the ranks share
-   (`cores_per_server`, this machine's): ranks beyond them time-share the cores, and the model
-   prices each rank on its share (`Hardware.shared`: every rate divided and every latency
-   multiplied by ranks / cores), one profile for every rank count, rather than a calibration
-   per rank count. It is written as a hardware YAML (``--profile FILE``), or read from one
-   (``--hardware FILE``: no calibration).
-2. Plans: the shipped configs × device counts 2, 4, 8 × seeds (the config's, scaled to the
+1. Calibration (`calibration.py`, ~40 s): as many MPI ranks as this machine has cores, then 2
+   and 4 times as many, each run through the executor (`calibration.measure_rank`): chains of
+   kernels, of collectives (AllReduce and AllToAll at three sizes, their messages and bytes
+   counted by the wire) and of a collective after a millisecond's MatMul, and the executor's
+   own time per instruction in a training step. The first run gives α, β, `collective_latency`,
+   the memory bandwidth, the float32 FLOP rate, `kernel_latency`, `collective_wait` and, per
+   op type, its kernel's passes over its bytes (`kernel_passes`, timed on every rank at once);
+   the crowded runs give one `Hardware.crowded` row each: how those figures change where ranks
+   outnumber cores (8 ranks on 2 cores: a collective's message latency 10 times, its fixed
+   cost 20 times, each collective waiting most of the compute before it while each rank gets
+   its turn on a core). The profile is written as a hardware YAML (``--profile FILE``) or read
+   from one (``--hardware FILE``: no calibration).
+2. Plans: the shipped configs x device counts 2, 4, 8 x seeds (the config's, scaled to the
    device count; none: the search decides; data parallel), each planned with ``hardware:`` the
    profile, predicted (`Plan.prediction.step_time_ns`, plus the assembling of the outputs for
    the check, which a run's step includes), then run on MPI ranks as ``autostrat run`` runs
    them (the job runner, checked against the reference) and measured as the runtime times it
-   (`runtime.job.step_seconds`: the slowest rank's median step after the first, between two
-   barriers), never with the cost model's code.
-3. The table per plan, the mean absolute relative error (MARE), Kendall's τ of predicted
+   (`runtime.job.job_step_seconds`: the median step after the first, from the first rank's
+   start to the last rank's end; short steps run more steps, `steps_for`), never with the
+   cost model's code.
+3. The table per plan, the mean absolute relative error (MARE), Kendall's tau of predicted
    against measured (scipy.stats.kendalltau), and the five worst plans.
 
-Targets (issue #37): MARE <= 15 %, τ >= 0.8. The machine is shared (2 cores; other jobs run):
-timings under load are rough, and the script prints the load average before and after.
+Targets (issue #37): MARE <= 15 %, tau >= 0.8. The machine is shared (2 cores; other jobs may
+run): the script prints the load average before and after.
 
 Run: .venv/bin/python benchmarks/time_model.py [--quick] [--profile out.yaml | --hardware in.yaml]
-(72 plans; --quick: 36, about 5 minutes on 2 cores)
+(72 plans; --quick: 36, about 2 minutes after the calibration)
 
-Measured 2026-12-02 on the shared 2-core machine, never quiet (load averages 9-14 from other
-jobs, so each process had a fraction of a core over any long step): 72 plans in 508 s, 70 run
-(2 ended with mpiexec status 4 under load; both pass on local ranks), MARE 78.3 %, τ 0.754;
---quick (36 plans, 263 s) MARE 74.6 %, τ 0.803. Far from the targets, in three ways the worst
-plans show: steps that communicate measure several times their prediction (each collective
-waits for a partner that lost its core to another job: milliseconds, where the calibration's
-exchanges, back to back, rarely met one); training steps measure 3-5 times theirs (the
-calibration's kernels run in bursts shorter than a scheduler slice, at a whole core; a 100 ms
-step gets the machine's share); and plans that never communicate ("none" forwards) measure
-less than predicted at 4 and 8 ranks (nothing makes them wait for one another, so each rank's
-short step runs within its own slice and the cores' sharing never shows). To be re-run on a
-quiet machine, where the first two vanish.
-
-Re-measured 2026-12-02 11:56 UTC on a quiet machine (load 0.0), --quick, 36 plans in 102 s:
-MARE 60.2 %, τ 0.819, every large error measured >> predicted at 4 and 8 ranks (ffn.yaml 8
-config 0.638 ms predicted, 23.64 ms measured). What the time went to: a waiting rank slept
-(10 us doubling to 2 ms) between polls, so each message arrived and lay unread until the
-timer fired; `runtime.mpi.Pause` now yields the core for a wait's first 5 ms, then sleeps.
-ffn.yaml + mlp.yaml (18 plans, this profile, load 2.7, one run each): ffn 8 config 25.1 ->
-4.6 ms, mlp 8 data 25.5 -> 5.5 ms, MARE 75.5 -> 58.7 %. Then all 72 plans at 13:00 UTC under
-other jobs' load (1.9 before, 6.85 after; 338 s, 70 run: gpt_train 4 ranks and llama_train
-2 ranks ended with mpiexec status 4): MARE 61.9 %, τ 0.750; its 35 quick plans MARE 72.5 %,
-τ 0.825; gpt_train 8 none 709.9 -> 510.6 ms, transformer_stack 8 data 605.0 -> 499.0 ms even
-so. Still far from the targets: the steps measure 3-4x their prediction at 2 ranks too under
-that load (each rank had about a third of a core), and the small plans' collectives measure
-several times the calibration's α (their per-step runtime work: the lowering's Python per
-message, not priced).Then --quick at 13:09 UTC (load 3.57 before, 2.67 after; 36 plans, 113 s): MARE 64.6 %,
-τ 0.848 (quiet, before: 60.2 %, 0.819); ffn 8 config 23.64 -> 5.77 ms, mlp 8 data 12.43 ->
-3.65, gpt_train 8 none 709.9 -> 198.8, transformer_stack 8 data 605.0 -> 394.9. Worst five:
-mlp 8 none +104 % (ranks that never wait for one another run in their own slices, not on
-the quarter core `Hardware.shared` gives them), transformer_stack 8 data -91 %, 8 config
--89 %, ffn 8 config -88 %, gpt_train 8 config -83 % (8 ranks' collectives on 2 cores: each
-message still waits for its partner's turn on a core, which the 4x α does not price).
-Re-run quiet 2026-12-04 20:01 UTC (load 0.29 before, 3.46 after), --quick, 36 plans in 87 s:
-MARE 53.4 %, τ 0.806 (τ's target met, MARE's not). Every 2-rank plan measures more than
-predicted (-3.5 % to -67.5 %: ffn's 0.07 ms steps 0.11-0.23 ms), the communicating plans at 4
-and 8 ranks 2-11 times their prediction (transformer_stack 8 data 31.2 -> 352.4 ms), and the
-plans that never communicate less (mlp 8 none +113.6 %): the same three patterns, now without
-other jobs' load. Per instruction (an ad-hoc timer on `on_instruction`, rank 0 of 2) the
-executor spent 20-30 us on each whatever it did, most of it walking every array the rank holds
-to sample its memory; kept as arrays come and go (`runtime.held_memory.HeldBlocks`) the same
-peaks cost 2-5 us: gpt_train 2 config measures 21.09 -> 9.95 ms. Re-run so (20:25 UTC, load
-1.2): MARE 50.8 %, τ 0.800; the larger 2-rank plans now measure less than predicted (gpt_train
-+36.7 % to +53.7 %, transformer_stack +15.8 % to +34.6 %), the small ones still more (ffn
--48 % to -74 %): the calibration's kernel chains (kernel_latency 9.6 -> 6.0 us) no longer
-carry what a program's instructions cost beside their kernels.
+What the earlier runs found, and what changed (2026-12-02 .. 12-06; figures in the closing notes
+of issue #37): a waiting rank slept between polls (now it yields first, `runtime.mpi.Pause`);
+the executor walked every held array per instruction (now `runtime.held_memory.HeldBlocks`);
+the calibration's MatMul chain turned subnormal (a 20 times slower FLOP rate), its kernels'
+passes were timed alone in a process (twice a busy rank's bandwidth), its collectives were
+raw exchanges (a fifth of a collective instruction's time) and one crowding was scaled to all;
+a rank in a blocking collective left its stream's buckets unmoved (8-rank steps of 400 ms where
+100 were due: `settle`'s background); each rank timed its own step (ranks that never wait for
+one another, each in its own turn on a core, timed a quarter of the job's step).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -108,13 +74,17 @@ QUICK_CONFIGS = ("ffn.yaml", "mlp.yaml", "gpt_train.yaml", "transformer_stack.ya
 SEEDS = ("config", "none", "data")  # the config's strategies, none, or parallel_mode data_parallel
 DEVICE_COUNTS = (2, 4, 8)
 CALIBRATION_FILE = "calibration.json"
+SHORT_STEPS, MEASURED_SECONDS = 41, 0.1  # `steps_for`
 _TIME = re.compile(r"time per (?:training|forward) step: ([0-9.]+) ms")
 
 
-def calibration_rank(run_dir: Path) -> None:
-    """One rank of the calibration run: `calibration.measure_rank`; rank 0 writes the slowest
-    rank's medians."""
-    from calibration import measure_rank
+def calibration_rank(run_dir: Path, passes: bool) -> None:
+    """One rank of a calibration run: `calibration.measure_rank`, and with `passes` the
+    kernels' passes (`calibration.kernel_passes`) at the rank's own calibrated rates, timed on
+    every rank at once as a plan's kernels run (a kernel alone in its process has the
+    machine's memory bandwidth to itself); rank 0 writes the slowest rank's figures."""
+    from calibration import fit_profile, kernel_passes, measure_rank
+    from threadpoolctl import threadpool_limits
 
     from autostrat.runtime.mpi import MpiBackend
     from autostrat.runtime.rank import redirect_output
@@ -122,34 +92,51 @@ def calibration_rank(run_dir: Path) -> None:
     backend = MpiBackend()
     redirect_output(run_dir, backend.rank)
     measured = measure_rank(backend)
+    if passes:
+        threadpool_limits(limits=1, user_api="blas")  # as each rank runs its kernels (`runtime.threads`)
+        configs = [ROOT / "configs" / name for name in CONFIGS]
+        measured |= {f"passes {op_type}": value for op_type, value in kernel_passes(configs, fit_profile(measured)).items()}
     gathered = backend.gather_report(np.array(list(measured.values()), np.float64))
     if gathered is not None:
         slowest = {key: max(float(vector[i]) for vector in gathered) for i, key in enumerate(measured)}
         (run_dir / CALIBRATION_FILE).write_text(json.dumps(slowest))
 
 
+def calibration_run(ranks: int, passes: bool) -> dict:
+    """The slowest rank's figures of a calibration run on `ranks` MPI ranks (`calibration_rank`)."""
+    entry = (str(Path(__file__).resolve()), "--calibration-rank", "RUN_DIR") + (("--passes",) if passes else ())
+    with mpi_run(ranks, lambda folder: None, entry) as folder:
+        return json.loads((folder / CALIBRATION_FILE).read_text())
+
+
 def calibrate(path: Path) -> dict:
-    """Calibrate on as many ranks as cores, write the profile YAML at `path`; its fields."""
-    from calibration import fit_profile, kernel_passes
-    from threadpoolctl import threadpool_limits
+    """Calibrate on as many ranks as cores, and on 2 and 4 times as many (the crowdings the
+    plans run at, `Hardware.crowded`); write the profile YAML at `path`; its fields."""
+    from calibration import crowded_row, fit_profile
 
     cores = usable_cores()
-    entry = (str(Path(__file__).resolve()), "--calibration-rank", "RUN_DIR")
-    with mpi_run(max(2, cores), lambda folder: None, entry) as folder:
-        measured = json.loads((folder / CALIBRATION_FILE).read_text())
+    measured = calibration_run(max(2, cores), passes=True)
+    passes = {key.split(" ", 1)[1]: value for key, value in measured.items() if key.startswith("passes ")}
     fields = fit_profile(measured) | {"devices_per_server": 8, "cores_per_server": cores}
-    threadpool_limits(limits=1, user_api="blas")  # as each rank runs its kernels (`runtime.threads`)
-    passes = kernel_passes([ROOT / "configs" / name for name in CONFIGS])
-    lines = [f"# calibrated by benchmarks/time_model.py on {max(2, cores)} MPI ranks, {cores} cores, "
-             f"load average {os.getloadavg()[0]:.2f}"]
+    crowded = [crowded_row(measured, calibration_run(cores * c, passes=False), c)
+               for c in (2, 4) if cores * c <= max(DEVICE_COUNTS)]
+    lines = [f"# calibrated by benchmarks/time_model.py on {max(2, cores)}, then {', '.join(str(int(cores * c)) for c, *_ in crowded)} "
+             f"MPI ranks, {cores} cores, load average {os.getloadavg()[0]:.2f}"]
     lines += [f"{key}: {value:.6g}" if isinstance(value, float) else f"{key}: {value}" for key, value in fields.items()]
-    lines += ["kernel_passes:"] + [f"  {op_type}: {value:g}" for op_type, value in passes.items()]
+    lines += ["kernel_passes:"] + [f"  {op_type}: {max(0.01, round(value, 3)):g}" for op_type, value in passes.items()]
+    lines += ["crowded:  # ranks per core: [message latency s, message bandwidth B/s, kernel slowdown, collective latency s, "
+              "collective wait]"]
+    lines += [f"  {c:g}: [{latency:.6g}, {bandwidth:.6g}, {slowdown:.4g}, {fixed:.6g}, {wait:.4g}]"
+              for c, latency, bandwidth, slowdown, fixed, wait in crowded]
     path.write_text("\n".join(lines) + "\n")
-    return fields
+    return fields | {f"crowded {c:g}": f"{latency * 1e6:.1f} us, {bandwidth / 1e9:.3g} GB/s, kernels x{slowdown:.3g}, "
+                                          f"collectives {fixed * 1e6:.1f} us, wait {wait:.3g}"
+                     for c, latency, bandwidth, slowdown, fixed, wait in crowded}
 
 
 def plan_job(config_name: str, device_num: int, seeds: str, hardware: Path, steps: int):
-    """(predicted ns, job) of one plan: the config with `hardware`, on `device_num` devices."""
+    """(predicted ns, job, plan) of one plan: the config with `hardware`, on `device_num`
+    devices; the job runs at least `steps` steps, more for a short step (`steps_for`)."""
     overrides = {"hardware": str(hardware), "device_num": device_num}
     if seeds == "data":
         overrides["parallel_mode"] = "data_parallel"
@@ -159,7 +146,20 @@ def plan_job(config_name: str, device_num: int, seeds: str, hardware: Path, step
     with warnings.catch_warnings():  # no seed: every op keeps the all-ones strategy, as meant
         warnings.simplefilter("ignore")
         plan, _ = plan_config(config, device_num)
-    return plan.prediction.step_time_ns + output_nanoseconds(plan), make_job(plan, steps, name=config_name), plan
+    predicted = plan.prediction.step_time_ns + output_nanoseconds(plan)
+    return predicted, make_job(plan, steps_for(predicted, steps), name=config_name), plan
+
+
+def steps_for(predicted_ns: int, steps: int) -> int:
+    """Steps for a run whose step is predicted at `predicted_ns`: `steps`, or up to
+    `SHORT_STEPS` so that the measured steps take about `MEASURED_SECONDS` in all: the median
+    of three 0.2 ms steps moved by 50 % from run to run (a scheduler tick on one of them).
+
+    Example:
+        >>> steps_for(200_000, 6), steps_for(10_000_000, 6), steps_for(100_000_000, 6)
+        (41, 11, 6)
+    """
+    return max(steps, min(SHORT_STEPS, 1 + math.ceil(MEASURED_SECONDS * 1e9 / max(predicted_ns, 1))))
 
 
 def output_nanoseconds(plan) -> int:
@@ -200,20 +200,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4 configs (36 plans)")
     parser.add_argument("--profile", default="/tmp/autostrat-calibrated.yaml", help="where the calibrated profile goes")
     parser.add_argument("--hardware", help="a profile YAML to use instead of calibrating")
-    parser.add_argument("--steps", type=int, default=4, help="steps per run, the first a warm-up (default 4)")
+    parser.add_argument("--steps", type=int, default=6, help="steps per run at least, the first a warm-up (default 6; "
+                                                             "short steps run more: `steps_for`)")
     parser.add_argument("--bucket-bytes", type=int, default=16384, help="bucket size of the overlap table")
     parser.add_argument("--configs", nargs="+", help="these configs only (names under configs/)")
     parser.add_argument("--calibration-rank", metavar="RUN_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--passes", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.calibration_rank:
-        return calibration_rank(Path(args.calibration_rank))
+        return calibration_rank(Path(args.calibration_rank), args.passes)
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     started = time.perf_counter()
     profile = Path(args.hardware or args.profile)
     if not args.hardware:
         fields = calibrate(profile)
         print(f"calibrated in {time.perf_counter() - started:.0f} s, {profile}:")
-        print("\n".join(f"  {key}: {value:.4g}" for key, value in fields.items()), flush=True)
+        print("\n".join(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}" for key, value in fields.items()),
+              flush=True)
     rows, pairs, overlaps = [], [], []
     for config, device_num, seeds in cases(args.quick, args.configs):
         predicted_ns, job, plan = plan_job(config, device_num, seeds, profile, args.steps)

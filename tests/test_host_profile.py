@@ -1,6 +1,7 @@
 """A calibrated machine's profile (issue #37): the fixed cost of a kernel, its passes over its
 bytes per op type, ranks sharing a server's cores; the file fields and their errors; a run's step
-time (the median after a warm-up); and the calibration's fit recovering known speeds."""
+time (the median after a warm-up); the calibration's fit recovering known speeds, its crowded
+rows, and what a collective step and a step's loads cost on the host."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autostrat.cost import Hardware, OpCost
@@ -18,7 +20,7 @@ from autostrat.runtime.job import step_seconds
 from autostrat.search.prediction import predict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from calibration import ADD_ELEMENTS, MATMUL_SIZE, MESSAGE_SIZES, fit_profile  # noqa: E402
+from calibration import ADD_ELEMENTS, COLLECTIVE_ELEMENTS, COLLECTIVES, MATMUL_SIZE, crowded_row, fit_profile  # noqa: E402
 
 SPEEDS = "".join(f"{field}: {value}\n" for field, value in (
     ("device_flops", "2e11"), ("device_memory_bandwidth", "5e10"), ("intra_server_bandwidth", "1e10"),
@@ -88,19 +90,116 @@ def test_a_step_time_is_the_median_after_the_warm_up():
     assert step_seconds([5.0]) == 5.0 and step_seconds([]) == 0.0
 
 
+class Gathered:
+    """A rank 0 whose peers' gathered vectors are given: (host, starts..., ends...)."""
+
+    def __init__(self, *peers):
+        self.peers = peers
+
+    def gather_report(self, values):
+        return [values, *[np.array(peer, np.float64) for peer in self.peers]]
+
+
+def test_the_job_step_runs_from_the_first_start_to_the_last_end_on_one_host_and_is_the_slowest_rank_across_hosts():
+    import socket
+    import zlib
+
+    from autostrat.runtime.job import job_step_seconds
+
+    here = zlib.crc32(socket.gethostname().encode())
+    starts, ends = [0.0, 10.0, 20.0], [1.0, 11.0, 21.0]  # rank 0: 1 s steps
+    turns = Gathered([here, 1.0, 11.0, 21.0, 2.0, 12.0, 22.0])  # a rank that starts as rank 0 ends (its turn)
+    assert job_step_seconds(turns, starts, ends) == 2.0
+    elsewhere = Gathered([here + 1, 5.0, 15.0, 25.0, 6.5, 16.5, 26.5])  # another host's clock: its own 1.5 s steps
+    assert job_step_seconds(elsewhere, starts, ends) == 1.5
+
+    class Peer:
+        def gather_report(self, values):
+            return None
+
+    assert job_step_seconds(Peer(), starts, ends) == 1.0  # not rank 0: its own
+
+
+def _calibration(alpha, beta, fixed, latency, memory, flops, ranks=2, wait=0.25) -> dict:
+    """The means a calibration would measure on `ranks` ranks of a machine of these speeds
+    (ring AllReduce: 2 (g - 1) messages sending 2 (g - 1) / g of the piece; AllToAll: g - 1
+    messages of a g-th each; after a MatMul of 1 ms, an AllReduce waits `wait` of it)."""
+    n, g = MATMUL_SIZE, ranks
+    measured = {"kernel_tiny": latency, "kernel_add": latency + 12 * ADD_ELEMENTS / memory,
+                "kernel_matmul": latency + 12 * n * n / memory + 2 * n**3 / flops,
+                "instruction_overhead": 1.5 * latency, "kernel_call": 1e-6}
+    for kind, share in zip(COLLECTIVES, (2, 1)):
+        for elements in COLLECTIVE_ELEMENTS:
+            messages, sent = share * (g - 1), share * (g - 1) * elements * 4
+            measured |= {f"{kind}_{elements}": fixed + messages * alpha + sent / beta, f"{kind}_{elements} messages": messages,
+                         f"{kind}_{elements} bytes": sent}
+    measured["wait_kernel"] = 1e-3
+    measured["wait_pair"] = 1e-3 + measured["AllReduce_1"] + wait * 1e-3
+    return measured
+
+
 def test_the_calibration_fit_recovers_the_speeds_it_was_given():
-    alpha, beta, latency, memory, flops = 5e-6, 2e10, 8e-6, 4e10, 1e11  # flops: the float32 rate
-    measured = {f"ring_{size}": alpha + (size - 4 * (size == 4)) / beta for size in MESSAGE_SIZES}
-    measured["ring_4"] = alpha
-    measured["kernel_tiny"] = latency
-    measured["kernel_add"] = latency + 12 * ADD_ELEMENTS / memory
-    n = MATMUL_SIZE
-    measured["kernel_matmul"] = latency + 12 * n * n / memory + 2 * n**3 / flops
-    fields = fit_profile(measured)
-    assert fields["intra_server_latency"] == alpha and fields["kernel_latency"] == latency
-    assert fields["intra_server_bandwidth"] == pytest.approx(beta, rel=1e-9)
+    alpha, beta, fixed, latency, memory, flops = 5e-6, 2e10, 3e-5, 8e-6, 4e10, 1e11  # flops: the float32 rate
+    fields = fit_profile(_calibration(alpha, beta, fixed, latency, memory, flops))
+    assert fields["kernel_latency"] == 1.5 * latency + 1e-6  # a training step's overhead per instruction, and a call
+    assert fields["collective_wait"] == pytest.approx(0.25)
+    assert fields["intra_server_latency"] == pytest.approx(alpha, rel=1e-3)  # the one-element pieces' bytes on it
+    assert fields["collective_latency"] == pytest.approx(fixed, rel=1e-3)
+    assert fields["intra_server_bandwidth"] == pytest.approx(beta, rel=1e-3)
     assert fields["device_memory_bandwidth"] == pytest.approx(memory, rel=1e-9)
     assert fields["device_flops"] == pytest.approx(2 * flops, rel=1e-9)  # the model runs float32 at half of it
+
+
+def test_a_crowded_row_is_what_the_crowded_calibration_measured():
+    alone = _calibration(5e-6, 2e10, 3e-5, 8e-6, 4e10, 1e11)
+    crowded = _calibration(1e-4, 4e9, 2e-4, 8e-6 * 5, 4e10 / 5, 1e11 / 5, ranks=8, wait=0.75)
+    crowding, alpha, beta, slowdown, fixed, wait = crowded_row(alone, crowded, 4)
+    assert crowding == 4 and slowdown == pytest.approx(5) and wait == pytest.approx(0.75)
+    assert (alpha, beta, fixed) == (pytest.approx(1e-4, rel=1e-3), pytest.approx(4e9, rel=1e-3), pytest.approx(2e-4, rel=1e-3))
+
+
+def test_a_measured_crowding_replaces_the_share_of_the_cores():
+    profile = Hardware(cores_per_server=2, kernel_latency=1e-6, collective_latency=2e-6, intra_server_latency=1e-6,
+                       intra_server_bandwidth=1e9, crowded={4: [2e-5, 1e8, 5.0, 1e-5, 0.6]})
+    four = profile.shared(8)  # measured: the row's own figures
+    assert (four.intra_server_latency, four.intra_server_bandwidth) == (pytest.approx(2e-5), pytest.approx(1e8))
+    assert (four.kernel_latency, four.collective_latency) == (pytest.approx(5e-6), pytest.approx(1e-5))
+    assert four.device_flops == pytest.approx(profile.device_flops / 5) and four.collective_wait == pytest.approx(0.6)
+    two = profile.shared(4)  # between 1 and the row, interpolated: a third of the way
+    assert two.intra_server_latency == pytest.approx(1e-6 + (2e-5 - 1e-6) / 3) and two.collective_wait == pytest.approx(0.2)
+    assert profile.shared(2) is profile
+
+
+def test_a_collective_step_pays_the_collective_latency_and_a_step_its_loads():
+    plan = tutorial_plan()  # one ReduceScatter of 3 messages; x, two weights and two biases loaded
+    plain = predict(plan, Hardware(), ("forward",)).phases["forward"]
+    host = predict(plan, Hardware(collective_latency=7e-6, kernel_latency=1e-6), ("forward",)).phases["forward"]
+    assert host.communication_ns == plain.communication_ns + 7000
+    assert host.compute_ns == plain.compute_ns + 1000 * len(plan.ops) + 1000 * 5
+
+
+def test_a_crowded_collective_waits_its_share_of_the_compute_before_it():
+    plan = tutorial_plan()  # 8 devices; the ReduceScatter reads dense1's product, after four ops
+    profile = Hardware(cores_per_server=2, crowded={4: [8e-6, 450e9 / 4, 4.0, 0.0, 0.5]})  # the share of the cores, and a wait
+    shared, plain = profile.shared(8), predict(plan, Hardware(cores_per_server=2), ("forward",)).phases["forward"]
+    from autostrat.search.prediction import compute_ns
+    before, after = (sum(compute_ns(plan, name, shared) for name in names) for names in (list(plan.graph.ops)[:4], list(plan.graph.ops)[4:]))
+    waited = predict(plan, profile, ("forward",)).phases["forward"]
+    assert waited.compute_ns == plain.compute_ns and before > 0 and after > 0
+    assert waited.communication_ns == plain.communication_ns + round(0.5 * before) + round(0.5 * after)  # and the step's end
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("crowded:\n  2: [1e-5, 1e9, 2.0]\n", "crowded must map ranks per core to [message latency s, message bandwidth B/s, "
+                                          "kernel slowdown, collective latency s, collective wait], got {2: ['1e-5', '1e9', 2.0]}"),
+    ("crowded:\n  1: [1e-5, 1e9, 2.0, 0, 0]\n", "crowded at 1 ranks per core needs a crowding > 1"),
+    ("collective_wait: -0.5\n", "collective_wait must be a finite number >= 0 (a fraction of the compute before a collective)"),
+    ("collective_latency: -1e-6\n", "collective_latency must be a finite number >= 0 (seconds), got -1e-06"),
+])
+def test_a_bad_crowded_row_is_refused_with_the_file_named(tmp_path, extra, message):
+    path = _written(tmp_path, SPEEDS + extra)
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: {message}")):
+        read_hardware_file(path)
 
 
 def test_a_shared_profile_is_not_shared_again():

@@ -182,12 +182,12 @@ def algorithm_nanoseconds(model: AlphaBeta, kind: str, algorithm: str, matrix: D
     if name == "doubling":
         power = 1 << (group.bit_length() - 1)
         rounds = power.bit_length() - 1 + 2 * (group > power)
-        return _phase(rounds, rounds * local_bytes, model.link(matrix, axes))
+        return model.fixed_nanoseconds() + _phase(rounds, rounds * local_bytes, model.link(matrix, axes))
     found = placement(model, matrix, axes)
     if found is None or found[2] != server_size(algorithm):
         raise LayoutError(f"{algorithm} needs groups spread evenly over servers of {server_size(algorithm)}; "
                           f"axes {axes} of {matrix} are not")
-    return _hierarchical_nanoseconds(model, kind, found[0], found[1], local_bytes, itemsize)
+    return model.fixed_nanoseconds() + _hierarchical_nanoseconds(model, kind, found[0], found[1], local_bytes, itemsize)
 
 
 def _hierarchical_nanoseconds(model: AlphaBeta, kind: str, m: int, k: int, s: int, itemsize: int) -> int:

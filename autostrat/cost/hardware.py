@@ -23,10 +23,21 @@ A profile measured on a machine (`benchmarks/time_model.py` calibrates this one'
 also give three host fields, absent (0) in the named profiles, where they change nothing:
 
 - `kernel_latency`, seconds each op's kernel takes beyond its flops and bytes (a launch; on a
-  CPU runtime, the executor's work per instruction),
+  CPU runtime, the executor's work per instruction; a step also loads each graph input,
+  parameter and state once, an instruction each: `search.prediction.load_ns`),
+- `collective_latency`, seconds each collective step takes beyond its messages (the runtime's
+  work per collective instruction: its pieces cut and joined, its exchanges driven;
+  `AlphaBeta.step_latency`),
+- `collective_wait`, the fraction of a rank's compute since its last collective that its next
+  collective waits beyond its messages where ranks share cores (`shared`: each reaches it at
+  its turn on a core; `search.prediction.crowded_waits`),
 - `kernel_passes`, per op type the times its kernel moves its bytes (1 when unlisted: numpy's
   GeLU evaluates a series for erf, hundreds of passes),
-- `cores_per_server`, the cores the devices of a server share (`shared`: ranks on one machine).
+- `cores_per_server`, the cores the devices of a server share (`shared`: ranks on one machine),
+- `crowded`, per crowding measured (ranks per core, above 1) a ring message's latency and
+  bandwidth, how many times longer a kernel takes there, and a collective's fixed latency
+  (`shared`): on 2 cores a collective of 8 ranks waits for each partner's turn on a core,
+  tens of times the latency of 2 ranks, not the 4 times their share of the cores would give.
 
 Named profiles (`PROFILES`), each constant from the vendor's datasheet or NCCL's tuning model:
 
@@ -121,7 +132,7 @@ DEVICE_MEMORY = 80 * 2**30  # bytes: both shipped profiles are 80 GiB parts (mod
 EFFICIENCIES = ("matmul_efficiency", "network_efficiency", "memory_efficiency")
 # Fields a profile may leave out: the efficiencies (1.0), and two a calibrated machine gives
 # (`benchmarks/time_model.py`): 0 leaves every prediction as it was without them.
-HOST_FIELDS = ("kernel_latency", "cores_per_server", "kernel_passes")
+HOST_FIELDS = ("kernel_latency", "collective_latency", "collective_wait", "cores_per_server", "kernel_passes", "crowded")
 # The fused attention kernels' own rates (None: `matmul_efficiency`'s, as before they existed).
 ATTENTION_EFFICIENCIES = ("attention_efficiency", "attention_backward_efficiency")
 OPTIONAL_FIELDS = (*EFFICIENCIES, *HOST_FIELDS, "device_memory", *ATTENTION_EFFICIENCIES)
@@ -167,9 +178,14 @@ class Hardware:
     network_efficiency: float = 1.0
     memory_efficiency: float = 1.0
     kernel_latency: float = 0.0  # seconds each op's kernel takes beyond its flops and bytes (a launch)
+    collective_latency: float = 0.0  # seconds each collective step takes beyond its messages
+    collective_wait: float = 0.0  # fraction of the compute since the last collective the next one waits
     cores_per_server: int = 0  # cores the devices of one server share (0: each device computes alone)
     # Per op type, how many times its kernel moves the bytes it reads and writes (unlisted: 1).
     kernel_passes: tuple[tuple[str, float], ...] = ()
+    # Per crowding (ranks per core, > 1): (crowding, message latency s, message bandwidth B/s, kernel slowdown,
+    # collective latency s, collective wait).
+    crowded: tuple[tuple[float, ...], ...] = ()
     name: str = ""  # the profile's name, or the file it was read from ("": given field by field)
     attention_efficiency: float | None = None  # fused attention's forward rate (None: matmul_efficiency's)
     attention_backward_efficiency: float | None = None  # and its backward's, per FlashAttention's flops
@@ -178,8 +194,9 @@ class Hardware:
         if not isinstance(self.name, str):
             raise ConfigError(f"a hardware profile's name must be a string, got {self.name!r}")
         object.__setattr__(self, "kernel_passes", _checked_passes(self.kernel_passes))
+        object.__setattr__(self, "crowded", _checked_crowded(self.crowded))
         for field in fields(self):
-            if field.name not in ("name", "kernel_passes"):
+            if field.name not in ("name", "kernel_passes", "crowded"):
                 object.__setattr__(self, field.name, _checked(field.name, getattr(self, field.name)))
 
     def link(self, across_servers: bool) -> tuple[float, float]:
@@ -210,8 +227,8 @@ class Hardware:
         intra, inter = self.link(across_servers=False), self.link(across_servers=True)
         if matrix.ndim == 1:
             latency, bandwidth = inter if device_num > self.devices_per_server else intra
-            return AlphaBeta(matrix, (latency,), (bandwidth,))
-        return AlphaBeta(matrix, (intra[0], inter[0]), (intra[1], inter[1]))
+            return AlphaBeta(matrix, (latency,), (bandwidth,), self.collective_latency)
+        return AlphaBeta(matrix, (intra[0], inter[0]), (intra[1], inter[1]), self.collective_latency)
 
     def compute_nanoseconds(self, cost: OpCost, dtypes, op_type: str = "") -> int:
         """Nanoseconds of one op on one device: its flops at ``device_flops · matmul_efficiency
@@ -259,10 +276,14 @@ class Hardware:
     def shared(self, device_num: int) -> "Hardware":
         """The profile as each of `device_num` devices sees it when the devices of a server
         share its `cores_per_server` cores (ranks on a machine's CPU cores): with k devices on a
-        server and k > cores, each computes and moves its messages on ``cores / k`` of a core, so
-        every rate is divided by ``k / cores`` and every latency multiplied by it; the profile
-        itself when each device has its own (0) or enough cores. The shared profile has
-        ``cores_per_server`` 0: its share is taken once.
+        server and k > cores, each computes on ``cores / k`` of a core, so every rate is
+        divided by the crowding ``k / cores`` and the host latencies multiplied by it, and so are
+        a message's latency and time per byte; the profile itself when each device has its own
+        (0) or enough cores. Where the profile measured a crowding (`crowded`), that row's
+        factors replace the crowding: its kernel slowdown for the compute, its message latency,
+        bandwidth and collective latency over the profile's own for the links and collectives,
+        and its collective wait (`crowding_factors`). The shared
+        profile has ``cores_per_server`` 0: its share is taken once.
 
         Example (8 ranks on 2 cores take 4 times as long for everything):
             >>> crowded = Hardware(cores_per_server=2, kernel_latency=5e-6).shared(8)
@@ -274,10 +295,42 @@ class Hardware:
         crowding = min(device_num, self.devices_per_server) / self.cores_per_server if self.cores_per_server else 1
         if crowding <= 1:
             return self
-        rates = ("device_flops", "device_memory_bandwidth", "intra_server_bandwidth", "inter_server_bandwidth")
-        latencies = ("intra_server_latency", "inter_server_latency", "kernel_latency")
-        return replace(self, **{f: getattr(self, f) / crowding for f in rates}, **{f: getattr(self, f) * crowding for f in latencies},
-                       cores_per_server=0)  # its share taken: sharing it again changes nothing
+        compute, latency, per_byte, collective, wait = self.crowding_factors(crowding)
+        rates = ("device_flops", "device_memory_bandwidth")
+        links = {"intra_server_latency": self.intra_server_latency * latency, "inter_server_latency": self.inter_server_latency * latency,
+                 "intra_server_bandwidth": self.intra_server_bandwidth / per_byte, "inter_server_bandwidth": self.inter_server_bandwidth / per_byte}
+        return replace(self, **{f: getattr(self, f) / compute for f in rates}, **links, kernel_latency=self.kernel_latency * compute,
+                       collective_latency=self.collective_latency * collective, collective_wait=wait, cores_per_server=0,
+                       crowded=())  # its share taken: sharing it again changes nothing
+
+    def crowding_factors(self, crowding: float) -> tuple[float, ...]:
+        """(kernel slowdown, message latency factor, message time-per-byte factor, collective
+        latency factor, collective wait) of ranks `crowding` to a core: each factor the
+        crowding itself and the wait the profile's unless `crowded` measured them; between two
+        measured crowdings (or 1, where every factor is 1 and the wait the profile's, and the
+        first) interpolated linearly, beyond the last that row's scaled by ``crowding / its
+        crowding``.
+
+        Example (a row measured at 4 ranks per core: latency 10 times the profile's):
+            >>> hardware = Hardware(intra_server_latency=1e-6, intra_server_bandwidth=1e9, collective_latency=1e-6,
+            ...                     crowded={4: [1e-5, 2.5e8, 5.0, 3e-6, 0.3]})
+            >>> [tuple(round(f, 9) for f in hardware.crowding_factors(c)) for c in (4, 2.5, 8)]
+            [(5.0, 10.0, 4.0, 3.0, 0.3), (3.0, 5.5, 2.5, 2.0, 0.15), (10.0, 20.0, 8.0, 6.0, 0.6)]
+        """
+        def ratio(measured: float, own: float, c: float) -> float:
+            return measured / own if own else c
+
+        points = [(1.0, 1.0, 1.0, 1.0, 1.0, self.collective_wait)] + [
+            (c, slowdown, ratio(latency, self.intra_server_latency, c), self.intra_server_bandwidth / bandwidth,
+             ratio(collective, self.collective_latency, c), wait) for c, latency, bandwidth, slowdown, collective, wait in self.crowded]
+        if len(points) == 1:
+            return (crowding,) * 4 + (self.collective_wait,)
+        for (low, *below), (high, *above) in zip(points, points[1:]):
+            if crowding <= high:
+                share = (crowding - low) / (high - low)
+                return tuple(a + share * (b - a) for a, b in zip(below, above))
+        last, *factors = points[-1]
+        return tuple(f * crowding / last for f in factors)
 
     def describe(self) -> str:
         """One line of the hardware a prediction assumes.
@@ -297,6 +350,7 @@ class Hardware:
                 f"and {self.intra_server_latency * 1e6:g} us, servers at {self.inter_server_bandwidth / 1e9:g} GB/s "
                 f"and {self.inter_server_latency * 1e6:g} us" + (f"; {efficiencies}" if efficiencies else "")
                 + (f"; {self.kernel_latency * 1e6:g} us per kernel" if self.kernel_latency else "")
+                + (f"; {self.collective_latency * 1e6:g} us per collective" if self.collective_latency else "")
                 + (f"; {self.cores_per_server} cores per server shared" if self.cores_per_server else ""))
 
 
@@ -311,6 +365,28 @@ def _checked_passes(value) -> tuple[tuple[str, float], ...]:
     bad = [pair for pair in checked if not 0 < pair[1] < math.inf]
     if bad:
         raise ConfigError(f"kernel_passes of {bad[0][0]} must be a finite number > 0, got {bad[0][1]!r}")
+    return checked
+
+
+def _checked_crowded(value) -> tuple[tuple[float, ...], ...]:
+    """`crowded` as the profile keeps it: (crowding > 1, message latency >= 0, bandwidth > 0,
+    kernel slowdown > 0, collective latency >= 0, collective wait >= 0) rows sorted by
+    crowding, from rows or a mapping of crowding to the other five; anything else is a
+    `ConfigError`."""
+    expected = ("crowded must map ranks per core to [message latency s, message bandwidth B/s, kernel slowdown, "
+                "collective latency s, collective wait]")
+    try:
+        rows = [(crowding, *rest) for crowding, rest in value.items()] if isinstance(value, dict) else value
+        checked = tuple(sorted(tuple(float(x) for x in row) for row in rows))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{expected}, got {value!r}") from None
+    if any(len(row) != 6 for row in checked):
+        raise ConfigError(f"{expected}, got {value!r}")
+    bad = [row for row in checked if not (1 < row[0] < math.inf and 0 <= row[1] < math.inf and 0 < row[2] < math.inf
+                                          and 0 < row[3] < math.inf and 0 <= row[4] < math.inf and 0 <= row[5] < math.inf)]
+    if bad:
+        raise ConfigError(f"crowded at {bad[0][0]:g} ranks per core needs a crowding > 1, a latency >= 0, a bandwidth > 0, "
+                          f"a slowdown > 0, a collective latency >= 0 and a wait >= 0, got {list(bad[0][1:])!r}")
     return checked
 
 
@@ -330,9 +406,10 @@ def _checked(field: str, value):
         if not (number and 0 < value <= 1):  # NaN too
             raise ConfigError(f"{field} must be a number in (0, 1] (a fraction of the nominal peak), got {value!r}")
         return float(value)
-    lowest = 0.0 if field.endswith("latency") else math.ulp(0.0)  # kernel_latency too
+    lowest = 0.0 if field.endswith(("latency", "wait")) else math.ulp(0.0)  # kernel_latency too
     if not (number and lowest <= value < math.inf):
-        unit = "seconds" if field.endswith("latency") else ("FLOP/s" if field == "device_flops" else "bytes/s")
+        units = {"device_flops": "FLOP/s", "collective_wait": "a fraction of the compute before a collective"}
+        unit = "seconds" if field.endswith("latency") else units.get(field, "bytes/s")
         raise ConfigError(f"{field} must be a finite number {'>= 0' if lowest == 0 else '> 0'} ({unit}), got {value!r}")
     return float(value)
 

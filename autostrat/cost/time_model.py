@@ -9,6 +9,10 @@ its rank stride: it pays the slowest (largest α, smallest β) model axis its st
 `step_time` and `step_nanoseconds` time a step run as a ring; `cost.algorithms` times the
 other algorithms a step can run as, on the same links, and chooses among them.
 
+A profile measured on a CPU runtime also charges each collective step a fixed `step_latency`
+(the runtime's own work per collective instruction, beside its messages: `Hardware.collective_latency`);
+0 otherwise, when a step is its messages and bytes alone.
+
 Searches add times up, so they use `step_nanoseconds`: whole nanoseconds, the latency rounded to
 the nearest and the transfer rounded up, computed exactly (no float sums whose last bit depends
 on the order of the terms), so the same plan has the same time on every run and in every solver.
@@ -25,7 +29,7 @@ from autostrat.layout import DeviceMatrix
 
 # Ring messages per device for a group of g devices (Slice, Reshape and PartialCreate send none;
 # the model prices no local work, so their time is 0: a PartialCreate's memset is not priced).
-_LOCAL_KINDS = ("PartialCreate", "Reshape", "Slice")
+LOCAL_KINDS = ("PartialCreate", "Reshape", "Slice")
 _MESSAGES = {"AllGather": 1, "AllToAll": 1, "ReduceScatter": 1, "AllReduce": 2}
 
 
@@ -66,9 +70,11 @@ class AlphaBeta:
     device_matrix: DeviceMatrix
     latency: tuple[float, ...]
     bandwidth: tuple[float, ...]
+    step_latency: float = 0.0  # seconds each collective step takes beside its messages (a host's work)
 
     def __post_init__(self) -> None:
         ndim = self.device_matrix.ndim
+        object.__setattr__(self, "step_latency", float(self.step_latency))
         object.__setattr__(self, "latency", tuple(float(v) for v in self.latency))
         object.__setattr__(self, "bandwidth", tuple(float(v) for v in self.bandwidth))
         if len(self.latency) != ndim or len(self.bandwidth) != ndim:
@@ -76,14 +82,15 @@ class AlphaBeta:
                 f"an α–β model of device matrix {self.device_matrix} needs {ndim} latencies and bandwidths, "
                 f"got {len(self.latency)} and {len(self.bandwidth)}"
             )
-        if min(self.latency) < 0 or min(self.bandwidth) <= 0:
-            raise LayoutError(f"latencies must be >= 0 and bandwidths > 0, got {self.latency} and {self.bandwidth}")
+        if min(self.latency) < 0 or min(self.bandwidth) <= 0 or not 0 <= self.step_latency < math.inf:
+            raise LayoutError(f"latencies must be >= 0 and bandwidths > 0, got {self.latency} and {self.bandwidth} "
+                              f"(step latency {self.step_latency})")
 
     def __hash__(self) -> int:
         # Every memo of a timed search is keyed by its model: hash the fields once, not on each lookup.
         found = self.__dict__.get("_hash")
         if found is None:
-            found = hash((self.device_matrix, self.latency, self.bandwidth))
+            found = hash((self.device_matrix, self.latency, self.bandwidth, self.step_latency))
             object.__setattr__(self, "_hash", found)
         return found
 
@@ -103,25 +110,31 @@ class AlphaBeta:
         return max(self.latency[i] for i in touched), min(self.bandwidth[i] for i in touched)
 
     def step_time(self, kind: str, matrix: DeviceMatrix, axes, sent_bytes: int) -> float:
-        """Seconds of one step: ring messages times α plus the bytes each device sends over β."""
-        if kind in _LOCAL_KINDS or not axes:
+        """Seconds of one step: ring messages times α plus the bytes each device sends over β
+        (plus `step_latency`)."""
+        if kind in LOCAL_KINDS or not axes:
             return 0.0
         messages, (alpha, beta) = _messages(kind, matrix, axes), self.link(matrix, axes)
-        return messages * alpha + sent_bytes / beta
+        return self.step_latency + messages * alpha + sent_bytes / beta
 
     def step_nanoseconds(self, kind: str, matrix: DeviceMatrix, axes, sent_bytes: int) -> int:
         """`step_time` in whole nanoseconds: messages times α (rounded to the nearest
-        nanosecond) plus the bytes over β (rounded up).
+        nanosecond) plus the bytes over β (rounded up), plus `step_latency` (rounded to the nearest).
 
         Example (a ring AllReduce of 4 devices: 6 messages of 2 µs, 3000 bytes at 450 GB/s):
             >>> model = AlphaBeta(DeviceMatrix((4,)), latency=(2e-6,), bandwidth=(450e9,))
             >>> model.step_nanoseconds("AllReduce", DeviceMatrix((4,)), (0,), 3000)
             12007
         """
-        if kind in _LOCAL_KINDS or not axes:
+        if kind in LOCAL_KINDS or not axes:
             return 0
         messages, (alpha, beta) = _messages(kind, matrix, axes), self.link(matrix, axes)
-        return messages * round(alpha * 1e9) + ceil_nanoseconds(sent_bytes, beta)
+        return self.fixed_nanoseconds() + messages * round(alpha * 1e9) + ceil_nanoseconds(sent_bytes, beta)
+
+    def fixed_nanoseconds(self) -> int:
+        """`step_latency` in whole nanoseconds (rounded to the nearest): what every collective
+        step costs beside its messages, whatever algorithm runs it (`cost.algorithms`)."""
+        return round(self.step_latency * 1e9)
 
 
 @lru_cache(maxsize=1 << 14)

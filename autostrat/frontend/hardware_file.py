@@ -17,7 +17,10 @@ without max_device_memory fits its plan into it); its name is the file's name::
     attention_efficiency: 0.34      # optional, each in (0, 1]: fused attention's forward and
     attention_backward_efficiency: 0.33  # backward rates (absent: matmul_efficiency's)
     kernel_latency: 5e-6            # optional: seconds per op beyond its flops and bytes (default 0)
+    collective_latency: 2e-5        # optional: seconds per collective step beyond its messages (default 0)
     cores_per_server: 2             # optional: cores the devices of a server share (default 0: their own)
+    crowded:                        # optional: per ranks per core measured (> 1), [message latency s,
+      2: [6e-5, 3.5e9, 2.1, 6e-5]   #   message bandwidth B/s, kernel slowdown, collective latency s]
     device_memory: 85899345920      # optional, bytes per device
 """
 

@@ -1,7 +1,8 @@
 """What a plan is predicted to cost per step: time and bytes per phase, and peak memory per device.
 
 - Compute: every op of the plan (update ops too), `Hardware.compute_nanoseconds` of its strategy,
-  in its op's phase (`autodiff.op_phase`: forward, backward or update).
+  in its op's phase (`autodiff.op_phase`: forward, backward or update), and in the forward the
+  host's loads of the step's inputs, parameters and state (`load_ns`: 0 but on a calibrated CPU).
 - Communication: a ring strategy's sends that its compute does not hide (`cost.ring`), in its
   op's phase, and every redistribution of the plan, its steps timed by the α–β model of the plan's
   hardware (`AlphaBeta.step_nanoseconds`), in the phase its bytes are counted in
@@ -30,6 +31,7 @@ from autostrat.autodiff import op_phase
 from autostrat.cost import Hardware, op_cost
 from autostrat.cost.overlap import SyncTimeline, packed_buckets, sync_timeline
 from autostrat.cost.ring import ring_nanoseconds
+from autostrat.cost.time_model import LOCAL_KINDS
 from autostrat.search.buffers import plan_peak
 from autostrat.search.fusion import sync_collectives
 from autostrat.search.memory import peak_bytes
@@ -158,10 +160,16 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
     hardware = hardware.shared(plan.device_num)  # ranks sharing a machine's cores (`Hardware.shared`)
     model = hardware.alpha_beta(plan.device_num)
     compute, communication, sent = dict.fromkeys(phases, 0), dict.fromkeys(phases, 0), dict.fromkeys(phases, 0)
-    for name in plan.graph.ops:
-        phase, time = op_phase(name), compute_ns(plan, name, hardware)
+    times = {name: compute_ns(plan, name, hardware) for name in plan.graph.ops}
+    for name, time in times.items():
+        phase = op_phase(name)
         waited, ring = ring_cost(plan, name, hardware, time)
         compute[phase], communication[phase], sent[phase] = compute[phase] + time, communication[phase] + waited, sent[phase] + ring
+    for phase, waited in crowded_waits(plan, hardware, times).items():
+        if phase in communication:
+            communication[phase] += waited
+    if "forward" in phases:
+        compute["forward"] += load_ns(plan, hardware)
     moves = [(plan.edge_phase(edge), edge.plan) for edge in plan.redistributions if not edge.shares]  # shared: sent once
     moves += [("update", writeback.plan) for writeback in plan.writebacks]
     for phase, redistribution in moves:
@@ -176,6 +184,53 @@ def predict(plan, hardware: Hardware, phases: tuple[str, ...]) -> Prediction:
         costs["sync"] = PhaseCost(compute["sync"], synchronised, fused)
         overlapped = timeline.backward_ns + synchronised - timeline.end_ns
     return Prediction(costs, plan_peak(plan), plan_peak_bytes(plan), overlapped)
+
+
+def crowded_waits(plan, hardware: Hardware, times: dict[str, int]) -> dict[str, int]:
+    """Per phase, what the plan's collectives wait beyond their messages where ranks share
+    cores (`Hardware.collective_wait` of the shared profile; none otherwise): an op's first
+    collective redistribution waits that fraction of the compute (`times`, per op) run since
+    the collective before it, in graph order, as each rank reaches it at its turn on a core;
+    so does the step's end, after the last collective (the step ends with its last rank: ranks
+    that never wait for one another run their steps in turn).
+
+    Example (the tutorial FFN: its one collective, a ReduceScatter into dense2's BiasAdd, waits
+    half the four ops' compute before it; the step's end half of the BiasAdd's):
+        >>> from autostrat.models import tutorial_plan
+        >>> plan = tutorial_plan()
+        >>> crowded_waits(plan, Hardware(collective_wait=0.5), {name: 1000 for name in plan.graph.ops})
+        {'forward': 2500}
+    """
+    if not hardware.collective_wait:
+        return {}
+    collective = {}
+    for edge in plan.redistributions:
+        if not edge.shares and any(step.kind not in LOCAL_KINDS for step in edge.plan.steps):
+            collective.setdefault(edge.consumer, plan.edge_phase(edge))
+    waits, since = {}, 0
+    for name in plan.graph.ops:
+        if name in collective:
+            waits[collective[name]] = waits.get(collective[name], 0) + round(hardware.collective_wait * since)
+            since = 0
+        since += times[name]
+    if since:  # the step ends when its last rank does: as at a collective, each reaches the end at its turn
+        last = op_phase(next(reversed(plan.graph.ops)))
+        waits[last] = waits.get(last, 0) + round(hardware.collective_wait * since)
+    return waits
+
+
+def load_ns(plan, hardware: Hardware) -> int:
+    """The host's time to load what a step reads and no op makes (graph inputs, parameters,
+    constants, optimiser state): an instruction each (`Hardware.kernel_latency`), as the
+    runtime takes each rank's slice (`runtime.instructions.Load`); 0 for a device's profile.
+
+    Example (the tutorial FFN reads x and two weights and biases: 5 loads of 8 us):
+        >>> from autostrat.models import tutorial_plan
+        >>> load_ns(tutorial_plan(), Hardware(kernel_latency=8e-6))
+        40000
+    """
+    loaded = sum(1 for tensor in plan.graph.tensors.values() if tensor.producer is None)
+    return loaded * round(hardware.kernel_latency * 1e9)
 
 
 def plan_peak_bytes(plan) -> int:
