@@ -42,7 +42,8 @@ COLLECTIVE_ELEMENTS = (1, 4096, 65536)  # float32 elements per member of a colle
 COLLECTIVES = ("AllReduce", "AllToAll")  # 2 (g - 1) ring messages and g - 1: α apart from the fixed cost
 ADD_ELEMENTS, MATMUL_SIZE, CHAIN = 262144, 128, 60
 OVERHEAD_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "gpt_train.yaml"  # `instruction_overhead`'s program
-WAIT_ROWS, WAIT_KERNEL = 256, 512  # a MatMul of [256, 512] x [512, 512] before each collective: ~1 ms on one core
+FEWEST_PASSES = 0.01  # `kernel_passes`: a Reshape's view moves nothing
+WAIT_ROWS, WAIT_KERNEL, LONG_WAIT_KERNEL = 256, 512, 1024  # MatMuls of ~1 and ~8 ms on a core of its own  # a MatMul of [256, 512] x [512, 512] before each collective: ~1 ms on one core
 
 
 def collective_program(kind: str, rank: int, device_num: int, elements: int, length: int, kernel: int = 0) -> Program:
@@ -63,12 +64,12 @@ def collective_program(kind: str, rank: int, device_num: int, elements: int, len
     return Program(rank, device_num, (), tuple(instructions), ("x", "w", "v"), ((previous, previous),))
 
 
-def collective_seconds(backend, kind: str, elements: int, repeats: int, kernel: int = 0) -> tuple[float, float, float]:
+def collective_seconds(backend, kind: str, elements: int, repeats: int, kernel: int = 0, length: int = CHAIN) -> tuple[float, float, float]:
     """(mean seconds, ring messages, bytes) per collective of a chain of `kind` (with
     `kernel`: per MatMul and collective) run by the executor on every rank at once, each chain
     after a barrier; messages and bytes as the wire counts them (every `transfer` it makes),
     never as the model counts them."""
-    program = collective_program(kind, backend.rank, backend.device_num, elements, CHAIN, kernel)
+    program = collective_program(kind, backend.rank, backend.device_num, elements, length, kernel)
     rng = np.random.default_rng(0)
     values = {"x": np.full(elements * backend.device_num, 1e-3, np.float32), "w": np.ones((WAIT_ROWS, kernel), np.float32),
               "v": np.linalg.qr(rng.standard_normal((kernel, kernel)))[0].astype(np.float32) if kernel else np.ones((0, 0), np.float32)}
@@ -87,8 +88,8 @@ def collective_seconds(backend, kind: str, elements: int, repeats: int, kernel: 
         execute(program, backend, values)
         times.append(time.perf_counter() - started)
     del backend.transfer  # the method again
-    runs = CHAIN * (repeats + 2)
-    return statistics.mean(times[2:]) / CHAIN, len(sent) / runs, sum(sent) / runs
+    runs = length * (repeats + 2)
+    return statistics.mean(times[2:]) / length, len(sent) / runs, sum(sent) / runs
 
 
 def chain_program(op_type: str, shape: tuple[int, ...], length: int) -> Program:
@@ -154,8 +155,9 @@ def measure_rank(backend, repeats: int = 30) -> dict:
             measured |= {f"{kind}_{elements}": seconds, f"{kind}_{elements} messages": messages, f"{kind}_{elements} bytes": sent}
     measured["instruction_overhead"] = instruction_overhead(OVERHEAD_CONFIG)
     measured["kernel_call"] = kernel_call_seconds()
-    measured["wait_kernel"] = collective_seconds(backend, "", 1, max(3, repeats // 3), WAIT_KERNEL)[0]
-    measured["wait_pair"] = collective_seconds(backend, "AllReduce", 1, max(3, repeats // 3), WAIT_KERNEL)[0]
+    for key, kernel, length in (("wait", WAIT_KERNEL, CHAIN), ("long_wait", LONG_WAIT_KERNEL, CHAIN // 6)):
+        measured[f"{key}_kernel"] = collective_seconds(backend, "", 1, max(3, repeats // 3), kernel, length)[0]
+        measured[f"{key}_pair"] = collective_seconds(backend, "AllReduce", 1, max(3, repeats // 3), kernel, length)[0]
     return measured
 
 
@@ -204,17 +206,21 @@ def kernel_call_seconds(count: int = 1000) -> float:
     return statistics.mean(_seconds(lambda: run_kernel("Add", [one, one], {}, None)) for _ in range(count))
 
 
-def kernel_passes(config_paths, profile: dict, repeats: int = 3) -> dict[str, float]:
+def kernel_passes(config_paths, profile: dict, repeats: int = 3) -> tuple[dict[str, float], dict[str, float]]:
     """Per op type, the passes over its bytes its numpy kernel takes (`Hardware.kernel_passes`)
-    on the calibrated `profile` (`fit_profile`'s fields): every op of each config's graph
-    planned on one device (whole tensors; the calibrated plans run slices of them on 2 to 8)
-    run by its kernel alone `repeats` times, less a kernel call's fixed cost (an Add of one
-    element, timed here: the rest of an instruction's is `kernel_latency`) and its flops at
-    the profile's float32 rate, over its bytes (`cost.op_cost` counts both) at the profile's
-    memory bandwidth; the median over the op type's ops. The profile's rates, not this
-    process's own: the model charges the passes at them (an Add alone in its process moved
-    35-45 GB/s, a busy rank's executor 13: passes taken at the first charged GeLU twice its
-    time)."""
+    on the calibrated `profile` (`fit_profile`'s fields), and for an op type whose kernel
+    outruns the profile's FLOP rate, how many times that rate it runs at (`kernel_rates`):
+    every op of each config's graph planned on one device (whole tensors; the calibrated plans
+    run slices of them on 2 to 8) run by its kernel alone `repeats` times, less a kernel
+    call's fixed cost (an Add of one element, timed here: the rest of an instruction's is
+    `kernel_latency`) and its flops at the profile's float32 rate, over its bytes
+    (`cost.op_cost` counts both) at the profile's memory bandwidth; the median over the op
+    type's ops. The profile's rates, not this process's own: the model charges the passes at
+    them (an Add alone in its process moved 35-45 GB/s, a busy rank's executor 13: passes
+    taken at the first charged GeLU twice its time). Where the median is below `FEWEST_PASSES`
+    (the flops alone at the rate take longer than the kernel: Conv2D's one large product),
+    the op type moves its bytes `FEWEST_PASSES` times and its rate is the median of its ops'
+    flops over the time left (1 for every other op type)."""
     from autostrat.cost import op_cost
     from autostrat.frontend.config import load_config
     from autostrat.frontend.run import plan_config
@@ -227,7 +233,7 @@ def kernel_passes(config_paths, profile: dict, repeats: int = 3) -> dict[str, fl
 
     call = kernel_call_seconds()
     bandwidth, rate = profile["device_memory_bandwidth"], profile["device_flops"] / 2  # float32: half the rate
-    found: dict[str, list[float]] = {}
+    found: dict[str, list[tuple[float, int, int]]] = {}
     for path in config_paths:
         plan, _ = plan_config(load_config(path, device_num=1), 1)
         graph = plan.graph
@@ -238,9 +244,16 @@ def kernel_passes(config_paths, profile: dict, repeats: int = 3) -> dict[str, fl
             store.update(zip(op.outputs, run_kernel(op.op_type, inputs, op.attr_dict, None)))
             cost = op_cost(plan.ops[name].strategy, tuple(map(plan.sizes.priced, op.inputs + op.outputs)))
             if cost.memory_bytes_per_device:
-                moving = seconds - call - cost.flops_per_device / rate
-                found.setdefault(op.op_type, []).append(moving * bandwidth / cost.memory_bytes_per_device)
-    return {op_type: statistics.median(values) for op_type, values in sorted(found.items())}
+                found.setdefault(op.op_type, []).append((seconds - call, cost.flops_per_device, cost.memory_bytes_per_device))
+    passes, rates = {}, {}
+    for op_type, samples in sorted(found.items()):
+        passes[op_type] = statistics.median((t - f / rate) * bandwidth / b for t, f, b in samples)
+        rates[op_type] = 1.0  # every op type's, so that every rank reports the same figures
+        if passes[op_type] < FEWEST_PASSES:
+            passes[op_type] = FEWEST_PASSES
+            computing = [f / rate / max(t - FEWEST_PASSES * b / bandwidth, 1e-9) for t, f, b in samples if f]
+            rates[op_type] = max(1.0, statistics.median(computing)) if computing else 1.0
+    return passes, rates
 
 
 def _seconds(run) -> float:
@@ -261,7 +274,9 @@ def fit_profile(measured: dict) -> dict:
     `collective_latency` the rest; β the least-squares slope of the larger ones' time beyond
     those over their bytes; `collective_wait` what an AllReduce of one element takes after a
     MatMul of about a millisecond beyond what it takes alone, over the MatMul's time (ranks
-    sharing cores reach it at their turns, not at once). The way the model charges them (`Hardware.compute_nanoseconds`:
+    sharing cores reach it at their turns, not at once), and `collective_wait_most` what it
+    waits after a MatMul of about 8 ms (a rank waits its turn, not the whole of a long
+    segment's compute: ranks that compute long share the cores and end together). The way the model charges them (`Hardware.compute_nanoseconds`:
     flops over the rate plus bytes over the bandwidth plus `kernel_latency`;
     `AlphaBeta.step_nanoseconds`: `collective_latency` plus α per message plus bytes over β),
     never reading the model's code."""
@@ -277,19 +292,20 @@ def fit_profile(measured: dict) -> dict:
                for kind in COLLECTIVES for e in COLLECTIVE_ELEMENTS if e > 1]
     beta = sum(b * b for b, _ in samples) / max(sum(b * extra for b, extra in samples), 1e-12)
     wait = max(0.0, (measured["wait_pair"] - measured["wait_kernel"] - measured["AllReduce_1"]) / measured["wait_kernel"])
+    most = max(0.0, measured["long_wait_pair"] - measured["long_wait_kernel"] - measured["AllReduce_1"])
     return {"device_flops": 2 * rate, "device_memory_bandwidth": memory, "intra_server_bandwidth": beta,
             "inter_server_bandwidth": beta, "intra_server_latency": alpha, "inter_server_latency": alpha,
             "kernel_latency": measured["instruction_overhead"] + measured["kernel_call"], "collective_latency": fixed,
-            "collective_wait": wait}
+            "collective_wait": wait, "collective_wait_most": most}
 
 
 def crowded_row(alone: dict, crowded: dict, crowding: int) -> tuple[float, ...]:
     """A `Hardware.crowded` row from two calibrations' means, one rank per core (`alone`) and
     `crowding` ranks per core: (crowding, the crowded collectives' α and β as `fit_profile`
     fits them, the mean over the three kernel chains of how many times longer each took, the
-    crowded collectives' fixed latency and wait)."""
+    crowded collectives' fixed latency, wait and longest wait)."""
     fitted = fit_profile(crowded)
     chains = ("kernel_tiny", "kernel_add", "kernel_matmul")
     slowdown = statistics.mean(crowded[key] / alone[key] for key in chains)
     return (float(crowding), fitted["intra_server_latency"], fitted["intra_server_bandwidth"], slowdown,
-            fitted["collective_latency"], fitted["collective_wait"])
+            fitted["collective_latency"], fitted["collective_wait"], fitted["collective_wait_most"])

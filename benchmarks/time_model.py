@@ -94,8 +94,9 @@ def calibration_rank(run_dir: Path, passes: bool) -> None:
     measured = measure_rank(backend)
     if passes:
         threadpool_limits(limits=1, user_api="blas")  # as each rank runs its kernels (`runtime.threads`)
-        configs = [ROOT / "configs" / name for name in CONFIGS]
-        measured |= {f"passes {op_type}": value for op_type, value in kernel_passes(configs, fit_profile(measured)).items()}
+        passes, rates = kernel_passes([ROOT / "configs" / name for name in CONFIGS], fit_profile(measured))
+        measured |= {f"passes {op_type}": value for op_type, value in passes.items()}
+        measured |= {f"rates {op_type}": value for op_type, value in rates.items()}
     gathered = backend.gather_report(np.array(list(measured.values()), np.float64))
     if gathered is not None:
         slowest = {key: max(float(vector[i]) for vector in gathered) for i, key in enumerate(measured)}
@@ -117,6 +118,7 @@ def calibrate(path: Path) -> dict:
     cores = usable_cores()
     measured = calibration_run(max(2, cores), passes=True)
     passes = {key.split(" ", 1)[1]: value for key, value in measured.items() if key.startswith("passes ")}
+    rates = {key.split(" ", 1)[1]: value for key, value in measured.items() if key.startswith("rates ") and value > 1}
     fields = fit_profile(measured) | {"devices_per_server": 8, "cores_per_server": cores}
     crowded = [crowded_row(measured, calibration_run(cores * c, passes=False), c)
                for c in (2, 4) if cores * c <= max(DEVICE_COUNTS)]
@@ -124,14 +126,15 @@ def calibrate(path: Path) -> dict:
              f"MPI ranks, {cores} cores, load average {os.getloadavg()[0]:.2f}"]
     lines += [f"{key}: {value:.6g}" if isinstance(value, float) else f"{key}: {value}" for key, value in fields.items()]
     lines += ["kernel_passes:"] + [f"  {op_type}: {max(0.01, round(value, 3)):g}" for op_type, value in passes.items()]
+    lines += ["kernel_rates:"] + [f"  {op_type}: {value:.4g}" for op_type, value in rates.items()] if rates else []
     lines += ["crowded:  # ranks per core: [message latency s, message bandwidth B/s, kernel slowdown, collective latency s, "
-              "collective wait]"]
-    lines += [f"  {c:g}: [{latency:.6g}, {bandwidth:.6g}, {slowdown:.4g}, {fixed:.6g}, {wait:.4g}]"
-              for c, latency, bandwidth, slowdown, fixed, wait in crowded]
+              "collective wait, its most s]"]
+    lines += [f"  {c:g}: [{latency:.6g}, {bandwidth:.6g}, {slowdown:.4g}, {fixed:.6g}, {wait:.4g}, {most:.6g}]"
+              for c, latency, bandwidth, slowdown, fixed, wait, most in crowded]
     path.write_text("\n".join(lines) + "\n")
     return fields | {f"crowded {c:g}": f"{latency * 1e6:.1f} us, {bandwidth / 1e9:.3g} GB/s, kernels x{slowdown:.3g}, "
-                                          f"collectives {fixed * 1e6:.1f} us, wait {wait:.3g}"
-                     for c, latency, bandwidth, slowdown, fixed, wait in crowded}
+                                          f"collectives {fixed * 1e6:.1f} us, wait {wait:.3g} (at most {most * 1e3:.2f} ms)"
+                     for c, latency, bandwidth, slowdown, fixed, wait, most in crowded}
 
 
 def plan_job(config_name: str, device_num: int, seeds: str, hardware: Path, steps: int):

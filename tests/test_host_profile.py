@@ -38,6 +38,28 @@ def test_a_kernel_pays_its_latency_and_its_passes_over_its_bytes():
     assert tuned.kernel_passes == (("GeLU", 30.0),)
 
 
+def test_a_kernel_faster_than_the_rate_computes_at_its_own():
+    cost = OpCost(flops_per_device=2_000_000, memory_bytes_per_device=0)
+    plain, fast = Hardware(device_flops=2e12), Hardware(device_flops=2e12, kernel_rates={"Conv2D": 4.0})
+    assert plain.compute_nanoseconds(cost, ("float16",), "Conv2D") == 1000
+    assert fast.compute_nanoseconds(cost, ("float16",), "Conv2D") == 250  # four times the rate
+    assert fast.compute_nanoseconds(cost, ("float16",), "MatMul") == 1000  # unlisted: the rate
+    with pytest.raises(ConfigError, match="kernel_rates of Conv2D must be a finite number > 0, got 0.0"):
+        Hardware(kernel_rates={"Conv2D": 0})
+
+
+def test_the_plan_bound_stays_below_with_a_faster_kernel():
+    from autostrat.cost import PROFILES
+    from autostrat.report.estimate import GivenPlan
+    from autostrat.report.plan_bound import ModelShape, step_time_bound
+
+    shape = ModelShape(4, 64, 256, 1024, 12 * 256**2, True, 18 * 256, 4)
+    given, profile = GivenPlan(2, 1, 1, "none", 0, 1, 1), PROFILES["a100-80gb"]
+    from dataclasses import replace
+    faster = replace(profile, kernel_rates={"MatMul": 2.0})
+    assert 0 < step_time_bound(shape, given, faster, "bf16") < step_time_bound(shape, given, profile, "bf16")
+
+
 def test_ranks_sharing_cores_take_the_share_of_each():
     profile = Hardware(cores_per_server=2, kernel_latency=1e-6)
     assert profile.shared(2) is profile and profile.shared(1) is profile
@@ -133,8 +155,9 @@ def _calibration(alpha, beta, fixed, latency, memory, flops, ranks=2, wait=0.25)
             messages, sent = share * (g - 1), share * (g - 1) * elements * 4
             measured |= {f"{kind}_{elements}": fixed + messages * alpha + sent / beta, f"{kind}_{elements} messages": messages,
                          f"{kind}_{elements} bytes": sent}
-    measured["wait_kernel"] = 1e-3
+    measured["wait_kernel"], measured["long_wait_kernel"] = 1e-3, 8e-3
     measured["wait_pair"] = 1e-3 + measured["AllReduce_1"] + wait * 1e-3
+    measured["long_wait_pair"] = 8e-3 + measured["AllReduce_1"] + 2e-3  # at most 2 ms
     return measured
 
 
@@ -142,7 +165,7 @@ def test_the_calibration_fit_recovers_the_speeds_it_was_given():
     alpha, beta, fixed, latency, memory, flops = 5e-6, 2e10, 3e-5, 8e-6, 4e10, 1e11  # flops: the float32 rate
     fields = fit_profile(_calibration(alpha, beta, fixed, latency, memory, flops))
     assert fields["kernel_latency"] == 1.5 * latency + 1e-6  # a training step's overhead per instruction, and a call
-    assert fields["collective_wait"] == pytest.approx(0.25)
+    assert fields["collective_wait"] == pytest.approx(0.25) and fields["collective_wait_most"] == pytest.approx(2e-3)
     assert fields["intra_server_latency"] == pytest.approx(alpha, rel=1e-3)  # the one-element pieces' bytes on it
     assert fields["collective_latency"] == pytest.approx(fixed, rel=1e-3)
     assert fields["intra_server_bandwidth"] == pytest.approx(beta, rel=1e-3)
@@ -153,14 +176,14 @@ def test_the_calibration_fit_recovers_the_speeds_it_was_given():
 def test_a_crowded_row_is_what_the_crowded_calibration_measured():
     alone = _calibration(5e-6, 2e10, 3e-5, 8e-6, 4e10, 1e11)
     crowded = _calibration(1e-4, 4e9, 2e-4, 8e-6 * 5, 4e10 / 5, 1e11 / 5, ranks=8, wait=0.75)
-    crowding, alpha, beta, slowdown, fixed, wait = crowded_row(alone, crowded, 4)
-    assert crowding == 4 and slowdown == pytest.approx(5) and wait == pytest.approx(0.75)
+    crowding, alpha, beta, slowdown, fixed, wait, most = crowded_row(alone, crowded, 4)
+    assert crowding == 4 and slowdown == pytest.approx(5) and (wait, most) == (pytest.approx(0.75), pytest.approx(2e-3))
     assert (alpha, beta, fixed) == (pytest.approx(1e-4, rel=1e-3), pytest.approx(4e9, rel=1e-3), pytest.approx(2e-4, rel=1e-3))
 
 
 def test_a_measured_crowding_replaces_the_share_of_the_cores():
     profile = Hardware(cores_per_server=2, kernel_latency=1e-6, collective_latency=2e-6, intra_server_latency=1e-6,
-                       intra_server_bandwidth=1e9, crowded={4: [2e-5, 1e8, 5.0, 1e-5, 0.6]})
+                       intra_server_bandwidth=1e9, crowded={4: [2e-5, 1e8, 5.0, 1e-5, 0.6, 1e-3]})
     four = profile.shared(8)  # measured: the row's own figures
     assert (four.intra_server_latency, four.intra_server_bandwidth) == (pytest.approx(2e-5), pytest.approx(1e8))
     assert (four.kernel_latency, four.collective_latency) == (pytest.approx(5e-6), pytest.approx(1e-5))
@@ -180,19 +203,22 @@ def test_a_collective_step_pays_the_collective_latency_and_a_step_its_loads():
 
 def test_a_crowded_collective_waits_its_share_of_the_compute_before_it():
     plan = tutorial_plan()  # 8 devices; the ReduceScatter reads dense1's product, after four ops
-    profile = Hardware(cores_per_server=2, crowded={4: [8e-6, 450e9 / 4, 4.0, 0.0, 0.5]})  # the share of the cores, and a wait
+    profile = Hardware(cores_per_server=2, crowded={4: [8e-6, 450e9 / 4, 4.0, 0.0, 0.5, 1.0]})  # the share of the cores, and a wait
     shared, plain = profile.shared(8), predict(plan, Hardware(cores_per_server=2), ("forward",)).phases["forward"]
     from autostrat.search.prediction import compute_ns
     before, after = (sum(compute_ns(plan, name, shared) for name in names) for names in (list(plan.graph.ops)[:4], list(plan.graph.ops)[4:]))
     waited = predict(plan, profile, ("forward",)).phases["forward"]
     assert waited.compute_ns == plain.compute_ns and before > 0 and after > 0
     assert waited.communication_ns == plain.communication_ns + round(0.5 * before) + round(0.5 * after)  # and the step's end
+    capped = Hardware(cores_per_server=2, crowded={4: [8e-6, 450e9 / 4, 4.0, 0.0, 0.5, 10e-9]})  # at most 10 ns a wait
+    capped_waits = min(10, round(0.5 * before)) + min(10, round(0.5 * after))
+    assert round(0.5 * before) > 10 and predict(plan, capped, ("forward",)).phases["forward"].communication_ns == plain.communication_ns + capped_waits
 
 
 @pytest.mark.parametrize("extra, message", [
     ("crowded:\n  2: [1e-5, 1e9, 2.0]\n", "crowded must map ranks per core to [message latency s, message bandwidth B/s, "
-                                          "kernel slowdown, collective latency s, collective wait], got {2: ['1e-5', '1e9', 2.0]}"),
-    ("crowded:\n  1: [1e-5, 1e9, 2.0, 0, 0]\n", "crowded at 1 ranks per core needs a crowding > 1"),
+                                          "kernel slowdown, collective latency s, collective wait, its most s], got {2: ['1e-5', '1e9', 2.0]}"),
+    ("crowded:\n  1: [1e-5, 1e9, 2.0, 0, 0, 0]\n", "crowded at 1 ranks per core needs a crowding > 1"),
     ("collective_wait: -0.5\n", "collective_wait must be a finite number >= 0 (a fraction of the compute before a collective)"),
     ("collective_latency: -1e-6\n", "collective_latency must be a finite number >= 0 (seconds), got -1e-06"),
 ])

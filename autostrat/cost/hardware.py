@@ -30,9 +30,12 @@ also give three host fields, absent (0) in the named profiles, where they change
   `AlphaBeta.step_latency`),
 - `collective_wait`, the fraction of a rank's compute since its last collective that its next
   collective waits beyond its messages where ranks share cores (`shared`: each reaches it at
-  its turn on a core; `search.prediction.crowded_waits`),
+  its turn on a core; `search.prediction.crowded_waits`), at most `collective_wait_most` seconds,
 - `kernel_passes`, per op type the times its kernel moves its bytes (1 when unlisted: numpy's
   GeLU evaluates a series for erf, hundreds of passes),
+- `kernel_rates`, per op type how many times the profile's FLOP rate its kernel computes at
+  (1 when unlisted: numpy's Conv2D, one large product, runs faster than the MatMul of 128 x
+  128 the rate was measured on),
 - `cores_per_server`, the cores the devices of a server share (`shared`: ranks on one machine),
 - `crowded`, per crowding measured (ranks per core, above 1) a ring message's latency and
   bandwidth, how many times longer a kernel takes there, and a collective's fixed latency
@@ -132,7 +135,8 @@ DEVICE_MEMORY = 80 * 2**30  # bytes: both shipped profiles are 80 GiB parts (mod
 EFFICIENCIES = ("matmul_efficiency", "network_efficiency", "memory_efficiency")
 # Fields a profile may leave out: the efficiencies (1.0), and two a calibrated machine gives
 # (`benchmarks/time_model.py`): 0 leaves every prediction as it was without them.
-HOST_FIELDS = ("kernel_latency", "collective_latency", "collective_wait", "cores_per_server", "kernel_passes", "crowded")
+HOST_FIELDS = ("kernel_latency", "collective_latency", "collective_wait", "collective_wait_most", "cores_per_server", "kernel_passes", "kernel_rates",
+               "crowded")
 # The fused attention kernels' own rates (None: `matmul_efficiency`'s, as before they existed).
 ATTENTION_EFFICIENCIES = ("attention_efficiency", "attention_backward_efficiency")
 OPTIONAL_FIELDS = (*EFFICIENCIES, *HOST_FIELDS, "device_memory", *ATTENTION_EFFICIENCIES)
@@ -180,11 +184,14 @@ class Hardware:
     kernel_latency: float = 0.0  # seconds each op's kernel takes beyond its flops and bytes (a launch)
     collective_latency: float = 0.0  # seconds each collective step takes beyond its messages
     collective_wait: float = 0.0  # fraction of the compute since the last collective the next one waits
+    collective_wait_most: float = math.inf  # seconds such a wait takes at most
     cores_per_server: int = 0  # cores the devices of one server share (0: each device computes alone)
     # Per op type, how many times its kernel moves the bytes it reads and writes (unlisted: 1).
     kernel_passes: tuple[tuple[str, float], ...] = ()
+    # Per op type, how many times the FLOP rate its kernel runs at (unlisted: 1).
+    kernel_rates: tuple[tuple[str, float], ...] = ()
     # Per crowding (ranks per core, > 1): (crowding, message latency s, message bandwidth B/s, kernel slowdown,
-    # collective latency s, collective wait).
+    # collective latency s, collective wait, its most s).
     crowded: tuple[tuple[float, ...], ...] = ()
     name: str = ""  # the profile's name, or the file it was read from ("": given field by field)
     attention_efficiency: float | None = None  # fused attention's forward rate (None: matmul_efficiency's)
@@ -194,9 +201,10 @@ class Hardware:
         if not isinstance(self.name, str):
             raise ConfigError(f"a hardware profile's name must be a string, got {self.name!r}")
         object.__setattr__(self, "kernel_passes", _checked_passes(self.kernel_passes))
+        object.__setattr__(self, "kernel_rates", _checked_passes(self.kernel_rates, "kernel_rates", "FLOP rates"))
         object.__setattr__(self, "crowded", _checked_crowded(self.crowded))
         for field in fields(self):
-            if field.name not in ("name", "kernel_passes", "crowded"):
+            if field.name not in ("name", "kernel_passes", "kernel_rates", "crowded"):
                 object.__setattr__(self, field.name, _checked(field.name, getattr(self, field.name)))
 
     def link(self, across_servers: bool) -> tuple[float, float]:
@@ -235,7 +243,8 @@ class Hardware:
         · 2 / itemsize`` (the widest floating-point operand of `dtypes`; 16-bit or no float: the
         full rate), plus the bytes it reads and writes (`OpCost.memory_bytes_per_device`) over
         ``device_memory_bandwidth · memory_efficiency``, each rounded up, the bytes times the
-        `kernel_passes` of `op_type` (1 unless listed), plus `kernel_latency`. The sum, not the
+        `kernel_passes` of `op_type` (1 unless listed) and the rate times its `kernel_rates`
+        (1 unless listed), plus `kernel_latency`. The sum, not the
         larger of the two: an op is charged for both, which keeps the model additive (and is
         the issue's model). A fused attention op of a profile with its attention efficiency
         runs at that instead of `matmul_efficiency`, on the flops FlashAttention counts
@@ -248,6 +257,8 @@ class Hardware:
         """
         itemsize = max(2, max((np.dtype(d).itemsize for d in dtypes if np.dtype(d).kind == "f"), default=2))
         efficiency, counted = self.flop_rate(op_type)
+        if self.kernel_rates:
+            efficiency *= dict(self.kernel_rates).get(op_type, 1.0)
         compute = ceil_nanoseconds(cost.flops_per_device * itemsize * counted, self.device_flops * efficiency * 2)
         bandwidth, passes = self.device_memory_bandwidth * self.memory_efficiency, dict(self.kernel_passes).get(op_type, 1.0)
         if passes == 1:
@@ -282,7 +293,7 @@ class Hardware:
         (0) or enough cores. Where the profile measured a crowding (`crowded`), that row's
         factors replace the crowding: its kernel slowdown for the compute, its message latency,
         bandwidth and collective latency over the profile's own for the links and collectives,
-        and its collective wait (`crowding_factors`). The shared
+        and its collective wait and longest wait (`crowding_factors`). The shared
         profile has ``cores_per_server`` 0: its share is taken once.
 
         Example (8 ranks on 2 cores take 4 times as long for everything):
@@ -295,36 +306,38 @@ class Hardware:
         crowding = min(device_num, self.devices_per_server) / self.cores_per_server if self.cores_per_server else 1
         if crowding <= 1:
             return self
-        compute, latency, per_byte, collective, wait = self.crowding_factors(crowding)
+        compute, latency, per_byte, collective, wait, most = self.crowding_factors(crowding)
         rates = ("device_flops", "device_memory_bandwidth")
         links = {"intra_server_latency": self.intra_server_latency * latency, "inter_server_latency": self.inter_server_latency * latency,
                  "intra_server_bandwidth": self.intra_server_bandwidth / per_byte, "inter_server_bandwidth": self.inter_server_bandwidth / per_byte}
         return replace(self, **{f: getattr(self, f) / compute for f in rates}, **links, kernel_latency=self.kernel_latency * compute,
-                       collective_latency=self.collective_latency * collective, collective_wait=wait, cores_per_server=0,
-                       crowded=())  # its share taken: sharing it again changes nothing
+                       collective_latency=self.collective_latency * collective, collective_wait=wait, collective_wait_most=most,
+                       cores_per_server=0, crowded=())  # its share taken: sharing it again changes nothing
 
     def crowding_factors(self, crowding: float) -> tuple[float, ...]:
         """(kernel slowdown, message latency factor, message time-per-byte factor, collective
-        latency factor, collective wait) of ranks `crowding` to a core: each factor the
-        crowding itself and the wait the profile's unless `crowded` measured them; between two
-        measured crowdings (or 1, where every factor is 1 and the wait the profile's, and the
-        first) interpolated linearly, beyond the last that row's scaled by ``crowding / its
+        latency factor, collective wait, its most) of ranks `crowding` to a core: each factor
+        the crowding itself and the waits the profile's unless `crowded` measured them; between
+        two measured crowdings (or 1, where every factor is 1 and the waits the profile's, the
+        first row's most where the profile has none, and the first) interpolated linearly, beyond the last that row's scaled by ``crowding / its
         crowding``.
 
         Example (a row measured at 4 ranks per core: latency 10 times the profile's):
             >>> hardware = Hardware(intra_server_latency=1e-6, intra_server_bandwidth=1e9, collective_latency=1e-6,
-            ...                     crowded={4: [1e-5, 2.5e8, 5.0, 3e-6, 0.3]})
+            ...                     collective_wait_most=0.0, crowded={4: [1e-5, 2.5e8, 5.0, 3e-6, 0.3, 0.002]})
             >>> [tuple(round(f, 9) for f in hardware.crowding_factors(c)) for c in (4, 2.5, 8)]
-            [(5.0, 10.0, 4.0, 3.0, 0.3), (3.0, 5.5, 2.5, 2.0, 0.15), (10.0, 20.0, 8.0, 6.0, 0.6)]
+            [(5.0, 10.0, 4.0, 3.0, 0.3, 0.002), (3.0, 5.5, 2.5, 2.0, 0.15, 0.001), (10.0, 20.0, 8.0, 6.0, 0.6, 0.004)]
         """
         def ratio(measured: float, own: float, c: float) -> float:
             return measured / own if own else c
 
-        points = [(1.0, 1.0, 1.0, 1.0, 1.0, self.collective_wait)] + [
+        own_most = self.collective_wait_most if self.collective_wait_most < math.inf or not self.crowded else self.crowded[0][6]
+        points = [(1.0, 1.0, 1.0, 1.0, 1.0, self.collective_wait, own_most)] + [
             (c, slowdown, ratio(latency, self.intra_server_latency, c), self.intra_server_bandwidth / bandwidth,
-             ratio(collective, self.collective_latency, c), wait) for c, latency, bandwidth, slowdown, collective, wait in self.crowded]
+             ratio(collective, self.collective_latency, c), wait, most)
+            for c, latency, bandwidth, slowdown, collective, wait, most in self.crowded]
         if len(points) == 1:
-            return (crowding,) * 4 + (self.collective_wait,)
+            return (crowding,) * 4 + (self.collective_wait, self.collective_wait_most)
         for (low, *below), (high, *above) in zip(points, points[1:]):
             if crowding <= high:
                 share = (crowding - low) / (high - low)
@@ -354,39 +367,40 @@ class Hardware:
                 + (f"; {self.cores_per_server} cores per server shared" if self.cores_per_server else ""))
 
 
-def _checked_passes(value) -> tuple[tuple[str, float], ...]:
-    """`kernel_passes` as the profile keeps it: (op type, passes > 0) pairs sorted by op type,
-    from pairs or a mapping; anything else is a `ConfigError`."""
+def _checked_passes(value, field: str = "kernel_passes", what: str = "passes") -> tuple[tuple[str, float], ...]:
+    """`kernel_passes` (or `kernel_rates`, `field`) as the profile keeps it: (op type, number
+    > 0) pairs sorted by op type, from pairs or a mapping; anything else is a `ConfigError`."""
     pairs = list(value.items()) if isinstance(value, dict) else value
     try:
         checked = tuple(sorted((str(op_type), float(passes)) for op_type, passes in pairs))
     except (TypeError, ValueError):
-        raise ConfigError(f"kernel_passes must map op types to numbers of passes, got {value!r}") from None
+        raise ConfigError(f"{field} must map op types to numbers of {what}, got {value!r}") from None
     bad = [pair for pair in checked if not 0 < pair[1] < math.inf]
     if bad:
-        raise ConfigError(f"kernel_passes of {bad[0][0]} must be a finite number > 0, got {bad[0][1]!r}")
+        raise ConfigError(f"{field} of {bad[0][0]} must be a finite number > 0, got {bad[0][1]!r}")
     return checked
 
 
 def _checked_crowded(value) -> tuple[tuple[float, ...], ...]:
     """`crowded` as the profile keeps it: (crowding > 1, message latency >= 0, bandwidth > 0,
-    kernel slowdown > 0, collective latency >= 0, collective wait >= 0) rows sorted by
-    crowding, from rows or a mapping of crowding to the other five; anything else is a
-    `ConfigError`."""
+    kernel slowdown > 0, collective latency >= 0, collective wait >= 0, its most >= 0 s) rows
+    sorted by crowding, from rows or a mapping of crowding to the other six; anything else is
+    a `ConfigError`."""
     expected = ("crowded must map ranks per core to [message latency s, message bandwidth B/s, kernel slowdown, "
-                "collective latency s, collective wait]")
+                "collective latency s, collective wait, its most s]")
     try:
         rows = [(crowding, *rest) for crowding, rest in value.items()] if isinstance(value, dict) else value
         checked = tuple(sorted(tuple(float(x) for x in row) for row in rows))
     except (TypeError, ValueError):
         raise ConfigError(f"{expected}, got {value!r}") from None
-    if any(len(row) != 6 for row in checked):
+    if any(len(row) != 7 for row in checked):
         raise ConfigError(f"{expected}, got {value!r}")
     bad = [row for row in checked if not (1 < row[0] < math.inf and 0 <= row[1] < math.inf and 0 < row[2] < math.inf
-                                          and 0 < row[3] < math.inf and 0 <= row[4] < math.inf and 0 <= row[5] < math.inf)]
+                                          and 0 < row[3] < math.inf and 0 <= row[4] < math.inf and 0 <= row[5] < math.inf
+                                          and 0 <= row[6] < math.inf)]
     if bad:
         raise ConfigError(f"crowded at {bad[0][0]:g} ranks per core needs a crowding > 1, a latency >= 0, a bandwidth > 0, "
-                          f"a slowdown > 0, a collective latency >= 0 and a wait >= 0, got {list(bad[0][1:])!r}")
+                          f"a slowdown > 0, a collective latency >= 0 and waits >= 0, got {list(bad[0][1:])!r}")
     return checked
 
 
@@ -406,9 +420,12 @@ def _checked(field: str, value):
         if not (number and 0 < value <= 1):  # NaN too
             raise ConfigError(f"{field} must be a number in (0, 1] (a fraction of the nominal peak), got {value!r}")
         return float(value)
-    lowest = 0.0 if field.endswith(("latency", "wait")) else math.ulp(0.0)  # kernel_latency too
+    lowest = 0.0 if field.endswith(("latency", "wait", "wait_most")) else math.ulp(0.0)  # kernel_latency too
+    if field == "collective_wait_most" and value == math.inf:  # unset: no most
+        return value
     if not (number and lowest <= value < math.inf):
-        units = {"device_flops": "FLOP/s", "collective_wait": "a fraction of the compute before a collective"}
+        units = {"device_flops": "FLOP/s", "collective_wait": "a fraction of the compute before a collective",
+                 "collective_wait_most": "seconds"}
         unit = "seconds" if field.endswith("latency") else units.get(field, "bytes/s")
         raise ConfigError(f"{field} must be a finite number {'>= 0' if lowest == 0 else '> 0'} ({unit}), got {value!r}")
     return float(value)

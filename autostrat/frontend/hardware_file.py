@@ -17,6 +17,7 @@ without max_device_memory fits its plan into it); its name is the file's name::
     attention_efficiency: 0.34      # optional, each in (0, 1]: fused attention's forward and
     attention_backward_efficiency: 0.33  # backward rates (absent: matmul_efficiency's)
     kernel_latency: 5e-6            # optional: seconds per op beyond its flops and bytes (default 0)
+    kernel_rates: {Conv2D: 1.8}     # optional: per op type, times the FLOP rate its kernel runs at (default 1)
     collective_latency: 2e-5        # optional: seconds per collective step beyond its messages (default 0)
     cores_per_server: 2             # optional: cores the devices of a server share (default 0: their own)
     crowded:                        # optional: per ranks per core measured (> 1), [message latency s,

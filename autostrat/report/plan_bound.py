@@ -128,7 +128,8 @@ def _work_times(shape: ModelShape, sequences: int, group: int, hardware, precisi
     again: none, selective, full), then the LM head's, on `sequences` sequences spread over
     `group` devices: their products' flops and the traffic the module docstring counts."""
     tokens = sequences * shape.seq
-    flops = hardware.device_flops * hardware.matmul_efficiency * (0.5 if precision == "fp32" else 1.0) * group / 1e9
+    fastest = max([1.0] + [rate for _, rate in hardware.kernel_rates])  # a kernel faster than the rate: still a floor
+    flops = hardware.device_flops * hardware.matmul_efficiency * fastest * (0.5 if precision == "fp32" else 1.0) * group / 1e9
     moved = hardware.device_memory_bandwidth * hardware.memory_efficiency * group / 1e9 / (4 if precision == "fp32" else 2)
     if any(passes < 1 for _, passes in hardware.kernel_passes):
         moved = math.inf  # elements per nanosecond: no traffic term

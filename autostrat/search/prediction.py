@@ -190,7 +190,8 @@ def crowded_waits(plan, hardware: Hardware, times: dict[str, int]) -> dict[str, 
     """Per phase, what the plan's collectives wait beyond their messages where ranks share
     cores (`Hardware.collective_wait` of the shared profile; none otherwise): an op's first
     collective redistribution waits that fraction of the compute (`times`, per op) run since
-    the collective before it, in graph order, as each rank reaches it at its turn on a core;
+    the collective before it, in graph order, as each rank reaches it at its turn on a core
+    (at most `Hardware.collective_wait_most`: ranks computing long share the cores);
     so does the step's end, after the last collective (the step ends with its last rank: ranks
     that never wait for one another run their steps in turn).
 
@@ -203,6 +204,10 @@ def crowded_waits(plan, hardware: Hardware, times: dict[str, int]) -> dict[str, 
     """
     if not hardware.collective_wait:
         return {}
+
+    def wait(since: int) -> int:
+        return round(min(hardware.collective_wait * since, hardware.collective_wait_most * 1e9))
+
     collective = {}
     for edge in plan.redistributions:
         if not edge.shares and any(step.kind not in LOCAL_KINDS for step in edge.plan.steps):
@@ -210,12 +215,12 @@ def crowded_waits(plan, hardware: Hardware, times: dict[str, int]) -> dict[str, 
     waits, since = {}, 0
     for name in plan.graph.ops:
         if name in collective:
-            waits[collective[name]] = waits.get(collective[name], 0) + round(hardware.collective_wait * since)
+            waits[collective[name]] = waits.get(collective[name], 0) + wait(since)
             since = 0
         since += times[name]
     if since:  # the step ends when its last rank does: as at a collective, each reaches the end at its turn
         last = op_phase(next(reversed(plan.graph.ops)))
-        waits[last] = waits.get(last, 0) + round(hardware.collective_wait * since)
+        waits[last] = waits.get(last, 0) + wait(since)
     return waits
 
 
