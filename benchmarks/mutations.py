@@ -227,6 +227,24 @@ MUTATIONS = (
         "    shards = 1",
         ("tests/test_memory_floor.py::test_the_floor_holds_where_the_weights_and_their_sums_dominate",),
     ),
+    Mutation(
+        "stream-idle-messages-kept", "autostrat/runtime/stream.py",
+        "            del self.backend.sent[before:]\n",
+        "            pass\n",
+        ("tests/test_overlap.py::test_the_stream_moved_from_inside_a_blocking_wait_keeps_its_messages_off_the_waiting_instruction",),
+    ),
+    Mutation(
+        "job-step-own-rank", "autostrat/runtime/job.py",
+        "    first = np.min([v[1:1 + count] for v in gathered], axis=0)\n",
+        "    first = np.max([v[1:1 + count] for v in gathered], axis=0)\n",
+        ("tests/test_host_profile.py::test_the_job_step_runs_from_the_first_start_to_the_last_end_on_one_host_and_is_the_slowest_rank_across_hosts",),
+    ),
+    Mutation(
+        "crowded-wait-uncapped", "autostrat/search/prediction.py",
+        "        return round(min(hardware.collective_wait * since, hardware.collective_wait_most * 1e9))\n",
+        "        return round(hardware.collective_wait * since)\n",
+        ("tests/test_host_profile.py::test_a_crowded_collective_waits_its_share_of_the_compute_before_it",),
+    ),
 )
 
 

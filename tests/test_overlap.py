@@ -206,6 +206,8 @@ def test_a_bucket_whose_update_comes_before_its_last_gradient_is_refused():
 
 
 def test_the_stream_moved_from_inside_a_blocking_wait_keeps_its_messages_off_the_waiting_instruction():
+    import time
+
     from autostrat.runtime.instructions import Communicate
     from autostrat.runtime.local import LocalCluster
     from autostrat.runtime.stream import SyncStream
@@ -216,11 +218,12 @@ def test_the_stream_moved_from_inside_a_blocking_wait_keeps_its_messages_off_the
         stream = SyncStream(backend, lambda step, messages: sum(m.bytes for m in messages))
         stream.start((step,), {"g": np.full(2, backend.rank + 1.0)})
         before = len(backend.sent)
-        for _ in range(50):  # as `mpi.settle` runs it between polls of a blocking instruction's messages
+        while stream.busy:  # as `mpi.settle` runs it between polls of a blocking instruction's messages
             stream.progress_idle()
+            time.sleep(0)
         idle = backend.sent[before:]
         results, traffic = stream.wait((step,))
         return results["g>u"].tolist(), idle, traffic
 
     for reduced, idle, traffic in LocalCluster(2).run(run):
-        assert reduced == [3.0, 3.0] and idle == [] and traffic == [16]  # its two ring messages of 8 bytes, the stream's
+        assert reduced == [3.0, 3.0] and idle == [] and traffic == [16]  # its two ring messages of 8 bytes, the second sent inside the wait
