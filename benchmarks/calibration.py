@@ -302,10 +302,13 @@ def fit_profile(measured: dict) -> dict:
 def crowded_row(alone: dict, crowded: dict, crowding: int) -> tuple[float, ...]:
     """A `Hardware.crowded` row from two calibrations' means, one rank per core (`alone`) and
     `crowding` ranks per core: (crowding, the crowded collectives' α and β as `fit_profile`
-    fits them, the mean over the three kernel chains of how many times longer each took, the
+    fits them, the median over the three kernel chains of how many times longer each took (one
+    chain's ratio moves with what the run alone measured: the large Add's bandwidth between
+    13 and 16 GB/s from run to run, which made the mean 2.07 in one calibration and 2.61 in
+    the next), the
     crowded collectives' fixed latency, wait and longest wait)."""
     fitted = fit_profile(crowded)
     chains = ("kernel_tiny", "kernel_add", "kernel_matmul")
-    slowdown = statistics.mean(crowded[key] / alone[key] for key in chains)
+    slowdown = statistics.median(crowded[key] / alone[key] for key in chains)
     return (float(crowding), fitted["intra_server_latency"], fitted["intra_server_bandwidth"], slowdown,
             fitted["collective_latency"], fitted["collective_wait"], fitted["collective_wait_most"])

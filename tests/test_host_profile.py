@@ -184,6 +184,8 @@ def test_a_crowded_row_is_what_the_crowded_calibration_measured():
     crowding, alpha, beta, slowdown, fixed, wait, most = crowded_row(alone, crowded, 4)
     assert crowding == 4 and slowdown == pytest.approx(5) and (wait, most) == (pytest.approx(0.75), pytest.approx(2e-3))
     assert (alpha, beta, fixed) == (pytest.approx(1e-4, rel=1e-3), pytest.approx(4e9, rel=1e-3), pytest.approx(2e-4, rel=1e-3))
+    crowded["kernel_add"] *= 1.5  # one chain's ratio off (a bandwidth measured high alone): the median keeps the others'
+    assert crowded_row(alone, crowded, 4)[3] == pytest.approx(5)
 
 
 def test_a_measured_crowding_replaces_the_share_of_the_cores():
