@@ -29,6 +29,16 @@ run): the script prints the load average before and after.
 Run: .venv/bin/python benchmarks/time_model.py [--quick] [--profile out.yaml | --hardware in.yaml]
 (72 plans; --quick: 36, about 2 minutes after the calibration)
 
+Measured 2026-12-06 on the 2-core machine, nothing else running but these runs (load averages
+0.8-5.6 from them), all 72 plans, each after its own calibration: MARE 13.5 %, tau 0.951; 22.1 %,
+0.947 (a calibration whose crowded kernel slowdowns came out 2.61 and 5.19, against 2.07 and
+4.05: the mean of the three chains then, their median since); 15.4 %, 0.945. --quick on the
+first run's profile: 14.8 %, 0.946. tau's target met in every run; MARE's in one of three, the
+others 0.4 and 7.1 points over. One run's measures of the same plans differ from the mean of
+three by 8-9 % (tiny steps most); the worst plans are tiny ones at 4 and 8 ranks (ffn's 0.5-3 ms
+steps, -40 to -65 %) and, over-predicted, the 4- and 8-rank training steps of some seeds
+(+30 to +60 %): how long a crowded rank waits for its turn is the least stable figure.
+
 What the earlier runs found, and what changed (2026-12-02 .. 12-06; figures in the closing notes
 of issue #37): a waiting rank slept between polls (now it yields first, `runtime.mpi.Pause`);
 the executor walked every held array per instruction (now `runtime.held_memory.HeldBlocks`);
