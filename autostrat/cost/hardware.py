@@ -20,7 +20,7 @@ reach (`ATTENTION_OPS`), which run further below the peak than the matrix produc
   published kernel takes.
 
 A profile measured on a machine (`benchmarks/time_model.py` calibrates this one's MPI ranks) may
-also give three host fields, absent (0) in the named profiles, where they change nothing:
+also give host fields, absent (0, none) in the named profiles, where they change nothing:
 
 - `kernel_latency`, seconds each op's kernel takes beyond its flops and bytes (a launch; on a
   CPU runtime, the executor's work per instruction; a step also loads each graph input,
@@ -38,8 +38,8 @@ also give three host fields, absent (0) in the named profiles, where they change
   128 the rate was measured on),
 - `cores_per_server`, the cores the devices of a server share (`shared`: ranks on one machine),
 - `crowded`, per crowding measured (ranks per core, above 1) a ring message's latency and
-  bandwidth, how many times longer a kernel takes there, and a collective's fixed latency
-  (`shared`): on 2 cores a collective of 8 ranks waits for each partner's turn on a core,
+  bandwidth, how many times longer a kernel takes there, a collective's fixed latency and its
+  wait with the wait's most (`shared`): on 2 cores a collective of 8 ranks waits for each partner's turn on a core,
   tens of times the latency of 2 ranks, not the 4 times their share of the cores would give.
 
 Named profiles (`PROFILES`), each constant from the vendor's datasheet or NCCL's tuning model:
@@ -135,8 +135,8 @@ DEVICE_MEMORY = 80 * 2**30  # bytes: both shipped profiles are 80 GiB parts (mod
 EFFICIENCIES = ("matmul_efficiency", "network_efficiency", "memory_efficiency")
 # Fields a profile may leave out: the efficiencies (1.0), and two a calibrated machine gives
 # (`benchmarks/time_model.py`): 0 leaves every prediction as it was without them.
-HOST_FIELDS = ("kernel_latency", "collective_latency", "collective_wait", "collective_wait_most", "cores_per_server", "kernel_passes", "kernel_rates",
-               "crowded")
+HOST_FIELDS = ("kernel_latency", "collective_latency", "collective_wait", "collective_wait_most", "cores_per_server",
+               "kernel_passes", "kernel_rates", "crowded")
 # The fused attention kernels' own rates (None: `matmul_efficiency`'s, as before they existed).
 ATTENTION_EFFICIENCIES = ("attention_efficiency", "attention_backward_efficiency")
 OPTIONAL_FIELDS = (*EFFICIENCIES, *HOST_FIELDS, "device_memory", *ATTENTION_EFFICIENCIES)
@@ -319,8 +319,8 @@ class Hardware:
         latency factor, collective wait, its most) of ranks `crowding` to a core: each factor
         the crowding itself and the waits the profile's unless `crowded` measured them; between
         two measured crowdings (or 1, where every factor is 1 and the waits the profile's, the
-        first row's most where the profile has none, and the first) interpolated linearly, beyond the last that row's scaled by ``crowding / its
-        crowding``.
+        first row's most where the profile has none, and the first) interpolated linearly,
+        beyond the last that row's scaled by ``crowding / its crowding``.
 
         Example (a row measured at 4 ranks per core: latency 10 times the profile's):
             >>> hardware = Hardware(intra_server_latency=1e-6, intra_server_bandwidth=1e9, collective_latency=1e-6,

@@ -20,8 +20,10 @@ without max_device_memory fits its plan into it); its name is the file's name::
     kernel_rates: {Conv2D: 1.8}     # optional: per op type, times the FLOP rate its kernel runs at (default 1)
     collective_latency: 2e-5        # optional: seconds per collective step beyond its messages (default 0)
     cores_per_server: 2             # optional: cores the devices of a server share (default 0: their own)
+    collective_wait: 0.05           # optional: share of the compute since a collective the next one waits (default 0)
     crowded:                        # optional: per ranks per core measured (> 1), [message latency s,
-      2: [6e-5, 3.5e9, 2.1, 6e-5]   #   message bandwidth B/s, kernel slowdown, collective latency s]
+      2: [6e-5, 3.5e9, 2.1, 6e-5, 0.4, 1.5e-3]  # bandwidth B/s, kernel slowdown, collective latency s,
+                                    #   collective wait, its most s]
     device_memory: 85899345920      # optional, bytes per device
 """
 

@@ -141,34 +141,28 @@ def execute(program: Program, backend: Backend, values: dict, on_instruction=Non
     memory, held = HeldMemory(), _HeldStore(store, resident)
     backend.background = stream.progress_idle  # a blocking wait moves the stream on (`mpi.settle`)
     try:
-        _run(program, backend, values, on_instruction, resident, (store, traffic, stream, memory, held))
+        for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
+            if on_instruction is not None:
+                on_instruction(index, instruction)
+            carried = resident.get(instruction.tensor) if isinstance(instruction, Load) and resident else None
+            inputs, written = run_instruction(instruction, program, backend, store, (values, resident), traffic, stream)
+            if carried is not None:
+                held.blocks.remove(carried)  # in the store from now on, if its load keeps it
+            written = materialised(instruction, written, store, released, held.ids)
+            if not counted(instruction):
+                held.uncount(written)
+            memory.note(held.blocks.bytes_with([a for key, a in written.items() if key not in held.uncounted], inputs, stream.held()))
+            for key, array in written.items():
+                held.write(key, array)
+            for key in released:
+                held.drop(key)
+            if stream.busy:
+                stream.progress()  # between kernels: the stream's messages that arrived let it go on
     finally:
         backend.background = None
     outputs = {tensor: store[key] for tensor, key in program.outputs}
     updated = {name: store[key] for name, key in program.updates}
     return RankResult(program.rank, outputs, tuple(traffic), updated, memory.peak)
-
-
-def _run(program: Program, backend: Backend, values: dict, on_instruction, resident, state) -> None:
-    """`execute`'s loop over the instructions; `state`: its store, traffic, stream, memory and held store."""
-    store, traffic, stream, memory, held = state
-    for index, (instruction, released) in enumerate(zip(program.instructions, release_schedule(program))):
-        if on_instruction is not None:
-            on_instruction(index, instruction)
-        carried = resident.get(instruction.tensor) if isinstance(instruction, Load) and resident else None
-        inputs, written = run_instruction(instruction, program, backend, store, (values, resident), traffic, stream)
-        if carried is not None:
-            held.blocks.remove(carried)  # in the store from now on, if its load keeps it
-        written = materialised(instruction, written, store, released, held.ids)
-        if not counted(instruction):
-            held.uncount(written)
-        memory.note(held.blocks.bytes_with([a for key, a in written.items() if key not in held.uncounted], inputs, stream.held()))
-        for key, array in written.items():
-            held.write(key, array)
-        for key in released:
-            held.drop(key)
-        if stream.busy:
-            stream.progress()  # between kernels: the stream's messages that arrived let it go on
 
 
 class _HeldStore:
